@@ -1,0 +1,216 @@
+"""Checkpoint aggregate: lifecycle states, identity (R4) and the checkpoint.* events (v1)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from contracts.envelope import Envelope, EventData
+
+
+class CheckpointState(StrEnum):
+    """The one explicit lifecycle state of a checkpoint (R1)."""
+
+    WRITING = "writing"
+    PENDING_VERIFICATION = "pending_verification"
+    VALID = "valid"
+    CORRUPT = "corrupt"
+    QUARANTINED = "quarantined"
+    WRITE_FAILED = "write_failed"
+    EXPIRED = "expired"
+    DELETED = "deleted"
+
+
+class CheckpointFormat(StrEnum):
+    NATIVE = "native"
+    TORCH_DCP = "torch_dcp"
+    SAFETENSORS = "safetensors"
+    HF_TRAINER = "hf_trainer"
+    UNKNOWN = "unknown"
+
+
+class FailureSide(StrEnum):
+    """Who has to act on a failure (R2): the training job, or the platform under it."""
+
+    JOB = "job"
+    INFRASTRUCTURE = "infrastructure"
+    UNKNOWN = "unknown"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Topology(_Frozen):
+    """Parallel layout the checkpoint was written with; a restore onto another is not exact."""
+
+    world_size: int = Field(ge=1)
+    tensor_parallel: int = Field(default=1, ge=1)
+    pipeline_parallel: int = Field(default=1, ge=1)
+    data_parallel: int | None = Field(default=None, ge=1)
+
+
+class RuntimeEnvironment(_Frozen):
+    framework: str | None = None
+    framework_version: str | None = None
+    python_version: str | None = None
+    image: str | None = None
+    libraries: dict[str, str] = Field(default_factory=dict)
+
+
+class CheckpointIdentity(_Frozen):
+    """What a checkpoint is bound to (R4). The storage path is display only, never identity."""
+
+    job_id: str
+    run_id: str
+    attempt: int = Field(default=1, ge=1)
+    model_version: str | None = None
+    code_version: str | None = None
+    data_snapshot: str | None = None
+    config_hash: str | None = None
+    environment: RuntimeEnvironment | None = None
+    topology: Topology | None = None
+    created_at: AwareDatetime | None = None
+
+
+class _CheckpointEvent(EventData):
+    checkpoint_id: str = Field(min_length=1, max_length=200)
+    uri: str = Field(min_length=1, max_length=2048)
+
+    def subject_key(self) -> str:
+        return self.checkpoint_id
+
+
+class CheckpointWritingV1(_CheckpointEvent):
+    """A checkpoint folder appeared; it is being written and is not yet evidence of anything."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.writing"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    run_id: str
+    step: int | None = Field(default=None, ge=0)
+    format: CheckpointFormat = CheckpointFormat.UNKNOWN
+
+
+class CheckpointCommittedV1(_CheckpointEvent):
+    """The format's commit evidence is complete on storage; integrity is not yet checked."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.committed"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    run_id: str
+    step: int = Field(ge=0)
+    format: CheckpointFormat
+    identity: CheckpointIdentity | None = None
+    shard_count: int = Field(default=0, ge=0)
+    total_bytes: int = Field(default=0, ge=0)
+
+
+class CheckpointWriteFailedV1(_CheckpointEvent):
+    """The write stalled or lost shards: never a restore candidate."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.write_failed"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    side: FailureSide = FailureSide.UNKNOWN
+
+
+class CheckpointVerifiedV1(_CheckpointEvent):
+    """Integrity evidence: every check listed passed."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.verified"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    checks: tuple[str, ...] = ()
+    exact_resume: bool = True
+    """False when only weights are present (no optimizer/scheduler state)."""
+    bytes_verified: int = Field(default=0, ge=0)
+
+
+class CheckpointCorruptV1(_CheckpointEvent):
+    EVENT_TYPE: ClassVar[str] = "checkpoint.corrupt"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    side: FailureSide = FailureSide.UNKNOWN
+    findings: tuple[str, ...] = ()
+
+
+class CheckpointRegisteredV1(_CheckpointEvent):
+    """The registry now offers this checkpoint as valid for restore."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.registered"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    step: int = Field(ge=0)
+    state: CheckpointState = CheckpointState.VALID
+
+
+class CheckpointQuarantinedV1(_CheckpointEvent):
+    EVENT_TYPE: ClassVar[str] = "checkpoint.quarantined"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    quarantine_uri: str | None = None
+
+
+class CheckpointConflictV1(_CheckpointEvent):
+    """Something claimed a transition or identity the registry refuses; needs a human look."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.conflict"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    existing_checkpoint_id: str | None = None
+
+
+class CheckpointExpiredV1(_CheckpointEvent):
+    EVENT_TYPE: ClassVar[str] = "checkpoint.expired"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    policy: str
+    grace_until: AwareDatetime | None = None
+
+
+class CheckpointDeletedV1(_CheckpointEvent):
+    """Bytes are gone; the tombstone fields stay queryable forever (R6)."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.deleted"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    actor: str
+    policy: str | None = None
+
+
+CHECKPOINT_EVENTS: tuple[type[EventData], ...] = (
+    CheckpointWritingV1,
+    CheckpointCommittedV1,
+    CheckpointWriteFailedV1,
+    CheckpointVerifiedV1,
+    CheckpointCorruptV1,
+    CheckpointRegisteredV1,
+    CheckpointQuarantinedV1,
+    CheckpointConflictV1,
+    CheckpointExpiredV1,
+    CheckpointDeletedV1,
+)
+
+
+CheckpointEvent = (
+    Envelope[CheckpointWritingV1]
+    | Envelope[CheckpointCommittedV1]
+    | Envelope[CheckpointWriteFailedV1]
+    | Envelope[CheckpointVerifiedV1]
+    | Envelope[CheckpointCorruptV1]
+    | Envelope[CheckpointRegisteredV1]
+    | Envelope[CheckpointQuarantinedV1]
+    | Envelope[CheckpointConflictV1]
+    | Envelope[CheckpointExpiredV1]
+    | Envelope[CheckpointDeletedV1]
+)
+"""Any checkpoint event, as a handler that projects them all receives it."""

@@ -1,0 +1,345 @@
+"""JetStream wiring, written once: streams, publishing, durable pull consumers, dead-lettering.
+
+Every service builds its broker with `make_broker` and its consumers with `Bus.consumer`. The
+guarantees live here, not in handlers:
+
+* every publish sets ``Nats-Msg-Id`` to the event's deterministic id (JetStream dedupes retries);
+* consumers are durable pull consumers with explicit acks, ``ack_wait`` and capped
+  ``max_deliver``; a handler that runs long sends in-progress acks automatically;
+* faststream's own ack logic is off (`AckPolicy.MANUAL`); `DeadLetters` decides instead:
+  success → ack; `TransientError` or an unexpected exception → nak with backoff, and on the last
+  allowed delivery → dead-letter; a payload that fails validation, an unknown type or version, or a
+  `PermanentError` → dead-letter at once. A dead letter keeps the original bytes and headers and
+  adds the error, its code, the delivery count, the consumer and the stream sequence;
+* messages that exhaust ``max_deliver`` without any answer (a crashed or hung handler) are
+  dead-lettered from JetStream's max-deliveries advisory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from faststream import AckPolicy
+from faststream._internal.middlewares import BaseMiddleware
+from faststream.message import StreamMessage
+from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
+from faststream.nats.message import NatsMessage
+from faststream.nats.security import NatsUserPassword
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy, StorageType
+from pydantic import ValidationError
+
+from contracts import CATALOG, Envelope, EventCatalog, EventData
+from contracts.errors import ContractError
+from contracts.subjects import dead_letter_filter, dead_letter_subject, event_filter, event_subject
+
+log = logging.getLogger("ckpt_ha.bus")
+
+ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+
+
+@dataclass(frozen=True)
+class BusConfig:
+    url: str = "nats://127.0.0.1:4222"
+    user: str | None = None
+    password: str | None = None
+    prefix: str = "ckpt"
+    events_stream: str = "CKPT_EVENTS"
+    dead_letter_stream: str = "CKPT_DLQ"
+    duplicate_window_s: float = 120.0
+    max_event_bytes: int = 256 * 1024
+    ack_wait_s: float = 30.0
+    max_deliver: int = 5
+    backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
+    fetch_batch: int = 64
+    fetch_timeout_s: float = 1.0
+    graceful_timeout_s: float = 20.0
+    publish_timeout_s: float = 5.0
+
+    def backoff(self, delivered: int) -> float:
+        """Nak delay after the ``delivered``-th failed delivery."""
+        return self.backoff_s[min(max(delivered, 1), len(self.backoff_s)) - 1]
+
+
+def events_stream(cfg: BusConfig) -> JStream:
+    """The event log: file storage, no age limit (the registry is rebuilt from it)."""
+    return JStream(
+        cfg.events_stream,
+        subjects=[event_filter(cfg.prefix)],
+        storage=StorageType.FILE,
+        duplicate_window=cfg.duplicate_window_s,
+        max_msg_size=cfg.max_event_bytes,
+        declare=True,
+    )
+
+
+def dead_letter_stream(cfg: BusConfig) -> JStream:
+    return JStream(
+        cfg.dead_letter_stream,
+        subjects=[dead_letter_filter(cfg.prefix)],
+        storage=StorageType.FILE,
+        duplicate_window=cfg.duplicate_window_s,
+        declare=True,
+    )
+
+
+class DeadLetters:
+    """Middleware factory (faststream calls it once per message) plus the dead-letter publisher."""
+
+    def __init__(self, cfg: BusConfig, service: str) -> None:
+        self.cfg = cfg
+        self.service = service
+        self._broker: NatsBroker | None = None
+        self._order: dict[str, asyncio.Lock] = {}
+        self.on_outcome: Callable[[str, str], None] = lambda consumer, outcome: None
+        """Hook for metrics: called with (consumer, 'ack'|'nak'|'dead_letter')."""
+
+    def bind(self, broker: NatsBroker) -> None:
+        self._broker = broker
+
+    def ordering_lock(self, consumer: str) -> asyncio.Lock:
+        """faststream starts a fetched batch's messages as concurrent tasks, in stream order.
+
+        Taking this FIFO lock first thing makes one consumer handle them one at a time in that
+        order, so a projection sees a checkpoint's events in the order they were published.
+        Scale out with more consumers (partitioned by job), not with concurrency inside one.
+        """
+        return self._order.setdefault(consumer, asyncio.Lock())
+
+    def __call__(self, msg: Any, /, *, context: Any) -> _DeadLetterScope:
+        return _DeadLetterScope(msg, context=context, letters=self)
+
+    async def publish(
+        self,
+        raw: Msg,
+        *,
+        code: str,
+        error: str,
+        delivered: int,
+        consumer: str,
+        stream_seq: int,
+    ) -> None:
+        """Store the original bytes and headers with the reason; deduped per (seq, consumer)."""
+        if self._broker is None:
+            raise RuntimeError("DeadLetters used before bind()")
+        headers = {k: v for k, v in (raw.headers or {}).items() if k != "Nats-Msg-Id"}
+        headers.update(
+            {
+                "Nats-Msg-Id": f"dlq:{self.cfg.events_stream}:{stream_seq}:{consumer}",
+                "Ckpt-Error-Code": code,
+                "Ckpt-Error": error[:2000],
+                "Ckpt-Delivery-Count": str(delivered),
+                "Ckpt-Consumer": consumer,
+                "Ckpt-Stream-Seq": str(stream_seq),
+                "Ckpt-Original-Subject": raw.subject,
+            }
+        )
+        await self._broker.publish(
+            raw.data,
+            dead_letter_subject(self.cfg.prefix, self.service, consumer),
+            headers=headers,
+            stream=self.cfg.dead_letter_stream,
+            timeout=self.cfg.publish_timeout_s,
+        )
+        log.warning(
+            "dead-lettered seq=%s consumer=%s code=%s: %s", stream_seq, consumer, code, error
+        )
+
+
+def _classify(exc: BaseException) -> tuple[str, str] | None:
+    """(code, text) when the failure is permanent; None when a retry may succeed."""
+    from services.shared.errors import PermanentError
+
+    if isinstance(exc, ContractError):
+        return exc.code, str(exc)
+    if isinstance(exc, ValidationError):
+        return "malformed", str(exc).replace("\n", " ")[:2000]
+    if isinstance(exc, PermanentError):
+        return getattr(exc, "code", "permanent"), str(exc)
+    return None
+
+
+class _DeadLetterScope(BaseMiddleware):  # type: ignore[type-arg]
+    def __init__(self, msg: Any, /, *, context: Any, letters: DeadLetters) -> None:
+        super().__init__(msg, context=context)
+        self.letters = letters
+
+    async def consume_scope(
+        self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]
+    ) -> Any:
+        if not isinstance(msg, NatsMessage) or not msg.raw_message.reply:
+            return await call_next(msg)  # core NATS (advisories): nothing to ack
+        raw = msg.raw_message
+        meta = raw.metadata
+        consumer = meta.consumer or "?"
+        async with self.letters.ordering_lock(consumer):
+            return await self._handle(call_next, msg, consumer)
+
+    async def _handle(
+        self,
+        call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
+        msg: NatsMessage,
+        consumer: str,
+    ) -> Any:
+        raw = msg.raw_message
+        meta = raw.metadata
+        cfg = self.letters.cfg
+        heartbeat = asyncio.create_task(_keep_alive(msg, cfg.ack_wait_s / 3))
+        try:
+            result = await call_next(msg)
+        except Exception as exc:  # noqa: BLE001 - every failure must end in ack, nak or dead letter
+            permanent = _classify(exc)
+            delivered = meta.num_delivered
+            if permanent is None and delivered < cfg.max_deliver:
+                log.info("nak seq=%s consumer=%s delivered=%s: %r",
+                         meta.sequence.stream, consumer, delivered, exc)
+                await msg.nack(delay=cfg.backoff(delivered))
+                self.letters.on_outcome(consumer, "nak")
+                return None
+            code, text = permanent or ("max_deliver", f"last delivery failed: {exc!r}")
+            try:
+                await self.letters.publish(
+                    raw,
+                    code=code,
+                    error=text,
+                    delivered=delivered,
+                    consumer=consumer,
+                    stream_seq=meta.sequence.stream,
+                )
+            except Exception:  # noqa: BLE001 - keep the message if its dead letter cannot be stored
+                log.exception("dead letter not stored; nak instead")
+                await msg.nack(delay=cfg.backoff(delivered))
+                self.letters.on_outcome(consumer, "nak")
+                return None
+            await msg.reject()  # TERM: JetStream stops redelivering
+            self.letters.on_outcome(consumer, "dead_letter")
+            return None
+        finally:
+            heartbeat.cancel()
+        await msg.ack()
+        self.letters.on_outcome(consumer, "ack")
+        return result
+
+
+async def _keep_alive(msg: NatsMessage, interval: float) -> None:
+    """In-progress acks while a handler runs longer than a fraction of ``ack_wait``."""
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            await asyncio.sleep(interval)
+            await msg.in_progress()
+
+
+Handler = Callable[..., Awaitable[None]]
+
+
+class Bus:
+    """One service's view of the event bus: its broker, its consumers, its publisher."""
+
+    def __init__(self, cfg: BusConfig, service: str, catalog: EventCatalog = CATALOG) -> None:
+        self.cfg = cfg
+        self.service = service
+        self.catalog = catalog
+        self.dead_letters = DeadLetters(cfg, service)
+        self.broker = NatsBroker(
+            cfg.url,
+            security=(
+                NatsUserPassword(cfg.user, cfg.password or "") if cfg.user is not None else None
+            ),
+            middlewares=[self.dead_letters],
+            graceful_timeout=cfg.graceful_timeout_s,
+            name=f"ckpt-ha-{service}",
+        )
+        self.dead_letters.bind(self.broker)
+        self.events = events_stream(cfg)
+        self.consumers: list[str] = []
+        # Publishers declare both streams at start, so a publish-only process works too.
+        self.broker.publisher(event_filter(cfg.prefix), stream=self.events, include_in_schema=False)
+        self.broker.publisher(
+            dead_letter_filter(cfg.prefix),
+            stream=dead_letter_stream(cfg),
+            include_in_schema=False,
+        )
+
+    def durable_name(self, consumer: str) -> str:
+        return f"{self.service}--{consumer}"
+
+    def consumer(
+        self,
+        consumer: str,
+        filter_subject: str,
+        *,
+        description: str | None = None,
+    ) -> Callable[[Handler], Any]:
+        """Decorator: a durable pull consumer with explicit acks on ``filter_subject``."""
+        durable = self.durable_name(consumer)
+        self.consumers.append(durable)
+
+        def decode(msg: StreamMessage[Any]) -> Envelope[EventData]:
+            return self.catalog.decode(msg.body)
+
+        return self.broker.subscriber(
+            filter_subject,
+            stream=self.events,
+            durable=durable,
+            pull_sub=PullSub(batch_size=self.cfg.fetch_batch, timeout=self.cfg.fetch_timeout_s),
+            config=ConsumerConfig(
+                ack_wait=self.cfg.ack_wait_s,
+                max_deliver=self.cfg.max_deliver,
+                deliver_policy=DeliverPolicy.ALL,
+            ),
+            ack_policy=AckPolicy.MANUAL,
+            decoder=decode,
+            title=f"{self.service}:{consumer}",
+            description=description,
+        )
+
+    def watch_max_deliveries(self) -> None:
+        """Dead-letter what exhausted ``max_deliver`` without any answer from a handler."""
+        for durable in self.consumers:
+            subject = f"{ADVISORY_MAX_DELIVERIES}.{self.cfg.events_stream}.{durable}"
+            self.broker.subscriber(subject, include_in_schema=False)(self._on_max_deliveries)
+
+    async def _on_max_deliveries(self, body: bytes) -> None:
+        advisory = json.loads(body)
+        seq = int(advisory["stream_seq"])
+        consumer = str(advisory["consumer"])
+        js = self.broker.connection.jetstream()
+        stored = await js.get_msg(self.cfg.events_stream, seq)
+        raw = Msg(
+            self.broker.connection,
+            subject=stored.subject,
+            data=stored.data or b"",
+            headers=dict(stored.headers or {}),
+        )
+        await self.dead_letters.publish(
+            raw,
+            code="max_deliver",
+            error="max deliveries reached without an ack (handler crashed or timed out)",
+            delivered=int(advisory.get("deliveries", self.cfg.max_deliver)),
+            consumer=consumer,
+            stream_seq=seq,
+        )
+
+    async def publish(self, event: Envelope[EventData]) -> None:
+        """Publish into the event stream; ``Nats-Msg-Id`` = event id, so retries are deduped."""
+        subject = event_subject(self.cfg.prefix, event.event_type, event.version, event.data.job_id)
+        headers = {"Nats-Msg-Id": event.id, "Ce-Type": event.type, "Ce-Id": event.id}
+        if event.traceparent:
+            headers["traceparent"] = event.traceparent
+        await self.broker.publish(
+            event.to_bytes(),
+            subject,
+            headers=headers,
+            stream=self.cfg.events_stream,
+            timeout=self.cfg.publish_timeout_s,
+        )
+
+    async def publish_all(self, events: Sequence[Envelope[EventData]]) -> None:
+        for event in events:
+            await self.publish(event)

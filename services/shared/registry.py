@@ -1,0 +1,276 @@
+"""The checkpoint registry in Redis: a projection of the event stream, rebuildable from it.
+
+Keys (all under one prefix, so tests and stacks can share a Redis):
+
+* ``<p>:ckpt:<id>``      JSON `CheckpointRecord` (state, identity, history)
+* ``<p>:job:<job>``      sorted set of checkpoint ids by step
+* ``<p>:state:<state>``  set of checkpoint ids in that state
+* ``<p>:uri:<uri>``      set of checkpoint ids ever written at that location (display only: a
+  resubmitted job writing the same path gets a new checkpoint id)
+* ``<p>:jobs``           set of job ids
+* ``<p>:applied``        set of event ids already projected (dedupe)
+
+A transition is applied with WATCH/MULTI on the record key, so two replicas racing on one
+checkpoint cannot both apply one; the loser retries and sees the new state. The projection uses
+only the event's own fields and time, never the local clock, so replaying the stream into an empty
+Redis reproduces identical records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from pydantic import AwareDatetime, BaseModel, ConfigDict
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
+
+from contracts import Envelope, EventData
+from contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointFormat,
+    CheckpointIdentity,
+    CheckpointState,
+    CheckpointVerifiedV1,
+    CheckpointWritingV1,
+)
+from services.shared.errors import DependencyNotReady, TransientError
+from services.shared.lifecycle import EVENT_TARGETS, Transition, transition
+
+
+class HistoryEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state: CheckpointState
+    at: AwareDatetime
+    event_id: str
+    event_type: str
+    actor: str
+    reason: str | None = None
+
+
+class CheckpointRecord(BaseModel):
+    """What the registry knows of one checkpoint. ``uri`` is display only; identity is the id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    checkpoint_id: str
+    job_id: str
+    run_id: str | None = None
+    step: int | None = None
+    uri: str
+    format: CheckpointFormat = CheckpointFormat.UNKNOWN
+    state: CheckpointState
+    identity: CheckpointIdentity | None = None
+    shard_count: int | None = None
+    total_bytes: int | None = None
+    exact_resume: bool | None = None
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    history: tuple[HistoryEntry, ...] = ()
+
+
+@dataclass(frozen=True)
+class Applied:
+    record: CheckpointRecord | None
+    """The record after this event (also for a duplicate, so follow-ups can be re-published)."""
+    transition: Transition | None
+    duplicate: bool
+    """True when this event id was projected before: nothing changed."""
+
+
+class RegistryUnavailable(TransientError):
+    code = "registry_unavailable"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"registry (Redis) unavailable: {reason}")
+
+
+def _reason(data: EventData) -> str | None:
+    value = getattr(data, "reason", None)
+    return value if isinstance(value, str) else None
+
+
+def project(
+    record: CheckpointRecord | None, event: Envelope[EventData]
+) -> tuple[CheckpointRecord | None, Transition | None]:
+    """Pure projection of one checkpoint event onto a record (None: the event moves nothing)."""
+    data = event.data
+    target = EVENT_TARGETS.get(data.EVENT_TYPE)
+    checkpoint_id: str = getattr(data, "checkpoint_id", "")
+    if target is None:
+        return record, None
+    current = record.state if record is not None else None
+    if current is None and target not in {
+        CheckpointState.WRITING,
+        CheckpointState.PENDING_VERIFICATION,
+        CheckpointState.WRITE_FAILED,
+    }:
+        # E.g. verified delivered before committed: wait for the earlier event.
+        raise DependencyNotReady(f"{data.EVENT_TYPE} for {checkpoint_id}", "its committed event")
+    step = transition(checkpoint_id, current, target)
+    if not step.changed:
+        return record, step
+    fields: dict[str, Any] = {}
+    if isinstance(data, CheckpointWritingV1 | CheckpointCommittedV1):
+        fields.update(run_id=data.run_id, format=data.format)
+        if data.step is not None:
+            fields["step"] = data.step
+    if isinstance(data, CheckpointCommittedV1):
+        fields.update(
+            identity=data.identity, shard_count=data.shard_count, total_bytes=data.total_bytes
+        )
+    if isinstance(data, CheckpointVerifiedV1):
+        fields["exact_resume"] = data.exact_resume
+    entry = HistoryEntry(
+        state=target,
+        at=event.time,
+        event_id=event.id,
+        event_type=data.EVENT_TYPE,
+        actor=event.source,
+        reason=_reason(data),
+    )
+    if record is None:
+        new = CheckpointRecord(
+            checkpoint_id=checkpoint_id,
+            job_id=data.job_id,
+            uri=getattr(data, "uri", ""),
+            state=target,
+            created_at=event.time,
+            updated_at=event.time,
+            history=(entry,),
+            **fields,
+        )
+    else:
+        new = record.model_copy(
+            update={
+                **fields,
+                "state": target,
+                "updated_at": event.time,
+                "history": (*record.history, entry),
+            }
+        )
+    return new, step
+
+
+class Registry:
+    """Async Redis adapter for the checkpoint registry."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str = "ckpt-ha") -> None:
+        self.r = client
+        self.p = prefix
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str = "ckpt-ha") -> Registry:
+        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix)
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.p, *parts))
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self.r.ping())
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            return False
+
+    async def apply(self, event: Envelope[EventData]) -> Applied:
+        """Project one checkpoint event atomically; an event id seen before is a no-op."""
+        checkpoint_id: str = getattr(event.data, "checkpoint_id", "")
+        key = self._k("ckpt", checkpoint_id)
+        applied_key = self._k("applied")
+        try:
+            async with self.r.pipeline(transaction=True) as pipe:
+                while True:
+                    try:
+                        await pipe.watch(key)
+                        raw = await pipe.get(key)
+                        old = CheckpointRecord.model_validate_json(raw) if raw else None
+                        if await pipe.sismember(applied_key, event.id):
+                            await pipe.unwatch()
+                            return Applied(record=old, transition=None, duplicate=True)
+                        new, step = project(old, event)
+                        pipe.multi()
+                        pipe.sadd(applied_key, event.id)
+                        if new is not None and step is not None and step.changed:
+                            self._write(pipe, old, new)
+                        await pipe.execute()
+                        return Applied(record=new, transition=step, duplicate=False)
+                    except WatchError:
+                        continue
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise RegistryUnavailable(str(exc)) from exc
+
+    def _write(self, pipe: Any, old: CheckpointRecord | None, new: CheckpointRecord) -> None:
+        pipe.set(self._k("ckpt", new.checkpoint_id), new.model_dump_json())
+        if old is not None:
+            pipe.srem(self._k("state", old.state.value), new.checkpoint_id)
+        pipe.sadd(self._k("state", new.state.value), new.checkpoint_id)
+        pipe.sadd(self._k("jobs"), new.job_id)
+        pipe.sadd(self._k("uri", new.uri), new.checkpoint_id)
+        pipe.zadd(
+            self._k("job", new.job_id),
+            {new.checkpoint_id: new.step if new.step is not None else -1},
+        )
+
+    async def get(self, checkpoint_id: str) -> CheckpointRecord | None:
+        raw = await self.r.get(self._k("ckpt", checkpoint_id))
+        return CheckpointRecord.model_validate_json(raw) if raw else None
+
+    async def _many(self, ids: Iterable[str]) -> list[CheckpointRecord]:
+        keys = [self._k("ckpt", i) for i in ids]
+        if not keys:
+            return []
+        raws = await self.r.mget(keys)
+        return [CheckpointRecord.model_validate_json(r) for r in raws if r]
+
+    async def by_job(
+        self, job_id: str, *, state: CheckpointState | None = None
+    ) -> list[CheckpointRecord]:
+        """A job's checkpoints, newest step first."""
+        ids = await self.r.zrevrange(self._k("job", job_id), 0, -1)
+        records = await self._many(ids)
+        return [r for r in records if state is None or r.state is state]
+
+    async def by_state(self, state: CheckpointState) -> list[CheckpointRecord]:
+        ids = sorted(await self.r.smembers(self._k("state", state.value)))
+        return await self._many(ids)
+
+    async def by_uri(self, uri: str) -> list[CheckpointRecord]:
+        ids = sorted(await self.r.smembers(self._k("uri", uri)))
+        return await self._many(ids)
+
+    async def jobs(self) -> list[str]:
+        return sorted(await self.r.smembers(self._k("jobs")))
+
+    async def latest_valid(self, job_id: str) -> CheckpointRecord | None:
+        for record in await self.by_job(job_id):
+            if record.state is CheckpointState.VALID:
+                return record
+        return None
+
+    async def dump(self) -> dict[str, Any]:
+        """Every key under the prefix with its value: what a rebuild must reproduce exactly."""
+        out: dict[str, Any] = {}
+        async for key in self.r.scan_iter(match=f"{self.p}:*", count=1000):
+            kind = await self.r.type(key)
+            if kind == "string":
+                out[key] = await self.r.get(key)
+            elif kind == "set":
+                out[key] = sorted(await self.r.smembers(key))
+            elif kind == "zset":
+                out[key] = await self.r.zrange(key, 0, -1, withscores=True)
+        return dict(sorted(out.items()))
+
+    async def clear(self) -> int:
+        """Delete every key under the prefix (before a rebuild). Returns how many."""
+        n = 0
+        async for key in self.r.scan_iter(match=f"{self.p}:*", count=1000):
+            n += await self.r.delete(key)
+        return n

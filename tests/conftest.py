@@ -1,0 +1,79 @@
+"""Shared fixtures: the real NATS and Redis, and uniquely named streams, subjects and keys.
+
+A missing service fails the test (never skips): under CI a skip would hide a broken set-up.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from urllib.parse import urlparse
+
+import nats
+import pytest
+import redis.asyncio as aioredis
+
+from services.shared.settings import ServiceSettings
+
+NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _require(url: str, what: str) -> None:
+    parsed = urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=2):
+            return
+    except OSError as exc:
+        pytest.fail(f"{what} is required at {url} and is not reachable ({exc}); see .ci/run")
+
+
+@pytest.fixture
+def nats_url() -> str:
+    _require(NATS_URL, "NATS")
+    return NATS_URL
+
+
+@pytest.fixture
+def redis_url() -> str:
+    _require(REDIS_URL, "Redis")
+    return REDIS_URL
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[ServiceSettings]:
+    """Settings with a private subject prefix, streams and registry prefix; cleaned up after."""
+    s = ServiceSettings(
+        NATS_URL=nats_url,
+        REDIS_URL=redis_url,
+        subject_prefix=f"t{unique}",
+        events_stream=f"EV_{unique}",
+        dead_letter_stream=f"DLQ_{unique}",
+        registry_prefix=f"test:{unique}",
+        ack_wait_s=2.0,
+        max_deliver=3,
+        backoff_s=(0.2, 0.2, 0.2),
+        fetch_batch=32,
+        graceful_timeout_s=3.0,
+    )
+    yield s
+    nc = await nats.connect(nats_url)
+    js = nc.jetstream()
+    for stream in (s.events_stream, s.dead_letter_stream):
+        try:
+            await js.delete_stream(stream)
+        except nats.js.errors.NotFoundError:
+            pass
+    await nc.close()
+    r = aioredis.Redis.from_url(redis_url)
+    keys = [k async for k in r.scan_iter(match=f"{s.registry_prefix}:*")]
+    if keys:
+        await r.delete(*keys)
+    await r.aclose()

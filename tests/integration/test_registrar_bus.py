@@ -1,0 +1,179 @@
+"""The registrar against the real NATS JetStream and Redis: the happy path and every bad input."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from contracts.checkpoint import CheckpointState
+from contracts.subjects import event_subject
+from services.registrar.app import Registrar, build
+from services.registrar.settings import RegistrarSettings
+from services.shared.bus import Bus
+from services.shared.settings import ServiceSettings
+from tests.support.bus_tools import publish_raw, stream_messages, wait_for
+from tests.support.events import committed, deleted, expired, verified
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def registrar(settings: ServiceSettings) -> AsyncIterator[Registrar]:
+    svc = build(RegistrarSettings.model_validate(settings.model_dump()))
+    await svc.bus.broker.start()
+    yield svc
+    await svc.bus.broker.stop()
+    await svc.registry.close()
+
+
+@pytest.fixture
+async def producer(settings: ServiceSettings) -> AsyncIterator[Bus]:
+    bus = Bus(settings.bus(), "test-producer")
+    await bus.broker.start()
+    yield bus
+    await bus.broker.stop()
+
+
+async def dead_letters(settings: ServiceSettings, n: int) -> list[dict[str, str | bytes]]:
+    async def probe() -> list[dict[str, str | bytes]]:
+        msgs = await stream_messages(settings.nats_url, settings.dead_letter_stream)
+        return [{**(m.headers or {}), "body": m.data} for m in msgs] if len(msgs) >= n else []
+
+    return await wait_for(probe, timeout=15, what=f"{n} dead letters")
+
+
+async def state_of(reg: Registrar, ckpt: str, want: CheckpointState) -> bool:
+    rec = await reg.registry.get(ckpt)
+    return rec is not None and rec.state is want
+
+
+async def test_committed_then_verified_registers(registrar: Registrar, producer: Bus) -> None:
+    await producer.publish(committed("c1", step=100))
+    await wait_for(
+        lambda: state_of(registrar, "c1", CheckpointState.PENDING_VERIFICATION), what="pending"
+    )
+    await producer.publish(verified("c1", step=100))
+    await wait_for(lambda: state_of(registrar, "c1", CheckpointState.VALID), what="valid")
+    rec = await registrar.registry.get("c1")
+    assert rec is not None
+    assert [h.state for h in rec.history] == [
+        CheckpointState.PENDING_VERIFICATION,
+        CheckpointState.VALID,
+    ]
+    assert [r.checkpoint_id for r in await registrar.registry.by_job("job-1")] == ["c1"]
+
+    async def registered() -> bool:
+        msgs = await stream_messages(registrar.bus.cfg.url, registrar.bus.cfg.events_stream)
+        return any(b"checkpoint.registered" in m.data for m in msgs)
+
+    await wait_for(registered, what="checkpoint.registered event")
+
+
+async def test_duplicate_event_is_a_no_op(
+    registrar: Registrar, producer: Bus, settings: ServiceSettings
+) -> None:
+    event = committed("c2")
+    await producer.publish(event)
+    # Same event again past JetStream's dedupe (a different Nats-Msg-Id): the consumer dedupes.
+    subject = event_subject(settings.subject_prefix, "checkpoint.committed", 1, "job-1")
+    await publish_raw(settings.nats_url, subject, event.to_bytes(), {"Nats-Msg-Id": "other"})
+    await producer.publish(verified("c2"))
+    await wait_for(lambda: state_of(registrar, "c2", CheckpointState.VALID), what="valid")
+    rec = await registrar.registry.get("c2")
+    assert rec is not None
+    assert len(rec.history) == 2
+    assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
+
+
+@pytest.mark.parametrize(
+    ("payload", "code"),
+    [
+        (b"{not json", "malformed"),
+        (b"[1, 2]", "malformed"),
+        (b'{"type": "ckpt-ha.checkpoint.exploded.v1", "data": {}}', "unknown_type"),
+        (b'{"type": "ckpt-ha.checkpoint.committed.v9", "data": {}}', "unsupported_version"),
+        (b"\xff\xfe\x00garbage", "malformed"),
+    ],
+)
+async def test_bad_bytes_are_dead_lettered(
+    registrar: Registrar, settings: ServiceSettings, payload: bytes, code: str
+) -> None:
+    subject = event_subject(settings.subject_prefix, "checkpoint.committed", 1, "job-1")
+    await publish_raw(settings.nats_url, subject, payload, {"X-Trace": "keep-me"})
+    [letter] = await dead_letters(settings, 1)
+    assert letter["Ckpt-Error-Code"] == code
+    assert letter["body"] == payload
+    assert letter["X-Trace"] == "keep-me"
+    assert letter["Ckpt-Delivery-Count"] == "1"
+    assert letter["Ckpt-Consumer"] == "registrar--checkpoints"
+
+
+async def test_missing_field_is_dead_lettered(
+    registrar: Registrar, settings: ServiceSettings
+) -> None:
+    doc = json.loads(committed("c3").to_bytes())
+    del doc["data"]["step"]
+    subject = event_subject(settings.subject_prefix, "checkpoint.committed", 1, "job-1")
+    await publish_raw(settings.nats_url, subject, json.dumps(doc).encode())
+    [letter] = await dead_letters(settings, 1)
+    assert letter["Ckpt-Error-Code"] == "malformed"
+    assert "step" in str(letter["Ckpt-Error"])
+    assert await registrar.registry.get("c3") is None
+
+
+async def test_illegal_transition_is_dead_lettered_and_reported(
+    registrar: Registrar, producer: Bus, settings: ServiceSettings
+) -> None:
+    await producer.publish(committed("c4"))
+    await producer.publish(verified("c4"))
+    await producer.publish(expired("c4"))
+    await producer.publish(deleted("c4"))
+    await wait_for(lambda: state_of(registrar, "c4", CheckpointState.DELETED), what="deleted")
+    await producer.publish(committed("c4", key="resubmitted"))
+    [letter] = await dead_letters(settings, 1)
+    assert letter["Ckpt-Error-Code"] == "illegal_transition"
+    assert "deleted -> pending_verification" in str(letter["Ckpt-Error"])
+    rec = await registrar.registry.get("c4")
+    assert rec is not None
+    assert rec.state is CheckpointState.DELETED
+
+    async def conflict() -> bool:
+        msgs = await stream_messages(settings.nats_url, settings.events_stream)
+        return any(b"checkpoint.conflict" in m.data for m in msgs)
+
+    await wait_for(conflict, what="checkpoint.conflict event")
+
+
+async def test_out_of_order_event_waits_then_applies(
+    registrar: Registrar, producer: Bus, settings: ServiceSettings
+) -> None:
+    await producer.publish(verified("c5"))  # before its committed: nak'ed, retried
+    await producer.publish(committed("c5"))
+    await wait_for(lambda: state_of(registrar, "c5", CheckpointState.VALID), what="valid")
+    assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
+
+
+async def test_retries_are_capped_then_dead_lettered(
+    registrar: Registrar, producer: Bus, settings: ServiceSettings
+) -> None:
+    await producer.publish(verified("never-committed"))
+    [letter] = await dead_letters(settings, 1)
+    assert letter["Ckpt-Error-Code"] == "max_deliver"
+    assert letter["Ckpt-Delivery-Count"] == str(settings.max_deliver)
+
+
+async def test_oversized_payload_is_refused_at_publish(
+    registrar: Registrar, settings: ServiceSettings
+) -> None:
+    import nats
+
+    subject = event_subject(settings.subject_prefix, "checkpoint.committed", 1, "job-1")
+    nc = await nats.connect(settings.nats_url)
+    try:
+        with pytest.raises(nats.js.errors.APIError, match="message size exceeds"):
+            await nc.jetstream().publish(subject, b"x" * (300 * 1024))
+    finally:
+        await nc.close()
+    assert await stream_messages(settings.nats_url, settings.events_stream) == []

@@ -1,0 +1,72 @@
+"""Builders for realistic events in tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from contracts import Envelope, EventData, build
+from contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointDeletedV1,
+    CheckpointExpiredV1,
+    CheckpointFormat,
+    CheckpointVerifiedV1,
+)
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def committed(
+    ckpt: str, job: str = "job-1", step: int = 100, uri: str | None = None, key: str = "k"
+) -> Envelope[EventData]:
+    return build(
+        CheckpointCommittedV1(
+            job_id=job,
+            checkpoint_id=ckpt,
+            uri=uri or f"file:///data/{job}/step-{step}",
+            run_id="run-1",
+            step=step,
+            format=CheckpointFormat.NATIVE,
+            shard_count=2,
+            total_bytes=2048,
+        ),
+        source="test/watcher",
+        time=T0,
+        key=key,
+    )
+
+
+def verified(ckpt: str, job: str = "job-1", step: int = 100, key: str = "k") -> Envelope[EventData]:
+    return build(
+        CheckpointVerifiedV1(
+            job_id=job,
+            checkpoint_id=ckpt,
+            uri=f"file:///data/{job}/step-{step}",
+            checks=("manifest", "sizes", "crc32c"),
+        ),
+        source="test/checker",
+        time=T0 + timedelta(seconds=5),
+        key=key,
+    )
+
+
+def expired(ckpt: str, job: str = "job-1", key: str = "k") -> Envelope[EventData]:
+    return build(
+        CheckpointExpiredV1(
+            job_id=job, checkpoint_id=ckpt, uri="file:///x", reason="age", policy="standard"
+        ),
+        source="test/janitor",
+        time=T0 + timedelta(days=1),
+        key=key,
+    )
+
+
+def deleted(ckpt: str, job: str = "job-1", key: str = "k") -> Envelope[EventData]:
+    return build(
+        CheckpointDeletedV1(
+            job_id=job, checkpoint_id=ckpt, uri="file:///x", reason="age", actor="janitor"
+        ),
+        source="test/janitor",
+        time=T0 + timedelta(days=2),
+        key=key,
+    )
