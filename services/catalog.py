@@ -1,0 +1,50 @@
+"""The five services by name: how `ckpt-ha serve NAME` finds a composition root."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from faststream import FastStream
+
+from services.shared.service import Service
+from services.shared.settings import ServiceSettings
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    name: str
+    settings: type[ServiceSettings]
+    build: Callable[[ServiceSettings], Service]
+    asyncapi_app: Callable[[], FastStream]
+
+
+def entries() -> dict[str, ServiceEntry]:
+    from services.integrity_checker import app as integrity_checker
+    from services.integrity_checker.settings import IntegrityCheckerSettings
+    from services.registrar import app as registrar
+    from services.registrar.settings import RegistrarSettings
+    from services.restore_coordinator import app as restore_coordinator
+    from services.restore_coordinator.settings import RestoreCoordinatorSettings
+    from services.retention_janitor import app as retention_janitor
+    from services.retention_janitor.settings import RetentionJanitorSettings
+    from services.writer_watcher import app as writer_watcher
+    from services.writer_watcher.settings import WriterWatcherSettings
+
+    table: list[tuple[str, type[ServiceSettings], Callable[..., Service], Callable[[], FastStream]]]
+    table = [
+        (writer_watcher.NAME, WriterWatcherSettings, writer_watcher.build,
+         writer_watcher.asyncapi_app),
+        (integrity_checker.NAME, IntegrityCheckerSettings, integrity_checker.build,
+         integrity_checker.asyncapi_app),
+        (registrar.NAME, RegistrarSettings, registrar.build, registrar.asyncapi_app),
+        (restore_coordinator.NAME, RestoreCoordinatorSettings, restore_coordinator.build,
+         restore_coordinator.asyncapi_app),
+        (retention_janitor.NAME, RetentionJanitorSettings, retention_janitor.build,
+         retention_janitor.asyncapi_app),
+    ]
+    return {name: ServiceEntry(name, s, b, a) for name, s, b, a in table}
+
+
+SERVICE_NAMES = ("writer-watcher", "integrity-checker", "registrar", "restore-coordinator",
+                 "retention-janitor")

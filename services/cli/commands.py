@@ -1,0 +1,335 @@
+"""What each `ckpt-ha` command does. Output for people is a table; `--json` is for machines."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import zlib
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+import redis.exceptions
+
+from contracts import CATALOG, build
+from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat, CheckpointState
+from services.catalog import entries
+from services.cli import stack
+from services.registrar.rebuild import rebuild
+from services.shared.bus import Bus
+from services.shared.registry import CheckpointRecord, Registry
+from services.shared.settings import ServiceSettings
+from services.shared.storage import open_store
+
+T = TypeVar("T")
+
+
+class CommandError(Exception):
+    """A failure to report in one line (exit 1)."""
+
+
+def _settings(env: Mapping[str, str], home: Path) -> ServiceSettings:
+    """Shared settings, pointed at the local stack when NATS_URL / REDIS_URL are not set."""
+    overrides: dict[str, Any] = {}
+    state = stack.StackState.load(home)
+    if state is not None:
+        if not env.get("NATS_URL"):
+            overrides["nats_url"] = state.nats_url
+        if not env.get("REDIS_URL"):
+            overrides["redis_url"] = state.redis_url
+        if not env.get("CKPT_HA_STORAGE_ROOT"):
+            overrides["storage_root"] = state.storage_root
+    return ServiceSettings(**overrides)
+
+
+def _run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
+    try:
+        return asyncio.run(coro())  # type: ignore[arg-type]
+    except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as exc:
+        raise CommandError(f"cannot reach Redis at {settings.redis_url}: {exc}") from None
+    except (nats.errors.NoServersError, nats.errors.TimeoutError, OSError) as exc:
+        raise CommandError(f"cannot reach NATS at {settings.nats_url}: {exc!r}") from None
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
+    cells = [[str(c) for c in headers], *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells
+    )
+
+
+def _record_rows(records: Sequence[CheckpointRecord]) -> str:
+    return _table(
+        ["CHECKPOINT", "STEP", "STATE", "FORMAT", "UPDATED", "URI"],
+        [
+            (
+                r.checkpoint_id,
+                "-" if r.step is None else r.step,
+                r.state.value,
+                r.format.value,
+                r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
+                r.uri,
+            )
+            for r in records
+        ],
+    )
+
+
+def dispatch(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    handler = _COMMANDS[(args.command, getattr(args, "action", None))]
+    return handler(args, env, home)
+
+
+def cmd_serve(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    entry = entries()[args.name]
+    settings = entry.settings()
+    svc = entry.build(settings)
+    asyncio.run(svc.run(settings))
+    return 0
+
+
+def cmd_up(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    try:
+        state = stack.up(home, env)
+    except Exception as exc:  # noqa: BLE001 - a failed start is reported in one line
+        raise CommandError(f"up failed: {exc}") from None
+    print(f"ckpt-ha local stack under {home}")
+    print(_status_table(state))
+    return 0
+
+
+def _status_table(state: stack.StackState) -> str:
+    return _table(
+        ["COMPONENT", "PID", "ALIVE", "HEALTHY", "URL"],
+        [(s.name, s.pid, s.alive, s.healthy, s.url) for s in stack.status(state)],
+    )
+
+
+def cmd_down(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    stopped = stack.down(home)
+    print(f"stopped: {', '.join(stopped)}" if stopped else f"nothing running under {home}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    state = stack.StackState.load(home)
+    if state is None:
+        raise CommandError(f"no local stack under {home} (start it with `ckpt-ha up`)")
+    rows = stack.status(state)
+    if args.json:
+        print(json.dumps([r.__dict__ for r in rows], indent=2))
+    else:
+        print(_status_table(state))
+    return 0 if all(r.healthy for r in rows) else 1
+
+
+def cmd_checkpoints_list(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    settings = _settings(env, home)
+
+    async def query() -> list[CheckpointRecord]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            state = CheckpointState(args.state) if args.state else None
+            return await registry.by_job(args.job, state=state)
+        finally:
+            await registry.close()
+
+    records = _run(settings, query)
+    if args.json:
+        print(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+    elif not records:
+        print(f"no checkpoints registered for job {args.job}")
+    else:
+        print(_record_rows(records))
+    return 0
+
+
+def cmd_checkpoints_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    settings = _settings(env, home)
+
+    async def query() -> CheckpointRecord | None:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            return await registry.get(args.checkpoint_id)
+        finally:
+            await registry.close()
+
+    record = _run(settings, query)
+    if record is None:
+        raise CommandError(f"no checkpoint {args.checkpoint_id!r} in the registry")
+    if args.json:
+        print(record.model_dump_json(indent=2))
+        return 0
+    print(_record_rows([record]))
+    print()
+    print(
+        _table(
+            ["AT", "STATE", "EVENT", "ACTOR", "REASON"],
+            [
+                (h.at.isoformat(), h.state.value, h.event_type, h.actor, h.reason or "")
+                for h in record.history
+            ],
+        )
+    )
+    return 0
+
+
+def cmd_registry_rebuild(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    settings = _settings(env, home)
+
+    async def run() -> str:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            if await registry.dump():
+                if not args.clear:
+                    raise CommandError(
+                        "the registry is not empty; stop the registrar and pass --clear to "
+                        "replace it with a rebuild from the event stream"
+                    )
+                await registry.clear()
+            report = await rebuild(registry, settings.bus(), CATALOG)
+        finally:
+            await registry.close()
+        skipped = ", ".join(f"{k}={v}" for k, v in sorted(report.skipped.items())) or "none"
+        return (
+            f"read {report.read} checkpoint events: applied {report.applied}, "
+            f"duplicates {report.duplicates}, skipped {skipped}"
+        )
+
+    print(_run(settings, run))
+    return 0
+
+
+def cmd_dead_letters(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    settings = _settings(env, home)
+
+    async def read() -> list[dict[str, Any]]:
+        nc = await nats.connect(settings.nats_url, connect_timeout=3, max_reconnect_attempts=1)
+        try:
+            js = nc.jetstream()
+            try:
+                info = await js.stream_info(settings.dead_letter_stream)
+            except nats.js.errors.NotFoundError:
+                return []
+            out: list[dict[str, Any]] = []
+            first = max(info.state.first_seq, info.state.last_seq - args.limit + 1)
+            for seq in range(first, info.state.last_seq + 1) if info.state.messages else ():
+                try:
+                    msg = await js.get_msg(settings.dead_letter_stream, seq)
+                except nats.js.errors.NotFoundError:
+                    continue
+                h = msg.headers or {}
+                out.append(
+                    {
+                        "seq": seq,
+                        "consumer": h.get("Ckpt-Consumer"),
+                        "code": h.get("Ckpt-Error-Code"),
+                        "deliveries": h.get("Ckpt-Delivery-Count"),
+                        "subject": h.get("Ckpt-Original-Subject"),
+                        "error": h.get("Ckpt-Error"),
+                        "bytes": len(msg.data or b""),
+                    }
+                )
+            return out
+        finally:
+            await nc.close()
+
+    letters = _run(settings, read)
+    if args.json:
+        print(json.dumps(letters, indent=2))
+    elif not letters:
+        print("no dead letters")
+    else:
+        print(
+            _table(
+                ["SEQ", "CONSUMER", "CODE", "DELIVERIES", "SUBJECT", "ERROR"],
+                [
+                    (d["seq"], d["consumer"], d["code"], d["deliveries"], d["subject"],
+                     str(d["error"])[:80])
+                    for d in letters
+                ],
+            )
+        )
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Until the drill exists: start the stack, write a checkpoint, show it registered."""
+    cmd_up(args, env, home)
+    settings = _settings(env, home)
+    store = open_store(settings.storage_root)
+    prefix = f"{args.job}/step-{args.step:08d}"
+    shards = {f"{prefix}/shard-{i}.bin": bytes([i]) * (64 * 1024) for i in range(2)}
+    for key, data in shards.items():
+        store.put(key, data)
+    manifest = {
+        "job_id": args.job,
+        "step": args.step,
+        "shards": [
+            {"path": k.rsplit("/", 1)[1], "size": len(v), "crc32": zlib.crc32(v)}
+            for k, v in shards.items()
+        ],
+    }
+    store.put(f"{prefix}/ckpt-ha.manifest.json", json.dumps(manifest).encode())
+    now = datetime.now(UTC)
+    checkpoint_id = f"{args.job}-{args.step}-{now.strftime('%Y%m%dT%H%M%S')}"
+    event = build(
+        CheckpointCommittedV1(
+            job_id=args.job,
+            checkpoint_id=checkpoint_id,
+            uri=store.uri(prefix),
+            run_id="demo-run",
+            step=args.step,
+            format=CheckpointFormat.NATIVE,
+            shard_count=len(shards),
+            total_bytes=sum(len(v) for v in shards.values()),
+        ),
+        source="ckpt-ha/demo",
+        time=now,
+        key=checkpoint_id,
+    )
+
+    async def publish_and_wait() -> CheckpointRecord:
+        bus = Bus(settings.bus(), "demo")
+        await bus.broker.start()
+        try:
+            await bus.publish(event)
+        finally:
+            await bus.broker.stop()
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            for _ in range(200):
+                record = await registry.get(checkpoint_id)
+                if record is not None:
+                    return record
+                await asyncio.sleep(0.05)
+        finally:
+            await registry.close()
+        raise CommandError(f"checkpoint {checkpoint_id} was not registered within 10 s")
+
+    _run(settings, publish_and_wait)
+    print(f"\nwrote {len(shards)} shards + manifest to {store.uri(prefix)}")
+    print(f"published checkpoint.committed for {checkpoint_id}; the registrar recorded it:\n")
+    args.json, args.state = False, None
+    cmd_checkpoints_list(args, env, home)
+    print("\nstop the stack with `ckpt-ha down`")
+    return 0
+
+
+_COMMANDS: dict[tuple[str, str | None], Callable[[argparse.Namespace, dict[str, str], Path], int]]
+_COMMANDS = {
+    ("serve", None): cmd_serve,
+    ("up", None): cmd_up,
+    ("down", None): cmd_down,
+    ("status", None): cmd_status,
+    ("checkpoints", "list"): cmd_checkpoints_list,
+    ("checkpoints", "show"): cmd_checkpoints_show,
+    ("registry", "rebuild"): cmd_registry_rebuild,
+    ("dead-letters", None): cmd_dead_letters,
+    ("demo", None): cmd_demo,
+}

@@ -1,0 +1,98 @@
+"""`ckpt-ha`: the command line for operators, and the entry point of every service process.
+
+Every command is usable at 3 a.m.: a bad argument or an unreachable dependency gives one line on
+stderr and a non-zero exit, never a traceback. `--json` output is for machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from contracts.checkpoint import CheckpointState
+from services.catalog import SERVICE_NAMES
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class UsageError(Exception):
+    """A bad argument: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def _home(env: dict[str, str]) -> Path:
+    return Path(env.get("CKPT_HA_HOME") or Path.home() / ".ckpt-ha").expanduser()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    serve = sub.add_parser("serve", help="run one service process")
+    serve.add_argument("name", choices=SERVICE_NAMES)
+
+    sub.add_parser("up", help="start the embedded local stack (NATS, Redis, the five services)")
+    sub.add_parser("down", help="stop exactly the processes `up` started")
+    st = sub.add_parser("status", help="each component of the local stack and its health")
+    st.add_argument("--json", action="store_true")
+
+    ck = sub.add_parser("checkpoints", help="query the checkpoint registry")
+    ck_sub = ck.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    ls = ck_sub.add_parser("list", help="a job's checkpoints, newest step first")
+    ls.add_argument("--job", required=True)
+    ls.add_argument("--state", choices=[s.value for s in CheckpointState])
+    ls.add_argument("--json", action="store_true")
+    show = ck_sub.add_parser("show", help="one checkpoint with its history")
+    show.add_argument("checkpoint_id")
+    show.add_argument("--json", action="store_true")
+
+    reg = sub.add_parser("registry", help="registry maintenance")
+    reg_sub = reg.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    rb = reg_sub.add_parser("rebuild", help="replay the event stream into an empty registry")
+    rb.add_argument("--clear", action="store_true", help="delete the current registry first")
+
+    dlq = sub.add_parser("dead-letters", help="list dead-lettered messages and why")
+    dlq.add_argument("--limit", type=int, default=50)
+    dlq.add_argument("--json", action="store_true")
+
+    demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
+    demo.add_argument("--job", default="demo-job")
+    demo.add_argument("--step", type=int, default=100)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    env = dict(os.environ)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"ckpt-ha: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=env.get("CKPT_HA_LOG_LEVEL", "INFO" if args.command == "serve" else "WARNING"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    from services.cli import commands
+
+    try:
+        return commands.dispatch(args, env, _home(env))
+    except commands.CommandError as exc:
+        print(f"ckpt-ha: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
