@@ -59,7 +59,8 @@ class EventData(BaseModel):
         return f"{TYPE_PREFIX}.{cls.EVENT_TYPE}.v{cls.EVENT_VERSION}"
 
 
-D = TypeVar("D", bound=EventData)
+D = TypeVar("D", bound=EventData, covariant=True)
+P = TypeVar("P", bound=EventData)
 
 
 class Envelope(BaseModel, Generic[D]):
@@ -102,17 +103,18 @@ def derive_event_id(event_type: str, subject: str, key: str) -> str:
 
 
 def build(
-    data: D,
+    data: P,
     *,
     source: str,
     time: datetime,
     key: str,
     traceparent: str | None = None,
     tracestate: str | None = None,
-) -> Envelope[D]:
+) -> Envelope[P]:
     """Wrap a payload; ``key`` names what caused the event (e.g. the causing event's id)."""
     subject = data.subject_key()
-    return Envelope[type(data)](  # type: ignore[misc]
+    envelope_type: type[Envelope[P]] = Envelope[type(data)]  # type: ignore[assignment,misc]
+    return envelope_type(
         id=derive_event_id(data.type_name(), subject, key),
         source=source,
         type=data.type_name(),

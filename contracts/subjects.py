@@ -19,7 +19,9 @@ _SAFE = re.compile(r"[A-Za-z0-9_-]")
 
 def job_token(job_id: str) -> str:
     """Escape a job id into one subject token (reversible, see `job_from_token`)."""
-    return "".join(c if _SAFE.fullmatch(c) else "".join(f"~{b:02X}" for b in c.encode()) for c in job_id)
+    return "".join(
+        c if _SAFE.fullmatch(c) else "".join(f"~{b:02X}" for b in c.encode()) for c in job_id
+    )
 
 
 def job_from_token(token: str) -> str:

@@ -5,6 +5,7 @@ A missing service fails the test (never skips): under CI a skip would hide a bro
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import uuid
@@ -67,10 +68,8 @@ async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
     for stream in (s.events_stream, s.dead_letter_stream):
-        try:
+        with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_stream(stream)
-        except nats.js.errors.NotFoundError:
-            pass
     await nc.close()
     r = aioredis.Redis.from_url(redis_url)
     keys = [k async for k in r.scan_iter(match=f"{s.registry_prefix}:*")]

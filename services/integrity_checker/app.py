@@ -1,6 +1,7 @@
 """Composition root of the integrity-checker process.
 
-Verifies committed checkpoints (manifest, sizes, checksums, format checks) before anyone restores them.
+Verifies committed checkpoints (manifest, sizes, checksums, format checks)
+before anyone restores them.
 Its consumers arrive with its logic; until then it runs with health and metrics only.
 """
 
@@ -17,7 +18,10 @@ NAME = "integrity-checker"
 def build(settings: IntegrityCheckerSettings) -> Service:
     return new_service(NAME, settings).finish(
         title="ckpt-ha integrity-checker",
-        description="Verifies committed checkpoints (manifest, sizes, checksums, format checks) before anyone restores them.",
+        description=(
+            "Verifies committed checkpoints (manifest, sizes, checksums, "
+            "format checks) before anyone restores them."
+        ),
     )
 
 

@@ -17,7 +17,7 @@ NAME = "restore-coordinator"
 def build(settings: RestoreCoordinatorSettings) -> Service:
     return new_service(NAME, settings).finish(
         title="ckpt-ha restore-coordinator",
-        description="Plans, watches and verifies resumes after job failures.",
+        description=("Plans, watches and verifies resumes after job failures."),
     )
 
 

@@ -17,7 +17,9 @@ NAME = "retention-janitor"
 def build(settings: RetentionJanitorSettings) -> Service:
     return new_service(NAME, settings).finish(
         title="ckpt-ha retention-janitor",
-        description="Expires and deletes checkpoints by tier, never one that something still references.",
+        description=(
+            "Expires and deletes checkpoints by tier, never one that something still references."
+        ),
     )
 
 

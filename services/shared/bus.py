@@ -165,7 +165,7 @@ def _classify(exc: BaseException) -> tuple[str, str] | None:
     return None
 
 
-class _DeadLetterScope(BaseMiddleware):  # type: ignore[type-arg]
+class _DeadLetterScope(BaseMiddleware):
     def __init__(self, msg: Any, /, *, context: Any, letters: DeadLetters) -> None:
         super().__init__(msg, context=context)
         self.letters = letters
@@ -197,8 +197,13 @@ class _DeadLetterScope(BaseMiddleware):  # type: ignore[type-arg]
             permanent = _classify(exc)
             delivered = meta.num_delivered
             if permanent is None and delivered < cfg.max_deliver:
-                log.info("nak seq=%s consumer=%s delivered=%s: %r",
-                         meta.sequence.stream, consumer, delivered, exc)
+                log.info(
+                    "nak seq=%s consumer=%s delivered=%s: %r",
+                    meta.sequence.stream,
+                    consumer,
+                    delivered,
+                    exc,
+                )
                 await msg.nack(delay=cfg.backoff(delivered))
                 self.letters.on_outcome(consumer, "nak")
                 return None
@@ -212,7 +217,7 @@ class _DeadLetterScope(BaseMiddleware):  # type: ignore[type-arg]
                     consumer=consumer,
                     stream_seq=meta.sequence.stream,
                 )
-            except Exception:  # noqa: BLE001 - keep the message if its dead letter cannot be stored
+            except Exception:
                 log.exception("dead letter not stored; nak instead")
                 await msg.nack(delay=cfg.backoff(delivered))
                 self.letters.on_outcome(consumer, "nak")
@@ -313,7 +318,7 @@ class Bus:
         stored = await js.get_msg(self.cfg.events_stream, seq)
         raw = Msg(
             self.broker.connection,
-            subject=stored.subject,
+            subject=stored.subject or "",
             data=stored.data or b"",
             headers=dict(stored.headers or {}),
         )

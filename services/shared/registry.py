@@ -157,6 +157,10 @@ def project(
     return new, step
 
 
+def _strs(values: Iterable[Any]) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
 class Registry:
     """Async Redis adapter for the checkpoint registry."""
 
@@ -193,10 +197,10 @@ class Registry:
                         raw = await pipe.get(key)
                         old = CheckpointRecord.model_validate_json(raw) if raw else None
                         if await pipe.sismember(applied_key, event.id):
-                            await pipe.unwatch()
+                            await pipe.unwatch()  # type: ignore[no-untyped-call]
                             return Applied(record=old, transition=None, duplicate=True)
                         new, step = project(old, event)
-                        pipe.multi()
+                        pipe.multi()  # type: ignore[no-untyped-call]
                         pipe.sadd(applied_key, event.id)
                         if new is not None and step is not None and step.changed:
                             self._write(pipe, old, new)
@@ -234,20 +238,20 @@ class Registry:
         self, job_id: str, *, state: CheckpointState | None = None
     ) -> list[CheckpointRecord]:
         """A job's checkpoints, newest step first."""
-        ids = await self.r.zrevrange(self._k("job", job_id), 0, -1)
+        ids = _strs(await self.r.zrevrange(self._k("job", job_id), 0, -1))
         records = await self._many(ids)
         return [r for r in records if state is None or r.state is state]
 
     async def by_state(self, state: CheckpointState) -> list[CheckpointRecord]:
-        ids = sorted(await self.r.smembers(self._k("state", state.value)))
+        ids = sorted(_strs(await self.r.smembers(self._k("state", state.value))))
         return await self._many(ids)
 
     async def by_uri(self, uri: str) -> list[CheckpointRecord]:
-        ids = sorted(await self.r.smembers(self._k("uri", uri)))
+        ids = sorted(_strs(await self.r.smembers(self._k("uri", uri))))
         return await self._many(ids)
 
     async def jobs(self) -> list[str]:
-        return sorted(await self.r.smembers(self._k("jobs")))
+        return sorted(_strs(await self.r.smembers(self._k("jobs"))))
 
     async def latest_valid(self, job_id: str) -> CheckpointRecord | None:
         for record in await self.by_job(job_id):

@@ -14,7 +14,9 @@ from services.shared.bus import BusConfig
 class ServiceSettings(BaseSettings):
     """Environment variables are ``CKPT_HA_<FIELD>``; NATS_URL and REDIS_URL are also read plain."""
 
-    model_config = SettingsConfigDict(env_prefix="CKPT_HA_", extra="ignore", frozen=True, populate_by_name=True)
+    model_config = SettingsConfigDict(
+        env_prefix="CKPT_HA_", extra="ignore", frozen=True, populate_by_name=True
+    )
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",

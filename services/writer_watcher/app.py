@@ -1,6 +1,7 @@
 """Composition root of the writer-watcher process.
 
-Turns checkpoint writes on storage into checkpoint.writing / committed / write_failed events.
+Turns checkpoint writes on storage into checkpoint.writing / committed
+/ write_failed events.
 Its consumers arrive with its logic; until then it runs with health and metrics only.
 """
 
@@ -8,8 +9,8 @@ from __future__ import annotations
 
 from faststream import FastStream
 
-from services.writer_watcher.settings import WriterWatcherSettings
 from services.shared.service import Service, new_service
+from services.writer_watcher.settings import WriterWatcherSettings
 
 NAME = "writer-watcher"
 
@@ -17,7 +18,10 @@ NAME = "writer-watcher"
 def build(settings: WriterWatcherSettings) -> Service:
     return new_service(NAME, settings).finish(
         title="ckpt-ha writer-watcher",
-        description="Turns checkpoint writes on storage into checkpoint.writing / committed / write_failed events.",
+        description=(
+            "Turns checkpoint writes on storage into "
+            "checkpoint.writing / committed / write_failed events."
+        ),
     )
 
 

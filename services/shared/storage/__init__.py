@@ -1,0 +1,66 @@
+"""Checkpoint storage: the ObjectStore port, its filesystem and S3 backends, and `open_store`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Unpack
+from urllib.parse import unquote, urlsplit
+
+from services.shared.storage.errors import (
+    InvalidKey,
+    InvalidMetadata,
+    ObjectExists,
+    ObjectNotFound,
+    StorageError,
+    StorageUnavailable,
+)
+from services.shared.storage.fs_store import FsStore
+from services.shared.storage.port import (
+    ListPage,
+    ObjectInfo,
+    ObjectStore,
+    ReadStream,
+    validate_key,
+    validate_prefix,
+)
+from services.shared.storage.s3_store import S3Options, S3Store
+
+__all__ = [
+    "FsStore",
+    "InvalidKey",
+    "InvalidMetadata",
+    "ListPage",
+    "ObjectExists",
+    "ObjectInfo",
+    "ObjectNotFound",
+    "ObjectStore",
+    "ReadStream",
+    "S3Options",
+    "S3Store",
+    "StorageError",
+    "StorageUnavailable",
+    "open_store",
+    "validate_key",
+    "validate_prefix",
+]
+
+
+def open_store(uri_root: str, **s3_options: Unpack[S3Options]) -> ObjectStore:
+    """The store for `s3://bucket/prefix`, `file:///abs/path` or a plain path.
+
+    S3 options are only meaningful for `s3://` roots; passing a non-None one with a filesystem
+    root is a configuration mistake and raises ValueError rather than being ignored.
+    """
+    parts = urlsplit(uri_root)
+    if parts.scheme == "s3":
+        return S3Store(parts.netloc, parts.path, **s3_options)
+    if parts.scheme not in ("", "file"):
+        raise ValueError(f"unsupported storage URI scheme {parts.scheme!r} in {uri_root!r}")
+    given = sorted(name for name, value in s3_options.items() if value is not None)
+    if given:
+        raise ValueError(f"S3 options {given} given for filesystem root {uri_root!r}")
+    if parts.scheme == "":
+        return FsStore(Path(uri_root))
+    if parts.netloc not in ("", "localhost"):
+        raise ValueError(f"file URI {uri_root!r} names a remote host")
+    return FsStore(Path(unquote(parts.path)))

@@ -1,0 +1,202 @@
+"""The wire: round trips for every event type, upcasting, bad input, subjects, committed docs."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any, ClassVar
+
+import pytest
+from pydantic import ValidationError
+
+from contracts import CATALOG, Envelope, EventCatalog, EventData, build, derive_event_id
+from contracts.errors import (
+    EventTooLarge,
+    MalformedEvent,
+    UnknownEventType,
+    UnsupportedEventVersion,
+)
+from contracts.schema_gen import main as schema_check
+from contracts.subjects import event_filter, event_subject, job_from_token, job_token
+from services.asyncapi_gen import main as asyncapi_check
+
+NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
+
+SAMPLES: dict[str, dict[str, Any]] = {
+    "checkpoint.writing": {"checkpoint_id": "c", "uri": "file:///x", "run_id": "r"},
+    "checkpoint.committed": {
+        "checkpoint_id": "c", "uri": "s3://b/x", "run_id": "r", "step": 1, "format": "torch_dcp",
+        "identity": {"job_id": "j", "run_id": "r", "attempt": 2,
+                     "topology": {"world_size": 8, "tensor_parallel": 2},
+                     "environment": {"framework": "torch", "libraries": {"numpy": "2.0"}}},
+    },
+    "checkpoint.write_failed": {"checkpoint_id": "c", "uri": "u", "reason": "stalled",
+                                "side": "infrastructure"},
+    "checkpoint.verified": {"checkpoint_id": "c", "uri": "u", "checks": ["crc32c"]},
+    "checkpoint.corrupt": {"checkpoint_id": "c", "uri": "u", "reason": "crc", "side": "job"},
+    "checkpoint.registered": {"checkpoint_id": "c", "uri": "u", "step": 3},
+    "checkpoint.quarantined": {"checkpoint_id": "c", "uri": "u", "reason": "load failed"},
+    "checkpoint.conflict": {"checkpoint_id": "c", "uri": "u", "reason": "illegal"},
+    "checkpoint.expired": {"checkpoint_id": "c", "uri": "u", "reason": "age", "policy": "std",
+                           "grace_until": "2026-12-01T00:00:00Z"},
+    "checkpoint.deleted": {"checkpoint_id": "c", "uri": "u", "reason": "age", "actor": "jan"},
+    "job.started": {"run_id": "r", "attempt": 1, "tier": "standard"},
+    "job.progress": {"run_id": "r", "step": 10, "metrics": {"loss": 0.5}},
+    "job.failed": {"run_id": "r", "cause": "oom", "exit_code": 137, "signal": 9},
+    "resume.planned": {"plan_id": "p", "failed_run_id": "r", "attempt": 2, "checkpoint_id": "c",
+                       "checkpoint_uri": "u", "step": 3, "mode": "exact_resume",
+                       "compatibility": "identical"},
+    "resume.loaded": {"plan_id": "p", "run_id": "r2", "checkpoint_id": "c", "step": 3},
+    "resume.load_failed": {"plan_id": "p", "run_id": "r2", "checkpoint_id": "c",
+                           "reason": "crc"},
+    "resume.verified": {"plan_id": "p", "run_id": "r2", "checkpoint_id": "c", "step": 4,
+                        "comparisons": [{"name": "loss", "expected": 0.5, "observed": 0.5,
+                                         "ok": True}]},
+    "resume.diverged": {"plan_id": "p", "run_id": "r2", "checkpoint_id": "c", "step": 4,
+                        "reason": "loss"},
+    "resume.escalated": {"plan_id": "p", "reason": "restart loop", "next_step": "runbook 7"},
+}  # fmt: skip
+
+
+def test_catalogue_has_every_v1_type() -> None:
+    assert set(CATALOG.types()) == set(SAMPLES)
+    assert all(CATALOG.versions(t) == (1,) for t in SAMPLES)
+
+
+@pytest.mark.parametrize("event_type", sorted(SAMPLES))
+def test_round_trip(event_type: str) -> None:
+    model = CATALOG.latest(event_type)
+    data = model.model_validate({"job_id": "team.job*>?", **SAMPLES[event_type]})
+    event = build(data, source="test", time=NOW, key="k1")
+    decoded = CATALOG.decode(event.to_bytes())
+    assert decoded == event
+    assert decoded.type == f"ckpt-ha.{event_type}.v1"
+    assert decoded.specversion == "1.0"
+    assert decoded.subject == data.subject_key()
+
+
+def test_event_ids_are_deterministic() -> None:
+    data = CATALOG.latest("job.failed").model_validate({"job_id": "j", **SAMPLES["job.failed"]})
+    a = build(data, source="x", time=NOW, key="cause-1")
+    b = build(data, source="y", time=datetime.now(UTC), key="cause-1")
+    c = build(data, source="x", time=NOW, key="cause-2")
+    assert a.id == b.id != c.id
+    assert a.id == derive_event_id("ckpt-ha.job.failed.v1", "j", "cause-1")
+
+
+def test_models_are_frozen_and_closed() -> None:
+    data = CATALOG.latest("job.started").model_validate({"job_id": "j", "run_id": "r"})
+    with pytest.raises(ValidationError):
+        data.run_id = "other"  # type: ignore[misc]
+    with pytest.raises(ValidationError):
+        CATALOG.latest("job.started").model_validate({"job_id": "j", "run_id": "r", "x": 1})
+
+
+def test_naive_time_is_refused() -> None:
+    event = build(
+        CATALOG.latest("job.started").model_validate({"job_id": "j", "run_id": "r"}),
+        source="t",
+        time=NOW,
+        key="k",
+    )
+    doc = json.loads(event.to_bytes())
+    doc["time"] = "2026-11-29T10:00:00"
+    with pytest.raises(MalformedEvent, match="time"):
+        CATALOG.decode(json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        (b"", MalformedEvent),
+        (b"{", MalformedEvent),
+        (b"\xff\xfe", MalformedEvent),
+        (b"[]", MalformedEvent),
+        (b'{"data": {}}', MalformedEvent),
+        (b'{"type": 7}', MalformedEvent),
+        (b'{"type": "ckpt-ha.job.exploded.v1"}', UnknownEventType),
+        (b'{"type": "something.else"}', UnknownEventType),
+        (b'{"type": "ckpt-ha.job.failed.v2", "data": {}}', UnsupportedEventVersion),
+        (b'{"type": "ckpt-ha.job.failed.v1", "data": []}', MalformedEvent),
+        (b'{"type": "ckpt-ha.job.failed.v1", "data": {"job_id": "j"}}', MalformedEvent),
+        (b"[" * 100_000 + b"]" * 100_000, MalformedEvent),
+    ],
+)
+def test_bad_input_is_a_typed_error(raw: bytes, error: type[Exception]) -> None:
+    with pytest.raises(error):
+        CATALOG.decode(raw)
+
+
+def test_oversized_is_refused_before_parsing() -> None:
+    with pytest.raises(EventTooLarge):
+        CATALOG.decode(b" " * (CATALOG.max_bytes + 1))
+
+
+class _OldV1(EventData):
+    EVENT_TYPE: ClassVar[str] = "job.renamed"
+    EVENT_VERSION: ClassVar[int] = 1
+    name: str
+
+
+class _NewV2(EventData):
+    EVENT_TYPE: ClassVar[str] = "job.renamed"
+    EVENT_VERSION: ClassVar[int] = 2
+    first: str
+    last: str
+
+
+def test_old_versions_are_upcast_to_the_newest() -> None:
+    catalog = EventCatalog()
+    catalog.register(_OldV1)
+    catalog.register(_NewV2)
+
+    @catalog.upcaster("job.renamed", 1)
+    def _split(data: dict[str, Any]) -> dict[str, Any]:
+        first, _, last = data.pop("name").partition(" ")
+        return {**data, "first": first, "last": last}
+
+    old = build(_OldV1(job_id="j", name="Ada Lovelace"), source="t", time=NOW, key="k")
+    decoded = catalog.decode(old.to_bytes())
+    assert isinstance(decoded.data, _NewV2)
+    assert (decoded.data.first, decoded.data.last) == ("Ada", "Lovelace")
+    assert decoded.id == old.id
+    new = build(_NewV2(job_id="j", first="A", last="B"), source="t", time=NOW, key="k")
+    assert catalog.decode(new.to_bytes()) == new
+
+
+def test_missing_upcaster_is_an_unsupported_version() -> None:
+    catalog = EventCatalog()
+    catalog.register(_OldV1)
+    catalog.register(_NewV2)
+    old = build(_OldV1(job_id="j", name="x"), source="t", time=NOW, key="k")
+    with pytest.raises(UnsupportedEventVersion):
+        catalog.decode(old.to_bytes())
+
+
+@pytest.mark.parametrize("job", ["job-1", "a.b.c", "x y", "*", ">", "ü/ñ", "~7E"])
+def test_job_tokens_are_one_safe_token_and_reversible(job: str) -> None:
+    token = job_token(job)
+    assert all(c not in token for c in ".*> \t")
+    assert job_from_token(token) == job
+    subject = event_subject("ckpt", "checkpoint.committed", 1, job)
+    assert subject.split(".")[:5] == ["ckpt", "ev", "checkpoint", "committed", "v1"]
+    assert len(subject.split(".")) == 6
+
+
+def test_filters() -> None:
+    assert event_filter("p") == "p.ev.>"
+    assert event_filter("p", "job.failed") == "p.ev.job.failed.*.*"
+    assert event_filter("p", "job.failed", 2) == "p.ev.job.failed.v2.*"
+
+
+def test_envelope_parametrised_by_payload_type() -> None:
+    env_type = Envelope[CATALOG.latest("job.started")]  # type: ignore[misc]
+    assert "data" in env_type.model_json_schema()["properties"]
+
+
+def test_committed_json_schemas_match_the_models() -> None:
+    assert schema_check(["--check"]) == 0, "run: python -m contracts.schema_gen"
+
+
+def test_committed_asyncapi_matches_the_service_apps() -> None:
+    assert asyncapi_check(["--check"]) == 0, "run: python -m services.asyncapi_gen"

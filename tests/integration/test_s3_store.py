@@ -1,0 +1,158 @@
+"""S3Store against a real S3-compatible HTTP server (moto): the shared contract, plus S3-only
+concerns (bucket prefixes, foreign keys, transport and server failures)."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from botocore.config import Config
+from mypy_boto3_s3 import S3Client
+
+from services.shared.storage import (
+    ObjectStore,
+    S3Store,
+    StorageError,
+    StorageUnavailable,
+    open_store,
+)
+from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
+from tests.support.store_contract import StoreContract, keys_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    endpoint, stop = start_moto_server()
+    yield endpoint
+    stop()
+
+
+@pytest.fixture(scope="module")
+def raw_client(s3_endpoint: str) -> S3Client:
+    return boto3.session.Session().client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=FAKE_ACCESS_KEY,
+        aws_secret_access_key=FAKE_SECRET_KEY,
+    )
+
+
+@pytest.fixture
+def bucket(raw_client: S3Client) -> str:
+    name = f"ckpt-{uuid.uuid4().hex[:16]}"
+    raw_client.create_bucket(Bucket=name)
+    return name
+
+
+def make_store(endpoint: str, bucket: str, prefix: str = "") -> S3Store:
+    return S3Store(
+        bucket,
+        prefix,
+        endpoint_url=endpoint,
+        access_key=FAKE_ACCESS_KEY,
+        secret_key=FAKE_SECRET_KEY,
+    )
+
+
+class TestS3StoreContract(StoreContract):
+    @pytest.fixture
+    def store(self, raw_client: S3Client, bucket: str) -> ObjectStore:
+        # A shared client keeps the suite fast; the tests below build their own clients.
+        return S3Store(bucket, prefix="team/ckpts", client=raw_client)
+
+
+def test_keys_live_under_the_prefix_and_stores_do_not_see_each_other(
+    s3_endpoint: str, bucket: str, raw_client: S3Client
+) -> None:
+    team_a = make_store(s3_endpoint, bucket, "/team-a/")
+    team_b = make_store(s3_endpoint, bucket, "team-b")
+    whole = make_store(s3_endpoint, bucket)
+
+    team_a.put("step-1/shard", b"a")
+
+    raw = raw_client.list_objects_v2(Bucket=bucket)["Contents"]
+    assert [item["Key"] for item in raw] == ["team-a/step-1/shard"]
+    assert keys_of(team_a) == ["step-1/shard"]
+    assert keys_of(team_b) == []
+    assert keys_of(whole) == ["team-a/step-1/shard"]
+    assert team_a.uri("step-1/shard") == f"s3://{bucket}/team-a/step-1/shard"
+    assert whole.uri("k") == f"s3://{bucket}/k"
+
+
+def test_listing_skips_keys_the_store_could_not_have_written(
+    s3_endpoint: str, bucket: str, raw_client: S3Client
+) -> None:
+    for key in ["p/", "p/dir/", "p/a//b", "p/ok-1", "p/./x", "p/ok-2"]:
+        raw_client.put_object(Bucket=bucket, Key=key, Body=b"")
+    store = make_store(s3_endpoint, bucket, "p")
+
+    assert keys_of(store) == ["ok-1", "ok-2"]
+    assert keys_of(store, page_size=1) == ["ok-1", "ok-2"]
+
+    # Pages may come back short (even empty) but the cursor still walks to the end.
+    seen: list[str] = []
+    page = store.list_page(page_size=1)
+    for _ in range(10):
+        seen += [info.key for info in page.items]
+        if page.next_cursor is None:
+            break
+        page = store.list_page(cursor=page.next_cursor, page_size=1)
+    assert seen == ["ok-1", "ok-2"]
+    assert page.next_cursor is None
+
+
+def test_open_store_reaches_the_bucket(s3_endpoint: str, bucket: str) -> None:
+    store = open_store(
+        f"s3://{bucket}/runs/7",
+        endpoint_url=s3_endpoint,
+        access_key=FAKE_ACCESS_KEY,
+        secret_key=FAKE_SECRET_KEY,
+    )
+    store.put("manifest.json", b"{}")
+    assert make_store(s3_endpoint, bucket).read_bytes("runs/7/manifest.json") == b"{}"
+
+
+def test_a_missing_bucket_is_a_permanent_error(s3_endpoint: str) -> None:
+    store = make_store(s3_endpoint, f"missing-{uuid.uuid4().hex[:12]}")
+    with pytest.raises(StorageError, match="NoSuchBucket") as caught:
+        store.list_page()
+    assert not caught.value.transient
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_an_unreachable_endpoint_is_transient(closed_port: int) -> None:
+    client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=f"http://127.0.0.1:{closed_port}",
+        region_name="us-east-1",
+        aws_access_key_id=FAKE_ACCESS_KEY,
+        aws_secret_access_key=FAKE_SECRET_KEY,
+        config=Config(retries={"max_attempts": 1}, connect_timeout=0.5, read_timeout=0.5),
+    )
+    store = S3Store("bucket", client=client)
+
+    for operation in (
+        lambda: store.stat("k"),
+        lambda: store.read_bytes("k"),
+        lambda: store.put("k", b"x"),
+        lambda: store.put_if_absent("k", b"x"),
+        lambda: store.delete("k"),
+        lambda: store.list_page(),
+        lambda: list(store.list()),
+    ):
+        with pytest.raises(StorageUnavailable) as caught:
+            operation()
+        assert caught.value.transient
+        assert caught.value.backend == "s3"

@@ -1,0 +1,260 @@
+"""FsStore: the shared contract on a real directory, plus what only a filesystem can get wrong."""
+
+from __future__ import annotations
+
+import errno
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from threading import Barrier
+
+import pytest
+
+from services.shared.storage import (
+    FsStore,
+    InvalidKey,
+    ObjectExists,
+    ObjectNotFound,
+    S3Store,
+    StorageError,
+    StorageUnavailable,
+    open_store,
+)
+from services.shared.storage.fs_store import classify_os_error
+from tests.support.store_contract import StoreContract, keys_of
+
+
+class TestFsStoreContract(StoreContract):
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> FsStore:
+        return FsStore(tmp_path)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "root"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def store(root: Path) -> FsStore:
+    return FsStore(root)
+
+
+def files_in(directory: Path) -> list[str]:
+    return sorted(entry.name for entry in directory.iterdir())
+
+
+def test_objects_are_plain_files_and_metadata_a_hidden_sidecar(store: FsStore, root: Path) -> None:
+    info = store.put("ckpt/shard.bin", b"bytes", metadata={"sha256": "ab"})
+
+    assert (root / "ckpt" / "shard.bin").read_bytes() == b"bytes"
+    assert files_in(root / "ckpt") == [f".shard.bin.{info.etag}.ckpt-meta.json", "shard.bin"]
+    assert keys_of(store) == ["ckpt/shard.bin"]
+
+
+def test_overwrite_drops_the_old_sidecar_and_no_temp_files_remain(
+    store: FsStore, root: Path
+) -> None:
+    store.put("k", b"1", metadata={"a": "1"})
+    second = store.put("k", b"22", metadata={"a": "2"})
+    assert files_in(root) == [f".k.{second.etag}.ckpt-meta.json", "k"]
+
+    store.put("k", b"333")
+    assert files_in(root) == ["k"]
+
+
+def test_put_if_absent_that_loses_leaves_no_trace(store: FsStore, root: Path) -> None:
+    store.put_if_absent("claim", b"first")
+    with pytest.raises(ObjectExists):
+        store.put_if_absent("claim", b"second", metadata={"writer": "b"})
+    assert files_in(root) == ["claim"]
+
+
+def test_racing_put_if_absent_has_exactly_one_winner(store: FsStore) -> None:
+    writers = 8
+    barrier = Barrier(writers)
+
+    def claim(writer: int) -> int | None:
+        barrier.wait()
+        try:
+            store.put_if_absent("manifest.json", f"writer-{writer}".encode() * 10_000)
+        except ObjectExists:
+            return None
+        return writer
+
+    with ThreadPoolExecutor(writers) as pool:
+        winners = [w for w in pool.map(claim, range(writers)) if w is not None]
+
+    assert len(winners) == 1
+    assert store.read_bytes("manifest.json") == f"writer-{winners[0]}".encode() * 10_000
+
+
+def test_bytes_changed_behind_the_stores_back_lose_their_stale_metadata(
+    store: FsStore, root: Path
+) -> None:
+    store.put("k", b"original", metadata={"sha256": "of-original"})
+    (root / "k").write_bytes(b"rewritten in place by another tool")
+
+    assert store.stat("k").metadata == {}
+    assert store.read_bytes("k") == b"rewritten in place by another tool"
+
+
+def test_files_written_by_other_tools_are_objects(store: FsStore, root: Path) -> None:
+    (root / "step-1").mkdir()
+    (root / "step-1" / "model.pt").write_bytes(b"torch")
+    (root / "empty-dir").mkdir()
+
+    assert keys_of(store) == ["step-1/model.pt"]
+    assert store.stat("step-1/model.pt").size == 5
+    assert store.stat("step-1/model.pt").metadata == {}
+
+
+@pytest.mark.parametrize("key", [".ckpt-tmp-123", "a/.b.1-2-3.ckpt-meta.json"])
+def test_names_the_store_uses_internally_are_not_keys(store: FsStore, key: str) -> None:
+    with pytest.raises(InvalidKey):
+        store.put(key, b"x")
+
+
+def test_directories_are_not_objects(store: FsStore) -> None:
+    store.put("dir/file", b"x")
+    with pytest.raises(ObjectNotFound):
+        store.stat("dir")
+    with pytest.raises(ObjectNotFound):
+        store.read_bytes("dir")
+    store.delete("dir")
+    assert store.exists("dir/file")
+
+
+def test_a_key_cannot_also_be_a_directory_of_keys(store: FsStore) -> None:
+    store.put("a", b"x")
+    with pytest.raises(StorageError) as caught:
+        store.put("a/b", b"y")
+    assert not caught.value.transient
+    assert store.read_bytes("a") == b"x"
+
+
+def test_delete_prunes_empty_directories_but_not_the_root(store: FsStore, root: Path) -> None:
+    store.put("ckpt/step-1/shard-0", b"x")
+    store.put("ckpt/step-2/shard-0", b"x")
+
+    store.delete("ckpt/step-1/shard-0")
+    assert files_in(root / "ckpt") == ["step-2"]
+
+    store.delete("ckpt/step-2/shard-0")
+    assert files_in(root) == []
+    assert root.is_dir()
+
+
+def test_keys_may_not_escape_the_root_through_symlinks(
+    store: FsStore, root: Path, tmp_path: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"not yours")
+    (root / "escape").symlink_to(outside)
+
+    for operation in (
+        lambda: store.stat("escape/secret"),
+        lambda: store.read_bytes("escape/secret"),
+        lambda: store.put("escape/planted", b"x"),
+        lambda: store.delete("escape/secret"),
+        lambda: store.list("escape/"),
+    ):
+        with pytest.raises(InvalidKey, match="outside the store root"):
+            operation()
+    assert files_in(outside) == ["secret"]
+
+
+def test_symlinks_inside_the_root_are_readable_but_not_listed(store: FsStore, root: Path) -> None:
+    store.put("step-1/model.pt", b"weights")
+    (root / "latest").symlink_to(root / "step-1")
+    (root / "latest.pt").symlink_to(root / "step-1" / "model.pt")
+
+    assert keys_of(store) == ["step-1/model.pt"]
+    assert store.read_bytes("latest/model.pt") == b"weights"
+    assert store.read_bytes("latest.pt") == b"weights"
+
+
+def test_a_missing_root_is_unavailable_and_never_created(tmp_path: Path) -> None:
+    root = tmp_path / "unmounted"
+    store = FsStore(root)
+
+    for operation in (
+        lambda: store.list(),
+        lambda: store.list_page(),
+        lambda: store.stat("k"),
+        lambda: store.read_bytes("k"),
+        lambda: store.put("k", b"x"),
+        lambda: store.delete("k"),
+    ):
+        with pytest.raises(StorageUnavailable) as caught:
+            operation()
+        assert caught.value.transient
+    assert not root.exists()
+
+
+@pytest.mark.parametrize(
+    ("code", "kind", "transient"),
+    [
+        (errno.EIO, StorageUnavailable, True),
+        (errno.ENOSPC, StorageUnavailable, True),
+        (errno.ESTALE, StorageUnavailable, True),
+        (errno.EACCES, StorageError, False),
+        (errno.EROFS, StorageError, False),
+        (errno.ENAMETOOLONG, InvalidKey, False),
+    ],
+)
+def test_os_errors_split_into_transient_and_permanent(
+    code: int, kind: type[StorageError], transient: bool
+) -> None:
+    error = classify_os_error(OSError(code, os.strerror(code)), "k")
+    assert type(error) is kind
+    assert error.transient is transient
+    assert error.key == "k"
+
+
+def test_an_over_long_name_is_an_invalid_key(store: FsStore) -> None:
+    with pytest.raises(InvalidKey):
+        store.put("n" * 300, b"x")
+
+
+def test_uri_is_an_absolute_percent_encoded_file_uri(store: FsStore, root: Path) -> None:
+    assert store.uri("a b/c#1") == (root / "a b" / "c#1").as_uri()
+    assert store.uri("a b/c#1").startswith("file:///")
+
+
+@pytest.mark.parametrize("form", ["path", "file-uri", "relative"])
+def test_open_store_builds_a_filesystem_store(
+    root: Path, form: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(root.parent)
+    uri_root = {"path": str(root), "file-uri": root.as_uri(), "relative": root.name}[form]
+
+    store = open_store(uri_root)
+    store.put("k", b"x")
+
+    assert isinstance(store, FsStore)
+    assert (root / "k").read_bytes() == b"x"
+    assert open_store(store.uri("k").removesuffix("/k")).read_bytes("k") == b"x"
+
+
+def test_open_store_builds_an_s3_store_without_touching_the_network() -> None:
+    store = open_store("s3://bucket/some/prefix/", endpoint_url="http://127.0.0.1:9")
+    assert isinstance(store, S3Store)
+    assert store.uri("k") == "s3://bucket/some/prefix/k"
+
+
+@pytest.mark.parametrize(
+    ("uri_root", "options"),
+    [
+        ("gs://bucket/x", {}),
+        ("file://otherhost/data", {}),
+        ("/data", {"endpoint_url": "http://minio:9000"}),
+        ("s3:///no-bucket", {}),
+    ],
+)
+def test_open_store_rejects_what_it_cannot_honour(uri_root: str, options: dict[str, str]) -> None:
+    with pytest.raises(ValueError, match=r"\S"):
+        open_store(uri_root, **options)  # type: ignore[arg-type]

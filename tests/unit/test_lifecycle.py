@@ -1,0 +1,68 @@
+"""The whole transition matrix of the checkpoint lifecycle (R1)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from contracts.checkpoint import CheckpointState as S
+from services.shared.errors import PermanentError
+from services.shared.lifecycle import (
+    EVENT_TARGETS,
+    TRANSITIONS,
+    IllegalTransition,
+    restorable,
+    transition,
+)
+
+ALL: list[S | None] = [None, *S]
+
+LEGAL = {
+    (None, S.WRITING), (None, S.PENDING_VERIFICATION), (None, S.WRITE_FAILED),
+    (S.WRITING, S.PENDING_VERIFICATION), (S.WRITING, S.WRITE_FAILED),
+    (S.PENDING_VERIFICATION, S.VALID), (S.PENDING_VERIFICATION, S.CORRUPT),
+    (S.PENDING_VERIFICATION, S.WRITE_FAILED),
+    (S.VALID, S.CORRUPT), (S.VALID, S.QUARANTINED), (S.VALID, S.EXPIRED),
+    (S.CORRUPT, S.QUARANTINED), (S.CORRUPT, S.EXPIRED),
+    (S.QUARANTINED, S.EXPIRED),
+    (S.WRITE_FAILED, S.QUARANTINED), (S.WRITE_FAILED, S.EXPIRED),
+    (S.EXPIRED, S.DELETED),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(("current", "target"), list(itertools.product(ALL, list(S))))
+def test_every_pair(current: S | None, target: S) -> None:
+    if current == target:
+        step = transition("c", current, target)
+        assert not step.changed
+    elif (current, target) in LEGAL:
+        step = transition("c", current, target)
+        assert step.changed
+        assert (step.previous, step.new) == (current, target)
+    else:
+        with pytest.raises(IllegalTransition) as info:
+            transition("c", current, target)
+        assert info.value.current == current
+        assert info.value.target == target
+        assert "illegal transition" in str(info.value)
+        assert isinstance(info.value, PermanentError)
+
+
+def test_table_is_the_documented_one() -> None:
+    assert {(a, b) for a, bs in TRANSITIONS.items() for b in bs} == LEGAL
+
+
+def test_valid_only_after_verification() -> None:
+    assert [a for a, bs in TRANSITIONS.items() if S.VALID in bs] == [S.PENDING_VERIFICATION]
+    assert restorable(S.VALID)
+    assert not any(restorable(s) for s in S if s is not S.VALID)
+
+
+def test_deleted_is_terminal() -> None:
+    assert TRANSITIONS[S.DELETED] == frozenset()
+
+
+def test_every_moving_event_targets_a_state() -> None:
+    assert set(EVENT_TARGETS.values()) == set(S)
+    assert "checkpoint.registered" not in EVENT_TARGETS
