@@ -33,18 +33,39 @@ def entries() -> dict[str, ServiceEntry]:
 
     table: list[tuple[str, type[ServiceSettings], Callable[..., Service], Callable[[], FastStream]]]
     table = [
-        (writer_watcher.NAME, WriterWatcherSettings, writer_watcher.build,
-         writer_watcher.asyncapi_app),
-        (integrity_checker.NAME, IntegrityCheckerSettings, integrity_checker.build,
-         integrity_checker.asyncapi_app),
+        (
+            writer_watcher.NAME,
+            WriterWatcherSettings,
+            writer_watcher.build,
+            writer_watcher.asyncapi_app,
+        ),
+        (
+            integrity_checker.NAME,
+            IntegrityCheckerSettings,
+            integrity_checker.build,
+            integrity_checker.asyncapi_app,
+        ),
         (registrar.NAME, RegistrarSettings, registrar.build, registrar.asyncapi_app),
-        (restore_coordinator.NAME, RestoreCoordinatorSettings, restore_coordinator.build,
-         restore_coordinator.asyncapi_app),
-        (retention_janitor.NAME, RetentionJanitorSettings, retention_janitor.build,
-         retention_janitor.asyncapi_app),
+        (
+            restore_coordinator.NAME,
+            RestoreCoordinatorSettings,
+            restore_coordinator.build,
+            restore_coordinator.asyncapi_app,
+        ),
+        (
+            retention_janitor.NAME,
+            RetentionJanitorSettings,
+            retention_janitor.build,
+            retention_janitor.asyncapi_app,
+        ),
     ]
     return {name: ServiceEntry(name, s, b, a) for name, s, b, a in table}
 
 
-SERVICE_NAMES = ("writer-watcher", "integrity-checker", "registrar", "restore-coordinator",
-                 "retention-janitor")
+SERVICE_NAMES = (
+    "writer-watcher",
+    "integrity-checker",
+    "registrar",
+    "restore-coordinator",
+    "retention-janitor",
+)

@@ -18,6 +18,8 @@ import redis.asyncio as aioredis
 
 from services.shared.settings import ServiceSettings
 
+pytest_plugins = ["tests.support.private_infra"]
+
 NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 

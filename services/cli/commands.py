@@ -249,8 +249,14 @@ def cmd_dead_letters(args: argparse.Namespace, env: dict[str, str], home: Path) 
             _table(
                 ["SEQ", "CONSUMER", "CODE", "DELIVERIES", "SUBJECT", "ERROR"],
                 [
-                    (d["seq"], d["consumer"], d["code"], d["deliveries"], d["subject"],
-                     str(d["error"])[:80])
+                    (
+                        d["seq"],
+                        d["consumer"],
+                        d["code"],
+                        d["deliveries"],
+                        d["subject"],
+                        str(d["error"])[:80],
+                    )
                     for d in letters
                 ],
             )

@@ -7,8 +7,6 @@ stderr and a non-zero exit, never a traceback. `--json` output is for machines.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import logging
 import os
 import sys

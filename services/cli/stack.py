@@ -68,9 +68,7 @@ def healthz(port: int | None, timeout: float = 1.0) -> bool:
     if not port:
         return False
     try:
-        with urllib.request.urlopen(  # noqa: S310 - fixed loopback http URL
-            f"http://127.0.0.1:{port}/healthz", timeout=timeout
-        ) as resp:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=timeout) as resp:
             return bool(resp.status == 200)
     except OSError:
         return False
@@ -125,8 +123,9 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
             )
             started.append(proc)
         services.append(proc)
-    infra = [running.get(n) or next((p for p in started if p.name == n), None)
-             for n in ("nats", "redis")]
+    infra = [
+        running.get(n) or next((p for p in started if p.name == n), None) for n in ("nats", "redis")
+    ]
     state = StackState(
         home=home,
         nats_url=nats_url,

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from faststream import FastStream
 
+from contracts.checkpoint import CheckpointEvent
 from contracts.subjects import aggregate_filter
 from services.registrar.handlers import RegistrarHandlers
 from services.registrar.settings import RegistrarSettings
@@ -34,11 +35,12 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         registry=registry,
     )
     handlers = RegistrarHandlers(registry, svc.bus, svc.metrics, clock)
-    svc.bus.consumer(
+    svc.bus.batch_consumer(
         "checkpoints",
         aggregate_filter(svc.bus.cfg.prefix, "checkpoint"),
+        payload=CheckpointEvent,
         description="Projects every checkpoint event into the registry (the lifecycle of R1).",
-    )(handlers.on_checkpoint_event)
+    )(handlers.on_checkpoint_events)
     svc.finish(
         title="ckpt-ha registrar",
         description="Keeps the checkpoint registry: one state per checkpoint, legal moves only.",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from contracts import Envelope, EventData, build
-from contracts.checkpoint import CheckpointEvent
 from services.registrar import domain
 from services.shared.bus import Bus
 from services.shared.clock import Clock
@@ -21,18 +20,28 @@ class RegistrarHandlers:
         self.metrics = metrics
         self.clock = clock
 
-    async def on_checkpoint_event(self, event: CheckpointEvent) -> None:
-        try:
-            applied = await self.registry.apply(event)
-        except IllegalTransition as exc:
-            await self._publish(event, [domain.conflict(event, exc)])
-            raise
-        step = applied.transition
-        if step is not None and step.changed:
-            self.metrics.transitions.labels(
-                self.metrics.service, step.previous or "none", step.new
-            ).inc()
-        await self._publish(event, domain.follow_ups(event, applied.record))
+    async def on_checkpoint_events(
+        self, events: list[Envelope[EventData]]
+    ) -> list[BaseException | None]:
+        """Project a batch in stream order; report each event's own outcome."""
+        outcomes: list[BaseException | None] = []
+        for event, result in zip(events, await self.registry.apply_many(events), strict=True):
+            try:
+                if isinstance(result, IllegalTransition):
+                    await self._publish(event, [domain.conflict(event, result)])
+                if isinstance(result, Exception):
+                    outcomes.append(result)
+                    continue
+                step = result.transition
+                if step is not None and step.changed:
+                    self.metrics.transitions.labels(
+                        self.metrics.service, step.previous or "none", step.new
+                    ).inc()
+                await self._publish(event, domain.follow_ups(event, result.record))
+                outcomes.append(None)
+            except Exception as exc:  # noqa: BLE001 - a failed publish naks just this event
+                outcomes.append(exc)
+        return outcomes
 
     async def _publish(self, cause: Envelope[EventData], datas: list[EventData]) -> None:
         for data in datas:

@@ -13,6 +13,8 @@ recorded yesterday and recycled by the kernel since is never signalled.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import http.client
 import json
 import os
@@ -23,7 +25,6 @@ import sysconfig
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from enum import Enum
 from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, TypeVar
@@ -65,7 +66,7 @@ class ProcsError(Exception):
     """Base class for process-management failures."""
 
 
-class BinaryNotFound(ProcsError):  # noqa: N818 - name fixed by the public API
+class BinaryNotFound(ProcsError):
     """A server binary shipped by a Python package could not be located."""
 
     def __init__(self, binary: str, searched: Sequence[Path]) -> None:
@@ -75,7 +76,7 @@ class BinaryNotFound(ProcsError):  # noqa: N818 - name fixed by the public API
         super().__init__(f"{binary} binary not found (searched: {where}; also not on PATH)")
 
 
-class ProcessStartFailed(ProcsError):  # noqa: N818 - name fixed by the public API
+class ProcessStartFailed(ProcsError):
     """A process died or never became ready; ``log_tail`` holds the end of its log."""
 
     def __init__(self, name: str, reason: str, log_tail: str) -> None:
@@ -88,7 +89,7 @@ class ProcessStartFailed(ProcsError):  # noqa: N818 - name fixed by the public A
         super().__init__(message)
 
 
-class ProcessNotRunning(ProcsError):  # noqa: N818 - reads better at call sites than ...Error
+class ProcessNotRunning(ProcsError):
     """A signal was requested for a process that is gone (or whose pid now belongs to another)."""
 
     def __init__(self, name: str, pid: int, action: str) -> None:
@@ -221,12 +222,6 @@ def _accepts_tcp(port: int) -> bool:
 # --------------------------------------------------------------------------- /proc inspection
 
 
-class _State(Enum):
-    GONE = "gone"  # no such pid, or it belongs to another process now
-    EXITED = "exited"  # our process, exited but not yet reaped (a zombie)
-    RUNNING = "running"  # our process, running or stopped
-
-
 def _read_stat(pid: int) -> tuple[str, int] | None:
     """``(state letter, start time in clock ticks)`` from /proc/<pid>/stat, None if no such pid."""
     try:
@@ -257,42 +252,73 @@ def _read_cmdline(pid: int) -> str:
         time.sleep(0.001)
 
 
-def _reap(pid: int) -> int | None:
-    """Collect the exit status if ``pid`` is our own exited child, so it does not linger as a
-    zombie. Returns the exit code (negative: killed by that signal), None if nothing was reaped."""
+def _reap(pid: int) -> tuple[bool, int | None]:
+    """Collect the exit status of ``pid`` if it is our exited child (so no zombie lingers).
+
+    Returns ``(exited, exit code)``: ``(False, None)`` while our child still runs, ``(True,
+    None)`` when it is not (or no longer) our child, e.g. already reaped elsewhere. A negative
+    code is the signal that killed it.
+    """
     try:
         reaped, status = os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
-        return None
-    return os.waitstatus_to_exitcode(status) if reaped == pid else None
+        return True, None
+    if reaped != pid:
+        return False, None
+    return True, os.waitstatus_to_exitcode(status)
 
 
-def _state(proc: ManagedProcess) -> _State:
+def _exit_text(code: int | None) -> str:
+    return "exited" if code is None else f"exited with code {code}"
+
+
+def _thread_count(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except FileNotFoundError:
+        return 0
+
+
+def _marker(proc: ManagedProcess) -> str:
+    return proc.marker or proc.name
+
+
+def _finished(proc: ManagedProcess) -> bool:
+    """True once the process we started has exited (reaping it if it is our child).
+
+    An exiting process drops its command line before it closes its sockets, so with a recorded
+    start time only the start time is trusted here: a stop returns once the ports are free.
+    """
     stat = _read_stat(proc.pid)
-    if stat is None:
-        return _State.GONE
-    letter, start_ticks = stat
-    if proc.start_ticks is not None and start_ticks != proc.start_ticks:
-        return _State.GONE  # the pid was recycled: it belongs to some other process now
-    if letter in ("Z", "X"):
-        return _State.EXITED
-    if (proc.marker or proc.name) not in _read_cmdline(proc.pid):
-        return _State.GONE
-    return _State.RUNNING
+    if stat is None or (proc.start_ticks is not None and stat[1] != proc.start_ticks):
+        return True
+    if stat[0] in ("Z", "X"):
+        # A multithreaded process (nats-server is Go) shows its leader as a zombie while other
+        # threads still exit, and its sockets stay open until the last one is gone: only a
+        # completed reap, or an empty thread list for someone else's child, means finished.
+        try:
+            reaped, _ = os.waitpid(proc.pid, os.WNOHANG)
+        except ChildProcessError:
+            return _thread_count(proc.pid) <= 1
+        return reaped == proc.pid
+    if proc.start_ticks is None:
+        return _marker(proc) not in _read_cmdline(proc.pid)
+    return False
 
 
 def is_alive(proc: ManagedProcess) -> bool:
-    """True while the recorded pid is still the process we started (paused counts as alive)."""
-    state = _state(proc)
-    if state is _State.EXITED:
-        _reap(proc.pid)
-    return state is _State.RUNNING
+    """True while the recorded pid is still the process we started (paused counts as alive).
+
+    Both the start time (when recorded) and the command line must match, so a recycled pid
+    never counts as alive and is never signalled.
+    """
+    return not _finished(proc) and _marker(proc) in _read_cmdline(proc.pid)
 
 
 def _wait_gone(proc: ManagedProcess, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while True:
-        if not is_alive(proc):
+        if _finished(proc):
             return True
         if time.monotonic() >= deadline:
             return False
@@ -357,16 +383,32 @@ def _log_tail(log_path: Path, offset: int) -> str:
     return "\n".join(text.splitlines()[-_LOG_TAIL_LINES:])
 
 
-def _spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> int:
+def _spawn(argv: Sequence[str], env: Mapping[str, str], log_path: Path, lock_fd: int | None) -> int:
     # posix_spawn rather than Popen: nothing in this process needs a Popen object, and dropping
     # one for a child that is meant to outlive us triggers ResourceWarnings. Exit statuses are
     # collected by _reap when we happen to be the parent.
-    actions = [
+    actions: list[tuple[Any, ...]] = [
         (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
         (os.POSIX_SPAWN_OPEN, 1, str(log_path), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644),
         (os.POSIX_SPAWN_DUP2, 1, 2),
     ]
+    if lock_fd is not None:
+        # dup2 onto another number clears close-on-exec in the child only, so the lock goes
+        # with the server and no concurrently spawned process inherits it by accident.
+        actions.append((os.POSIX_SPAWN_DUP2, lock_fd, 3 if lock_fd != 3 else 4))
     return os.posix_spawn(argv[0], list(argv), dict(env), file_actions=actions, setsid=True)
+
+
+def _take_lock(lock: Path) -> int | None:
+    """An fd holding an exclusive flock on ``lock``; None if a live process already holds it."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
 
 
 def start_process(
@@ -380,6 +422,7 @@ def start_process(
     http_port: int | None = None,
     marker: str | None = None,
     ready: Callable[[], bool] | None = None,
+    lock: Path | None = None,
     timeout: float = DEFAULT_START_TIMEOUT,
 ) -> ManagedProcess:
     """Launch ``argv`` detached and wait until it is ready.
@@ -389,8 +432,11 @@ def start_process(
     ``ready()`` if given, else "``port`` accepts TCP connections" if a port is given; with
     neither, the process is returned as soon as it is spawned. ``port`` and ``http_port`` must be
     free beforehand, so a fast probe can never be answered by some other server on that port.
-    Raises :class:`ProcessStartFailed` (with the log of this run) when the process exits or is
-    not ready within ``timeout`` seconds; a process that timed out is killed.
+    ``lock`` is a file the process holds an exclusive flock on for its whole life (the kernel
+    drops it when the process dies, however it dies): a second process for the same data
+    directory is refused instead of corrupting it. Raises :class:`ProcessStartFailed` (with the
+    log of this run) when the process exits or is not ready within ``timeout`` seconds; a
+    process that timed out is killed.
     """
     if not argv:
         raise ValueError("argv must not be empty")
@@ -405,11 +451,19 @@ def start_process(
         if not _port_is_free(taken):
             raise failed(f"port {LOCALHOST}:{taken} is already in use")
 
+    lock_fd = None
+    if lock is not None:
+        lock_fd = _take_lock(lock)
+        if lock_fd is None:
+            raise failed(f"{lock} is locked: another live process uses this data directory")
     full_env = {**os.environ, **(env or {})}
     try:
-        pid = _spawn(argv, full_env, log_path)
+        pid = _spawn(argv, full_env, log_path, lock_fd)
     except OSError as exc:
         raise failed(f"cannot execute {argv[0]}: {exc.strerror or exc}") from exc
+    finally:
+        if lock_fd is not None:
+            os.close(lock_fd)  # the child holds the lock now
 
     stat = _read_stat(pid)
     proc = ManagedProcess(
@@ -429,19 +483,49 @@ def start_process(
     if probe is None:
         return proc
 
+    # Until we reap it the pid is our child and cannot be recycled: in here waitpid tells
+    # exactly whether it still runs, and signalling it by pid is safe.
+    try:
+        _await_ready(proc, probe, timeout, failed)
+    except ProcessStartFailed:
+        raise
+    except BaseException:
+        _kill_child(pid)  # the probe raised, or Ctrl-C: leave nothing behind
+        raise
+    return proc
+
+
+def _await_ready(
+    proc: ManagedProcess,
+    probe: Callable[[], bool],
+    timeout: float,
+    failed: Callable[[str], ProcessStartFailed],
+) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        state = _state(proc)
-        if state is _State.EXITED:
-            raise failed(f"exited with code {_reap(pid)} before it became ready")
-        if state is _State.GONE:
-            raise failed(f"pid {pid} no longer runs {proc.marker!r} (exec'd something else?)")
-        # Checked after the probe too: a probe can race with a crash during startup.
-        if probe() and is_alive(proc):
-            return proc
+        exited, code = _reap(proc.pid)
+        if exited:
+            raise failed(f"{_exit_text(code)} before it became ready")
+        if probe():
+            if _marker(proc) in _read_cmdline(proc.pid):
+                return
+            exited, code = _reap(proc.pid)  # it may have died right after answering
+            if exited:
+                raise failed(f"{_exit_text(code)} right after it became ready")
+            _kill_child(proc.pid)
+            raise failed(f"its command line lacks {_marker(proc)!r}, so it could never be stopped")
         if time.monotonic() >= deadline:
-            kill(proc)
+            _kill_child(proc.pid)
             raise failed(f"not ready after {timeout:g}s")
+        time.sleep(_POLL_INTERVAL)
+
+
+def _kill_child(pid: int) -> None:
+    """SIGKILL and reap a child we have not reaped yet (so its pid cannot have been recycled)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + _KILL_WAIT
+    while not _reap(pid)[0] and time.monotonic() < deadline:
         time.sleep(_POLL_INTERVAL)
 
 
@@ -525,6 +609,7 @@ def start_nats(
         http_port=http_port,
         marker=binary.name,
         ready=lambda: _nats_healthy(port, http_port),
+        lock=nats_dir / "server.lock",
         timeout=timeout,
     )
 
@@ -573,5 +658,6 @@ def start_redis(
         url=f"redis://{LOCALHOST}:{port}/0",
         marker=binary.name,
         ready=lambda: _redis_pong(port),
+        lock=data_dir / "server.lock",
         timeout=timeout,
     )

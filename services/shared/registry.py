@@ -10,15 +10,18 @@ Keys (all under one prefix, so tests and stacks can share a Redis):
 * ``<p>:jobs``           set of job ids
 * ``<p>:applied``        set of event ids already projected (dedupe)
 
-A transition is applied with WATCH/MULTI on the record key, so two replicas racing on one
-checkpoint cannot both apply one; the loser retries and sees the new state. The projection uses
+A batch of transitions is written by one Lua compare-and-set on the records it read, so two
+replicas racing on one checkpoint cannot both apply one; the loser re-reads and sees the new
+state. The projection uses
 only the event's own fields and time, never the local clock, so replaying the stream into an empty
 Redis reproduces identical records.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +29,6 @@ import redis.asyncio as aioredis
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.exceptions import WatchError
 
 from contracts import Envelope, EventData
 from contracts.checkpoint import (
@@ -37,7 +39,7 @@ from contracts.checkpoint import (
     CheckpointVerifiedV1,
     CheckpointWritingV1,
 )
-from services.shared.errors import DependencyNotReady, TransientError
+from services.shared.errors import DependencyNotReady, PermanentError, TransientError
 from services.shared.lifecycle import EVENT_TARGETS, Transition, transition
 
 
@@ -161,12 +163,49 @@ def _strs(values: Iterable[Any]) -> list[str]:
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
 
 
+_WRITE_LUA = """
+-- Compare-and-set: write what the Python projection computed, but only if every record is still
+-- exactly what that projection read. It decides nothing about the lifecycle itself.
+local batch = cjson.decode(ARGV[1])
+local p = batch.prefix
+for _, r in ipairs(batch.records) do
+  local current = redis.call('GET', p .. ':ckpt:' .. r.id)
+  local digest = current and redis.sha1hex(current) or ''
+  if digest ~= r.expect then return 0 end
+end
+if #batch.events > 0 then redis.call('SADD', KEYS[1], unpack(batch.events)) end
+for _, r in ipairs(batch.records) do
+  redis.call('SET', p .. ':ckpt:' .. r.id, r.doc)
+  if r.old ~= '' then redis.call('SREM', p .. ':state:' .. r.old, r.id) end
+  redis.call('SADD', p .. ':state:' .. r.new, r.id)
+  redis.call('SADD', p .. ':jobs', r.job)
+  redis.call('SADD', p .. ':uri:' .. r.uri, r.id)
+  redis.call('ZADD', p .. ':job:' .. r.job, r.step, r.id)
+end
+return 1
+"""
+
+
+def _sha1(text: str) -> str:
+    """Digest for compare-and-set (matches Lua's redis.sha1hex); not a security boundary."""
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
+
+
+@dataclass(frozen=True)
+class _RecordWrite:
+    old: CheckpointRecord | None
+    new: CheckpointRecord
+    read: str | None
+    """The exact JSON the projection started from (None: no record), for compare-and-set."""
+
+
 class Registry:
     """Async Redis adapter for the checkpoint registry."""
 
     def __init__(self, client: aioredis.Redis, prefix: str = "ckpt-ha") -> None:
         self.r = client
         self.p = prefix
+        self._write_script = client.register_script(_WRITE_LUA)
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ckpt-ha") -> Registry:
@@ -186,41 +225,84 @@ class Registry:
 
     async def apply(self, event: Envelope[EventData]) -> Applied:
         """Project one checkpoint event atomically; an event id seen before is a no-op."""
-        checkpoint_id: str = getattr(event.data, "checkpoint_id", "")
-        key = self._k("ckpt", checkpoint_id)
+        [result] = await self.apply_many([event])
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    async def apply_many(self, events: Sequence[Envelope[EventData]]) -> list[Applied | Exception]:
+        """Project events in order, atomically, in two round trips for the whole batch.
+
+        Returns one result per event: `Applied`, or the error that event alone raised
+        (`IllegalTransition`, `DependencyNotReady`); the other events still apply. The write is
+        a compare-and-set on every record read: if another replica changed one in between, the
+        whole batch is read and projected again, so two racers never both apply a transition.
+        """
+        ids = list(dict.fromkeys(str(getattr(e.data, "checkpoint_id", "")) for e in events))
+        keys = [self._k("ckpt", i) for i in ids]
         applied_key = self._k("applied")
         try:
-            async with self.r.pipeline(transaction=True) as pipe:
-                while True:
-                    try:
-                        await pipe.watch(key)
-                        raw = await pipe.get(key)
-                        old = CheckpointRecord.model_validate_json(raw) if raw else None
-                        if await pipe.sismember(applied_key, event.id):
-                            await pipe.unwatch()  # type: ignore[no-untyped-call]
-                            return Applied(record=old, transition=None, duplicate=True)
-                        new, step = project(old, event)
-                        pipe.multi()  # type: ignore[no-untyped-call]
-                        pipe.sadd(applied_key, event.id)
-                        if new is not None and step is not None and step.changed:
-                            self._write(pipe, old, new)
-                        await pipe.execute()
-                        return Applied(record=new, transition=step, duplicate=False)
-                    except WatchError:
+            while True:
+                async with self.r.pipeline(transaction=False) as pipe:
+                    pipe.mget(keys)
+                    pipe.smismember(applied_key, [e.id for e in events])
+                    raws, seen = await pipe.execute()
+                raw_by_id = dict(zip(ids, raws, strict=True))
+                before = {
+                    i: CheckpointRecord.model_validate_json(raw) if raw else None
+                    for i, raw in raw_by_id.items()
+                }
+                records = dict(before)
+                results: list[Applied | Exception] = []
+                fresh: list[str] = []
+                for event, was_seen in zip(events, seen, strict=True):
+                    cid = str(getattr(event.data, "checkpoint_id", ""))
+                    if was_seen or event.id in fresh:
+                        results.append(Applied(records[cid], None, duplicate=True))
                         continue
+                    try:
+                        new, step = project(records[cid], event)
+                    except (PermanentError, TransientError) as exc:
+                        results.append(exc)
+                        continue
+                    records[cid] = new
+                    fresh.append(event.id)
+                    results.append(Applied(new, step, duplicate=False))
+                changed = [
+                    _RecordWrite(before[cid], new, raw_by_id[cid])
+                    for cid, new in records.items()
+                    if new is not None and new is not before[cid]
+                ]
+                if not fresh and not changed:
+                    return results
+                if await self._write_script(
+                    keys=[applied_key], args=[self._write_batch(fresh, changed)]
+                ):
+                    return results
         except (RedisConnectionError, RedisTimeoutError) as exc:
             raise RegistryUnavailable(str(exc)) from exc
 
-    def _write(self, pipe: Any, old: CheckpointRecord | None, new: CheckpointRecord) -> None:
-        pipe.set(self._k("ckpt", new.checkpoint_id), new.model_dump_json())
-        if old is not None:
-            pipe.srem(self._k("state", old.state.value), new.checkpoint_id)
-        pipe.sadd(self._k("state", new.state.value), new.checkpoint_id)
-        pipe.sadd(self._k("jobs"), new.job_id)
-        pipe.sadd(self._k("uri", new.uri), new.checkpoint_id)
-        pipe.zadd(
-            self._k("job", new.job_id),
-            {new.checkpoint_id: new.step if new.step is not None else -1},
+    def _write_batch(self, event_ids: list[str], changed: list[_RecordWrite]) -> str:
+        return json.dumps(
+            {
+                "prefix": self.p,
+                "events": event_ids,
+                "records": [
+                    {
+                        "id": w.new.checkpoint_id,
+                        "expect": hashlib.sha1(w.read.encode(), usedforsecurity=False).hexdigest()
+                        if w.read
+                        else "",
+                        "doc": w.new.model_dump_json(),
+                        "old": w.old.state.value if w.old is not None else "",
+                        "new": w.new.state.value,
+                        "job": w.new.job_id,
+                        "uri": w.new.uri,
+                        "step": w.new.step if w.new.step is not None else -1,
+                    }
+                    for w in changed
+                ],
+            }
         )
 
     async def get(self, checkpoint_id: str) -> CheckpointRecord | None:

@@ -77,8 +77,10 @@ class HttpEndpoint:
             parts = request.decode("latin-1").split()
             path = parts[1] if len(parts) >= 2 else "/"
             if path.startswith("/metrics"):
-                status, ctype, body = 200, CONTENT_TYPE_LATEST, generate_latest(
-                    self.metrics.registry
+                status, ctype, body = (
+                    200,
+                    CONTENT_TYPE_LATEST,
+                    generate_latest(self.metrics.registry),
                 )
             elif path.startswith("/healthz"):
                 ok, results = await self.health()
