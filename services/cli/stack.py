@@ -167,6 +167,6 @@ def status(state: StackState) -> list[ComponentStatus]:
         if proc.name in SERVICE_NAMES:
             healthy = alive and healthz(proc.http_port)
         else:
-            healthy = alive and procs._accepts_tcp(proc.port)
+            healthy = alive and procs.accepts_tcp(proc.port)
         rows.append(ComponentStatus(proc.name, proc.pid, alive, healthy, proc.url))
     return rows

@@ -350,7 +350,7 @@ class Bus:
             on_batch.__name__ = handler.__name__
             if payload is not None:
                 # Documentation only: the decoder yields None; each body is decoded above.
-                batch_type: Any = list[payload] | None  # type: ignore[valid-type]
+                batch_type: Any = list[payload] | None
                 sig = inspect.signature(on_batch)
                 on_batch.__signature__ = sig.replace(  # type: ignore[attr-defined]
                     parameters=[

@@ -211,7 +211,7 @@ def _port_is_free(port: int) -> bool:
         return True
 
 
-def _accepts_tcp(port: int) -> bool:
+def accepts_tcp(port: int) -> bool:
     try:
         with socket.create_connection((LOCALHOST, port), timeout=_PROBE_TIMEOUT):
             return True
@@ -479,7 +479,7 @@ def start_process(
     probe = ready
     if probe is None and port:
         tcp_port = port
-        probe = lambda: _accepts_tcp(tcp_port)  # noqa: E731 - a one-line default probe
+        probe = lambda: accepts_tcp(tcp_port)  # noqa: E731 - a one-line default probe
     if probe is None:
         return proc
 
@@ -555,7 +555,7 @@ def _nats_config(
 
 
 def _nats_healthy(port: int, http_port: int) -> bool:
-    if not _accepts_tcp(port):
+    if not accepts_tcp(port):
         return False
     conn = http.client.HTTPConnection(LOCALHOST, http_port, timeout=_PROBE_TIMEOUT)
     try:
