@@ -1,0 +1,145 @@
+"""deploy/nats: the committed config is valid, matches the table, and really confines services."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+from pydantic import SecretStr
+
+from contracts.subjects import event_subject
+from services.catalog import entries
+from services.nats_permissions import CONF, PRINCIPALS, env_password, main, render
+from services.registrar.app import Registrar, build
+from services.registrar.settings import RegistrarSettings
+from services.shared import procs
+from services.shared.bus import Bus
+from services.shared.settings import ServiceSettings
+from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.events import committed, verified
+
+pytestmark = pytest.mark.integration
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+
+
+def test_committed_permissions_match_the_table() -> None:
+    assert main(["--check"]) == 0, "run: python -m services.nats_permissions"
+
+
+def test_every_consumer_of_every_service_is_permitted() -> None:
+    permitted = {d for p in PRINCIPALS for d in p.durables()}
+    for entry in entries().values():
+        svc = entry.build(entry.settings.model_construct())
+        assert set(svc.bus.consumers) <= permitted, entry.name
+        assert any(p.user == entry.name for p in PRINCIPALS), entry.name
+
+
+def test_production_config_is_valid() -> None:
+    env = {env_password(p.user)[1:]: "secret" for p in PRINCIPALS}
+    env[env_password("operator")[1:]] = "secret"
+    out = subprocess.run(
+        [str(procs.nats_server_binary()), "-t", "-c", "nats-server.conf"],
+        cwd=DEPLOY,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr + out.stdout
+    assert "sync_interval: always" in (DEPLOY / "nats-server.conf").read_text()
+    assert CONF.parent == DEPLOY
+
+
+@pytest.fixture
+def secured_nats(tmp_path: Path, settings: ServiceSettings) -> Iterator[procs.ManagedProcess]:
+    conf = render(
+        password=lambda user: json.dumps(f"pw-{user}"),
+        prefix=settings.subject_prefix,
+        events_stream=settings.events_stream,
+        dlq_stream=settings.dead_letter_stream,
+    )
+    proc = procs.start_nats(tmp_path, config_extra=conf)
+    yield proc
+    procs.stop(proc)
+
+
+def as_user(settings: ServiceSettings, url: str, user: str) -> ServiceSettings:
+    return settings.model_copy(
+        update={"nats_url": url, "nats_user": user, "nats_password": SecretStr(f"pw-{user}")}
+    )
+
+
+@pytest.fixture
+async def confined_registrar(
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess
+) -> AsyncIterator[Registrar]:
+    s = as_user(settings, secured_nats.url, "registrar")
+    svc = build(
+        RegistrarSettings.model_validate({**s.model_dump(), "nats_password": "pw-registrar"})
+    )
+    await svc.bus.broker.start()
+    yield svc
+    await svc.bus.broker.stop()
+    await svc.registry.close()
+
+
+async def test_services_work_within_their_permissions_and_not_beyond(
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess, confined_registrar: Registrar
+) -> None:
+    watcher = Bus(as_user(settings, secured_nats.url, "writer-watcher").bus(), "writer-watcher")
+    checker = Bus(
+        as_user(settings, secured_nats.url, "integrity-checker").bus(), "integrity-checker"
+    )
+    await watcher.broker.start()
+    await checker.broker.start()
+    try:
+        await watcher.publish(committed("p1"))
+        await checker.publish(verified("p1"))
+
+        async def valid() -> bool:
+            rec = await confined_registrar.registry.get("p1")
+            return rec is not None and rec.state.value == "valid"
+
+        await wait_for(valid, what="valid under confined users")
+
+        # The registrar announced `registered` under its own user ...
+        async def registered() -> bool:
+            msgs = await stream_messages_as(secured_nats.url, settings.events_stream)
+            return any(b"checkpoint.registered" in m for m in msgs)
+
+        await wait_for(registered, what="checkpoint.registered")
+
+        # ... but a watcher cannot claim integrity evidence it does not own.
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await watcher.publish(verified("p2"))
+        subject = event_subject(settings.subject_prefix, "checkpoint.verified", 1, "job-1")
+        assert subject.startswith(settings.subject_prefix)
+    finally:
+        await watcher.broker.stop()
+        await checker.broker.stop()
+    assert not any(
+        b'"p2"' in m for m in await stream_messages_as(secured_nats.url, settings.events_stream)
+    )
+
+
+async def stream_messages_as(url: str, stream: str) -> list[bytes]:
+    host = url.removeprefix("nats://")
+    msgs = await stream_messages(f"nats://operator:pw-operator@{host}", stream)
+    return [m.data for m in msgs]
+
+
+async def test_wrong_password_is_refused(secured_nats: procs.ManagedProcess) -> None:
+    host = secured_nats.url.removeprefix("nats://")
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(
+            f"nats://registrar:wrong@{host}",
+            connect_timeout=2,
+            max_reconnect_attempts=0,
+            allow_reconnect=False,
+        )
