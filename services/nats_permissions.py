@@ -103,7 +103,7 @@ def render(
             "    }",
         ]
     lines += [
-        "    # Operators (ckpt-ha CLI: rebuild, dead letters, demo) and the platform's own tooling.",
+        "    # Operators: the ckpt-ha CLI (rebuild, dead letters, demo) and platform tooling.",
         "    {",
         '      user: "operator"',
         f"      password: {password('operator')}",
