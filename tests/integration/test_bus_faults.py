@@ -1,0 +1,112 @@
+"""Faults the bus must survive without losing anything: a Redis outage and silent handlers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig
+
+from contracts.checkpoint import CheckpointState
+from services.registrar.app import Registrar, build
+from services.registrar.settings import RegistrarSettings
+from services.shared import procs
+from services.shared.bus import Bus
+from services.shared.settings import ServiceSettings
+from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.events import committed
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def registrar_on_private_redis(
+    settings: ServiceSettings, private_redis: procs.ManagedProcess
+) -> AsyncIterator[Registrar]:
+    s = RegistrarSettings.model_validate({**settings.model_dump(), "redis_url": private_redis.url})
+    svc = build(s)
+    await svc.bus.broker.start()
+    yield svc
+    await svc.bus.broker.stop()
+    await svc.registry.close()
+
+
+async def test_redis_outage_naks_then_applies(
+    settings: ServiceSettings,
+    private_redis: procs.ManagedProcess,
+    registrar_on_private_redis: Registrar,
+    tmp_path: Path,
+) -> None:
+    svc = registrar_on_private_redis
+    producer = Bus(settings.bus(), "test-producer")
+    await producer.broker.start()
+    try:
+        procs.pause(private_redis)  # Redis hangs: every apply times out or fails
+        await producer.publish(committed("during-outage"))
+
+        async def nak_seen() -> bool:
+            nc = await nats.connect(settings.nats_url)
+            try:
+                info = await nc.jetstream().consumer_info(
+                    settings.events_stream, "registrar--checkpoints"
+                )
+                return info.num_redelivered > 0 or info.num_ack_pending > 0
+            finally:
+                await nc.close()
+
+        await wait_for(nak_seen, what="the event to be in flight while Redis is down")
+        procs.resume(private_redis)
+
+        async def applied() -> bool:
+            rec = await svc.registry.get("during-outage")
+            return rec is not None and rec.state is CheckpointState.PENDING_VERIFICATION
+
+        await wait_for(applied, timeout=30, what="the event applied after Redis is back")
+        assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
+    finally:
+        await producer.broker.stop()
+
+
+async def test_max_deliveries_advisory_dead_letters_unanswered_messages(
+    settings: ServiceSettings,
+) -> None:
+    """A handler that never answers (crashed, hung) still ends in the dead-letter stream."""
+    bus = Bus(settings.bus(), "svc")
+    durable = bus.durable_name("stuck")
+    bus.consumers.append(durable)
+    bus.watch_max_deliveries()
+    await bus.broker.start()
+    nc = await nats.connect(settings.nats_url)
+    try:
+        event = committed("unanswered")
+        await bus.publish(event)
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(
+            f"{settings.subject_prefix}.ev.>",
+            durable=durable,
+            stream=settings.events_stream,
+            config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=0.5, max_deliver=2),
+        )
+        for _ in range(2):  # take it twice and never answer
+            [msg] = await sub.fetch(1, timeout=5)
+            assert json.loads(msg.data)["id"] == event.id
+            await asyncio.sleep(0.7)
+        # The server notices the exhausted message when it next tries to deliver it.
+        with pytest.raises(nats.errors.TimeoutError):
+            await sub.fetch(1, timeout=1)
+
+        async def dead_letter() -> list[dict[str, str]]:
+            msgs = await stream_messages(settings.nats_url, settings.dead_letter_stream)
+            return [dict(m.headers or {}, body=m.data.decode()) for m in msgs]
+
+        [letter] = await wait_for(dead_letter, timeout=15, what="max-deliveries dead letter")
+        assert letter["Ckpt-Error-Code"] == "max_deliver"
+        assert letter["Ckpt-Consumer"] == durable
+        assert json.loads(letter["body"])["id"] == event.id
+    finally:
+        await nc.close()
+        await bus.broker.stop()
