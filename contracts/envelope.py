@@ -172,6 +172,9 @@ class EventCatalog:
         """
         if len(raw) > self.max_bytes:
             raise EventTooLarge(len(raw), self.max_bytes)
+        fast = self._decode_current(raw)
+        if fast is not None:
+            return fast
         try:
             doc = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -205,6 +208,32 @@ class EventCatalog:
             )
         except ValidationError as exc:
             raise MalformedEvent(_summarise(exc)) from None
+
+    def _decode_current(self, raw: bytes) -> Envelope[EventData] | None:
+        """One-pass parse for the common case: an event of the newest version.
+
+        Anything unusual (no ``type`` near the start, an older version, a validation error, a
+        ``type`` that was not the envelope's own) returns None and takes the general path,
+        which also produces the precise error.
+        """
+        match = _TYPE_PEEK.search(raw, 0, 512)
+        if match is None:
+            return None
+        t = _TYPE_RE.match(match.group(1).decode("ascii", "replace"))
+        if t is None:
+            return None
+        versions = self.versions(t.group(1))
+        if not versions or int(t.group(2)) != versions[-1]:
+            return None
+        model = self._models[(t.group(1), versions[-1])]
+        try:
+            event = Envelope[model].model_validate_json(raw)  # type: ignore[valid-type]
+        except ValidationError:
+            return None
+        return event if event.type == model.type_name() else None
+
+
+_TYPE_PEEK = re.compile(rb'"type"\s*:\s*"([^"\\]{1,100})"')
 
 
 def _summarise(exc: ValidationError) -> str:

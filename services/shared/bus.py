@@ -117,14 +117,13 @@ class DeadLetters:
     def __call__(self, msg: Any, /, *, context: Any) -> _DeadLetterScope:
         return _DeadLetterScope(msg, context=context, letters=self)
 
-    async def settle(self, raw: Msg, error: BaseException | None) -> None:
+    async def settle(self, raw: Msg, error: BaseException | None, consumer: str) -> None:
         """End one delivery: ack on success; otherwise nak with backoff or dead-letter."""
-        meta = raw.metadata
-        consumer = meta.consumer or "?"
         if error is None:
             await raw.ack()
             self.on_outcome(consumer, "ack")
             return
+        meta = raw.metadata
         permanent = _classify(error)
         delivered = meta.num_delivered
         if permanent is None and delivered < self.cfg.max_deliver:
@@ -233,11 +232,11 @@ class _DeadLetterScope(BaseMiddleware):
         try:
             result = await call_next(msg)
         except Exception as exc:  # noqa: BLE001 - every failure must end in ack, nak or dead letter
-            await self.letters.settle(raw, exc)
+            await self.letters.settle(raw, exc, consumer)
             return None
         finally:
             heartbeat.cancel()
-        await self.letters.settle(raw, None)
+        await self.letters.settle(raw, None, consumer)
         return result
 
 
@@ -254,7 +253,7 @@ async def _keep_alive(raws: Sequence[Msg], interval: float) -> None:
 Handler = Callable[..., Awaitable[None]]
 
 
-def _raw_batch(msg: StreamMessage[Any]) -> None:
+async def _raw_batch(msg: StreamMessage[Any]) -> None:
     """Batch decoder that decodes nothing: faststream would JSON-parse every body once more."""
 
 
@@ -304,7 +303,7 @@ class Bus:
         durable = self.durable_name(consumer)
         self.consumers.append(durable)
 
-        def decode(msg: StreamMessage[Any]) -> Envelope[EventData]:
+        async def decode(msg: StreamMessage[Any]) -> Envelope[EventData]:
             return self.catalog.decode(msg.body)
 
         return self.broker.subscriber(
@@ -345,7 +344,7 @@ class Bus:
             async def on_batch(
                 message: Annotated[NatsBatchMessage, Context("message")], body: Any = None
             ) -> None:
-                await self._consume_batch(list(message.raw_message), handler)
+                await self._consume_batch(list(message.raw_message), handler, durable)
 
             on_batch.__name__ = handler.__name__
             if payload is not None:
@@ -379,7 +378,7 @@ class Bus:
 
         return register
 
-    async def _consume_batch(self, raws: list[Msg], handler: BatchHandler) -> None:
+    async def _consume_batch(self, raws: list[Msg], handler: BatchHandler, consumer: str) -> None:
         heartbeat = asyncio.create_task(_keep_alive(raws, self.cfg.ack_wait_s / 3))
         try:
             events: list[Envelope[EventData]] = []
@@ -389,14 +388,14 @@ class Bus:
                     events.append(self.catalog.decode(raw.data))
                     decoded.append(raw)
                 except ContractError as exc:
-                    await self.dead_letters.settle(raw, exc)
+                    await self.dead_letters.settle(raw, exc, consumer)
             results: Sequence[BaseException | None]
             try:
                 results = await handler(events) if events else []
             except Exception as exc:  # noqa: BLE001 - the whole batch failed: settle each
                 results = [exc] * len(events)
             for raw, result in zip(decoded, results, strict=True):
-                await self.dead_letters.settle(raw, result)
+                await self.dead_letters.settle(raw, result, consumer)
         finally:
             heartbeat.cancel()
 

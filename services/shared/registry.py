@@ -93,7 +93,8 @@ class RegistryUnavailable(TransientError):
 
 
 def _reason(data: EventData) -> str | None:
-    value = getattr(data, "reason", None)
+    # Not getattr(): a missing attribute on a pydantic model is a slow exception path.
+    value = data.__dict__.get("reason")
     return value if isinstance(value, str) else None
 
 
