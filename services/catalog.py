@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from faststream import FastStream
+if TYPE_CHECKING:  # the CLI imports this module for the names alone: keep it light
+    from faststream import FastStream
 
-from services.shared.service import Service
-from services.shared.settings import ServiceSettings
+    from services.shared.service import Service
+    from services.shared.settings import ServiceSettings
 
 
 @dataclass(frozen=True)

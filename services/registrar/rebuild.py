@@ -16,7 +16,7 @@ from nats.js.api import DeliverPolicy
 from contracts import Envelope, EventCatalog, EventData
 from contracts.errors import ContractError
 from contracts.subjects import aggregate_filter
-from services.shared.bus import BusConfig
+from services.shared.bus_config import BusConfig
 from services.shared.errors import DependencyNotReady
 from services.shared.lifecycle import IllegalTransition
 from services.shared.registry import Registry

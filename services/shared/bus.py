@@ -22,7 +22,6 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Annotated, Any
 
 from faststream import AckPolicy, Context
@@ -38,35 +37,11 @@ from pydantic import ValidationError
 from contracts import CATALOG, Envelope, EventCatalog, EventData
 from contracts.errors import ContractError
 from contracts.subjects import dead_letter_filter, dead_letter_subject, event_filter, event_subject
+from services.shared.bus_config import BusConfig
 
 log = logging.getLogger("ckpt_ha.bus")
 
 ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
-
-
-@dataclass(frozen=True)
-class BusConfig:
-    url: str = "nats://127.0.0.1:4222"
-    user: str | None = None
-    password: str | None = None
-    prefix: str = "ckpt"
-    events_stream: str = "CKPT_EVENTS"
-    dead_letter_stream: str = "CKPT_DLQ"
-    duplicate_window_s: float = 120.0
-    max_event_bytes: int = 256 * 1024
-    ack_wait_s: float = 30.0
-    max_deliver: int = 5
-    backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
-    fetch_batch: int = 64
-    fetch_timeout_s: float = 1.0
-    batch_linger_s: float = 0.1
-    """How long a batch consumer waits to fill a batch: the latency it may add to one event."""
-    graceful_timeout_s: float = 20.0
-    publish_timeout_s: float = 5.0
-
-    def backoff(self, delivered: int) -> float:
-        """Nak delay after the ``delivered``-th failed delivery."""
-        return self.backoff_s[min(max(delivered, 1), len(self.backoff_s)) - 1]
 
 
 def events_stream(cfg: BusConfig) -> JStream:

@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.shared.bus import BusConfig
+from services.shared.bus_config import BusConfig
 
 
 class ServiceSettings(BaseSettings):

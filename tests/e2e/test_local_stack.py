@@ -21,7 +21,8 @@ from contracts import build
 from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
 from services.cli.stack import StackState
 from services.shared import procs
-from services.shared.bus import Bus, BusConfig
+from services.shared.bus import Bus
+from services.shared.bus_config import BusConfig
 
 pytestmark = pytest.mark.e2e
 
@@ -132,6 +133,49 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
         redis.Redis.from_url(restarted.redis_url, socket_connect_timeout=1).ping()
     assert cli(stack_home, "up").returncode == 0
     assert len(listed(stack_home)) == 301
+
+    # Operators see what was refused, and can rebuild the registry from the stream.
+    await publish_raw_bytes(state_after_up(stack_home).nats_url, b"{broken")
+    letters = wait_dead_letters(stack_home, 1)
+    assert letters[0]["code"] == "malformed"
+    assert letters[0]["consumer"] == "registrar--checkpoints"
+    refused = cli(stack_home, "registry", "rebuild")
+    assert refused.returncode == 1
+    assert "--clear" in refused.stderr
+    rebuilt = cli(stack_home, "registry", "rebuild", "--clear")
+    assert rebuilt.returncode == 0, rebuilt.stderr
+    assert "applied 301" in rebuilt.stdout
+    assert "malformed=1" in rebuilt.stdout
+    assert len(listed(stack_home)) == 301
+
+
+def state_after_up(home: Path) -> StackState:
+    state = StackState.load(home)
+    assert state is not None
+    return state
+
+
+async def publish_raw_bytes(nats_url: str, data: bytes) -> None:
+    import nats
+
+    nc = await nats.connect(nats_url)
+    try:
+        await nc.jetstream().publish("ckpt.ev.checkpoint.committed.v1.e2e-job", data)
+    finally:
+        await nc.close()
+
+
+def wait_dead_letters(home: Path, n: int, timeout: float = 20) -> list[dict[str, object]]:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        out = cli(home, "dead-letters", "--json")
+        assert out.returncode == 0, out.stderr
+        letters: list[dict[str, object]] = json.loads(out.stdout)
+        if len(letters) >= n or time.monotonic() > deadline:
+            return letters
+        time.sleep(0.2)
 
 
 def test_cli_errors_are_one_line(stack_home: Path) -> None:

@@ -11,6 +11,7 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
+from contracts import Envelope, EventData
 from contracts.checkpoint import CheckpointState
 from services.registrar.app import Registrar, build
 from services.registrar.settings import RegistrarSettings
@@ -107,6 +108,43 @@ async def test_max_deliveries_advisory_dead_letters_unanswered_messages(
         assert letter["Ckpt-Error-Code"] == "max_deliver"
         assert letter["Ckpt-Consumer"] == durable
         assert json.loads(letter["body"])["id"] == event.id
+    finally:
+        await nc.close()
+        await bus.broker.stop()
+
+
+async def test_long_handlers_keep_their_message_with_in_progress_acks(
+    settings: ServiceSettings,
+) -> None:
+    """A handler running several times ack_wait keeps its message: no other replica gets it."""
+    cfg = settings.model_copy(update={"ack_wait_s": 1.0}).bus()
+    bus = Bus(cfg, "slow")
+    started, done = asyncio.Event(), asyncio.Event()
+
+    @bus.consumer("work", f"{settings.subject_prefix}.ev.checkpoint.>")
+    async def slow(event: Envelope[EventData]) -> None:
+        started.set()
+        await asyncio.sleep(3.5)
+        done.set()
+
+    await bus.broker.start()
+    nc = await nats.connect(settings.nats_url)
+    try:
+        await bus.publish(committed("slow-1"))
+        await asyncio.wait_for(started.wait(), timeout=10)
+        # A second replica of the same durable consumer asks for work past ack_wait.
+        replica = await nc.jetstream().pull_subscribe_bind(
+            "slow--work", stream=settings.events_stream
+        )
+        with pytest.raises(nats.errors.TimeoutError):
+            await replica.fetch(1, timeout=2.5)
+        await asyncio.wait_for(done.wait(), timeout=10)
+
+        async def acked() -> bool:
+            info = await nc.jetstream().consumer_info(settings.events_stream, "slow--work")
+            return info.num_ack_pending == 0 and info.num_redelivered == 0
+
+        await wait_for(acked, what="the slow message acked once")
     finally:
         await nc.close()
         await bus.broker.stop()
