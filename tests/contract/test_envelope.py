@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
@@ -200,3 +203,20 @@ def test_committed_json_schemas_match_the_models() -> None:
 
 def test_committed_asyncapi_matches_the_service_apps() -> None:
     assert asyncapi_check(["--check"]) == 0, "run: python -m services.asyncapi_gen"
+
+
+@pytest.mark.parametrize("service", ["registrar", "writer-watcher"])
+def test_faststream_docs_gen_gives_the_committed_document(service: str, tmp_path: Path) -> None:
+    module = service.replace("-", "_")
+    out = tmp_path / "asyncapi.json"
+    result = subprocess.run(
+        [
+            str(Path(sys.executable).with_name("faststream")),
+            "docs", "gen", "--factory", f"services.{module}.app:asyncapi_app", "--out", str(out),
+        ],
+        capture_output=True, text=True, timeout=120, check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    committed = Path(__file__).resolve().parents[2] / "contracts" / "asyncapi" / f"{service}.json"
+    assert json.loads(out.read_text()) == json.loads(committed.read_text())
