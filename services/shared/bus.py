@@ -236,6 +236,64 @@ BatchHandler = Callable[[list[Envelope[EventData]]], Awaitable[Sequence[BaseExce
 """Handles a fetched batch in stream order; returns one result per event (None = success)."""
 
 
+class _BatchPipeline:
+    """Handles a consumer's batches one after another, in fetch order, on one worker task.
+
+    faststream fetches the next batch only after the handler returns; handing the batch to this
+    worker lets the next fetch overlap with the current batch's Redis work, while batches are
+    still processed strictly in order. At most one batch waits behind the one in progress.
+    """
+
+    def __init__(self, process: Callable[[list[Msg]], Awaitable[None]]) -> None:
+        self.process = process
+        self.queue: asyncio.Queue[list[Msg]] = asyncio.Queue(maxsize=1)
+        self.worker: asyncio.Task[None] | None = None
+        self.closing = False
+
+    async def submit(self, raws: list[Msg]) -> None:
+        if self.closing:
+            return  # not acked: JetStream redelivers it to the next consumer instance
+        if self.worker is None or self.worker.done():
+            self.worker = asyncio.create_task(self._run())
+        await self.queue.put(raws)
+
+    async def _run(self) -> None:
+        while True:
+            raws = await self.queue.get()
+            try:
+                await self.process(raws)
+            except Exception:
+                log.exception("batch failed; its unsettled messages will be redelivered")
+            finally:
+                self.queue.task_done()
+
+    async def drain(self, within_s: float) -> None:
+        """Finish what was handed over (for at most ``within_s``), then stop the worker."""
+        self.closing = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.queue.join(), within_s)
+        if self.worker is not None:
+            self.worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.worker
+            self.worker = None
+        self.closing = False
+
+
+class _Broker(NatsBroker):
+    """NatsBroker that lets batch pipelines finish before it stops consuming and disconnects."""
+
+    def __init__(self, pipelines: list[_BatchPipeline], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ckpt_pipelines = pipelines
+        self._ckpt_graceful = float(kwargs.get("graceful_timeout") or 15.0)
+
+    async def stop(self, *args: Any, **kwargs: Any) -> None:
+        for pipeline in self._ckpt_pipelines:
+            await pipeline.drain(self._ckpt_graceful)
+        await super().stop(*args, **kwargs)
+
+
 class Bus:
     """One service's view of the event bus: its broker, its consumers, its publisher."""
 
@@ -244,7 +302,9 @@ class Bus:
         self.service = service
         self.catalog = catalog
         self.dead_letters = DeadLetters(cfg, service)
-        self.broker = NatsBroker(
+        self._pipelines: list[_BatchPipeline] = []
+        self.broker = _Broker(
+            self._pipelines,
             cfg.url,
             security=(
                 NatsUserPassword(cfg.user, cfg.password or "") if cfg.user is not None else None
@@ -321,10 +381,13 @@ class Bus:
         self.consumers.append(durable)
 
         def register(handler: BatchHandler) -> BatchHandler:
+            pipeline = _BatchPipeline(lambda raws: self._consume_batch(raws, handler, durable))
+            self._pipelines.append(pipeline)
+
             async def on_batch(
                 message: Annotated[NatsBatchMessage, Context("message")], body: Any = None
             ) -> None:
-                await self._consume_batch(list(message.raw_message), handler, durable)
+                await pipeline.submit(list(message.raw_message))
 
             on_batch.__name__ = handler.__name__
             if payload is not None:
