@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import zlib
+import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -267,30 +267,42 @@ def cmd_dead_letters(args: argparse.Namespace, env: dict[str, str], home: Path) 
     return 0
 
 
+def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Exit 0 valid, 1 anything else; a path that does not exist is a usage error (2)."""
+    from services.shared.formats import verify_path
+
+    if not args.path.exists():
+        print(f"ckpt-ha: {args.path}: no such file or directory", file=sys.stderr)
+        return 2
+    report = verify_path(args.path, args.checksum)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        step = "-" if report.step is None else report.step
+        verdict, fmt = report.verdict.value.upper(), report.format.value
+        print(f"{verdict}  {args.path}  format={fmt}  step={step}")
+        for reason in report.reasons:
+            print(f"  - {reason}")
+        if report.ok:
+            print(f"  checks: {', '.join(report.checks)}; {report.bytes_read} bytes read")
+    return 0 if report.ok else 1
+
+
 def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     """Until the drill exists: start the stack, write a checkpoint, show it registered."""
     from contracts import build
     from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
     from services.shared.bus import Bus
+    from services.shared.formats import native
     from services.shared.storage import open_store
 
     cmd_up(args, env, home)
     settings = _settings(env, home)
     store = open_store(settings.storage_root)
-    prefix = f"{args.job}/step-{args.step:08d}"
-    shards = {f"{prefix}/shard-{i}.bin": bytes([i]) * (64 * 1024) for i in range(2)}
-    for key, data in shards.items():
-        store.put(key, data)
-    manifest = {
-        "job_id": args.job,
-        "step": args.step,
-        "shards": [
-            {"path": k.rsplit("/", 1)[1], "size": len(v), "crc32": zlib.crc32(v)}
-            for k, v in shards.items()
-        ],
-    }
-    store.put(f"{prefix}/ckpt-ha.manifest.json", json.dumps(manifest).encode())
     now = datetime.now(UTC)
+    prefix = f"{args.job}/step-{args.step:08d}-{now.strftime('%Y%m%dT%H%M%S')}"
+    shards = {f"shard-{i}.bin": bytes([i]) * (64 * 1024) for i in range(2)}
+    native.write(store, prefix, shards, step=args.step, created_at=now)
     checkpoint_id = f"{args.job}-{args.step}-{now.strftime('%Y%m%dT%H%M%S')}"
     event = build(
         CheckpointCommittedV1(
@@ -328,6 +340,7 @@ def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
     _run(settings, publish_and_wait)
     print(f"\nwrote {len(shards)} shards + manifest to {store.uri(prefix)}")
+    print(f"(check it offline: ckpt-ha verify {settings.storage_root}/{prefix})")
     print(f"published checkpoint.committed for {checkpoint_id}; the registrar recorded it:\n")
     args.json, args.state = False, None
     cmd_checkpoints_list(args, env, home)
@@ -345,5 +358,6 @@ _COMMANDS = {
     ("checkpoints", "show"): cmd_checkpoints_show,
     ("registry", "rebuild"): cmd_registry_rebuild,
     ("dead-letters", None): cmd_dead_letters,
+    ("verify", None): cmd_verify,
     ("demo", None): cmd_demo,
 }

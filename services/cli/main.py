@@ -64,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     dlq.add_argument("--limit", type=int, default=50)
     dlq.add_argument("--json", action="store_true")
 
+    vf = sub.add_parser(
+        "verify", help="offline verdict for one checkpoint folder or file (exit 0 only if valid)"
+    )
+    vf.add_argument("path", type=Path)
+    vf.add_argument("--json", action="store_true")
+    vf.add_argument("--checksum", choices=["xxh3_64", "sha256"], default="xxh3_64")
+
     demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
     demo.add_argument("--job", default="demo-job")
     demo.add_argument("--step", type=int, default=100)

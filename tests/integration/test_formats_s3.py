@@ -1,0 +1,97 @@
+"""The same format checks through S3 (moto's server mode), and `ckpt-ha verify` as a process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import boto3
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from services.shared.formats import native, verify
+from services.shared.formats.report import Verdict
+from services.shared.storage import FsStore, S3Store
+from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture(scope="module")
+def s3_store() -> Iterator[S3Store]:
+    endpoint, stop = start_moto_server()
+    client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=FAKE_ACCESS_KEY,
+        aws_secret_access_key=FAKE_SECRET_KEY,
+    )
+    bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
+    client.create_bucket(Bucket=bucket)
+    yield S3Store(bucket, prefix="runs", client=client)
+    stop()
+
+
+def test_native_and_safetensors_on_s3(s3_store: S3Store, tmp_path: Path) -> None:
+    shards = {"rank-0.bin": os.urandom(6 * 1024 * 1024), "rank-1.bin": b"tail"}
+    native.write(s3_store, "job-a/step-5", shards, step=5, created_at=NOW)
+    report = verify(s3_store, "job-a/step-5")
+    assert report.verdict is Verdict.VALID, report.reasons
+    assert report.step == 5
+    assert report.bytes_read == sum(len(v) for v in shards.values())
+
+    s3_store.put("job-a/step-5/rank-1.bin", b"TAIL")  # same size, different bytes
+    report = verify(s3_store, "job-a/step-5")
+    assert report.verdict is Verdict.CORRUPT
+    assert any("rank-1.bin: checksum" in r for r in report.reasons)
+
+    local = tmp_path / "model.safetensors"
+    save_file({"w": np.arange(12, dtype=np.float32).reshape(3, 4)}, str(local))
+    s3_store.put("job-b/final/model.safetensors", local.read_bytes())
+    assert verify(s3_store, "job-b/final").verdict is Verdict.VALID
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
+    good = tmp_path / "good"
+    good.mkdir()
+    native.write(FsStore(good), "", {"a.bin": b"x" * 100}, step=42, created_at=NOW)
+    out = cli("verify", str(good), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["verdict"], doc["format"], doc["step"]) == ("valid", "native", 42)
+    assert doc["reasons"] == []
+
+    (good / "a.bin").write_bytes(b"y" * 100)
+    out = cli("verify", str(good))
+    assert out.returncode == 1
+    assert out.stdout.startswith("CORRUPT")
+    assert "a.bin: checksum" in out.stdout
+
+    out = cli("verify", str(tmp_path / "nope"))
+    assert out.returncode == 2
+    assert out.stderr.strip().endswith("no such file or directory")
+    assert len(out.stderr.strip().splitlines()) == 1
+
+    out = cli("verify", str(good), "--checksum", "md5")
+    assert out.returncode == 2
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,228 @@
+"""Format verification on real files: the native manifest and safetensors (made by the library)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from contracts.checkpoint import CheckpointFormat, CheckpointIdentity
+from services.shared.formats import native, verify, verify_path
+from services.shared.formats.report import Verdict
+from services.shared.storage import FsStore, ObjectExists
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+SHARDS = {"model/rank-0.bin": os.urandom(70_000), "model/rank-1.bin": os.urandom(1234)}
+
+
+def write_native(root: Path, algorithm: str = "xxh3_64") -> Path:
+    folder = root / "step-100"
+    folder.mkdir(parents=True)
+    native.write(
+        FsStore(folder),
+        "",
+        SHARDS,
+        step=100,
+        created_at=NOW,
+        identity=CheckpointIdentity(job_id="j", run_id="r", code_version="abc123"),
+        algorithm=algorithm,
+    )
+    return folder
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "sha256"])
+def test_native_good(tmp_path: Path, algorithm: str) -> None:
+    report = verify_path(write_native(tmp_path, algorithm))
+    assert report.verdict is Verdict.VALID, report.reasons
+    assert report.format is CheckpointFormat.NATIVE
+    assert report.step == 100
+    assert report.exact_resume is True
+    assert report.bytes_read == sum(len(v) for v in SHARDS.values())
+    assert all(v.startswith(f"{algorithm}:") for v in report.checksums.values())
+    assert {"manifest", "sizes", "checksums"} <= set(report.checks)
+
+
+def test_native_manifest_is_create_only(tmp_path: Path) -> None:
+    folder = write_native(tmp_path)
+    with pytest.raises(ObjectExists):
+        native.write(FsStore(folder), "", SHARDS, step=100, created_at=NOW)
+
+
+def test_shards_without_manifest_are_never_valid(tmp_path: Path) -> None:
+    folder = write_native(tmp_path)
+    (folder / native.MANIFEST).unlink()
+    report = verify_path(folder)  # a file appearing is never proof of completion
+    assert report.verdict is Verdict.UNKNOWN
+    assert native.verify(FsStore(folder), "").verdict is Verdict.INCOMPLETE
+
+
+def test_missing_shard_is_incomplete(tmp_path: Path) -> None:
+    folder = write_native(tmp_path)
+    (folder / "model" / "rank-1.bin").unlink()
+    report = verify_path(folder)
+    assert report.verdict is Verdict.INCOMPLETE
+    assert any("rank-1.bin" in r for r in report.reasons)
+
+
+def test_truncated_and_flipped_shards_are_corrupt(tmp_path: Path) -> None:
+    folder = write_native(tmp_path)
+    shard0 = folder / "model" / "rank-0.bin"
+    data = bytearray(shard0.read_bytes())
+    data[500] ^= 0x01
+    shard0.write_bytes(bytes(data))
+    (folder / "model" / "rank-1.bin").write_bytes(b"short")
+    report = verify_path(folder)
+    assert report.verdict is Verdict.CORRUPT
+    assert any("rank-0.bin: checksum" in r for r in report.reasons)
+    assert any("rank-1.bin: size 5" in r for r in report.reasons)
+
+
+def _rewrite_manifest(folder: Path, **changes: object) -> None:
+    doc = json.loads((folder / native.MANIFEST).read_text())
+    doc.update(changes)
+    (folder / native.MANIFEST).write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("path", ["../../etc/passwd", "/etc/passwd", "a/../../x", "a\\..\\b"])
+def test_manifest_paths_leaving_the_checkpoint_are_unsafe(tmp_path: Path, path: str) -> None:
+    folder = write_native(tmp_path)
+    _rewrite_manifest(folder, shards=[{"path": path, "size": 1, "checksum": "xxh3_64:00"}])
+    assert verify_path(folder).verdict is Verdict.UNSAFE
+
+
+def test_symlink_leaving_the_checkpoint_is_unsafe(tmp_path: Path) -> None:
+    folder = write_native(tmp_path)
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(SHARDS["model/rank-1.bin"])
+    target = folder / "model" / "rank-1.bin"
+    target.unlink()
+    target.symlink_to(outside)
+    assert verify_path(folder).verdict is Verdict.UNSAFE
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"", b"\xff\xfe not utf-8", b"{not json", b"[" * 200_000 + b"]" * 200_000, b'{"step": -1}'],
+)
+def test_hostile_manifests_give_a_verdict(tmp_path: Path, content: bytes) -> None:
+    folder = write_native(tmp_path)
+    (folder / native.MANIFEST).write_bytes(content)
+    report = verify_path(folder)
+    assert report.verdict is Verdict.CORRUPT
+    assert report.reasons
+
+
+def write_safetensors(path: Path, n: int = 2) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(7)
+    tensors = {
+        f"layer{i}.weight": rng.standard_normal((16, 8)).astype(np.float32) for i in range(n)
+    }
+    tensors["step"] = np.array([3], dtype=np.int64)
+    save_file(tensors, str(path), metadata={"format": "np"})
+    return tensors
+
+
+def test_safetensors_single_file_good(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path)
+    report = verify_path(path)
+    assert report.verdict is Verdict.VALID, report.reasons
+    assert report.format is CheckpointFormat.SAFETENSORS
+    assert report.checksums["model.safetensors"].startswith("xxh3_64:")
+    assert verify_path(tmp_path).verdict is Verdict.VALID  # as a folder too
+
+
+def _patch(path: Path, offset: int, data: bytes) -> None:
+    raw = bytearray(path.read_bytes())
+    raw[offset : offset + len(data)] = data
+    path.write_bytes(bytes(raw))
+
+
+def test_safetensors_damage_is_corrupt(tmp_path: Path) -> None:
+    cases = {
+        "giant-header": lambda p: _patch(p, 0, struct.pack("<Q", 2**62)),
+        "truncated": lambda p: p.write_bytes(p.read_bytes()[:-10]),
+        "zero-bytes": lambda p: p.write_bytes(b""),
+        "header-garbage": lambda p: _patch(p, 8, b"\xff\xff\xff"),
+        "extra-bytes": lambda p: p.write_bytes(p.read_bytes() + b"\x00" * 4),
+    }
+    for name, damage in cases.items():
+        path = tmp_path / f"{name}.safetensors"
+        write_safetensors(path)
+        damage(path)
+        report = verify_path(path)
+        assert report.verdict is Verdict.CORRUPT, (name, report.reasons)
+
+
+def test_safetensors_offsets_must_match_dtype_and_shape(tmp_path: Path) -> None:
+    header = {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 12]}}
+    raw = json.dumps(header).encode()
+    path = tmp_path / "bad.safetensors"
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\x00" * 12)
+    report = verify_path(path)
+    assert report.verdict is Verdict.CORRUPT
+    assert any("expected 16" in r for r in report.reasons)
+
+
+def write_sharded(folder: Path) -> None:
+    folder.mkdir()
+    a = write_safetensors(folder / "model-00001-of-00002.safetensors", 1)
+    b = {"head.weight": np.ones((4, 4), dtype=np.float16)}
+    save_file(b, str(folder / "model-00002-of-00002.safetensors"))
+    weight_map = dict.fromkeys(a, "model-00001-of-00002.safetensors")
+    weight_map.update(dict.fromkeys(b, "model-00002-of-00002.safetensors"))
+    index = {"metadata": {"total_size": 1}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def test_sharded_safetensors(tmp_path: Path) -> None:
+    good = tmp_path / "good"
+    write_sharded(good)
+    assert verify_path(good).verdict is Verdict.VALID
+
+    missing = tmp_path / "missing"
+    write_sharded(missing)
+    (missing / "model-00002-of-00002.safetensors").unlink()
+    assert verify_path(missing).verdict is Verdict.INCOMPLETE
+
+    escaping = tmp_path / "escaping"
+    write_sharded(escaping)
+    index = json.loads((escaping / "model.safetensors.index.json").read_text())
+    index["weight_map"]["head.weight"] = "../good/model-00002-of-00002.safetensors"
+    (escaping / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert verify_path(escaping).verdict is Verdict.UNSAFE
+
+    lying = tmp_path / "lying"
+    write_sharded(lying)
+    index = json.loads((lying / "model.safetensors.index.json").read_text())
+    index["weight_map"]["ghost.weight"] = "model-00002-of-00002.safetensors"
+    (lying / "model.safetensors.index.json").write_text(json.dumps(index))
+    report = verify_path(lying)
+    assert report.verdict is Verdict.CORRUPT
+    assert any("ghost.weight" in r for r in report.reasons)
+
+
+def test_unknown_and_unbuilt_layouts_are_never_valid(tmp_path: Path) -> None:
+    (tmp_path / "unknown").mkdir()
+    (tmp_path / "unknown" / "weights.bin").write_bytes(b"x" * 10)
+    assert verify_path(tmp_path / "unknown").verdict is Verdict.UNKNOWN
+    (tmp_path / "dcp").mkdir()
+    (tmp_path / "dcp" / ".metadata").write_bytes(b"\x80\x04N.")
+    (tmp_path / "dcp" / "__0_0.distcp").write_bytes(b"x")
+    report = verify_path(tmp_path / "dcp")
+    assert report.verdict is Verdict.UNKNOWN
+    assert report.format is CheckpointFormat.TORCH_DCP
+
+
+def test_verify_through_the_store_with_a_prefix(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    native.write(store, "job/step-7", SHARDS, step=7, created_at=NOW)
+    report = verify(store, "job/step-7")
+    assert report.verdict is Verdict.VALID
+    assert report.step == 7
