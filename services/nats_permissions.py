@@ -37,7 +37,8 @@ class Principal:
 PRINCIPALS: tuple[Principal, ...] = (
     Principal("writer-watcher", ("checkpoint.writing", "checkpoint.committed",
                                  "checkpoint.write_failed")),
-    Principal("integrity-checker", ("checkpoint.verified", "checkpoint.corrupt")),
+    Principal("integrity-checker", ("checkpoint.verified", "checkpoint.corrupt",
+                                    "checkpoint.quarantined"), consumers=("committed",)),
     Principal("registrar", ("checkpoint.registered", "checkpoint.conflict"),
               consumers=("checkpoints",)),
     Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",

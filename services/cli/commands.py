@@ -329,19 +329,23 @@ def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
             await bus.broker.stop()
         registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
         try:
-            for _ in range(200):
+            settled = {CheckpointState.VALID, CheckpointState.QUARANTINED}
+            for _ in range(300):
                 record = await registry.get(checkpoint_id)
-                if record is not None:
+                if record is not None and record.state in settled:
                     return record
                 await asyncio.sleep(0.05)
         finally:
             await registry.close()
-        raise CommandError(f"checkpoint {checkpoint_id} was not registered within 10 s")
+        raise CommandError(f"checkpoint {checkpoint_id} was not verified within 15 s")
 
     _run(settings, publish_and_wait)
     print(f"\nwrote {len(shards)} shards + manifest to {store.uri(prefix)}")
     print(f"(check it offline: ckpt-ha verify {settings.storage_root}/{prefix})")
-    print(f"published checkpoint.committed for {checkpoint_id}; the registrar recorded it:\n")
+    print(
+        f"published checkpoint.committed for {checkpoint_id}; the integrity-checker verified it"
+        " on storage and the registrar recorded the result:\n"
+    )
     args.json, args.state = False, None
     cmd_checkpoints_list(args, env, home)
     print("\nstop the stack with `ckpt-ha down`")

@@ -1,7 +1,11 @@
 from __future__ import annotations
 
+from typing import Literal
+
 from services.shared.settings import ServiceSettings
 
 
 class IntegrityCheckerSettings(ServiceSettings):
-    """Settings of the integrity-checker process (its own options arrive with its logic)."""
+    """``CKPT_HA_CHECKSUM``: xxh3_64 (default, storage speed) or sha256 (tamper-evident)."""
+
+    checksum: Literal["xxh3_64", "sha256"] = "xxh3_64"

@@ -23,8 +23,12 @@ from services.cli.stack import StackState
 from services.shared import procs
 from services.shared.bus import Bus
 from services.shared.bus_config import BusConfig
+from services.shared.formats import native
+from services.shared.storage import FsStore
 
 pytestmark = pytest.mark.e2e
+
+T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 def cli(home: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
@@ -47,11 +51,17 @@ def stack_home(tmp_path: Path) -> Iterator[Path]:
     cli(home, "down")
 
 
-def committed(i: int) -> CheckpointCommittedV1:
+def committed(state: StackState, i: int, *, corrupt: bool = False) -> CheckpointCommittedV1:
+    """Write a real native checkpoint under the stack's storage root and describe it."""
+    store = FsStore(Path(state.storage_root))
+    prefix = f"e2e-job/step-{i}"
+    native.write(store, prefix, {"rank-0.bin": i.to_bytes(4, "big") * 256}, step=i, created_at=T)
+    if corrupt:
+        store.put(f"{prefix}/rank-0.bin", b"\xff" * 1024)  # same size, other bytes
     return CheckpointCommittedV1(
         job_id="e2e-job",
         checkpoint_id=f"e2e-{i}",
-        uri=f"file:///e2e/step-{i}",
+        uri=store.uri(prefix),
         run_id="run-1",
         step=i,
         format=CheckpointFormat.NATIVE,
@@ -77,15 +87,19 @@ def listed(home: Path) -> list[dict[str, object]]:
     return records
 
 
-def wait_listed(home: Path, n: int, timeout: float = 30) -> list[dict[str, object]]:
+def wait_listed(
+    home: Path, n: int, *, states: set[str], timeout: float = 60
+) -> list[dict[str, object]]:
+    """Poll until ``n`` records exist and all are in one of ``states`` (or time runs out)."""
     import time
 
     deadline = time.monotonic() + timeout
     while True:
         records = listed(home)
-        if len(records) >= n or time.monotonic() > deadline:
+        settled = len(records) >= n and all(r["state"] in states for r in records)
+        if settled or time.monotonic() > deadline:
             return records
-        time.sleep(0.2)
+        time.sleep(0.3)
 
 
 async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: Path) -> None:
@@ -100,18 +114,23 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     ]  # fmt: skip
     assert cli(stack_home, "status").returncode == 0
 
-    # First slice: a committed checkpoint becomes pending verification in the registry.
-    await publish(state.nats_url, [committed(1)])
-    [record] = wait_listed(stack_home, 1)
-    assert record["checkpoint_id"] == "e2e-1"
-    assert record["state"] == "pending_verification"
-    table = cli(stack_home, "checkpoints", "list", "--job", "e2e-job")
+    # First slice: a committed checkpoint is recorded, verified on storage, and registered
+    # valid; a corrupt one ends quarantined. Four processes take part.
+    await publish(state.nats_url, [committed(state, 1), committed(state, 0, corrupt=True)])
+    records = wait_listed(stack_home, 2, states={"valid", "quarantined"})
+    assert {r["checkpoint_id"]: r["state"] for r in records} == {
+        "e2e-1": "valid",
+        "e2e-0": "quarantined",
+    }
+    table = cli(stack_home, "checkpoints", "list", "--job", "e2e-job", "--state", "valid")
     assert "e2e-1" in table.stdout
-    assert "pending_verification" in table.stdout
+    assert "e2e-0" not in table.stdout
+    shown = cli(stack_home, "checkpoints", "show", "e2e-0")
+    assert "checksum" in shown.stdout
 
     # SIGTERM the registrar while a burst is in flight: nothing is lost once it is back.
     registrar = next(p for p in state.processes if p.name == "registrar")
-    await publish(state.nats_url, [committed(i) for i in range(2, 302)])
+    await publish(state.nats_url, [committed(state, i) for i in range(2, 302)])
     procs.stop(registrar, timeout=30)
     assert not procs.is_alive(registrar)
     assert cli(stack_home, "status").returncode == 1  # the registrar is down: not healthy
@@ -121,9 +140,10 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     assert {p.name: p.pid for p in restarted.processes}["nats"] == {
         p.name: p.pid for p in state.processes
     }["nats"]
-    records = wait_listed(stack_home, 301)
-    assert len(records) == 301
+    records = wait_listed(stack_home, 302, states={"valid", "quarantined"})
+    assert len(records) == 302
     assert [r["step"] for r in records[:3]] == [301, 300, 299]  # newest step first
+    assert sum(r["state"] == "valid" for r in records) == 301
 
     # down stops exactly what up started; state survives down/up.
     down = cli(stack_home, "down")
@@ -132,21 +152,23 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     with pytest.raises(redis.exceptions.ConnectionError):
         redis.Redis.from_url(restarted.redis_url, socket_connect_timeout=1).ping()
     assert cli(stack_home, "up").returncode == 0
-    assert len(listed(stack_home)) == 301
+    before_rebuild = listed(stack_home)
+    assert len(before_rebuild) == 302
 
     # Operators see what was refused, and can rebuild the registry from the stream.
     await publish_raw_bytes(state_after_up(stack_home).nats_url, b"{broken")
-    letters = wait_dead_letters(stack_home, 1)
-    assert letters[0]["code"] == "malformed"
-    assert letters[0]["consumer"] == "registrar--checkpoints"
+    letters = wait_dead_letters(stack_home, 2)
+    assert {(d["consumer"], d["code"]) for d in letters} == {
+        ("registrar--checkpoints", "malformed"),
+        ("integrity-checker--committed", "malformed"),
+    }
     refused = cli(stack_home, "registry", "rebuild")
     assert refused.returncode == 1
     assert "--clear" in refused.stderr
     rebuilt = cli(stack_home, "registry", "rebuild", "--clear")
     assert rebuilt.returncode == 0, rebuilt.stderr
-    assert "applied 301" in rebuilt.stdout
     assert "malformed=1" in rebuilt.stdout
-    assert len(listed(stack_home)) == 301
+    assert listed(stack_home) == before_rebuild
 
 
 def state_after_up(home: Path) -> StackState:

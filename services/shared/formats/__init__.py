@@ -40,7 +40,11 @@ def detect(names: set[str]) -> CheckpointFormat:
 
 
 def verify(store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM) -> Report:
-    """Verify the checkpoint folder at ``prefix``; storage errors become a verdict, not a crash."""
+    """Verify the checkpoint folder at ``prefix``.
+
+    Permanent storage errors become a verdict; a transient one (`StorageUnavailable`) is raised,
+    because an outage says nothing about the checkpoint.
+    """
     names = _top_level(store, prefix)
     fmt = detect(names)
     try:
@@ -49,6 +53,8 @@ def verify(store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM) 
         if fmt is CheckpointFormat.SAFETENSORS:
             return _verify_safetensors_folder(store, prefix, names, algorithm)
     except StorageError as exc:
+        if exc.transient:
+            raise  # an outage is not a verdict on the checkpoint: the caller retries
         report = Report(format=fmt)
         report.fail(Verdict.INCOMPLETE, f"storage error while verifying: {exc}")
         return report

@@ -39,6 +39,7 @@ __all__ = [
     "S3Store",
     "StorageError",
     "StorageUnavailable",
+    "key_for_uri",
     "open_store",
     "validate_key",
     "validate_prefix",
@@ -64,3 +65,13 @@ def open_store(uri_root: str, **s3_options: Unpack[S3Options]) -> ObjectStore:
     if parts.netloc not in ("", "localhost"):
         raise ValueError(f"file URI {uri_root!r} names a remote host")
     return FsStore(Path(unquote(parts.path)))
+
+
+def key_for_uri(store: ObjectStore, uri: str) -> str | None:
+    """Inverse of `ObjectStore.uri`: the key ``uri`` names in ``store``, or None if outside it."""
+    probe = store.uri("x")
+    root = probe[: -len("x")]
+    if not uri.startswith(root) or len(uri) == len(root):
+        return None
+    rest = uri[len(root) :].rstrip("/")
+    return unquote(rest) if root.startswith("file:") else rest

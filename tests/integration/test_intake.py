@@ -1,0 +1,111 @@
+"""Intake across the real broker: committed → integrity-checker → verified or corrupt → registry."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from contracts import build
+from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat, CheckpointState
+from services.integrity_checker.app import build as build_checker
+from services.integrity_checker.settings import IntegrityCheckerSettings
+from services.registrar.app import Registrar
+from services.registrar.app import build as build_registrar
+from services.registrar.settings import RegistrarSettings
+from services.shared.bus import Bus
+from services.shared.formats import native
+from services.shared.service import Service
+from services.shared.settings import ServiceSettings
+from services.shared.storage import FsStore
+from tests.support.bus_tools import stream_messages, wait_for
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+@pytest.fixture
+async def stack(
+    settings: ServiceSettings, tmp_path: Path
+) -> AsyncIterator[tuple[Registrar, Service, Bus, FsStore]]:
+    root = tmp_path / "storage"
+    root.mkdir()
+    s = {**settings.model_dump(), "storage_root": str(root)}
+    registrar = build_registrar(RegistrarSettings.model_validate(s))
+    checker = build_checker(IntegrityCheckerSettings.model_validate(s))
+    producer = Bus(settings.bus(), "test-watcher")
+    for bus in (registrar.bus, checker.bus, producer):
+        await bus.broker.start()
+    yield registrar, checker, producer, FsStore(root)
+    for bus in (producer, checker.bus, registrar.bus):
+        await bus.broker.stop()
+    await registrar.registry.close()
+
+
+def committed(store: FsStore, prefix: str, ckpt: str, step: int) -> CheckpointCommittedV1:
+    return CheckpointCommittedV1(
+        job_id="job-i",
+        checkpoint_id=ckpt,
+        uri=store.uri(prefix),
+        run_id="run-1",
+        step=step,
+        format=CheckpointFormat.NATIVE,
+    )
+
+
+async def test_good_checkpoint_becomes_valid_and_bad_one_quarantined(
+    stack: tuple[Registrar, Service, Bus, FsStore], settings: ServiceSettings
+) -> None:
+    registrar, _, producer, store = stack
+    shards = {"rank-0.bin": os.urandom(200_000), "rank-1.bin": os.urandom(1000)}
+    native.write(store, "job-i/step-10", shards, step=10, created_at=NOW)
+    native.write(store, "job-i/step-20", shards, step=20, created_at=NOW)
+    store.put("job-i/step-20/rank-1.bin", b"\x00" * 1000)  # same size, wrong bytes
+
+    for ckpt, prefix, step in (("good", "job-i/step-10", 10), ("bad", "job-i/step-20", 20)):
+        data = committed(store, prefix, ckpt, step)
+        await producer.publish(build(data, source="test", time=NOW, key=ckpt))
+
+    async def state(ckpt: str, want: CheckpointState) -> bool:
+        rec = await registrar.registry.get(ckpt)
+        return rec is not None and rec.state is want
+
+    await wait_for(lambda: state("good", CheckpointState.VALID), what="good → valid")
+    await wait_for(lambda: state("bad", CheckpointState.QUARANTINED), what="bad → quarantined")
+    bad = await registrar.registry.get("bad")
+    assert bad is not None
+    assert [h.state for h in bad.history] == [
+        CheckpointState.PENDING_VERIFICATION,
+        CheckpointState.CORRUPT,
+        CheckpointState.QUARANTINED,
+    ]
+    assert "rank-1.bin: checksum" in (bad.history[1].reason or "")
+    assert [r.checkpoint_id for r in await registrar.registry.by_job("job-i")] == ["bad", "good"]
+    assert (await registrar.registry.latest_valid("job-i")).checkpoint_id == "good"  # type: ignore[union-attr]
+
+    msgs = [m.data for m in await stream_messages(settings.nats_url, settings.events_stream)]
+    assert any(b"checkpoint.registered" in m and b'"good"' in m for m in msgs)
+    assert any(b"checkpoint.verified" in m and b"xxh3_64:" in m for m in msgs)
+
+
+async def test_checkpoint_outside_the_storage_root_is_dead_lettered(
+    stack: tuple[Registrar, Service, Bus, FsStore], settings: ServiceSettings
+) -> None:
+    _, _, producer, _ = stack
+    data = CheckpointCommittedV1(
+        job_id="job-i", checkpoint_id="elsewhere", uri="s3://other-bucket/x", run_id="r",
+        step=1, format=CheckpointFormat.NATIVE,
+    )  # fmt: skip
+    await producer.publish(build(data, source="test", time=NOW, key="x"))
+
+    async def letter() -> list[dict[str, str]]:
+        msgs = await stream_messages(settings.nats_url, settings.dead_letter_stream)
+        return [dict(m.headers or {}) for m in msgs]
+
+    [dead] = await wait_for(letter, what="dead letter")
+    assert dead["Ckpt-Error-Code"] == "outside_storage_root"
+    assert dead["Ckpt-Consumer"] == "integrity-checker--committed"
