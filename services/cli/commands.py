@@ -294,6 +294,7 @@ def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
     from services.shared.bus import Bus
     from services.shared.formats import native
+    from services.shared.formats.identity import checkpoint_id_on
     from services.shared.storage import open_store
 
     cmd_up(args, env, home)
@@ -303,7 +304,8 @@ def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     prefix = f"{args.job}/step-{args.step:08d}-{now.strftime('%Y%m%dT%H%M%S')}"
     shards = {f"shard-{i}.bin": bytes([i]) * (64 * 1024) for i in range(2)}
     native.write(store, prefix, shards, step=args.step, created_at=now)
-    checkpoint_id = f"{args.job}-{args.step}-{now.strftime('%Y%m%dT%H%M%S')}"
+    # The id the writer-watcher derives from the same files, so both name one checkpoint.
+    checkpoint_id = checkpoint_id_on(store, prefix)
     event = build(
         CheckpointCommittedV1(
             job_id=args.job,

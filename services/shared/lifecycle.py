@@ -40,6 +40,20 @@ EVENT_TARGETS: Mapping[str, S] = {
 """Events that move the lifecycle. `registered` and `conflict` report on it and move nothing."""
 
 
+STALE: Mapping[S, frozenset[S]] = {
+    S.WRITING: frozenset(
+        {S.PENDING_VERIFICATION, S.VALID, S.CORRUPT, S.QUARANTINED, S.WRITE_FAILED}
+    ),
+    S.PENDING_VERIFICATION: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED}),
+    S.CORRUPT: frozenset({S.QUARANTINED}),
+}
+"""Reports of an earlier stage that arrive after the checkpoint moved on: the writer-watcher and
+the writer both announce a write (so it may be verified twice), and one of them is heard late.
+Ids change when a path is written again, so these are the same write, not a new one; they
+change nothing. After expiry or deletion they are still illegal: nothing resurrects a deleted
+checkpoint."""
+
+
 class IllegalTransition(PermanentError):
     """The event asks for a state change the lifecycle forbids (e.g. committed after deleted)."""
 
@@ -62,8 +76,9 @@ class Transition:
 
 
 def transition(checkpoint_id: str, current: S | None, target: S) -> Transition:
-    """Apply one lifecycle step or raise `IllegalTransition`. Repeating a step is a no-op."""
-    if current == target:
+    """Apply one lifecycle step or raise `IllegalTransition`. Repeating a step is a no-op, and so
+    is a stale report (see `STALE`)."""
+    if current == target or current in STALE.get(target, frozenset()):
         return Transition(previous=current, new=target, changed=False)
     if target not in TRANSITIONS[current]:
         raise IllegalTransition(checkpoint_id, current, target)

@@ -109,3 +109,48 @@ async def test_checkpoint_outside_the_storage_root_is_dead_lettered(
     [dead] = await wait_for(letter, what="dead letter")
     assert dead["Ckpt-Error-Code"] == "outside_storage_root"
     assert dead["Ckpt-Consumer"] == "integrity-checker--committed"
+
+
+async def test_watcher_finds_a_checkpoint_written_without_any_event(
+    settings: ServiceSettings, tmp_path: Path
+) -> None:
+    """The bus was down while the job wrote: the watcher alone gets it registered."""
+    from services.writer_watcher.app import build as build_watcher
+    from services.writer_watcher.settings import WriterWatcherSettings
+
+    root = tmp_path / "storage"
+    root.mkdir()
+    s = {**settings.model_dump(), "storage_root": str(root), "poll_interval_s": 0.2}
+    registrar = build_registrar(RegistrarSettings.model_validate(s))
+    checker = build_checker(IntegrityCheckerSettings.model_validate(s))
+    watcher = build_watcher(WriterWatcherSettings.model_validate(s))
+    store = FsStore(root)
+    store.put("job-w/step-00000040/rank-0.bin", b"a" * 4096)  # shards first, no manifest yet
+    started = []
+    try:
+        for svc in (registrar, checker, watcher):
+            assert svc.app is not None
+            await svc.app.start()
+            started.append(svc)
+
+        async def state_of_job() -> list[str]:
+            return [r.state.value for r in await registrar.registry.by_job("job-w")]
+
+        assert await wait_for(state_of_job, what="writing") == ["writing"]
+        native.write(store, "job-w/step-00000040", {"rank-1.bin": b"b" * 4096}, step=40,
+                     created_at=NOW)  # fmt: skip
+
+        async def valid() -> bool:
+            return await state_of_job() == ["valid"]
+
+        await wait_for(valid, timeout=20, what="the watched checkpoint to become valid")
+        [record] = await registrar.registry.by_job("job-w")
+        assert record.step == 40
+        assert [h.state.value for h in record.history] == [
+            "writing", "pending_verification", "valid",
+        ]  # fmt: skip
+    finally:
+        for svc in reversed(started):
+            assert svc.app is not None
+            await svc.app.stop()
+        await registrar.registry.close()

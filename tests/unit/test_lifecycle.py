@@ -10,6 +10,7 @@ from contracts.checkpoint import CheckpointState as S
 from services.shared.errors import PermanentError
 from services.shared.lifecycle import (
     EVENT_TARGETS,
+    STALE,
     TRANSITIONS,
     IllegalTransition,
     restorable,
@@ -33,7 +34,7 @@ LEGAL = {
 
 @pytest.mark.parametrize(("current", "target"), list(itertools.product(ALL, list(S))))
 def test_every_pair(current: S | None, target: S) -> None:
-    if current == target:
+    if current == target or current in STALE.get(target, frozenset()):
         step = transition("c", current, target)
         assert not step.changed
     elif (current, target) in LEGAL:
@@ -57,6 +58,13 @@ def test_valid_only_after_verification() -> None:
     assert [a for a, bs in TRANSITIONS.items() if S.VALID in bs] == [S.PENDING_VERIFICATION]
     assert restorable(S.VALID)
     assert not any(restorable(s) for s in S if s is not S.VALID)
+
+
+def test_stale_reports_never_resurrect() -> None:
+    for target, currents in STALE.items():
+        assert not currents & {S.EXPIRED, S.DELETED}, target
+    with pytest.raises(IllegalTransition):
+        transition("c", S.DELETED, S.PENDING_VERIFICATION)
 
 
 def test_deleted_is_terminal() -> None:

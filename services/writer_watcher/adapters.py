@@ -1,0 +1,89 @@
+"""Reading a storage root into observations for the watcher's domain (the only I/O here)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping
+
+from contracts.checkpoint import CheckpointFormat
+from services.shared.formats import detect, native
+from services.shared.formats.paths import inside
+from services.shared.formats.safetensors import INDEX_SUFFIX
+from services.shared.storage import ObjectInfo, ObjectStore, StorageError
+from services.writer_watcher.domain import Evidence, Observation
+
+SKIP_TOP = {"quarantine"}
+MAX_MARKER_BYTES = 16 * 1024 * 1024
+
+
+def scan(store: ObjectStore) -> Iterator[Observation]:
+    """Every ``<job>/<folder>`` under the root that holds files, with its commit evidence."""
+    groups: dict[str, dict[str, ObjectInfo]] = {}
+    for info in store.list(""):
+        parts = info.key.split("/", 2)
+        if len(parts) < 3 or parts[0] in SKIP_TOP:
+            continue
+        groups.setdefault(f"{parts[0]}/{parts[1]}", {})[parts[2]] = info
+    for folder, infos in sorted(groups.items()):
+        files = {path: info.size for path, info in infos.items()}
+        yield Observation(
+            folder=folder,
+            uri=store.uri(folder),
+            files=files,
+            first_written=min(i.mtime for i in infos.values()),
+            last_written=max(i.mtime for i in infos.values()),
+            evidence=evidence(store, folder, files),
+        )
+
+
+def _read_json(store: ObjectStore, key: str, size: int) -> object:
+    if size > MAX_MARKER_BYTES:
+        return None
+    try:
+        return json.loads(store.read_bytes(key))
+    except (StorageError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+
+
+def evidence(store: ObjectStore, folder: str, files: Mapping[str, int]) -> Evidence:
+    """What must exist for this folder to count as committed, per its format."""
+    top = {p.split("/", 1)[0] for p in files}
+    fmt = detect(top)
+    if fmt is CheckpointFormat.NATIVE:
+        doc = _read_json(store, f"{folder}/{native.MANIFEST}", files[native.MANIFEST])
+        shards = doc.get("shards") if isinstance(doc, dict) else None
+        if not isinstance(shards, list):
+            # A manifest that cannot be read is still the commit marker: verification judges it.
+            return Evidence(fmt, {native.MANIFEST: files[native.MANIFEST]})
+        required = {native.MANIFEST: files[native.MANIFEST]}
+        for shard in shards:
+            path = inside(shard.get("path")) if isinstance(shard, dict) else None
+            size = shard.get("size") if isinstance(shard, dict) else None
+            if path is not None and isinstance(size, int):
+                required[path] = size
+        step = doc.get("step") if isinstance(doc, dict) else None
+        identity = doc.get("identity") if isinstance(doc, dict) else None
+        run_id = identity.get("run_id") if isinstance(identity, dict) else None
+        return Evidence(
+            fmt,
+            required,
+            step=step if isinstance(step, int) else None,
+            run_id=run_id if isinstance(run_id, str) else None,
+        )
+    if fmt is CheckpointFormat.SAFETENSORS:
+        indexes = [p for p in files if p.endswith(INDEX_SUFFIX)]
+        if indexes:
+            doc = _read_json(store, f"{folder}/{indexes[0]}", files[indexes[0]])
+            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+            shards = set(weight_map.values()) if isinstance(weight_map, dict) else set()
+            required = {indexes[0]: files[indexes[0]]}
+            required.update({s: files.get(s, -1) for s in shards if isinstance(s, str)})
+            return Evidence(fmt, required)
+        return Evidence(fmt, dict(files))
+    if fmt is CheckpointFormat.HF_TRAINER:
+        doc = _read_json(store, f"{folder}/trainer_state.json", files["trainer_state.json"])
+        step = doc.get("global_step") if isinstance(doc, dict) else None
+        return Evidence(fmt, dict(files), step=step if isinstance(step, int) else None)
+    if fmt is CheckpointFormat.TORCH_DCP and ".metadata" in files:
+        return Evidence(fmt, dict(files))
+    return Evidence(fmt, None)
