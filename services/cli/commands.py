@@ -288,6 +288,43 @@ def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
     return 0 if report.ok else 1
 
 
+def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Exit 0 when a valid checkpoint exists, 1 when none does, 2 for a missing root."""
+    from services.shared.formats import latest_valid
+    from services.shared.storage import FsStore
+
+    if not args.root.is_dir():
+        print(f"ckpt-ha: {args.root}: not a directory", file=sys.stderr)
+        return 2
+    chosen, reports = latest_valid(FsStore(args.root))
+    rejected: list[dict[str, Any]] = []
+    for folder, report in reports:
+        if folder == chosen:
+            break
+        rejected.append(
+            {"path": str(args.root / folder), "step": report.step,
+             "verdict": report.verdict.value, "reasons": report.reasons[:5]}
+        )  # fmt: skip
+    chosen_report = dict(reports).get(chosen) if chosen else None
+    if args.json:
+        doc = {
+            "path": str(args.root / chosen) if chosen else None,
+            "step": chosen_report.step if chosen_report else None,
+            "format": chosen_report.format.value if chosen_report else None,
+            "rejected": rejected,
+        }
+        print(json.dumps(doc, indent=2))
+    else:
+        for r in rejected:
+            why = r["reasons"][0] if r["reasons"] else ""
+            print(f"rejected  {r['path']}  step={r['step']}  {r['verdict']}: {why}")
+        if chosen_report is not None:
+            print(f"LATEST VALID  {args.root / str(chosen)}  step={chosen_report.step}")
+        else:
+            print(f"no valid checkpoint under {args.root}")
+    return 0 if chosen else 1
+
+
 def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     """Until the drill exists: start the stack, write a checkpoint, show it registered."""
     from contracts import build
@@ -365,5 +402,6 @@ _COMMANDS = {
     ("registry", "rebuild"): cmd_registry_rebuild,
     ("dead-letters", None): cmd_dead_letters,
     ("verify", None): cmd_verify,
+    ("latest-valid", None): cmd_latest_valid,
     ("demo", None): cmd_demo,
 }

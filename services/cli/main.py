@@ -71,6 +71,12 @@ def build_parser() -> argparse.ArgumentParser:
     vf.add_argument("--json", action="store_true")
     vf.add_argument("--checksum", choices=["xxh3_64", "sha256"], default="xxh3_64")
 
+    lv = sub.add_parser(
+        "latest-valid", help="the newest valid checkpoint under a run's root, and why newer failed"
+    )
+    lv.add_argument("root", type=Path)
+    lv.add_argument("--json", action="store_true")
+
     demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
     demo.add_argument("--job", default="demo-job")
     demo.add_argument("--step", type=int, default=100)

@@ -95,3 +95,29 @@ def test_verify_cli_exit_codes_and_json(tmp_path: Path) -> None:
     out = cli("verify", str(good), "--checksum", "md5")
     assert out.returncode == 2
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_latest_valid_by_recorded_step_with_reasons(tmp_path: Path) -> None:
+    root = tmp_path / "run"
+    root.mkdir()
+    store = FsStore(root)
+    for name, step in (("ckpt-a", 300), ("ckpt-b", 200), ("ckpt-z", 100)):
+        native.write(store, name, {"w.bin": bytes([step % 256]) * 64}, step=step, created_at=NOW)
+    store.put("ckpt-a/w.bin", b"\x00" * 64)  # newest step is corrupt
+    store.put("ckpt-c/w.bin", b"half-written")  # no manifest: never valid
+    out = cli("latest-valid", str(root), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["path"] == str(root / "ckpt-b")  # by recorded step, not by name ("ckpt-z")
+    assert doc["step"] == 200
+    assert [(r["path"].rsplit("/", 1)[1], r["verdict"]) for r in doc["rejected"]] == [
+        ("ckpt-a", "corrupt"),
+    ]
+    text = cli("latest-valid", str(root))
+    assert "LATEST VALID" in text.stdout
+    assert "rejected" in text.stdout
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert cli("latest-valid", str(empty)).returncode == 1
+    assert cli("latest-valid", str(tmp_path / "missing")).returncode == 2

@@ -16,7 +16,7 @@ from services.shared.formats.checksum import DEFAULT_ALGORITHM
 from services.shared.formats.report import Report, Verdict
 from services.shared.storage import FsStore, ObjectStore, StorageError
 
-__all__ = ["Report", "Verdict", "detect", "verify", "verify_path"]
+__all__ = ["Report", "Verdict", "detect", "latest_valid", "verify", "verify_path"]
 
 
 def _top_level(store: ObjectStore, prefix: str) -> set[str]:
@@ -98,3 +98,19 @@ def verify_path(path: Path, algorithm: str = DEFAULT_ALGORITHM) -> Report:
     report = Report(format=CheckpointFormat.UNKNOWN)
     report.fail(Verdict.UNKNOWN, f"{path.name}: not a recognised checkpoint file")
     return report
+
+
+def latest_valid(
+    store: ObjectStore, algorithm: str = DEFAULT_ALGORITHM
+) -> tuple[str | None, list[tuple[str, Report]]]:
+    """Among the checkpoint folders directly under the store's root, the newest valid one.
+
+    Newest by the step the format records (never by folder name); folders without a recorded
+    step come last. Returns the chosen folder (or None) and every candidate checked, newest
+    first, with its report: those before the chosen one say why they were rejected.
+    """
+    folders = sorted(_top_level(store, ""))
+    reports = [(folder, verify(store, folder, algorithm)) for folder in folders]
+    reports.sort(key=lambda fr: (fr[1].step is not None, fr[1].step or 0, fr[0]), reverse=True)
+    chosen = next((folder for folder, report in reports if report.ok), None)
+    return chosen, reports

@@ -9,7 +9,10 @@ without one is never complete.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -104,37 +107,59 @@ def verify(store: ObjectStore, prefix: str, report: Report | None = None) -> Rep
     report.step = manifest.step
     report.exact_resume = manifest.exact_resume
     report.checks.append("manifest")
-    for shard in manifest.shards:
-        _verify_shard(store, prefix, shard, report)
+    # Shards are read and hashed on several threads (file reads and xxh3/sha256 release the
+    # GIL), so verification keeps up with storage; results are applied in manifest order.
+    workers = max(1, min(len(manifest.shards), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for check in pool.map(lambda shard: _check_shard(store, prefix, shard), manifest.shards):
+            check.apply(report)
     if report.ok:
         report.checks += ["sizes", "checksums"]
     return report
 
 
-def _verify_shard(store: ObjectStore, prefix: str, shard: Shard, report: Report) -> None:
+@dataclass(frozen=True)
+class _ShardCheck:
+    path: str
+    failure: tuple[Verdict, str] | None = None
+    digest: str | None = None
+    read: int = 0
+
+    def apply(self, report: Report) -> None:
+        report.bytes_read += self.read
+        if self.digest is not None:
+            report.checksums[self.path] = self.digest
+        if self.failure is not None:
+            report.fail(*self.failure)
+
+
+def _check_shard(store: ObjectStore, prefix: str, shard: Shard) -> _ShardCheck:
     path = inside(shard.path)
     if path is None:
-        report.fail(Verdict.UNSAFE, f"manifest names {shard.path!r}, outside the checkpoint")
-        return
+        return _ShardCheck(
+            shard.path, (Verdict.UNSAFE, f"manifest names {shard.path!r}, outside the checkpoint")
+        )
     try:
         algorithm, _ = cs.parse(shard.checksum)
     except ValueError as exc:
-        report.fail(Verdict.CORRUPT, f"{path}: {exc}")
-        return
+        return _ShardCheck(path, (Verdict.CORRUPT, f"{path}: {exc}"))
     key = join(prefix, path)
     try:
         size = store.stat(key).size
         if size != shard.size:
-            report.fail(Verdict.CORRUPT, f"{path}: size {size}, manifest says {shard.size}")
-            return
+            return _ShardCheck(
+                path, (Verdict.CORRUPT, f"{path}: size {size}, manifest says {shard.size}")
+            )
         digest, read = cs.checksum(store, key, algorithm)
     except ObjectNotFound:
-        report.fail(Verdict.INCOMPLETE, f"{path}: listed in the manifest but missing")
-        return
+        return _ShardCheck(
+            path, (Verdict.INCOMPLETE, f"{path}: listed in the manifest but missing")
+        )
     except InvalidKey:
-        report.fail(Verdict.UNSAFE, f"{path}: resolves outside the checkpoint (symlink?)")
-        return
-    report.bytes_read += read
-    report.checksums[path] = digest
+        return _ShardCheck(
+            path, (Verdict.UNSAFE, f"{path}: resolves outside the checkpoint (symlink?)")
+        )
     if digest != shard.checksum:
-        report.fail(Verdict.CORRUPT, f"{path}: checksum {digest}, manifest says {shard.checksum}")
+        failure = (Verdict.CORRUPT, f"{path}: checksum {digest}, manifest says {shard.checksum}")
+        return _ShardCheck(path, failure, digest, read)
+    return _ShardCheck(path, None, digest, read)

@@ -153,6 +153,16 @@ class _FileRange:
             self._remaining -= len(chunk)
         return chunk
 
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Fill ``buffer`` without allocating: the fast path for checksumming whole shards."""
+        if self._remaining is not None:
+            buffer = buffer[: self._remaining]
+        with _os_errors(self._key):
+            n = self._file.readinto(buffer)  # type: ignore[attr-defined]
+        if self._remaining is not None:
+            self._remaining -= n
+        return int(n)
+
     def close(self) -> None:
         self._file.close()
 
