@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from contracts import Envelope, build
+from contracts import Envelope
 from contracts.checkpoint import CheckpointCommittedV1
 from services.integrity_checker import domain
 from services.shared.bus import Bus
@@ -37,14 +37,6 @@ class IntegrityHandlers:
             raise OutsideStorageRoot(event.data.uri)
         # Reading shards is blocking I/O: off the event loop (in-progress acks keep flowing).
         report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
-        for data in domain.outcome(event.data, report):
-            await self.bus.publish(
-                build(
-                    data,
-                    source=SOURCE,
-                    time=self.clock(),
-                    key=event.id,
-                    traceparent=event.traceparent,
-                    tracestate=event.tracestate,
-                )
-            )
+        await self.bus.publish_caused_by(
+            event, domain.outcome(event.data, report), source=SOURCE, time=self.clock()
+        )

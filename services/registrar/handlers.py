@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from contracts import Envelope, EventData, build
+from contracts import Envelope, EventData
 from services.registrar import domain
 from services.shared.bus import Bus
 from services.shared.clock import Clock
@@ -44,14 +44,4 @@ class RegistrarHandlers:
         return outcomes
 
     async def _publish(self, cause: Envelope[EventData], datas: list[EventData]) -> None:
-        for data in datas:
-            await self.bus.publish(
-                build(
-                    data,
-                    source=SOURCE,
-                    time=self.clock(),
-                    key=cause.id,
-                    traceparent=cause.traceparent,
-                    tracestate=cause.tracestate,
-                )
-            )
+        await self.bus.publish_caused_by(cause, datas, source=SOURCE, time=self.clock())

@@ -22,6 +22,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
 from typing import Annotated, Any
 
 from faststream import AckPolicy, Context
@@ -35,7 +36,7 @@ from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import DeliverPolicy, StorageType
 from pydantic import ValidationError
 
-from contracts import CATALOG, Envelope, EventCatalog, EventData
+from contracts import CATALOG, Envelope, EventCatalog, EventData, build
 from contracts.errors import ContractError
 from contracts.subjects import dead_letter_filter, dead_letter_subject, event_filter, event_subject
 from services.shared.bus_config import BusConfig
@@ -481,3 +482,25 @@ class Bus:
     async def publish_all(self, events: Sequence[Envelope[EventData]]) -> None:
         for event in events:
             await self.publish(event)
+
+    async def publish_caused_by(
+        self,
+        cause: Envelope[EventData],
+        datas: Sequence[EventData],
+        *,
+        source: str,
+        time: datetime,
+    ) -> None:
+        """Publish the follow-ups of ``cause``: ids keyed on it (a redelivered cause yields the
+        same ids, so JetStream drops the repeats) and its trace context carried on."""
+        for data in datas:
+            await self.publish(
+                build(
+                    data,
+                    source=source,
+                    time=time,
+                    key=cause.id,
+                    traceparent=cause.traceparent,
+                    tracestate=cause.tracestate,
+                )
+            )
