@@ -154,3 +154,57 @@ async def test_watcher_finds_a_checkpoint_written_without_any_event(
             assert svc.app is not None
             await svc.app.stop()
         await registrar.registry.close()
+
+
+async def test_sdk_save_is_announced_verified_and_registered(
+    stack: tuple[Registrar, Service, Bus, FsStore], settings: ServiceSettings
+) -> None:
+    import asyncio
+    import io
+
+    import numpy as np
+
+    from services import sdk
+
+    registrar, _, _, store = stack
+    weights = np.arange(1000, dtype=np.float32).reshape(10, 100)
+    root = store.uri("x").removeprefix("file://")[:-2]
+    saved = await asyncio.to_thread(
+        sdk.save, root, "job-s", 7, {"weights": weights, "optimizer.bin": b"adam" * 100},
+        run_id="run-9", code_version="abc123",
+        bus=sdk.Bus(settings.nats_url, prefix=settings.subject_prefix),
+    )  # fmt: skip
+    assert saved.announced
+
+    async def valid() -> bool:
+        rec = await registrar.registry.get(saved.checkpoint_id)
+        return rec is not None and rec.state is CheckpointState.VALID
+
+    await wait_for(valid, what="the SDK's checkpoint to be valid")
+    record = await registrar.registry.get(saved.checkpoint_id)
+    assert record is not None
+    assert record.identity is not None
+    assert (record.identity.run_id, record.identity.code_version) == ("run-9", "abc123")
+    loaded = np.load(io.BytesIO(store.read_bytes("job-s/step-00000007/weights.npy")))
+    assert np.array_equal(loaded, weights)
+
+
+def test_sdk_save_survives_a_broker_that_is_down(tmp_path: Path) -> None:
+    import socket
+
+    import numpy as np
+
+    from services import sdk
+    from services.shared.formats import verify_path
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = probe.getsockname()[1]
+    saved = sdk.save(
+        str(tmp_path), "job-d", 1, {"w": np.zeros(4)}, run_id="r",
+        bus=sdk.Bus(f"nats://127.0.0.1:{closed}", timeout_s=1),
+    )  # fmt: skip
+    assert not saved.announced
+    assert verify_path(tmp_path / "job-d" / "step-00000001").ok
+    with pytest.raises(ValueError, match="one path component"):
+        sdk.save(str(tmp_path), "../escape", 1, {"w": b"x"}, run_id="r")
