@@ -193,7 +193,7 @@ async def publish_raw_bytes(nats_url: str, data: bytes) -> None:
         await nc.close()
 
 
-def wait_dead_letters(home: Path, n: int, timeout: float = 20) -> list[dict[str, object]]:
+def wait_dead_letters(home: Path, n: int, timeout: float = 90) -> list[dict[str, object]]:
     import time
 
     deadline = time.monotonic() + timeout

@@ -1,8 +1,8 @@
 """Checkpoint formats: recognise a layout on storage and verify it. One layer, used by the
 services and by `ckpt-ha verify`.
 
-Recognised and verified today: the native ckpt-ha manifest and safetensors (single and
-sharded). PyTorch DCP and Hugging Face Trainer folders are recognised and reported `unknown`
+Recognised and verified today: the native ckpt-ha manifest, safetensors (single and sharded)
+and Hugging Face Trainer folders. PyTorch DCP folders are recognised and reported `unknown`
 until their checks exist, so they are never taken for valid without integrity evidence.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from contracts.checkpoint import CheckpointFormat
-from services.shared.formats import native, safetensors
+from services.shared.formats import hf_trainer, native, safetensors
 from services.shared.formats.checksum import DEFAULT_ALGORITHM
 from services.shared.formats.report import Report, Verdict
 from services.shared.storage import FsStore, ObjectStore, StorageError
@@ -52,6 +52,8 @@ def verify(store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM) 
             return native.verify(store, prefix)
         if fmt is CheckpointFormat.SAFETENSORS:
             return _verify_safetensors_folder(store, prefix, names, algorithm)
+        if fmt is CheckpointFormat.HF_TRAINER:
+            return hf_trainer.verify(store, prefix, names, algorithm)
     except StorageError as exc:
         if exc.transient:
             raise  # an outage is not a verdict on the checkpoint: the caller retries
