@@ -479,10 +479,6 @@ class Bus:
             timeout=self.cfg.publish_timeout_s,
         )
 
-    async def publish_all(self, events: Sequence[Envelope[EventData]]) -> None:
-        for event in events:
-            await self.publish(event)
-
     async def publish_caused_by(
         self,
         cause: Envelope[EventData],

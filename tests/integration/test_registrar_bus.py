@@ -63,6 +63,11 @@ async def test_committed_then_verified_registers(registrar: Registrar, producer:
         CheckpointState.VALID,
     ]
     assert [r.checkpoint_id for r in await registrar.registry.by_job("job-1")] == ["c1"]
+    assert [r.checkpoint_id for r in await registrar.registry.by_uri(rec.uri)] == ["c1"]
+    assert [r.checkpoint_id for r in await registrar.registry.by_state(CheckpointState.VALID)] == [
+        "c1"
+    ]
+    assert await registrar.registry.jobs() == ["job-1"]
 
     async def registered() -> bool:
         msgs = await stream_messages(registrar.bus.cfg.url, registrar.bus.cfg.events_stream)
