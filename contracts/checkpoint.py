@@ -73,6 +73,8 @@ class CheckpointIdentity(_Frozen):
     environment: RuntimeEnvironment | None = None
     topology: Topology | None = None
     created_at: AwareDatetime | None = None
+    project: str | None = Field(default=None, min_length=1, max_length=200)
+    """The owning project (R5): checkpoints belong to projects, never to a person."""
 
 
 class _CheckpointEvent(EventData):
