@@ -1,41 +1,94 @@
-"""Training-side SDK: save checkpoints that ckpt-ha can prove complete.
+"""Training-side SDK: save checkpoints that ckpt-ha can prove complete, and load them back.
 
-`save()` writes every shard first (each durable before the next step), then the native
-manifest last and create-only, and announces `checkpoint.committed` under the same checkpoint
-id the writer-watcher derives from the files. If the bus is down the save still succeeds: the
-watcher finds the checkpoint on storage.
+`save()` writes a native checkpoint in this order:
+
+1. the state index (``ckpt-ha.state.json``: the tree's structure and small values) — the
+   folder's first file, so its time fixes the checkpoint id exactly as the writer-watcher
+   derives it (folder + oldest file's mtime, read back from the store);
+2. ``checkpoint.writing`` is announced under that id;
+3. every array leaf (bytes, numpy arrays, torch tensors), each durable before the next;
+4. the manifest, last and create-only; then ``checkpoint.committed`` is announced.
+
+Both announcements carry the event ids the watcher gives the same facts, so when both report a
+save, JetStream and the registry keep one of each. Announcing is best effort: if the bus is
+down the save still succeeds, and the watcher announces the checkpoint from storage.
+
+`load()` reads a checkpoint back, checking each shard's size and checksum against the manifest
+as it reads, and rebuilds the state (torch tensors when torch is installed, numpy otherwise).
+Nothing is pickled either way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import nats
 import numpy as np
+from pydantic import ValidationError
 
-from contracts import build
+from contracts import EventData, build
 from contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
     CheckpointIdentity,
+    CheckpointWritingV1,
     RuntimeEnvironment,
+    Topology,
 )
 from contracts.subjects import DEFAULT_PREFIX, event_subject
+from services.sdk import state as codec
+from services.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState, UnsupportedState
 from services.shared.clock import Clock, utc_now
+from services.shared.formats import checksum as cs
 from services.shared.formats import native
 from services.shared.formats.identity import checkpoint_id_on
-from services.shared.formats.paths import inside
-from services.shared.storage import open_store
+from services.shared.formats.paths import inside, join
+from services.shared.storage import ObjectNotFound, ObjectStore, open_store
+
+__all__ = [
+    "INDEX",
+    "Bus",
+    "CheckpointExists",
+    "CheckpointUnreadable",
+    "Loaded",
+    "NeedsTorch",
+    "Saved",
+    "UnsupportedState",
+    "load",
+    "save",
+]
 
 log = logging.getLogger("ckpt_ha.sdk")
+SOURCE = "ckpt-ha/sdk"
 
-State = Mapping[str, "bytes | np.ndarray"]
+
+class CheckpointExists(Exception):
+    """The target folder already holds files (an earlier attempt, or another run)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        super().__init__(
+            f"{uri} already holds files. A checkpoint's id comes from its folder and its oldest "
+            "file, so writing there again would be confused with the earlier write: save under "
+            "another step, or remove the leftovers first"
+        )
+
+
+class CheckpointUnreadable(Exception):
+    """`load` found the checkpoint incomplete or not matching its manifest."""
+
+    def __init__(self, uri: str, verdict: str, reason: str) -> None:
+        self.uri = uri
+        self.verdict = verdict
+        """``incomplete`` (no manifest) or ``corrupt`` (a shard or the index does not match)."""
+        self.reason = reason
+        super().__init__(f"{uri}: {verdict}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -45,7 +98,20 @@ class Saved:
     step: int
     manifest: native.Manifest
     announced: bool
-    """False when the bus could not be reached: the writer-watcher will announce it instead."""
+    """False when `committed` could not be published: the writer-watcher will announce it."""
+    announced_writing: bool = False
+
+
+@dataclass(frozen=True)
+class Loaded:
+    state: dict[str, Any]
+    step: int
+    uri: str
+    manifest: native.Manifest
+
+    @property
+    def identity(self) -> CheckpointIdentity | None:
+        return self.manifest.identity
 
 
 @dataclass(frozen=True)
@@ -57,63 +123,105 @@ class Bus:
     timeout_s: float = 5.0
 
 
-def _encode(state: State) -> dict[str, bytes]:
-    shards: dict[str, bytes] = {}
-    for name, value in state.items():
-        if isinstance(value, np.ndarray):
-            buf = io.BytesIO()
-            np.save(buf, value, allow_pickle=False)
-            shards[f"{name}.npy"] = buf.getvalue()
-        elif isinstance(value, bytes):
-            shards[name] = value
-        else:
-            raise TypeError(f"shard {name!r}: bytes or numpy array expected, got {type(value)}")
-    return shards
+def _environment(frameworks: frozenset[str], image: str | None) -> RuntimeEnvironment:
+    libraries = {"numpy": np.__version__}
+    framework: str | None = None
+    version: str | None = None
+    if "torch" in frameworks:
+        from services.sdk import torch_leaves
+
+        framework, version = "torch", torch_leaves.version()
+        libraries["torch"] = version
+    elif "numpy" in frameworks:
+        framework, version = "numpy", np.__version__
+    return RuntimeEnvironment(
+        framework=framework,
+        framework_version=version,
+        python_version=platform.python_version(),
+        image=image,
+        libraries=libraries,
+    )
+
+
+def _put(store: ObjectStore, prefix: str, path: str, data: bytes) -> native.Shard:
+    store.put(join(prefix, path), data)
+    return native.Shard(path=path, size=len(data), checksum=cs.of_bytes(data))
 
 
 def save(
-    storage_root: str,
+    storage_root: str | ObjectStore,
     job_id: str,
     step: int,
-    state: State,
+    state: Mapping[str, object],
     *,
     run_id: str,
     attempt: int = 1,
+    project: str | None = None,
+    model_version: str | None = None,
     code_version: str | None = None,
     data_snapshot: str | None = None,
     config_hash: str | None = None,
+    topology: Topology | None = None,
+    image: str | None = None,
     exact_resume: bool = True,
     bus: Bus | None = None,
     clock: Clock = utc_now,
 ) -> Saved:
-    """Write ``state`` as checkpoint ``<job_id>/step-<step>`` and announce it (best effort)."""
+    """Write ``state`` as checkpoint ``<job_id>/step-<step:08d>`` and announce it (best effort).
+
+    ``state`` maps names to a tree of mappings, lists, tuples, JSON scalars and array leaves
+    (bytes, numpy arrays, torch tensors): e.g. ``{"model": model.state_dict(), "optimizer":
+    optimizer.state_dict(), "epoch": 3}``. Unsupported leaves raise `UnsupportedState` before
+    anything is written; a folder that already holds files raises `CheckpointExists`.
+    """
     if inside(job_id) != job_id or "/" in job_id:
         raise ValueError(f"job id {job_id!r} must be one path component")
-    store = open_store(storage_root)
+    if step < 0:
+        raise ValueError(f"step {step} must be >= 0")
+    store = open_store(storage_root) if isinstance(storage_root, str) else storage_root
     prefix = f"{job_id}/step-{step:08d}"
+    uri = store.uri(prefix)
+    encoded = codec.encode(state)
     now = clock()
     identity = CheckpointIdentity(
         job_id=job_id,
         run_id=run_id,
         attempt=attempt,
+        project=project,
+        model_version=model_version,
         code_version=code_version,
         data_snapshot=data_snapshot,
         config_hash=config_hash,
-        environment=RuntimeEnvironment(
-            framework="numpy",
-            framework_version=np.__version__,
-            python_version=platform.python_version(),
-        ),
+        environment=_environment(encoded.frameworks, image),
+        topology=topology,
         created_at=now,
     )
-    shards = _encode(state)
-    manifest = native.write(
-        store, prefix, shards, step=step, created_at=now, identity=identity,
-        exact_resume=exact_resume,
-    )  # fmt: skip
+    if next(iter(store.list(f"{prefix}/")), None) is not None:
+        raise CheckpointExists(uri)
+
+    # The index is the folder's first file: its mtime, as the store lists it, fixes the id.
+    shards = [_put(store, prefix, INDEX, encoded.index)]
     checkpoint_id = checkpoint_id_on(store, prefix)
-    uri = store.uri(prefix)
-    event = CheckpointCommittedV1(
+    writing = CheckpointWritingV1(
+        job_id=job_id,
+        checkpoint_id=checkpoint_id,
+        uri=uri,
+        run_id=run_id,
+        step=step,
+        format=CheckpointFormat.NATIVE,
+    )
+    announced_writing = _try_announce(bus, writing, now)
+    # One leaf serialised at a time: memory holds one shard's bytes, not the whole state.
+    shards.extend(_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in encoded.leaves)
+    manifest = native.Manifest(
+        step=step,
+        created_at=now,
+        identity=identity,
+        exact_resume=exact_resume,
+        shards=tuple(shards),
+    )
+    store.put_if_absent(join(prefix, native.MANIFEST), manifest.model_dump_json(indent=2).encode())
+    committed = CheckpointCommittedV1(
         job_id=job_id,
         checkpoint_id=checkpoint_id,
         uri=uri,
@@ -122,26 +230,85 @@ def save(
         format=CheckpointFormat.NATIVE,
         identity=identity,
         shard_count=len(shards),
-        total_bytes=sum(len(v) for v in shards.values()),
+        total_bytes=sum(s.size for s in shards),
     )
-    announced = False
-    if bus is not None:
+    announced = _try_announce(bus, committed, clock())
+    return Saved(checkpoint_id, uri, step, manifest, announced, announced_writing)
+
+
+def load(where: str | ObjectStore, prefix: str = "", *, tensors: Tensors = "auto") -> Loaded:
+    """Read the checkpoint at ``where`` (its folder URI or path, e.g. `Saved.uri` or a registry
+    record's ``uri``; or a store plus ``prefix``), verifying every shard as it is read.
+
+    Torch tensors come back as torch tensors when torch is installed (``tensors="numpy"``
+    forces numpy arrays); numpy arrays as numpy, bytes as bytes, the rest as saved. Raises
+    `CheckpointUnreadable` for a missing manifest or any size/checksum mismatch, and
+    `NeedsTorch` for a tensor dtype numpy cannot hold (bfloat16, float8) without torch.
+    """
+    store = open_store(where) if isinstance(where, str) else where
+    uri = store.uri(join(prefix, native.MANIFEST)).removesuffix(f"/{native.MANIFEST}")
+    try:
+        manifest = native.Manifest.model_validate_json(
+            store.read_bytes(join(prefix, native.MANIFEST))
+        )
+    except ObjectNotFound as exc:
+        raise CheckpointUnreadable(uri, "incomplete", f"{native.MANIFEST} is missing") from exc
+    except ValidationError as exc:
+        raise CheckpointUnreadable(uri, "corrupt", f"{native.MANIFEST}: {exc}") from exc
+    listed = {shard.path: shard for shard in manifest.shards}
+
+    def read(path: str) -> bytes:
+        shard = listed.get(path)
+        if shard is None or inside(path) != path:
+            raise CheckpointUnreadable(uri, "corrupt", f"{path!r} is not a shard of the manifest")
         try:
-            asyncio.run(asyncio.wait_for(_announce(bus, event, now), timeout=bus.timeout_s * 2))
-            announced = True
-        except (OSError, TimeoutError, nats.errors.Error) as exc:
-            log.warning("checkpoint %s saved; announcing it failed (%r)", checkpoint_id, exc)
-    return Saved(checkpoint_id, uri, step, manifest, announced)
+            data = store.read_bytes(join(prefix, path))
+            algorithm, _ = cs.parse(shard.checksum)
+        except ObjectNotFound as exc:
+            raise CheckpointUnreadable(uri, "corrupt", f"{path} is missing") from exc
+        except ValueError as exc:
+            raise CheckpointUnreadable(uri, "corrupt", f"{path}: {exc}") from exc
+        if len(data) != shard.size:
+            reason = f"{path}: {len(data)} bytes, manifest says {shard.size}"
+            raise CheckpointUnreadable(uri, "corrupt", reason)
+        if cs.of_bytes(data, algorithm) != shard.checksum:
+            raise CheckpointUnreadable(uri, "corrupt", f"{path}: checksum mismatch")
+        return data
+
+    try:
+        if INDEX in listed:
+            state = codec.decode(read(INDEX), read, tensors=tensors)
+        else:  # written by native.write directly, or by an SDK before the state index
+            state = codec.decode_plain({path: read(path) for path in listed})
+    except NeedsTorch:
+        raise  # the checkpoint is fine; this process cannot represent it
+    except UnreadableState as exc:
+        raise CheckpointUnreadable(uri, "corrupt", str(exc)) from exc
+    return Loaded(state=state, step=manifest.step, uri=uri, manifest=manifest)
 
 
-async def _announce(bus: Bus, data: CheckpointCommittedV1, now: datetime) -> None:
-    envelope = build(data, source="ckpt-ha/sdk", time=now, key=data.checkpoint_id)
+def _try_announce(bus: Bus | None, data: EventData, time: datetime) -> bool:
+    if bus is None:
+        return False
+    try:
+        asyncio.run(asyncio.wait_for(_announce(bus, data, time), timeout=bus.timeout_s * 2))
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        log.warning("%s: announcing %s failed (%r)", data.subject_key(), data.EVENT_TYPE, exc)
+        return False
+    return True
+
+
+async def _announce(bus: Bus, data: EventData, time: datetime) -> None:
+    # The writer-watcher's key for the same fact (services/writer_watcher/handlers.py), so both
+    # publish one event id and JetStream / the registry keep one event.
+    key = f"{data.EVENT_TYPE}|{data.subject_key()}"
+    envelope = build(data, source=SOURCE, time=time, key=key)
     nc = await nats.connect(
         bus.url, connect_timeout=bus.timeout_s, max_reconnect_attempts=1, allow_reconnect=False
     )
     try:
         await nc.jetstream().publish(
-            event_subject(bus.prefix, "checkpoint.committed", 1, data.job_id),
+            event_subject(bus.prefix, data.EVENT_TYPE, data.EVENT_VERSION, data.job_id),
             envelope.to_bytes(),
             timeout=bus.timeout_s,
             headers={"Nats-Msg-Id": envelope.id},

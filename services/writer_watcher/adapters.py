@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping
 
-from contracts.checkpoint import CheckpointFormat
+from pydantic import ValidationError
+
+from contracts.checkpoint import CheckpointFormat, CheckpointIdentity
 from services.shared.formats import detect, native
 from services.shared.formats.paths import inside
 from services.shared.formats.safetensors import INDEX_SUFFIX
@@ -45,6 +47,14 @@ def _read_json(store: ObjectStore, key: str, size: int) -> object:
         return None
 
 
+def _identity(doc: object) -> CheckpointIdentity | None:
+    """The manifest's identity block (R4), if it is one; verification judges the rest."""
+    try:
+        return CheckpointIdentity.model_validate(doc) if isinstance(doc, dict) else None
+    except ValidationError:
+        return None
+
+
 def evidence(store: ObjectStore, folder: str, files: Mapping[str, int]) -> Evidence:
     """What must exist for this folder to count as committed, per its format."""
     top = {p.split("/", 1)[0] for p in files}
@@ -69,6 +79,7 @@ def evidence(store: ObjectStore, folder: str, files: Mapping[str, int]) -> Evide
             required,
             step=step if isinstance(step, int) else None,
             run_id=run_id if isinstance(run_id, str) else None,
+            identity=_identity(identity),
         )
     if fmt is CheckpointFormat.SAFETENSORS:
         indexes = [p for p in files if p.endswith(INDEX_SUFFIX)]

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 from contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
+    CheckpointIdentity,
     CheckpointWriteFailedV1,
     CheckpointWritingV1,
     FailureSide,
@@ -39,6 +40,8 @@ class Evidence:
     required: Mapping[str, int] | None
     step: int | None = None
     run_id: str | None = None
+    identity: CheckpointIdentity | None = None
+    """The manifest's identity block, so `committed` carries it whoever announces first."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,7 @@ def observe(
                         run_id=obs.evidence.run_id or "unknown",
                         step=obs.evidence.step or 0,
                         format=obs.evidence.format,
+                        identity=obs.evidence.identity,
                         shard_count=len(obs.evidence.required or {}),
                         total_bytes=sum((obs.evidence.required or {}).values()),
                     )

@@ -160,7 +160,6 @@ async def test_sdk_save_is_announced_verified_and_registered(
     stack: tuple[Registrar, Service, Bus, FsStore], settings: ServiceSettings
 ) -> None:
     import asyncio
-    import io
 
     import numpy as np
 
@@ -185,8 +184,8 @@ async def test_sdk_save_is_announced_verified_and_registered(
     assert record is not None
     assert record.identity is not None
     assert (record.identity.run_id, record.identity.code_version) == ("run-9", "abc123")
-    loaded = np.load(io.BytesIO(store.read_bytes("job-s/step-00000007/weights.npy")))
-    assert np.array_equal(loaded, weights)
+    assert [h.state.value for h in record.history] == ["writing", "pending_verification", "valid"]
+    assert np.array_equal(sdk.load(record.uri).state["weights"], weights)
 
 
 def test_sdk_save_survives_a_broker_that_is_down(tmp_path: Path) -> None:
