@@ -24,7 +24,7 @@ import asyncio
 import logging
 import platform
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -116,11 +116,17 @@ class Loaded:
 
 @dataclass(frozen=True)
 class Bus:
-    """Where to announce: a NATS URL plus the subject prefix (defaults match the services)."""
+    """Where to announce: a NATS URL plus the subject prefix (defaults match the services).
+
+    Where NATS requires authentication, the SDK connects as the ``runner`` user of
+    deploy/nats/permissions.conf (allowed to publish ``checkpoint.writing`` and ``committed``).
+    """
 
     url: str
     prefix: str = DEFAULT_PREFIX
     timeout_s: float = 5.0
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
 
 
 def _environment(frameworks: frozenset[str], image: str | None) -> RuntimeEnvironment:
@@ -221,6 +227,10 @@ def save(
         shards=tuple(shards),
     )
     store.put_if_absent(join(prefix, native.MANIFEST), manifest.model_dump_json(indent=2).encode())
+    final_id = checkpoint_id_on(store, prefix)
+    if final_id != checkpoint_id:  # a leaf listed older than the index: the clock stepped back
+        log.warning("checkpoint id moved from %s to %s while saving", checkpoint_id, final_id)
+        checkpoint_id = final_id  # what the watcher derives from the finished folder
     committed = CheckpointCommittedV1(
         job_id=job_id,
         checkpoint_id=checkpoint_id,
@@ -304,7 +314,12 @@ async def _announce(bus: Bus, data: EventData, time: datetime) -> None:
     key = f"{data.EVENT_TYPE}|{data.subject_key()}"
     envelope = build(data, source=SOURCE, time=time, key=key)
     nc = await nats.connect(
-        bus.url, connect_timeout=bus.timeout_s, max_reconnect_attempts=1, allow_reconnect=False
+        bus.url,
+        user=bus.user,
+        password=bus.password,
+        connect_timeout=bus.timeout_s,
+        max_reconnect_attempts=1,
+        allow_reconnect=False,
     )
     try:
         await nc.jetstream().publish(

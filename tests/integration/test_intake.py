@@ -204,6 +204,7 @@ def test_sdk_save_survives_a_broker_that_is_down(tmp_path: Path) -> None:
         bus=sdk.Bus(f"nats://127.0.0.1:{closed}", timeout_s=1),
     )  # fmt: skip
     assert not saved.announced
+    assert not saved.announced_writing
     assert verify_path(tmp_path / "job-d" / "step-00000001").ok
     with pytest.raises(ValueError, match="one path component"):
         sdk.save(str(tmp_path), "../escape", 1, {"w": b"x"}, run_id="r")

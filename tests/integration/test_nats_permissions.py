@@ -143,3 +143,30 @@ async def test_wrong_password_is_refused(secured_nats: procs.ManagedProcess) -> 
             max_reconnect_attempts=0,
             allow_reconnect=False,
         )
+
+
+async def test_the_sdk_announces_as_the_runner_user(
+    settings: ServiceSettings,
+    secured_nats: procs.ManagedProcess,
+    confined_registrar: Registrar,
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    from services import sdk
+
+    bus = sdk.Bus(
+        secured_nats.url, prefix=settings.subject_prefix, user="runner", password="pw-runner"
+    )
+    saved = await asyncio.to_thread(
+        sdk.save, str(tmp_path), "job-r", 1, {"w": b"x" * 10}, run_id="r", bus=bus
+    )
+    assert (saved.announced_writing, saved.announced) == (True, True)
+
+    async def both() -> list[str]:
+        rec = await confined_registrar.registry.get(saved.checkpoint_id)
+        states = [h.state.value for h in rec.history] if rec is not None else []
+        return states if len(states) >= 2 else []
+
+    history = await wait_for(both, what="the runner's announcements in the registry")
+    assert history == ["writing", "pending_verification"]

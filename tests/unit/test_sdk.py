@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import OrderedDict
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,7 +17,7 @@ from services import sdk
 from services.sdk import state as codec
 from services.shared.formats import native, verify
 from services.shared.formats.report import Verdict
-from services.shared.storage import FsStore
+from services.shared.storage import FsStore, ObjectInfo
 from services.writer_watcher import adapters
 from services.writer_watcher.domain import WatchState, observe
 
@@ -177,3 +178,27 @@ def test_native_checkpoints_without_a_state_index_load_too(tmp_path: Path) -> No
     assert set(loaded.state) == {"w", "opt.bin"}
     assert np.array_equal(loaded.state["w"], arr)
     assert loaded.state["opt.bin"] == b"o"
+
+
+class SteppedBackClock(FsStore):
+    """A filesystem whose clock stepped back while the leaves were written."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.root = root
+
+    def put(self, key: str, data: object, *, metadata: object = None) -> ObjectInfo:
+        info = super().put(key, data, metadata=metadata)  # type: ignore[arg-type]
+        if "/state/" in key:
+            path = self.root / key
+            os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns - 10**10))
+        return info
+
+
+def test_committed_carries_the_id_the_watcher_derives_even_if_the_clock_stepped(
+    tmp_path: Path,
+) -> None:
+    saved = sdk.save(SteppedBackClock(tmp_path), "job-c", 1, {"w": b"x"}, run_id="r")
+    [seen] = adapters.scan(FsStore(tmp_path))
+    [committed] = observe(WatchState(), [seen], T, STALL)
+    assert saved.checkpoint_id == committed.checkpoint_id  # type: ignore[attr-defined]
