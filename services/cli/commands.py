@@ -132,20 +132,21 @@ def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
 def cmd_checkpoints_list(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     settings = _settings(env, home)
 
-    async def query() -> list[CheckpointRecord]:
+    async def query() -> tuple[list[CheckpointRecord], str | None]:
         registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
         try:
             state = CheckpointState(args.state) if args.state else None
-            return await registry.by_job(args.job, state=state)
+            return await registry.by_job(args.job, state=state), await registry.owner(args.job)
         finally:
             await registry.close()
 
-    records = _run(settings, query)
+    records, owner = _run(settings, query)
     if args.json:
         print(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
     elif not records:
         print(f"no checkpoints registered for job {args.job}")
     else:
+        print(f"job {args.job}, owned by {owner or 'no project'}")
         print(_record_rows(records))
     return 0
 
@@ -167,6 +168,11 @@ def cmd_checkpoints_show(args: argparse.Namespace, env: dict[str, str], home: Pa
         print(record.model_dump_json(indent=2))
         return 0
     print(_record_rows([record]))
+    if record.identity is not None:
+        ident = record.identity.model_dump(mode="json", exclude_none=True)
+        print("identity: " + json.dumps(ident, sort_keys=True))
+    if record.quarantine_uri:
+        print(f"quarantined bytes at: {record.quarantine_uri}")
     print()
     print(
         _table(
