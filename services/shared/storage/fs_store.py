@@ -187,6 +187,11 @@ class FsStore(ObjectStore):
     def __repr__(self) -> str:
         return f"FsStore({str(self._root)!r})"
 
+    @property
+    def root(self) -> Path:
+        """The directory this store is rooted at (absolute)."""
+        return self._root
+
     def list(
         self, prefix: str = "", *, start_after: str | None = None, page_size: int = 1000
     ) -> Iterator[ObjectInfo]:
