@@ -343,3 +343,31 @@ def test_no_torch_needed_to_read_dcp_metadata(dcp_folder: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["valid", "7", "False"]
+
+
+# -- the restricted unpickler itself (no torch needed) ---------------------------------------
+
+
+def test_shared_stand_ins_cannot_be_modified_by_a_pickle() -> None:
+    # BUILD {"itemsize": 1} on torch.float32: would change the stand-in for every later load.
+    build = b"\x80\x04\x8c\x05torch\x8c\x07float32\x93}\x8c\x08itemsize\x4b\x01sb."
+    with pytest.raises(dcp_metadata.MalformedMetadata, match="BUILD on DType"):
+        dcp_metadata.parse(build)
+    # BUILD with slot state on the torch.Size stand-in function: refused the same way.
+    slots = b"\x80\x04\x8c\x05torch\x8c\x04Size\x93N}\x8c\x0b__defaults__)s\x86b."
+    with pytest.raises(dcp_metadata.MalformedMetadata):
+        dcp_metadata.parse(slots)
+    assert dcp_metadata.ALLOWED[("torch", "float32")] == dcp_metadata.DType("float32", 4)
+
+
+def test_extension_codes_and_persistent_ids_are_refused(tmp_path: Path) -> None:
+    import copyreg
+
+    copyreg.add_extension("posix", "system", 0xC4)
+    try:
+        with pytest.raises(dcp_metadata.UnsafeMetadata, match=r"posix\.system"):
+            dcp_metadata.parse(b"\x80\x02\x82\xc4\x8c\x04true\x85R.")
+    finally:
+        copyreg.remove_extension("posix", "system", 0xC4)
+    with pytest.raises(dcp_metadata.UnsafeMetadata, match="persistent id"):
+        dcp_metadata.parse(b"\x80\x02\x8c\x01xQ.")

@@ -27,9 +27,9 @@ MAX_METADATA_BYTES = 64 * 1024 * 1024
 class UnsafeMetadata(Exception):
     """The pickle asks for something a DCP writer never emits: treat it as hostile."""
 
-    def __init__(self, module: str, name: str) -> None:
-        self.module, self.name = module, name
-        super().__init__(f"pickle asks for global {module}.{name}, which DCP metadata never holds")
+    def __init__(self, what: str) -> None:
+        self.what = what
+        super().__init__(f"pickle asks for {what}, which DCP metadata never holds")
 
 
 class MalformedMetadata(Exception):
@@ -40,7 +40,8 @@ class MalformedMetadata(Exception):
 
 
 class _Record:
-    """A dataclass-like stand-in: built by NEWOBJ + BUILD(dict) and only with its own fields."""
+    """A dataclass-like stand-in, built by NEWOBJ + BUILD(dict). Only its declared fields are
+    kept; other string keys (a field a newer torch added) are dropped, never set."""
 
     FIELDS: ClassVar[tuple[str, ...]] = ()
 
@@ -52,7 +53,7 @@ class _Record:
     def __setstate__(self, state: object) -> None:
         if isinstance(state, tuple) and len(state) == 2 and state[0] is None:
             state = state[1]  # (None, slotstate): a frozen dataclass with slots
-        if not isinstance(state, dict) or not all(k in self.FIELDS for k in state):
+        if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
             raise MalformedMetadata(f"{type(self).__name__}: unexpected state")
         for key in self.FIELDS:
             object.__setattr__(self, key, state.get(key))
@@ -234,10 +235,10 @@ class RestrictedUnpickler(pickle.Unpickler):
         try:
             return self._allowed[(module, name)]
         except KeyError:
-            raise UnsafeMetadata(module, name) from None
+            raise UnsafeMetadata(f"global {module}.{name}") from None
 
     def persistent_load(self, pid: object) -> object:
-        raise UnsafeMetadata("<persistent id>", type(pid).__name__)
+        raise UnsafeMetadata("a persistent id (external object)")
 
 
 def restricted_loads(data: bytes, allowed: dict[tuple[str, str], object]) -> object:
