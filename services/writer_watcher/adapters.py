@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator, Mapping
 
 from contracts.checkpoint import CheckpointFormat
-from services.shared.formats import detect, native
+from services.shared.formats import dcp, dcp_metadata, detect, native
 from services.shared.formats.paths import inside
 from services.shared.formats.safetensors import INDEX_SUFFIX
 from services.shared.storage import ObjectInfo, ObjectStore, StorageError
@@ -84,6 +84,29 @@ def evidence(store: ObjectStore, folder: str, files: Mapping[str, int]) -> Evide
         doc = _read_json(store, f"{folder}/trainer_state.json", files["trainer_state.json"])
         step = doc.get("global_step") if isinstance(doc, dict) else None
         return Evidence(fmt, dict(files), step=step if isinstance(step, int) else None)
-    if fmt is CheckpointFormat.TORCH_DCP and ".metadata" in files:
-        return Evidence(fmt, dict(files))
+    if fmt is CheckpointFormat.TORCH_DCP and dcp.METADATA in files:
+        return _dcp_evidence(store, folder, files)
     return Evidence(fmt, None)
+
+
+def _dcp_evidence(store: ObjectStore, folder: str, files: Mapping[str, int]) -> Evidence:
+    """``.metadata`` plus every data file its storage entries name, each at least as long as
+    the furthest entry in it (DCP records offset+length, not file sizes)."""
+    marker = {dcp.METADATA: files[dcp.METADATA]}
+    fmt = CheckpointFormat.TORCH_DCP
+    if files[dcp.METADATA] > dcp_metadata.MAX_METADATA_BYTES:
+        return Evidence(fmt, marker)
+    try:
+        metadata = dcp_metadata.parse(store.read_bytes(f"{folder}/{dcp.METADATA}"))
+    except (StorageError, dcp_metadata.UnsafeMetadata, dcp_metadata.MalformedMetadata):
+        # An unreadable or hostile .metadata is still the commit marker: verification judges it.
+        return Evidence(fmt, marker)
+    needed = metadata.needed_sizes(inside)
+    step = None
+    if all(files.get(path, -1) >= size for path, size in needed.items()):
+        # Only once the data is all there: the step may live in a data file.
+        try:
+            step, _ = dcp.recorded_step(store, folder, metadata)
+        except StorageError:
+            step = None
+    return Evidence(fmt, {**needed, **marker}, step=step, at_least=frozenset(needed))

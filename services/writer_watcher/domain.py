@@ -5,7 +5,8 @@ the files it holds (path → size) and the newest modification time. From that a
 
 * a folder seen for the first time, without complete commit evidence → `checkpoint.writing`;
 * complete commit evidence (the format's marker file, and every file it lists present at its
-  declared size) → `checkpoint.committed`; a file appearing is never enough;
+  declared size, or at least that size where the format records only offset+length) →
+  `checkpoint.committed`; a file appearing is never enough;
 * no change for longer than the stall timeout while incomplete → `checkpoint.write_failed`
   (job-side: the writer stopped), and a shard that disappears after commit → write_failed too.
 
@@ -39,6 +40,9 @@ class Evidence:
     required: Mapping[str, int] | None
     step: int | None = None
     run_id: str | None = None
+    at_least: frozenset[str] = frozenset()
+    """Paths whose required size is a lower bound, not exact: formats such as DCP record
+    offset+length of what each file must hold, never the file's size."""
 
 
 @dataclass(frozen=True)
@@ -68,14 +72,18 @@ class WatchState:
 
 
 def missing(evidence: Evidence, files: Mapping[str, int]) -> list[str]:
-    """Files the evidence requires that are absent or of another size."""
+    """Files the evidence requires that are absent, of another size, or short of a minimum."""
     if evidence.required is None:
         return ["commit marker"]
-    return [
-        f"{path} (want {size} bytes, have {files.get(path, 'none')})"
-        for path, size in sorted(evidence.required.items())
-        if files.get(path) != size
-    ]
+    gaps = []
+    for path, size in sorted(evidence.required.items()):
+        have = files.get(path)
+        if path in evidence.at_least:
+            if have is None or have < size:
+                gaps.append(f"{path} (want at least {size} bytes, have {have or 'none'})")
+        elif have != size:
+            gaps.append(f"{path} (want {size} bytes, have {'none' if have is None else have})")
+    return gaps
 
 
 def observe(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from services.shared.formats import native
 from services.shared.formats.identity import checkpoint_id_on
 from services.shared.storage import FsStore
 from services.writer_watcher import adapters
-from services.writer_watcher.domain import Evidence, Observation, WatchState, observe
+from services.writer_watcher.domain import Evidence, Observation, WatchState, missing, observe
+from tests.support.torch_tools import Payload, write_dcp
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 STALL = timedelta(minutes=5)
@@ -104,3 +106,61 @@ def test_writer_and_watcher_derive_the_same_id(tmp_path: Path) -> None:
     native.write(store, "job-1/step-3", {"s.bin": b"x" * 50}, step=3, created_at=T0)
     [committed] = observe(WatchState(), list(adapters.scan(store)), T0, STALL)
     assert committed.subject_key() == checkpoint_id_on(store, "job-1/step-3")
+
+
+def test_minimum_sizes_count_a_longer_file_as_present() -> None:
+    evidence = Evidence(
+        CheckpointFormat.TORCH_DCP,
+        {".metadata": 5, "d.distcp": 100},
+        at_least=frozenset({"d.distcp"}),
+    )
+    assert missing(evidence, {".metadata": 5, "d.distcp": 120}) == []
+    assert missing(evidence, {".metadata": 5, "d.distcp": 100}) == []
+    assert missing(evidence, {".metadata": 5, "d.distcp": 99}) == [
+        "d.distcp (want at least 100 bytes, have 99)"
+    ]
+    assert missing(evidence, {".metadata": 6, "d.distcp": 100}) == [
+        ".metadata (want 5 bytes, have 6)"
+    ]
+
+
+def _dcp_observation(store: FsStore) -> Observation:
+    [found] = list(adapters.scan(store))
+    return found
+
+
+def test_dcp_commits_only_when_every_data_file_holds_its_entries(tmp_path: Path) -> None:
+    folder = write_dcp(tmp_path / "job-1" / "step-40", step=None)
+    store = FsStore(tmp_path)
+    data = (folder / "__0_0.distcp").read_bytes()
+    complete = _dcp_observation(store)
+    assert complete.evidence.format is CheckpointFormat.TORCH_DCP
+    assert complete.evidence.required == {
+        ".metadata": (folder / ".metadata").stat().st_size,
+        "__0_0.distcp": len(data),
+    }
+    assert complete.evidence.step == 40
+
+    (folder / "__0_0.distcp").write_bytes(data[:-1])  # .metadata there, a data file short
+    state = WatchState()
+    [writing] = observe(state, [_dcp_observation(store)], T0, STALL)
+    assert isinstance(writing, CheckpointWritingV1)
+    (folder / "__0_0.distcp").unlink()  # .metadata there, a data file missing
+    assert observe(state, [_dcp_observation(store)], T0 + timedelta(seconds=2), STALL) == []
+    (folder / "__0_0.distcp").write_bytes(data)
+    [committed] = observe(state, [_dcp_observation(store)], T0 + timedelta(seconds=4), STALL)
+    assert isinstance(committed, CheckpointCommittedV1)
+    assert (committed.format, committed.step, committed.shard_count) == (
+        CheckpointFormat.TORCH_DCP, 40, 2
+    )  # fmt: skip
+
+
+def test_dcp_unreadable_metadata_is_still_the_commit_marker(tmp_path: Path) -> None:
+    folder = write_dcp(tmp_path / "job-1" / "step-40")
+    marker = tmp_path / "marker"
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    observation = _dcp_observation(FsStore(tmp_path))
+    assert observation.evidence.required == {".metadata": (folder / ".metadata").stat().st_size}
+    [committed] = observe(WatchState(), [observation], T0, STALL)
+    assert isinstance(committed, CheckpointCommittedV1)  # verification will judge it unsafe
+    assert not marker.exists()
