@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -70,6 +70,9 @@ class CheckpointRecord(BaseModel):
     shard_count: int | None = None
     total_bytes: int | None = None
     exact_resume: bool | None = None
+    checksums: dict[str, str] = Field(default_factory=dict)
+    """File → ``algorithm:hex`` as verified (from `CheckpointVerifiedV1.checks`); what a scrub
+    compares the bytes on storage against."""
     created_at: AwareDatetime
     updated_at: AwareDatetime
     history: tuple[HistoryEntry, ...] = ()
@@ -96,6 +99,21 @@ def _reason(data: EventData) -> str | None:
     # Not getattr(): a missing attribute on a pydantic model is a slow exception path.
     value = data.__dict__.get("reason")
     return value if isinstance(value, str) else None
+
+
+def checksums_from_checks(checks: Iterable[str]) -> dict[str, str]:
+    """The ``file=algorithm:hex`` entries of a verified event's checks, as file → digest.
+
+    Other checks (``sizes``, ``checksums:xxh3_64``) have no ``=`` or no digest after it. A path
+    may hold ``=`` itself; a digest never does, so the last one separates them.
+    """
+    out: dict[str, str] = {}
+    for check in checks:
+        path, sep, digest = check.rpartition("=")
+        algorithm, colon, hexdigest = digest.partition(":")
+        if sep and path and colon and algorithm and hexdigest:
+            out[path] = digest
+    return out
 
 
 def project(
@@ -129,6 +147,7 @@ def project(
         )
     if isinstance(data, CheckpointVerifiedV1):
         fields["exact_resume"] = data.exact_resume
+        fields["checksums"] = checksums_from_checks(data.checks)
     entry = HistoryEntry(
         state=target,
         at=event.time,

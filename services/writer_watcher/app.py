@@ -1,8 +1,9 @@
 """Composition root of the writer-watcher process.
 
 Turns checkpoint writes on storage into checkpoint.writing / committed / write_failed events,
-by listing the storage root every few seconds (level-triggered: a restart re-derives the same
-facts with the same event ids).
+by listing the storage root every few seconds. What it announced is kept in Redis (beside the
+registry), so a restarted watcher announces nothing twice; it reads the registry (never writes
+it) to tell a failed write from a valid checkpoint that lost files.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ from datetime import timedelta
 
 from faststream import FastStream
 
+from contracts.checkpoint import CheckpointState
 from services.shared.clock import Clock, utc_now
+from services.shared.registry import Registry
 from services.shared.service import Service, new_service
 from services.shared.storage import open_store
+from services.writer_watcher import adapters
 from services.writer_watcher.handlers import Watcher
 from services.writer_watcher.settings import WriterWatcherSettings
 
@@ -30,12 +34,24 @@ def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> Service:
             "write_failed events."
         ),
     )
+    store = open_store(settings.storage_root)
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    state_store = adapters.RedisWatchState(registry.r, settings.registry_prefix, store.uri("x"))
+
+    async def registry_state(checkpoint_id: str) -> CheckpointState | None:
+        record = await registry.get(checkpoint_id)
+        return record.state if record is not None else None
+
     watcher = Watcher(
-        open_store(settings.storage_root),
+        store,
         svc.bus,
         clock,
         timedelta(seconds=settings.stall_timeout_s),
+        state_store,
+        registry_state,
     )
+    svc.checks = {"redis": registry.ping}
+    svc.on_stop = registry.close
     tasks: list[asyncio.Task[None]] = []
     assert svc.app is not None
 
