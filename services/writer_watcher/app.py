@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from datetime import timedelta
 
 from faststream import FastStream
@@ -26,14 +27,15 @@ from services.writer_watcher.settings import WriterWatcherSettings
 NAME = "writer-watcher"
 
 
-def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> Service:
-    svc = new_service(NAME, settings).finish(
-        title="ckpt-ha writer-watcher",
-        description=(
-            "Turns checkpoint writes on storage into checkpoint.writing / committed / "
-            "write_failed events."
-        ),
-    )
+@dataclass(kw_only=True)
+class WriterWatcher(Service):
+    watcher: Watcher
+    registry: Registry
+    """Read only, and the connection the watch state shares."""
+
+
+def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatcher:
+    base = new_service(NAME, settings)
     store = open_store(settings.storage_root)
     registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
     state_store = adapters.RedisWatchState(registry.r, settings.registry_prefix, store.uri("x"))
@@ -42,16 +44,30 @@ def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> Service:
         record = await registry.get(checkpoint_id)
         return record.state if record is not None else None
 
-    watcher = Watcher(
-        store,
-        svc.bus,
-        clock,
-        timedelta(seconds=settings.stall_timeout_s),
-        state_store,
-        registry_state,
+    svc = WriterWatcher(
+        name=NAME,
+        bus=base.bus,
+        metrics=base.metrics,
+        checks={"redis": registry.ping},
+        on_stop=registry.close,
+        registry=registry,
+        watcher=Watcher(
+            store,
+            base.bus,
+            clock,
+            timedelta(seconds=settings.stall_timeout_s),
+            state_store,
+            registry_state,
+        ),
     )
-    svc.checks = {"redis": registry.ping}
-    svc.on_stop = registry.close
+    svc.finish(
+        title="ckpt-ha writer-watcher",
+        description=(
+            "Turns checkpoint writes on storage into checkpoint.writing / committed / "
+            "write_failed events."
+        ),
+    )
+    watcher = svc.watcher
     tasks: list[asyncio.Task[None]] = []
     assert svc.app is not None
 
