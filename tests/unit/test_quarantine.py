@@ -90,3 +90,17 @@ def test_quarantine_is_idempotent_after_a_partial_move(tmp_path: Path) -> None:
 def test_quarantine_keys_are_one_component_each(job: str, cid: str) -> None:
     with pytest.raises(InvalidKey):
         quarantine_key(job, cid)
+
+
+def test_a_file_another_mover_took_is_skipped(tmp_path: Path) -> None:
+    class Racing(FsStore):
+        def move(self, src_key: str, dst_key: str) -> ObjectInfo:
+            if src_key.endswith("a.bin"):  # the other quarantiner got there first
+                super().move(src_key, dst_key)
+            return super().move(src_key, dst_key)
+
+    store = Racing(tmp_path)
+    native.write(store, "job-1/step-5", {"a.bin": b"a", "b.bin": b"b"}, step=5, created_at=T)
+    quarantine(store, "job-1/step-5", "job-1", "c1")
+    assert len(keys_of(store, "quarantine/job-1/c1/")) == 3
+    assert keys_of(store, "job-1/") == []

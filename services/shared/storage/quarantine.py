@@ -14,14 +14,17 @@ listing taken half-way never looks like a complete or a new checkpoint:
 * then the other files newest first, so the oldest file (whose mtime is part of the checkpoint id)
   stays in place until the end and the half-moved folder keeps its id.
 
-Repeating either function after a crash finishes the job: what was moved is not listed again.
+Repeating either function after a crash finishes the job: what was moved is not listed again,
+and a file another mover took meanwhile is skipped.
 `restore` is the reverse order (oldest first, markers last), so a folder comes back complete
 before its marker does.
 """
 
 from __future__ import annotations
 
-from services.shared.storage.errors import InvalidKey
+import contextlib
+
+from services.shared.storage.errors import InvalidKey, ObjectNotFound
 from services.shared.storage.port import ObjectInfo, ObjectStore, validate_key
 
 TOP = "quarantine"
@@ -64,11 +67,18 @@ def quarantine(store: ObjectStore, key: str, job: str, checkpoint_id: str) -> st
     """
     target = quarantine_key(job, checkpoint_id)
     for path, _ in sorted(_members(store, key), key=_moving_order):
-        store.move(f"{key}/{path}", f"{target}/{path}")
+        _move(store, f"{key}/{path}", f"{target}/{path}")
     return target
 
 
 def restore(store: ObjectStore, quarantine_key: str, key: str) -> None:
     """Move a quarantined folder back to ``key`` (oldest first, commit markers last)."""
     for path, _ in sorted(_members(store, quarantine_key), key=_moving_order, reverse=True):
-        store.move(f"{quarantine_key}/{path}", f"{key}/{path}")
+        _move(store, f"{quarantine_key}/{path}", f"{key}/{path}")
+
+
+def _move(store: ObjectStore, src: str, dst: str) -> None:
+    # Two quarantiners racing (the checker's scrub and the watcher, on one lost shard) move
+    # the same files: one that is gone was moved by the other, which is what both wanted.
+    with contextlib.suppress(ObjectNotFound):
+        store.move(src, dst)
