@@ -8,9 +8,19 @@ from pathlib import Path
 
 import pytest
 
+from contracts import EventData
+from contracts.checkpoint import CheckpointQuarantinedV1, FailureSide
+from services.shared.corruption import condemn
 from services.shared.formats import native, safetensors
 from services.shared.formats.identity import checkpoint_id_on
-from services.shared.storage import FsStore, InvalidKey, ObjectInfo
+from services.shared.quarantine import isolate
+from services.shared.storage import (
+    FsStore,
+    InvalidKey,
+    ObjectInfo,
+    StorageError,
+    StorageUnavailable,
+)
 from services.shared.storage.quarantine import (
     MARKER_NAMES,
     MARKER_SUFFIXES,
@@ -104,3 +114,53 @@ def test_a_file_another_mover_took_is_skipped(tmp_path: Path) -> None:
     quarantine(store, "job-1/step-5", "job-1", "c1")
     assert len(keys_of(store, "quarantine/job-1/c1/")) == 3
     assert keys_of(store, "job-1/") == []
+
+
+class FailingMoves(FsStore):
+    def __init__(self, root: Path, error: StorageError) -> None:
+        super().__init__(root)
+        self.error = error
+
+    def move(self, src_key: str, dst_key: str) -> ObjectInfo:
+        raise self.error
+
+
+def condemned(store: FsStore) -> list[EventData]:
+    return list(
+        condemn(
+            job_id="job-1", checkpoint_id="c1", uri=store.uri("job-1/step-5"), reason="r",
+            side=FailureSide.JOB, why_quarantined="q",
+        )
+    )  # fmt: skip
+
+
+async def test_isolate_moves_first_and_says_where(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    native.write(store, "job-1/step-5", {"a.bin": b"a"}, step=5, created_at=T)
+    corrupt, quarantined = await isolate(store, condemned(store))
+    assert isinstance(quarantined, CheckpointQuarantinedV1)
+    assert quarantined.quarantine_uri == store.uri("quarantine/job-1/c1")
+    assert corrupt == condemned(store)[0]
+    assert keys_of(store, "job-1/") == []
+
+
+async def test_isolate_retries_an_outage_and_quarantines_in_place_on_a_refusal(
+    tmp_path: Path,
+) -> None:
+    outage = StorageUnavailable(reason="EIO", backend="fs")
+    store = FailingMoves(tmp_path, outage)
+    native.write(store, "job-1/step-5", {"a.bin": b"a"}, step=5, created_at=T)
+    with pytest.raises(StorageUnavailable):
+        await isolate(store, condemned(store))  # the handler naks; the move resumes next time
+
+    store.error = StorageError(reason="permission denied", backend="fs")
+    _, quarantined = await isolate(store, condemned(store))
+    assert isinstance(quarantined, CheckpointQuarantinedV1)
+    assert quarantined.quarantine_uri is None  # tagged all the same
+    assert len(keys_of(store, "job-1/")) == 2
+
+
+async def test_isolate_leaves_other_stores_and_other_events_alone(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    elsewhere = [d.model_copy(update={"uri": "s3://other/job-1/step-5"}) for d in condemned(store)]
+    assert await isolate(store, elsewhere) == elsewhere
