@@ -36,7 +36,8 @@ class Principal:
 
 PRINCIPALS: tuple[Principal, ...] = (
     Principal("writer-watcher", ("checkpoint.writing", "checkpoint.committed",
-                                 "checkpoint.write_failed")),
+                                 "checkpoint.write_failed", "checkpoint.corrupt",
+                                 "checkpoint.quarantined")),
     Principal("integrity-checker", ("checkpoint.verified", "checkpoint.corrupt",
                                     "checkpoint.quarantined"), consumers=("committed",)),
     Principal("registrar", ("checkpoint.registered", "checkpoint.conflict"),

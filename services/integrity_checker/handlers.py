@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from contracts import Envelope
 from contracts.checkpoint import CheckpointCommittedV1
@@ -11,9 +12,12 @@ from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.errors import PermanentError
 from services.shared.formats import verify
+from services.shared.quarantine import isolate
+from services.shared.registry import Registry
 from services.shared.storage import ObjectStore, key_for_uri
 
 SOURCE = "ckpt-ha/integrity-checker"
+log = logging.getLogger("ckpt_ha.integrity_checker")
 
 
 class OutsideStorageRoot(PermanentError):
@@ -25,18 +29,24 @@ class OutsideStorageRoot(PermanentError):
 
 
 class IntegrityHandlers:
-    def __init__(self, store: ObjectStore, bus: Bus, clock: Clock, algorithm: str) -> None:
+    def __init__(
+        self, store: ObjectStore, bus: Bus, clock: Clock, algorithm: str, registry: Registry
+    ) -> None:
         self.store = store
         self.bus = bus
         self.clock = clock
         self.algorithm = algorithm
+        self.registry = registry
 
     async def on_committed(self, event: Envelope[CheckpointCommittedV1]) -> None:
         key = key_for_uri(self.store, event.data.uri)
         if key is None:
             raise OutsideStorageRoot(event.data.uri)
+        record = await self.registry.get(event.data.checkpoint_id)
+        if not domain.should_verify(record.state if record is not None else None):
+            log.info("skip %s: already %s", event.data.checkpoint_id, record and record.state)
+            return
         # Reading shards is blocking I/O: off the event loop (in-progress acks keep flowing).
         report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
-        await self.bus.publish_caused_by(
-            event, domain.outcome(event.data, report), source=SOURCE, time=self.clock()
-        )
+        datas = await isolate(self.store, domain.outcome(event.data, report))
+        await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())

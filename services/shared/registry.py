@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -79,6 +79,9 @@ class CheckpointRecord(BaseModel):
     exact_resume: bool | None = None
     quarantine_uri: str | None = None
     """Where the bytes were moved when quarantined (None: tagged in place, or released)."""
+    checksums: dict[str, str] = Field(default_factory=dict)
+    """File → ``algorithm:hex`` as verified (from `CheckpointVerifiedV1.checks`); what a scrub
+    compares the bytes on storage against."""
     created_at: AwareDatetime
     updated_at: AwareDatetime
     history: tuple[HistoryEntry, ...] = ()
@@ -178,6 +181,21 @@ def _field(data: EventData, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def checksums_from_checks(checks: Iterable[str]) -> dict[str, str]:
+    """The ``file=algorithm:hex`` entries of a verified event's checks, as file → digest.
+
+    Other checks (``sizes``, ``checksums:xxh3_64``) have no ``=`` or no digest after it. A path
+    may hold ``=`` itself; a digest never does, so the last one separates them.
+    """
+    out: dict[str, str] = {}
+    for check in checks:
+        path, sep, digest = check.rpartition("=")
+        algorithm, colon, hexdigest = digest.partition(":")
+        if sep and path and colon and algorithm and hexdigest:
+            out[path] = digest
+    return out
+
+
 def project(
     record: CheckpointRecord | None, event: Envelope[EventData]
 ) -> tuple[CheckpointRecord | None, Transition | None]:
@@ -218,6 +236,7 @@ def project(
             fields["identity"] = data.identity
     if isinstance(data, CheckpointVerifiedV1):
         fields["exact_resume"] = data.exact_resume
+        fields["checksums"] = checksums_from_checks(data.checks)
     if isinstance(data, CheckpointQuarantinedV1) and data.quarantine_uri is not None:
         fields["quarantine_uri"] = data.quarantine_uri
     if isinstance(data, CheckpointReleasedV1):
