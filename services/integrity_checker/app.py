@@ -54,6 +54,14 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
         event_filter(svc.bus.cfg.prefix, "checkpoint.committed"),
         description="Verifies each committed checkpoint and publishes verified or corrupt.",
     )(handlers.on_committed)
+    svc.bus.consumer(
+        "released",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.released"),
+        description=(
+            "Puts a checkpoint a human released from quarantine back in place and verifies it "
+            "again: valid only if the checks pass."
+        ),
+    )(handlers.on_released)
     svc.finish(
         title="ckpt-ha integrity-checker",
         description=(

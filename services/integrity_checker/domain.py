@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from contracts.checkpoint import (
     CheckpointCommittedV1,
+    CheckpointReleasedV1,
     CheckpointState,
     CheckpointVerifiedV1,
     FailureSide,
@@ -42,7 +43,23 @@ def should_verify(state: CheckpointState | None) -> bool:
     return state in AWAITING_VERIFICATION
 
 
-def outcome(committed: CheckpointCommittedV1, report: Report) -> list[EventData]:
+def release_step(
+    release: CheckpointReleasedV1, state: CheckpointState | None, released_by: str | None
+) -> str:
+    """What to do with a `released` event, from the registry's record: ``verify`` once the
+    registrar has applied this release (the record is pending verification through it),
+    ``wait`` while it has not (the checker may hear the event first), ``skip`` when the record
+    moved on (already verified again, expired, deleted) or never existed."""
+    if state is CheckpointState.QUARANTINED:
+        return "wait"
+    if state is CheckpointState.PENDING_VERIFICATION and released_by is not None:
+        return "verify"
+    return "skip"
+
+
+def outcome(
+    committed: CheckpointCommittedV1 | CheckpointReleasedV1, report: Report
+) -> list[EventData]:
     """`verified` with the checks that passed, or `corrupt` + `quarantined` with the findings.
 
     A corrupt checkpoint is tagged into quarantine at once so it is never offered again, and

@@ -4,10 +4,7 @@ bound at registration; a second checkpoint id at one location reported as a conf
 
 from __future__ import annotations
 
-import asyncio
 import json
-import os
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,6 +18,7 @@ from services.registrar.settings import RegistrarSettings
 from services.shared.bus import Bus
 from services.shared.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.cli_tools import cli
 from tests.support.events import T0, committed, verified
 
 pytestmark = pytest.mark.integration
@@ -41,32 +39,6 @@ async def producer(settings: ServiceSettings) -> AsyncIterator[Bus]:
     await bus.broker.start()
     yield bus
     await bus.broker.stop()
-
-
-async def cli(settings: ServiceSettings, home: Path, *args: str) -> tuple[int, str, str]:
-    env = {
-        **os.environ,
-        "CKPT_HA_HOME": str(home),
-        "NATS_URL": settings.nats_url,
-        "REDIS_URL": settings.redis_url,
-        "CKPT_HA_SUBJECT_PREFIX": settings.subject_prefix,
-        "CKPT_HA_EVENTS_STREAM": settings.events_stream,
-        "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
-        "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
-    }
-    env.pop("CKPT_HA_ACTOR", None)
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.cli.main",
-        *args,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def events_of(settings: ServiceSettings, event_type: str) -> list[dict[str, object]]:

@@ -37,6 +37,7 @@ from services.writer_watcher.app import WriterWatcher
 from services.writer_watcher.app import build as build_watcher
 from services.writer_watcher.settings import WriterWatcherSettings
 from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.cli_tools import cli
 
 pytestmark = pytest.mark.integration
 
@@ -315,3 +316,91 @@ async def test_lost_shards_of_a_valid_checkpoint_quarantine_it(
     await asyncio.sleep(0.5)
     assert not any(b"checkpoint.write_failed" in b for b in published.bodies)
     assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
+
+
+async def publish_committed(settings: ServiceSettings, stack: Stack, folder: str, cid: str) -> None:
+    producer = Bus(settings.bus(), "test-writer")
+    await producer.broker.start()
+    try:
+        data = CheckpointCommittedV1(
+            job_id=folder.split("/")[0], checkpoint_id=cid, uri=stack.store.uri(folder),
+            run_id="r", step=1, format=CheckpointFormat.NATIVE,
+        )  # fmt: skip
+        await producer.publish(build(data, source="sdk", time=NOW, key="sdk"))
+    finally:
+        await producer.broker.stop()
+
+
+async def test_a_hand_quarantined_checkpoint_released_is_verified_again(
+    stack: Stack, settings: ServiceSettings, tmp_path: Path
+) -> None:
+    await stack.start(stack.watcher())
+    cid = write(stack.store, "job-h/step-1", 1)
+    await stack.wait_state(cid, S.VALID)
+
+    code, _, err = await cli(
+        settings, tmp_path, "quarantine", cid, "--reason", "loss spike", "--actor", "alice"
+    )
+    assert code == 0, err
+    record = await stack.wait_state(cid, S.QUARANTINED)
+    assert record.quarantine_uri is None  # by hand: tagged in place, bytes untouched
+    assert (stack.root / "job-h/step-1/rank-0.bin").exists()
+
+    code, _, err = await cli(
+        settings, tmp_path, "release", cid, "--reason", "spike was the data", "--actor", "bob"
+    )
+    assert code == 0, err
+    record = await stack.wait_state(cid, S.VALID)
+    assert [(h.state, h.actor) for h in record.history[-3:]] == [
+        (S.QUARANTINED, "alice"),
+        (S.PENDING_VERIFICATION, "bob"),
+        (S.VALID, "ckpt-ha/integrity-checker"),
+    ]
+
+
+async def test_release_puts_repaired_bytes_back_and_bad_ones_stay_quarantined(
+    stack: Stack, settings: ServiceSettings, tmp_path: Path
+) -> None:
+    good = write(stack.store, "job-q/step-1", 1)
+    bad = write(stack.store, "job-q/step-2", 2)
+    shards: dict[str, bytes] = {}
+    for folder in ("job-q/step-1", "job-q/step-2"):
+        path = stack.root / folder / "rank-0.bin"
+        shards[folder] = path.read_bytes()
+        path.write_bytes(bytes([shards[folder][0] ^ 0xFF]) + shards[folder][1:])  # bit rot
+    await publish_committed(settings, stack, "job-q/step-1", good)
+    await publish_committed(settings, stack, "job-q/step-2", bad)
+    for cid in (good, bad):
+        record = await stack.wait_state(cid, S.QUARANTINED)
+        assert record.quarantine_uri == stack.store.uri(f"quarantine/job-q/{cid}")
+    assert not (stack.root / "job-q/step-1").exists()
+
+    # A human finds the cause and repairs one copy in quarantine; the other stays bad.
+    (stack.root / f"quarantine/job-q/{good}/rank-0.bin").write_bytes(shards["job-q/step-1"])
+    for cid in (good, bad):
+        code, out, err = await cli(
+            settings, tmp_path, "release", cid, "--reason", "checked", "--actor", "bob"
+        )
+        assert code == 0, err
+        assert "quarantined -> pending_verification by bob" in out
+
+    record = await stack.wait_state(good, S.VALID)
+    assert record.quarantine_uri is None
+    assert (stack.root / "job-q/step-1/rank-0.bin").read_bytes() == shards["job-q/step-1"]
+    assert not (stack.root / f"quarantine/job-q/{good}").exists() or not any(
+        p.is_file() for p in (stack.root / f"quarantine/job-q/{good}").rglob("*")
+    )
+
+    async def quarantined_again() -> CheckpointRecord | None:
+        rec = await stack.record(bad)
+        states = [h.state for h in rec.history] if rec else []
+        return rec if states.count(S.QUARANTINED) == 2 else None
+
+    record = await wait_for(quarantined_again, timeout=15, what="bad one quarantined again")
+    assert [h.state for h in record.history] == [
+        S.PENDING_VERIFICATION, S.CORRUPT, S.QUARANTINED,
+        S.PENDING_VERIFICATION, S.CORRUPT, S.QUARANTINED,
+    ]  # fmt: skip
+    assert record.quarantine_uri == stack.store.uri(f"quarantine/job-q/{bad}")
+    assert (stack.root / f"quarantine/job-q/{bad}/rank-0.bin").exists()
+    assert not (stack.root / "job-q/step-2/rank-0.bin").exists()
