@@ -20,7 +20,7 @@ from services.shared.clock import Clock, utc_now
 from services.shared.registry import Registry
 from services.shared.service import Service, new_service
 from services.shared.storage import open_store
-from services.writer_watcher import adapters
+from services.writer_watcher import adapters, notify
 from services.writer_watcher.handlers import Watcher
 from services.writer_watcher.settings import WriterWatcherSettings
 
@@ -71,12 +71,16 @@ def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatc
     tasks: list[asyncio.Task[None]] = []
     assert svc.app is not None
 
+    wakeup = notify.for_store(store, settings.watch_mode)
+
     @svc.app.after_startup
     async def _start() -> None:
-        tasks.append(asyncio.create_task(watcher.run(settings.poll_interval_s)))
+        await wakeup.start()
+        tasks.append(asyncio.create_task(watcher.run(settings.poll_interval_s, wakeup)))
 
     @svc.app.on_shutdown
     async def _stop() -> None:
+        await wakeup.stop()
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -16,7 +16,7 @@ from services.shared.clock import Clock
 from services.shared.errors import TransientError
 from services.shared.quarantine import isolate
 from services.shared.storage import ObjectStore, StorageError
-from services.writer_watcher import adapters, domain
+from services.writer_watcher import adapters, domain, notify
 
 SOURCE = "ckpt-ha/writer-watcher"
 log = logging.getLogger("ckpt_ha.writer_watcher")
@@ -67,7 +67,9 @@ class Watcher:
         await self.state_store.save(state)
         return len(events)
 
-    async def run(self, interval_s: float) -> None:
+    async def run(self, interval_s: float, wakeup: notify.Wakeup | None = None) -> None:
+        """Scan, then wait for a change notification or the poll interval, forever."""
+        wakeup = wakeup or notify.Polling()
         while True:
             try:
                 await self.scan_once()
@@ -77,4 +79,4 @@ class Watcher:
                 log.warning("watch state or registry unavailable, retrying: %s", exc)
             except Exception:  # the loop must outlive any one bad pass
                 log.exception("scan failed, retrying")
-            await asyncio.sleep(interval_s)
+            await wakeup.wait(interval_s)

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from services.shared.formats import native
+from services.shared.settings import ServiceSettings
 from services.shared.storage import FsStore
+from services.writer_watcher.app import build as build_watcher
 from services.writer_watcher.notify import Inotify, Polling, for_store
+from services.writer_watcher.settings import WriterWatcherSettings
+from tests.support.bus_tools import stream_messages, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,3 +47,34 @@ async def test_mode_selection(tmp_path: Path) -> None:
     started = time.monotonic()
     assert await poll.wait(0.1) is False
     assert time.monotonic() - started >= 0.1
+
+
+async def test_the_watcher_announces_a_commit_long_before_its_poll_interval(
+    settings: ServiceSettings, tmp_path: Path
+) -> None:
+    root = tmp_path / "storage"
+    root.mkdir()
+    s = {**settings.model_dump(), "storage_root": str(root), "poll_interval_s": 120.0}
+    svc = build_watcher(WriterWatcherSettings.model_validate(s))
+    assert svc.app is not None
+    await svc.app.start()
+    try:
+        await asyncio.sleep(0.5)  # the first scan (of an empty root) is done
+        started = time.monotonic()
+        native.write(
+            FsStore(root),
+            "job-n/step-1",
+            {"a.bin": b"x" * 100},
+            step=1,
+            created_at=datetime.now(UTC),
+        )
+
+        async def committed() -> list[Any]:
+            msgs = await stream_messages(settings.nats_url, settings.events_stream)
+            return [m for m in msgs if ".checkpoint.committed." in m.subject]
+
+        await wait_for(committed, timeout=30, what="committed, woken by inotify")
+        assert time.monotonic() - started < 30  # the poll alone would take 120 s
+    finally:
+        await svc.app.stop()
+        await svc.registry.close()
