@@ -201,11 +201,14 @@ def observe(
     now: datetime,
     stall_after: timedelta,
     registry: Mapping[str, CheckpointState | None] | None = None,
+    storage_trouble: tuple[datetime, str] | None = None,
 ) -> list[EventData]:
     """Advance the watch state by one scan; return the events to publish, in order.
 
     ``registry`` holds the registry's state for the ids `needs_registry` named (missing: the
-    registry does not know the checkpoint).
+    registry does not know the checkpoint). ``storage_trouble`` is the time and message of the
+    last storage error the watcher itself hit: a write that stalled while storage was failing is
+    classified infrastructure-side, not blamed on the job.
     """
     registered = registry or {}
     events: list[EventData] = []
@@ -238,19 +241,32 @@ def observe(
             )
             known = replace(known, phase="writing")
         elif known.phase == "writing" and now - known.last_change > stall_after:
-            events.append(
-                CheckpointWriteFailedV1(
-                    job_id=job,
-                    checkpoint_id=cid,
-                    uri=obs.uri,
-                    reason=f"write stalled for {stall_after}; missing {gaps[:5]}",
-                    side=FailureSide.JOB,
-                )
-            )
+            events.append(_stalled(obs, cid, gaps, stall_after, known, storage_trouble))
             known = replace(known, phase="failed")
         state.folders[obs.folder] = known
     events.extend(_forget_vanished(state, {obs.folder for obs in seen}))
     return events
+
+
+def _stalled(
+    obs: Observation,
+    cid: str,
+    gaps: list[str],
+    stall_after: timedelta,
+    known: Tracked,
+    storage_trouble: tuple[datetime, str] | None,
+) -> CheckpointWriteFailedV1:
+    """A stalled write is the job's (a rank died, the writer stopped) unless storage was failing
+    since the write last made progress: then the platform has to act (R2)."""
+    reason = f"write stalled for {stall_after}; missing {gaps[:5]}"
+    side = FailureSide.JOB
+    if storage_trouble is not None and storage_trouble[0] >= known.last_change:
+        at, message = storage_trouble
+        side = FailureSide.INFRASTRUCTURE
+        reason += f"; storage was failing meanwhile (last error {at.isoformat()}: {message})"
+    return CheckpointWriteFailedV1(
+        job_id=_folder_job(obs.folder), checkpoint_id=cid, uri=obs.uri, reason=reason, side=side
+    )
 
 
 def _forget_vanished(state: WatchState, present: set[str]) -> list[EventData]:

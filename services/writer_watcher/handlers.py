@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from redis.exceptions import RedisError
 
@@ -41,6 +41,8 @@ class Watcher:
         self.stall_after = stall_after
         self.state_store = state_store
         self.registry_state = registry_state
+        self.storage_trouble: tuple[datetime, str] | None = None
+        """When and how storage last failed a scan (classifies stalled writes)."""
         self.state: domain.WatchState | None = None
         """None until loaded from Redis: nothing is decided before the watcher knows what it
         announced in an earlier life."""
@@ -55,7 +57,9 @@ class Watcher:
         state = domain.WatchState(dict(self.state.folders))
         asked = domain.needs_registry(state, observations)
         registered = {cid: await self.registry_state(cid) for cid in asked}
-        events = domain.observe(state, observations, self.clock(), self.stall_after, registered)
+        events = domain.observe(
+            state, observations, self.clock(), self.stall_after, registered, self.storage_trouble
+        )
         for note in state.notes:
             log.warning("%s", note)
         # A checkpoint quarantined here has its remaining bytes moved aside first.
@@ -75,6 +79,7 @@ class Watcher:
                 await self.scan_once()
             except StorageError as exc:  # an outage delays detection; it decides nothing
                 log.warning("storage scan failed, retrying: %s", exc)
+                self.storage_trouble = (self.clock(), str(exc)[:200])
             except (RedisError, TransientError) as exc:
                 log.warning("watch state or registry unavailable, retrying: %s", exc)
             except Exception:  # the loop must outlive any one bad pass

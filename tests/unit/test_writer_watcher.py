@@ -72,6 +72,29 @@ def test_stalled_write_fails_and_says_what_is_missing() -> None:
     assert "commit marker" in failed.reason
 
 
+def test_a_write_stalled_while_storage_failed_is_the_platforms() -> None:
+    state = WatchState()
+    stuck = obs({"a.bin": 10}, None)
+    observe(state, [stuck], T0, STALL)
+    later = T0 + STALL + timedelta(seconds=1)
+    trouble = (T0 + timedelta(minutes=2), "503 Slow Down")
+    [failed] = observe(state, [stuck], later, STALL, None, trouble)
+    assert isinstance(failed, CheckpointWriteFailedV1)
+    assert failed.side is FailureSide.INFRASTRUCTURE
+    assert "503 Slow Down" in failed.reason
+    assert "write stalled" in failed.reason
+
+
+def test_storage_trouble_before_the_last_progress_does_not_excuse_a_stall() -> None:
+    state = WatchState()
+    stuck = obs({"a.bin": 10}, None)
+    observe(state, [stuck], T0, STALL)
+    trouble = (T0 - timedelta(minutes=1), "timeout")
+    [failed] = observe(state, [stuck], T0 + STALL + timedelta(seconds=1), STALL, None, trouble)
+    assert isinstance(failed, CheckpointWriteFailedV1)
+    assert failed.side is FailureSide.JOB
+
+
 def test_progress_resets_the_stall_clock() -> None:
     state = WatchState()
     observe(state, [obs({"a.bin": 10}, None)], T0, STALL)
