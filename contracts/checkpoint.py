@@ -149,6 +149,10 @@ class CheckpointRegisteredV1(_CheckpointEvent):
 
     step: int = Field(ge=0)
     state: CheckpointState = CheckpointState.VALID
+    identity: CheckpointIdentity | None = None
+    """What the checkpoint is bound to (R4), as the registry holds it."""
+    project: str | None = None
+    """The owning project (R5) at registration time."""
 
 
 class CheckpointQuarantinedV1(_CheckpointEvent):
@@ -157,6 +161,34 @@ class CheckpointQuarantinedV1(_CheckpointEvent):
 
     reason: str
     quarantine_uri: str | None = None
+    actor: str | None = None
+    """Who quarantined it by hand (``ckpt-ha quarantine``); None when a service did."""
+
+
+class CheckpointReleasedV1(_CheckpointEvent):
+    """A human checked a quarantined checkpoint and released it: it is verified again, and
+    becomes valid only if the integrity checks pass this time."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.released"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+    quarantine_uri: str | None = None
+    """Where the bytes lie in quarantine, if they were moved there."""
+
+
+class OwnershipTransferredV1(EventData):
+    """A job's checkpoints move from one project to another (R5). Recorded, never widening."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.ownership_transferred"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    from_project: str | None = None
+    """The owner the actor saw; the transfer is refused if the job has another owner now."""
+    to_project: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
 
 
 class CheckpointConflictV1(_CheckpointEvent):
@@ -197,9 +229,11 @@ CHECKPOINT_EVENTS: tuple[type[EventData], ...] = (
     CheckpointCorruptV1,
     CheckpointRegisteredV1,
     CheckpointQuarantinedV1,
+    CheckpointReleasedV1,
     CheckpointConflictV1,
     CheckpointExpiredV1,
     CheckpointDeletedV1,
+    OwnershipTransferredV1,
 )
 
 
@@ -211,8 +245,10 @@ CheckpointEvent = (
     | Envelope[CheckpointCorruptV1]
     | Envelope[CheckpointRegisteredV1]
     | Envelope[CheckpointQuarantinedV1]
+    | Envelope[CheckpointReleasedV1]
     | Envelope[CheckpointConflictV1]
     | Envelope[CheckpointExpiredV1]
     | Envelope[CheckpointDeletedV1]
+    | Envelope[OwnershipTransferredV1]
 )
 """Any checkpoint event, as a handler that projects them all receives it."""

@@ -36,9 +36,11 @@ class Principal:
 
 PRINCIPALS: tuple[Principal, ...] = (
     Principal("writer-watcher", ("checkpoint.writing", "checkpoint.committed",
-                                 "checkpoint.write_failed")),
+                                 "checkpoint.write_failed", "checkpoint.corrupt",
+                                 "checkpoint.quarantined")),
     Principal("integrity-checker", ("checkpoint.verified", "checkpoint.corrupt",
-                                    "checkpoint.quarantined"), consumers=("committed",)),
+                                    "checkpoint.quarantined"),
+              consumers=("committed", "released")),
     Principal("registrar", ("checkpoint.registered", "checkpoint.conflict"),
               consumers=("checkpoints",)),
     Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",

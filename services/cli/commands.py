@@ -15,6 +15,7 @@ import nats
 import nats.errors
 import redis.exceptions
 
+from contracts import EventData
 from contracts.checkpoint import CheckpointState
 from services.cli import stack
 from services.shared.registry import CheckpointRecord, Registry
@@ -131,20 +132,21 @@ def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
 def cmd_checkpoints_list(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     settings = _settings(env, home)
 
-    async def query() -> list[CheckpointRecord]:
+    async def query() -> tuple[list[CheckpointRecord], str | None]:
         registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
         try:
             state = CheckpointState(args.state) if args.state else None
-            return await registry.by_job(args.job, state=state)
+            return await registry.by_job(args.job, state=state), await registry.owner(args.job)
         finally:
             await registry.close()
 
-    records = _run(settings, query)
+    records, owner = _run(settings, query)
     if args.json:
         print(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
     elif not records:
         print(f"no checkpoints registered for job {args.job}")
     else:
+        print(f"job {args.job}, owned by {owner or 'no project'}")
         print(_record_rows(records))
     return 0
 
@@ -166,6 +168,11 @@ def cmd_checkpoints_show(args: argparse.Namespace, env: dict[str, str], home: Pa
         print(record.model_dump_json(indent=2))
         return 0
     print(_record_rows([record]))
+    if record.identity is not None:
+        ident = record.identity.model_dump(mode="json", exclude_none=True)
+        print("identity: " + json.dumps(ident, sort_keys=True))
+    if record.quarantine_uri:
+        print(f"quarantined bytes at: {record.quarantine_uri}")
     print()
     print(
         _table(
@@ -391,6 +398,183 @@ def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     return 0
 
 
+def _actor(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    import getpass
+
+    actor = args.actor or env.get("CKPT_HA_ACTOR") or env.get("USER") or env.get("LOGNAME")
+    if not actor:
+        try:
+            actor = getpass.getuser()
+        except (OSError, KeyError):
+            actor = None
+    if not actor:
+        raise CommandError("who is acting? pass --actor NAME (or set CKPT_HA_ACTOR)")
+    return str(actor)
+
+
+async def _publish_manual(settings: ServiceSettings, datas: Sequence[EventData]) -> list[str]:
+    """Publish operator actions (each a new fact with its own id); return the event ids."""
+    from uuid import uuid4
+
+    from contracts import build
+    from services.shared.bus import Bus
+
+    now = datetime.now(UTC)
+    envelopes = [build(d, source="ckpt-ha/cli", time=now, key=uuid4().hex) for d in datas]
+    bus = Bus(settings.bus(), "cli")
+    await bus.broker.start()
+    try:
+        for envelope in envelopes:
+            await bus.publish(envelope)
+    finally:
+        await bus.broker.stop()
+    return [e.id for e in envelopes]
+
+
+async def _await_recorded(
+    registry: Registry, checkpoint_id: str, event_id: str
+) -> CheckpointRecord:
+    """The record once the registrar has projected ``event_id`` (bounded wait)."""
+    for _ in range(200):
+        record = await registry.get(checkpoint_id)
+        if record is not None and any(h.event_id == event_id for h in record.history):
+            return record
+        await asyncio.sleep(0.05)
+    raise CommandError(
+        f"published, but the registrar has not recorded it within 10 s (is it running? "
+        f"see `ckpt-ha status` and `ckpt-ha dead-letters`); event {event_id}"
+    )
+
+
+def _checkpoint_action(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    home: Path,
+    decide: Callable[[CheckpointRecord, str, str], EventData],
+) -> int:
+    from services.cli import actions
+
+    settings = _settings(env, home)
+    actor = _actor(args, env)
+
+    async def act() -> CheckpointRecord:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            record = await registry.get(args.checkpoint_id)
+            if record is None:
+                raise CommandError(f"no checkpoint {args.checkpoint_id!r} in the registry")
+            try:
+                data = decide(record, args.reason, actor)
+            except actions.ActionRefused as exc:
+                raise CommandError(str(exc)) from None
+            [event_id] = await _publish_manual(settings, [data])
+            return await _await_recorded(registry, record.checkpoint_id, event_id)
+        finally:
+            await registry.close()
+
+    record = _run(settings, act)
+    if args.json:
+        print(record.model_dump_json(indent=2))
+    else:
+        last = record.history[-1]
+        was = record.history[-2].state.value if len(record.history) > 1 else "-"
+        print(
+            f"{record.checkpoint_id}: {was} -> {record.state.value}"
+            f" by {last.actor} at {last.at.isoformat()}: {last.reason}"
+        )
+    return 0
+
+
+def cmd_quarantine(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from services.cli import actions
+
+    return _checkpoint_action(args, env, home, actions.quarantine)
+
+
+def cmd_release(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from services.cli import actions
+
+    code = _checkpoint_action(args, env, home, actions.release)
+    if not args.json:
+        print("it is verified again and becomes valid only if the integrity checks pass")
+    return code
+
+
+def cmd_owner_transfer(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from services.cli import actions
+
+    if args.from_project is None and not args.job:
+        raise CommandError("give --from PROJECT, or --job J for jobs that have no project yet")
+    settings = _settings(env, home)
+    actor = _actor(args, env)
+
+    async def act() -> dict[str, str | None]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            jobs = args.job or await registry.jobs_of(args.from_project)
+            owners = {job: await registry.owner(job) for job in jobs}
+            try:
+                datas = actions.transfer(
+                    owners, args.from_project, args.to_project, args.reason, actor
+                )
+            except actions.ActionRefused as exc:
+                raise CommandError(str(exc)) from None
+            event_ids = await _publish_manual(settings, datas)
+            for _ in range(200):
+                logs = {job: await registry.owner_log(job) for job in jobs}
+                done = {e.event_id for log in logs.values() for e in log}
+                if set(event_ids) <= done:
+                    return {job: await registry.owner(job) for job in jobs}
+                await asyncio.sleep(0.05)
+            raise CommandError(
+                "published, but the registrar has not recorded the transfer within 10 s "
+                "(see `ckpt-ha dead-letters`: a job moved meanwhile is refused there)"
+            )
+        finally:
+            await registry.close()
+
+    now = _run(settings, act)
+    if args.json:
+        print(json.dumps({"transferred": now, "to": args.to_project}, indent=2))
+    else:
+        for job, owner in sorted(now.items()):
+            print(f"{job}: {args.from_project or 'no project'} -> {owner} (by {actor})")
+    return 0
+
+
+def cmd_owner_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    settings = _settings(env, home)
+
+    async def query() -> tuple[str | None, list[Any]]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            return await registry.owner(args.job), await registry.owner_log(args.job)
+        finally:
+            await registry.close()
+
+    owner, log = _run(settings, query)
+    if args.json:
+        print(
+            json.dumps(
+                {"job": args.job, "owner": owner, "log": [e.model_dump(mode="json") for e in log]},
+                indent=2,
+            )
+        )
+        return 0
+    print(f"job {args.job}: owned by {owner or 'no project'}")
+    if log:
+        print(
+            _table(
+                ["AT", "FROM", "TO", "ACTOR", "REASON"],
+                [
+                    (e.at.isoformat(), e.from_project or "-", e.to_project, e.actor, e.reason)
+                    for e in log
+                ],
+            )
+        )
+    return 0
+
+
 _COMMANDS: dict[tuple[str, str | None], Callable[[argparse.Namespace, dict[str, str], Path], int]]
 _COMMANDS = {
     ("serve", None): cmd_serve,
@@ -404,4 +588,8 @@ _COMMANDS = {
     ("verify", None): cmd_verify,
     ("latest-valid", None): cmd_latest_valid,
     ("demo", None): cmd_demo,
+    ("quarantine", None): cmd_quarantine,
+    ("release", None): cmd_release,
+    ("owner", "transfer"): cmd_owner_transfer,
+    ("owner", "show"): cmd_owner_show,
 }

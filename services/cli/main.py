@@ -33,6 +33,14 @@ def _home(env: dict[str, str]) -> Path:
     return Path(env.get("CKPT_HA_HOME") or Path.home() / ".ckpt-ha").expanduser()
 
 
+def _text(value: str) -> str:
+    """A non-empty, single-line argument (reasons and names end up in audit records)."""
+    value = value.strip()
+    if not value or any(c in value for c in "\r\n\x00"):
+        raise argparse.ArgumentTypeError("must be non-empty text on one line")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -76,6 +84,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lv.add_argument("root", type=Path)
     lv.add_argument("--json", action="store_true")
+
+    actor_help = "who acts (default: $CKPT_HA_ACTOR, else the login name); recorded with the action"
+    qu = sub.add_parser("quarantine", help="take a checkpoint out of restore candidates by hand")
+    qu.add_argument("checkpoint_id")
+    qu.add_argument("--reason", required=True, type=_text)
+    qu.add_argument("--actor", type=_text, help=actor_help)
+    qu.add_argument("--json", action="store_true")
+    rl = sub.add_parser(
+        "release", help="after a human check: verify a quarantined checkpoint again"
+    )
+    rl.add_argument("checkpoint_id")
+    rl.add_argument("--reason", required=True, type=_text)
+    rl.add_argument("--actor", type=_text, help=actor_help)
+    rl.add_argument("--json", action="store_true")
+
+    ow = sub.add_parser("owner", help="which project owns a job's checkpoints (R5)")
+    ow_sub = ow.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    tr = ow_sub.add_parser("transfer", help="move jobs from one project to another (recorded)")
+    tr.add_argument("--from", dest="from_project", type=_text, help="the current owner")
+    tr.add_argument("--to", dest="to_project", required=True, type=_text)
+    tr.add_argument("--job", action="append", type=_text, help="only these jobs (repeatable)")
+    tr.add_argument("--reason", required=True, type=_text)
+    tr.add_argument("--actor", type=_text, help=actor_help)
+    tr.add_argument("--json", action="store_true")
+    osh = ow_sub.add_parser("show", help="a job's owner and its ownership log")
+    osh.add_argument("--job", required=True)
+    osh.add_argument("--json", action="store_true")
 
     demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
     demo.add_argument("--job", default="demo-job")

@@ -1,40 +1,90 @@
 """Composition root of the integrity-checker process.
 
 Verifies committed checkpoints (manifest, sizes, checksums, format checks) before anyone
-restores them, and tags the ones that fail into quarantine.
+restores them, tags the ones that fail into quarantine (moving their bytes aside), and scrubs
+valid checkpoints periodically against the checksums recorded when they were verified.
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass
 
 from faststream import FastStream
 
 from contracts.subjects import event_filter
 from services.integrity_checker.handlers import IntegrityHandlers
+from services.integrity_checker.scrub import Scrubber
 from services.integrity_checker.settings import IntegrityCheckerSettings
 from services.shared.clock import Clock, utc_now
+from services.shared.metrics import ScrubMetrics
+from services.shared.registry import Registry
 from services.shared.service import Service, new_service
 from services.shared.storage import open_store
 
 NAME = "integrity-checker"
 
 
-def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Service:
-    svc = new_service(NAME, settings)
-    handlers = IntegrityHandlers(
-        open_store(settings.storage_root), svc.bus, clock, settings.checksum
+@dataclass(kw_only=True)
+class IntegrityChecker(Service):
+    registry: Registry
+    """Read only: the checker asks it what is already decided, the registrar writes it."""
+    scrubber: Scrubber
+
+
+def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> IntegrityChecker:
+    base = new_service(NAME, settings)
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    store = open_store(settings.storage_root)
+    svc = IntegrityChecker(
+        name=NAME,
+        bus=base.bus,
+        metrics=base.metrics,
+        checks={"redis": registry.ping},
+        on_stop=registry.close,
+        registry=registry,
+        scrubber=Scrubber(
+            store, registry, base.bus, clock, settings.checksum, ScrubMetrics(base.metrics)
+        ),
     )
+    handlers = IntegrityHandlers(store, svc.bus, clock, settings.checksum, registry)
     svc.bus.consumer(
         "committed",
         event_filter(svc.bus.cfg.prefix, "checkpoint.committed"),
         description="Verifies each committed checkpoint and publishes verified or corrupt.",
     )(handlers.on_committed)
-    return svc.finish(
+    svc.bus.consumer(
+        "released",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.released"),
+        description=(
+            "Puts a checkpoint a human released from quarantine back in place and verifies it "
+            "again: valid only if the checks pass."
+        ),
+    )(handlers.on_released)
+    svc.finish(
         title="ckpt-ha integrity-checker",
         description=(
             "Verifies committed checkpoints (manifest, sizes, checksums, format checks) "
             "before anyone restores them."
         ),
     )
+    tasks: list[asyncio.Task[None]] = []
+    assert svc.app is not None
+
+    @svc.app.after_startup
+    async def _start() -> None:
+        if settings.scrub_interval_s > 0:
+            tasks.append(asyncio.create_task(svc.scrubber.run(settings.scrub_interval_s)))
+
+    @svc.app.on_shutdown
+    async def _stop() -> None:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return svc
 
 
 def asyncapi_app() -> FastStream:

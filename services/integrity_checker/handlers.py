@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from contracts import Envelope
-from contracts.checkpoint import CheckpointCommittedV1
+from contracts.checkpoint import CheckpointCommittedV1, CheckpointReleasedV1
 from services.integrity_checker import domain
 from services.shared.bus import Bus
 from services.shared.clock import Clock
-from services.shared.errors import PermanentError
+from services.shared.errors import DependencyNotReady, PermanentError
 from services.shared.formats import verify
+from services.shared.quarantine import isolate
+from services.shared.registry import Registry
 from services.shared.storage import ObjectStore, key_for_uri
+from services.shared.storage.quarantine import restore
 
 SOURCE = "ckpt-ha/integrity-checker"
+log = logging.getLogger("ckpt_ha.integrity_checker")
 
 
 class OutsideStorageRoot(PermanentError):
@@ -25,18 +30,52 @@ class OutsideStorageRoot(PermanentError):
 
 
 class IntegrityHandlers:
-    def __init__(self, store: ObjectStore, bus: Bus, clock: Clock, algorithm: str) -> None:
+    def __init__(
+        self, store: ObjectStore, bus: Bus, clock: Clock, algorithm: str, registry: Registry
+    ) -> None:
         self.store = store
         self.bus = bus
         self.clock = clock
         self.algorithm = algorithm
+        self.registry = registry
 
     async def on_committed(self, event: Envelope[CheckpointCommittedV1]) -> None:
         key = key_for_uri(self.store, event.data.uri)
         if key is None:
             raise OutsideStorageRoot(event.data.uri)
+        record = await self.registry.get(event.data.checkpoint_id)
+        if not domain.should_verify(record.state if record is not None else None):
+            log.info("skip %s: already %s", event.data.checkpoint_id, record and record.state)
+            return
         # Reading shards is blocking I/O: off the event loop (in-progress acks keep flowing).
         report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
-        await self.bus.publish_caused_by(
-            event, domain.outcome(event.data, report), source=SOURCE, time=self.clock()
-        )
+        datas = await isolate(self.store, domain.outcome(event.data, report))
+        await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+
+    async def on_released(self, event: Envelope[CheckpointReleasedV1]) -> None:
+        """A human released a quarantined checkpoint: put its bytes back where they were written
+        and verify it again. It is valid only if the checks pass this time."""
+        data = event.data
+        key = key_for_uri(self.store, data.uri)
+        if key is None:
+            raise OutsideStorageRoot(data.uri)
+        record = await self.registry.get(data.checkpoint_id)
+        released_by = None
+        if record is not None and record.history and record.history[-1].event_id == event.id:
+            released_by = event.id
+        step = domain.release_step(data, record.state if record else None, released_by)
+        if step == "wait":
+            raise DependencyNotReady(f"release of {data.checkpoint_id}", "the registrar")
+        if step == "skip":
+            log.info(
+                "release of %s: nothing to do (%s)", data.checkpoint_id, record and record.state
+            )
+            return
+        if data.quarantine_uri is not None:
+            qkey = key_for_uri(self.store, data.quarantine_uri)
+            if qkey is None:
+                raise OutsideStorageRoot(data.quarantine_uri)
+            await asyncio.to_thread(restore, self.store, qkey, key)
+        report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+        datas = await isolate(self.store, domain.outcome(data, report))
+        await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())

@@ -37,7 +37,7 @@ class RegistrarHandlers:
                     self.metrics.transitions.labels(
                         self.metrics.service, step.previous or "none", step.new
                     ).inc()
-                await self._publish(event, domain.follow_ups(event, result.record))
+                await self._publish(event, domain.follow_ups(event, result))
                 outcomes.append(None)
             except Exception as exc:  # noqa: BLE001 - a failed publish naks just this event
                 outcomes.append(exc)

@@ -21,7 +21,8 @@ TRANSITIONS: Mapping[S | None, frozenset[S]] = {
     # A valid checkpoint can still fail a restore-time re-verification or a load.
     S.VALID: frozenset({S.CORRUPT, S.QUARANTINED, S.EXPIRED}),
     S.CORRUPT: frozenset({S.QUARANTINED, S.EXPIRED}),
-    S.QUARANTINED: frozenset({S.EXPIRED}),
+    # Released by a human after a look: verified again, valid only if the checks pass this time.
+    S.QUARANTINED: frozenset({S.PENDING_VERIFICATION, S.EXPIRED}),
     S.WRITE_FAILED: frozenset({S.QUARANTINED, S.EXPIRED}),
     S.EXPIRED: frozenset({S.DELETED}),
     S.DELETED: frozenset(),
@@ -34,10 +35,15 @@ EVENT_TARGETS: Mapping[str, S] = {
     "checkpoint.verified": S.VALID,
     "checkpoint.corrupt": S.CORRUPT,
     "checkpoint.quarantined": S.QUARANTINED,
+    "checkpoint.released": S.PENDING_VERIFICATION,
     "checkpoint.expired": S.EXPIRED,
     "checkpoint.deleted": S.DELETED,
 }
 """Events that move the lifecycle. `registered` and `conflict` report on it and move nothing."""
+
+DECISIONS: frozenset[str] = frozenset({"checkpoint.released"})
+"""Events that are a decision, not a report of an earlier stage: never read as stale (a release
+targets `pending_verification`, which a late `committed` would also name)."""
 
 
 STALE: Mapping[S, frozenset[S]] = {
@@ -75,10 +81,12 @@ class Transition:
     """False when the checkpoint is already in the target state: a repeat, so a no-op."""
 
 
-def transition(checkpoint_id: str, current: S | None, target: S) -> Transition:
+def transition(
+    checkpoint_id: str, current: S | None, target: S, *, report: bool = True
+) -> Transition:
     """Apply one lifecycle step or raise `IllegalTransition`. Repeating a step is a no-op, and so
-    is a stale report (see `STALE`)."""
-    if current == target or current in STALE.get(target, frozenset()):
+    is a stale report (see `STALE`); a decision (``report=False``) is never stale."""
+    if current == target or (report and current in STALE.get(target, frozenset())):
         return Transition(previous=current, new=target, changed=False)
     if target not in TRANSITIONS[current]:
         raise IllegalTransition(checkpoint_id, current, target)

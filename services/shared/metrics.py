@@ -27,3 +27,34 @@ class ServiceMetrics:
 
     def message(self, consumer: str, outcome: str) -> None:
         self.messages.labels(self.service, consumer, outcome).inc()
+
+
+class ScrubMetrics:
+    """The integrity-checker's periodic re-verification of valid checkpoints."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.service = metrics.service
+        self.scrubbed = Counter(
+            "ckpt_ha_scrubbed_checkpoints_total",
+            "Valid checkpoints re-verified on storage by a scrub.",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.corrupt = Counter(
+            "ckpt_ha_scrub_corrupt_total",
+            "Valid checkpoints a scrub found changed or missing, and quarantined.",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.interrupted = Counter(
+            "ckpt_ha_scrub_interrupted_total",
+            "Scrub rounds cut short by a storage or registry outage (retried next round).",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.last_round = Gauge(
+            "ckpt_ha_scrub_last_round_timestamp_seconds",
+            "When the last complete scrub round finished (Unix time).",
+            ["service"],
+            registry=metrics.registry,
+        )

@@ -9,6 +9,10 @@ Keys (all under one prefix, so tests and stacks can share a Redis):
   resubmitted job writing the same path gets a new checkpoint id)
 * ``<p>:jobs``           set of job ids
 * ``<p>:applied``        set of event ids already projected (dedupe)
+* ``<p>:owner:<job>``    the project that owns a job's checkpoints (R5): claimed by the first
+  checkpoint whose identity names a project, changed only by a recorded transfer
+* ``<p>:project:<proj>`` set of job ids the project owns
+* ``<p>:owner-log:<job>`` list of ownership changes (JSON: from, to, actor, at, reason, event)
 
 A batch of transitions is written by one Lua compare-and-set on the records it read, so two
 replicas racing on one checkpoint cannot both apply one; the loser re-reads and sees the new
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
-from pydantic import AwareDatetime, BaseModel, ConfigDict
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -35,12 +39,15 @@ from contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
     CheckpointIdentity,
+    CheckpointQuarantinedV1,
+    CheckpointReleasedV1,
     CheckpointState,
     CheckpointVerifiedV1,
     CheckpointWritingV1,
+    OwnershipTransferredV1,
 )
 from services.shared.errors import DependencyNotReady, PermanentError, TransientError
-from services.shared.lifecycle import EVENT_TARGETS, Transition, transition
+from services.shared.lifecycle import DECISIONS, EVENT_TARGETS, Transition, transition
 
 
 class HistoryEntry(BaseModel):
@@ -70,9 +77,28 @@ class CheckpointRecord(BaseModel):
     shard_count: int | None = None
     total_bytes: int | None = None
     exact_resume: bool | None = None
+    quarantine_uri: str | None = None
+    """Where the bytes were moved when quarantined (None: tagged in place, or released)."""
+    checksums: dict[str, str] = Field(default_factory=dict)
+    """File → ``algorithm:hex`` as verified (from `CheckpointVerifiedV1.checks`); what a scrub
+    compares the bytes on storage against."""
     created_at: AwareDatetime
     updated_at: AwareDatetime
     history: tuple[HistoryEntry, ...] = ()
+
+
+class OwnershipChange(BaseModel):
+    """One entry of a job's ownership log (R5): who moved it, when, from where, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str
+    from_project: str | None
+    to_project: str
+    actor: str
+    at: AwareDatetime
+    reason: str
+    event_id: str
 
 
 @dataclass(frozen=True)
@@ -82,6 +108,63 @@ class Applied:
     transition: Transition | None
     duplicate: bool
     """True when this event id was projected before: nothing changed."""
+    owner: str | None = None
+    """The project owning the event's job after this event."""
+    others_at_uri: tuple[str, ...] = ()
+    """For an event that created a record: other checkpoint ids already registered at its URI
+    (a resubmitted job writing the same path). Both stay distinct; a human is told."""
+
+
+class OwnershipMismatch(PermanentError):
+    """A transfer names a previous owner the job does not have (someone moved it meanwhile)."""
+
+    code = "ownership_mismatch"
+
+    def __init__(self, job_id: str, expected: str | None, actual: str | None) -> None:
+        self.job_id = job_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"job {job_id}: transfer expects owner {expected or '<none>'}, "
+            f"but it is owned by {actual or '<none>'}"
+        )
+
+
+def own(
+    owner: str | None, event: Envelope[EventData], record: CheckpointRecord | None
+) -> OwnershipChange | None:
+    """Pure: the ownership change an event makes to its job, if any.
+
+    A job is claimed by the first checkpoint whose identity names a project; after that only an
+    explicit transfer that names the current owner moves it (no silent re-claim).
+    """
+    data = event.data
+    if isinstance(data, OwnershipTransferredV1):
+        if data.from_project != owner:
+            raise OwnershipMismatch(data.job_id, data.from_project, owner)
+        if data.to_project == owner:
+            return None
+        return OwnershipChange(
+            job_id=data.job_id,
+            from_project=owner,
+            to_project=data.to_project,
+            actor=data.actor,
+            at=event.time,
+            reason=data.reason,
+            event_id=event.id,
+        )
+    project = record.identity.project if record and record.identity else None
+    if owner is None and project is not None:
+        return OwnershipChange(
+            job_id=data.job_id,
+            from_project=None,
+            to_project=project,
+            actor=event.source,
+            at=event.time,
+            reason=f"claimed by checkpoint {record.checkpoint_id if record else '?'}",
+            event_id=event.id,
+        )
+    return None
 
 
 class RegistryUnavailable(TransientError):
@@ -92,10 +175,25 @@ class RegistryUnavailable(TransientError):
         super().__init__(f"registry (Redis) unavailable: {reason}")
 
 
-def _reason(data: EventData) -> str | None:
+def _field(data: EventData, name: str) -> str | None:
     # Not getattr(): a missing attribute on a pydantic model is a slow exception path.
-    value = data.__dict__.get("reason")
+    value = data.__dict__.get(name)
     return value if isinstance(value, str) else None
+
+
+def checksums_from_checks(checks: Iterable[str]) -> dict[str, str]:
+    """The ``file=algorithm:hex`` entries of a verified event's checks, as file → digest.
+
+    Other checks (``sizes``, ``checksums:xxh3_64``) have no ``=`` or no digest after it. A path
+    may hold ``=`` itself; a digest never does, so the last one separates them.
+    """
+    out: dict[str, str] = {}
+    for check in checks:
+        path, sep, digest = check.rpartition("=")
+        algorithm, colon, hexdigest = digest.partition(":")
+        if sep and path and colon and algorithm and hexdigest:
+            out[path] = digest
+    return out
 
 
 def project(
@@ -115,8 +213,17 @@ def project(
     }:
         # E.g. verified delivered before committed: wait for the earlier event.
         raise DependencyNotReady(f"{data.EVENT_TYPE} for {checkpoint_id}", "its committed event")
-    step = transition(checkpoint_id, current, target)
+    step = transition(checkpoint_id, current, target, report=data.EVENT_TYPE not in DECISIONS)
     if not step.changed:
+        if (
+            record is not None
+            and record.identity is None
+            and isinstance(data, CheckpointCommittedV1)
+            and data.identity is not None
+        ):
+            # The watcher and the writer both announce a commit; the one heard second may be the
+            # one that knows the identity (R4). Bind it; the lifecycle does not move.
+            record = record.model_copy(update={"identity": data.identity})
         return record, step
     fields: dict[str, Any] = {}
     if isinstance(data, CheckpointWritingV1 | CheckpointCommittedV1):
@@ -124,18 +231,23 @@ def project(
         if data.step is not None:
             fields["step"] = data.step
     if isinstance(data, CheckpointCommittedV1):
-        fields.update(
-            identity=data.identity, shard_count=data.shard_count, total_bytes=data.total_bytes
-        )
+        fields.update(shard_count=data.shard_count, total_bytes=data.total_bytes)
+        if data.identity is not None:
+            fields["identity"] = data.identity
     if isinstance(data, CheckpointVerifiedV1):
         fields["exact_resume"] = data.exact_resume
+        fields["checksums"] = checksums_from_checks(data.checks)
+    if isinstance(data, CheckpointQuarantinedV1) and data.quarantine_uri is not None:
+        fields["quarantine_uri"] = data.quarantine_uri
+    if isinstance(data, CheckpointReleasedV1):
+        fields["quarantine_uri"] = None
     entry = HistoryEntry(
         state=target,
         at=event.time,
         event_id=event.id,
         event_type=data.EVENT_TYPE,
-        actor=event.source,
-        reason=_reason(data),
+        actor=_field(data, "actor") or event.source,
+        reason=_field(data, "reason"),
     )
     if record is None:
         new = CheckpointRecord(
@@ -174,6 +286,10 @@ for _, r in ipairs(batch.records) do
   local digest = current and redis.sha1hex(current) or ''
   if digest ~= r.expect then return 0 end
 end
+for _, o in ipairs(batch.owners) do
+  local owner = redis.call('GET', p .. ':owner:' .. o.job) or ''
+  if owner ~= o.expect then return 0 end
+end
 if #batch.events > 0 then redis.call('SADD', KEYS[1], unpack(batch.events)) end
 for _, r in ipairs(batch.records) do
   redis.call('SET', p .. ':ckpt:' .. r.id, r.doc)
@@ -182,6 +298,13 @@ for _, r in ipairs(batch.records) do
   redis.call('SADD', p .. ':jobs', r.job)
   redis.call('SADD', p .. ':uri:' .. r.uri, r.id)
   redis.call('ZADD', p .. ':job:' .. r.job, r.step, r.id)
+end
+for _, c in ipairs(batch.changes) do
+  if c.from ~= '' then redis.call('SREM', p .. ':project:' .. c.from, c.job) end
+  redis.call('SADD', p .. ':project:' .. c.to, c.job)
+  redis.call('SET', p .. ':owner:' .. c.job, c.to)
+  redis.call('RPUSH', p .. ':owner-log:' .. c.job, c.log)
+  redis.call('SADD', p .. ':jobs', c.job)
 end
 return 1
 """
@@ -235,40 +358,80 @@ class Registry:
         """Project events in order, atomically, in two round trips for the whole batch.
 
         Returns one result per event: `Applied`, or the error that event alone raised
-        (`IllegalTransition`, `DependencyNotReady`); the other events still apply. The write is
-        a compare-and-set on every record read: if another replica changed one in between, the
-        whole batch is read and projected again, so two racers never both apply a transition.
+        (`IllegalTransition`, `DependencyNotReady`, `OwnershipMismatch`); the other events still
+        apply. The write is a compare-and-set on every record and owner read: if another replica
+        changed one in between, the whole batch is read and projected again, so two racers never
+        both apply a transition.
         """
         ids = list(dict.fromkeys(str(getattr(e.data, "checkpoint_id", "")) for e in events))
+        ids = [i for i in ids if i]
+        jobs = list(dict.fromkeys(e.data.job_id for e in events))
+        uris = list(dict.fromkeys(u for e in events if (u := _field(e.data, "uri"))))
         keys = [self._k("ckpt", i) for i in ids]
         applied_key = self._k("applied")
         try:
             while True:
                 async with self.r.pipeline(transaction=False) as pipe:
-                    pipe.mget(keys)
                     pipe.smismember(applied_key, [e.id for e in events])
-                    raws, seen = await pipe.execute()
+                    pipe.mget([self._k("owner", j) for j in jobs])
+                    if keys:  # none when the batch holds only ownership transfers
+                        pipe.mget(keys)
+                    for uri in uris:
+                        pipe.smembers(self._k("uri", uri))
+                    seen, owner_raws, *rest = await pipe.execute()
+                raws, at_uri = (rest[0], rest[1:]) if keys else ([], rest)
                 raw_by_id = dict(zip(ids, raws, strict=True))
                 before = {
                     i: CheckpointRecord.model_validate_json(raw) if raw else None
                     for i, raw in raw_by_id.items()
                 }
                 records = dict(before)
+                owners_before: dict[str, str | None] = dict(zip(jobs, owner_raws, strict=True))
+                owners = dict(owners_before)
+                ids_at_uri = {u: set(_strs(m)) for u, m in zip(uris, at_uri, strict=True)}
+                changes: list[OwnershipChange] = []
                 results: list[Applied | Exception] = []
                 fresh: list[str] = []
                 for event, was_seen in zip(events, seen, strict=True):
                     cid = str(getattr(event.data, "checkpoint_id", ""))
+                    job = event.data.job_id
                     if was_seen or event.id in fresh:
-                        results.append(Applied(records[cid], None, duplicate=True))
+                        record = records.get(cid)
+                        others: tuple[str, ...] = ()
+                        if record is not None and record.history[0].event_id == event.id:
+                            # Redelivered creator: re-derive its conflict (the publish may be lost).
+                            others = tuple(sorted(ids_at_uri.get(record.uri, set()) - {cid}))
+                        results.append(
+                            Applied(
+                                record,
+                                None,
+                                duplicate=True,
+                                owner=owners[job],
+                                others_at_uri=others,
+                            )
+                        )
                         continue
                     try:
-                        new, step = project(records[cid], event)
+                        old = records.get(cid)
+                        new, step = project(old, event) if cid else (None, None)
+                        change = own(owners[job], event, new)
                     except (PermanentError, TransientError) as exc:
                         results.append(exc)
                         continue
-                    records[cid] = new
+                    others = ()
+                    if cid:
+                        records[cid] = new
+                        if old is None and new is not None:
+                            at = ids_at_uri.setdefault(new.uri, set())
+                            others = tuple(sorted(at - {cid}))
+                            at.add(cid)
+                    if change is not None:
+                        changes.append(change)
+                        owners[job] = change.to_project
                     fresh.append(event.id)
-                    results.append(Applied(new, step, duplicate=False))
+                    results.append(
+                        Applied(new, step, duplicate=False, owner=owners[job], others_at_uri=others)
+                    )
                 changed = [
                     _RecordWrite(before[cid], new, raw_by_id[cid])
                     for cid, new in records.items()
@@ -276,14 +439,19 @@ class Registry:
                 ]
                 if not fresh and not changed:
                     return results
-                if await self._write_script(
-                    keys=[applied_key], args=[self._write_batch(fresh, changed)]
-                ):
+                batch = self._write_batch(fresh, changed, changes, owners_before)
+                if await self._write_script(keys=[applied_key], args=[batch]):
                     return results
         except (RedisConnectionError, RedisTimeoutError) as exc:
             raise RegistryUnavailable(str(exc)) from exc
 
-    def _write_batch(self, event_ids: list[str], changed: list[_RecordWrite]) -> str:
+    def _write_batch(
+        self,
+        event_ids: list[str],
+        changed: list[_RecordWrite],
+        changes: list[OwnershipChange],
+        owners_before: dict[str, str | None],
+    ) -> str:
         return json.dumps(
             {
                 "prefix": self.p,
@@ -291,9 +459,7 @@ class Registry:
                 "records": [
                     {
                         "id": w.new.checkpoint_id,
-                        "expect": hashlib.sha1(w.read.encode(), usedforsecurity=False).hexdigest()
-                        if w.read
-                        else "",
+                        "expect": _sha1(w.read) if w.read else "",
                         "doc": w.new.model_dump_json(),
                         "old": w.old.state.value if w.old is not None else "",
                         "new": w.new.state.value,
@@ -303,8 +469,33 @@ class Registry:
                     }
                     for w in changed
                 ],
+                "owners": [
+                    {"job": job, "expect": owners_before.get(job) or ""}
+                    for job in dict.fromkeys(c.job_id for c in changes)
+                ],
+                "changes": [
+                    {
+                        "job": c.job_id,
+                        "from": c.from_project or "",
+                        "to": c.to_project,
+                        "log": c.model_dump_json(),
+                    }
+                    for c in changes
+                ],
             }
         )
+
+    async def owner(self, job_id: str) -> str | None:
+        """The project that owns a job's checkpoints (None: never claimed)."""
+        value = await self.r.get(self._k("owner", job_id))
+        return str(value) if value else None
+
+    async def owner_log(self, job_id: str) -> list[OwnershipChange]:
+        raws = await self.r.lrange(self._k("owner-log", job_id), 0, -1)
+        return [OwnershipChange.model_validate_json(r) for r in raws]
+
+    async def jobs_of(self, project: str) -> list[str]:
+        return sorted(_strs(await self.r.smembers(self._k("project", project))))
 
     async def get(self, checkpoint_id: str) -> CheckpointRecord | None:
         raw = await self.r.get(self._k("ckpt", checkpoint_id))
@@ -353,6 +544,8 @@ class Registry:
                 out[key] = sorted(await self.r.smembers(key))
             elif kind == "zset":
                 out[key] = await self.r.zrange(key, 0, -1, withscores=True)
+            elif kind == "list":
+                out[key] = await self.r.lrange(key, 0, -1)
         return dict(sorted(out.items()))
 
     async def clear(self) -> int:

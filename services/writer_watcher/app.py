@@ -1,50 +1,86 @@
 """Composition root of the writer-watcher process.
 
 Turns checkpoint writes on storage into checkpoint.writing / committed / write_failed events,
-by listing the storage root every few seconds (level-triggered: a restart re-derives the same
-facts with the same event ids).
+by listing the storage root every few seconds. What it announced is kept in Redis (beside the
+registry), so a restarted watcher announces nothing twice; it reads the registry (never writes
+it) to tell a failed write from a valid checkpoint that lost files.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from dataclasses import dataclass
 from datetime import timedelta
 
 from faststream import FastStream
 
+from contracts.checkpoint import CheckpointState
 from services.shared.clock import Clock, utc_now
+from services.shared.registry import Registry
 from services.shared.service import Service, new_service
 from services.shared.storage import open_store
+from services.writer_watcher import adapters, notify
 from services.writer_watcher.handlers import Watcher
 from services.writer_watcher.settings import WriterWatcherSettings
 
 NAME = "writer-watcher"
 
 
-def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> Service:
-    svc = new_service(NAME, settings).finish(
+@dataclass(kw_only=True)
+class WriterWatcher(Service):
+    watcher: Watcher
+    registry: Registry
+    """Read only, and the connection the watch state shares."""
+
+
+def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatcher:
+    base = new_service(NAME, settings)
+    store = open_store(settings.storage_root)
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    state_store = adapters.RedisWatchState(registry.r, settings.registry_prefix, store.uri("x"))
+
+    async def registry_state(checkpoint_id: str) -> CheckpointState | None:
+        record = await registry.get(checkpoint_id)
+        return record.state if record is not None else None
+
+    svc = WriterWatcher(
+        name=NAME,
+        bus=base.bus,
+        metrics=base.metrics,
+        checks={"redis": registry.ping},
+        on_stop=registry.close,
+        registry=registry,
+        watcher=Watcher(
+            store,
+            base.bus,
+            clock,
+            timedelta(seconds=settings.stall_timeout_s),
+            state_store,
+            registry_state,
+        ),
+    )
+    svc.finish(
         title="ckpt-ha writer-watcher",
         description=(
             "Turns checkpoint writes on storage into checkpoint.writing / committed / "
             "write_failed events."
         ),
     )
-    watcher = Watcher(
-        open_store(settings.storage_root),
-        svc.bus,
-        clock,
-        timedelta(seconds=settings.stall_timeout_s),
-    )
+    watcher = svc.watcher
     tasks: list[asyncio.Task[None]] = []
     assert svc.app is not None
 
+    wakeup = notify.for_store(store, settings.watch_mode)
+
     @svc.app.after_startup
     async def _start() -> None:
-        tasks.append(asyncio.create_task(watcher.run(settings.poll_interval_s)))
+        await wakeup.start()
+        tasks.append(asyncio.create_task(watcher.run(settings.poll_interval_s, wakeup)))
 
     @svc.app.on_shutdown
     async def _stop() -> None:
+        await wakeup.stop()
         for task in tasks:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 import uuid
@@ -20,6 +21,13 @@ from services.shared.formats import native, verify
 from services.shared.formats.report import Verdict
 from services.shared.storage import FsStore, S3Store
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
+from tests.support.torch_tools import (
+    Payload,
+    require_torch,
+    torch_saved,
+    write_dcp,
+    write_hf_torch_files,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -121,3 +129,61 @@ def test_latest_valid_by_recorded_step_with_reasons(tmp_path: Path) -> None:
     empty.mkdir()
     assert cli("latest-valid", str(empty)).returncode == 1
     assert cli("latest-valid", str(tmp_path / "missing")).returncode == 2
+
+
+def _upload(store: S3Store, folder: Path, prefix: str) -> None:
+    for path in sorted(folder.iterdir()):
+        store.put(f"{prefix}/{path.name}", path.read_bytes())
+
+
+def test_dcp_on_s3_reads_metadata_and_ranges(s3_store: S3Store, tmp_path: Path) -> None:
+    local = write_dcp(tmp_path / "step-9", step=None)
+    _upload(s3_store, local, "job-d/step-9")
+    report = verify(s3_store, "job-d/step-9")
+    assert report.verdict is Verdict.VALID, report.reasons
+    assert (report.step, report.checks[-1]) == (9, "step:folder-name")
+    assert "dcp-bytes:weights_only" in report.checks
+    assert report.checksums == verify(FsStore(local), "").checksums
+
+    s3_store.delete("job-d/step-9/__0_0.distcp")
+    assert verify(s3_store, "job-d/step-9").verdict is Verdict.INCOMPLETE
+
+
+def test_verify_cli_on_dcp_valid_and_hostile(tmp_path: Path) -> None:
+    folder = write_dcp(tmp_path / "step-100")
+    out = cli("verify", str(folder), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["verdict"], doc["format"], doc["step"]) == ("valid", "torch_dcp", 7)
+    assert "__0_0.distcp" in doc["checksums"]
+
+    marker = tmp_path / "marker"
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    out = cli("verify", str(folder), "--json")
+    assert out.returncode == 1, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["verdict"], doc["format"]) == ("unsafe", "torch_dcp")
+    assert any("refusing to unpickle" in r for r in doc["reasons"])
+    assert not marker.exists()
+    out = cli("verify", str(folder))
+    assert (out.returncode, out.stdout.split()[0]) == (1, "UNSAFE")
+
+
+def test_verify_cli_on_hostile_trainer_optimizer(tmp_path: Path) -> None:
+    torch = require_torch()
+    folder = tmp_path / "checkpoint-3"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "trainer_state.json").write_text('{"global_step": 3}')
+    torch.save(torch.nn.Linear(2, 2).state_dict(), folder / "pytorch_model.bin")
+    write_hf_torch_files(folder)
+    out = cli("verify", str(folder), "--json")
+    assert out.returncode == 0, out.stderr
+    assert "torch-load:weights_only" in json.loads(out.stdout)["checks"]
+
+    marker = tmp_path / "marker"
+    (folder / "optimizer.pt").write_bytes(torch_saved({"state": {}, "x": Payload(marker)}))
+    out = cli("verify", str(folder), "--json")
+    assert out.returncode == 1
+    assert json.loads(out.stdout)["verdict"] == "unsafe"
+    assert not marker.exists()

@@ -11,6 +11,7 @@ import pytest
 
 from contracts import build
 from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat, CheckpointState
+from services.integrity_checker.app import IntegrityChecker
 from services.integrity_checker.app import build as build_checker
 from services.integrity_checker.settings import IntegrityCheckerSettings
 from services.registrar.app import Registrar
@@ -18,7 +19,6 @@ from services.registrar.app import build as build_registrar
 from services.registrar.settings import RegistrarSettings
 from services.shared.bus import Bus
 from services.shared.formats import native
-from services.shared.service import Service
 from services.shared.settings import ServiceSettings
 from services.shared.storage import FsStore
 from tests.support.bus_tools import stream_messages, wait_for
@@ -31,7 +31,7 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 @pytest.fixture
 async def stack(
     settings: ServiceSettings, tmp_path: Path
-) -> AsyncIterator[tuple[Registrar, Service, Bus, FsStore]]:
+) -> AsyncIterator[tuple[Registrar, IntegrityChecker, Bus, FsStore]]:
     root = tmp_path / "storage"
     root.mkdir()
     s = {**settings.model_dump(), "storage_root": str(root)}
@@ -44,6 +44,7 @@ async def stack(
     for bus in (producer, checker.bus, registrar.bus):
         await bus.broker.stop()
     await registrar.registry.close()
+    await checker.registry.close()
 
 
 def committed(store: FsStore, prefix: str, ckpt: str, step: int) -> CheckpointCommittedV1:
@@ -58,7 +59,7 @@ def committed(store: FsStore, prefix: str, ckpt: str, step: int) -> CheckpointCo
 
 
 async def test_good_checkpoint_becomes_valid_and_bad_one_quarantined(
-    stack: tuple[Registrar, Service, Bus, FsStore], settings: ServiceSettings
+    stack: tuple[Registrar, IntegrityChecker, Bus, FsStore], settings: ServiceSettings
 ) -> None:
     registrar, _, producer, store = stack
     shards = {"rank-0.bin": os.urandom(200_000), "rank-1.bin": os.urandom(1000)}
@@ -84,6 +85,12 @@ async def test_good_checkpoint_becomes_valid_and_bad_one_quarantined(
         CheckpointState.QUARANTINED,
     ]
     assert "rank-1.bin: checksum" in (bad.history[1].reason or "")
+    # Its bytes were moved aside before it was announced quarantined; the good one stays.
+    assert [i.key for i in store.list("quarantine/")] == [
+        f"quarantine/job-i/bad/{name}" for name in (native.MANIFEST, "rank-0.bin", "rank-1.bin")
+    ]
+    assert not store.exists("job-i/step-20/rank-0.bin")
+    assert store.exists("job-i/step-10/rank-0.bin")
     assert [r.checkpoint_id for r in await registrar.registry.by_job("job-i")] == ["bad", "good"]
     assert (await registrar.registry.latest_valid("job-i")).checkpoint_id == "good"  # type: ignore[union-attr]
 
@@ -93,7 +100,7 @@ async def test_good_checkpoint_becomes_valid_and_bad_one_quarantined(
 
 
 async def test_checkpoint_outside_the_storage_root_is_dead_lettered(
-    stack: tuple[Registrar, Service, Bus, FsStore], settings: ServiceSettings
+    stack: tuple[Registrar, IntegrityChecker, Bus, FsStore], settings: ServiceSettings
 ) -> None:
     _, _, producer, _ = stack
     data = CheckpointCommittedV1(
@@ -153,11 +160,12 @@ async def test_watcher_finds_a_checkpoint_written_without_any_event(
         for svc in reversed(started):
             assert svc.app is not None
             await svc.app.stop()
-        await registrar.registry.close()
+        for registry in (registrar.registry, checker.registry, watcher.registry):
+            await registry.close()
 
 
 async def test_sdk_save_is_announced_verified_and_registered(
-    stack: tuple[Registrar, Service, Bus, FsStore], settings: ServiceSettings
+    stack: tuple[Registrar, IntegrityChecker, Bus, FsStore], settings: ServiceSettings
 ) -> None:
     import asyncio
 

@@ -156,3 +156,20 @@ def test_an_unreachable_endpoint_is_transient(closed_port: int) -> None:
             operation()
         assert caught.value.transient
         assert caught.value.backend == "s3"
+
+
+def test_quarantine_and_restore_a_checkpoint_folder_on_s3(s3_endpoint: str, bucket: str) -> None:
+    from services.shared.storage.quarantine import quarantine, restore
+
+    store = make_store(s3_endpoint, bucket, "root")
+    store.put("job-1/step-5/a.bin", b"a", metadata={"sha256": "ab"})
+    store.put("job-1/step-5/ckpt-ha.manifest.json", b"{}")
+
+    target = quarantine(store, "job-1/step-5", "job-1", "job-1-c1")
+
+    assert target == "quarantine/job-1/job-1-c1"
+    assert keys_of(store) == [f"{target}/a.bin", f"{target}/ckpt-ha.manifest.json"]
+    assert store.stat(f"{target}/a.bin").metadata == {"sha256": "ab"}
+    assert store.uri(target) == f"s3://{bucket}/root/{target}"
+    restore(store, target, "job-1/step-5")
+    assert keys_of(store) == ["job-1/step-5/a.bin", "job-1/step-5/ckpt-ha.manifest.json"]

@@ -10,29 +10,26 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Iterator, Mapping
-from datetime import timedelta
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
 import boto3
 import numpy as np
 import pytest
+import redis.asyncio as aioredis
 
 from services import sdk
-from services.shared.bus import Bus
-from services.shared.clock import utc_now
 from services.shared.formats.identity import checkpoint_id
 from services.shared.settings import ServiceSettings
 from services.shared.storage import FsStore, ObjectInfo, S3Store
 from services.writer_watcher import adapters
-from services.writer_watcher.handlers import Watcher
+from services.writer_watcher.app import build as build_watcher
+from services.writer_watcher.settings import WriterWatcherSettings
 from tests.support.bus_tools import stream_messages
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
 
 pytestmark = pytest.mark.integration
-
-STALL = timedelta(minutes=5)
 
 
 async def events_of(settings: ServiceSettings, checkpoint_id: str) -> list[dict[str, object]]:
@@ -46,15 +43,31 @@ async def events_of(settings: ServiceSettings, checkpoint_id: str) -> list[dict[
 
 
 async def watcher_pass(settings: ServiceSettings, root: Path) -> dict[str, str]:
-    """One real writer-watcher pass over ``root``: folder → the checkpoint id it derived."""
-    bus = Bus(settings.bus(), "writer-watcher")
-    await bus.broker.start()
+    """One real writer-watcher pass over ``root``: folder → the checkpoint id it derived.
+
+    The watcher keeps its state in Redis, so consecutive passes act as one long-lived watcher.
+    """
+    svc = build_watcher(
+        WriterWatcherSettings.model_validate({**settings.model_dump(), "storage_root": str(root)})
+    )
+    await svc.bus.broker.start()
     try:
-        watcher = Watcher(FsStore(root), bus, utc_now, STALL)
-        await watcher.scan_once()
+        await svc.watcher.scan_once()
     finally:
-        await bus.broker.stop()
-    return {folder: t.checkpoint_id for folder, t in watcher.state.folders.items()}
+        await svc.bus.broker.stop()
+        await svc.registry.close()
+    assert svc.watcher.state is not None
+    return {folder: t.checkpoint_id for folder, t in svc.watcher.state.folders.items()}
+
+
+@pytest.fixture(autouse=True)
+async def forget_watch_state(settings: ServiceSettings) -> AsyncIterator[None]:
+    yield
+    r = aioredis.Redis.from_url(settings.redis_url)
+    keys = [k async for k in r.scan_iter(match=f"{settings.registry_prefix}-watcher:*")]
+    if keys:
+        await r.delete(*keys)
+    await r.aclose()
 
 
 class PausingStore(FsStore):

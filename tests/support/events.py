@@ -10,6 +10,7 @@ from contracts.checkpoint import (
     CheckpointDeletedV1,
     CheckpointExpiredV1,
     CheckpointFormat,
+    CheckpointIdentity,
     CheckpointVerifiedV1,
 )
 
@@ -17,8 +18,18 @@ T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
 
 def committed(
-    ckpt: str, job: str = "job-1", step: int = 100, uri: str | None = None, key: str = "k"
+    ckpt: str,
+    job: str = "job-1",
+    step: int = 100,
+    uri: str | None = None,
+    key: str = "k",
+    project: str | None = None,
 ) -> Envelope[EventData]:
+    identity = None
+    if project is not None:
+        identity = CheckpointIdentity(
+            job_id=job, run_id="run-1", code_version="abc123", project=project, created_at=T0
+        )
     return build(
         CheckpointCommittedV1(
             job_id=job,
@@ -27,6 +38,7 @@ def committed(
             run_id="run-1",
             step=step,
             format=CheckpointFormat.NATIVE,
+            identity=identity,
             shard_count=2,
             total_bytes=2048,
         ),

@@ -48,6 +48,8 @@ KEY_OPERATIONS: dict[str, Callable[[ObjectStore, str], object]] = {
     "copy_from": lambda s, k: s.copy(k, "dst"),
     "copy_to": lambda s, k: s.copy("src", k),
     "quarantine": lambda s, k: s.quarantine(k),
+    "move_from": lambda s, k: s.move(k, "dst"),
+    "move_to": lambda s, k: s.move("src", k),
     "delete": lambda s, k: s.delete(k),
     "uri": lambda s, k: s.uri(k),
 }
@@ -145,7 +147,7 @@ class StoreContract:
             store.read_bytes("data", length=-1)
 
     @pytest.mark.parametrize(
-        "operation", ["stat", "open_read", "read_bytes", "copy_from", "quarantine"]
+        "operation", ["stat", "open_read", "read_bytes", "copy_from", "quarantine", "move_from"]
     )
     def test_missing_object_is_not_found(self, store: ObjectStore, operation: str) -> None:
         with pytest.raises(ObjectNotFound) as caught:
@@ -196,6 +198,32 @@ class StoreContract:
         store.put("same", b"x")
         with pytest.raises(InvalidKey):
             store.copy("same", "same")
+
+    def test_move_takes_bytes_and_metadata_and_removes_the_source(self, store: ObjectStore) -> None:
+        store.put("job/step-1/shard.bin", DATA, metadata={"sha256": "ab"})
+        store.put("elsewhere/shard.bin", b"to be replaced", metadata={"stale": "yes"})
+
+        moved = store.move("job/step-1/shard.bin", "elsewhere/shard.bin")
+
+        assert moved == store.stat("elsewhere/shard.bin")
+        assert (moved.size, moved.metadata) == (len(DATA), {"sha256": "ab"})
+        assert store.read_bytes("elsewhere/shard.bin") == DATA
+        assert not store.exists("job/step-1/shard.bin")
+        assert keys_of(store) == ["elsewhere/shard.bin"]
+
+    def test_move_into_a_new_folder_and_back(self, store: ObjectStore) -> None:
+        store.put("a/b/c.bin", b"payload")
+        store.move("a/b/c.bin", "q/a/b/c.bin")
+        assert keys_of(store) == ["q/a/b/c.bin"]
+        store.move("q/a/b/c.bin", "a/b/c.bin")
+        assert keys_of(store) == ["a/b/c.bin"]
+        assert store.stat("a/b/c.bin").metadata == {}
+
+    def test_move_onto_itself_is_rejected(self, store: ObjectStore) -> None:
+        store.put("same", b"x")
+        with pytest.raises(InvalidKey):
+            store.move("same", "same")
+        assert store.read_bytes("same") == b"x"
 
     def test_quarantine_copies_under_the_prefix(self, store: ObjectStore) -> None:
         key = "ckpt/step-7/shard.bin"

@@ -16,6 +16,7 @@ from contracts.checkpoint import CheckpointFormat, CheckpointIdentity
 from services.shared.formats import native, verify, verify_path
 from services.shared.formats.report import Verdict
 from services.shared.storage import FsStore, ObjectExists
+from tests.support.torch_tools import write_hf_torch_files
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 SHARDS = {"model/rank-0.bin": os.urandom(70_000), "model/rank-1.bin": os.urandom(1234)}
@@ -208,15 +209,15 @@ def test_sharded_safetensors(tmp_path: Path) -> None:
     assert any("ghost.weight" in r for r in report.reasons)
 
 
-def test_unknown_and_unbuilt_layouts_are_never_valid(tmp_path: Path) -> None:
+def test_unknown_layouts_are_never_valid(tmp_path: Path) -> None:
     (tmp_path / "unknown").mkdir()
     (tmp_path / "unknown" / "weights.bin").write_bytes(b"x" * 10)
     assert verify_path(tmp_path / "unknown").verdict is Verdict.UNKNOWN
     (tmp_path / "dcp").mkdir()
     (tmp_path / "dcp" / ".metadata").write_bytes(b"\x80\x04N.")
     (tmp_path / "dcp" / "__0_0.distcp").write_bytes(b"x")
-    report = verify_path(tmp_path / "dcp")
-    assert report.verdict is Verdict.UNKNOWN
+    report = verify_path(tmp_path / "dcp")  # recognised, but None is no DCP metadata
+    assert report.verdict is Verdict.CORRUPT
     assert report.format is CheckpointFormat.TORCH_DCP
 
 
@@ -234,8 +235,7 @@ def write_hf(folder: Path, *, step: int = 500, resume: bool = True) -> None:
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 1.5}))
     write_safetensors(folder / "model.safetensors")
     if resume:
-        for name in ("optimizer.pt", "scheduler.pt", "rng_state.pth"):
-            (folder / name).write_bytes(b"PK\x03\x04" + os.urandom(300))
+        write_hf_torch_files(folder)  # real torch.save files: they are loaded (weights_only)
 
 
 def test_hf_trainer_folder_exact_resume(tmp_path: Path) -> None:

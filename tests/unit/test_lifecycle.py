@@ -9,6 +9,7 @@ import pytest
 from contracts.checkpoint import CheckpointState as S
 from services.shared.errors import PermanentError
 from services.shared.lifecycle import (
+    DECISIONS,
     EVENT_TARGETS,
     STALE,
     TRANSITIONS,
@@ -26,7 +27,7 @@ LEGAL = {
     (S.PENDING_VERIFICATION, S.WRITE_FAILED),
     (S.VALID, S.CORRUPT), (S.VALID, S.QUARANTINED), (S.VALID, S.EXPIRED),
     (S.CORRUPT, S.QUARANTINED), (S.CORRUPT, S.EXPIRED),
-    (S.QUARANTINED, S.EXPIRED),
+    (S.QUARANTINED, S.PENDING_VERIFICATION), (S.QUARANTINED, S.EXPIRED),
     (S.WRITE_FAILED, S.QUARANTINED), (S.WRITE_FAILED, S.EXPIRED),
     (S.EXPIRED, S.DELETED),
 }  # fmt: skip
@@ -74,3 +75,23 @@ def test_deleted_is_terminal() -> None:
 def test_every_moving_event_targets_a_state() -> None:
     assert set(EVENT_TARGETS.values()) == set(S)
     assert "checkpoint.registered" not in EVENT_TARGETS
+
+
+@pytest.mark.parametrize(("current", "target"), list(itertools.product(ALL, list(S))))
+def test_a_decision_is_never_stale(current: S | None, target: S) -> None:
+    if current == target:
+        assert not transition("c", current, target, report=False).changed
+    elif (current, target) in LEGAL:
+        assert transition("c", current, target, report=False).changed
+    else:
+        with pytest.raises(IllegalTransition):
+            transition("c", current, target, report=False)
+
+
+def test_release_is_a_decision_and_goes_back_to_verification() -> None:
+    assert EVENT_TARGETS["checkpoint.released"] is S.PENDING_VERIFICATION
+    assert "checkpoint.released" in DECISIONS
+    # A late `committed` for a quarantined checkpoint changes nothing; a release moves it.
+    assert not transition("c", S.QUARANTINED, S.PENDING_VERIFICATION).changed
+    step = transition("c", S.QUARANTINED, S.PENDING_VERIFICATION, report=False)
+    assert (step.previous, step.new, step.changed) == (S.QUARANTINED, S.PENDING_VERIFICATION, True)

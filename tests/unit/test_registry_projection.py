@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.checkpoint import CheckpointState
+from contracts import build
+from contracts.checkpoint import CheckpointState, CheckpointVerifiedV1
 from services.shared.errors import DependencyNotReady
 from services.shared.lifecycle import IllegalTransition
 from services.shared.registry import project
-from tests.support.events import committed, deleted, expired, verified
+from tests.support.events import T0, committed, deleted, expired, verified
 
 
 def test_committed_creates_a_pending_record() -> None:
@@ -51,3 +52,18 @@ def test_full_life_and_illegal_resurrection() -> None:
     ]
     with pytest.raises(IllegalTransition):
         project(record, committed("c1", key="resubmitted"))
+
+
+def test_verified_records_the_checksums_a_scrub_compares_against() -> None:
+    record, _ = project(None, committed("c1"))
+    event = build(
+        CheckpointVerifiedV1(
+            job_id="job-1", checkpoint_id="c1", uri="file:///data/job-1/step-100",
+            checks=("sizes", "checksums:xxh3_64", "a.bin=xxh3_64:00ff", "b/c.bin=sha256:abcd"),
+        ),
+        source="test/checker", time=T0, key="k",
+    )  # fmt: skip
+    record, _ = project(record, event)
+    assert record is not None
+    assert record.checksums == {"a.bin": "xxh3_64:00ff", "b/c.bin": "sha256:abcd"}
+    assert project(None, committed("c2"))[0].checksums == {}  # type: ignore[union-attr]

@@ -183,10 +183,6 @@ def test_native_checkpoints_without_a_state_index_load_too(tmp_path: Path) -> No
 class SteppedBackClock(FsStore):
     """A filesystem whose clock stepped back while the leaves were written."""
 
-    def __init__(self, root: Path) -> None:
-        super().__init__(root)
-        self.root = root
-
     def put(self, key: str, data: object, *, metadata: object = None) -> ObjectInfo:
         info = super().put(key, data, metadata=metadata)  # type: ignore[arg-type]
         if "/state/" in key:

@@ -2,20 +2,31 @@
 
 from __future__ import annotations
 
+import json
+import pickle
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pytest
+
 from contracts.checkpoint import (
     CheckpointCommittedV1,
+    CheckpointCorruptV1,
     CheckpointFormat,
+    CheckpointIdentity,
+    CheckpointQuarantinedV1,
+    CheckpointState,
     CheckpointWriteFailedV1,
     CheckpointWritingV1,
+    FailureSide,
 )
 from services.shared.formats import native
 from services.shared.formats.identity import checkpoint_id_on
 from services.shared.storage import FsStore
-from services.writer_watcher import adapters
-from services.writer_watcher.domain import Evidence, Observation, WatchState, observe
+from services.writer_watcher import adapters, domain
+from services.writer_watcher.domain import Evidence, Observation, WatchState, missing, observe
+from tests.support.torch_tools import Payload, write_dcp
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 STALL = timedelta(minutes=5)
@@ -61,6 +72,29 @@ def test_stalled_write_fails_and_says_what_is_missing() -> None:
     assert "commit marker" in failed.reason
 
 
+def test_a_write_stalled_while_storage_failed_is_the_platforms() -> None:
+    state = WatchState()
+    stuck = obs({"a.bin": 10}, None)
+    observe(state, [stuck], T0, STALL)
+    later = T0 + STALL + timedelta(seconds=1)
+    trouble = (T0 + timedelta(minutes=2), "503 Slow Down")
+    [failed] = observe(state, [stuck], later, STALL, None, trouble)
+    assert isinstance(failed, CheckpointWriteFailedV1)
+    assert failed.side is FailureSide.INFRASTRUCTURE
+    assert "503 Slow Down" in failed.reason
+    assert "write stalled" in failed.reason
+
+
+def test_storage_trouble_before_the_last_progress_does_not_excuse_a_stall() -> None:
+    state = WatchState()
+    stuck = obs({"a.bin": 10}, None)
+    observe(state, [stuck], T0, STALL)
+    trouble = (T0 - timedelta(minutes=1), "timeout")
+    [failed] = observe(state, [stuck], T0 + STALL + timedelta(seconds=1), STALL, None, trouble)
+    assert isinstance(failed, CheckpointWriteFailedV1)
+    assert failed.side is FailureSide.JOB
+
+
 def test_progress_resets_the_stall_clock() -> None:
     state = WatchState()
     observe(state, [obs({"a.bin": 10}, None)], T0, STALL)
@@ -104,3 +138,197 @@ def test_writer_and_watcher_derive_the_same_id(tmp_path: Path) -> None:
     native.write(store, "job-1/step-3", {"s.bin": b"x" * 50}, step=3, created_at=T0)
     [committed] = observe(WatchState(), list(adapters.scan(store)), T0, STALL)
     assert committed.subject_key() == checkpoint_id_on(store, "job-1/step-3")
+
+
+def test_minimum_sizes_count_a_longer_file_as_present() -> None:
+    evidence = Evidence(
+        CheckpointFormat.TORCH_DCP,
+        {".metadata": 5, "d.distcp": 100},
+        at_least=frozenset({"d.distcp"}),
+    )
+    assert missing(evidence, {".metadata": 5, "d.distcp": 120}) == []
+    assert missing(evidence, {".metadata": 5, "d.distcp": 100}) == []
+    assert missing(evidence, {".metadata": 5, "d.distcp": 99}) == [
+        "d.distcp (want at least 100 bytes, have 99)"
+    ]
+    assert missing(evidence, {".metadata": 6, "d.distcp": 100}) == [
+        ".metadata (want 5 bytes, have 6)"
+    ]
+
+
+def _dcp_observation(store: FsStore) -> Observation:
+    [found] = list(adapters.scan(store))
+    return found
+
+
+def test_dcp_commits_only_when_every_data_file_holds_its_entries(tmp_path: Path) -> None:
+    folder = write_dcp(tmp_path / "job-1" / "step-40", step=None)
+    store = FsStore(tmp_path)
+    data = (folder / "__0_0.distcp").read_bytes()
+    complete = _dcp_observation(store)
+    assert complete.evidence.format is CheckpointFormat.TORCH_DCP
+    assert complete.evidence.required == {
+        ".metadata": (folder / ".metadata").stat().st_size,
+        "__0_0.distcp": len(data),
+    }
+    assert complete.evidence.step == 40
+
+    (folder / "__0_0.distcp").write_bytes(data[:-1])  # .metadata there, a data file short
+    state = WatchState()
+    [writing] = observe(state, [_dcp_observation(store)], T0, STALL)
+    assert isinstance(writing, CheckpointWritingV1)
+    (folder / "__0_0.distcp").unlink()  # .metadata there, a data file missing
+    assert observe(state, [_dcp_observation(store)], T0 + timedelta(seconds=2), STALL) == []
+    (folder / "__0_0.distcp").write_bytes(data)
+    [committed] = observe(state, [_dcp_observation(store)], T0 + timedelta(seconds=4), STALL)
+    assert isinstance(committed, CheckpointCommittedV1)
+    assert (committed.format, committed.step, committed.shard_count) == (
+        CheckpointFormat.TORCH_DCP, 40, 2
+    )  # fmt: skip
+
+
+def test_dcp_unreadable_metadata_is_still_the_commit_marker(tmp_path: Path) -> None:
+    folder = write_dcp(tmp_path / "job-1" / "step-40")
+    marker = tmp_path / "marker"
+    (folder / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    observation = _dcp_observation(FsStore(tmp_path))
+    assert observation.evidence.required == {".metadata": (folder / ".metadata").stat().st_size}
+    [committed] = observe(WatchState(), [observation], T0, STALL)
+    assert isinstance(committed, CheckpointCommittedV1)  # verification will judge it unsafe
+    assert not marker.exists()
+
+
+def committed_state(required: dict[str, int]) -> tuple[WatchState, str]:
+    state = WatchState()
+    [first] = observe(state, [obs(dict(required), required)], T0, STALL)
+    return state, first.subject_key()
+
+
+def test_lost_shards_of_a_valid_checkpoint_are_corrupt_and_quarantined() -> None:
+    required = {"a.bin": 10, "m": 5}
+    state, cid = committed_state(required)
+    damaged = [obs({"m": 5}, required)]
+    assert domain.needs_registry(state, damaged) == [cid]
+
+    corrupt, quarantined = observe(
+        state, damaged, T0 + timedelta(seconds=3), STALL, {cid: CheckpointState.VALID}
+    )
+
+    assert isinstance(corrupt, CheckpointCorruptV1)
+    assert isinstance(quarantined, CheckpointQuarantinedV1)
+    assert corrupt.side is FailureSide.INFRASTRUCTURE
+    assert corrupt.reason.startswith("files missing after verification: ")
+    assert corrupt.findings == ("a.bin (want 10 bytes, have none)",)
+    assert quarantined.quarantine_uri is None  # filled in by whoever moves the bytes
+    assert observe(state, damaged, T0 + timedelta(seconds=6), STALL) == []  # said once
+
+
+@pytest.mark.parametrize("registered", [None, CheckpointState.WRITING,
+                                        CheckpointState.PENDING_VERIFICATION])  # fmt: skip
+def test_lost_shards_before_verification_are_a_failed_write(
+    registered: CheckpointState | None,
+) -> None:
+    required = {"a.bin": 10, "m": 5}
+    state, cid = committed_state(required)
+    [failed] = observe(state, [obs({"m": 5}, required)], T0, STALL, {cid: registered})
+    assert isinstance(failed, CheckpointWriteFailedV1)
+
+
+@pytest.mark.parametrize(
+    "registered",
+    [CheckpointState.CORRUPT, CheckpointState.QUARANTINED, CheckpointState.WRITE_FAILED,
+     CheckpointState.EXPIRED, CheckpointState.DELETED],
+)  # fmt: skip
+def test_lost_shards_of_a_decided_checkpoint_say_nothing(registered: CheckpointState) -> None:
+    required = {"a.bin": 10, "m": 5}
+    state, cid = committed_state(required)
+    assert observe(state, [obs({"m": 5}, required)], T0, STALL, {cid: registered}) == []
+
+
+def test_the_registry_is_asked_only_about_committed_folders_with_gaps() -> None:
+    required = {"a.bin": 10, "m": 5}
+    state, _ = committed_state(required)
+    assert domain.needs_registry(state, [obs(dict(required), required)]) == []
+    assert domain.needs_registry(WatchState(), [obs({"m": 5}, required)]) == []
+    # The marker went first (a quarantine move in progress): no commit evidence, nothing lost.
+    assert domain.needs_registry(state, [obs({"a.bin": 10}, None)]) == []
+    assert observe(state, [obs({"a.bin": 10}, None)], T0, STALL) == []
+
+
+def test_a_folder_removed_while_written_failed_and_a_committed_one_is_forgotten() -> None:
+    state = WatchState()
+    [writing] = observe(state, [obs({"a.bin": 10}, None)], T0, STALL)
+    [failed] = observe(state, [], T0 + timedelta(seconds=2), STALL)
+    assert isinstance(failed, CheckpointWriteFailedV1)
+    assert failed.checkpoint_id == writing.checkpoint_id
+    assert failed.uri == "file:///root/job-1/step-10"
+    assert "removed before it was committed" in failed.reason
+    assert state.folders == {}
+
+    state, _ = committed_state({"m": 5})
+    assert observe(state, [], T0, STALL) == []
+    assert state.folders == {}
+
+
+def identity(job: str = "job-1", run: str = "run-7") -> CheckpointIdentity:
+    return CheckpointIdentity(job_id=job, run_id=run, code_version="abc", project="vision")
+
+
+def with_identity(ident: CheckpointIdentity | None) -> Observation:
+    required = {"m": 5}
+    base = obs(dict(required), required)
+    return replace(base, evidence=replace(base.evidence, identity=ident))
+
+
+def test_committed_carries_the_manifest_identity() -> None:
+    state = WatchState()
+    [committed] = observe(state, [with_identity(identity())], T0, STALL)
+    assert isinstance(committed, CheckpointCommittedV1)
+    assert (committed.job_id, committed.run_id) == ("job-1", "run-7")
+    assert committed.identity == identity()
+    assert state.notes == []
+
+
+def test_the_manifest_job_wins_over_the_folder_and_that_is_noted() -> None:
+    state = WatchState()
+    [committed] = observe(state, [with_identity(identity(job="job-real"))], T0, STALL)
+    assert isinstance(committed, CheckpointCommittedV1)
+    assert committed.job_id == "job-real"
+    assert committed.checkpoint_id.startswith("job-1-")  # the id still names where it was found
+    [note] = state.notes
+    assert "'job-real'" in note
+    assert "'job-1'" in note
+
+
+def test_an_identity_that_cannot_name_a_job_falls_back_to_the_folder() -> None:
+    state = WatchState()
+    [committed] = observe(state, [with_identity(identity(job="has space"))], T0, STALL)
+    assert isinstance(committed, CheckpointCommittedV1)
+    assert (committed.job_id, committed.run_id, committed.identity) == ("job-1", "run-1", None)
+    assert len(state.notes) == 1
+
+
+def test_scan_reads_the_identity_and_ignores_an_invalid_one(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    native.write(store, "job-1/step-3", {"s.bin": b"x"}, step=3, created_at=T0,
+                 identity=identity(job="job-9"))  # fmt: skip
+    native.write(store, "job-2/step-3", {"s.bin": b"x"}, step=3, created_at=T0)
+    doc = json.loads(store.read_bytes(f"job-2/step-3/{native.MANIFEST}"))
+    doc["identity"] = {"run_id": "r"}  # no job id: not an identity
+    store.put(f"job-2/step-3/{native.MANIFEST}", json.dumps(doc).encode())
+    found = {o.folder: o.evidence for o in adapters.scan(store)}
+    assert found["job-1/step-3"].identity == identity(job="job-9")
+    assert found["job-2/step-3"].identity is None
+    assert found["job-2/step-3"].run_id == "r"
+
+
+def test_the_quarantine_folder_is_never_watched(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    native.write(store, "quarantine/job-1/job-1-abc", {"s.bin": b"x"}, step=1, created_at=T0)
+    assert list(adapters.scan(store)) == []
+
+
+def test_tracked_entries_round_trip_through_json() -> None:
+    state, _ = committed_state({"a.bin": 10, "m": 5})
+    [tracked] = state.folders.values()
+    assert adapters._tracked_from_json(adapters._tracked_to_json(tracked)) == tracked

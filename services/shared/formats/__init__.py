@@ -1,9 +1,10 @@
 """Checkpoint formats: recognise a layout on storage and verify it. One layer, used by the
 services and by `ckpt-ha verify`.
 
-Recognised and verified today: the native ckpt-ha manifest, safetensors (single and sharded)
-and Hugging Face Trainer folders. PyTorch DCP folders are recognised and reported `unknown`
-until their checks exist, so they are never taken for valid without integrity evidence.
+Recognised and verified: the native ckpt-ha manifest, safetensors (single and sharded),
+Hugging Face Trainer folders and PyTorch Distributed Checkpoint (DCP) folders. Pickled content
+is never unpickled unrestricted: DCP metadata goes through a restricted unpickler (`dcp`), and
+torch files are loaded only with ``weights_only=True`` when torch is installed (`torch_load`).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from contracts.checkpoint import CheckpointFormat
-from services.shared.formats import hf_trainer, native, safetensors
+from services.shared.formats import dcp, hf_trainer, native, safetensors
 from services.shared.formats.checksum import DEFAULT_ALGORITHM
 from services.shared.formats.report import Report, Verdict
 from services.shared.storage import FsStore, ObjectStore, StorageError
@@ -54,6 +55,8 @@ def verify(store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM) 
             return _verify_safetensors_folder(store, prefix, names, algorithm)
         if fmt is CheckpointFormat.HF_TRAINER:
             return hf_trainer.verify(store, prefix, names, algorithm)
+        if fmt is CheckpointFormat.TORCH_DCP:
+            return dcp.verify(store, prefix, names, algorithm)
     except StorageError as exc:
         if exc.transient:
             raise  # an outage is not a verdict on the checkpoint: the caller retries
@@ -96,6 +99,13 @@ def verify_path(path: Path, algorithm: str = DEFAULT_ALGORITHM) -> Report:
         report, _ = safetensors.verify_file(store, path.name, path.name, None, algorithm)
         if report.ok:
             report.checks += ["safetensors-header", "checksums-recorded"]
+        return report
+    if path.name == hf_trainer.WEIGHTS_BIN:
+        report = Report(format=CheckpointFormat.HF_TRAINER)
+        loaded = hf_trainer.torch_file(store, path.name, path.name, report, algorithm)
+        if report.ok:
+            label = hf_trainer.torch_check_label([loaded])
+            report.checks += ["weights", "checksums-recorded", label]
         return report
     report = Report(format=CheckpointFormat.UNKNOWN)
     report.fail(Verdict.UNKNOWN, f"{path.name}: not a recognised checkpoint file")

@@ -187,6 +187,11 @@ class FsStore(ObjectStore):
     def __repr__(self) -> str:
         return f"FsStore({str(self._root)!r})"
 
+    @property
+    def root(self) -> Path:
+        """The directory this store is rooted at (absolute)."""
+        return self._root
+
     def list(
         self, prefix: str = "", *, start_after: str | None = None, page_size: int = 1000
     ) -> Iterator[ObjectInfo]:
@@ -253,6 +258,59 @@ class FsStore(ObjectStore):
                 version = _version(os.fstat(source.fileno()))
                 metadata = self._read_metadata(src, version, src_key)
                 return self._publish(dst_key, source, metadata, create_only=False)
+
+    def move(self, src_key: str, dst_key: str) -> ObjectInfo:
+        """rename(2): the bytes never travel. The sidecar is linked to its new name before the
+        data moves and unlinked after, so the moved object is never seen without its metadata
+        (rename keeps inode, size and mtime, hence the version the sidecar is named after)."""
+        if src_key == dst_key:
+            raise InvalidKey(dst_key, reason="move onto itself", backend=BACKEND)
+        src = self._path(src_key)
+        dst = self._path(dst_key)
+        with _os_errors(src_key):
+            try:
+                st = os.stat(src)
+            except _MISSING:
+                raise self._not_found(src_key) from None
+            if not S_ISREG(st.st_mode):
+                raise self._not_found(src_key)
+            version = _version(st)
+            metadata = self._read_metadata(src, version, src_key)
+            try:
+                return self._rename(src, dst, src_key, dst_key, st, metadata)
+            except OSError as err:
+                if err.errno != errno.EXDEV:
+                    raise
+        return super().move(src_key, dst_key)  # another filesystem mounted inside the root
+
+    def _rename(
+        self, src: Path, dst: Path, src_key: str, dst_key: str, st: os.stat_result,
+        metadata: dict[str, str],
+    ) -> ObjectInfo:  # fmt: skip
+        version = _version(st)
+        for attempt in range(_CREATE_ATTEMPTS):
+            os.makedirs(dst.parent, exist_ok=True)
+            try:
+                previous = self._current_version(dst)
+                if metadata:
+                    _sidecar(dst, version).unlink(missing_ok=True)
+                    os.link(_sidecar(src, version), _sidecar(dst, version))
+                os.replace(src, dst)
+                break
+            except FileNotFoundError:
+                if not src.exists():  # moved or deleted by someone else meanwhile
+                    raise self._not_found(src_key) from None
+                if attempt == _CREATE_ATTEMPTS - 1:
+                    raise
+                # else a concurrent delete pruned the new, empty directory: make it again
+        _sidecar(src, version).unlink(missing_ok=True)
+        if previous is not None and previous != version:
+            _sidecar(dst, previous).unlink(missing_ok=True)
+        _fsync_dir(dst.parent)
+        with contextlib.suppress(FileNotFoundError):  # pruned meanwhile: nothing to sync
+            _fsync_dir(src.parent)
+        self._prune_empty_dirs(src.parent)
+        return _info(dst_key, st, metadata)
 
     def delete(self, key: str) -> None:
         path = self._path(key)

@@ -127,6 +127,17 @@ class ObjectStore(Protocol):
         """Remove `key`; removing a missing key is a no-op so retries are safe."""
         ...
 
+    def move(self, src_key: str, dst_key: str) -> ObjectInfo:
+        """Move bytes and metadata to `dst_key` (replacing it); afterwards `src_key` is gone.
+
+        Readers of `dst_key` see the old or the moved object, never a mix. Not atomic as a whole
+        on every backend: this default copies then deletes (S3 has no rename), so a crash in
+        between leaves both, and repeating the move finishes it. Backends with a real rename
+        override it."""
+        info = self.copy(src_key, dst_key)
+        self.delete(src_key)
+        return info
+
     def uri(self, key: str) -> str:
         """Where `key` lives, for logs and events: `file:///abs/path` or `s3://bucket/key`."""
         ...

@@ -1,0 +1,36 @@
+"""Run the real `ckpt-ha` CLI as a separate process against a test's private prefixes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from services.shared.settings import ServiceSettings
+
+
+async def cli(settings: ServiceSettings, home: Path, *args: str) -> tuple[int, str, str]:
+    env = {
+        **os.environ,
+        "CKPT_HA_HOME": str(home),
+        "NATS_URL": settings.nats_url,
+        "REDIS_URL": settings.redis_url,
+        "CKPT_HA_SUBJECT_PREFIX": settings.subject_prefix,
+        "CKPT_HA_EVENTS_STREAM": settings.events_stream,
+        "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
+        "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
+    }
+    env.pop("CKPT_HA_ACTOR", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.cli.main",
+        *args,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
