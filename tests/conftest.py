@@ -75,6 +75,7 @@ async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[
     await nc.close()
     r = aioredis.Redis.from_url(redis_url)
     keys = [k async for k in r.scan_iter(match=f"{s.registry_prefix}:*")]
+    keys += [k async for k in r.scan_iter(match=f"{s.registry_prefix}-watcher:*")]
     if keys:
         await r.delete(*keys)
     await r.aclose()

@@ -85,7 +85,9 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
     previous = StackState.load(home)
     running = {p.name: p for p in (previous.processes if previous else ()) if procs.is_alive(p)}
     storage_root = env.get("CKPT_HA_STORAGE_ROOT") or str(home / "storage")
-    Path(storage_root).mkdir(parents=True, exist_ok=True)
+    if "://" not in storage_root or storage_root.startswith("file://"):
+        # A local root is created here; an s3:// bucket must exist already.
+        Path(storage_root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     components: dict[str, ManagedProcess] = {}
 
     def record(nats_url: str = "", redis_url: str = "") -> StackState:
