@@ -59,6 +59,13 @@ class ResumePlannedV1(_ResumeEvent):
     recompute_seconds: float = Field(default=0.0, ge=0)
     fallback_from: str | None = None
     """Checkpoint id that failed to load, when this plan is the fallback."""
+    checkpoint_format: str | None = None
+    reasons: tuple[str, ...] = ()
+    """Why this mode and compatibility (the differences found, the rule that allowed them)."""
+    pinned: tuple[str, ...] = ()
+    """Checkpoint ids kept as fallback until the resumed job registers a new valid one (R15)."""
+    expected_step: int | None = Field(default=None, ge=0)
+    """The step the resumed job must report first (the checkpoint's step)."""
 
 
 class ResumeLoadedV1(_ResumeEvent):
@@ -68,6 +75,10 @@ class ResumeLoadedV1(_ResumeEvent):
     run_id: str
     checkpoint_id: str
     step: int = Field(ge=0)
+    attempt: int | None = Field(default=None, ge=1)
+    data_position: int | None = Field(default=None, ge=0)
+    rng_fingerprint: str | None = None
+    load_seconds: float | None = Field(default=None, ge=0)
 
 
 class ResumeLoadFailedV1(_ResumeEvent):
@@ -101,6 +112,16 @@ class ResumeDivergedV1(_ResumeEvent):
     reason: str
 
 
+class ResumeClosedV1(_ResumeEvent):
+    """After a verified resume (R11): the failed attempt's leftovers cleaned, and what was not."""
+
+    EVENT_TYPE: ClassVar[str] = "resume.closed"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    cleaned: tuple[str, ...] = ()
+    unreclaimable: tuple[str, ...] = ()
+
+
 class ResumeEscalatedV1(_ResumeEvent):
     """Automatic retries stopped (R9); a human is paged with the runbook's next step."""
 
@@ -118,5 +139,6 @@ RESUME_EVENTS: tuple[type[EventData], ...] = (
     ResumeLoadFailedV1,
     ResumeVerifiedV1,
     ResumeDivergedV1,
+    ResumeClosedV1,
     ResumeEscalatedV1,
 )

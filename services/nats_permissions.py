@@ -44,10 +44,12 @@ PRINCIPALS: tuple[Principal, ...] = (
     Principal("registrar", ("checkpoint.registered", "checkpoint.conflict"),
               consumers=("checkpoints",)),
     Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",
-                                      "resume.escalated", "checkpoint.quarantined")),
+                                      "resume.escalated", "resume.closed",
+                                      "checkpoint.quarantined")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted")),
     # Scheduler adapters and the training SDK: job lifecycle, resume outcomes, SDK commits.
-    Principal("runner", ("job.started", "job.progress", "job.failed", "resume.loaded",
+    Principal("runner", ("job.started", "job.progress", "job.failed", "job.succeeded",
+                         "resume.loaded",
                          "resume.load_failed", "checkpoint.writing", "checkpoint.committed")),
 )  # fmt: skip
 

@@ -50,6 +50,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "job.started": {"run_id": "r", "attempt": 1, "tier": "standard"},
     "job.progress": {"run_id": "r", "step": 10, "metrics": {"loss": 0.5}},
     "job.failed": {"run_id": "r", "cause": "oom", "exit_code": 137, "signal": 9},
+    "job.succeeded": {"run_id": "r", "attempt": 2, "last_step": 500},
     "resume.planned": {"plan_id": "p", "failed_run_id": "r", "attempt": 2, "checkpoint_id": "c",
                        "checkpoint_uri": "u", "step": 3, "mode": "exact_resume",
                        "compatibility": "identical"},
@@ -62,6 +63,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "resume.diverged": {"plan_id": "p", "run_id": "r2", "checkpoint_id": "c", "step": 4,
                         "reason": "loss"},
     "resume.escalated": {"plan_id": "p", "reason": "restart loop", "next_step": "runbook 7"},
+    "resume.closed": {"plan_id": "p", "cleaned": ["file:///tmp/x"], "unreclaimable": []},
 }  # fmt: skip
 
 
