@@ -1,0 +1,93 @@
+"""The drill's five levels come each from their own evidence; none is inferred."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from contracts import Envelope, EventData, build
+from contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointFormat,
+    CheckpointRegisteredV1,
+    CheckpointVerifiedV1,
+)
+from contracts.job import FailureCause, JobFailedV1, JobProgressV1
+from contracts.resume import (
+    Comparison,
+    Compatibility,
+    ResumeLoadedV1,
+    ResumeMode,
+    ResumePlannedV1,
+    ResumeVerifiedV1,
+)
+from services.drill.assess import LEVELS, assess_restore
+from tests.support.events import T0
+
+J = "drill-job"
+
+
+def ev(data: EventData, seconds: float) -> Envelope[EventData]:
+    return build(data, source="test", time=T0 + timedelta(seconds=seconds), key=str(seconds))
+
+
+def story() -> dict[str, Envelope[EventData]]:
+    c = {"job_id": J, "checkpoint_id": "c20", "uri": "file:///s/drill-job/step-20"}
+    plan = {"job_id": J, "plan_id": "p1"}
+    return {
+        "generated": ev(CheckpointCommittedV1(**c, run_id="r", step=20,
+                                              format=CheckpointFormat.NATIVE), 1),
+        "verified": ev(CheckpointVerifiedV1(**c, checks=("sizes", "a.bin=xxh3_64:00ff")), 2),
+        "registered": ev(CheckpointRegisteredV1(**c, step=20, project="p"), 3),
+        "failed": ev(JobFailedV1(job_id=J, run_id="r", cause=FailureCause.NODE_EXIT,
+                                 signal=9, last_step=27), 10),
+        "planned": ev(ResumePlannedV1(**plan, failed_run_id="r", attempt=2, checkpoint_id="c20",
+                                      checkpoint_uri=c["uri"], step=20,
+                                      mode=ResumeMode.EXACT,
+                                      compatibility=Compatibility.IDENTICAL,
+                                      recompute_steps=7), 11),
+        "loadable": ev(ResumeLoadedV1(**plan, run_id="r", checkpoint_id="c20", step=20,
+                                      load_seconds=0.2), 12),
+        "progress": ev(JobProgressV1(job_id=J, run_id="r", attempt=2, step=21, plan_id="p1",
+                                     metrics={"loss": 0.5}), 13),
+        "continued": ev(ResumeVerifiedV1(**plan, run_id="r", checkpoint_id="c20", step=21,
+                                         comparisons=(Comparison(name="loss", expected=0.5,
+                                                                 observed=0.5, ok=True),)), 14),
+    }  # fmt: skip
+
+
+def test_a_full_restore_passes_every_level_with_its_own_evidence() -> None:
+    s = story()
+    result = assess_restore("node-exit", list(s.values()), J, s["failed"].time).to_json()
+    assert result["verdict"] == "pass"
+    assert result["restored_from"] == "c20"
+    assert result["last_valid_checkpoint"] == "c20"
+    assert (result["continue_step"], result["recompute_steps"]) == (21, 7)
+    for name in LEVELS:
+        assert result["levels"][name]["passed"], name
+        assert result["levels"][name]["evidence"]["event_id"] == s[name].id
+    assert result["levels"]["verified"]["evidence"]["checksums"] == ["a.bin=xxh3_64:00ff"]
+    assert [line["t_seconds"] for line in result["timeline"]][:2] == [-9.0, -8.0]
+    assert any("job.failed" in line["what"] for line in result["timeline"])
+
+
+@pytest.mark.parametrize("missing", LEVELS)
+def test_a_missing_level_fails_alone(missing: str) -> None:
+    s = story()
+    del s[missing]
+    result = assess_restore("node-exit", list(s.values()), J, s["failed"].time).to_json()
+    assert result["verdict"] == "fail"
+    assert not result["levels"][missing]["passed"]
+    others = [n for n in LEVELS if n != missing]
+    assert all(result["levels"][n]["passed"] for n in others)
+    assert f"level {missing} not proven" in result["reasons"]
+
+
+def test_no_plan_means_nothing_is_proven() -> None:
+    s = story()
+    del s["planned"]
+    result = assess_restore("node-exit", list(s.values()), J, s["failed"].time).to_json()
+    assert result["verdict"] == "fail"
+    assert result["restored_from"] is None
+    assert "no resume.planned after the fault" in result["reasons"]
