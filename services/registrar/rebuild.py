@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import nats
-from nats.js.api import DeliverPolicy
-
 from contracts import Envelope, EventCatalog, EventData
-from contracts.errors import ContractError
 from contracts.subjects import aggregate_filter
 from services.shared.bus_config import BusConfig
 from services.shared.errors import DependencyNotReady
 from services.shared.lifecycle import IllegalTransition
 from services.shared.registry import Registry
+from services.shared.stream_reader import read_events
 
 
 @dataclass
@@ -37,38 +34,14 @@ async def read_checkpoint_events(
     cfg: BusConfig, catalog: EventCatalog, report: RebuildReport, idle_timeout: float = 5.0
 ) -> list[Envelope[EventData]]:
     """Every decodable checkpoint event in the stream, in stream order."""
-    nc = await nats.connect(
-        cfg.url, user=cfg.user, password=cfg.password, connect_timeout=5, max_reconnect_attempts=2
+    events, read = await read_events(
+        cfg,
+        catalog,
+        aggregate_filter(cfg.prefix, "checkpoint"),
+        idle_timeout=idle_timeout,
+        on_undecodable=report.skip,
     )
-    events: list[Envelope[EventData]] = []
-    try:
-        js = nc.jetstream()
-        info = await js.stream_info(cfg.events_stream)
-        if info.state.messages == 0:
-            return events
-        sub = await js.subscribe(
-            aggregate_filter(cfg.prefix, "checkpoint"),
-            stream=cfg.events_stream,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-        )
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle_timeout)
-                except TimeoutError:
-                    break  # no checkpoint events at all, or the stream ended
-                report.read += 1
-                try:
-                    events.append(catalog.decode(msg.data))
-                except ContractError as exc:
-                    report.skip(exc.code)
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
-    finally:
-        await nc.close()
+    report.read += read
     return events
 
 
