@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from enum import StrEnum
 
 from contracts.checkpoint import CheckpointIdentity, CheckpointState, RuntimeEnvironment, Topology
 from contracts.job import CompatibilityRule, JobPolicy, Tolerance
@@ -234,7 +235,7 @@ def recompute(
 RUNBOOK = "README#runbook"
 
 
-class Stop:
+class Stop(StrEnum):
     """Escalation reasons, each with the runbook step a human takes next."""
 
     RESTART_LOOP = "restart_loop"
@@ -246,7 +247,7 @@ class Stop:
     UNRECLAIMABLE = "unreclaimable_leftovers"
 
 
-NEXT_STEPS: Mapping[str, str] = {
+NEXT_STEPS: Mapping[Stop, str] = {
     Stop.RESTART_LOOP: f"{RUNBOOK} step 9: stop runaway retries",
     Stop.SAME_FAILURE: f"{RUNBOOK} step 9: stop runaway retries",
     Stop.FALLBACKS_EXHAUSTED: f"{RUNBOOK} step 10: choose a rollback checkpoint by hand",
@@ -259,7 +260,7 @@ NEXT_STEPS: Mapping[str, str] = {
 
 @dataclass(frozen=True)
 class Escalation:
-    reason: str
+    reason: Stop
     detail: str
 
     @property
