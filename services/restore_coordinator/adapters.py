@@ -235,6 +235,10 @@ class CoordinatorState:
             if dropped:
                 await self.r.hdel(traj, *[_str(pair[0]) for pair in dropped])
 
+    async def point_at(self, job: str, step: int) -> Point | None:
+        raw = await self.r.hget(self.k("traj", job), str(step))
+        return point_of(raw) if raw else None
+
     async def last(self, job: str, attempt: int) -> Point | None:
         raw = await self.r.get(self.k("last", job, attempt))
         return point_of(raw) if raw else None

@@ -310,7 +310,7 @@ class CoordinatorHandlers:
                 + "; ".join(verdict.reasons)
             )
             return domain.Escalation(domain.Stop.COMPATIBILITY_UNKNOWN, detail), None, [], None
-        at_step = (await self.state.trajectory(job, [chosen.step])).get(chosen.step)
+        at_step = await self.state.point_at(job, chosen.step)
         steps, seconds = domain.recompute(
             checkpoint_step=chosen.step,
             checkpoint_at=at_step.at if at_step is not None else chosen.created_at,
