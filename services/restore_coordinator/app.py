@@ -20,6 +20,7 @@ from services.restore_coordinator.adapters import CoordinatorState, RegistryRead
 from services.restore_coordinator.handlers import CoordinatorHandlers
 from services.restore_coordinator.settings import RestoreCoordinatorSettings
 from services.shared.clock import Clock, utc_now
+from services.shared.metrics import RestoreMetrics
 from services.shared.service import Service, new_service
 from services.shared.storage import open_store
 
@@ -61,6 +62,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         open_store(settings.storage_root),
         base.bus,
         clock,
+        RestoreMetrics(base.metrics),
         lease_ttl_s=settings.lease_ttl_s,
         load_failed_grace_s=settings.load_failed_grace_s,
     )

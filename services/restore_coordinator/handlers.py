@@ -36,6 +36,7 @@ from services.restore_coordinator.adapters import (
 from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.errors import DependencyNotReady, TransientError
+from services.shared.metrics import RestoreMetrics
 from services.shared.quarantine import isolate
 from services.shared.storage import ObjectStore, StorageError, key_for_uri
 
@@ -73,6 +74,7 @@ class CoordinatorHandlers:
         store: ObjectStore,
         bus: Bus,
         clock: Clock,
+        metrics: RestoreMetrics,
         *,
         lease_ttl_s: float = 30.0,
         load_failed_grace_s: float = 3.0,
@@ -82,6 +84,7 @@ class CoordinatorHandlers:
         self.store = store
         self.bus = bus
         self.clock = clock
+        self.metrics = metrics
         self.lease_ttl_s = lease_ttl_s
         self.load_failed_grace_s = load_failed_grace_s
 
@@ -116,6 +119,7 @@ class CoordinatorHandlers:
             return
         if await self.state.set_verdict(plan.plan_id, result.verdict):
             await self.bus.publish(self._envelope(self._verdict(plan, d.run_id, result), "verdict"))
+            self.metrics.verdicts.labels(self.metrics.service, result.verdict).inc()
         await self.state.record_progress(d.job_id, observed, last=point)
 
     @staticmethod
@@ -264,14 +268,17 @@ class CoordinatorHandlers:
                 datas: list[EventData] = []
                 if stop is not None:
                     datas.append(self._escalated(job, pid, stop))
+                    outcome = ("escalated", stop.reason.value)
                 elif planned is not None:
                     datas.append(planned.model_copy(update={"fallback_from": fallback_from}))
+                    outcome = ("planned", planned.mode.value)
                 decision = Decision(
                     events=tuple(self._envelope(x, "decision").model_dump_json() for x in datas)
                 )
                 await self.state.record_decision(
                     job, attempt, decision, plan=plan, pins=pins, planned_at=failed_at
                 )
+                self.metrics.decisions.labels(self.metrics.service, *outcome).inc()
             await self._publish_decision(job, attempt, decision)
         finally:
             await self.state.release(job, attempt)
@@ -402,6 +409,8 @@ class CoordinatorHandlers:
             failed_at=plan.failed_at,
         )
         cleaned, unreclaimable = await self._reclaim([c.uri for c in left])
+        for outcome, items in (("cleaned", cleaned), ("unreclaimable", unreclaimable)):
+            self.metrics.reclaimed.labels(self.metrics.service, outcome).inc(len(items))
         await self.state.release(d.job_id, plan.failed_attempt)
         datas: list[EventData] = [
             ResumeClosedV1(

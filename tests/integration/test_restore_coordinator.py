@@ -298,6 +298,10 @@ async def test_failure_plans_the_newest_valid_checkpoint(
     assert sorted(p.checkpoint_id for p in pins) == [f"{job}-c2", f"{job}-c3"]
     raw = await coordinator.state.r.hgetall(f"{settings.registry_prefix}:pins:{job}")
     assert json.loads(raw[f"{job}-c3"])["reason"] == "restored from"
+    labels = {"service": "restore-coordinator", "outcome": "planned", "detail": "exact_resume"}
+    assert coordinator.metrics.registry.get_sample_value(
+        "ckpt_ha_restore_decisions_total", labels
+    ) == pytest.approx(1.0)
 
 
 async def test_duplicated_failure_and_two_replicas_make_one_plan(
