@@ -154,7 +154,7 @@ class CoordinatorHandlers:
             return
         if started is None:
             raise DependencyNotReady(f"job.failed of {d.job_id} attempt {d.attempt}", "job.started")
-        if d.plan_id is not None and last is None and await self._decided_elsewhere(d, event):
+        if d.plan_id is not None and last is None and await self._decided_elsewhere(d):
             return  # a restore that failed to load: its resume.load_failed planned the fallback
         await self._decide(
             d.job_id,
@@ -167,15 +167,14 @@ class CoordinatorHandlers:
             failed_step=d.last_step,
         )
 
-    async def _decided_elsewhere(self, d: JobFailedV1, event: Envelope[JobFailedV1]) -> bool:
+    async def _decided_elsewhere(self, d: JobFailedV1) -> bool:
         """A resumed attempt failed before any progress: most likely its load failed, and the
         ``resume.load_failed`` (published before the process exited) is being handled by the
         other consumer. Give it a moment to decide, so it is the fallback that gets planned."""
         deadline = time.monotonic() + self.load_failed_grace_s
         while time.monotonic() < deadline:
-            if await self.state.decision(d.job_id, d.attempt) is not None:
-                decision = await self.state.decision(d.job_id, d.attempt)
-                assert decision is not None
+            decision = await self.state.decision(d.job_id, d.attempt)
+            if decision is not None:
                 await self._publish_decision(d.job_id, d.attempt, decision)
                 return True
             await asyncio.sleep(0.05)
