@@ -45,7 +45,9 @@ PRINCIPALS: tuple[Principal, ...] = (
               consumers=("checkpoints",)),
     Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",
                                       "resume.escalated", "resume.closed",
-                                      "checkpoint.quarantined")),
+                                      "checkpoint.quarantined"),
+              consumers=("started", "progress", "failed", "load-failed", "registered",
+                         "verified")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted")),
     # Scheduler adapters and the training SDK: job lifecycle, resume outcomes, SDK commits.
     Principal("runner", ("job.started", "job.progress", "job.failed", "job.succeeded",

@@ -58,3 +58,28 @@ class ScrubMetrics:
             ["service"],
             registry=metrics.registry,
         )
+
+
+class RestoreMetrics:
+    """The restore-coordinator's decisions: plans by mode, escalations by reason, verdicts."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.service = metrics.service
+        self.decisions = Counter(
+            "ckpt_ha_restore_decisions_total",
+            "Failures decided: planned (by mode) or escalated (by reason).",
+            ["service", "outcome", "detail"],
+            registry=metrics.registry,
+        )
+        self.verdicts = Counter(
+            "ckpt_ha_resume_verdicts_total",
+            "Continuity verdicts after a resume (verified, diverged).",
+            ["service", "verdict"],
+            registry=metrics.registry,
+        )
+        self.reclaimed = Counter(
+            "ckpt_ha_resume_leftovers_total",
+            "Leftovers of failed attempts after a verified resume (cleaned, unreclaimable).",
+            ["service", "outcome"],
+            registry=metrics.registry,
+        )

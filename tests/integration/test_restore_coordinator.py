@@ -1,0 +1,564 @@
+"""The restore-coordinator against real NATS and Redis, with the real registrar in-process:
+plans, duplicates and replicas, load failures, stop conditions, compatibility, continuity, pins
+and closure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from contracts import Envelope, EventData, build
+from contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointFormat,
+    CheckpointIdentity,
+    CheckpointState,
+    CheckpointVerifiedV1,
+    CheckpointWritingV1,
+    FailureSide,
+    RuntimeEnvironment,
+    Topology,
+)
+from contracts.job import (
+    CompatibilityRule,
+    FailureCause,
+    JobFailedV1,
+    JobPolicy,
+    JobProgressV1,
+    JobStartedV1,
+    Tolerance,
+)
+from contracts.resume import ResumeLoadFailedV1
+from services.registrar.app import Registrar
+from services.registrar.app import build as build_registrar
+from services.registrar.settings import RegistrarSettings
+from services.restore_coordinator.app import RestoreCoordinator
+from services.restore_coordinator.app import build as build_coordinator
+from services.restore_coordinator.settings import RestoreCoordinatorSettings
+from services.shared.bus import Bus
+from services.shared.settings import ServiceSettings
+from services.shared.storage import FsStore
+from tests.support.bus_tools import stream_messages, wait_for
+
+pytestmark = pytest.mark.integration
+
+ENV = RuntimeEnvironment(
+    framework="torch", framework_version="2.3.0", python_version="3.11.9", image="trainer:1"
+)
+TOPO = Topology(world_size=2)
+NOW = datetime.now(UTC).replace(microsecond=0)
+CKPT_T = NOW - timedelta(hours=1)
+
+
+@pytest.fixture
+async def registrar(settings: ServiceSettings) -> AsyncIterator[Registrar]:
+    svc = build_registrar(RegistrarSettings.model_validate(settings.model_dump()))
+    await svc.bus.broker.start()
+    yield svc
+    await svc.bus.broker.stop()
+    await svc.registry.close()
+
+
+@pytest.fixture
+def coord_settings(settings: ServiceSettings, tmp_path: Path) -> RestoreCoordinatorSettings:
+    return RestoreCoordinatorSettings.model_validate(
+        {
+            **settings.model_dump(),
+            "storage_root": str(tmp_path / "store"),
+            "load_failed_grace_s": 2.0,
+            "lease_ttl_s": 5.0,
+        }
+    )
+
+
+async def _start(s: RestoreCoordinatorSettings) -> RestoreCoordinator:
+    svc = build_coordinator(s)
+    await svc.bus.broker.start()
+    return svc
+
+
+async def _stop(svc: RestoreCoordinator) -> None:
+    await svc.bus.broker.stop()
+    await svc.state.close()
+
+
+@pytest.fixture
+async def coordinator(
+    coord_settings: RestoreCoordinatorSettings, registrar: Registrar
+) -> AsyncIterator[RestoreCoordinator]:
+    svc = await _start(coord_settings)
+    yield svc
+    await _stop(svc)
+
+
+@pytest.fixture
+async def producer(settings: ServiceSettings) -> AsyncIterator[Bus]:
+    bus = Bus(settings.bus(), "test-producer")
+    await bus.broker.start()
+    yield bus
+    await bus.broker.stop()
+
+
+async def events_of(settings: ServiceSettings, event_type: str) -> list[dict[str, Any]]:
+    msgs = await stream_messages(settings.nats_url, settings.events_stream)
+    docs = [json.loads(m.data) for m in msgs]
+    return [d["data"] for d in docs if d["type"] == f"ckpt-ha.{event_type}.v1"]
+
+
+def waiter(settings: ServiceSettings) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
+    async def wait(event_type: str, job: str, n: int = 1, **match: Any) -> list[dict[str, Any]]:
+        async def probe() -> list[dict[str, Any]]:
+            found = [
+                d
+                for d in await events_of(settings, event_type)
+                if d["job_id"] == job and all(d.get(k) == v for k, v in match.items())
+            ]
+            return found if len(found) >= n else []
+
+        return await wait_for(probe, timeout=15, what=f"{n} {event_type} for {job} {match}")
+
+    return wait
+
+
+def _ev(data: EventData, key: str, time: datetime = NOW) -> Envelope[EventData]:
+    return build(data, source="test/runner", time=time, key=key)
+
+
+def started(
+    job: str,
+    attempt: int = 1,
+    *,
+    policy: JobPolicy | None = None,
+    env: RuntimeEnvironment = ENV,
+    plan_id: str | None = None,
+) -> Envelope[EventData]:
+    return _ev(
+        JobStartedV1(
+            job_id=job,
+            run_id="run-1",
+            attempt=attempt,
+            policy=policy or JobPolicy(),
+            environment=env,
+            topology=TOPO,
+            code_version="abc",
+            plan_id=plan_id,
+        ),
+        key=f"started-{attempt}",
+        time=NOW + timedelta(seconds=attempt * 100),
+    )
+
+
+def failed(
+    job: str, attempt: int = 1, *, key: str = "f", plan_id: str | None = None, sig: str = ""
+) -> Envelope[EventData]:
+    return _ev(
+        JobFailedV1(
+            job_id=job,
+            run_id="run-1",
+            attempt=attempt,
+            cause=FailureCause.NODE_EXIT,
+            signal=9,
+            signature=sig or f"node_exit:{attempt}",
+            plan_id=plan_id,
+        ),
+        key=f"{key}-{attempt}",
+        time=NOW + timedelta(seconds=attempt * 100 + 50),
+    )
+
+
+def progress(
+    job: str,
+    step: int,
+    *,
+    attempt: int = 1,
+    plan_id: str | None = None,
+    loss: float | None = None,
+    at: datetime | None = None,
+) -> Envelope[EventData]:
+    return _ev(
+        JobProgressV1(
+            job_id=job,
+            run_id="run-1",
+            attempt=attempt,
+            step=step,
+            data_position=step * 64,
+            rng_fingerprint=f"rng-{step}",
+            metrics={"loss": 10.0 / step if loss is None else loss},
+            plan_id=plan_id,
+        ),
+        key=f"p-{attempt}-{step}",
+        time=at or NOW + timedelta(seconds=attempt * 100 + step / 10),
+    )
+
+
+async def make_valid(
+    registrar: Registrar,
+    producer: Bus,
+    job: str,
+    ckpt: str,
+    step: int,
+    *,
+    env: RuntimeEnvironment = ENV,
+    attempt: int = 1,
+) -> None:
+    uri = f"file:///nowhere/{job}/step-{step}"
+    identity = CheckpointIdentity(
+        job_id=job,
+        run_id="run-1",
+        attempt=attempt,
+        environment=env,
+        topology=TOPO,
+        code_version="abc",
+        created_at=CKPT_T,
+    )
+    await producer.publish(
+        build(
+            CheckpointCommittedV1(
+                job_id=job,
+                checkpoint_id=ckpt,
+                uri=uri,
+                run_id="run-1",
+                step=step,
+                format=CheckpointFormat.NATIVE,
+                identity=identity,
+            ),
+            source="test/watcher",
+            time=CKPT_T + timedelta(seconds=step),
+            key="c",
+        )
+    )
+    await producer.publish(
+        build(
+            CheckpointVerifiedV1(job_id=job, checkpoint_id=ckpt, uri=uri, checks=("sizes",)),
+            source="test/checker",
+            time=CKPT_T + timedelta(seconds=step + 1),
+            key="v",
+        )
+    )
+
+    async def valid() -> bool:
+        rec = await registrar.registry.get(ckpt)
+        return rec is not None and rec.state is CheckpointState.VALID
+
+    await wait_for(valid, what=f"{ckpt} valid")
+
+
+async def three_checkpoints(registrar: Registrar, producer: Bus, job: str) -> None:
+    for i, step in enumerate((100, 200, 300), start=1):
+        await make_valid(registrar, producer, job, f"{job}-c{i}", step)
+
+
+async def consumer_idle(settings: ServiceSettings, durable: str) -> bool:
+    nc = await nats.connect(settings.nats_url)
+    try:
+        info = await nc.jetstream().consumer_info(settings.events_stream, durable)
+        return info.num_pending == 0 and info.num_ack_pending == 0
+    finally:
+        await nc.close()
+
+
+async def settled(settings: ServiceSettings, *consumers: str) -> None:
+    """Wait until the coordinator's consumers handled everything published so far (they run
+    independently: a test that needs progress recorded before a failure waits for it)."""
+    for consumer in consumers:
+        durable = f"restore-coordinator--{consumer}"
+        await wait_for(lambda d=durable: consumer_idle(settings, d), what=f"{durable} idle")
+
+
+async def test_failure_plans_the_newest_valid_checkpoint(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    job = "job-plan"
+    await three_checkpoints(registrar, producer, job)
+    await producer.publish(started(job))
+    for step in (300, 320, 350):
+        await producer.publish(progress(job, step))
+    await settled(settings, "started", "progress")
+    await producer.publish(failed(job))
+    [plan] = await waiter(settings)("resume.planned", job)
+    assert plan["checkpoint_id"] == f"{job}-c3"
+    assert plan["attempt"] == 2
+    assert plan["step"] == plan["expected_step"] == 300
+    assert (plan["mode"], plan["compatibility"]) == ("exact_resume", "identical")
+    assert plan["recompute_steps"] == 50
+    assert plan["recompute_seconds"] == pytest.approx(5.0)  # progress at 300 → at 350
+    assert plan["pinned"] == [f"{job}-c3", f"{job}-c2"]
+    assert plan["failed_run_id"] == "run-1"
+    pins = await coordinator.state.pins(job)
+    assert sorted(p.checkpoint_id for p in pins) == [f"{job}-c2", f"{job}-c3"]
+    raw = await coordinator.state.r.hgetall(f"{settings.registry_prefix}:pins:{job}")
+    assert json.loads(raw[f"{job}-c3"])["reason"] == "restored from"
+    labels = {"service": "restore-coordinator", "outcome": "planned", "detail": "exact_resume"}
+    assert coordinator.metrics.registry.get_sample_value(
+        "ckpt_ha_restore_decisions_total", labels
+    ) == pytest.approx(1.0)
+
+
+async def test_duplicated_failure_and_two_replicas_make_one_plan(
+    coordinator: RestoreCoordinator,
+    coord_settings: RestoreCoordinatorSettings,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    second = await _start(coord_settings)
+    try:
+        job = "job-dup"
+        await three_checkpoints(registrar, producer, job)
+        await producer.publish(started(job))
+        for copy in range(3):  # a scheduler redelivering: new event ids, same content
+            await producer.publish(failed(job, key=f"copy{copy}"))
+        await waiter(settings)("resume.planned", job)
+        await settled(settings, "failed")
+        plans = await events_of(settings, "resume.planned")
+        assert len([p for p in plans if p["job_id"] == job]) == 1
+        assert len([d for d in await events_of(settings, "job.failed") if d["job_id"] == job]) == 3
+    finally:
+        await _stop(second)
+
+
+async def test_load_failure_quarantines_and_falls_back(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    job = "job-load"
+    wait = waiter(settings)
+    await three_checkpoints(registrar, producer, job)
+    await producer.publish(started(job))
+    await producer.publish(failed(job))
+    [first] = await wait("resume.planned", job)
+    await producer.publish(started(job, 2, plan_id=first["plan_id"]))
+    await producer.publish(
+        _ev(
+            ResumeLoadFailedV1(
+                job_id=job,
+                plan_id=first["plan_id"],
+                run_id="run-1",
+                checkpoint_id=first["checkpoint_id"],
+                reason="checksum mismatch in shard 0",
+                side=FailureSide.JOB,
+            ),
+            key="lf",
+        )
+    )
+    await producer.publish(failed(job, 2, plan_id=first["plan_id"]))
+    fallback = (await wait("resume.planned", job, attempt=3))[0]
+    assert fallback["checkpoint_id"] == f"{job}-c2"
+    assert fallback["fallback_from"] == f"{job}-c3"
+    [q] = await wait("checkpoint.quarantined", job)
+    assert q["reason"] == "load failed: checksum mismatch in shard 0"
+
+    async def quarantined() -> bool:
+        rec = await registrar.registry.get(f"{job}-c3")
+        return rec is not None and rec.state is CheckpointState.QUARANTINED
+
+    await wait_for(quarantined, what="registry shows the checkpoint quarantined")
+    await settled(settings, "failed")
+    plans = [p for p in await events_of(settings, "resume.planned") if p["job_id"] == job]
+    assert len(plans) == 2
+
+
+async def test_restart_loop_escalates_and_stops_planning(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    job = "job-loop"
+    wait = waiter(settings)
+    policy = JobPolicy(max_restarts=2, restart_window_s=3600)
+    await three_checkpoints(registrar, producer, job)
+    for attempt in (1, 2):
+        await producer.publish(started(job, attempt, policy=policy))
+        await producer.publish(progress(job, 300 + attempt, attempt=attempt))
+        await producer.publish(failed(job, attempt))
+        await wait("resume.planned", job, attempt=attempt + 1)
+    await producer.publish(started(job, 3, policy=policy))
+    await producer.publish(failed(job, 3))
+    [esc] = await wait("resume.escalated", job)
+    assert esc["reason"] == "restart_loop"
+    assert esc["next_step"] == "README#runbook step 9: stop runaway retries"
+    assert "2 automatic restores" in esc["detail"]
+    await settled(settings, "failed")
+    assert not await wait_none(settings, job, attempt=4)
+
+
+async def wait_none(settings: ServiceSettings, job: str, **match: Any) -> list[dict[str, Any]]:
+    plans = await events_of(settings, "resume.planned")
+    return [p for p in plans if p["job_id"] == job and all(p[k] == v for k, v in match.items())]
+
+
+async def test_same_failure_repeating_escalates(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    job = "job-same"
+    policy = JobPolicy(max_same_failure=2, max_restarts=10)
+    await three_checkpoints(registrar, producer, job)
+    await producer.publish(started(job, 1, policy=policy))
+    await producer.publish(failed(job, 1, sig="oom:abc"))
+    await waiter(settings)("resume.planned", job)
+    await producer.publish(started(job, 2, policy=policy))
+    await producer.publish(failed(job, 2, sig="oom:abc"))
+    [esc] = await waiter(settings)("resume.escalated", job)
+    assert esc["reason"] == "same_failure_repeating"
+
+
+NEW_FW = ENV.model_copy(update={"framework_version": "2.4.0"})
+
+
+@pytest.mark.parametrize(
+    ("policy", "outcome"),
+    [
+        (JobPolicy(), ("escalated", "compatibility_unknown")),
+        (JobPolicy(allow_weights_only=True), ("weights_only_init", "unknown")),
+        (
+            JobPolicy(compatible=(CompatibilityRule(field="framework_version", written="2.3.0"),)),
+            ("compatible_resume", "declared_compatible"),
+        ),
+    ],
+)
+async def test_compatibility_decides_the_mode(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+    policy: JobPolicy,
+    outcome: tuple[str, str],
+) -> None:
+    job = "job-compat"
+    wait = waiter(settings)
+    await make_valid(registrar, producer, job, "c1", 100)
+    await producer.publish(started(job, policy=policy, env=NEW_FW))
+    await producer.publish(failed(job))
+    if outcome[0] == "escalated":
+        [esc] = await wait("resume.escalated", job)
+        assert esc["reason"] == outcome[1]
+        assert "framework_version: 2.3.0 -> 2.4.0 (no declared rule)" in esc["detail"]
+        assert "step 12" in esc["next_step"]
+        await settled(settings, "failed")
+        assert not await wait_none(settings, job)
+        return
+    [plan] = await wait("resume.planned", job)
+    assert (plan["mode"], plan["compatibility"]) == outcome
+    assert any("framework_version: 2.3.0 -> 2.4.0" in r for r in plan["reasons"])
+
+
+@pytest.mark.parametrize("off", [0.0, 0.5])
+async def test_continuity_after_resume(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+    off: float,
+) -> None:
+    job = "job-cont"
+    wait = waiter(settings)
+    loss = Tolerance(metric="loss", abs=0.01, rel=0.01)
+    policy = JobPolicy(tolerances=(loss,), continuity_steps=2)
+    await three_checkpoints(registrar, producer, job)
+    await producer.publish(started(job, policy=policy))
+    for step in range(295, 311):
+        await producer.publish(progress(job, step))
+    await settled(settings, "started", "progress")
+    await producer.publish(failed(job))
+    [plan] = await wait("resume.planned", job)
+    pid = plan["plan_id"]
+    await producer.publish(started(job, 2, policy=policy, plan_id=pid))
+    for step in (301, 302):
+        await producer.publish(progress(job, step, attempt=2, plan_id=pid, loss=10.0 / step + off))
+    if off == 0.0:
+        [verified] = await wait("resume.verified", job)
+        assert verified["plan_id"] == pid
+        assert verified["step"] == 302
+        assert all(c["ok"] for c in verified["comparisons"])
+        names = {c["name"] for c in verified["comparisons"]}
+        assert {"first step", "step 301: data_position", "step 302: loss"} <= names
+        await wait("resume.closed", job)
+    else:
+        [diverged] = await wait("resume.diverged", job)
+        assert diverged["step"] == 301
+        assert "step 301: loss" in diverged["reason"]
+        assert not await events_of(settings, "resume.verified")
+
+
+async def test_newer_valid_checkpoint_after_resume_unpins(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    job = "job-pins"
+    await three_checkpoints(registrar, producer, job)
+    await producer.publish(started(job))
+    await producer.publish(failed(job))
+    [plan] = await waiter(settings)("resume.planned", job)
+    assert len(await coordinator.state.pins(job)) == 2
+    await producer.publish(started(job, 2, plan_id=plan["plan_id"]))
+    # A late checkpoint of the failed attempt does not release the pins; the resumed one's does.
+    await make_valid(registrar, producer, job, f"{job}-late", 310, attempt=1)
+    await waiter(settings)("checkpoint.registered", job, checkpoint_id=f"{job}-late")
+    await settled(settings, "registered")
+    assert len(await coordinator.state.pins(job)) == 2
+    await make_valid(registrar, producer, job, f"{job}-c4", 400, attempt=2)
+
+    async def unpinned() -> bool:
+        return not await coordinator.state.pins(job)
+
+    await wait_for(unpinned, what="pins removed")
+
+
+async def test_closure_deletes_the_failed_attempts_partial_checkpoint(
+    coordinator: RestoreCoordinator,
+    coord_settings: RestoreCoordinatorSettings,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    job = "job-close"
+    wait = waiter(settings)
+    root = Path(coord_settings.storage_root)
+    await asyncio.to_thread(root.mkdir, parents=True)
+    store = FsStore(root)
+    store.put(f"{job}/step-400/shard-0.bin", b"partial")
+    store.put(f"{job}/step-400/shard-1.bin", b"partial")
+    partial = store.uri(f"{job}/step-400")
+    await three_checkpoints(registrar, producer, job)
+    await producer.publish(
+        build(
+            CheckpointWritingV1(
+                job_id=job, checkpoint_id=f"{job}-partial", uri=partial, run_id="run-1", step=400
+            ),
+            source="test/watcher",
+            time=NOW + timedelta(seconds=120),
+            key="w",
+        )
+    )
+    await producer.publish(started(job))
+    await producer.publish(progress(job, 300))
+    await producer.publish(progress(job, 301))
+    await settled(settings, "started", "progress")
+    await producer.publish(failed(job))
+    [plan] = await wait("resume.planned", job)
+    await producer.publish(started(job, 2, plan_id=plan["plan_id"]))
+    await producer.publish(progress(job, 301, attempt=2, plan_id=plan["plan_id"]))
+    await wait("resume.verified", job)
+    [closed] = await wait("resume.closed", job)
+    assert closed["cleaned"] == [partial]
+    assert closed["unreclaimable"] == []
+    assert list(store.list(f"{job}/step-400/")) == []
+    assert store.exists(f"{job}/step-400/shard-0.bin") is False
