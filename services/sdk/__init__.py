@@ -46,7 +46,7 @@ from contracts.checkpoint import (
 from contracts.job import JobProgressV1
 from contracts.resume import ResumeLoadedV1, ResumeLoadFailedV1, ResumePlannedV1
 from services.sdk import state as codec
-from services.sdk.context import BadContext, Bus, Context, context, try_announce
+from services.sdk.protocol import BadContext, Bus, Context, context, try_announce
 from services.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState, UnsupportedState
 from services.shared.clock import Clock, utc_now
 from services.shared.formats import checksum as cs
