@@ -17,10 +17,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats
 import nats.errors
@@ -162,13 +163,29 @@ def try_announce(
             return False
     key = key if key is not None else f"{data.EVENT_TYPE}|{data.subject_key()}"
     try:
-        asyncio.run(asyncio.wait_for(_announce(bus, data, time_, key), timeout=bus.timeout_s * 2))
+        _run_blocking(lambda: _announce(bus, data, time_, key), bus.timeout_s * 2)
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         log.warning("%s: announcing %s failed (%r)", data.subject_key(), data.EVENT_TYPE, exc)
         with _down_lock:
             _down_until[bus.url] = time.monotonic() + bus.retry_after_s
         return False
     return True
+
+
+def _run_blocking(make: Callable[[], Coroutine[Any, Any, None]], timeout_s: float) -> None:
+    """Run a coroutine to the end from synchronous code, even where this thread already runs
+    an event loop (a notebook, an async trainer): then in a worker thread of its own."""
+
+    async def bounded() -> None:
+        await asyncio.wait_for(make(), timeout=timeout_s)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(bounded())
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, bounded()).result()
 
 
 async def _announce(bus: Bus, data: EventData, time_: datetime, key: str) -> None:
