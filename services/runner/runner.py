@@ -220,6 +220,8 @@ class Runner:
         spec = self.spec
         attempt, plan = 1, None
         while True:
+            if self._stopped_by is not None:  # asked to stop before this attempt started
+                return 128 + self._stopped_by
             started = JobStartedV1(
                 job_id=spec.job_id,
                 run_id=spec.run_id,
