@@ -174,12 +174,26 @@ class Runner:
         from services.shared.bus import Bus  # faststream: only when a run really starts
 
         bus = Bus(self.cfg, "runner")
+        # Fail fast (one line, nothing started) when NATS is not there at all; the connection
+        # kept for the run then reconnects through blips while the training runs.
+        probe = await nats.connect(
+            self.cfg.url,
+            user=self.cfg.user,
+            password=self.cfg.password,
+            connect_timeout=5,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,
+            error_cb=_quiet,
+        )
+        await probe.close()
         nc = await nats.connect(
             self.cfg.url,
             user=self.cfg.user,
             password=self.cfg.password,
             connect_timeout=5,
             name=f"ckpt-ha-runner-{self.spec.job_id}",
+            error_cb=_log_error,
         )
         loop = asyncio.get_running_loop()
         for sig in (signals.SIGTERM, signals.SIGINT):
@@ -329,6 +343,14 @@ class Runner:
             ):
                 return data
         return None
+
+
+async def _quiet(exc: Exception) -> None:
+    pass  # the probe's failure is raised and reported in one line
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("NATS: %r", exc)
 
 
 def state_dir(home: Path, job_id: str, run_id: str) -> Path:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -339,3 +340,23 @@ async def _true(value: bool) -> bool:
 
 def _now() -> datetime:
     return datetime.now(UTC)
+
+
+async def test_an_unreachable_bus_is_one_line_and_starts_nothing(
+    settings: ServiceSettings, tmp_path: Path, unique: str
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    marker = tmp_path / "ran"
+    runner = await start_runner(
+        settings.model_copy(update={"nats_url": f"nats://127.0.0.1:{closed}"}),
+        tmp_path,
+        f"down-{unique}",
+        command=[sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"],
+    )
+    pump = asyncio.create_task(runner.pump())
+    assert await finish(runner, pump, timeout=30) == 1
+    assert len(runner.stderr) == 1
+    assert runner.stderr[0].startswith("ckpt-ha: cannot reach NATS at nats://127.0.0.1:")
+    assert not marker.exists()
