@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from contracts.resume import ResumeMode
 from services import sdk
 
 SAMPLES, FEATURES, HIDDEN = 512, 8, 32
@@ -153,7 +154,11 @@ def train(cfg: Config, ctx: sdk.Context, *, stop_at: int | None = None) -> list[
         raise SystemExit("no storage root: run under `ckpt-ha run` or pass --storage-root")
     resumed = sdk.resume(describe=describe, tensors="numpy", ctx=ctx)
     state = fresh_state(cfg) if resumed is None else resumed.state
-    if resumed is not None:
+    if resumed is not None and resumed.plan.mode is ResumeMode.WEIGHTS_ONLY:
+        # Not a resume: the weights only, with a fresh optimizer, data order and RNG.
+        state = {**fresh_state(cfg), "model": resumed.state["model"], "step": resumed.step}
+        print(f"weights-only init from {resumed.plan.checkpoint_id}", file=sys.stderr)
+    elif resumed is not None:
         print(f"resumed from {resumed.plan.checkpoint_id} at step {state['step']}", file=sys.stderr)
         if cfg.crash_after_resume:
             raise SystemExit(f"crash requested right after the resume (step {state['step']})")

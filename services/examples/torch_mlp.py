@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from contracts.resume import ResumeMode
 from services import sdk
 from services.examples.numpy_mlp import (
     FEATURES,
@@ -115,7 +116,12 @@ def train(cfg: Config, ctx: sdk.Context, *, stop_at: int | None = None) -> list[
     deterministic()
     job = Job(cfg)
     resumed = sdk.resume(describe=describe, tensors="auto", ctx=ctx)
-    if resumed is not None:
+    if resumed is not None and resumed.plan.mode is ResumeMode.WEIGHTS_ONLY:
+        # Not a resume: the weights only, with a fresh optimizer, data order and generator.
+        job.model.load_state_dict(resumed.state["model"])
+        job.step = resumed.step
+        print(f"weights-only init from {resumed.plan.checkpoint_id}", file=sys.stderr)
+    elif resumed is not None:
         job.restore(resumed.state)
         print(f"resumed from {resumed.plan.checkpoint_id} at step {job.step}", file=sys.stderr)
         if cfg.crash_after_resume:
