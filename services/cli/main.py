@@ -134,9 +134,15 @@ def build_parser() -> argparse.ArgumentParser:
     pol.add_argument("--policy", type=Path, help="the job's JobPolicy as a JSON file")
     pol.add_argument("--tier", type=_text, help="only a tier name; the other policy defaults")
     run.add_argument("--run-id", type=_text, help="default: a new id")
-    run.add_argument("--plan-timeout", type=_positive, default=120.0, metavar="SECONDS")
+    run.add_argument(
+        "--plan-timeout",
+        type=_positive,
+        default=120.0,
+        metavar="SECONDS",
+        help="after a failure, how long to wait for the coordinator's plan (default 120)",
+    )
     run.add_argument("--max-attempts", type=int, metavar="N", help="stop after N attempts")
-    run.add_argument("--world-size", type=int, default=1)
+    run.add_argument("--world-size", type=int, default=1, help="recorded topology (default 1)")
     run.add_argument("--code-version", type=_text, help="default: $CKPT_HA_CODE_VERSION")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
