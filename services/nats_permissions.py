@@ -29,6 +29,9 @@ class Principal:
     consumers: tuple[str, ...] = ()
     """Its durable consumers on the event stream (named ``<user>--<consumer>``). NATS has no
     partial-token wildcards, so every consumer is listed; a test checks this against the apps."""
+    watches: tuple[str, ...] = ()
+    """Event types it follows live with a plain subscription (no durable consumer): the
+    runner waits for its job's ``resume.planned`` / ``resume.escalated`` this way."""
 
     def durables(self) -> list[str]:
         return [f"{self.user}--{c}" for c in self.consumers]
@@ -52,7 +55,8 @@ PRINCIPALS: tuple[Principal, ...] = (
     # Scheduler adapters and the training SDK: job lifecycle, resume outcomes, SDK commits.
     Principal("runner", ("job.started", "job.progress", "job.failed", "job.succeeded",
                          "resume.loaded",
-                         "resume.load_failed", "checkpoint.writing", "checkpoint.committed")),
+                         "resume.load_failed", "checkpoint.writing", "checkpoint.committed"),
+              watches=("resume.planned", "resume.escalated")),
 )  # fmt: skip
 
 
@@ -83,7 +87,7 @@ def render(
     ]
     for p in PRINCIPALS:
         pub = [f"{prefix}.{EVENTS}.{t}.*.*" for t in p.publishes] + common_pub
-        sub = ["_INBOX.>"]
+        sub = ["_INBOX.>", *(f"{prefix}.{EVENTS}.{t}.*.*" for t in p.watches)]
         for durable in p.durables():
             pub += [
                 f"$JS.API.CONSUMER.CREATE.{events_stream}.{durable}",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -398,6 +399,57 @@ def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Run the training command under the embedded adapter (`services.runner`)."""
+    from uuid import uuid4
+
+    from pydantic import ValidationError
+
+    from contracts.job import JobPolicy
+    from services.runner.adapter import LocalProcess
+    from services.runner.runner import LaunchFailed, Runner, RunSpec, state_dir
+
+    command = tuple(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+    if not command:
+        raise CommandError("no training command: ckpt-ha run --job J [options] -- COMMAND ...")
+    if shutil.which(command[0]) is None:
+        raise CommandError(f"cannot start {command[0]!r}: not found or not executable")
+    if args.max_attempts is not None and args.max_attempts < 1:
+        raise CommandError("--max-attempts must be >= 1")
+    if args.world_size < 1:
+        raise CommandError("--world-size must be >= 1")
+    policy = JobPolicy(tier=args.tier)
+    if args.policy is not None:
+        try:
+            policy = JobPolicy.model_validate_json(args.policy.read_bytes())
+        except OSError as exc:
+            raise CommandError(f"cannot read --policy {args.policy}: {exc.strerror}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(document)"
+            raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
+    settings = _settings(env, home)
+    run_id = args.run_id or f"run-{uuid4().hex[:12]}"
+    spec = RunSpec(
+        job_id=args.job,
+        run_id=run_id,
+        command=command,
+        storage_root=settings.storage_root,
+        state_dir=state_dir(home, args.job, run_id),
+        policy=policy,
+        plan_timeout_s=args.plan_timeout,
+        max_attempts=args.max_attempts,
+        world_size=args.world_size,
+        code_version=args.code_version or env.get("CKPT_HA_CODE_VERSION") or None,
+        image=env.get("CKPT_HA_IMAGE") or None,
+    )
+    runner = Runner(spec, settings.bus(), LocalProcess(), base_env=env)
+    try:
+        return _run(settings, runner.run)
+    except LaunchFailed as exc:
+        raise CommandError(str(exc)) from None
+
+
 def _actor(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     import getpass
 
@@ -577,6 +629,7 @@ def cmd_owner_show(args: argparse.Namespace, env: dict[str, str], home: Path) ->
 
 _COMMANDS: dict[tuple[str, str | None], Callable[[argparse.Namespace, dict[str, str], Path], int]]
 _COMMANDS = {
+    ("run", None): cmd_run,
     ("serve", None): cmd_serve,
     ("up", None): cmd_up,
     ("down", None): cmd_down,

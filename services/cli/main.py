@@ -41,6 +41,16 @@ def _text(value: str) -> str:
     return value
 
 
+def _positive(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number > 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -111,6 +121,30 @@ def build_parser() -> argparse.ArgumentParser:
     osh = ow_sub.add_parser("show", help="a job's owner and its ownership log")
     osh.add_argument("--job", required=True)
     osh.add_argument("--json", action="store_true")
+
+    run = sub.add_parser(
+        "run",
+        help="run a training command; on failure relaunch it from the restore-coordinator's plan",
+        description="Exit codes: 0 the command succeeded; 1 gave up (--max-attempts) or a "
+        "dependency is unreachable; 2 bad arguments; 3 escalated to a human (reason and next "
+        "step on stderr); 4 no resume plan within --plan-timeout; 128+N stopped by signal N.",
+    )
+    run.add_argument("--job", required=True, type=_text)
+    pol = run.add_mutually_exclusive_group()
+    pol.add_argument("--policy", type=Path, help="the job's JobPolicy as a JSON file")
+    pol.add_argument("--tier", type=_text, help="only a tier name; the other policy defaults")
+    run.add_argument("--run-id", type=_text, help="default: a new id")
+    run.add_argument(
+        "--plan-timeout",
+        type=_positive,
+        default=120.0,
+        metavar="SECONDS",
+        help="after a failure, how long to wait for the coordinator's plan (default 120)",
+    )
+    run.add_argument("--max-attempts", type=int, metavar="N", help="stop after N attempts")
+    run.add_argument("--world-size", type=int, default=1, help="recorded topology (default 1)")
+    run.add_argument("--code-version", type=_text, help="default: $CKPT_HA_CODE_VERSION")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
     demo.add_argument("--job", default="demo-job")

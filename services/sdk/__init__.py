@@ -20,29 +20,33 @@ Nothing is pickled either way.
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
+import hashlib
+import json
 import logging
+import os
 import platform
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from datetime import datetime
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import nats
 import numpy as np
 from pydantic import ValidationError
 
-from contracts import EventData, build
 from contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
     CheckpointIdentity,
     CheckpointWritingV1,
+    FailureSide,
     RuntimeEnvironment,
     Topology,
 )
-from contracts.subjects import DEFAULT_PREFIX, event_subject
+from contracts.job import JobProgressV1
+from contracts.resume import ResumeLoadedV1, ResumeLoadFailedV1, ResumePlannedV1
 from services.sdk import state as codec
+from services.sdk.protocol import BadContext, Bus, Context, context, try_announce
 from services.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState, UnsupportedState
 from services.shared.clock import Clock, utc_now
 from services.shared.formats import checksum as cs
@@ -53,19 +57,26 @@ from services.shared.storage import ObjectNotFound, ObjectStore, open_store
 
 __all__ = [
     "INDEX",
+    "BadContext",
     "Bus",
     "CheckpointExists",
     "CheckpointUnreadable",
+    "Context",
     "Loaded",
     "NeedsTorch",
+    "ResumeFailed",
+    "Resumed",
     "Saved",
     "UnsupportedState",
+    "context",
+    "fingerprint",
     "load",
+    "progress",
+    "resume",
     "save",
 ]
 
 log = logging.getLogger("ckpt_ha.sdk")
-SOURCE = "ckpt-ha/sdk"
 
 
 class CheckpointExists(Exception):
@@ -114,21 +125,6 @@ class Loaded:
         return self.manifest.identity
 
 
-@dataclass(frozen=True)
-class Bus:
-    """Where to announce: a NATS URL plus the subject prefix (defaults match the services).
-
-    Where NATS requires authentication, the SDK connects as the ``runner`` user of
-    deploy/nats/permissions.conf (allowed to publish ``checkpoint.writing`` and ``committed``).
-    """
-
-    url: str
-    prefix: str = DEFAULT_PREFIX
-    timeout_s: float = 5.0
-    user: str | None = None
-    password: str | None = field(default=None, repr=False)
-
-
 def _environment(frameworks: frozenset[str], image: str | None) -> RuntimeEnvironment:
     libraries = {"numpy": np.__version__}
     framework: str | None = None
@@ -160,8 +156,8 @@ def save(
     step: int,
     state: Mapping[str, object],
     *,
-    run_id: str,
-    attempt: int = 1,
+    run_id: str | None = None,
+    attempt: int | None = None,
     project: str | None = None,
     model_version: str | None = None,
     code_version: str | None = None,
@@ -172,6 +168,7 @@ def save(
     exact_resume: bool = True,
     bus: Bus | None = None,
     clock: Clock = utc_now,
+    ctx: Context | None = None,
 ) -> Saved:
     """Write ``state`` as checkpoint ``<job_id>/step-<step:08d>`` and announce it (best effort).
 
@@ -179,7 +176,20 @@ def save(
     (bytes, numpy arrays, torch tensors): e.g. ``{"model": model.state_dict(), "optimizer":
     optimizer.state_dict(), "epoch": 3}``. Unsupported leaves raise `UnsupportedState` before
     anything is written; a folder that already holds files raises `CheckpointExists`.
+
+    Under a runner (`context()`, or ``ctx``), ``run_id``, ``attempt``, ``code_version``,
+    ``topology``, ``bus`` and the runtime environment default to the attempt's, so the
+    checkpoint's identity matches what the runner reported in ``job.started``.
     """
+    ctx = ctx if ctx is not None else context()
+    if ctx is not None and ctx.job_id == job_id:
+        run_id = run_id if run_id is not None else ctx.run_id
+        attempt = attempt if attempt is not None else ctx.attempt
+        code_version = code_version if code_version is not None else ctx.code_version
+        topology = topology if topology is not None else ctx.topology
+        bus = bus if bus is not None else ctx.bus
+    if run_id is None:
+        raise ValueError("run_id is required outside a runner (no $CKPT_HA_JOB for this job)")
     if inside(job_id) != job_id or "/" in job_id:
         raise ValueError(f"job id {job_id!r} must be one path component")
     if step < 0:
@@ -192,13 +202,17 @@ def save(
     identity = CheckpointIdentity(
         job_id=job_id,
         run_id=run_id,
-        attempt=attempt,
+        attempt=attempt or 1,
         project=project,
         model_version=model_version,
         code_version=code_version,
         data_snapshot=data_snapshot,
         config_hash=config_hash,
-        environment=_environment(encoded.frameworks, image),
+        environment=(
+            ctx.environment
+            if ctx is not None and ctx.job_id == job_id and ctx.environment and image is None
+            else _environment(encoded.frameworks, image)
+        ),
         topology=topology,
         created_at=now,
     )
@@ -216,7 +230,7 @@ def save(
         step=step,
         format=CheckpointFormat.NATIVE,
     )
-    announced_writing = _try_announce(bus, writing, now)
+    announced_writing = try_announce(bus, writing, now)
     # One leaf serialised at a time: memory holds one shard's bytes, not the whole state.
     shards.extend(_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in encoded.leaves)
     manifest = native.Manifest(
@@ -242,7 +256,7 @@ def save(
         shard_count=len(shards),
         total_bytes=sum(s.size for s in shards),
     )
-    announced = _try_announce(bus, committed, clock())
+    announced = try_announce(bus, committed, clock())
     return Saved(checkpoint_id, uri, step, manifest, announced, announced_writing)
 
 
@@ -297,36 +311,193 @@ def load(where: str | ObjectStore, prefix: str = "", *, tensors: Tensors = "auto
     return Loaded(state=state, step=manifest.step, uri=uri, manifest=manifest)
 
 
-def _try_announce(bus: Bus | None, data: EventData, time: datetime) -> bool:
-    if bus is None:
-        return False
-    try:
-        asyncio.run(asyncio.wait_for(_announce(bus, data, time), timeout=bus.timeout_s * 2))
-    except (OSError, TimeoutError, nats.errors.Error) as exc:
-        log.warning("%s: announcing %s failed (%r)", data.subject_key(), data.EVENT_TYPE, exc)
-        return False
-    return True
+class ResumeFailed(Exception):
+    """The plan's checkpoint could not be verified or loaded: this attempt must not train on.
 
+    ``resume.load_failed`` has been published (best effort), so the restore-coordinator
+    quarantines the checkpoint and plans the previous valid one.
+    """
 
-async def _announce(bus: Bus, data: EventData, time: datetime) -> None:
-    # The writer-watcher's key for the same fact (services/writer_watcher/handlers.py), so both
-    # publish one event id and JetStream / the registry keep one event.
-    key = f"{data.EVENT_TYPE}|{data.subject_key()}"
-    envelope = build(data, source=SOURCE, time=time, key=key)
-    nc = await nats.connect(
-        bus.url,
-        user=bus.user,
-        password=bus.password,
-        connect_timeout=bus.timeout_s,
-        max_reconnect_attempts=1,
-        allow_reconnect=False,
-    )
-    try:
-        await nc.jetstream().publish(
-            event_subject(bus.prefix, data.EVENT_TYPE, data.EVENT_VERSION, data.job_id),
-            envelope.to_bytes(),
-            timeout=bus.timeout_s,
-            headers={"Nats-Msg-Id": envelope.id},
+    def __init__(self, plan: ResumePlannedV1, reason: str) -> None:
+        self.plan = plan
+        self.reason = reason
+        super().__init__(
+            f"cannot resume from checkpoint {plan.checkpoint_id} ({plan.checkpoint_uri}) "
+            f"planned by {plan.plan_id}: {reason}"
         )
-    finally:
-        await nc.close()
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A checkpoint restored for a plan: the state to continue from, and the plan itself."""
+
+    plan: ResumePlannedV1
+    loaded: Loaded
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.loaded.state
+
+    @property
+    def step(self) -> int:
+        return self.loaded.step
+
+
+Describe = Callable[[Mapping[str, Any]], tuple[int | None, str | None]]
+"""From a restored state: (data position, RNG fingerprint), reported in ``resume.loaded``."""
+
+
+def resume(
+    *,
+    describe: Describe | None = None,
+    tensors: Tensors = "auto",
+    ctx: Context | None = None,
+) -> Resumed | None:
+    """Carry out this attempt's resume plan: None on a fresh start (no plan).
+
+    With a plan: load its checkpoint, verifying every shard (`load`), its step and its id
+    against the plan; publish ``resume.loaded`` (with the data position and RNG fingerprint
+    ``describe`` gives) and return the state. If anything does not match or cannot be read,
+    publish ``resume.load_failed`` and raise `ResumeFailed`: never train on from a checkpoint
+    that is not the verified one.
+    """
+    ctx = ctx if ctx is not None else context()
+    if ctx is None or ctx.plan is None:
+        return None
+    plan = ctx.plan
+    started = time.monotonic()
+    try:
+        loaded = _load_planned(plan, ctx, tensors)
+        data_position, rng = describe(loaded.state) if describe is not None else (None, None)
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+        side = (
+            FailureSide.INFRASTRUCTURE if isinstance(exc, CheckpointUnreadable) else FailureSide.JOB
+        )
+        failed = ResumeLoadFailedV1(
+            job_id=ctx.job_id,
+            plan_id=plan.plan_id,
+            run_id=ctx.run_id,
+            checkpoint_id=plan.checkpoint_id,
+            reason=reason[:2000],
+            side=side,
+        )
+        try_announce(ctx.bus, failed, utc_now(), f"resume.load_failed|{plan.plan_id}", always=True)
+        raise ResumeFailed(plan, reason) from exc
+    loaded_event = ResumeLoadedV1(
+        job_id=ctx.job_id,
+        plan_id=plan.plan_id,
+        run_id=ctx.run_id,
+        checkpoint_id=plan.checkpoint_id,
+        step=loaded.step,
+        attempt=ctx.attempt,
+        data_position=data_position,
+        rng_fingerprint=rng,
+        load_seconds=round(time.monotonic() - started, 6),
+    )
+    try_announce(ctx.bus, loaded_event, utc_now(), f"resume.loaded|{plan.plan_id}", always=True)
+    return Resumed(plan, loaded)
+
+
+def _load_planned(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:
+    store: ObjectStore | None = None
+    folder = "/".join(plan.checkpoint_uri.rstrip("/").split("/")[-2:])
+    if ctx.storage_root is not None:
+        candidate = open_store(ctx.storage_root)
+        with contextlib.suppress(ValueError):  # not a key of this store: load by URI
+            if candidate.uri(folder) == plan.checkpoint_uri.rstrip("/"):
+                store = candidate
+    if store is None:
+        loaded = load(plan.checkpoint_uri, tensors=tensors)
+    else:
+        loaded = load(store, folder, tensors=tensors)
+        found = checkpoint_id_on(store, folder)
+        if found != plan.checkpoint_id:
+            raise CheckpointUnreadable(
+                loaded.uri,
+                "replaced",
+                f"the folder now holds checkpoint {found}, not the planned one",
+            )
+    if loaded.step != plan.step:
+        raise CheckpointUnreadable(
+            loaded.uri, "mismatch", f"its manifest says step {loaded.step}, the plan {plan.step}"
+        )
+    return loaded
+
+
+def progress(
+    step: int,
+    *,
+    data_position: int | None = None,
+    rng_fingerprint: str | None = None,
+    metrics: Mapping[str, float] | None = None,
+    ctx: Context | None = None,
+) -> bool:
+    """Report one training step (``job.progress``; with the plan id on a resumed attempt).
+
+    Also writes the step to the runner's progress file, so a failure report carries the last
+    step even when the bus is down. Best effort: returns whether the event was published.
+    Outside a runner it does nothing.
+    """
+    ctx = ctx if ctx is not None else context()
+    if ctx is None:
+        return False
+    if ctx.progress_file is not None:
+        _write_progress(ctx.progress_file, step)
+    event = JobProgressV1(
+        job_id=ctx.job_id,
+        run_id=ctx.run_id,
+        attempt=ctx.attempt,
+        step=step,
+        data_position=data_position,
+        rng_fingerprint=rng_fingerprint,
+        metrics={k: float(v) for k, v in (metrics or {}).items()},
+        plan_id=ctx.plan.plan_id if ctx.plan is not None else None,
+    )
+    key = f"job.progress|{ctx.job_id}|{ctx.run_id}|{ctx.attempt}|{step}"
+    return try_announce(ctx.bus, event, utc_now(), key)
+
+
+def _write_progress(path: str, step: int) -> None:
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as out:
+            out.write(f"{step}\n")
+        os.replace(tmp, path)  # atomic: the runner never reads half a number
+    except OSError as exc:
+        log.warning("cannot write the progress file %s: %r", path, exc)
+
+
+def fingerprint(value: object) -> str:
+    """A short, stable digest of an RNG state (or any JSON/array tree), for ``rng_fingerprint``.
+
+    numpy arrays and bytes are hashed by dtype, shape and content; everything else as canonical
+    JSON (dict keys sorted), so the same state always gives the same fingerprint.
+    """
+    digest = hashlib.sha256()
+
+    def feed(v: object) -> None:
+        if isinstance(v, np.ndarray):
+            digest.update(f"nd:{v.dtype.str}:{v.shape}:".encode())
+            digest.update(np.ascontiguousarray(v).tobytes())
+        elif isinstance(v, bytes | bytearray):
+            digest.update(b"b:" + bytes(v))
+        elif isinstance(v, Mapping):
+            digest.update(b"{")
+            for k in sorted(v, key=str):
+                digest.update(json.dumps(str(k)).encode() + b":")
+                feed(v[k])
+            digest.update(b"}")
+        elif isinstance(v, list | tuple):
+            digest.update(b"[")
+            for item in v:
+                feed(item)
+                digest.update(b",")
+            digest.update(b"]")
+        elif hasattr(v, "numpy") and hasattr(v, "detach"):  # a torch tensor
+            feed(v.detach().cpu().numpy())
+        else:
+            digest.update(json.dumps(v, sort_keys=True, default=str).encode())
+
+    feed(value)
+    return digest.hexdigest()[:16]

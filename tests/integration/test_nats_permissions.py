@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -170,3 +171,68 @@ async def test_the_sdk_announces_as_the_runner_user(
 
     history = await wait_for(both, what="the runner's announcements in the registry")
     assert history == ["writing", "pending_verification"]
+
+
+async def test_the_runner_and_its_job_work_as_the_runner_user(
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess, tmp_path: Path
+) -> None:
+    """`ckpt-ha run` publishes job.* and follows its plans as ``runner``; the job's SDK reports
+    progress with the credentials the runner hands it; the coordinator's escalation reaches it."""
+    import asyncio
+    import io
+    import sys
+    from datetime import UTC, datetime
+
+    from contracts import build
+    from contracts.resume import ResumeEscalatedV1
+    from services.runner.adapter import LocalProcess
+    from services.runner.runner import EXIT_ESCALATED, Runner, RunSpec
+
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    spec = RunSpec(
+        job_id="job-sec",
+        run_id="run-sec",
+        command=(
+            sys.executable,
+            "-m",
+            "services.examples.numpy_mlp",
+            "--steps",
+            "5",
+            "--crash-at-step",
+            "3",
+        ),
+        storage_root=str(storage),
+        state_dir=tmp_path / "state",
+        plan_timeout_s=30,
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_HA_")}
+    out = io.StringIO()
+    runner = Runner(
+        spec,
+        as_user(settings, secured_nats.url, "runner").bus(),
+        LocalProcess(stderr=io.BytesIO()),
+        base_env=env,
+        out=out,
+    )
+    running = asyncio.create_task(runner.run())
+
+    async def failed_and_progress() -> bool:
+        msgs = await stream_messages_as(secured_nats.url, settings.events_stream)
+        return any(b"job.failed" in m for m in msgs) and any(b"job.progress" in m for m in msgs)
+
+    await wait_for(failed_and_progress, timeout=30, what="job.failed and the SDK's job.progress")
+    coordinator = Bus(
+        as_user(settings, secured_nats.url, "restore-coordinator").bus(), "restore-coordinator"
+    )
+    await coordinator.broker.start()
+    try:
+        escalated = ResumeEscalatedV1(
+            job_id="job-sec", plan_id="p-sec", reason="restart loop", next_step="runbook step 9"
+        )
+        now = datetime.now(UTC)
+        await coordinator.publish(build(escalated, source="test", time=now, key="p-sec"))
+    finally:
+        await coordinator.broker.stop()
+    assert await asyncio.wait_for(running, timeout=30) == EXIT_ESCALATED
+    assert "escalated: restart loop" in out.getvalue()

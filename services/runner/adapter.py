@@ -1,0 +1,145 @@
+"""How the runner starts, waits for and stops one attempt of a training command.
+
+`SchedulerAdapter` is the port; `LocalProcess` is the embedded default (a child process on this
+machine). A Kubernetes or Slurm adapter implements the same three calls: ``start`` creates the
+Job / submits the batch step with the given environment, ``wait`` blocks until it ended and says
+how (exit code, signal, OOM kill, last error line), ``kill`` forwards a signal to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal as signals
+import subprocess
+import sys
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+LAST_LINE_CHARS = 500
+
+
+@dataclass(frozen=True)
+class ExitInfo:
+    """How one attempt ended, as the scheduler saw it."""
+
+    exit_code: int | None
+    """The process's exit status; None when it was ended by a signal."""
+    signal: int | None = None
+    oom_killed: bool = False
+    """The kernel's OOM killer ended a process of the attempt (cgroup ``oom_kill`` grew)."""
+    last_error_line: str = ""
+    """The last non-empty line the command wrote on stderr (for the failure signature)."""
+
+    @property
+    def succeeded(self) -> bool:
+        return self.exit_code == 0 and self.signal is None
+
+
+class SchedulerAdapter(Protocol):
+    """One attempt at a time: start it, wait for its end, signal it meanwhile."""
+
+    def start(self, command: Sequence[str], env: Mapping[str, str]) -> str:
+        """Launch ``command`` with exactly ``env``; return the scheduler's handle for it
+        (a pid, a Kubernetes Job name, a Slurm job id), printed for operators."""
+        ...
+
+    def wait(self) -> ExitInfo:
+        """Block until the attempt ended; safe to call from a worker thread."""
+        ...
+
+    def kill(self, sig: int = signals.SIGTERM) -> None:
+        """Send ``sig`` to the running attempt (no-op when none runs)."""
+        ...
+
+
+def memory_events(cgroup_root: Path = Path("/sys/fs/cgroup")) -> Path | None:
+    """This process's cgroup v2 ``memory.events`` file, if there is one."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if line.startswith("0::"):
+            path = cgroup_root / line[3:].lstrip("/") / "memory.events"
+            return path if path.exists() else None
+    return None
+
+
+def oom_kills(events: Path | None) -> int | None:
+    """The ``oom_kill`` counter of a ``memory.events`` file (None when unreadable)."""
+    if events is None:
+        return None
+    try:
+        for line in events.read_text().splitlines():
+            name, _, value = line.partition(" ")
+            if name == "oom_kill":
+                return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+class LocalProcess:
+    """The embedded adapter: the command as a child process of the runner.
+
+    The child gets its own session, so a Ctrl-C in the terminal reaches it once, through the
+    runner's forwarding, not twice. Its stderr is copied through line by line (the last one is
+    kept for the failure signature); stdout is inherited untouched.
+    """
+
+    def __init__(self, memory_events_file: Path | None = None, stderr: IO[bytes] | None = None):
+        self._events = memory_events_file if memory_events_file is not None else memory_events()
+        self._stderr = stderr if stderr is not None else sys.stderr.buffer
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._copier: threading.Thread | None = None
+        self._last_line = ""
+        self._oom_before: int | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, command: Sequence[str], env: Mapping[str, str]) -> str:
+        self._oom_before = oom_kills(self._events)
+        self._last_line = ""
+        self._proc = subprocess.Popen(
+            list(command), env=dict(env), stderr=subprocess.PIPE, start_new_session=True
+        )
+        assert self._proc.stderr is not None
+        self._copier = threading.Thread(target=self._copy, args=(self._proc.stderr,), daemon=True)
+        self._copier.start()
+        return str(self._proc.pid)
+
+    def _copy(self, stream: IO[bytes]) -> None:
+        for raw in iter(stream.readline, b""):
+            try:
+                self._stderr.write(raw)
+                self._stderr.flush()
+            except (OSError, ValueError):
+                pass  # our own stderr is gone; keep draining so the child never blocks
+            text = raw.decode(errors="replace").strip()
+            if text:
+                self._last_line = text[-LAST_LINE_CHARS:]
+        stream.close()
+
+    def wait(self) -> ExitInfo:
+        if self._proc is None:
+            raise RuntimeError("wait() before start()")
+        code = self._proc.wait()
+        if self._copier is not None:
+            self._copier.join(timeout=5)
+        after = oom_kills(self._events)
+        grew = after is not None and self._oom_before is not None and after > self._oom_before
+        if code < 0:
+            return ExitInfo(None, -code, grew, self._last_line)
+        return ExitInfo(code, None, grew, self._last_line)
+
+    def kill(self, sig: int = signals.SIGTERM) -> None:
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, sig)

@@ -1,0 +1,93 @@
+"""The embedded adapter with real child processes: exit 0, exit 1, SIGKILL, an OOM kill."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from contracts.job import FailureCause
+from services.runner.adapter import LocalProcess, memory_events, oom_kills
+from services.runner.domain import classify
+
+pytestmark = pytest.mark.integration
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_exit_zero_and_its_environment() -> None:
+    out = io.BytesIO()
+    adapter = LocalProcess(stderr=out)
+    handle = adapter.start(
+        py("import os, sys; sys.stderr.write(os.environ['CKPT_HA_JOB'] + '\\n')"),
+        {**os.environ, "CKPT_HA_JOB": "job-env"},
+    )
+    assert handle.isdigit()
+    info = adapter.wait()
+    assert (info.exit_code, info.signal, info.succeeded) == (0, None, True)
+    assert classify(info) is None
+    assert out.getvalue() == b"job-env\n"  # stderr copied through
+
+
+def test_exit_one_keeps_the_last_stderr_line() -> None:
+    out = io.BytesIO()
+    adapter = LocalProcess(stderr=out)
+    adapter.start(py("import sys; print('first', file=sys.stderr); sys.exit('boom at step 3')"), {})
+    info = adapter.wait()
+    assert (info.exit_code, info.signal) == (1, None)
+    assert info.last_error_line == "boom at step 3"
+    failure = classify(info)
+    assert failure is not None
+    assert failure.cause is FailureCause.ERROR
+
+
+def test_sigkill_is_reported_as_a_node_exit() -> None:
+    adapter = LocalProcess(stderr=io.BytesIO())
+    handle = adapter.start(py("import time; print('up', flush=True); time.sleep(60)"), {})
+    time.sleep(0.3)
+    os.kill(int(handle), signal.SIGKILL)
+    info = adapter.wait()
+    assert (info.exit_code, info.signal, info.oom_killed) == (None, signal.SIGKILL, False)
+    failure = classify(info)
+    assert failure is not None
+    assert failure.cause is FailureCause.NODE_EXIT
+
+
+def test_an_oom_kill_counted_by_the_cgroup_is_reported_as_oom(tmp_path: Path) -> None:
+    """The kernel counts OOM kills in memory.events; a file in the same format stands in for
+    the cgroup here (the test cannot make the real kernel OOM-kill safely)."""
+    events = tmp_path / "memory.events"
+    events.write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\noom_group_kill 0\n")
+    adapter = LocalProcess(memory_events_file=events, stderr=io.BytesIO())
+    handle = adapter.start(py("import time; time.sleep(60)"), {})
+    events.write_text("low 0\nhigh 0\nmax 5\noom 2\noom_kill 2\noom_group_kill 0\n")
+    os.kill(int(handle), signal.SIGKILL)
+    info = adapter.wait()
+    assert info.oom_killed
+    failure = classify(info)
+    assert failure is not None
+    assert failure.cause is FailureCause.OOM
+
+
+def test_kill_forwards_a_signal_and_is_a_no_op_afterwards() -> None:
+    adapter = LocalProcess(stderr=io.BytesIO())
+    adapter.start(py("import time; time.sleep(60)"), {})
+    time.sleep(0.2)
+    adapter.kill(signal.SIGTERM)
+    info = adapter.wait()
+    assert info.signal == signal.SIGTERM
+    adapter.kill(signal.SIGTERM)  # nothing runs any more: no error
+
+
+def test_this_machines_cgroup_counter_is_readable_when_there_is_one() -> None:
+    path = memory_events()
+    if path is not None:
+        assert isinstance(oom_kills(path), int)
+    assert oom_kills(None) is None

@@ -1,0 +1,164 @@
+"""The runner without a broker: how an attempt's end becomes ``job.failed`` (cause, side, and a
+signature that stays the same when the same failure repeats with other numbers in its message),
+the environment an attempt is launched with, and `ckpt-ha run`'s one-line argument errors."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+from contracts.checkpoint import FailureSide, RuntimeEnvironment, Topology
+from contracts.job import FailureCause
+from contracts.resume import Compatibility, ResumeMode, ResumePlannedV1
+from services import sdk
+from services.cli.main import main
+from services.runner.adapter import ExitInfo
+from services.runner.domain import classify
+from services.runner.runner import RunSpec, child_env, runtime_environment
+from services.shared.bus_config import BusConfig
+
+
+def test_exit_zero_is_a_success() -> None:
+    assert classify(ExitInfo(0)) is None
+
+
+def test_a_non_zero_exit_is_the_jobs_error_with_its_last_line() -> None:
+    failure = classify(ExitInfo(1, last_error_line="ValueError: bad batch 17"))
+    assert failure is not None
+    assert (failure.cause, failure.side) == (FailureCause.ERROR, FailureSide.JOB)
+    assert "exit code 1" in failure.detail
+    assert "ValueError: bad batch 17" in failure.detail
+
+
+def test_sigkill_is_a_node_exit_unless_the_oom_killer_did_it() -> None:
+    node = classify(ExitInfo(None, signal.SIGKILL))
+    oom = classify(ExitInfo(None, signal.SIGKILL, oom_killed=True))
+    assert node is not None
+    assert oom is not None
+    assert (node.cause, node.side) == (FailureCause.NODE_EXIT, FailureSide.INFRASTRUCTURE)
+    assert (oom.cause, oom.side) == (FailureCause.OOM, FailureSide.JOB)
+    assert node.signature != oom.signature
+
+
+def test_other_signals_are_errors_and_a_forwarded_stop_is_a_preemption() -> None:
+    segv = classify(ExitInfo(None, signal.SIGSEGV))
+    assert segv is not None
+    assert segv.cause is FailureCause.ERROR
+    assert "SIGSEGV" in segv.detail
+    stopped = classify(ExitInfo(None, signal.SIGTERM), forwarded=signal.SIGTERM)
+    assert stopped is not None
+    assert stopped.cause is FailureCause.PREEMPTED
+    # Even a command that exits 0 on SIGTERM did not finish the run.
+    assert classify(ExitInfo(0), forwarded=signal.SIGINT) is not None
+
+
+def test_the_signature_ignores_numbers_but_not_the_failure() -> None:
+    def sig(code: int, line: str) -> str:
+        failure = classify(ExitInfo(code, last_error_line=line))
+        assert failure is not None
+        return failure.signature
+
+    same = sig(1, "CUDA OOM at step 1200 (tried 4096 MiB)")
+    assert same == sig(1, "CUDA OOM at step 1260 (tried 2048 MiB)")
+    assert same.startswith("error:")
+    assert same != sig(2, "CUDA OOM at step 1200 (tried 4096 MiB)")
+    assert same != sig(1, "NaN loss at step 1200")
+
+
+def test_the_attempts_environment_carries_the_protocol_and_drops_a_stale_plan(
+    tmp_path: Path,
+) -> None:
+    from services.sdk import protocol
+
+    spec = RunSpec("job-e", "run-e", ("train",), "/data/ckpt", tmp_path, code_version="c1")
+    bus = BusConfig(url="nats://n:4222", user="runner", password="pw", prefix="px")
+    environment = RuntimeEnvironment(python_version="3.11.7")
+    base = {"PATH": "/bin", protocol.RESUME_PLAN: "{stale}", protocol.PLAN_ID: "old"}
+    first = child_env(base, spec, bus, 1, environment, None)
+    assert first["PATH"] == "/bin"
+    assert protocol.RESUME_PLAN not in first
+    assert protocol.PLAN_ID not in first
+    ctx = sdk.context(first)
+    assert ctx is not None
+    assert (ctx.job_id, ctx.run_id, ctx.attempt, ctx.storage_root) == (
+        "job-e",
+        "run-e",
+        1,
+        "/data/ckpt",
+    )
+    assert ctx.bus == sdk.Bus("nats://n:4222", prefix="px", user="runner", password="pw")
+    assert (ctx.environment, ctx.topology, ctx.code_version) == (
+        environment,
+        Topology(world_size=1),
+        "c1",
+    )
+    assert ctx.progress_file == str(tmp_path / "progress")
+
+    plan = ResumePlannedV1(
+        job_id="job-e",
+        plan_id="p-1",
+        failed_run_id="run-e",
+        attempt=2,
+        checkpoint_id="job-e-0123456789abcdef",
+        checkpoint_uri="file:///data/ckpt/job-e/step-00000040",
+        step=40,
+        mode=ResumeMode.EXACT,
+        compatibility=Compatibility.IDENTICAL,
+    )
+    second = child_env(base, spec, bus, 2, environment, plan)
+    assert (second[protocol.PLAN_ID], second[protocol.RESTORE_STEP]) == ("p-1", "40")
+    assert second[protocol.RESTORE_URI] == plan.checkpoint_uri
+    resumed = sdk.context(second)
+    assert resumed is not None
+    assert resumed.plan == plan
+    assert resumed.attempt == 2
+
+
+def test_the_runtime_environment_names_this_python_and_numpy() -> None:
+    import platform
+
+    import numpy as np
+
+    env = runtime_environment("registry/train:1")
+    assert env.python_version == platform.python_version()
+    assert env.libraries["numpy"] == np.__version__
+    assert env.image == "registry/train:1"
+    assert env.framework in ("torch", "numpy")
+    assert env.framework_version == env.libraries[env.framework]
+
+
+@pytest.mark.parametrize(
+    ("argv", "code", "message"),
+    [
+        (["run", "--job", "j"], 1, "no training command"),
+        (["run", "--job", "j", "--", "no-such-binary-xyz"], 1, "cannot start 'no-such-binary-xyz'"),
+        (["run", "--job", "j", "--plan-timeout", "-1", "--", "true"], 2, "must be > 0"),
+        (["run", "--job", "j", "--policy", "/nonexistent.json", "--", "true"], 1, "--policy"),
+        (
+            ["run", "--job", "j", "--policy", "p.json", "--tier", "t", "--", "true"],
+            2,
+            "not allowed",
+        ),
+    ],
+)
+def test_run_argument_errors_are_one_line(
+    argv: list[str], code: int, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1
+
+
+def test_a_bad_policy_file_names_the_field(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"max_restarts": -1}))
+    assert main(["run", "--job", "j", "--policy", str(policy), "--", "true"]) == 1
+    err = capsys.readouterr().err
+    assert "max_restarts" in err
+    assert err.count("\n") == 1
