@@ -627,6 +627,20 @@ def cmd_owner_show(args: argparse.Namespace, env: dict[str, str], home: Path) ->
     return 0
 
 
+def cmd_drill(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from services.drill import run as drill
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    result = drill.run(args.scenario, home, env, log, budget_s=args.budget)
+    if args.json:
+        print(drill.as_json(result))
+    else:
+        print(drill.as_text(result))
+    return 0 if result["verdict"] == "pass" else 1
+
+
 _COMMANDS: dict[tuple[str, str | None], Callable[[argparse.Namespace, dict[str, str], Path], int]]
 _COMMANDS = {
     ("run", None): cmd_run,
@@ -641,6 +655,7 @@ _COMMANDS = {
     ("verify", None): cmd_verify,
     ("latest-valid", None): cmd_latest_valid,
     ("demo", None): cmd_demo,
+    ("drill", None): cmd_drill,
     ("quarantine", None): cmd_quarantine,
     ("release", None): cmd_release,
     ("owner", "transfer"): cmd_owner_transfer,

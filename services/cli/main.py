@@ -146,6 +146,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--code-version", type=_text, help="default: $CKPT_HA_CODE_VERSION")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
+    dr = sub.add_parser(
+        "drill", help="inject a fault into a real job on the embedded stack and prove recovery"
+    )
+    dr.add_argument("--scenario", required=True, choices=["node-exit"])
+    dr.add_argument("--json", action="store_true", help="one JSON object with the evidence")
+    dr.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
+                    help="stop and report a failure when the drill runs longer")  # fmt: skip
+
     demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
     demo.add_argument("--job", default="demo-job")
     demo.add_argument("--step", type=int, default=100)

@@ -19,15 +19,16 @@ import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
 from contracts.resume import ResumeMode
 from services import sdk
+from services.shared.storage import FsStore, ObjectInfo, ObjectStore
 
 SAMPLES, FEATURES, HIDDEN = 512, 8, 32
 DATASET_SEED = 20240601
@@ -46,6 +47,8 @@ class Config:
     sleep_per_step: float = 0.0
     crash_at_step: int | None = None
     crash_after_resume: bool = False
+    slow_save: float = 0.0
+    """Seconds a checkpoint write takes at least (drills kill the job in the middle of one)."""
 
 
 def dataset() -> tuple[np.ndarray, np.ndarray]:
@@ -145,6 +148,33 @@ def train_step(cfg: Config, state: dict[str, Any], x: np.ndarray, y: np.ndarray)
     return loss
 
 
+class _SlowStore(FsStore):
+    """A filesystem store whose writes are slowed down, spread over a checkpoint's files."""
+
+    def __init__(self, root: str, delay_s: float) -> None:
+        super().__init__(root)
+        self.delay_s = delay_s
+
+    def put(
+        self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        time.sleep(self.delay_s)
+        return super().put(key, data, metadata=metadata)
+
+    def put_if_absent(
+        self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        time.sleep(self.delay_s)
+        return super().put_if_absent(key, data, metadata=metadata)
+
+
+def _store(root: str, cfg: Config) -> str | ObjectStore:
+    if cfg.slow_save <= 0 or "://" in root.removeprefix("file://"):
+        return root
+    # About five writes per checkpoint here (index, four arrays, manifest).
+    return _SlowStore(root.removeprefix("file://"), cfg.slow_save / 5)
+
+
 def train(cfg: Config, ctx: sdk.Context, *, stop_at: int | None = None) -> list[tuple[int, float]]:
     """Run (or continue) the job; returns the (step, loss) pairs this attempt computed.
 
@@ -180,7 +210,7 @@ def train(cfg: Config, ctx: sdk.Context, *, stop_at: int | None = None) -> list[
         )
         if step % cfg.checkpoint_every == 0:
             try:
-                sdk.save(ctx.storage_root, ctx.job_id, step, state, ctx=ctx)
+                sdk.save(_store(ctx.storage_root, cfg), ctx.job_id, step, state, ctx=ctx)
             except sdk.CheckpointExists as exc:  # an earlier attempt got this far already
                 print(f"not saving step {step}: {exc}", file=sys.stderr)
         if stop_at is not None and step >= stop_at:
@@ -200,6 +230,10 @@ def parse(argv: Sequence[str] | None, name: str = "numpy_mlp") -> tuple[Config, 
     p.add_argument(
         "--crash-after-resume", action="store_true", help="exit 1 right after every resume"
     )
+    p.add_argument(
+        "--slow-save", type=float, default=0.0, metavar="SECONDS",
+        help="make every checkpoint write take this long (drills kill the job mid-write)",
+    )  # fmt: skip
     p.add_argument("--storage-root", help="outside a runner: where to save")
     p.add_argument("--job", default=name.replace("_", "-"), help="outside a runner: the job id")
     args = p.parse_args(argv)
@@ -210,6 +244,7 @@ def parse(argv: Sequence[str] | None, name: str = "numpy_mlp") -> tuple[Config, 
         sleep_per_step=args.sleep_per_step,
         crash_at_step=args.crash_at_step,
         crash_after_resume=args.crash_after_resume,
+        slow_save=args.slow_save,
     )
     return cfg, args
 

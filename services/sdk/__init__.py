@@ -150,6 +150,15 @@ def _put(store: ObjectStore, prefix: str, path: str, data: bytes) -> native.Shar
     return native.Shard(path=path, size=len(data), checksum=cs.of_bytes(data))
 
 
+def folder_for(job_id: str, step: int, attempt: int = 1) -> str:
+    """Where a checkpoint of ``step`` goes: ``<job>/step-<step>``, and for a later attempt of the
+    run ``<job>/step-<step>-a<attempt>``. A resumed attempt recomputes steps an earlier attempt
+    may have started to save (it was killed mid-write); its checkpoint is a new one, in its own
+    folder, never written over the partial one (which the restore-coordinator cleans up)."""
+    base = f"{job_id}/step-{step:08d}"
+    return base if attempt <= 1 else f"{base}-a{attempt}"
+
+
 def save(
     storage_root: str | ObjectStore,
     job_id: str,
@@ -195,7 +204,7 @@ def save(
     if step < 0:
         raise ValueError(f"step {step} must be >= 0")
     store = open_store(storage_root) if isinstance(storage_root, str) else storage_root
-    prefix = f"{job_id}/step-{step:08d}"
+    prefix = folder_for(job_id, step, attempt or 1)
     uri = store.uri(prefix)
     encoded = codec.encode(state)
     now = clock()

@@ -85,7 +85,7 @@ def test_save_writes_index_first_manifest_last_and_the_watcher_agrees(tmp_path: 
         model_version="resnet-7", code_version="abc", topology=Topology(world_size=8),
         image="registry/train:1.2", clock=lambda: T,
     )  # fmt: skip
-    folder = tmp_path / "job-u" / "step-00000003"
+    folder = tmp_path / "job-u" / "step-00000003-a2"
     assert saved.uri == f"file://{folder}"
     assert not saved.announced
     paths = [s.path for s in saved.manifest.shards]
@@ -159,6 +159,17 @@ def test_a_folder_with_files_is_never_written_again(tmp_path: Path) -> None:
         sdk.save(str(tmp_path), "job-u", 7, {"w": object()}, run_id="r")
     assert not (tmp_path / "job-u" / "step-00000007").exists()
     assert sdk.load(f"{tmp_path}/job-u/step-00000005").state == {"w": b"first"}
+
+
+def test_a_later_attempt_saves_a_recomputed_step_in_its_own_folder(tmp_path: Path) -> None:
+    (tmp_path / "job-u" / "step-00000040").mkdir(parents=True)  # attempt 1 killed mid-write
+    (tmp_path / "job-u" / "step-00000040" / "partial.bin").write_bytes(b"left over")
+    saved = sdk.save(str(tmp_path), "job-u", 40, {"w": b"again"}, run_id="r", attempt=2)
+    assert saved.uri.endswith("/job-u/step-00000040-a2")
+    assert sdk.load(saved.uri).state == {"w": b"again"}
+    assert (tmp_path / "job-u" / "step-00000040" / "partial.bin").read_bytes() == b"left over"
+    assert sdk.folder_for("j", 3) == sdk.folder_for("j", 3, 1) == "j/step-00000003"
+    assert sdk.folder_for("j", 3, 4) == "j/step-00000003-a4"
 
 
 def test_bytes_only_state_names_no_framework(tmp_path: Path) -> None:

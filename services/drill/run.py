@@ -1,0 +1,285 @@
+"""Fault drills against the embedded stack: run the example job under `ckpt-ha run`, inject one
+fault, let the system restore it, and read back what happened from the event stream.
+
+I/O lives here (processes, signals, NATS, Redis); what the evidence proves is decided in
+`services.drill.assess`, purely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from contracts import CATALOG, Envelope, EventData
+from contracts.job import JobPolicy, Tolerance
+from contracts.subjects import job_token
+from services.cli import stack
+from services.drill.assess import Assessment, assess_restore
+from services.shared.bus_config import BusConfig
+from services.shared.registry import CheckpointRecord, Registry
+from services.shared.stream_reader import read_events
+
+T = TypeVar("T")
+
+EXAMPLE = "services.examples.numpy_mlp"
+DRILL_ENV = {
+    # A drill is short: a stalled write is declared failed quickly, scrubs stay out of the way.
+    "CKPT_HA_STALL_TIMEOUT_S": "5",
+    "CKPT_HA_SCRUB_INTERVAL_S": "0",
+}
+
+
+class DrillFailed(Exception):
+    """The drill could not run to the end (budget exceeded, the job exited early)."""
+
+
+@dataclass
+class Drill:
+    home: Path
+    state: stack.StackState
+    job: str
+    budget_s: float
+    log: Callable[[str], None]
+    started: float = field(default_factory=time.monotonic)
+    runner: subprocess.Popen[bytes] | None = None
+    runner_log: Path | None = None
+
+    # -- plumbing -------------------------------------------------------------------------
+
+    def cfg(self) -> BusConfig:
+        return BusConfig(url=self.state.nats_url)
+
+    def remaining(self) -> float:
+        left = self.budget_s - (time.monotonic() - self.started)
+        if left <= 0:
+            raise DrillFailed(f"time budget of {self.budget_s:.0f} s exceeded")
+        return left
+
+    async def until(
+        self, probe: Callable[[], Awaitable[T | None]], what: str, every: float = 0.2
+    ) -> T:
+        """Poll ``probe`` until it returns something, within the drill's budget."""
+        while True:
+            try:
+                self.remaining()
+            except DrillFailed as exc:
+                raise DrillFailed(f"{exc} while waiting for {what}") from None
+            value = await probe()
+            if value is not None and value is not False and value != []:
+                return value
+            if self.runner is not None and self.runner.poll() is not None and what != "exit":
+                raise DrillFailed(
+                    f"the job's runner exited ({self.runner.returncode}) while waiting for {what}"
+                    f"; see {self.runner_log}"
+                )
+            await asyncio.sleep(every)
+
+    async def events(self) -> list[Envelope[EventData]]:
+        cfg = self.cfg()
+        subject = f"{cfg.prefix}.ev.*.*.*.{job_token(self.job)}"
+        events, _ = await read_events(cfg, CATALOG, subject, idle_timeout=2.0)
+        return events
+
+    async def records(self, registry: Registry) -> list[CheckpointRecord]:
+        return await registry.by_job(self.job)
+
+    # -- the job ---------------------------------------------------------------------------
+
+    def launch(self, policy: JobPolicy, job_args: list[str], env: Mapping[str, str]) -> None:
+        folder = self.home / "drills" / self.job
+        folder.mkdir(parents=True, exist_ok=True)
+        policy_file = folder / "policy.json"
+        policy_file.write_text(policy.model_dump_json(indent=2))
+        self.runner_log = folder / "runner.log"
+        argv = [
+            sys.executable, "-m", "services.cli.main", "run", "--job", self.job,
+            "--policy", str(policy_file), "--plan-timeout", "60", "--",
+            sys.executable, "-m", EXAMPLE, *job_args,
+        ]  # fmt: skip
+        full_env = {
+            **os.environ,
+            **env,
+            "CKPT_HA_HOME": str(self.home),
+            "NATS_URL": self.state.nats_url,
+            "REDIS_URL": self.state.redis_url,
+            "CKPT_HA_STORAGE_ROOT": self.state.storage_root,
+        }
+        with self.runner_log.open("ab") as out:
+            self.runner = subprocess.Popen(
+                argv, env=full_env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+
+    def training_pid(self) -> int | None:
+        """The training process: the runner's child (whatever adapter started it)."""
+        if self.runner is None:
+            return None
+        try:
+            children = Path(f"/proc/{self.runner.pid}/task/{self.runner.pid}/children")
+            pids = [int(p) for p in children.read_text().split()]
+        except (OSError, ValueError):
+            return None
+        return pids[0] if pids else None
+
+    async def kill_training(self) -> datetime:
+        pid = await self.until(lambda: _async(self.training_pid()), "the training process")
+        os.kill(pid, signal.SIGKILL)
+        fault = datetime.now(UTC)
+        self.log(f"fault: SIGKILL training process {pid} at {fault.isoformat()}")
+        return fault
+
+    async def wait_exit(self) -> int:
+        async def done() -> int | None:
+            return None if self.runner is None else self.runner.poll()
+
+        return await self.until(done, "exit")
+
+    def stop(self) -> None:
+        if self.runner is not None and self.runner.poll() is None:
+            os.killpg(self.runner.pid, signal.SIGKILL)
+            self.runner.wait(timeout=10)
+
+
+async def _async(value: T) -> T:
+    return value
+
+
+def _policy() -> JobPolicy:
+    return JobPolicy(
+        tier="drill",
+        max_restarts=3,
+        tolerances=(Tolerance(metric="loss"),),  # exact: the example job is deterministic
+        continuity_steps=3,
+    )
+
+
+async def _valid_count(drill: Drill, registry: Registry, n: int) -> list[CheckpointRecord] | None:
+    valid = [r for r in await drill.records(registry) if r.state.value == "valid"]
+    return valid if len(valid) >= n else None
+
+
+async def _resumed_after(drill: Drill, fault: datetime) -> list[Envelope[EventData]] | None:
+    events = await drill.events()
+    done = [
+        e
+        for e in events
+        if e.time >= fault and e.type.split(".")[1:3] in (["resume", "verified"],
+                                                           ["resume", "diverged"])
+    ]  # fmt: skip
+    return done or None
+
+
+async def node_exit(drill: Drill) -> dict[str, Any]:
+    """SIGKILL the training process mid-training, and once more in the middle of writing a
+    checkpoint; both times the system must restore the last valid checkpoint and continue."""
+    registry = Registry.from_url(drill.state.redis_url)
+    try:
+        drill.launch(
+            _policy(),
+            ["--steps", "90", "--checkpoint-every", "10", "--sleep-per-step", "0.05",
+             "--slow-save", "1.5"],
+            {},
+        )  # fmt: skip
+        await drill.until(lambda: _valid_count(drill, registry, 2), "two valid checkpoints")
+        fault = await drill.kill_training()
+        await drill.until(lambda: _resumed_after(drill, fault), "the first resume verdict")
+
+        # Second fault: in the middle of a checkpoint write (writing announced, not committed).
+        async def mid_write() -> bool | None:
+            events = await drill.events()
+            writing = {e.data.__dict__.get("checkpoint_id") for e in events
+                       if e.type.endswith("checkpoint.writing.v1") and e.time > fault}  # fmt: skip
+            done = {e.data.__dict__.get("checkpoint_id") for e in events
+                    if e.type.endswith("checkpoint.committed.v1")}  # fmt: skip
+            return bool(writing - done) or None
+
+        await drill.until(mid_write, "a checkpoint being written", every=0.05)
+        second = await drill.kill_training()
+        await drill.until(lambda: _resumed_after(drill, second), "the second resume verdict")
+        code = await drill.wait_exit()
+        events = await drill.events()
+    finally:
+        drill.stop()
+        await registry.close()
+    first_phase = assess_restore("node-exit", [e for e in events if e.time < second], drill.job,
+                                 fault)  # fmt: skip
+    second_phase = assess_restore("node-exit/mid-write", events, drill.job, second)
+    result = first_phase.to_json()
+    result["phases"] = [first_phase.to_json(), second_phase.to_json()]
+    result["job"] = drill.job
+    result["job_exit_code"] = code
+    ok = first_phase.verdict == second_phase.verdict == "pass" and code == 0
+    result["verdict"] = "pass" if ok else "fail"
+    if code != 0:
+        result["reasons"].append(f"the job's runner exited {code}, see {drill.runner_log}")
+    return result
+
+
+SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
+    "node-exit": node_exit
+}
+
+
+def run(scenario: str, home: Path, env: Mapping[str, str], log: Callable[[str], None],
+        budget_s: float = 300.0) -> dict[str, Any]:  # fmt: skip
+    """Start the embedded stack if none runs, run one scenario, return its JSON result."""
+    state = stack.StackState.load(home)
+    if state is None or not all(s.alive for s in stack.status(state)):
+        log(f"starting the embedded stack under {home}")
+        state = stack.up(home, {**env, **DRILL_ENV})
+    job = f"drill-{scenario}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
+    drill = Drill(home=home, state=state, job=job, budget_s=budget_s, log=log)
+    log(f"drill {scenario}: job {job}")
+    try:
+        return asyncio.run(SCENARIOS[scenario](drill))
+    except DrillFailed as exc:
+        return {
+            "scenario": scenario,
+            "verdict": "fail",
+            "job": job,
+            "reasons": [str(exc)],
+            "levels": {},
+            "last_valid_checkpoint": None,
+            "restored_from": None,
+            "continue_step": None,
+            "recompute_steps": None,
+            "timeline": [],
+        }
+
+
+def as_json(result: Mapping[str, Any]) -> str:
+    return json.dumps(result, indent=2, default=str)
+
+
+def as_text(result: Mapping[str, Any]) -> str:
+    """The drill's story for a person: timeline, then the five levels and the verdict."""
+    lines = [f"drill {result['scenario']} on job {result.get('job')}: {result['verdict'].upper()}"]
+    for phase in result.get("phases") or [result]:
+        lines.append("")
+        lines.append(f"-- {phase['scenario']}")
+        for t in phase.get("timeline", []):
+            at = t["t_seconds"]
+            when = f"{at:+9.2f}s" if at is not None else " " * 10
+            lines.append(f"  {when}  {t['what']}")
+        lines.append(f"  last valid checkpoint: {phase.get('last_valid_checkpoint')}")
+        lines.append(f"  restored from:         {phase.get('restored_from')}")
+        lines.append(f"  continue step:         {phase.get('continue_step')}")
+        lines.append(f"  recompute steps:       {phase.get('recompute_steps')}")
+        for name, level in (phase.get("levels") or {}).items():
+            mark = "PASS" if level["passed"] else "FAIL"
+            evidence = json.dumps(level["evidence"], default=str)[:150]
+            lines.append(f"  {mark}  {name:<10} {evidence}")
+    lines.extend(f"reason: {reason}" for reason in result.get("reasons", []))
+    return "\n".join(lines)
+
+
+__all__ = ["SCENARIOS", "Assessment", "run"]
