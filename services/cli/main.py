@@ -149,7 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
     dr = sub.add_parser(
         "drill", help="inject a fault into a real job on the embedded stack and prove recovery"
     )
-    dr.add_argument("--scenario", required=True, choices=["node-exit"])
+    dr.add_argument(
+        "--scenario",
+        required=True,
+        choices=["node-exit", "corrupt-checkpoint", "restart-loop", "env-mismatch"],
+    )
     dr.add_argument("--json", action="store_true", help="one JSON object with the evidence")
     dr.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
                     help="stop and report a failure when the drill runs longer")  # fmt: skip

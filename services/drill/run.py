@@ -224,8 +224,145 @@ async def node_exit(drill: Drill) -> dict[str, Any]:
     return result
 
 
+def _newest_shard(storage_root: str, record: CheckpointRecord) -> Path:
+    folder = Path(record.uri.removeprefix("file://"))
+    if not folder.is_dir():
+        raise DrillFailed(f"{record.uri} is not a local folder (the drill damages files by hand)")
+    shards = sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix == ".npy")
+    if not shards:
+        raise DrillFailed(f"no array shard in {record.uri}")
+    return shards[-1]
+
+
+async def corrupt_checkpoint(drill: Drill) -> dict[str, Any]:
+    """The newest valid checkpoint is damaged on storage after it was registered; the job then
+    dies. The restore must catch the damage at load, quarantine it, and fall back."""
+    registry = Registry.from_url(drill.state.redis_url)
+    try:
+        drill.launch(_policy(), ["--steps", "60", "--checkpoint-every", "10",
+                                 "--sleep-per-step", "0.05"], {})  # fmt: skip
+        valid = await drill.until(lambda: _valid_count(drill, registry, 2), "two valid checkpoints")
+        newest = max(valid, key=lambda r: r.step or 0)
+        shard = _newest_shard(drill.state.storage_root, newest)
+        data = bytearray(shard.read_bytes())
+        data[-1] ^= 0xFF  # one flipped bit pattern, same size: only a checksum can tell
+        shard.write_bytes(bytes(data))
+        drill.log(f"damaged {shard} of checkpoint {newest.checkpoint_id} (step {newest.step})")
+        fault = await drill.kill_training()
+        await drill.until(lambda: _resumed_after(drill, fault), "a resume verdict")
+        code = await drill.wait_exit()
+        events = await drill.events()
+        damaged = await registry.get(newest.checkpoint_id)
+    finally:
+        drill.stop()
+        await registry.close()
+    phase = assess_restore("corrupt-checkpoint", events, drill.job, fault)
+    result = phase.to_json()
+    load_failed = [e for e in events if e.type.endswith("resume.load_failed.v1")
+                   and e.data.__dict__.get("checkpoint_id") == newest.checkpoint_id]  # fmt: skip
+    result["damaged_checkpoint"] = newest.checkpoint_id
+    result["damaged_state"] = damaged.state.value if damaged else None
+    result["load_failed"] = [{"event_id": e.id, "reason": e.data.__dict__.get("reason")}
+                             for e in load_failed]  # fmt: skip
+    result["job"], result["job_exit_code"] = drill.job, code
+    checks = {
+        "the damage was caught at load": bool(load_failed),
+        "the damaged checkpoint is quarantined": bool(damaged and damaged.state.value
+                                                      == "quarantined"),
+        "the restore fell back to an older checkpoint": phase.restored_from not in
+        (None, newest.checkpoint_id),
+        "the job finished": code == 0,
+    }  # fmt: skip
+    result["checks"] = checks
+    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
+    result["verdict"] = "pass" if phase.verdict == "pass" and all(checks.values()) else "fail"
+    return result
+
+
+async def _escalated(drill: Drill) -> list[Envelope[EventData]] | None:
+    events = await drill.events()
+    return [e for e in events if e.type.endswith("resume.escalated.v1")] or None
+
+
+def _expect_escalation(
+    scenario: str, drill: Drill, events: list[Envelope[EventData]], fault: datetime, code: int,
+    reasons: set[str],
+) -> dict[str, Any]:  # fmt: skip
+    phase = assess_restore(scenario, events, drill.job, fault)
+    result = phase.to_json()
+    escalations = [e for e in events if e.type.endswith("resume.escalated.v1")]
+    last = escalations[-1] if escalations else None
+    after = [e for e in events if last is not None and e.time > last.time
+             and e.type.endswith(("resume.planned.v1", "job.started.v1"))]  # fmt: skip
+    result["escalation"] = (
+        {"event_id": last.id, **last.data.model_dump(mode="json")} if last else None
+    )
+    result["job"], result["job_exit_code"] = drill.job, code
+    checks = {
+        "escalated": last is not None,
+        f"for {' or '.join(sorted(reasons))}": last is not None
+        and last.data.__dict__.get("reason") in reasons,
+        "no restore or attempt after the escalation": not after,
+        "the runner stopped (exit 3)": code == 3,
+    }
+    result["checks"] = checks
+    result["reasons"] = [f"not met: {what}" for what, ok in checks.items() if not ok]
+    result["verdict"] = "pass" if all(checks.values()) else "fail"
+    return result
+
+
+async def restart_loop(drill: Drill) -> dict[str, Any]:
+    """The job crashes right after every resume: automatic retries must stop and escalate."""
+    registry = Registry.from_url(drill.state.redis_url)
+    try:
+        drill.launch(
+            JobPolicy(tier="drill", max_restarts=2, max_same_failure=3),
+            ["--steps", "60", "--checkpoint-every", "10", "--sleep-per-step", "0.05",
+             "--crash-after-resume"],
+            {},
+        )  # fmt: skip
+        await drill.until(lambda: _valid_count(drill, registry, 1), "a valid checkpoint")
+        fault = await drill.kill_training()
+        await drill.until(lambda: _escalated(drill), "the escalation")
+        code = await drill.wait_exit()
+        await asyncio.sleep(1.0)  # anything that would still follow the escalation
+        events = await drill.events()
+    finally:
+        drill.stop()
+        await registry.close()
+    return _expect_escalation(
+        "restart-loop", drill, events, fault, code, {"restart_loop", "same_failure_repeating"}
+    )
+
+
+async def env_mismatch(drill: Drill) -> dict[str, Any]:
+    """The checkpoints were written with another framework version than the restore target
+    runs: compatibility is unknown, nothing is resumed automatically."""
+    registry = Registry.from_url(drill.state.redis_url)
+    try:
+        drill.launch(
+            JobPolicy(tier="drill"),
+            ["--steps", "60", "--checkpoint-every", "10", "--sleep-per-step", "0.05",
+             "--written-with-framework", "0.0.0-drill"],
+            {},
+        )  # fmt: skip
+        await drill.until(lambda: _valid_count(drill, registry, 1), "a valid checkpoint")
+        fault = await drill.kill_training()
+        await drill.until(lambda: _escalated(drill), "the escalation")
+        code = await drill.wait_exit()
+        await asyncio.sleep(1.0)
+        events = await drill.events()
+    finally:
+        drill.stop()
+        await registry.close()
+    return _expect_escalation("env-mismatch", drill, events, fault, code, {"compatibility_unknown"})
+
+
 SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
-    "node-exit": node_exit
+    "node-exit": node_exit,
+    "corrupt-checkpoint": corrupt_checkpoint,
+    "restart-loop": restart_loop,
+    "env-mismatch": env_mismatch,
 }
 
 

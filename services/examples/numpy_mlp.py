@@ -15,6 +15,7 @@ Every step is reported with `sdk.progress` and printed as one JSON line on stdou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -231,6 +232,10 @@ def parse(argv: Sequence[str] | None, name: str = "numpy_mlp") -> tuple[Config, 
         "--crash-after-resume", action="store_true", help="exit 1 right after every resume"
     )
     p.add_argument(
+        "--written-with-framework", metavar="VERSION",
+        help="record this framework version in the checkpoints (drills: a changed environment)",
+    )  # fmt: skip
+    p.add_argument(
         "--slow-save", type=float, default=0.0, metavar="SECONDS",
         help="make every checkpoint write take this long (drills kill the job mid-write)",
     )  # fmt: skip
@@ -259,6 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg, args = parse(argv)
     try:
         ctx = sdk.context() or standalone(args)
+        if args.written_with_framework and ctx.environment is not None:
+            # Drills: the checkpoints say they were written with another framework version than
+            # the one the restore target runs (R14's changed environment).
+            env = ctx.environment.model_copy(
+                update={"framework_version": args.written_with_framework}
+            )
+            ctx = dataclasses.replace(ctx, environment=env)
         train(cfg, ctx)
     except sdk.ResumeFailed as exc:
         print(f"numpy_mlp: {exc}", file=sys.stderr)
