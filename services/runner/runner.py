@@ -261,8 +261,16 @@ class Runner:
                 await self._publish(bus, done, f"job.succeeded|{key}")
                 self.say(f"attempt {attempt} succeeded (last step {last_step})")
                 return EXIT_OK
-            while not self._inbox.empty():  # anything before this failure is not about it
-                self._inbox.get_nowait()
+            # Anything heard before this failure is not about it, except a plan for the next
+            # attempt: after a load failure the coordinator plans the fallback while this
+            # attempt is still exiting.
+            early = []
+            while not self._inbox.empty():
+                item = self._inbox.get_nowait()
+                if isinstance(item, ResumePlannedV1) and item.attempt == attempt + 1:
+                    early.append(item)
+            for item in early:
+                self._inbox.put_nowait(item)
             failed = JobFailedV1(
                 job_id=spec.job_id,
                 run_id=spec.run_id,
