@@ -189,6 +189,7 @@ def assess_restore(
         for e in _of(mine, JobProgressV1)
         if plan is not None and e.data.plan_id == plan.data.plan_id
     ]
+    durations = recovery_durations(mine, fault, plan, progress)
     reasons.extend(f"level {name} not proven" for name in LEVELS if not levels[name].passed)
     return Assessment(
         scenario=scenario,
@@ -200,4 +201,44 @@ def assess_restore(
         recompute_steps=plan.data.recompute_steps if plan else None,
         timeline=timeline(events, job_id, fault),
         reasons=reasons,
+        extra={"durations": durations} if durations else {},
     )
+
+
+def recovery_durations(
+    mine: Sequence[Envelope[EventData]],
+    fault: datetime | None,
+    plan: Envelope[Any] | None,
+    progress: Sequence[Envelope[Any]],
+) -> dict[str, float]:
+    """Seconds from the fault to `resume.verified`, split into what the control plane spent
+    (noticing the failure, planning, relaunching, judging continuity) and what the job spent
+    (loading the checkpoint, computing its first steps)."""
+    if fault is None or plan is None:
+        return {}
+    plan_id = plan.data.plan_id
+    failed = [e for e in _of(mine, JobFailedV1) if fault <= e.time <= plan.time]
+    started = [e for e in mine if e.type.endswith("job.started.v1")
+               and e.data.__dict__.get("plan_id") == plan_id]  # fmt: skip
+    loaded = [e for e in _of(mine, ResumeLoadedV1) if e.data.plan_id == plan_id]
+    verified = [e for e in _of(mine, ResumeVerifiedV1) if e.data.plan_id == plan_id]
+    if not (failed and started and loaded and progress and verified):
+        return {}
+    before_verdict = [p for p in progress if p.time <= verified[0].time]
+    last_progress = before_verdict[-1] if before_verdict else progress[0]
+    marks = {
+        "detect": (failed[0].time - fault).total_seconds(),
+        "plan": (plan.time - failed[0].time).total_seconds(),
+        "relaunch": (started[0].time - plan.time).total_seconds(),
+        "load": (loaded[0].time - started[0].time).total_seconds(),
+        "compute": (last_progress.time - loaded[0].time).total_seconds(),
+        "verdict": (verified[0].time - last_progress.time).total_seconds(),
+    }
+    total = (verified[0].time - fault).total_seconds()
+    control = marks["detect"] + marks["plan"] + marks["relaunch"] + marks["verdict"]
+    return {
+        **{k: round(v, 4) for k, v in marks.items()},
+        "total": round(total, 4),
+        "control_plane": round(control, 4),
+        "control_plane_share": round(control / total, 4) if total > 0 else 0.0,
+    }

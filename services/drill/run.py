@@ -411,6 +411,15 @@ def as_text(result: Mapping[str, Any]) -> str:
         lines.append(f"  restored from:         {phase.get('restored_from')}")
         lines.append(f"  continue step:         {phase.get('continue_step')}")
         lines.append(f"  recompute steps:       {phase.get('recompute_steps')}")
+        if phase.get("durations"):
+            d = phase["durations"]
+            lines.append(
+                f"  fault → resume.verified {d['total']:.2f}s: control plane "
+                f"{d['control_plane']:.2f}s ({100 * d['control_plane_share']:.0f}%: detect "
+                f"{d['detect']:.2f}, plan {d['plan']:.3f}, relaunch {d['relaunch']:.2f}, verdict "
+                f"{d['verdict']:.3f}), job {d['load'] + d['compute']:.2f}s (load {d['load']:.2f},"
+                f" compute {d['compute']:.2f})"
+            )
         for name, level in (phase.get("levels") or {}).items():
             mark = "PASS" if level["passed"] else "FAIL"
             evidence = json.dumps(level["evidence"], default=str)[:150]

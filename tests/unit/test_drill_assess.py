@@ -13,7 +13,7 @@ from contracts.checkpoint import (
     CheckpointRegisteredV1,
     CheckpointVerifiedV1,
 )
-from contracts.job import FailureCause, JobFailedV1, JobProgressV1
+from contracts.job import FailureCause, JobFailedV1, JobProgressV1, JobStartedV1
 from contracts.resume import (
     Comparison,
     Compatibility,
@@ -47,6 +47,7 @@ def story() -> dict[str, Envelope[EventData]]:
                                       mode=ResumeMode.EXACT,
                                       compatibility=Compatibility.IDENTICAL,
                                       recompute_steps=7), 11),
+        "started": ev(JobStartedV1(job_id=J, run_id="r", attempt=2, plan_id="p1"), 11.5),
         "loadable": ev(ResumeLoadedV1(**plan, run_id="r", checkpoint_id="c20", step=20,
                                       load_seconds=0.2), 12),
         "progress": ev(JobProgressV1(job_id=J, run_id="r", attempt=2, step=21, plan_id="p1",
@@ -70,6 +71,12 @@ def test_a_full_restore_passes_every_level_with_its_own_evidence() -> None:
     assert result["levels"]["verified"]["evidence"]["checksums"] == ["a.bin=xxh3_64:00ff"]
     assert [line["t_seconds"] for line in result["timeline"]][:2] == [-9.0, -8.0]
     assert any("job.failed" in line["what"] for line in result["timeline"])
+    durations = result["durations"]
+    assert (durations["detect"], durations["plan"], durations["relaunch"]) == (0.0, 1.0, 0.5)
+    assert (durations["load"], durations["compute"], durations["verdict"]) == (0.5, 1.0, 1.0)
+    assert durations["total"] == 4.0
+    assert durations["control_plane"] == 2.5
+    assert durations["control_plane_share"] == 0.625
 
 
 @pytest.mark.parametrize("missing", LEVELS)

@@ -1,0 +1,170 @@
+"""The restore path end to end, across processes: `ckpt-ha drill` runs the example job under
+`ckpt-ha run` on the embedded stack (its own nats-server, redis-server and the five services),
+injects one fault, and reports evidence read back from the event stream.
+
+One stack serves every drill of this module (started by the first drill, stopped at the end).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from contracts import CATALOG, build
+from contracts.job import JobFailedV1
+from contracts.resume import ResumePlannedV1
+from contracts.subjects import job_token
+from services.cli.stack import StackState
+from services.shared.bus import Bus
+from services.shared.bus_config import BusConfig
+from services.shared.stream_reader import read_events
+
+pytestmark = pytest.mark.e2e
+
+LEVELS = ("generated", "verified", "registered", "loadable", "continued")
+
+
+def cli(home: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL")}
+    env["CKPT_HA_HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "services.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("drills") / "ckpt-ha-home"
+    yield path
+    cli(path, "down", timeout=120)
+
+
+def drill(home: Path, scenario: str) -> dict[str, Any]:
+    done = cli(home, "drill", "--scenario", scenario, "--json", "--budget", "300")
+    assert done.stdout, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    assert done.returncode == (0 if result["verdict"] == "pass" else 1)
+    assert result["verdict"] == "pass", (result.get("reasons"), done.stderr[-2000:])
+    return result
+
+
+def assert_restored(phase: dict[str, Any]) -> None:
+    for name in LEVELS:
+        level = phase["levels"][name]
+        assert level["passed"], (name, phase["reasons"])
+        assert level["evidence"]["event_id"]  # each level has its own event
+    ids = [phase["levels"][n]["evidence"]["event_id"] for n in LEVELS]
+    assert len(set(ids)) == len(LEVELS)
+    assert phase["restored_from"] is not None
+    assert phase["continue_step"] is not None
+    assert phase["recompute_steps"] is not None
+
+
+def test_node_exit_is_restored_and_continues_also_after_a_kill_mid_write(home: Path) -> None:
+    result = drill(home, "node-exit")
+    assert result["scenario"] == "node-exit"
+    first, mid_write = result["phases"]
+    for phase in (first, mid_write):
+        assert_restored(phase)
+        # The job resumes right after the checkpoint's step, and lost only the steps after it.
+        step = phase["levels"]["loadable"]["evidence"]["step"]
+        assert phase["continue_step"] == step + 1
+        assert phase["restored_from"] == phase["last_valid_checkpoint"]
+    # The checkpoint being written at the second kill never became a restore candidate.
+    writing = [t for t in mid_write["timeline"] if t["event"].endswith("checkpoint.writing.v1")]
+    killed_mid_write = [t for t in writing if t["t_seconds"] is not None and t["t_seconds"] < 0]
+    assert killed_mid_write
+    assert mid_write["restored_from"] not in killed_mid_write[-1]["what"]
+    assert result["job_exit_code"] == 0
+    comparisons = first["levels"]["continued"]["evidence"]["comparisons"]
+    assert any(c["name"] == "loss" or c["name"].startswith("loss") for c in comparisons)
+    assert all(c["ok"] for c in comparisons)
+
+
+def test_a_checkpoint_corrupted_after_registration_is_caught_at_load_and_falls_back(
+    home: Path,
+) -> None:
+    result = drill(home, "corrupt-checkpoint")
+    assert_restored(result)
+    assert result["damaged_state"] == "quarantined"
+    assert result["load_failed"]
+    assert "checksum" in result["load_failed"][0]["reason"]
+    assert result["restored_from"] != result["damaged_checkpoint"]
+
+
+def test_a_restart_loop_escalates_and_retries_stop(home: Path) -> None:
+    result = drill(home, "restart-loop")
+    assert result["escalation"]["reason"] in {"restart_loop", "same_failure_repeating"}
+    assert "runbook" in result["escalation"]["next_step"].lower()
+    assert result["job_exit_code"] == 3
+
+
+def test_a_changed_environment_is_unknown_and_not_resumed(home: Path) -> None:
+    result = drill(home, "env-mismatch")
+    assert result["escalation"]["reason"] == "compatibility_unknown"
+    assert "framework_version" in json.dumps(result["escalation"])
+    planned = [t for t in result["timeline"] if t["event"].endswith("resume.planned.v1")]
+    assert planned == []
+
+
+async def _events(nats_url: str, job: str) -> list[Any]:
+    events, _ = await read_events(
+        BusConfig(url=nats_url), CATALOG, f"ckpt.ev.*.*.*.{job_token(job)}", idle_timeout=2
+    )
+    return events
+
+
+async def _republish(nats_url: str, failed: JobFailedV1, copies: int) -> None:
+    bus = Bus(BusConfig(url=nats_url), "e2e-scheduler")
+    await bus.broker.start()
+    try:
+        for i in range(copies):  # a scheduler that reports one failure several times
+            await bus.publish(build(failed, source="e2e", time=datetime.now(UTC), key=f"dup-{i}"))
+    finally:
+        await bus.broker.stop()
+
+
+def test_duplicated_job_failed_gives_one_plan(home: Path) -> None:
+    state = StackState.load(home)
+    assert state is not None, "the drills above started the stack"
+    drills = sorted(p.name for p in (home / "drills").iterdir() if "node-exit" in p.name)
+    assert drills, "the node-exit drill ran first"
+    job = drills[-1]
+    events = asyncio.run(_events(state.nats_url, job))
+    failed = [e.data for e in events if isinstance(e.data, JobFailedV1)]
+    plans_before = [e.data for e in events if isinstance(e.data, ResumePlannedV1)]
+    assert failed
+    asyncio.run(_republish(state.nats_url, failed[0], copies=3))
+
+    async def settle() -> list[Any]:
+        await asyncio.sleep(5)  # the coordinator has had every chance to plan again
+        return await _events(state.nats_url, job)
+
+    after = asyncio.run(settle())
+    duplicates = [e for e in after if isinstance(e.data, JobFailedV1)]
+    assert len(duplicates) == len(failed) + 3  # the copies really reached the stream
+    plans = [e for e in after if isinstance(e.data, ResumePlannedV1)]
+    # One plan per failure: a duplicate may at most re-announce the same plan under the same
+    # event id (JetStream drops it inside its duplicate window), never decide a second one.
+    assert {e.id for e in plans} == {e.id for e in events if isinstance(e.data, ResumePlannedV1)}
+    for_this_failure = {
+        e.data.plan_id
+        for e in plans
+        if e.data.failed_run_id == failed[0].run_id and e.data.attempt == failed[0].attempt + 1
+    }
+    assert len(for_this_failure) == 1
+    assert len(plans_before) >= 1
