@@ -167,6 +167,17 @@ async def _valid_count(drill: Drill, registry: Registry, n: int) -> list[Checkpo
     return valid if len(valid) >= n else None
 
 
+async def _progress_at_least(drill: Drill, step: int) -> bool | None:
+    events = await drill.events()
+    return (
+        any(
+            e.type.endswith("job.progress.v1") and (e.data.__dict__.get("step") or 0) >= step
+            for e in events
+        )
+        or None
+    )
+
+
 async def _resumed_after(drill: Drill, fault: datetime) -> list[Envelope[EventData]] | None:
     events = await drill.events()
     done = [
@@ -189,7 +200,11 @@ async def node_exit(drill: Drill) -> dict[str, Any]:
              "--slow-save", "1.5"],
             {},
         )  # fmt: skip
-        await drill.until(lambda: _valid_count(drill, registry, 2), "two valid checkpoints")
+        valid = await drill.until(lambda: _valid_count(drill, registry, 2), "two valid checkpoints")
+        # A few steps past the newest checkpoint, so the resumed run recomputes steps the first
+        # attempt reported: the continuity check compares them exactly.
+        newest = max(r.step or 0 for r in valid)
+        await drill.until(lambda: _progress_at_least(drill, newest + 3), "training to go on")
         fault = await drill.kill_training()
         await drill.until(lambda: _resumed_after(drill, fault), "the first resume verdict")
 

@@ -91,8 +91,13 @@ def test_node_exit_is_restored_and_continues_also_after_a_kill_mid_write(home: P
     assert mid_write["restored_from"] not in killed_mid_write[-1]["what"]
     assert result["job_exit_code"] == 0
     comparisons = first["levels"]["continued"]["evidence"]["comparisons"]
-    assert any(c["name"] == "loss" or c["name"].startswith("loss") for c in comparisons)
+    names = [c["name"] for c in comparisons]
+    # Recomputed steps match the pre-failure run exactly: loss, data position and RNG state.
+    assert any(n.endswith(": loss") for n in names), names
+    assert any(n.endswith(": data_position") for n in names), names
+    assert any(n.endswith(": rng_fingerprint") for n in names), names
     assert all(c["ok"] for c in comparisons)
+    assert all(c["tolerance"] == 0 for c in comparisons if c["name"].endswith(": loss"))
 
 
 def test_a_checkpoint_corrupted_after_registration_is_caught_at_load_and_falls_back(
