@@ -19,6 +19,7 @@ import redis.exceptions
 from contracts import EventData
 from contracts.checkpoint import CheckpointState
 from services.cli import stack
+from services.shared import interval
 from services.shared.registry import CheckpointRecord, Registry
 from services.shared.settings import ServiceSettings
 
@@ -641,6 +642,202 @@ def cmd_drill(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     return 0 if result["verdict"] == "pass" else 1
 
 
+def _checkpoint_times(record: CheckpointRecord) -> interval.CheckpointTimes:
+    """When a record's write started and was committed, from its history (see `interval`)."""
+
+    def first(state: CheckpointState) -> datetime | None:
+        return next((h.at for h in record.history if h.state is state), None)
+
+    started = first(CheckpointState.WRITING)
+    if started is None and record.identity is not None:
+        started = record.identity.created_at  # the writer's clock when it began the save
+    return interval.CheckpointTimes(
+        started=started,
+        committed=first(CheckpointState.PENDING_VERIFICATION),
+        run_id=record.run_id,
+        total_bytes=record.total_bytes,
+    )
+
+
+def _measure(
+    args: argparse.Namespace, settings: ServiceSettings
+) -> tuple[dict[str, Any], list[str]]:
+    """The advisor's inputs for ``--job``: measured from the registry and the restore
+    coordinator's failure log, each overridden by an explicit option."""
+    from services.restore_coordinator.adapters import failure_of
+
+    async def read() -> tuple[list[CheckpointRecord], list[Any]]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            records = await registry.by_job(args.job)
+            raws = await registry.r.hgetall(f"{settings.registry_prefix}:coord:failures:{args.job}")
+            return records, [failure_of(v) for v in raws.values()]
+        finally:
+            await registry.close()
+
+    records, failures = _run(settings, read)
+    if not records:
+        raise CommandError(f"no checkpoints registered for job {args.job}: nothing to measure")
+    times = [_checkpoint_times(r) for r in records]
+    sources: dict[str, str] = {}
+    notes: list[str] = []
+
+    write_s = args.write_seconds
+    if write_s is None:
+        est = interval.write_time(times)
+        if est.value is None:
+            raise CommandError(
+                f"job {args.job}: no checkpoint with both a write start and a commit time; "
+                "pass --write-seconds"
+            )
+        write_s, sources["write_seconds"] = est.value, f"measured: {est.how}"
+    mtbf_s = args.mtbf_hours * 3600 if args.mtbf_hours is not None else None
+    if mtbf_s is None:
+        activity = [t for c in times for t in (c.started, c.committed) if t is not None]
+        m = interval.mtbf([f.at for f in failures], activity, args.prior_mtbf_hours * 3600)
+        assert m.value is not None
+        mtbf_s = m.value
+        sources["mtbf_seconds"] = (
+            f"estimated from {m.failures} failure(s) in the restore coordinator's log "
+            f"(<prefix>:coord:failures:{args.job}): {m.how}"
+        )
+        notes.extend(m.notes)
+    current_s = args.current_interval_seconds
+    if current_s is None:
+        est = interval.current_interval(times, write_s)
+        current_s = est.value
+        sources["current_interval_seconds"] = f"measured: {est.how}"
+    size = args.checkpoint_bytes
+    if size is None:
+        est = interval.checkpoint_size(times)
+        size = est.value
+        if size is not None:
+            sources["checkpoint_bytes"] = f"measured: {est.how}"
+    if args.restart_seconds is None:
+        notes.append("restart time not measured: assumed 0 (pass --restart-seconds)")
+    return {
+        "write_s": write_s,
+        "mtbf_s": mtbf_s,
+        "restart_s": args.restart_seconds or 0.0,
+        "current_s": current_s,
+        "checkpoint_bytes": size,
+        "keep": args.keep,
+    }, [f"{k}: {v}" for k, v in sources.items()] + notes
+
+
+def _size(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover - the loop returns
+
+
+def _span(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds:.0f} s ({seconds / 60:.1f} min)"
+    return f"{seconds:.0f} s ({seconds / 3600:.2f} h)"
+
+
+def cmd_policy_advise(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Interval advice (R3): exit 0 advice, 1 unworkable or nothing to measure, 2 usage."""
+    from dataclasses import asdict
+
+    if args.job is None:
+        missing = [o for o, v in (("--write-seconds", args.write_seconds),
+                                  ("--mtbf-hours", args.mtbf_hours)) if v is None]  # fmt: skip
+        if missing:
+            print(f"ckpt-ha: give --job J, or {' and '.join(missing)}", file=sys.stderr)
+            return 2
+        inputs: dict[str, Any] = {
+            "write_s": args.write_seconds,
+            "mtbf_s": args.mtbf_hours * 3600,
+            "restart_s": args.restart_seconds or 0.0,
+            "current_s": args.current_interval_seconds,
+            "checkpoint_bytes": args.checkpoint_bytes,
+            "keep": args.keep,
+        }
+        notes: list[str] = []
+    else:
+        inputs, notes = _measure(args, _settings(env, home))
+    try:
+        advice = interval.advise(**inputs)
+    except interval.BadInput as exc:
+        print(f"ckpt-ha: {exc}", file=sys.stderr)
+        return 2
+    code = 1 if advice.verdict == "unworkable" else 0
+    if args.json:
+        doc = {
+            "job": args.job,
+            "verdict": advice.verdict,
+            "young_seconds": advice.young_s,
+            "daly_seconds": advice.daly_s,
+            "advised_seconds": advice.daly_s,
+            "advised_period_seconds": advice.daly_s + advice.write_s,
+            "current_interval_seconds": advice.current_s,
+            "write_seconds": advice.write_s,
+            "mtbf_seconds": advice.mtbf_s,
+            "mtbf_hours": advice.mtbf_s / 3600,
+            "restart_seconds": advice.restart_s,
+            "waste_advised": advice.waste_daly,
+            "waste_young": advice.waste_young,
+            "waste_current": advice.waste_current,
+            "checkpoint_bytes": advice.checkpoint_bytes,
+            "keep": advice.keep,
+            "storage_advised": asdict(advice.storage_daly),
+            "storage_current": (
+                asdict(advice.storage_current) if advice.storage_current is not None else None
+            ),
+            "model": "waste(tau) = S/tau + (tau + S)/(2M) + R/M (first order)",
+            "warnings": list(advice.warnings),
+            "notes": notes,
+            "estimates": True,
+        }
+        print(json.dumps(doc, indent=2))
+        return code
+    head = f"job {args.job}: " if args.job else ""
+    print(f"{head}checkpoint interval advice (model estimates, not measurements of the future)")
+    rows: list[tuple[str, str, str]] = [
+        ("write time S", _span(advice.write_s), ""),
+        ("MTBF M", _span(advice.mtbf_s), ""),
+        ("restart time R", _span(advice.restart_s), ""),
+        ("Young sqrt(2SM)", _span(advice.young_s), f"{advice.waste_young:.2%}"),
+        ("Daly (advised)", _span(advice.daly_s), f"{advice.waste_daly:.2%}"),
+    ]
+    if advice.current_s is not None and advice.waste_current is not None:
+        rows.append(("current", _span(advice.current_s), f"{advice.waste_current:.2%}"))
+    print(_table(["", "SECONDS", "TIME LOST"], rows))
+    st = [("advised", advice.storage_daly)]
+    if advice.storage_current is not None:
+        st.append(("current", advice.storage_current))
+    print()
+    print(
+        _table(
+            ["STORAGE", "CHECKPOINTS/DAY", "GROWTH/DAY", f"KEEP-LAST {advice.keep or '-'}"],
+            [
+                (
+                    name,
+                    f"{s.checkpoints_per_day:.1f}",
+                    _size(s.bytes_per_day),
+                    _size(s.steady_state_bytes),
+                )
+                for name, s in st
+            ],
+        )
+    )
+    print("\nmodel: time lost = S/tau + (tau + S)/(2M) + R/M; tau = compute time between writes")
+    for note in notes:
+        print(f"note: {note}")
+    for warning in advice.warnings:
+        print(f"warning: {warning}")
+    print(f"verdict: {advice.verdict}")
+    return code
+
+
 _COMMANDS: dict[tuple[str, str | None], Callable[[argparse.Namespace, dict[str, str], Path], int]]
 _COMMANDS = {
     ("run", None): cmd_run,
@@ -660,4 +857,5 @@ _COMMANDS = {
     ("release", None): cmd_release,
     ("owner", "transfer"): cmd_owner_transfer,
     ("owner", "show"): cmd_owner_show,
+    ("policy", "advise"): cmd_policy_advise,
 }

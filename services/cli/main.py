@@ -51,6 +51,26 @@ def _positive(value: str) -> float:
     return number
 
 
+def _non_negative(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not number >= 0 or number == float("inf"):
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return number
+
+
+def _count(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return number
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -121,6 +141,35 @@ def build_parser() -> argparse.ArgumentParser:
     osh = ow_sub.add_parser("show", help="a job's owner and its ownership log")
     osh.add_argument("--job", required=True)
     osh.add_argument("--json", action="store_true")
+
+    po = sub.add_parser("policy", help="checkpoint policy (R3)")
+    po_sub = po.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    adv = po_sub.add_parser(
+        "advise",
+        help="how often to checkpoint: Young's and Daly's interval, time lost, storage per day",
+        description="Either --job J (measured from the registry; any other option overrides "
+        "the measured value) or --write-seconds and --mtbf-hours. All numbers are model "
+        "estimates. Exit codes: 0 advice given (warnings possible); 1 no interval is workable "
+        "(write time >= MTBF), nothing to measure, or a dependency is unreachable; 2 bad "
+        "arguments.",
+    )
+    adv.add_argument("--job", type=_text, help="measure from this job's registry records")
+    adv.add_argument("--write-seconds", type=_positive, metavar="S",
+                     help="time one checkpoint write holds training up")  # fmt: skip
+    adv.add_argument("--mtbf-hours", type=_positive, metavar="H",
+                     help="mean time between failures")  # fmt: skip
+    adv.add_argument("--restart-seconds", type=_non_negative, metavar="R",
+                     help="failure to training again: relaunch + load (default 0)")  # fmt: skip
+    adv.add_argument("--current-interval-seconds", type=_positive, metavar="C",
+                     help="compute time between checkpoints now (end of one write to the "
+                     "start of the next)")  # fmt: skip
+    adv.add_argument("--checkpoint-bytes", type=_non_negative, metavar="B",
+                     help="size of one checkpoint (with --job: median total_bytes)")  # fmt: skip
+    adv.add_argument("--keep", type=_count, metavar="N",
+                     help="retention keeps the last N (steady-state footprint)")  # fmt: skip
+    adv.add_argument("--prior-mtbf-hours", type=_positive, default=24.0, metavar="H",
+                     help="with --job: the MTBF prior, worth one failure (default 24)")  # fmt: skip
+    adv.add_argument("--json", action="store_true")
 
     run = sub.add_parser(
         "run",
