@@ -664,13 +664,17 @@ def _measure(
 ) -> tuple[dict[str, Any], list[str]]:
     """The advisor's inputs for ``--job``: measured from the registry and the restore
     coordinator's failure log, each overridden by an explicit option."""
-    from services.restore_coordinator.adapters import failure_of
+    from services.restore_coordinator.adapters import CoordinatorState, failure_of
+    from services.restore_coordinator.domain import Failure
 
-    async def read() -> tuple[list[CheckpointRecord], list[Any]]:
+    async def read() -> tuple[list[CheckpointRecord], list[Failure]]:
         registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
         try:
             records = await registry.by_job(args.job)
-            raws = await registry.r.hgetall(f"{settings.registry_prefix}:coord:failures:{args.job}")
+            # The coordinator's log of the job's failures, one per attempt (a job.failed heard
+            # twice is one entry); read by its own key layout, written only by the coordinator.
+            coordinator = CoordinatorState(registry.r, settings.registry_prefix)
+            raws = await registry.r.hgetall(coordinator.k("failures", args.job))
             return records, [failure_of(v) for v in raws.values()]
         finally:
             await registry.close()

@@ -259,13 +259,12 @@ def current_interval(times: Iterable[CheckpointTimes], write_s: float | None) ->
     spacing = _median(gaps)
     if spacing is None:
         return Estimate(None, 0, "fewer than two checkpoints in one run")
-    value = spacing - (write_s or 0.0)
     how = f"median spacing of {len(gaps)} consecutive checkpoint starts ({spacing:.0f} s)"
-    if write_s:
-        how += f" minus the write time ({write_s:.1f} s)"
-    if value <= 0:  # writes back to back (or async writes longer than the spacing)
-        return Estimate(spacing, len(gaps), how.split(" minus")[0] + " (writes overlap)")
-    return Estimate(value, len(gaps), how)
+    if not write_s:
+        return Estimate(spacing, len(gaps), how)
+    if spacing <= write_s:  # writes back to back, or asynchronous writes outlasting the spacing
+        return Estimate(spacing, len(gaps), f"{how}; writes overlap, so not reduced by them")
+    return Estimate(spacing - write_s, len(gaps), f"{how} minus the write time ({write_s:.1f} s)")
 
 
 def checkpoint_size(times: Iterable[CheckpointTimes]) -> Estimate:

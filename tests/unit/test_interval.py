@@ -176,3 +176,11 @@ def test_mtbf_without_failures_is_span_plus_prior() -> None:
     assert m.value == pytest.approx(34 * 3600)
     assert "no failure observed" in m.notes[0]
     assert interval.mtbf([], [], prior_s=3600).value == 3600
+
+
+def test_overlapping_writes_are_not_subtracted_from_the_spacing() -> None:
+    times = [CheckpointTimes(started=s(k * 10), committed=None, run_id="a") for k in range(3)]
+    est = interval.current_interval(times, write_s=15)  # writes longer than the 10 s spacing
+    assert est.value == 10.0
+    assert "overlap" in est.how
+    assert interval.current_interval(times, write_s=None).value == 10.0
