@@ -553,13 +553,10 @@ class Bus:
     ) -> None:
         """Publish the follow-ups of ``cause``: ids keyed on it (a redelivered cause yields the
         same ids, so JetStream drops the repeats) and its trace carried on: a follow-up is a
-        child of the span handling the cause (or, outside one, of the cause's own context)."""
+        child of the current span (the one handling the cause, or one a handler opened in a
+        checkpoint's own trace), else of the cause's own context."""
         current = tracing.current_traceparent()
-        traceparent, tracestate = (
-            current
-            if current is not None and tracing.same_trace(current[0], cause.traceparent)
-            else (cause.traceparent, cause.tracestate)
-        )
+        traceparent, tracestate = current or (cause.traceparent, cause.tracestate)
         for data in datas:
             await self.publish(
                 build(
