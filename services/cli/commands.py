@@ -465,15 +465,25 @@ def _actor(args: argparse.Namespace, env: Mapping[str, str]) -> str:
     return str(actor)
 
 
-async def _publish_manual(settings: ServiceSettings, datas: Sequence[EventData]) -> list[str]:
-    """Publish operator actions (each a new fact with its own id); return the event ids."""
+async def _publish_manual(
+    settings: ServiceSettings,
+    datas: Sequence[EventData],
+    record: CheckpointRecord | None = None,
+) -> list[str]:
+    """Publish operator actions (each a new fact with its own id); return the event ids.
+
+    An action on a checkpoint goes into that checkpoint's trace (stored by the registry)."""
     from uuid import uuid4
 
     from contracts import build
     from services.shared.bus import Bus
 
     now = datetime.now(UTC)
-    envelopes = [build(d, source="ckpt-ha/cli", time=now, key=uuid4().hex) for d in datas]
+    tp, ts = (record.traceparent, record.tracestate) if record is not None else (None, None)
+    envelopes = [
+        build(d, source="ckpt-ha/cli", time=now, key=uuid4().hex, traceparent=tp, tracestate=ts)
+        for d in datas
+    ]
     bus = Bus(settings.bus(), "cli")
     await bus.broker.start()
     try:
@@ -520,7 +530,7 @@ def _checkpoint_action(
                 data = decide(record, args.reason, actor)
             except actions.ActionRefused as exc:
                 raise CommandError(str(exc)) from None
-            [event_id] = await _publish_manual(settings, [data])
+            [event_id] = await _publish_manual(settings, [data], record)
             return await _await_recorded(registry, record.checkpoint_id, event_id)
         finally:
             await registry.close()

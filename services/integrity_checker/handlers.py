@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from contracts import Envelope
-from contracts.checkpoint import CheckpointCommittedV1, CheckpointReleasedV1
+from contracts import Envelope, EventData
+from contracts.checkpoint import CheckpointCommittedV1, CheckpointCorruptV1, CheckpointReleasedV1
 from services.integrity_checker import domain
+from services.shared import tracing
 from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.errors import DependencyNotReady, PermanentError
 from services.shared.formats import verify
+from services.shared.formats.report import Report
 from services.shared.quarantine import isolate
 from services.shared.registry import Registry
 from services.shared.storage import ObjectStore, key_for_uri
@@ -43,14 +45,49 @@ class IntegrityHandlers:
         key = key_for_uri(self.store, event.data.uri)
         if key is None:
             raise OutsideStorageRoot(event.data.uri)
-        record = await self.registry.get(event.data.checkpoint_id)
+        tracing.annotate(**tracing.event_attributes(event))
+        with tracing.span("registry.get", attributes={"db.system": "redis"}):
+            record = await self.registry.get(event.data.checkpoint_id)
         if not domain.should_verify(record.state if record is not None else None):
+            tracing.annotate(
+                **{"ckpt_ha.decision": "skip", "ckpt_ha.state": record and record.state}
+            )
             log.info("skip %s: already %s", event.data.checkpoint_id, record and record.state)
             return
-        # Reading shards is blocking I/O: off the event loop (in-progress acks keep flowing).
-        report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
-        datas = await isolate(self.store, domain.outcome(event.data, report))
+        report = await self._verify(key)
+        datas = await self._decide(domain.outcome(event.data, report))
         await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+
+    async def _verify(self, key: str) -> Report:
+        """Read the shards and check them: blocking I/O, off the event loop (in-progress acks
+        keep flowing); one span for the storage reads and checksum work."""
+        with tracing.span(
+            "checkpoint.verify",
+            attributes={"ckpt_ha.storage_key": key, "ckpt_ha.checksum": self.algorithm},
+        ) as current:
+            report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+            if current.is_recording():
+                current.set_attributes(
+                    {
+                        "ckpt_ha.format": report.format.value,
+                        "ckpt_ha.verdict": report.verdict.value,
+                        "ckpt_ha.bytes_read": report.bytes_read,
+                        "ckpt_ha.files": len(report.checksums),
+                    }
+                )
+        return report
+
+    async def _decide(self, decided: list[EventData]) -> list[EventData]:
+        """The verdict on the span: a corrupt checkpoint marks it ERROR with the reason; a
+        quarantine moves the bytes aside (storage writes) before the events go out."""
+        corrupt = next((d for d in decided if isinstance(d, CheckpointCorruptV1)), None)
+        if corrupt is not None:
+            tracing.annotate(**{"ckpt_ha.decision": "corrupt", "ckpt_ha.side": corrupt.side})
+            tracing.fail(corrupt.reason, code="checkpoint_corrupt")
+        else:
+            tracing.annotate(**{"ckpt_ha.decision": "verified"})
+        with tracing.span("checkpoint.isolate"):
+            return await isolate(self.store, decided)
 
     async def on_released(self, event: Envelope[CheckpointReleasedV1]) -> None:
         """A human released a quarantined checkpoint: put its bytes back where they were written
@@ -76,6 +113,6 @@ class IntegrityHandlers:
             if qkey is None:
                 raise OutsideStorageRoot(data.quarantine_uri)
             await asyncio.to_thread(restore, self.store, qkey, key)
-        report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
-        datas = await isolate(self.store, domain.outcome(data, report))
+        report = await self._verify(key)
+        datas = await self._decide(domain.outcome(data, report))
         await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())

@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from contracts import build
 from contracts.checkpoint import CheckpointState
 from services.integrity_checker import domain
+from services.shared import tracing
 from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.errors import TransientError
@@ -58,6 +59,20 @@ class Scrubber:
         self.metrics = metrics
 
     async def scrub_once(self) -> ScrubRound:
+        """One round, traced as a trace of its own; a corruption it finds is reported in the
+        checkpoint's own trace (from the registry) with a link back to the round."""
+        with tracing.span("scrub.round") as current:
+            result = await self._round()
+            current.set_attributes(
+                {
+                    "ckpt_ha.scrubbed": result.scrubbed,
+                    "ckpt_ha.corrupt": result.corrupt,
+                    "ckpt_ha.complete": result.complete,
+                }
+            )
+            return result
+
+    async def _round(self) -> ScrubRound:
         scrubbed = corrupt = 0
         try:
             for record in await self.registry.by_state(CheckpointState.VALID):
@@ -86,7 +101,11 @@ class Scrubber:
         key = key_for_uri(self.store, record.uri)
         if key is None:
             return None
-        report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+        with tracing.span(
+            "scrub.verify",
+            attributes={"ckpt_ha.checkpoint_id": record.checkpoint_id, "ckpt_ha.storage_key": key},
+        ):
+            report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
         self.metrics.scrubbed.labels(self.metrics.service).inc()
         datas = domain.scrub_outcome(
             job_id=record.job_id,
@@ -103,8 +122,20 @@ class Scrubber:
         log.warning("scrub: %s is corrupt: %s", record.checkpoint_id, datas[0])
         # Ids keyed on the verification this scrub contradicts: a repeat is deduplicated.
         cause = f"scrub|{record.history[-1].event_id if record.history else ''}"
-        for data in await isolate(self.store, datas):
-            await self.bus.publish(build(data, source=SOURCE, time=self.clock(), key=cause))
+        # Reported in the checkpoint's own trace (stored by the registry), linked to this round.
+        with tracing.continue_trace(
+            "scrub.corrupt",
+            record.traceparent,
+            tracestate=record.tracestate,
+            attributes={
+                "ckpt_ha.checkpoint_id": record.checkpoint_id,
+                "ckpt_ha.job_id": record.job_id,
+            },
+        ):
+            reason = getattr(datas[0], "reason", "scrub found the checkpoint corrupt")
+            tracing.fail(str(reason), code="checkpoint_corrupt")
+            for data in await isolate(self.store, datas):
+                await self.bus.publish(build(data, source=SOURCE, time=self.clock(), key=cause))
         self.metrics.corrupt.labels(self.metrics.service).inc()
         return 1
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from contracts import Envelope, EventData
+from contracts.checkpoint import CheckpointCorruptV1, CheckpointQuarantinedV1
 from services.registrar import domain
+from services.shared import tracing
 from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.lifecycle import IllegalTransition
 from services.shared.metrics import ServiceMetrics
-from services.shared.registry import Registry
+from services.shared.registry import Applied, Registry
 
 SOURCE = "ckpt-ha/registrar"
 
@@ -25,23 +27,48 @@ class RegistrarHandlers:
     ) -> list[BaseException | None]:
         """Project a batch in stream order; report each event's own outcome."""
         outcomes: list[BaseException | None] = []
-        for event, result in zip(events, await self.registry.apply_many(events), strict=True):
-            try:
-                if isinstance(result, IllegalTransition):
-                    await self._publish(event, [domain.conflict(event, result)])
-                if isinstance(result, Exception):
-                    outcomes.append(result)
-                    continue
-                step = result.transition
-                if step is not None and step.changed:
-                    self.metrics.transitions.labels(
-                        self.metrics.service, step.previous or "none", step.new
-                    ).inc()
-                await self._publish(event, domain.follow_ups(event, result))
-                outcomes.append(None)
-            except Exception as exc:  # noqa: BLE001 - a failed publish naks just this event
-                outcomes.append(exc)
+        with tracing.span(
+            "registry.apply_many",
+            attributes={"db.system": "redis", "ckpt_ha.batch_size": len(events)},
+        ):
+            results = await self.registry.apply_many(events)
+        for event, result in zip(events, results, strict=True):
+            # One span per event in the checkpoint's trace (the batch's own span is a root
+            # linking all of them): what the registry decided for this event.
+            with tracing.continue_trace(
+                f"registrar {event.event_type}",
+                event.traceparent,
+                tracestate=event.tracestate,
+                attributes=tracing.event_attributes(event),
+                link_origin=False,
+            ):
+                outcomes.append(await self._settle(event, result))
         return outcomes
+
+    async def _settle(
+        self, event: Envelope[EventData], result: Applied | Exception
+    ) -> BaseException | None:
+        try:
+            if isinstance(result, IllegalTransition):
+                tracing.fail(str(result), code="illegal_transition")
+                await self._publish(event, [domain.conflict(event, result)])
+            if isinstance(result, Exception):
+                tracing.annotate(**{"ckpt_ha.error": repr(result)[:500]})
+                return result
+            step = result.transition
+            if step is not None and step.changed:
+                tracing.annotate(
+                    **{"ckpt_ha.state.previous": step.previous, "ckpt_ha.state": step.new}
+                )
+                self.metrics.transitions.labels(
+                    self.metrics.service, step.previous or "none", step.new
+                ).inc()
+            if isinstance(event.data, CheckpointCorruptV1 | CheckpointQuarantinedV1):
+                tracing.fail(event.data.reason, code=event.data.EVENT_TYPE)
+            await self._publish(event, domain.follow_ups(event, result))
+        except Exception as exc:  # noqa: BLE001 - a failed publish naks just this event
+            return exc
+        return None
 
     async def _publish(self, cause: Envelope[EventData], datas: list[EventData]) -> None:
         await self.bus.publish_caused_by(cause, datas, source=SOURCE, time=self.clock())

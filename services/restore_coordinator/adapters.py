@@ -151,6 +151,8 @@ def candidate(r: CheckpointRecord) -> Candidate:
         exact_resume=r.exact_resume,
         format=r.format.value,
         run_id=r.run_id,
+        traceparent=r.traceparent,
+        tracestate=r.tracestate,
     )
 
 

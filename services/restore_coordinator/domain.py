@@ -169,6 +169,9 @@ class Candidate:
     exact_resume: bool | None = None
     format: str | None = None
     run_id: str | None = None
+    traceparent: str | None = None
+    """The checkpoint's trace context (from the registry): a restore continues its trace."""
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True)

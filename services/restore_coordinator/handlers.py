@@ -33,6 +33,7 @@ from services.restore_coordinator.adapters import (
     RegistryReader,
     Started,
 )
+from services.shared import tracing
 from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.errors import DependencyNotReady, TransientError
@@ -185,7 +186,8 @@ class CoordinatorHandlers:
         excluded = await self.state.exclude(d.job_id, d.checkpoint_id)
         if d.side is FailureSide.INFRASTRUCTURE:
             await self.state.record_storage_error(d.job_id, f"load:{d.plan_id}", event.time)
-        record = await self.registry.get(d.checkpoint_id)
+        with tracing.span("registry.get", attributes={"db.system": "redis"}):
+            record = await self.registry.get(d.checkpoint_id)
         if record is not None and record.state in (CheckpointState.VALID, CheckpointState.CORRUPT):
             quarantined = CheckpointQuarantinedV1(
                 job_id=d.job_id,
@@ -193,8 +195,16 @@ class CoordinatorHandlers:
                 uri=record.uri,
                 reason=f"load failed: {d.reason}"[:2000],
             )
-            datas = await isolate(self.store, [quarantined])
-            await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+            # A transition of the checkpoint: in its own trace, linked to this load failure.
+            with tracing.continue_trace(
+                "restore.load_failed",
+                record.traceparent,
+                tracestate=record.tracestate,
+                attributes=tracing.event_attributes(event),
+            ):
+                tracing.fail(quarantined.reason, code="load_failed")
+                datas = await isolate(self.store, [quarantined])
+                await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
         plan = await self.state.plan(d.plan_id)
         if plan is None:
             log.warning("load failure for unknown plan %s: quarantined only", d.plan_id)
@@ -297,19 +307,40 @@ class CoordinatorHandlers:
         domain.Escalation | None, PlanRecord | None, list[domain.Pin], ResumePlannedV1 | None
     ]:
         """The newest restorable checkpoint and how (R14), or why there is none."""
-        selection = await self.registry.select(job, excluded)
+        with tracing.span("registry.select", attributes={"db.system": "redis"}):
+            selection = await self.registry.select(job, excluded)
         chosen = selection.chosen
         if chosen is None or chosen.step is None:
             detail = "no valid checkpoint left to restore"
             if excluded:
                 detail += f" (excluded after load failures: {', '.join(sorted(excluded))})"
+            tracing.annotate(**{"ckpt_ha.decision": "escalate", "ckpt_ha.reason": detail})
             return domain.Escalation(domain.Stop.NO_VALID_CHECKPOINT, detail), None, [], None
-        verdict = domain.compatibility(
-            chosen.identity,
-            started.target(),
-            started.policy,
-            training_state=chosen.exact_resume is not False,
-        )
+        # Choosing a checkpoint to restore is part of its story: a span in its trace (from the
+        # registry, however long ago it was written), linked to this failure's handling.
+        with tracing.continue_trace(
+            "restore.select",
+            chosen.traceparent,
+            tracestate=chosen.tracestate,
+            attributes={
+                "ckpt_ha.job_id": job,
+                "ckpt_ha.checkpoint_id": chosen.checkpoint_id,
+                "ckpt_ha.plan_id": pid,
+                "ckpt_ha.attempt": attempt + 1,
+            },
+        ):
+            verdict = domain.compatibility(
+                chosen.identity,
+                started.target(),
+                started.policy,
+                training_state=chosen.exact_resume is not False,
+            )
+            tracing.annotate(
+                **{
+                    "ckpt_ha.mode": verdict.mode.value if verdict.mode else None,
+                    "ckpt_ha.compatibility": verdict.compatibility.value,
+                }
+            )
         if verdict.mode is None:
             detail = (
                 f"compatibility {verdict.compatibility.value} restoring {chosen.checkpoint_id}: "

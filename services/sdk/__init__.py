@@ -46,7 +46,7 @@ from contracts.checkpoint import (
 from contracts.job import JobProgressV1
 from contracts.resume import ResumeLoadedV1, ResumeLoadFailedV1, ResumePlannedV1
 from services.sdk import state as codec
-from services.sdk.protocol import BadContext, Bus, Context, context, try_announce
+from services.sdk.protocol import BadContext, Bus, Context, context, trace_context, try_announce
 from services.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState, UnsupportedState
 from services.shared.clock import Clock, utc_now
 from services.shared.formats import checksum as cs
@@ -239,7 +239,8 @@ def save(
         step=step,
         format=CheckpointFormat.NATIVE,
     )
-    announced_writing = try_announce(bus, writing, now)
+    trace = trace_context()  # one trace for the checkpoint: writing, committed and what follows
+    announced_writing = try_announce(bus, writing, now, traceparent=trace)
     # One leaf serialised at a time: memory holds one shard's bytes, not the whole state.
     shards.extend(_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in encoded.leaves)
     manifest = native.Manifest(
@@ -265,7 +266,7 @@ def save(
         shard_count=len(shards),
         total_bytes=sum(s.size for s in shards),
     )
-    announced = try_announce(bus, committed, clock())
+    announced = try_announce(bus, committed, clock(), traceparent=trace)
     return Saved(checkpoint_id, uri, step, manifest, announced, announced_writing)
 
 

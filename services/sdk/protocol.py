@@ -31,6 +31,7 @@ from contracts import EventData, build
 from contracts.checkpoint import RuntimeEnvironment, Topology
 from contracts.resume import ResumePlannedV1
 from contracts.subjects import DEFAULT_PREFIX, event_subject
+from services.shared import tracing
 
 log = logging.getLogger("ckpt_ha.sdk")
 M = TypeVar("M", ResumePlannedV1, RuntimeEnvironment, Topology)
@@ -150,8 +151,12 @@ def try_announce(
     key: str | None = None,
     *,
     always: bool = False,
+    traceparent: str | None = None,
 ) -> bool:
     """Publish ``data`` (event id from ``key``); False instead of raising when the bus is down.
+
+    ``traceparent`` (W3C) puts the event in that trace: set on the envelope and the NATS
+    header, so the services' spans about it join the trace (see `trace_context`).
 
     A failure makes later calls skip the bus for `Bus.retry_after_s`, unless ``always`` (for
     the few events that matter more than a second's delay: resume outcomes).
@@ -163,7 +168,7 @@ def try_announce(
             return False
     key = key if key is not None else f"{data.EVENT_TYPE}|{data.subject_key()}"
     try:
-        _run_blocking(lambda: _announce(bus, data, time_, key), bus.timeout_s * 2)
+        _run_blocking(lambda: _announce(bus, data, time_, key, traceparent), bus.timeout_s * 2)
     except (OSError, TimeoutError, nats.errors.Error) as exc:
         log.warning("%s: announcing %s failed (%r)", data.subject_key(), data.EVENT_TYPE, exc)
         with _down_lock:
@@ -188,8 +193,21 @@ def _run_blocking(make: Callable[[], Coroutine[Any, Any, None]], timeout_s: floa
         pool.submit(asyncio.run, bounded()).result()
 
 
-async def _announce(bus: Bus, data: EventData, time_: datetime, key: str) -> None:
-    envelope = build(data, source=SOURCE, time=time_, key=key)
+def trace_context() -> str:
+    """The ``traceparent`` a checkpoint's events carry: the training code's current span when
+    it traces with OpenTelemetry, else a fresh trace id (the services' spans then form the trace;
+    the SDK itself records no spans)."""
+    current = tracing.current_traceparent()
+    return current[0] if current is not None else tracing.new_traceparent()
+
+
+async def _announce(
+    bus: Bus, data: EventData, time_: datetime, key: str, traceparent: str | None = None
+) -> None:
+    envelope = build(data, source=SOURCE, time=time_, key=key, traceparent=traceparent)
+    headers = {"Nats-Msg-Id": envelope.id}
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
     nc = await nats.connect(
         bus.url,
         user=bus.user,
@@ -203,7 +221,7 @@ async def _announce(bus: Bus, data: EventData, time_: datetime, key: str) -> Non
             event_subject(bus.prefix, data.EVENT_TYPE, data.EVENT_VERSION, data.job_id),
             envelope.to_bytes(),
             timeout=bus.timeout_s,
-            headers={"Nats-Msg-Id": envelope.id},
+            headers=headers,
         )
     finally:
         await nc.close()

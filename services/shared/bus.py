@@ -32,6 +32,7 @@ from faststream._internal.middlewares import BaseMiddleware
 from faststream.message import StreamMessage
 from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.message import NatsBatchMessage, NatsMessage
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsUserPassword
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -42,6 +43,7 @@ from pydantic import ValidationError
 from contracts import CATALOG, Envelope, EventCatalog, EventData, build
 from contracts.errors import ContractError
 from contracts.subjects import dead_letter_filter, dead_letter_subject, event_filter, event_subject
+from services.shared import tracing
 from services.shared.bus_config import BusConfig
 from services.shared.errors import PermanentError
 
@@ -117,8 +119,10 @@ class DeadLetters:
             )
             await raw.nak(delay=self.cfg.backoff(delivered))
             self.on_outcome(consumer, "nak")
+            tracing.annotate(**{"ckpt_ha.outcome": "nak", "ckpt_ha.error": repr(error)[:500]})
             return
         code, text = permanent or ("max_deliver", f"last delivery failed: {error!r}")
+        tracing.fail(text, code=code)
         try:
             await self.publish(
                 raw,
@@ -348,7 +352,12 @@ class Bus:
             security=(
                 NatsUserPassword(cfg.user, cfg.password or "") if cfg.user is not None else None
             ),
-            middlewares=[self.dead_letters],
+            # Telemetry outermost: the consume span is current while DeadLetters settles, and
+            # every publish (follow-ups, dead letters) carries the trace in its headers.
+            middlewares=[
+                NatsTelemetryMiddleware(include_messages_counters=False),
+                self.dead_letters,
+            ],
             graceful_timeout=cfg.graceful_timeout_s,
             name=f"ckpt-ha-{service}",
         )
@@ -503,19 +512,36 @@ class Bus:
             stream_seq=seq,
         )
 
-    async def publish(self, event: Envelope[EventData]) -> None:
-        """Publish into the event stream; ``Nats-Msg-Id`` = event id, so retries are deduped."""
+    async def publish(self, event: Envelope[EventData]) -> Envelope[EventData]:
+        """Publish into the event stream; ``Nats-Msg-Id`` = event id, so retries are deduped.
+
+        Traced: the publish is a child of the envelope's ``traceparent`` when it has one, else
+        of the current span (a new trace when there is none); an envelope without a
+        ``traceparent`` gets this span's. Returns the envelope as published.
+        """
         subject = event_subject(self.cfg.prefix, event.event_type, event.version, event.data.job_id)
-        headers = {"Nats-Msg-Id": event.id}
-        if event.traceparent:
-            headers["traceparent"] = event.traceparent
-        await self.broker.publish(
-            event.to_bytes(),
-            subject,
-            headers=headers,
-            stream=self.cfg.events_stream,
-            timeout=self.cfg.publish_timeout_s,
-        )
+        parent = tracing.context_of(event.traceparent, event.tracestate)
+        with tracing.tracer().start_as_current_span(
+            f"publish {event.event_type}",
+            context=parent,
+            attributes=tracing.event_attributes(event),
+        ):
+            if event.traceparent is None and (current := tracing.current_traceparent()):
+                event = event.model_copy(
+                    update={"traceparent": current[0], "tracestate": current[1]}
+                )
+            # faststream's telemetry middleware replaces this with its own (child) span's.
+            headers = {"Nats-Msg-Id": event.id}
+            if event.traceparent:
+                headers["traceparent"] = event.traceparent
+            await self.broker.publish(
+                event.to_bytes(),
+                subject,
+                headers=headers,
+                stream=self.cfg.events_stream,
+                timeout=self.cfg.publish_timeout_s,
+            )
+        return event
 
     async def publish_caused_by(
         self,
@@ -526,7 +552,11 @@ class Bus:
         time: datetime,
     ) -> None:
         """Publish the follow-ups of ``cause``: ids keyed on it (a redelivered cause yields the
-        same ids, so JetStream drops the repeats) and its trace context carried on."""
+        same ids, so JetStream drops the repeats) and its trace carried on: a follow-up is a
+        child of the current span (the one handling the cause, or one a handler opened in a
+        checkpoint's own trace), else of the cause's own context."""
+        current = tracing.current_traceparent()
+        traceparent, tracestate = current or (cause.traceparent, cause.tracestate)
         for data in datas:
             await self.publish(
                 build(
@@ -534,7 +564,7 @@ class Bus:
                     source=source,
                     time=time,
                     key=cause.id,
-                    traceparent=cause.traceparent,
-                    tracestate=cause.tracestate,
+                    traceparent=traceparent,
+                    tracestate=tracestate,
                 )
             )

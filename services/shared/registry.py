@@ -85,6 +85,11 @@ class CheckpointRecord(BaseModel):
     created_at: AwareDatetime
     updated_at: AwareDatetime
     history: tuple[HistoryEntry, ...] = ()
+    traceparent: str | None = None
+    """W3C trace context of the checkpoint's trace (from its first event that carried one):
+    what a later transition (scrub, restore, retention), after any restart, continues and links
+    back to."""
+    tracestate: str | None = None
 
 
 class OwnershipChange(BaseModel):
@@ -241,6 +246,8 @@ def project(
         fields["quarantine_uri"] = data.quarantine_uri
     if isinstance(data, CheckpointReleasedV1):
         fields["quarantine_uri"] = None
+    if event.traceparent is not None and (record is None or record.traceparent is None):
+        fields.update(traceparent=event.traceparent, tracestate=event.tracestate)
     entry = HistoryEntry(
         state=target,
         at=event.time,

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from faststream import FastStream
 
+from services.shared import tracing
 from services.shared.bus import Bus
 from services.shared.metrics import ServiceMetrics
 from services.shared.runtime import HealthCheck, make_app, serve
@@ -30,6 +31,16 @@ class Service:
     async def run(self, settings: ServiceSettings) -> None:
         if self.app is None:
             raise RuntimeError(f"{self.name}: finish() was not called")
+        tracing.setup(self.name)  # exports only when OTEL_* configures it
+        user_stop = self.on_stop
+
+        async def stop() -> None:
+            try:
+                if user_stop is not None:
+                    await user_stop()
+            finally:
+                tracing.shutdown()  # flush the last spans
+
         await serve(
             self.app,
             self.bus,
@@ -37,7 +48,7 @@ class Service:
             host=settings.http_host,
             port=settings.http_port,
             extra_checks=self.checks,
-            on_stop=self.on_stop,
+            on_stop=stop,
         )
 
 

@@ -140,6 +140,7 @@ def _tracked_to_json(tracked: Tracked) -> str:
             "signature": [list(item) for item in tracked.signature],
             "phase": tracked.phase,
             "uri": tracked.uri,
+            "traceparent": tracked.traceparent,
         },
         separators=(",", ":"),
     )
@@ -154,6 +155,7 @@ def _tracked_from_json(raw: str | bytes) -> Tracked:
         signature=tuple((str(path), int(size)) for path, size in doc["signature"]),
         phase=str(doc["phase"]),
         uri=str(doc.get("uri", "")),
+        traceparent=doc.get("traceparent") or None,
     )
 
 

@@ -81,6 +81,9 @@ class Tracked:
     phase: str = "new"
     """new → writing → committed | failed."""
     uri: str = ""
+    traceparent: str | None = None
+    """Trace context of the first event announced for this checkpoint: later ones (committed
+    after writing, also after a watcher restart) continue that trace."""
 
 
 @dataclass

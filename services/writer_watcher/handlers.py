@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
@@ -11,6 +13,7 @@ from redis.exceptions import RedisError
 
 from contracts import build
 from contracts.checkpoint import CheckpointState
+from services.shared import tracing
 from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.errors import TransientError
@@ -63,9 +66,20 @@ class Watcher:
         for note in state.notes:
             log.warning("%s", note)
         # A checkpoint quarantined here has its remaining bytes moved aside first.
-        for data in await isolate(self.store, events):
+        with tracing.span("storage.isolate") if events else contextlib.nullcontext():
+            isolated = await isolate(self.store, events)
+        folders = {t.checkpoint_id: f for f, t in state.folders.items()}
+        for data in isolated:
             key = f"{data.EVENT_TYPE}|{data.subject_key()}"
-            await self.bus.publish(build(data, source=SOURCE, time=self.clock(), key=key))
+            # The first event about a checkpoint starts its trace; later ones continue it.
+            folder = folders.get(data.subject_key())
+            tracked = state.folders.get(folder) if folder is not None else None
+            parent = tracked.traceparent if tracked is not None else None
+            sent = await self.bus.publish(
+                build(data, source=SOURCE, time=self.clock(), key=key, traceparent=parent)
+            )
+            if tracked is not None and folder is not None and tracked.traceparent is None:
+                state.folders[folder] = dataclasses.replace(tracked, traceparent=sent.traceparent)
         state.notes.clear()
         self.state = state
         await self.state_store.save(state)

@@ -4,6 +4,7 @@ scrubbing, lost shards and physical quarantine."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -245,6 +246,47 @@ async def test_scrub_quarantines_a_valid_checkpoint_whose_bytes_changed(
     await asyncio.sleep(0.5)
     assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
     assert not any(b"checkpoint.write_failed" in b for b in published.bodies)
+
+
+async def test_a_scrub_reports_corruption_in_the_checkpoints_stored_trace(
+    stack: Stack, settings: ServiceSettings
+) -> None:
+    """The registry keeps the trace context of a checkpoint's first event; a scrub (a fresh
+    round, possibly in a restarted checker) publishes its `corrupt` in that same trace."""
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    traceparent = f"00-{trace_id}-00f067aa0ba902b7-01"
+    producer = Bus(settings.bus(), "test-writer")
+    await producer.broker.start()
+    try:
+        cid = write(stack.store, "job-t/step-1", 1)
+        data = CheckpointCommittedV1(
+            job_id="job-t", checkpoint_id=cid, uri=stack.store.uri("job-t/step-1"), run_id="r",
+            step=1, format=CheckpointFormat.NATIVE,
+        )  # fmt: skip
+        await producer.publish(
+            build(data, source="sdk", time=NOW, key="sdk", traceparent=traceparent)
+        )
+        record = await stack.wait_state(cid, S.VALID)
+    finally:
+        await producer.broker.stop()
+    assert record.traceparent == traceparent
+
+    shard = stack.root / "job-t/step-1/rank-0.bin"
+    flipped = bytearray(shard.read_bytes())
+    flipped[10] ^= 0xFF
+    shard.write_bytes(bytes(flipped))
+    assert (await stack.checker.scrubber.scrub_once()).corrupt == 1
+    await stack.wait_state(cid, S.QUARANTINED)
+
+    msgs = await stream_messages(settings.nats_url, settings.events_stream)
+    about = [m for m in msgs if cid.encode() in m.data]
+    kinds = [m.subject.split(".")[2:4] for m in about]
+    assert ["checkpoint", "verified"] in kinds
+    assert ["checkpoint", "corrupt"] in kinds
+    for msg in about:  # committed, verified, registered, corrupt, quarantined: one trace
+        envelope = json.loads(msg.data)
+        assert envelope["traceparent"].split("-")[1] == trace_id, envelope["type"]
+        assert (msg.headers or {})["traceparent"].split("-")[1] == trace_id, envelope["type"]
 
 
 async def test_a_storage_outage_during_scrub_is_not_corruption(

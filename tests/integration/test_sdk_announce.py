@@ -126,6 +126,48 @@ async def test_writing_precedes_the_shards_and_both_sources_agree(
     assert committed["shard_count"] == 3  # type: ignore[index]
 
 
+async def test_the_sdk_puts_writing_and_committed_in_one_trace(
+    settings: ServiceSettings, tmp_path: Path
+) -> None:
+    """Both announcements carry one W3C trace context, in the envelope and the NATS header, so
+    everything the services do about the checkpoint joins that trace; and the watcher reporting
+    the same save afterwards publishes nothing new (same ids) and keeps that trace in its state."""
+    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix)
+    assert await watcher_pass(settings, tmp_path) == {}
+    saved = await asyncio.to_thread(
+        sdk.save, FsStore(tmp_path), "job-t", 3, {"w": b"x" * 64}, run_id="r", bus=bus
+    )
+    assert saved.announced_writing
+    assert saved.announced
+    msgs = [
+        m
+        for m in await stream_messages(settings.nats_url, settings.events_stream)
+        if json.loads(m.data)["data"].get("checkpoint_id") == saved.checkpoint_id
+    ]
+    docs = [json.loads(m.data) for m in msgs]
+    assert [d["type"] for d in docs] == [
+        "ckpt-ha.checkpoint.writing.v1",
+        "ckpt-ha.checkpoint.committed.v1",
+    ]
+    parents = {d["traceparent"] for d in docs}
+    assert len(parents) == 1
+    (traceparent,) = parents
+    assert traceparent is not None
+    assert [(m.headers or {}).get("traceparent") for m in msgs] == [traceparent, traceparent]
+    # A second save is a second trace.
+    other = await asyncio.to_thread(
+        sdk.save, FsStore(tmp_path), "job-t", 4, {"w": b"y" * 64}, run_id="r", bus=bus
+    )
+    assert other.announced
+    later = [
+        json.loads(m.data)
+        for m in await stream_messages(settings.nats_url, settings.events_stream)
+        if json.loads(m.data)["data"].get("checkpoint_id") == other.checkpoint_id
+    ]
+    assert later
+    assert later[0]["traceparent"].split("-")[1] != traceparent.split("-")[1]
+
+
 async def test_watcher_alone_announces_with_the_identity_when_the_sdk_could_not(
     settings: ServiceSettings, tmp_path: Path
 ) -> None:

@@ -1,0 +1,278 @@
+"""OpenTelemetry tracing: one trace per checkpoint, exported over OTLP.
+
+A checkpoint's first event (``writing`` or ``committed``, from the SDK or the writer-watcher) is
+the root of its trace. Its W3C trace context travels in the NATS ``traceparent`` header (set by
+faststream's telemetry middleware) and in the envelope's ``traceparent``; follow-ups are published
+in the context of their cause (`Bus.publish_caused_by`), and the registry stores the context with
+the checkpoint so a transition hours later (scrub, restore, retention) continues the same trace
+and links to the span that started it.
+
+Export is configured by the standard variables only: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``,
+``none``), ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_BSP_*``,
+``OTEL_TRACES_SAMPLER``. With no endpoint (and no explicit exporter) nothing is installed: the
+API's no-op tracer is used, spans cost a function call, and nothing is exported or logged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import Iterator
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+TRACER_NAME = "ckpt_ha"
+_PROPAGATOR = TraceContextTextMapPropagator()
+_provider: Any = None
+"""The SDK TracerProvider this process installed (None: tracing off)."""
+
+
+def service_name(service: str) -> str:
+    return f"ckpt-ha-{service}"
+
+
+def exporter_choice(env: dict[str, str] | os._Environ[str] | None = None) -> str | None:
+    """Which exporter the OTEL_* variables ask for: ``otlp``, ``console`` or None (off)."""
+    env = os.environ if env is None else env
+    chosen = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if chosen in ("none", "off"):
+        return None
+    if chosen in ("otlp", "console"):
+        return chosen
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    return "otlp" if endpoint else None
+
+
+def setup(service: str) -> bool:
+    """Install the process's tracer provider when OTEL_* asks for export; idempotent.
+
+    ``service.name`` is ``ckpt-ha-<service>`` unless ``OTEL_SERVICE_NAME`` says otherwise.
+    Returns whether spans are exported.
+    """
+    global _provider
+    if _provider is not None:
+        return True
+    choice = exporter_choice()
+    if choice is None:
+        return False
+    # Imported only when tracing is on: a process without OTEL_* loads no SDK or exporter.
+    from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        ConsoleSpanExporter,
+        SpanExporter,
+    )
+
+    attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name(service)}
+    provider = TracerProvider(resource=Resource.create(attrs))
+    exporter: SpanExporter
+    if choice == "console":
+        exporter = ConsoleSpanExporter()
+    else:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    _provider = provider
+    return True
+
+
+def shutdown() -> None:
+    """Flush and stop the exporter (service stop); a no-op when tracing is off."""
+    global _provider
+    if _provider is not None:
+        _provider.shutdown()
+        _provider = None
+
+
+def tracer() -> trace.Tracer:
+    """This project's tracer: from the provider `setup` installed, else the global one."""
+    if _provider is not None:
+        return _provider.get_tracer(TRACER_NAME)  # type: ignore[no-any-return]
+    return trace.get_tracer(TRACER_NAME)
+
+
+# --- W3C trace context <-> strings --------------------------------------------------------------
+
+
+def context_of(traceparent: str | None, tracestate: str | None = None) -> Context | None:
+    """The remote context a ``traceparent`` names; None when absent or invalid."""
+    if not traceparent:
+        return None
+    carrier = {"traceparent": traceparent}
+    if tracestate:
+        carrier["tracestate"] = tracestate
+    ctx = _PROPAGATOR.extract(carrier)
+    span_ctx = trace.get_current_span(ctx).get_span_context()
+    return ctx if span_ctx.is_valid else None
+
+
+def traceparent_of(ctx: Context | None = None) -> tuple[str, str | None] | None:
+    """(traceparent, tracestate) of ``ctx`` (default: the current context); None if no span."""
+    span_ctx = trace.get_current_span(ctx).get_span_context()
+    if not span_ctx.is_valid:
+        return None
+    carrier: dict[str, str] = {}
+    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(trace.NonRecordingSpan(span_ctx)))
+    return carrier["traceparent"], carrier.get("tracestate")
+
+
+def current_traceparent() -> tuple[str, str | None] | None:
+    return traceparent_of(None)
+
+
+def new_traceparent() -> str:
+    """A fresh sampled root context, for a process that records no spans itself (the SDK)."""
+    trace_id = secrets.token_hex(16)
+    span_id = secrets.token_hex(8)
+    if int(trace_id, 16) == 0 or int(span_id, 16) == 0:  # pragma: no cover - 2^-64
+        return new_traceparent()
+    return f"00-{trace_id}-{span_id}-01"
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The 32-hex trace id in a ``traceparent`` (None when absent or malformed)."""
+    ctx = context_of(traceparent)
+    if ctx is None:
+        return None
+    return format(trace.get_current_span(ctx).get_span_context().trace_id, "032x")
+
+
+def same_trace(a: str | None, b: str | None) -> bool:
+    """Whether two ``traceparent`` values name the same trace (False if either has none)."""
+    ta = trace_id_of(a)
+    return ta is not None and ta == trace_id_of(b)
+
+
+def event_attributes(event: Any) -> dict[str, Any]:
+    """Span attributes naming an event and what it is about (job, checkpoint)."""
+    data = event.data
+    attrs: dict[str, Any] = {
+        "ckpt_ha.event_type": event.event_type,
+        "ckpt_ha.event_id": event.id,
+        "ckpt_ha.job_id": data.job_id,
+        "ckpt_ha.subject": event.subject,
+    }
+    checkpoint_id = getattr(data, "checkpoint_id", None)
+    if checkpoint_id is not None:
+        attrs["ckpt_ha.checkpoint_id"] = checkpoint_id
+    reason = getattr(data, "reason", None)
+    if isinstance(reason, str):
+        attrs["ckpt_ha.reason"] = reason[:2000]
+    return attrs
+
+
+def link_to(traceparent: str | None, **attributes: Any) -> list[Link]:
+    """A span link to the context ``traceparent`` names (empty when there is none)."""
+    ctx = context_of(traceparent)
+    if ctx is None:
+        return []
+    return [Link(trace.get_current_span(ctx).get_span_context(), attributes=attributes or None)]
+
+
+# --- spans ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def span(
+    name: str,
+    *,
+    kind: SpanKind = SpanKind.INTERNAL,
+    attributes: dict[str, Any] | None = None,
+    links: list[Link] | None = None,
+) -> Iterator[Span]:
+    """A child of the current span; an exception marks it ERROR and propagates."""
+    with tracer().start_as_current_span(
+        name, kind=kind, attributes=clean_attributes(attributes), links=links
+    ) as current:
+        yield current
+
+
+@contextlib.contextmanager
+def continue_trace(
+    name: str,
+    traceparent: str | None,
+    *,
+    tracestate: str | None = None,
+    attributes: dict[str, Any] | None = None,
+    link_origin: bool = True,
+) -> Iterator[Span]:
+    """A span in the trace ``traceparent`` names (its child), linked to the current span.
+
+    For work about a checkpoint that is not caused by a message carrying its context (a scrub
+    round, a retention pass, a restore plan read from the registry): the span joins the
+    checkpoint's trace and keeps a link back to what triggered it (and, with ``link_origin``,
+    an explicit link to the stored context too, for backends that show links rather than
+    parents). Without a stored context it is a plain child of the current span.
+    """
+    stored = context_of(traceparent, tracestate)
+    if stored is None:
+        with span(name, attributes=attributes) as current:
+            yield current
+        return
+    trigger = trace.get_current_span().get_span_context()
+    links = [Link(trigger, attributes={"ckpt_ha.link": "trigger"})] if trigger.is_valid else []
+    if link_origin:
+        links.extend(link_to(traceparent, **{"ckpt_ha.link": "checkpoint"}))
+    with tracer().start_as_current_span(
+        name, context=stored, attributes=clean_attributes(attributes), links=links
+    ) as current:
+        yield current
+
+
+@contextlib.contextmanager
+def in_context(traceparent: str | None, tracestate: str | None = None) -> Iterator[None]:
+    """Make the context ``traceparent`` names current when no span is (else change nothing)."""
+    ctx = context_of(traceparent, tracestate)
+    if ctx is None or trace.get_current_span().get_span_context().is_valid:
+        yield
+        return
+    token = otel_context.attach(ctx)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
+
+def fail(reason: str, *, code: str | None = None, current: Span | None = None) -> None:
+    """Mark the current span ERROR with ``reason`` (status description, event, attribute)."""
+    target = current or trace.get_current_span()
+    if not target.is_recording():
+        return
+    target.set_status(Status(StatusCode.ERROR, reason[:500]))
+    attrs = {"ckpt_ha.reason": reason[:2000]}
+    if code is not None:
+        attrs["ckpt_ha.error_code"] = code
+    target.set_attributes(attrs)
+    target.add_event("ckpt_ha.failure", attrs)
+
+
+def annotate(**attributes: Any) -> None:
+    """Attributes on the current span (``None`` values left out)."""
+    current = trace.get_current_span()
+    if current.is_recording():
+        current.set_attributes(clean_attributes(attributes) or {})
+
+
+def clean_attributes(attributes: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not attributes:
+        return None
+    out: dict[str, Any] = {}
+    for key, value in attributes.items():
+        if value is None:
+            continue
+        out[key] = value if isinstance(value, str | bool | int | float) else str(value)
+    return out

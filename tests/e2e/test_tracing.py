@@ -1,0 +1,222 @@
+"""One trace per checkpoint, across separate processes, collected by a real OTLP receiver.
+
+writer-watcher, integrity-checker and registrar run as `ckpt-ha serve <name>` with only the
+standard ``OTEL_*`` variables pointing their exporters at an OTLP/HTTP receiver run by this test
+(protobuf decoded with opentelemetry-proto). A checkpoint written to storage is announced by the
+watcher (the trace's root), verified by the checker and registered by the registrar: all their
+spans about it share one trace id. A checkpoint corrupted on write carries ERROR and the reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+import pytest
+
+from contracts.checkpoint import CheckpointState
+from services import sdk
+from services.cli.stack import healthz
+from services.shared import procs
+from services.shared.registry import CheckpointRecord, Registry
+from services.shared.settings import ServiceSettings
+from services.shared.storage import FsStore, ObjectInfo
+from tests.support.bus_tools import wait_for
+from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, start_receiver
+
+pytestmark = pytest.mark.e2e
+
+SERVICES = ("registrar", "integrity-checker", "writer-watcher")
+NAMES = {f"ckpt-ha-{s}" for s in SERVICES}
+
+
+def service_env(settings: ServiceSettings, root: Path, otlp: str) -> dict[str, str]:
+    return {
+        "NATS_URL": settings.nats_url,
+        "REDIS_URL": settings.redis_url,
+        "CKPT_HA_SUBJECT_PREFIX": settings.subject_prefix,
+        "CKPT_HA_EVENTS_STREAM": settings.events_stream,
+        "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
+        "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
+        "CKPT_HA_STORAGE_ROOT": str(root),
+        "CKPT_HA_POLL_INTERVAL_S": "0.3",
+        "CKPT_HA_ACK_WAIT_S": "5",
+        "CKPT_HA_BACKOFF_S": "[0.2, 0.5, 1]",
+        "CKPT_HA_GRACEFUL_TIMEOUT_S": "5",
+        # The standard OpenTelemetry variables, nothing of our own.
+        "OTEL_EXPORTER_OTLP_ENDPOINT": otlp,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_SERVICE_NAME": "",
+        "OTEL_BSP_SCHEDULE_DELAY": "200",
+    }
+
+
+def start_service(name: str, home: Path, env: Mapping[str, str]) -> procs.ManagedProcess:
+    def start() -> procs.ManagedProcess:
+        port = procs.free_port()
+        return procs.start_process(
+            name,
+            [sys.executable, "-m", "services.cli.main", "serve", name],
+            home=home,
+            env={**env, "CKPT_HA_HTTP_PORT": str(port)},
+            url=f"http://127.0.0.1:{port}",
+            http_port=port,
+            marker=f"serve {name}",
+            ready=lambda: healthz(port),
+            timeout=60,
+        )
+
+    return procs.retry_port_race(start, ports_chosen_here=True)
+
+
+@pytest.fixture
+def receiver() -> Iterator[OtlpReceiver]:
+    rx, stop = start_receiver()
+    try:
+        yield rx
+    finally:
+        stop()
+
+
+@pytest.fixture
+def storage(tmp_path: Path) -> Path:
+    root = tmp_path / "storage"
+    root.mkdir()
+    return root
+
+
+@pytest.fixture
+def stack(
+    settings: ServiceSettings, tmp_path: Path, storage: Path, receiver: OtlpReceiver
+) -> Iterator[tuple[procs.ManagedProcess, ...]]:
+    env = service_env(settings, storage, receiver.endpoint)
+    started: list[procs.ManagedProcess] = []
+    try:
+        for name in SERVICES:
+            started.append(start_service(name, tmp_path, env))
+        yield tuple(started)
+    finally:
+        for proc in reversed(started):
+            procs.stop(proc, timeout=15)
+    leftovers = [p.name for p in started if procs.is_alive(p)]
+    assert not leftovers, f"still running after stop: {leftovers}"
+
+
+class CorruptingStore(FsStore):
+    """Storage that silently flips one byte of ``victim`` on write (same size)."""
+
+    def __init__(self, root: Path, victim: str) -> None:
+        super().__init__(root)
+        self.victim = victim
+
+    def put(
+        self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        if key.endswith(self.victim) and isinstance(data, bytes):
+            data = data[:-1] + bytes([data[-1] ^ 0x01])
+        return super().put(key, data, metadata=metadata)
+
+
+def about(spans: list[ReceivedSpan], checkpoint_id: str) -> list[ReceivedSpan]:
+    return [s for s in spans if s.attributes.get("ckpt_ha.checkpoint_id") == checkpoint_id]
+
+
+def one_trace(spans: list[ReceivedSpan], checkpoint_id: str) -> list[ReceivedSpan] | None:
+    """Every span of the one trace holding this checkpoint's spans from all three services."""
+    mine = about(spans, checkpoint_id)
+    trace_ids = {s.trace_id for s in mine}
+    if len(trace_ids) != 1:
+        return None
+    (trace_id,) = trace_ids
+    trace = [s for s in spans if s.trace_id == trace_id]
+    return trace if {s.service for s in trace} >= NAMES else None
+
+
+async def test_one_trace_per_checkpoint_across_processes(
+    stack: tuple[procs.ManagedProcess, ...],
+    settings: ServiceSettings,
+    storage: Path,
+    receiver: OtlpReceiver,
+) -> None:
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    weights = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    state = {"weights": weights, "optimizer": {"step": 1, "lr": 3e-4}}
+
+    async def in_state(checkpoint_id: str, want: CheckpointState) -> CheckpointRecord | None:
+        rec = await registry.get(checkpoint_id)
+        return rec if rec is not None and rec.state is want else None
+
+    try:
+        # No bus: the writer-watcher announces it, so its span is the trace's root.
+        good = await asyncio.to_thread(
+            sdk.save, FsStore(storage), "job-tr", 10, state, run_id="run-1"
+        )
+        rec = await wait_for(
+            lambda: in_state(good.checkpoint_id, CheckpointState.VALID),
+            timeout=45,
+            what="the checkpoint to become valid",
+        )
+        assert rec.traceparent is not None, "the registry stores the checkpoint's trace context"
+
+        trace = await asyncio.to_thread(
+            receiver.wait_for,
+            lambda spans: one_trace(spans, good.checkpoint_id),
+            30,
+            "one trace with spans of all three services",
+        )
+        trace_id = trace[0].trace_id
+        assert rec.traceparent.split("-")[1] == trace_id
+        names = {(s.service, s.name) for s in trace}
+        assert ("ckpt-ha-integrity-checker", "checkpoint.verify") in names, names
+        assert ("ckpt-ha-registrar", "registrar checkpoint.verified") in names, names
+        # The watcher's first announcement is the root; every other span has a parent.
+        roots = [s for s in trace if not s.parent_span_id]
+        assert len(roots) == 1, roots
+        assert roots[0].service == "ckpt-ha-writer-watcher"
+        assert roots[0].name.startswith("publish checkpoint.")
+        # No span about this checkpoint landed in another trace.
+        assert {s.trace_id for s in about(receiver.snapshot(), good.checkpoint_id)} == {trace_id}
+        assert not [s for s in trace if s.error], [s for s in trace if s.error]
+
+        # Corrupt on write: the checker's verdict span carries ERROR and the reason.
+        bad = await asyncio.to_thread(
+            sdk.save,
+            CorruptingStore(storage, "state/weights.npy"),
+            "job-tr",
+            20,
+            state,
+            run_id="run-1",
+        )
+        await wait_for(
+            lambda: in_state(bad.checkpoint_id, CheckpointState.QUARANTINED),
+            timeout=45,
+            what="the corrupt checkpoint quarantined",
+        )
+
+        def corrupt_trace(spans: list[ReceivedSpan]) -> list[ReceivedSpan] | None:
+            trace = one_trace(spans, bad.checkpoint_id)
+            if trace is None:
+                return None
+            names = {(s.service, s.name) for s in trace}
+            done = ("ckpt-ha-registrar", "registrar checkpoint.quarantined") in names
+            return trace if done else None
+
+        bad_trace = await asyncio.to_thread(
+            receiver.wait_for, corrupt_trace, 30, "the corrupt checkpoint's trace"
+        )
+        errors = [s for s in bad_trace if s.error]
+        checker = [s for s in errors if s.service == "ckpt-ha-integrity-checker"]
+        assert checker, [(s.service, s.name) for s in bad_trace]
+        verdict = checker[0]
+        assert "state/weights.npy: checksum" in verdict.status_message
+        assert "state/weights.npy: checksum" in str(verdict.attributes["ckpt_ha.reason"])
+        assert any(name == "ckpt_ha.failure" for name, _ in verdict.events)
+        registrar = {s.name for s in errors if s.service == "ckpt-ha-registrar"}
+        assert registrar >= {"registrar checkpoint.corrupt", "registrar checkpoint.quarantined"}
+        assert all(procs.is_alive(p) for p in stack)
+    finally:
+        await registry.close()

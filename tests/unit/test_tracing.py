@@ -1,0 +1,214 @@
+"""Trace-context helpers: W3C strings ↔ contexts, continuing a stored trace, the OTEL_* switch.
+
+Spans are recorded by a real SDK TracerProvider with an in-memory exporter, installed as this
+module's provider (the process-wide global provider is left alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Iterator
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
+
+from contracts import build
+from contracts.checkpoint import CheckpointCorruptV1
+from services.shared import tracing
+from services.shared.registry import project
+from services.writer_watcher import adapters
+from services.writer_watcher.domain import Tracked
+from tests.support.events import T0, committed, verified
+
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+OTHER = "00-11111111111111111111111111111111-2222222222222222-01"
+
+
+@pytest.fixture
+def spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_provider", provider)
+    yield exporter
+    provider.shutdown()
+
+
+def hex_trace(span: object) -> str:
+    return format(span.context.trace_id, "032x")  # type: ignore[attr-defined]
+
+
+def test_traceparent_round_trips_through_a_context() -> None:
+    ctx = tracing.context_of(TP, "vendor=1")
+    assert ctx is not None
+    assert tracing.traceparent_of(ctx) == (TP, "vendor=1")
+    assert tracing.trace_id_of(TP) == "0af7651916cd43dd8448eb211c80319c"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [None, "", "garbage", "00-00000000000000000000000000000000-b7ad6b7169203331-01"],
+)
+def test_absent_or_invalid_traceparent_gives_no_context(bad: str | None) -> None:
+    assert tracing.context_of(bad) is None
+    assert tracing.trace_id_of(bad) is None
+    assert tracing.link_to(bad) == []
+    assert not tracing.same_trace(bad, bad)
+
+
+def test_same_trace_compares_trace_ids_only() -> None:
+    sibling = TP[:36] + "0000000000000001-01"
+    assert tracing.same_trace(TP, sibling)
+    assert not tracing.same_trace(TP, OTHER)
+
+
+def test_new_traceparent_is_a_fresh_valid_sampled_root() -> None:
+    a, b = tracing.new_traceparent(), tracing.new_traceparent()
+    assert re.fullmatch(r"00-[0-9a-f]{32}-[0-9a-f]{16}-01", a)
+    assert tracing.context_of(a) is not None
+    assert not tracing.same_trace(a, b)
+
+
+def test_no_current_span_means_no_traceparent() -> None:
+    assert tracing.current_traceparent() is None
+
+
+def test_continue_trace_is_a_child_of_the_stored_context_linked_to_the_trigger(
+    spans: InMemorySpanExporter,
+) -> None:
+    with tracing.span("scrub.round") as trigger, tracing.continue_trace("scrub.corrupt", TP):
+        inner = tracing.current_traceparent()
+    finished = {s.name: s for s in spans.get_finished_spans()}
+    child = finished["scrub.corrupt"]
+    assert hex_trace(child) == tracing.trace_id_of(TP)
+    assert child.parent is not None
+    assert format(child.parent.span_id, "016x") == TP.split("-")[2]
+    linked = {(link.context.trace_id, link.attributes["ckpt_ha.link"]) for link in child.links}
+    assert linked == {
+        (trigger.get_span_context().trace_id, "trigger"),
+        (int(TP.split("-")[1], 16), "checkpoint"),
+    }
+    # What is published inside it carries the checkpoint's trace.
+    assert inner is not None
+    assert tracing.same_trace(inner[0], TP)
+
+
+def test_continue_trace_without_a_stored_context_is_a_plain_child(
+    spans: InMemorySpanExporter,
+) -> None:
+    with tracing.span("outer") as outer, tracing.continue_trace("late", None):
+        pass
+    late = next(s for s in spans.get_finished_spans() if s.name == "late")
+    assert late.parent is not None
+    assert late.parent.span_id == outer.get_span_context().span_id
+    assert not late.links
+
+
+def test_in_context_makes_a_stored_context_current_only_when_no_span_is() -> None:
+    with tracing.in_context(TP):
+        current = tracing.current_traceparent()
+    assert current is not None
+    assert current[0] == TP
+    assert tracing.current_traceparent() is None
+    with tracing.in_context(None):
+        assert tracing.current_traceparent() is None
+
+
+def test_fail_marks_the_span_error_with_the_reason(spans: InMemorySpanExporter) -> None:
+    with tracing.span("checkpoint.verify"):
+        tracing.fail("a.bin: checksum mismatch", code="checkpoint_corrupt")
+    [done] = spans.get_finished_spans()
+    assert done.status.status_code is StatusCode.ERROR
+    assert done.status.description == "a.bin: checksum mismatch"
+    assert done.attributes is not None
+    assert done.attributes["ckpt_ha.reason"] == "a.bin: checksum mismatch"
+    assert done.attributes["ckpt_ha.error_code"] == "checkpoint_corrupt"
+    assert [e.name for e in done.events] == ["ckpt_ha.failure"]
+
+
+def test_without_a_provider_spans_cost_nothing_and_record_nothing() -> None:
+    assert tracing._provider is None
+    with tracing.span("x") as current:
+        tracing.fail("ignored")
+        tracing.annotate(a=1)
+        assert not current.is_recording()
+
+
+@pytest.mark.parametrize(
+    ("env", "choice"),
+    [
+        ({}, None),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4318"}, "otlp"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}, "otlp"),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_TRACES_EXPORTER": "none"}, None),
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_SDK_DISABLED": "true"}, None),
+        ({"OTEL_TRACES_EXPORTER": "console"}, "console"),
+        ({"OTEL_TRACES_EXPORTER": "otlp"}, "otlp"),
+    ],
+)
+def test_exporter_choice_follows_the_standard_variables(
+    env: dict[str, str], choice: str | None
+) -> None:
+    assert tracing.exporter_choice(env) == choice
+
+
+def test_setup_installs_nothing_without_an_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_TRACES_EXPORTER",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    before = trace.get_tracer_provider()
+    assert tracing.setup("registrar") is False
+    assert tracing._provider is None
+    assert trace.get_tracer_provider() is before
+    tracing.shutdown()  # a no-op
+
+
+def test_the_registry_keeps_the_first_trace_context_of_a_checkpoint() -> None:
+    first = committed("c1").model_copy(update={"traceparent": TP})
+    record, _ = project(None, first)
+    assert record is not None
+    assert record.traceparent == TP
+    later = verified("c1").model_copy(update={"traceparent": OTHER})
+    after, _ = project(record, later)
+    assert after is not None
+    assert after.traceparent == TP
+
+
+def test_a_checkpoint_first_heard_of_without_context_adopts_the_next_one() -> None:
+    record, _ = project(None, committed("c1"))
+    assert record is not None
+    assert record.traceparent is None
+    after, _ = project(record, verified("c1").model_copy(update={"traceparent": OTHER}))
+    assert after is not None
+    assert after.traceparent == OTHER
+
+
+def test_the_watchers_tracked_entry_keeps_its_trace_across_restarts() -> None:
+    tracked = Tracked("c1", T0, T0, (("a.bin", 3),), phase="writing", uri="file:///x")
+    with_trace = dataclasses.replace(tracked, traceparent=TP)
+    assert adapters._tracked_from_json(adapters._tracked_to_json(with_trace)) == with_trace
+    assert adapters._tracked_from_json(adapters._tracked_to_json(tracked)) == tracked
+
+
+def test_event_attributes_name_job_checkpoint_and_reason() -> None:
+    event = committed("c", job="j")
+    attrs = tracing.event_attributes(event)
+    assert attrs["ckpt_ha.job_id"] == "j"
+    assert attrs["ckpt_ha.checkpoint_id"] == "c"
+    assert attrs["ckpt_ha.event_type"] == "checkpoint.committed"
+    assert attrs["ckpt_ha.event_id"] == event.id
+    corrupt = build(
+        CheckpointCorruptV1(job_id="j", checkpoint_id="c", uri="file:///x", reason="a: bad"),
+        source="t",
+        time=T0,
+        key="k",
+    )
+    assert tracing.event_attributes(corrupt)["ckpt_ha.reason"] == "a: bad"
