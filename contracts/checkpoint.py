@@ -155,6 +155,8 @@ class CheckpointRegisteredV1(_CheckpointEvent):
     """What the checkpoint is bound to (R4), as the registry holds it."""
     project: str | None = None
     """The owning project (R5) at registration time."""
+    tier: str | None = None
+    """The job's protection tier (R13) at registration time."""
 
 
 class CheckpointQuarantinedV1(_CheckpointEvent):

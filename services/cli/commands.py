@@ -604,6 +604,8 @@ def cmd_owner_transfer(args: argparse.Namespace, env: dict[str, str], home: Path
 
 def cmd_owner_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     settings = _settings(env, home)
+    if args.project is not None:
+        return _project_show(args, settings)
 
     async def query() -> tuple[str | None, list[Any]]:
         registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
@@ -632,6 +634,51 @@ def cmd_owner_show(args: argparse.Namespace, env: dict[str, str], home: Path) ->
                 ],
             )
         )
+    return 0
+
+
+def _project_show(args: argparse.Namespace, settings: ServiceSettings) -> int:
+    """A project's jobs and what is left of them: the index outlives jobs, archived projects and
+    departed owners (R5); deleted checkpoints stay as tombstones."""
+
+    async def query() -> list[dict[str, Any]]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            out = []
+            for job in await registry.jobs_of(args.project):
+                records = await registry.by_job(job)
+                states: dict[str, int] = {}
+                for r in records:
+                    states[r.state.value] = states.get(r.state.value, 0) + 1
+                latest = next((r for r in records if r.state is CheckpointState.VALID), None)
+                out.append(
+                    {
+                        "job": job,
+                        "tier": (await registry.tier_of(job)).tier.name,
+                        "checkpoints": states,
+                        "latest_valid": latest.checkpoint_id if latest else None,
+                    }
+                )
+            return out
+        finally:
+            await registry.close()
+
+    jobs = _run(settings, query)
+    if args.json:
+        print(json.dumps({"project": args.project, "jobs": jobs}, indent=2))
+    elif not jobs:
+        print(f"project {args.project} owns no jobs")
+    else:
+        print(
+            _table(
+                ["JOB", "TIER", "LATEST VALID", "CHECKPOINTS"],
+                [
+                    (j["job"], j["tier"], j["latest_valid"] or "-",
+                     " ".join(f"{k}={v}" for k, v in sorted(j["checkpoints"].items())))
+                    for j in jobs
+                ],
+            )
+        )  # fmt: skip
     return 0
 
 

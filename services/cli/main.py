@@ -118,8 +118,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--reason", required=True, type=_text)
     tr.add_argument("--actor", type=_text, help=actor_help)
     tr.add_argument("--json", action="store_true")
-    osh = ow_sub.add_parser("show", help="a job's owner and its ownership log")
-    osh.add_argument("--job", required=True)
+    osh = ow_sub.add_parser(
+        "show", help="a job's owner and its ownership log, or the jobs a project owns"
+    )
+    which = osh.add_mutually_exclusive_group(required=True)
+    which.add_argument("--job")
+    which.add_argument("--project", help="every job the project owns, deleted ones included")
     osh.add_argument("--json", action="store_true")
 
     pn = sub.add_parser(

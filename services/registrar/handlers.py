@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contracts import Envelope, EventData
+from contracts.checkpoint import CheckpointVerifiedV1
 from services.registrar import domain
 from services.shared.bus import Bus
 from services.shared.clock import Clock
@@ -37,7 +38,10 @@ class RegistrarHandlers:
                     self.metrics.transitions.labels(
                         self.metrics.service, step.previous or "none", step.new
                     ).inc()
-                await self._publish(event, domain.follow_ups(event, result))
+                tier = None
+                if isinstance(event.data, CheckpointVerifiedV1) and result.record is not None:
+                    tier = (await self.registry.tier_of(event.data.job_id)).tier.name
+                await self._publish(event, domain.follow_ups(event, result, tier))
                 outcomes.append(None)
             except Exception as exc:  # noqa: BLE001 - a failed publish naks just this event
                 outcomes.append(exc)

@@ -30,7 +30,7 @@ from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.metrics import RetentionMetrics
 from services.shared.registry import Registry
-from services.shared.storage import ObjectStore, StorageError
+from services.shared.storage import ObjectStore, StorageError, key_for_uri
 
 SOURCE = "ckpt-ha/retention-janitor"
 ACTOR = "retention-janitor"
@@ -123,8 +123,13 @@ class Janitor:
         if record is None or record.state is not CheckpointState.EXPIRED or record.pins:
             result.skipped[d.checkpoint_id] = "changed since the plan was read"
             return None
+        keys = adapters.locations(self.store, record)
+        if key_for_uri(self.store, record.uri) is None:
+            # Never "deleted" while bytes may remain somewhere this janitor cannot reach.
+            result.failed[d.checkpoint_id] = f"{record.uri} is outside this janitor's storage root"
+            return None
         try:
-            n = await adapters.to_thread_delete(self.store, adapters.locations(self.store, record))
+            n = await adapters.to_thread_delete(self.store, keys)
         except StorageError as exc:
             result.failed[d.checkpoint_id] = str(exc)
             return str(exc)

@@ -29,7 +29,7 @@ from services.shared.metrics import RetentionMetrics, ServiceMetrics
 from services.shared.registry import CheckpointRecord
 from services.shared.settings import ServiceSettings
 from services.shared.storage import FsStore
-from tests.support.bus_tools import wait_for
+from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
 from tests.support.events import T0, committed, verified
 
@@ -90,14 +90,21 @@ def env_for(store: FsStore) -> dict[str, str]:
 
 
 async def write_valid(
-    registrar: Registrar, producer: Bus, store: FsStore, step: int, job: str = JOB
+    registrar: Registrar,
+    producer: Bus,
+    store: FsStore,
+    step: int,
+    job: str = JOB,
+    project: str | None = None,
 ) -> str:
     """Real bytes on storage, then committed + verified through the real registrar."""
     ckpt = f"{job}-c{step}"
     prefix = f"{job}/step-{step:06d}"
     store.put(f"{prefix}/shard-0.bin", b"x" * 100)
     store.put(f"{prefix}/manifest.json", b"{}")
-    await producer.publish(committed(ckpt, job=job, step=step, uri=store.uri(prefix)))
+    await producer.publish(
+        committed(ckpt, job=job, step=step, uri=store.uri(prefix), project=project)
+    )
     await producer.publish(verified(ckpt, job=job, step=step))
 
     async def valid() -> bool:
@@ -377,6 +384,19 @@ async def test_tier_default_declared_and_explicit_recorded_choice(
         code, out, err = await cli(settings, tmp_path, *args)
         assert code == 0, err
         assert {d["tier"] for d in json.loads(out)} == {"critical"}
+        # The tier is on the registered event of the next checkpoint too.
+        newer = await write_valid(registrar, producer, store, 4)
+
+        async def registered_tier() -> str | None:
+            msgs = await stream_messages(settings.nats_url, settings.events_stream)
+            for m in msgs:
+                doc = json.loads(m.data)
+                registered = doc["type"] == "ckpt-ha.checkpoint.registered.v1"
+                if registered and doc["data"]["checkpoint_id"] == newer:
+                    return str(doc["data"]["tier"])
+            return None
+
+        assert await wait_for(registered_tier, what="registered event") == "critical"
 
         code, _, err = await cli(
             settings, tmp_path, "tier", "set", "--job", JOB, "platinum", "--reason", "x",
@@ -446,3 +466,48 @@ async def test_reconcile_reports_unknown_objects_and_deletes_only_when_told(
     cleaned = json.loads(out)["unregistered_objects_deleted"]
     assert sorted(c["key"] for c in cleaned) == ["job-1/step-000999/shard-0.bin", "stray.bin"]
     assert {(c["actor"], c["reason"]) for c in cleaned} == {("eve", "orphans")}
+
+
+async def test_index_stays_readable_after_deletion_and_owner_change_without_widening_access(
+    registrar: Registrar,
+    producer: Bus,
+    store: FsStore,
+    janitor: tuple[Janitor, Clock],
+    settings: ServiceSettings,
+    tmp_path: Path,
+) -> None:
+    """R5: the job's checkpoints are cleaned and its owner leaves; the index (tombstones
+    included) stays readable for the owning project, and a transfer moves, never shares."""
+    jan, clock = janitor
+    ids = [await write_valid(registrar, producer, store, s, project="vision") for s in (1, 2, 3)]
+    await jan.run_once()
+    await state_of(registrar, ids[0], CheckpointState.EXPIRED)
+    clock.offset = timedelta(hours=2)
+    await jan.run_once()
+    await state_of(registrar, ids[0], CheckpointState.DELETED)
+
+    code, _, err = await cli(
+        settings, tmp_path, "owner", "transfer", "--from", "vision", "--to", "nlp",
+        "--reason", "vision team disbanded", "--actor", "frank",
+    )  # fmt: skip
+    assert code == 0, err
+
+    code, out, err = await cli(settings, tmp_path, "owner", "show", "--project", "nlp", "--json")
+    assert code == 0, err
+    [row] = json.loads(out)["jobs"]
+    assert row["job"] == JOB
+    assert row["checkpoints"] == {"deleted": 1, "valid": 2}
+    assert row["latest_valid"] == ids[2]
+    # Moved, not shared: the old project no longer lists it.
+    code, out, err = await cli(settings, tmp_path, "owner", "show", "--project", "vision")
+    assert code == 0, err
+    assert "owns no jobs" in out
+    code, out, err = await cli(settings, tmp_path, "checkpoints", "list", "--job", JOB)
+    assert code == 0, err
+    assert "owned by nlp" in out
+    assert ids[0] in out
+    assert "deleted" in out
+    code, out, err = await cli(settings, tmp_path, "audit", "--job", JOB, "--json")
+    assert code == 0, err
+    [tomb] = [c for c in json.loads(out)["checkpoints"] if c["tombstone"]]
+    assert tomb["checkpoint_id"] == ids[0]
