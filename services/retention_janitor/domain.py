@@ -13,7 +13,8 @@ Order of the rules for one checkpoint:
    (the last two only up to the maximum age); otherwise it expires.
 4. Corrupt and quarantined checkpoints expire after the tier's quarantine retention, write-failed
    (partial) ones after its failed-write retention.
-5. Checkpoints still being written or verified are never touched.
+5. Checkpoints still being written or verified are never touched, and nothing expires within
+   `SETTLE` of its last transition.
 """
 
 from __future__ import annotations
@@ -26,6 +27,12 @@ from enum import StrEnum
 from contracts.checkpoint import CheckpointState as S
 from services.shared.registry import CheckpointRecord
 from services.shared.tiers import Tier
+
+SETTLE = timedelta(minutes=10)
+"""No checkpoint expires within this time of its last transition. The watcher and the writer
+both announce a write, and a late duplicate report must still find the checkpoint where it left
+it (after expiry it would be an illegal transition); nor is a checkpoint expired the moment a
+burst of newer ones is registered."""
 
 
 class Action(StrEnum):
@@ -206,11 +213,22 @@ def plan_job(job: JobView, now: datetime) -> list[Decision]:
     return out
 
 
+def in_state_since(r: CheckpointRecord) -> datetime:
+    """When the checkpoint entered its current state (a pin or unpin is no transition)."""
+    since, previous = r.updated_at, None
+    for h in r.history:
+        if h.state is not previous:
+            since, previous = h.at, h.state
+    return since
+
+
 def _expiry_rule(
     r: CheckpointRecord, tier: Tier, kept: Mapping[str, str], now: datetime
 ) -> str | None:
     """Why retention would expire this checkpoint (None: it is kept by the rules)."""
-    age = now - r.updated_at
+    age = now - in_state_since(r)
+    if age < SETTLE:
+        return None
     if r.state is S.VALID:
         if r.checkpoint_id in kept:
             return None

@@ -15,6 +15,7 @@ from contracts.checkpoint import (
     TierChosenV1,
 )
 from services.retention_janitor.domain import (
+    SETTLE,
     Action,
     Decision,
     JobView,
@@ -315,3 +316,15 @@ def test_expiry_and_tombstone_fields() -> None:
     assert record.tombstone is not None
     assert (record.tombstone.reason, record.tombstone.actor) == ("age", "janitor")
     assert record.uri == "file:///data/job-1/step-100"
+
+
+def test_nothing_expires_within_the_settle_time_of_its_last_transition() -> None:
+    young = [
+        rec(c, s, age_days=SETTLE.total_seconds() / 86400 / 2) for c, s in (("a", 1), ("b", 2))
+    ]
+    failed = rec("f", 3, S.WRITE_FAILED, age_days=0.001)
+    d = by_id(plan_job(job(*young, failed), NOW))
+    assert {k: v.action for k, v in d.items()} == dict.fromkeys("abf", Action.KEEP)
+    d = by_id(plan_job(job(*young, failed), NOW + SETTLE))
+    assert d["a"].action is Action.EXPIRE
+    assert d["f"].action is Action.EXPIRE
