@@ -162,20 +162,32 @@ def cmd_checkpoints_list(args: argparse.Namespace, env: dict[str, str], home: Pa
 def cmd_checkpoints_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     settings = _settings(env, home)
 
-    async def query() -> CheckpointRecord | None:
+    async def query() -> tuple[CheckpointRecord | None, Any]:
         registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
         try:
-            return await registry.get(args.checkpoint_id)
+            record = await registry.get(args.checkpoint_id)
+            tier = await registry.tier_of(record.job_id) if record is not None else None
+            return record, tier
         finally:
             await registry.close()
 
-    record = _run(settings, query)
+    record, tier = _run(settings, query)
     if record is None:
         raise CommandError(f"no checkpoint {args.checkpoint_id!r} in the registry")
     if args.json:
         print(record.model_dump_json(indent=2))
         return 0
-    print(_record_rows([record]))
+    print(_record_rows([record], tier.tier.name))
+    print(f"tier: {tier.tier.name} ({tier.source}: {tier.detail})")
+    for p in record.pins:
+        print(f"pinned by {p.by} ({p.actor}, {p.at.isoformat()}): {p.reason}")
+    if record.expiry is not None:
+        e = record.expiry
+        grace = e.grace_until.isoformat() if e.grace_until else "-"
+        print(f"expired by {e.actor} under {e.policy}; grace until {grace}: {e.reason}")
+    if record.tombstone is not None:
+        t = record.tombstone
+        print(f"deleted by {t.actor} at {t.at.isoformat()}; see `ckpt-ha audit --checkpoint ID`")
     if record.identity is not None:
         ident = record.identity.model_dump(mode="json", exclude_none=True)
         print("identity: " + json.dumps(ident, sort_keys=True))

@@ -185,6 +185,15 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
     assert all(planned[c]["tier"] == "exploratory" for c in ids.values())
     assert "eval:mmlu" in planned[ids[100]]["reason"]
 
+    code, out, err = await cli(settings, tmp_path, "retention", "plan", "--job", JOB)
+    assert code == 0, err
+    assert "PROTECTED BY" in out
+    line = next(x for x in out.splitlines() if x.startswith(f"{JOB}  {ids[100]} "))
+    assert "KEEP" in line
+    assert "pin (eval:mmlu)" in line
+    line = next(x for x in out.splitlines() if x.startswith(f"{JOB}  {ids[50]} "))
+    assert "EXPIRE" in line
+
     # The real round does exactly what the dry run showed.
     result = await jan.run_once()
     assert result.expired == [ids[50]]
@@ -235,6 +244,13 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
     assert code == 0, err
     assert f"tombstone {ids[50]}" in out
     assert "alice" in out  # the pin, with its actor
+    code, out, err = await cli(settings, tmp_path, "checkpoints", "show", ids[50])
+    assert code == 0, err
+    assert "deleted by retention-janitor" in out
+    assert "tier: exploratory (default" in out
+    code, out, err = await cli(settings, tmp_path, "checkpoints", "show", ids[100])
+    assert code == 0, err
+    assert "pinned by eval:mmlu (alice" in out
 
     # Nothing keeps pointing at a deleted checkpoint: a pin on it (or on nothing) is refused.
     code, _, err = await cli(settings, tmp_path, "pin", ids[50], "--by", "eval:x", "--actor", "a")
