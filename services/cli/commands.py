@@ -758,8 +758,7 @@ def cmd_audit(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
             records = [r for r in records if any(h.event_type in AUDIT_EVENTS for h in r.history)]
             cleaned = []
             if not args.checkpoint:
-                raws = await registry.r.lrange(f"{registry.p}:reconcile-log", 0, -1)
-                cleaned = [json.loads(raw) for raw in raws]
+                cleaned = await registry.reconcile_log()
             return records, cleaned
         finally:
             await registry.close()
@@ -879,7 +878,7 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
                         "reason": args.reason,
                         "at": datetime.now(UTC).isoformat(),
                     }
-                    await registry.r.rpush(f"{registry.p}:reconcile-log", json.dumps(entry))
+                    await registry.record_reconcile_deletion(entry)
                     obj["deleted"] = True
                     deleted += 1
             return found, deleted

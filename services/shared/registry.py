@@ -16,6 +16,7 @@ Keys (all under one prefix, so tests and stacks can share a Redis):
 * ``<p>:tier:<job>``     JSON `TierRecord`: the job's latest explicitly chosen tier (R13)
 * ``<p>:tier-log:<job>`` list of tier choices (JSON `TierRecord`), oldest first
 * ``<p>:tier-declared:<job>`` the tier the job's latest ``job.started`` declared (janitor writes)
+* ``<p>:reconcile-log``  list of unregistered storage objects deleted by ``reconcile --delete``
 
 Pins (R6) live in the checkpoint's record (``pins``), expiry and the deletion tombstone too, so a
 rebuild from the event stream restores them; a deleted checkpoint's record is its tombstone and
@@ -489,6 +490,13 @@ class _RecordWrite:
     """The exact JSON the projection started from (None: no record), for compare-and-set."""
 
 
+NOT_REBUILT = ("reconcile-log", "tier-declared:", "coord:", "pins:")
+"""Keys under the prefix that are not a projection of the checkpoint stream: the log of
+unregistered objects ``ckpt-ha reconcile --delete`` removed, the tier each job declared in its
+``job.started`` (the janitor records it), and the restore-coordinator's memory, including the
+R15 pins that protect a resumed job's fallback. A rebuild keeps them."""
+
+
 class Registry:
     """Async Redis adapter for the checkpoint registry."""
 
@@ -747,8 +755,19 @@ class Registry:
         return dict(sorted(out.items()))
 
     async def clear(self) -> int:
-        """Delete every key under the prefix (before a rebuild). Returns how many."""
+        """Delete every key the checkpoint stream rebuilds (before a rebuild). Returns how many.
+
+        Kept: what the stream does not hold (`NOT_REBUILT`): the reconcile log and declared tiers.
+        """
         n = 0
         async for key in self.r.scan_iter(match=f"{self.p}:*", count=1000):
-            n += await self.r.delete(key)
+            if not key.removeprefix(f"{self.p}:").startswith(NOT_REBUILT):
+                n += await self.r.delete(key)
         return n
+
+    async def record_reconcile_deletion(self, entry: dict[str, Any]) -> None:
+        """An unregistered storage object deleted by ``ckpt-ha reconcile --delete`` (R6)."""
+        await self.r.rpush(self._k("reconcile-log"), json.dumps(entry, sort_keys=True))
+
+    async def reconcile_log(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in await self.r.lrange(self._k("reconcile-log"), 0, -1)]

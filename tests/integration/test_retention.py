@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from contracts import build
+from contracts import CATALOG, build
 from contracts.checkpoint import CheckpointState
 from contracts.job import JobPolicy, JobStartedV1
 from services.registrar.app import Registrar
 from services.registrar.app import build as build_registrar
+from services.registrar.rebuild import rebuild
 from services.registrar.settings import RegistrarSettings
 from services.restore_coordinator.adapters import CoordinatorState, Decision, PlanRecord, Started
 from services.restore_coordinator.domain import Pin
@@ -272,6 +273,13 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
     assert (rec.history[-1].actor, rec.history[-1].event_type) == ("bob", "checkpoint.unpinned")
     result = await jan.run_once()
     assert result.expired == [ids[100]]
+    await state_of(registrar, ids[100], CheckpointState.EXPIRED)
+
+    # Pins, expiries and tombstones are part of the event stream: a rebuild reproduces them.
+    before = await registrar.registry.dump()
+    await registrar.registry.clear()
+    await rebuild(registrar.registry, settings.bus(), CATALOG)
+    assert await registrar.registry.dump() == before
 
 
 async def test_storage_outage_during_deletion_is_consistent_and_completes_later(
@@ -482,6 +490,9 @@ async def test_reconcile_reports_unknown_objects_and_deletes_only_when_told(
     cleaned = json.loads(out)["unregistered_objects_deleted"]
     assert sorted(c["key"] for c in cleaned) == ["job-1/step-000999/shard-0.bin", "stray.bin"]
     assert {(c["actor"], c["reason"]) for c in cleaned} == {("eve", "orphans")}
+    # Not in the event stream, so a registry rebuild keeps it.
+    await registrar.registry.clear()
+    assert len(await registrar.registry.reconcile_log()) == 2
 
 
 async def test_index_stays_readable_after_deletion_and_owner_change_without_widening_access(
