@@ -158,6 +158,10 @@ class Janitor:
         self.metrics.protected.clear()
         for (tier, kind), n in counts.items():
             self.metrics.protected.labels(self.metrics.service, tier, kind).set(n)
+        states = Counter((d.tier, d.state.value) for d in decisions)
+        self.metrics.checkpoints.clear()
+        for (tier, state), n in states.items():
+            self.metrics.checkpoints.labels(self.metrics.service, tier, state).set(n)
 
     async def _publish(self, data: CheckpointExpiredV1 | CheckpointDeletedV1, key: str) -> None:
         await self.bus.publish(build(data, source=SOURCE, time=self.clock(), key=key))

@@ -90,6 +90,7 @@ class RetentionMetrics:
 
     def __init__(self, metrics: ServiceMetrics) -> None:
         self.service = metrics.service
+        self.registry = metrics.registry
         self.decisions = Counter(
             "ckpt_ha_retention_actions_total",
             "Retention actions carried out (expire, delete) by the job's protection tier.",
@@ -98,8 +99,16 @@ class RetentionMetrics:
         )
         self.protected = Gauge(
             "ckpt_ha_retention_protected_checkpoints",
-            "Checkpoints kept only because a reference protects them, by tier and kind.",
+            "Checkpoints a reference protects (pin, plan, resume, fallback, last valid), by tier "
+            "and the kind of their first protection.",
             ["service", "tier", "kind"],
+            registry=metrics.registry,
+        )
+        self.checkpoints = Gauge(
+            "ckpt_ha_retention_checkpoints",
+            "Checkpoints not yet deleted, by their job's protection tier and lifecycle state "
+            "(set by each full retention round).",
+            ["service", "tier", "state"],
             registry=metrics.registry,
         )
         self.delete_failures = Counter(

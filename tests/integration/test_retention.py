@@ -198,6 +198,23 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
     # The real round does exactly what the dry run showed.
     result = await jan.run_once()
     assert result.expired == [ids[50]]
+    # The tier is a (bounded) metric label.
+    registry = jan.metrics.registry
+    labels = {"service": "retention-janitor", "tier": "exploratory"}
+    assert (
+        registry.get_sample_value("ckpt_ha_retention_actions_total", {**labels, "action": "expire"})
+        == 1
+    )
+    assert (
+        registry.get_sample_value("ckpt_ha_retention_checkpoints", {**labels, "state": "valid"})
+        == 7
+    )
+    assert (
+        registry.get_sample_value(
+            "ckpt_ha_retention_protected_checkpoints", {**labels, "kind": "pin"}
+        )
+        == 1
+    )
     assert [(d.checkpoint_id, d.action.value) for d in result.decisions] == [
         (c, planned[c]["action"]) for c in planned
     ]
