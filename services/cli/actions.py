@@ -139,7 +139,10 @@ def choose_tier(
     if tier not in TIERS:
         raise ActionRefused(f"unknown tier {tier!r} (known: {', '.join(TIERS)})")
     if not known_job:
-        raise ActionRefused(f"no job {job_id!r} in the registry")
+        raise ActionRefused(
+            f"no job {job_id!r} in the registry (a job that has not written a checkpoint yet "
+            "declares its tier at start: `ckpt-ha run --tier NAME`)"
+        )
     if current.source == "chosen" and current.tier.name == tier:
         raise ActionRefused(f"job {job_id} already has tier {tier} ({current.detail})")
     return TierChosenV1(job_id=job_id, tier=tier, reason=reason, actor=actor)

@@ -985,7 +985,7 @@ def cmd_tier_set(args: argparse.Namespace, env: dict[str, str], home: Path) -> i
 
 
 def cmd_tier_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    from services.shared.tiers import TIERS
+    from services.shared.tiers import TIERS, span
 
     table = [
         {
@@ -1010,8 +1010,13 @@ def cmd_tier_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
     if args.job is None:
         if args.json:
             print(json.dumps(table, indent=2))
-        else:
-            print(_table(list(table[0]), [list(row.values()) for row in table]))
+            return 0
+        rows = [
+            [span(v) if k.endswith("_s") and isinstance(v, float) else ("-" if v is None else v)
+             for k, v in row.items()]
+            for row in table
+        ]  # fmt: skip
+        print(_table([k.removesuffix("_s") for k in table[0]], rows))
         return 0
     settings = _settings(env, home)
 

@@ -55,18 +55,21 @@ class Tier:
             b = self.keep_best
             parts.append(f"keep_best={b.count}x{b.direction}({b.metric})")
         if self.max_age_s is not None:
-            parts.append(f"max_age={_span(self.max_age_s)}")
-        parts.append(f"quarantine={_span(self.quarantine_keep_s)}")
-        parts.append(f"failed={_span(self.failed_keep_s)}")
-        parts.append(f"grace={_span(self.grace_s)}")
+            parts.append(f"max_age={span(self.max_age_s)}")
+        parts.append(f"quarantine={span(self.quarantine_keep_s)}")
+        parts.append(f"failed={span(self.failed_keep_s)}")
+        parts.append(f"grace={span(self.grace_s)}")
         return f"{self.name}: " + " ".join(parts)
 
 
-def _span(seconds: float) -> str:
+def span(seconds: float) -> str:
+    """``3600`` → ``1h``, ``604800`` → ``7d``: for people; machines get seconds."""
     if seconds >= DAY and seconds % DAY == 0:
         return f"{int(seconds // DAY)}d"
     if seconds >= 3600 and seconds % 3600 == 0:
         return f"{int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
     return f"{seconds:g}s"
 
 
