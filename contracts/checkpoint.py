@@ -108,6 +108,8 @@ class CheckpointCommittedV1(_CheckpointEvent):
     identity: CheckpointIdentity | None = None
     shard_count: int = Field(default=0, ge=0)
     total_bytes: int = Field(default=0, ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Evaluation metrics at this step (e.g. ``val_loss``): what a tier's keep-best rule ranks."""
 
 
 class CheckpointWriteFailedV1(_CheckpointEvent):
@@ -153,6 +155,8 @@ class CheckpointRegisteredV1(_CheckpointEvent):
     """What the checkpoint is bound to (R4), as the registry holds it."""
     project: str | None = None
     """The owning project (R5) at registration time."""
+    tier: str | None = None
+    """The job's protection tier (R13) at registration time."""
 
 
 class CheckpointQuarantinedV1(_CheckpointEvent):
@@ -202,12 +206,18 @@ class CheckpointConflictV1(_CheckpointEvent):
 
 
 class CheckpointExpiredV1(_CheckpointEvent):
+    """Retention decided this checkpoint is no longer kept: no longer a restore candidate, its
+    bytes are deleted after ``grace_until`` unless something protects it by then."""
+
     EVENT_TYPE: ClassVar[str] = "checkpoint.expired"
     EVENT_VERSION: ClassVar[int] = 1
 
     reason: str
     policy: str
     grace_until: AwareDatetime | None = None
+    tier: str | None = None
+    """The protection tier (R13) whose retention expired it."""
+    actor: str | None = None
 
 
 class CheckpointDeletedV1(_CheckpointEvent):
@@ -219,6 +229,46 @@ class CheckpointDeletedV1(_CheckpointEvent):
     reason: str
     actor: str
     policy: str | None = None
+    tier: str | None = None
+    """The protection tier (R13) whose retention deleted it."""
+    objects_deleted: int | None = Field(default=None, ge=0)
+    """How many storage objects were removed (0: they were already gone)."""
+
+
+class CheckpointPinnedV1(_CheckpointEvent):
+    """Someone still needs this checkpoint (an evaluation, a candidate model): retention keeps it
+    while the pin stands (R6). Refused for a deleted or unknown checkpoint."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.pinned"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    by: str = Field(min_length=1, max_length=200)
+    """Who holds the pin, e.g. ``eval:mmlu`` or ``model:candidate-3``; one pin per holder."""
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+
+class CheckpointUnpinnedV1(_CheckpointEvent):
+    """A holder released its pin; retention may expire the checkpoint again."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.unpinned"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    by: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+
+class TierChosenV1(EventData):
+    """An explicit, recorded choice of a job's protection tier (R13). Without one a job gets the
+    tier its own ``job.started`` declared, else the cheapest: never an expensive one by accident."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.tier_chosen"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    tier: str = Field(min_length=1, max_length=64)
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
 
 
 CHECKPOINT_EVENTS: tuple[type[EventData], ...] = (
@@ -234,6 +284,9 @@ CHECKPOINT_EVENTS: tuple[type[EventData], ...] = (
     CheckpointExpiredV1,
     CheckpointDeletedV1,
     OwnershipTransferredV1,
+    CheckpointPinnedV1,
+    CheckpointUnpinnedV1,
+    TierChosenV1,
 )
 
 
@@ -250,5 +303,8 @@ CheckpointEvent = (
     | Envelope[CheckpointExpiredV1]
     | Envelope[CheckpointDeletedV1]
     | Envelope[OwnershipTransferredV1]
+    | Envelope[CheckpointPinnedV1]
+    | Envelope[CheckpointUnpinnedV1]
+    | Envelope[TierChosenV1]
 )
 """Any checkpoint event, as a handler that projects them all receives it."""

@@ -51,7 +51,8 @@ PRINCIPALS: tuple[Principal, ...] = (
                                       "checkpoint.quarantined"),
               consumers=("started", "progress", "failed", "load-failed", "registered",
                          "verified")),
-    Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted")),
+    Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
+              consumers=("registered", "started")),
     # Scheduler adapters and the training SDK: job lifecycle, resume outcomes, SDK commits.
     Principal("runner", ("job.started", "job.progress", "job.failed", "job.succeeded",
                          "resume.loaded",

@@ -1,5 +1,6 @@
-"""Manual actions on the registry (quarantine, release, ownership transfer): what an operator may
-do, decided from what the registry holds. Pure: the command publishes what these return.
+"""Manual actions on the registry (quarantine, release, ownership transfer, pins, tiers): what
+an operator may do, decided from what the registry holds. Pure: the command publishes what these
+return.
 
 Every manual action is an event carrying its actor and reason; the registrar records it in the
 checkpoint's history (or the job's ownership log) with the event's time, so nothing a human did is
@@ -11,13 +12,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from contracts.checkpoint import (
+    CheckpointPinnedV1,
     CheckpointQuarantinedV1,
     CheckpointReleasedV1,
     CheckpointState,
+    CheckpointUnpinnedV1,
     OwnershipTransferredV1,
+    TierChosenV1,
 )
 from services.shared.lifecycle import TRANSITIONS
 from services.shared.registry import CheckpointRecord
+from services.shared.tiers import TIERS, TierChoice
 
 
 class ActionRefused(Exception):
@@ -88,3 +93,56 @@ def transfer(
         )
         for job in sorted(owners)
     ]
+
+
+def pin(record: CheckpointRecord, by: str, reason: str, actor: str) -> CheckpointPinnedV1:
+    """Keep a checkpoint for an evaluation or a candidate model: retention never deletes it
+    while the pin stands. Nothing may point at a deleted checkpoint, so that is refused."""
+    if record.state is CheckpointState.DELETED:
+        deleted = record.tombstone.at.isoformat() if record.tombstone else "earlier"
+        raise ActionRefused(
+            f"checkpoint {record.checkpoint_id} was deleted ({deleted}); see `ckpt-ha audit "
+            f"--checkpoint {record.checkpoint_id}`"
+        )
+    if any(p.by == by for p in record.pins):
+        raise ActionRefused(f"checkpoint {record.checkpoint_id} is already pinned by {by}")
+    return CheckpointPinnedV1(
+        job_id=record.job_id,
+        checkpoint_id=record.checkpoint_id,
+        uri=record.uri,
+        by=by,
+        reason=reason,
+        actor=actor,
+    )
+
+
+def unpin(record: CheckpointRecord, by: str, reason: str, actor: str) -> CheckpointUnpinnedV1:
+    if not any(p.by == by for p in record.pins):
+        held = ", ".join(p.by for p in record.pins) or "nobody"
+        raise ActionRefused(
+            f"checkpoint {record.checkpoint_id} is not pinned by {by} (pinned by: {held})"
+        )
+    return CheckpointUnpinnedV1(
+        job_id=record.job_id,
+        checkpoint_id=record.checkpoint_id,
+        uri=record.uri,
+        by=by,
+        reason=reason,
+        actor=actor,
+    )
+
+
+def choose_tier(
+    job_id: str, current: TierChoice, tier: str, reason: str, actor: str, *, known_job: bool
+) -> TierChosenV1:
+    """An explicit, recorded tier choice (R13). The tier must exist and the job be known."""
+    if tier not in TIERS:
+        raise ActionRefused(f"unknown tier {tier!r} (known: {', '.join(TIERS)})")
+    if not known_job:
+        raise ActionRefused(
+            f"no job {job_id!r} in the registry (a job that has not written a checkpoint yet "
+            "declares its tier at start: `ckpt-ha run --tier NAME`)"
+        )
+    if current.source == "chosen" and current.tier.name == tier:
+        raise ActionRefused(f"job {job_id} already has tier {tier} ({current.detail})")
+    return TierChosenV1(job_id=job_id, tier=tier, reason=reason, actor=actor)

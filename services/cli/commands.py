@@ -64,14 +64,16 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     )
 
 
-def _record_rows(records: Sequence[CheckpointRecord]) -> str:
+def _record_rows(records: Sequence[CheckpointRecord], tier: str = "-") -> str:
     return _table(
-        ["CHECKPOINT", "STEP", "STATE", "FORMAT", "UPDATED", "URI"],
+        ["CHECKPOINT", "STEP", "STATE", "TIER", "PINS", "FORMAT", "UPDATED", "URI"],
         [
             (
                 r.checkpoint_id,
                 "-" if r.step is None else r.step,
                 r.state.value,
+                tier,
+                ",".join(p.by for p in r.pins) or "-",
                 r.format.value,
                 r.updated_at.strftime("%Y-%m-%d %H:%M:%S"),
                 r.uri,
@@ -134,42 +136,59 @@ def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
 def cmd_checkpoints_list(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     settings = _settings(env, home)
 
-    async def query() -> tuple[list[CheckpointRecord], str | None]:
+    async def query() -> tuple[list[CheckpointRecord], str | None, Any]:
         registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
         try:
             state = CheckpointState(args.state) if args.state else None
-            return await registry.by_job(args.job, state=state), await registry.owner(args.job)
+            records = await registry.by_job(args.job, state=state)
+            return records, await registry.owner(args.job), await registry.tier_of(args.job)
         finally:
             await registry.close()
 
-    records, owner = _run(settings, query)
+    records, owner, tier = _run(settings, query)
     if args.json:
-        print(json.dumps([r.model_dump(mode="json") for r in records], indent=2))
+        docs = [{**r.model_dump(mode="json"), "tier": tier.tier.name} for r in records]
+        print(json.dumps(docs, indent=2))
     elif not records:
         print(f"no checkpoints registered for job {args.job}")
     else:
-        print(f"job {args.job}, owned by {owner or 'no project'}")
-        print(_record_rows(records))
+        print(
+            f"job {args.job}, owned by {owner or 'no project'},"
+            f" tier {tier.tier.name} ({tier.source}: {tier.detail})"
+        )
+        print(_record_rows(records, tier.tier.name))
     return 0
 
 
 def cmd_checkpoints_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     settings = _settings(env, home)
 
-    async def query() -> CheckpointRecord | None:
+    async def query() -> tuple[CheckpointRecord | None, Any]:
         registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
         try:
-            return await registry.get(args.checkpoint_id)
+            record = await registry.get(args.checkpoint_id)
+            tier = await registry.tier_of(record.job_id) if record is not None else None
+            return record, tier
         finally:
             await registry.close()
 
-    record = _run(settings, query)
+    record, tier = _run(settings, query)
     if record is None:
         raise CommandError(f"no checkpoint {args.checkpoint_id!r} in the registry")
     if args.json:
         print(record.model_dump_json(indent=2))
         return 0
-    print(_record_rows([record]))
+    print(_record_rows([record], tier.tier.name))
+    print(f"tier: {tier.tier.name} ({tier.source}: {tier.detail})")
+    for p in record.pins:
+        print(f"pinned by {p.by} ({p.actor}, {p.at.isoformat()}): {p.reason}")
+    if record.expiry is not None:
+        e = record.expiry
+        grace = e.grace_until.isoformat() if e.grace_until else "-"
+        print(f"expired by {e.actor} under {e.policy}; grace until {grace}: {e.reason}")
+    if record.tombstone is not None:
+        t = record.tombstone
+        print(f"deleted by {t.actor} at {t.at.isoformat()}; see `ckpt-ha audit --checkpoint ID`")
     if record.identity is not None:
         ident = record.identity.model_dump(mode="json", exclude_none=True)
         print("identity: " + json.dumps(ident, sort_keys=True))
@@ -514,6 +533,7 @@ def _checkpoint_action(
     env: dict[str, str],
     home: Path,
     decide: Callable[[CheckpointRecord, str, str], EventData],
+    reason: str | None = None,
 ) -> int:
     from services.cli import actions
 
@@ -527,7 +547,7 @@ def _checkpoint_action(
             if record is None:
                 raise CommandError(f"no checkpoint {args.checkpoint_id!r} in the registry")
             try:
-                data = decide(record, args.reason, actor)
+                data = decide(record, reason or args.reason, actor)
             except actions.ActionRefused as exc:
                 raise CommandError(str(exc)) from None
             [event_id] = await _publish_manual(settings, [data], record)
@@ -607,6 +627,8 @@ def cmd_owner_transfer(args: argparse.Namespace, env: dict[str, str], home: Path
 
 def cmd_owner_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     settings = _settings(env, home)
+    if args.project is not None:
+        return _project_show(args, settings)
 
     async def query() -> tuple[str | None, list[Any]]:
         registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
@@ -635,6 +657,51 @@ def cmd_owner_show(args: argparse.Namespace, env: dict[str, str], home: Path) ->
                 ],
             )
         )
+    return 0
+
+
+def _project_show(args: argparse.Namespace, settings: ServiceSettings) -> int:
+    """A project's jobs and what is left of them: the index outlives jobs, archived projects and
+    departed owners (R5); deleted checkpoints stay as tombstones."""
+
+    async def query() -> list[dict[str, Any]]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            out = []
+            for job in await registry.jobs_of(args.project):
+                records = await registry.by_job(job)
+                states: dict[str, int] = {}
+                for r in records:
+                    states[r.state.value] = states.get(r.state.value, 0) + 1
+                latest = next((r for r in records if r.state is CheckpointState.VALID), None)
+                out.append(
+                    {
+                        "job": job,
+                        "tier": (await registry.tier_of(job)).tier.name,
+                        "checkpoints": states,
+                        "latest_valid": latest.checkpoint_id if latest else None,
+                    }
+                )
+            return out
+        finally:
+            await registry.close()
+
+    jobs = _run(settings, query)
+    if args.json:
+        print(json.dumps({"project": args.project, "jobs": jobs}, indent=2))
+    elif not jobs:
+        print(f"project {args.project} owns no jobs")
+    else:
+        print(
+            _table(
+                ["JOB", "TIER", "LATEST VALID", "CHECKPOINTS"],
+                [
+                    (j["job"], j["tier"], j["latest_valid"] or "-",
+                     " ".join(f"{k}={v}" for k, v in sorted(j["checkpoints"].items())))
+                    for j in jobs
+                ],
+            )
+        )  # fmt: skip
     return 0
 
 
@@ -852,6 +919,353 @@ def cmd_policy_advise(args: argparse.Namespace, env: dict[str, str], home: Path)
     return code
 
 
+def cmd_pin(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from services.cli import actions
+
+    reason = args.reason or f"held by {args.by}"
+    return _checkpoint_action(
+        args, env, home, lambda r, _, actor: actions.pin(r, args.by, reason, actor), reason
+    )
+
+
+def cmd_unpin(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from services.cli import actions
+
+    reason = args.reason or f"released by {args.by}"
+    return _checkpoint_action(
+        args, env, home, lambda r, _, actor: actions.unpin(r, args.by, reason, actor), reason
+    )
+
+
+AUDIT_EVENTS = frozenset(
+    {
+        "checkpoint.expired",
+        "checkpoint.deleted",
+        "checkpoint.pinned",
+        "checkpoint.unpinned",
+        "checkpoint.quarantined",
+        "checkpoint.released",
+    }
+)
+"""What `ckpt-ha audit` shows of a checkpoint's history: what people and retention did to it."""
+
+
+def cmd_audit(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    settings = _settings(env, home)
+
+    async def query() -> tuple[list[CheckpointRecord], list[dict[str, Any]]]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            if args.checkpoint:
+                record = await registry.get(args.checkpoint)
+                records = [record] if record is not None else []
+            elif args.job:
+                records = await registry.by_job(args.job)
+            else:
+                records = [
+                    *await registry.by_state(CheckpointState.DELETED),
+                    *await registry.by_state(CheckpointState.EXPIRED),
+                ]
+            records = [r for r in records if any(h.event_type in AUDIT_EVENTS for h in r.history)]
+            cleaned = []
+            if not args.checkpoint:
+                cleaned = await registry.reconcile_log()
+            return records, cleaned
+        finally:
+            await registry.close()
+
+    records, cleaned = _run(settings, query)
+    if args.checkpoint and not records:
+        raise CommandError(f"nothing to audit for checkpoint {args.checkpoint!r}")
+    if args.json:
+        doc = {
+            "checkpoints": [
+                {
+                    "checkpoint_id": r.checkpoint_id,
+                    "job_id": r.job_id,
+                    "state": r.state.value,
+                    "uri": r.uri,
+                    "checksums": r.checksums,
+                    "tombstone": r.tombstone.model_dump(mode="json") if r.tombstone else None,
+                    "expiry": r.expiry.model_dump(mode="json") if r.expiry else None,
+                    "pins": [p.model_dump(mode="json") for p in r.pins],
+                    "events": [
+                        h.model_dump(mode="json") for h in r.history if h.event_type in AUDIT_EVENTS
+                    ],
+                }
+                for r in records
+            ],
+            "unregistered_objects_deleted": cleaned,
+        }
+        print(json.dumps(doc, indent=2))
+        return 0
+    if not records and not cleaned:
+        print("nothing recorded: no checkpoint was expired, deleted, pinned or quarantined")
+        return 0
+    rows = [
+        (h.at.isoformat(), r.checkpoint_id, r.job_id, h.event_type.removeprefix("checkpoint."),
+         h.actor, h.reason or "")
+        for r in records
+        for h in r.history
+        if h.event_type in AUDIT_EVENTS
+    ]  # fmt: skip
+    print(_table(["AT", "CHECKPOINT", "JOB", "ACTION", "ACTOR", "REASON"], sorted(rows)))
+    for r in records:
+        if r.tombstone is None:
+            continue
+        t = r.tombstone
+        print(
+            f"\ntombstone {r.checkpoint_id}: {r.uri} deleted {t.at.isoformat()} by {t.actor}"
+            f" ({t.objects_deleted if t.objects_deleted is not None else '?'} objects);"
+            f" policy {t.policy or '-'}; reason: {t.reason}"
+        )
+        for path, digest in sorted(r.checksums.items()):
+            print(f"  {path}  {digest}")
+    if cleaned:
+        print("\nunregistered storage objects deleted by `ckpt-ha reconcile --delete`:")
+        print(
+            _table(
+                ["AT", "KEY", "BYTES", "ACTOR", "REASON"],
+                [(c["at"], c["key"], c["size"], c["actor"], c["reason"]) for c in cleaned],
+            )
+        )
+    return 0
+
+
+def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Exit 0: nothing unknown (or all of it deleted); 1: unknown objects remain."""
+    from services.retention_janitor import adapters, domain
+    from services.shared.storage import StorageError, open_store
+
+    if args.delete and not args.reason:
+        raise CommandError("--delete needs --reason (it is recorded with every deletion)")
+    settings = _settings(env, home)
+    actor = _actor(args, env) if args.delete else None
+    store = open_store(settings.storage_root)
+
+    async def act() -> tuple[list[dict[str, Any]], int]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            # The registry first: an object registered between the two reads is then listed
+            # but known, never the other way round.
+            known: list[str] = []
+            for job in await registry.jobs():
+                for record in await registry.by_job(job):
+                    known += adapters.locations(store, record)
+            try:
+                infos = await asyncio.to_thread(lambda: list(store.list("")))
+            except StorageError as exc:
+                msg = f"listing {settings.storage_root} failed, nothing done: {exc}"
+                raise CommandError(msg) from None
+            unknown = set(domain.unknown_objects([i.key for i in infos], known))
+            now = datetime.now(UTC)
+            found = [
+                {
+                    "key": i.key,
+                    "uri": store.uri(i.key),
+                    "size": i.size,
+                    "mtime": i.mtime.isoformat(),
+                    "old_enough": (now - i.mtime).total_seconds() >= args.min_age,
+                }
+                for i in infos
+                if i.key in unknown
+            ]
+            deleted = 0
+            if args.delete:
+                for obj in found:
+                    if not obj["old_enough"]:
+                        continue
+                    try:
+                        await asyncio.to_thread(store.delete, obj["key"])
+                    except StorageError as exc:
+                        raise CommandError(
+                            f"deleted {deleted} object(s), then storage failed: {exc}"
+                        ) from None
+                    entry = {
+                        "key": obj["key"],
+                        "uri": obj["uri"],
+                        "size": obj["size"],
+                        "actor": actor,
+                        "reason": args.reason,
+                        "at": datetime.now(UTC).isoformat(),
+                    }
+                    await registry.record_reconcile_deletion(entry)
+                    obj["deleted"] = True
+                    deleted += 1
+            return found, deleted
+        finally:
+            await registry.close()
+
+    found, deleted = _run(settings, act)
+    if args.json:
+        print(json.dumps({"unknown": found, "deleted": deleted}, indent=2))
+    elif not found:
+        print(f"every object under {settings.storage_root} belongs to a registered checkpoint")
+    else:
+        print(
+            _table(
+                ["KEY", "BYTES", "MTIME", "STATUS"],
+                [
+                    (o["key"], o["size"], o["mtime"],
+                     "deleted" if o.get("deleted")
+                     else "unknown" if o["old_enough"] else "unknown (too young to delete)")
+                    for o in found
+                ],
+            )
+        )  # fmt: skip
+        if args.delete:
+            print(f"deleted {deleted} object(s); recorded (see `ckpt-ha audit`)")
+        else:
+            print("unknown to the registry; delete with `ckpt-ha reconcile --delete --reason ...`")
+    return 0 if all(o.get("deleted") for o in found) else 1
+
+
+def cmd_retention_plan(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from services.retention_janitor.domain import Action
+    from services.retention_janitor.handlers import dry_run
+
+    settings = _settings(env, home)
+
+    async def query() -> list[Any]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            return await dry_run(registry, datetime.now(UTC), [args.job] if args.job else None)
+        finally:
+            await registry.close()
+
+    decisions = _run(settings, query)
+    if args.json:
+        print(json.dumps([d.to_json() for d in decisions], indent=2))
+        return 0
+    shown = [d for d in decisions if args.all or d.action is not Action.KEEP or d.protected_by]
+    if not shown:
+        print("nothing to expire or delete; nothing kept only by a protection")
+        return 0
+    print(
+        _table(
+            ["JOB", "CHECKPOINT", "STEP", "STATE", "TIER", "ACTION", "PROTECTED BY", "WHY"],
+            [
+                (d.job_id, d.checkpoint_id, "-" if d.step is None else d.step, d.state.value,
+                 d.tier, d.action.value.upper(),
+                 ", ".join(p.describe() for p in d.protected_by) or "-", d.reason)
+                for d in shown
+            ],
+        )
+    )  # fmt: skip
+    return 0
+
+
+def cmd_tier_set(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from services.cli import actions
+
+    settings = _settings(env, home)
+    actor = _actor(args, env)
+
+    async def act() -> Any:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            current = await registry.tier_of(args.job)
+            known = args.job in await registry.jobs()
+            try:
+                data = actions.choose_tier(
+                    args.job, current, args.tier, args.reason, actor, known_job=known
+                )
+            except actions.ActionRefused as exc:
+                raise CommandError(str(exc)) from None
+            [event_id] = await _publish_manual(settings, [data])
+            for _ in range(200):
+                chosen = await registry.chosen_tier(args.job)
+                if chosen is not None and chosen.event_id == event_id:
+                    return current, chosen
+                await asyncio.sleep(0.05)
+            raise CommandError(
+                f"published, but the registrar has not recorded it within 10 s; event {event_id}"
+            )
+        finally:
+            await registry.close()
+
+    before, chosen = _run(settings, act)
+    if args.json:
+        print(chosen.model_dump_json(indent=2))
+    else:
+        print(
+            f"job {args.job}: tier {before.tier.name} ({before.source}) -> {chosen.tier}"
+            f" by {chosen.actor} at {chosen.at.isoformat()}: {chosen.reason}"
+        )
+    return 0
+
+
+def cmd_tier_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from services.shared.tiers import TIERS, span
+
+    table = [
+        {
+            "tier": t.name,
+            "cost": t.cost,
+            "interval_s": t.interval_s,
+            "keep_last": t.keep_last,
+            "keep_every": t.keep_every,
+            "keep_best": (
+                f"{t.keep_best.count}x{t.keep_best.direction}({t.keep_best.metric})"
+                if t.keep_best
+                else None
+            ),
+            "max_age_s": t.max_age_s,
+            "quarantine_keep_s": t.quarantine_keep_s,
+            "failed_keep_s": t.failed_keep_s,
+            "grace_s": t.grace_s,
+            "replicate": t.replicate,
+        }
+        for t in sorted(TIERS.values(), key=lambda t: t.cost)
+    ]
+    if args.job is None:
+        if args.json:
+            print(json.dumps(table, indent=2))
+            return 0
+        rows = [
+            [span(v) if k.endswith("_s") and isinstance(v, float) else ("-" if v is None else v)
+             for k, v in row.items()]
+            for row in table
+        ]  # fmt: skip
+        print(_table([k.removesuffix("_s") for k in table[0]], rows))
+        return 0
+    settings = _settings(env, home)
+
+    async def query() -> tuple[Any, list[Any]]:
+        registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+        try:
+            return await registry.tier_of(args.job), await registry.tier_log(args.job)
+        finally:
+            await registry.close()
+
+    choice, log = _run(settings, query)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "job": args.job,
+                    "tier": choice.tier.name,
+                    "source": choice.source,
+                    "detail": choice.detail,
+                    "policy": choice.tier.policy(),
+                    "log": [e.model_dump(mode="json") for e in log],
+                },
+                indent=2,
+            )
+        )
+        return 0
+    print(f"job {args.job}: tier {choice.tier.name} ({choice.source}: {choice.detail})")
+    print(f"policy: {choice.tier.policy()}")
+    if log:
+        print(
+            _table(
+                ["AT", "TIER", "ACTOR", "REASON"],
+                [(e.at.isoformat(), e.tier, e.actor, e.reason) for e in log],
+            )
+        )
+    return 0
+
+
 _COMMANDS: dict[tuple[str, str | None], Callable[[argparse.Namespace, dict[str, str], Path], int]]
 _COMMANDS = {
     ("run", None): cmd_run,
@@ -872,4 +1286,11 @@ _COMMANDS = {
     ("owner", "transfer"): cmd_owner_transfer,
     ("owner", "show"): cmd_owner_show,
     ("policy", "advise"): cmd_policy_advise,
+    ("pin", None): cmd_pin,
+    ("unpin", None): cmd_unpin,
+    ("audit", None): cmd_audit,
+    ("reconcile", None): cmd_reconcile,
+    ("retention", "plan"): cmd_retention_plan,
+    ("tier", "set"): cmd_tier_set,
+    ("tier", "show"): cmd_tier_show,
 }

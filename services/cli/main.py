@@ -138,8 +138,12 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--reason", required=True, type=_text)
     tr.add_argument("--actor", type=_text, help=actor_help)
     tr.add_argument("--json", action="store_true")
-    osh = ow_sub.add_parser("show", help="a job's owner and its ownership log")
-    osh.add_argument("--job", required=True)
+    osh = ow_sub.add_parser(
+        "show", help="a job's owner and its ownership log, or the jobs a project owns"
+    )
+    which = osh.add_mutually_exclusive_group(required=True)
+    which.add_argument("--job")
+    which.add_argument("--project", help="every job the project owns, deleted ones included")
     osh.add_argument("--json", action="store_true")
 
     po = sub.add_parser("policy", help="checkpoint policy (R3)")
@@ -170,6 +174,65 @@ def build_parser() -> argparse.ArgumentParser:
     adv.add_argument("--prior-mtbf-hours", type=_positive, default=24.0, metavar="H",
                      help="with --job: the MTBF prior, worth one failure (default 24)")  # fmt: skip
     adv.add_argument("--json", action="store_true")
+
+    pn = sub.add_parser(
+        "pin", help="keep a checkpoint for an evaluation or candidate model (retention honours it)"
+    )
+    pn.add_argument("checkpoint_id")
+    pn.add_argument("--by", required=True, type=_text, help="who holds it, e.g. eval:mmlu")
+    pn.add_argument("--reason", type=_text, help="default: held by the --by name")
+    pn.add_argument("--actor", type=_text, help=actor_help)
+    pn.add_argument("--json", action="store_true")
+    up = sub.add_parser("unpin", help="release a pin (retention may then expire the checkpoint)")
+    up.add_argument("checkpoint_id")
+    up.add_argument("--by", required=True, type=_text)
+    up.add_argument("--reason", type=_text, help="default: released by the --by name")
+    up.add_argument("--actor", type=_text, help=actor_help)
+    up.add_argument("--json", action="store_true")
+
+    au = sub.add_parser(
+        "audit", help="tombstones, expiries and pins: who removed or kept what, when and why"
+    )
+    au.add_argument("--job")
+    au.add_argument("--checkpoint")
+    au.add_argument("--json", action="store_true")
+
+    rc = sub.add_parser(
+        "reconcile", help="storage objects the registry does not know (deleted only with --delete)"
+    )
+    rc.add_argument("--delete", action="store_true", help="delete the reported objects")
+    rc.add_argument(
+        "--min-age",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="only objects older than this are reported for deletion (default 3600: never a "
+        "write in progress)",
+    )
+    rc.add_argument("--reason", type=_text, help="required with --delete; recorded")
+    rc.add_argument("--actor", type=_text, help=actor_help)
+    rc.add_argument("--json", action="store_true")
+
+    rt = sub.add_parser("retention", help="retention by tier (R6, R13)")
+    rt_sub = rt.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    rp = rt_sub.add_parser(
+        "plan", help="dry run: what the janitor would expire or delete now, and what protects what"
+    )
+    rp.add_argument("--job")
+    rp.add_argument("--all", action="store_true", help="also list checkpoints simply kept")
+    rp.add_argument("--json", action="store_true")
+
+    ti = sub.add_parser("tier", help="a job's protection tier (R13)")
+    ti_sub = ti.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    ts = ti_sub.add_parser("set", help="record an explicit tier choice for a job")
+    ts.add_argument("--job", required=True, type=_text)
+    ts.add_argument("tier", type=_text)
+    ts.add_argument("--reason", required=True, type=_text)
+    ts.add_argument("--actor", type=_text, help=actor_help)
+    ts.add_argument("--json", action="store_true")
+    tsh = ti_sub.add_parser("show", help="a job's tier, where it comes from, and the tier table")
+    tsh.add_argument("--job")
+    tsh.add_argument("--json", action="store_true")
 
     run = sub.add_parser(
         "run",

@@ -33,9 +33,12 @@ def bound_identity(record: CheckpointRecord, owner: str | None) -> CheckpointIde
     return identity.model_copy(update=updates) if updates else identity
 
 
-def follow_ups(event: Envelope[EventData], applied: Applied) -> list[EventData]:
+def follow_ups(
+    event: Envelope[EventData], applied: Applied, tier: str | None = None
+) -> list[EventData]:
     """A verified checkpoint the registry now holds as valid is announced as registered, with its
-    bound identity; a new checkpoint id at a location that already has one is a conflict."""
+    bound identity and its job's tier; a new checkpoint id at a location that already has one is
+    a conflict."""
     data, record = event.data, applied.record
     out: list[EventData] = []
     if record is not None and applied.others_at_uri:
@@ -67,6 +70,7 @@ def follow_ups(event: Envelope[EventData], applied: Applied) -> list[EventData]:
                 step=record.step,
                 identity=identity,
                 project=identity.project,
+                tier=tier,
             )
         )
     return out

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 from contracts import Envelope, EventData
-from contracts.checkpoint import CheckpointCorruptV1, CheckpointQuarantinedV1
+from contracts.checkpoint import (
+    CheckpointCorruptV1,
+    CheckpointQuarantinedV1,
+    CheckpointVerifiedV1,
+)
 from services.registrar import domain
 from services.shared import tracing
 from services.shared.bus import Bus
@@ -65,7 +69,10 @@ class RegistrarHandlers:
                 ).inc()
             if isinstance(event.data, CheckpointCorruptV1 | CheckpointQuarantinedV1):
                 tracing.fail(event.data.reason, code=event.data.EVENT_TYPE)
-            await self._publish(event, domain.follow_ups(event, result))
+            tier = None
+            if isinstance(event.data, CheckpointVerifiedV1) and result.record is not None:
+                tier = (await self.registry.tier_of(event.data.job_id)).tier.name
+            await self._publish(event, domain.follow_ups(event, result, tier))
         except Exception as exc:  # noqa: BLE001 - a failed publish naks just this event
             return exc
         return None

@@ -1,26 +1,83 @@
 """Composition root of the retention-janitor process.
 
-Expires and deletes checkpoints by tier, never one that something still references.
-Its consumers arrive with its logic; until then it runs with health and metrics only.
+Expires and deletes checkpoints by tier, never one that something still references: periodic
+rounds over the whole registry, a round for a job whenever it registers a new valid checkpoint,
+and the tier each job declares when it starts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from dataclasses import dataclass
+
 from faststream import FastStream
 
+from contracts.subjects import event_filter
+from services.retention_janitor.handlers import Janitor, JanitorHandlers
 from services.retention_janitor.settings import RetentionJanitorSettings
+from services.shared.clock import Clock, utc_now
+from services.shared.metrics import RetentionMetrics
+from services.shared.registry import Registry
 from services.shared.service import Service, new_service
+from services.shared.storage import open_store
 
 NAME = "retention-janitor"
 
 
-def build(settings: RetentionJanitorSettings) -> Service:
-    return new_service(NAME, settings).finish(
+@dataclass(kw_only=True)
+class RetentionJanitor(Service):
+    registry: Registry
+    janitor: Janitor
+
+
+def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> RetentionJanitor:
+    base = new_service(NAME, settings)
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    store = open_store(settings.storage_root)
+    janitor = Janitor(registry, store, base.bus, clock, RetentionMetrics(base.metrics))
+    svc = RetentionJanitor(
+        name=NAME,
+        bus=base.bus,
+        metrics=base.metrics,
+        checks={"redis": registry.ping},
+        on_stop=registry.close,
+        registry=registry,
+        janitor=janitor,
+    )
+    handlers = JanitorHandlers(janitor)
+    svc.bus.consumer(
+        "registered",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.registered"),
+        description="A retention round for the job whose new valid checkpoint was registered.",
+    )(handlers.on_registered)
+    svc.bus.consumer(
+        "started",
+        event_filter(svc.bus.cfg.prefix, "job.started"),
+        description="Records the tier a job declares at start (a recorded choice still wins).",
+    )(handlers.on_started)
+    svc.finish(
         title="ckpt-ha retention-janitor",
         description=(
             "Expires and deletes checkpoints by tier, never one that something still references."
         ),
     )
+    tasks: list[asyncio.Task[None]] = []
+    assert svc.app is not None
+
+    @svc.app.after_startup
+    async def _start() -> None:
+        if settings.retention_interval_s > 0:
+            tasks.append(asyncio.create_task(janitor.run(settings.retention_interval_s)))
+
+    @svc.app.on_shutdown
+    async def _stop() -> None:
+        for task in tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return svc
 
 
 def asyncapi_app() -> FastStream:

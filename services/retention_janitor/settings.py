@@ -1,7 +1,12 @@
 from __future__ import annotations
 
+from pydantic import Field
+
 from services.shared.settings import ServiceSettings
 
 
 class RetentionJanitorSettings(ServiceSettings):
-    """Settings of the retention-janitor process (its own options arrive with its logic)."""
+    """``CKPT_HA_RETENTION_INTERVAL_S``: seconds between full retention rounds (0: only on
+    ``checkpoint.registered``). Tiers and their rules are in `services.shared.tiers`."""
+
+    retention_interval_s: float = Field(default=600.0, ge=0)

@@ -13,6 +13,14 @@ Keys (all under one prefix, so tests and stacks can share a Redis):
   checkpoint whose identity names a project, changed only by a recorded transfer
 * ``<p>:project:<proj>`` set of job ids the project owns
 * ``<p>:owner-log:<job>`` list of ownership changes (JSON: from, to, actor, at, reason, event)
+* ``<p>:tier:<job>``     JSON `TierRecord`: the job's latest explicitly chosen tier (R13)
+* ``<p>:tier-log:<job>`` list of tier choices (JSON `TierRecord`), oldest first
+* ``<p>:tier-declared:<job>`` the tier the job's latest ``job.started`` declared (janitor writes)
+* ``<p>:reconcile-log``  list of unregistered storage objects deleted by ``reconcile --delete``
+
+Pins (R6) live in the checkpoint's record (``pins``), expiry and the deletion tombstone too, so a
+rebuild from the event stream restores them; a deleted checkpoint's record is its tombstone and
+is never removed.
 
 A batch of transitions is written by one Lua compare-and-set on the records it read, so two
 replicas racing on one checkpoint cannot both apply one; the loser re-reads and sees the new
@@ -37,17 +45,23 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from contracts import Envelope, EventData
 from contracts.checkpoint import (
     CheckpointCommittedV1,
+    CheckpointDeletedV1,
+    CheckpointExpiredV1,
     CheckpointFormat,
     CheckpointIdentity,
+    CheckpointPinnedV1,
     CheckpointQuarantinedV1,
     CheckpointReleasedV1,
     CheckpointState,
+    CheckpointUnpinnedV1,
     CheckpointVerifiedV1,
     CheckpointWritingV1,
     OwnershipTransferredV1,
+    TierChosenV1,
 )
 from services.shared.errors import DependencyNotReady, PermanentError, TransientError
 from services.shared.lifecycle import DECISIONS, EVENT_TARGETS, Transition, transition
+from services.shared.tiers import TIERS, TierChoice, resolve_tier
 
 
 class HistoryEntry(BaseModel):
@@ -59,6 +73,57 @@ class HistoryEntry(BaseModel):
     event_type: str
     actor: str
     reason: str | None = None
+
+
+class PinRecord(BaseModel):
+    """Someone (``by``) still needs the checkpoint; retention keeps it while the pin stands."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    by: str
+    reason: str
+    actor: str
+    at: AwareDatetime
+    event_id: str
+
+
+class Expiry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str
+    policy: str
+    tier: str | None = None
+    grace_until: AwareDatetime | None = None
+    actor: str
+    at: AwareDatetime
+
+
+class Tombstone(BaseModel):
+    """What stays of a deleted checkpoint (R6): with the record's id, URI and checksums, why,
+    under which policy, by whom and when its bytes were removed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str
+    policy: str | None = None
+    tier: str | None = None
+    actor: str
+    at: AwareDatetime
+    event_id: str
+    objects_deleted: int | None = None
+
+
+class TierRecord(BaseModel):
+    """A recorded, explicit tier choice for a job (R13)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str
+    tier: str
+    actor: str
+    reason: str
+    at: AwareDatetime
+    event_id: str
 
 
 class CheckpointRecord(BaseModel):
@@ -82,6 +147,11 @@ class CheckpointRecord(BaseModel):
     checksums: dict[str, str] = Field(default_factory=dict)
     """File → ``algorithm:hex`` as verified (from `CheckpointVerifiedV1.checks`); what a scrub
     compares the bytes on storage against."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Evaluation metrics the writer declared at commit (keep-best retention ranks them)."""
+    pins: tuple[PinRecord, ...] = ()
+    expiry: Expiry | None = None
+    tombstone: Tombstone | None = None
     created_at: AwareDatetime
     updated_at: AwareDatetime
     history: tuple[HistoryEntry, ...] = ()
@@ -90,6 +160,50 @@ class CheckpointRecord(BaseModel):
     what a later transition (scrub, restore, retention), after any restart, continues and links
     back to."""
     tracestate: str | None = None
+
+
+class PinRefused(PermanentError):
+    """A pin on a checkpoint that is deleted or not in the registry: nothing may point at it."""
+
+    code = "pin_refused"
+
+    def __init__(self, checkpoint_id: str, why: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        super().__init__(f"checkpoint {checkpoint_id}: pin refused: {why}")
+
+
+def pin(record: CheckpointRecord | None, event: Envelope[EventData]) -> CheckpointRecord:
+    """Pure: a pin or unpin applied to a record. The lifecycle does not move; the history says
+    who did it and why."""
+    data = event.data
+    assert isinstance(data, CheckpointPinnedV1 | CheckpointUnpinnedV1)
+    if record is None:
+        raise PinRefused(data.checkpoint_id, "not in the registry")
+    others = tuple(p for p in record.pins if p.by != data.by)
+    if isinstance(data, CheckpointPinnedV1):
+        if record.state is CheckpointState.DELETED:
+            raise PinRefused(data.checkpoint_id, "it is deleted")
+        pins = (
+            *others,
+            PinRecord(
+                by=data.by, reason=data.reason, actor=data.actor, at=event.time, event_id=event.id
+            ),
+        )
+        what = f"pinned by {data.by}"
+    else:
+        pins = others
+        what = f"unpinned by {data.by}"
+    entry = HistoryEntry(
+        state=record.state,
+        at=event.time,
+        event_id=event.id,
+        event_type=data.EVENT_TYPE,
+        actor=data.actor,
+        reason=f"{what}: {data.reason}",
+    )
+    return record.model_copy(
+        update={"pins": pins, "updated_at": event.time, "history": (*record.history, entry)}
+    )
 
 
 class OwnershipChange(BaseModel):
@@ -172,6 +286,31 @@ def own(
     return None
 
 
+class UnknownTierChosen(PermanentError):
+    code = "unknown_tier"
+
+    def __init__(self, job_id: str, tier: str) -> None:
+        self.job_id = job_id
+        self.tier = tier
+        super().__init__(f"job {job_id}: unknown tier {tier!r} (known: {', '.join(TIERS)})")
+
+
+def tier_record(event: Envelope[EventData]) -> TierRecord:
+    """Pure: the recorded tier choice an event makes (refused for a tier not in the table)."""
+    data = event.data
+    assert isinstance(data, TierChosenV1)
+    if data.tier not in TIERS:
+        raise UnknownTierChosen(data.job_id, data.tier)
+    return TierRecord(
+        job_id=data.job_id,
+        tier=data.tier,
+        actor=data.actor,
+        reason=data.reason,
+        at=event.time,
+        event_id=event.id,
+    )
+
+
 class RegistryUnavailable(TransientError):
     code = "registry_unavailable"
 
@@ -206,6 +345,8 @@ def project(
 ) -> tuple[CheckpointRecord | None, Transition | None]:
     """Pure projection of one checkpoint event onto a record (None: the event moves nothing)."""
     data = event.data
+    if isinstance(data, CheckpointPinnedV1 | CheckpointUnpinnedV1):
+        return pin(record, event), None
     target = EVENT_TARGETS.get(data.EVENT_TYPE)
     checkpoint_id: str = getattr(data, "checkpoint_id", "")
     if target is None:
@@ -237,6 +378,8 @@ def project(
             fields["step"] = data.step
     if isinstance(data, CheckpointCommittedV1):
         fields.update(shard_count=data.shard_count, total_bytes=data.total_bytes)
+        if data.metrics:
+            fields["metrics"] = dict(data.metrics)
         if data.identity is not None:
             fields["identity"] = data.identity
     if isinstance(data, CheckpointVerifiedV1):
@@ -248,6 +391,26 @@ def project(
         fields["quarantine_uri"] = None
     if event.traceparent is not None and (record is None or record.traceparent is None):
         fields.update(traceparent=event.traceparent, tracestate=event.tracestate)
+
+    if isinstance(data, CheckpointExpiredV1):
+        fields["expiry"] = Expiry(
+            reason=data.reason,
+            policy=data.policy,
+            tier=data.tier,
+            grace_until=data.grace_until,
+            actor=data.actor or event.source,
+            at=event.time,
+        )
+    if isinstance(data, CheckpointDeletedV1):
+        fields["tombstone"] = Tombstone(
+            reason=data.reason,
+            policy=data.policy,
+            tier=data.tier,
+            actor=data.actor,
+            at=event.time,
+            event_id=event.id,
+            objects_deleted=data.objects_deleted,
+        )
     entry = HistoryEntry(
         state=target,
         at=event.time,
@@ -313,6 +476,11 @@ for _, c in ipairs(batch.changes) do
   redis.call('RPUSH', p .. ':owner-log:' .. c.job, c.log)
   redis.call('SADD', p .. ':jobs', c.job)
 end
+for _, t in ipairs(batch.tiers) do
+  redis.call('SET', p .. ':tier:' .. t.job, t.doc)
+  redis.call('RPUSH', p .. ':tier-log:' .. t.job, t.doc)
+  redis.call('SADD', p .. ':jobs', t.job)
+end
 return 1
 """
 
@@ -328,6 +496,13 @@ class _RecordWrite:
     new: CheckpointRecord
     read: str | None
     """The exact JSON the projection started from (None: no record), for compare-and-set."""
+
+
+NOT_REBUILT = ("reconcile-log", "tier-declared:", "coord:", "pins:")
+"""Keys under the prefix that are not a projection of the checkpoint stream: the log of
+unregistered objects ``ckpt-ha reconcile --delete`` removed, the tier each job declared in its
+``job.started`` (the janitor records it), and the restore-coordinator's memory, including the
+R15 pins that protect a resumed job's fallback. A rebuild keeps them."""
 
 
 class Registry:
@@ -397,6 +572,7 @@ class Registry:
                 owners = dict(owners_before)
                 ids_at_uri = {u: set(_strs(m)) for u, m in zip(uris, at_uri, strict=True)}
                 changes: list[OwnershipChange] = []
+                tiers: list[TierRecord] = []
                 results: list[Applied | Exception] = []
                 fresh: list[str] = []
                 for event, was_seen in zip(events, seen, strict=True):
@@ -422,6 +598,8 @@ class Registry:
                         old = records.get(cid)
                         new, step = project(old, event) if cid else (None, None)
                         change = own(owners[job], event, new)
+                        if isinstance(event.data, TierChosenV1):
+                            tiers.append(tier_record(event))
                     except (PermanentError, TransientError) as exc:
                         results.append(exc)
                         continue
@@ -446,7 +624,7 @@ class Registry:
                 ]
                 if not fresh and not changed:
                     return results
-                batch = self._write_batch(fresh, changed, changes, owners_before)
+                batch = self._write_batch(fresh, changed, changes, owners_before, tiers)
                 if await self._write_script(keys=[applied_key], args=[batch]):
                     return results
         except (RedisConnectionError, RedisTimeoutError) as exc:
@@ -458,6 +636,7 @@ class Registry:
         changed: list[_RecordWrite],
         changes: list[OwnershipChange],
         owners_before: dict[str, str | None],
+        tiers: list[TierRecord],
     ) -> str:
         return json.dumps(
             {
@@ -489,6 +668,7 @@ class Registry:
                     }
                     for c in changes
                 ],
+                "tiers": [{"job": t.job_id, "doc": t.model_dump_json()} for t in tiers],
             }
         )
 
@@ -500,6 +680,33 @@ class Registry:
     async def owner_log(self, job_id: str) -> list[OwnershipChange]:
         raws = await self.r.lrange(self._k("owner-log", job_id), 0, -1)
         return [OwnershipChange.model_validate_json(r) for r in raws]
+
+    async def chosen_tier(self, job_id: str) -> TierRecord | None:
+        """The job's latest explicitly recorded tier choice (None: never chosen)."""
+        raw = await self.r.get(self._k("tier", job_id))
+        return TierRecord.model_validate_json(raw) if raw else None
+
+    async def tier_log(self, job_id: str) -> list[TierRecord]:
+        raws = await self.r.lrange(self._k("tier-log", job_id), 0, -1)
+        return [TierRecord.model_validate_json(r) for r in raws]
+
+    async def declared_tier(self, job_id: str) -> str | None:
+        """The tier the job's latest ``job.started`` declared (the janitor records it)."""
+        value = await self.r.get(self._k("tier-declared", job_id))
+        return str(value) if value else None
+
+    async def declare_tier(self, job_id: str, tier: str | None) -> None:
+        key = self._k("tier-declared", job_id)
+        if tier:
+            await self.r.set(key, tier)
+        else:
+            await self.r.delete(key)
+
+    async def tier_of(self, job_id: str) -> TierChoice:
+        """The job's tier and where it comes from (`resolve_tier`)."""
+        chosen, declared = await self.chosen_tier(job_id), await self.declared_tier(job_id)
+        doc = chosen.model_dump(mode="json") if chosen is not None else None
+        return resolve_tier(doc, declared)
 
     async def jobs_of(self, project: str) -> list[str]:
         return sorted(_strs(await self.r.smembers(self._k("project", project))))
@@ -556,8 +763,19 @@ class Registry:
         return dict(sorted(out.items()))
 
     async def clear(self) -> int:
-        """Delete every key under the prefix (before a rebuild). Returns how many."""
+        """Delete every key the checkpoint stream rebuilds (before a rebuild). Returns how many.
+
+        Kept: what the stream does not hold (`NOT_REBUILT`): the reconcile log and declared tiers.
+        """
         n = 0
         async for key in self.r.scan_iter(match=f"{self.p}:*", count=1000):
-            n += await self.r.delete(key)
+            if not key.removeprefix(f"{self.p}:").startswith(NOT_REBUILT):
+                n += await self.r.delete(key)
         return n
+
+    async def record_reconcile_deletion(self, entry: dict[str, Any]) -> None:
+        """An unregistered storage object deleted by ``ckpt-ha reconcile --delete`` (R6)."""
+        await self.r.rpush(self._k("reconcile-log"), json.dumps(entry, sort_keys=True))
+
+    async def reconcile_log(self) -> list[dict[str, Any]]:
+        return [json.loads(raw) for raw in await self.r.lrange(self._k("reconcile-log"), 0, -1)]

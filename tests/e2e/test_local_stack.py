@@ -143,6 +143,9 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     assert len(records) == 302
     assert [r["step"] for r in records[:3]] == [301, 300, 299]  # newest step first
     assert sum(r["state"] == "valid" for r in records) == 301
+    # No tier chosen or declared: the cheapest. Nothing expires yet: every checkpoint is younger
+    # than the janitor's settle time.
+    assert {r["tier"] for r in records} == {"exploratory"}
 
     # down stops exactly what up started; state survives down/up.
     down = cli(stack_home, "down")

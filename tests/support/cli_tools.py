@@ -10,7 +10,10 @@ from pathlib import Path
 from services.shared.settings import ServiceSettings
 
 
-async def cli(settings: ServiceSettings, home: Path, *args: str) -> tuple[int, str, str]:
+async def cli(
+    settings: ServiceSettings, home: Path, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    extra = env
     env = {
         **os.environ,
         "CKPT_HA_HOME": str(home),
@@ -22,6 +25,7 @@ async def cli(settings: ServiceSettings, home: Path, *args: str) -> tuple[int, s
         "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
     }
     env.pop("CKPT_HA_ACTOR", None)
+    env.update(extra or {})
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -1,0 +1,158 @@
+"""Protection tiers (R13): what a job's checkpoints cost and how long they are kept.
+
+Pure: one table and one rule for which tier a job has. A tier is explicit and visible: a job's
+tier comes from a recorded choice (``ckpt-ha tier set``, a `TierChosenV1` event with actor and
+reason), else from its own ``job.started`` declaration, else it is the cheapest. Nothing is
+inherited from another job or a project, so no job gets an expensive tier by accident.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+DAY = 86400.0
+
+
+@dataclass(frozen=True)
+class KeepBest:
+    """Keep the ``count`` best checkpoints by a declared metric (from `CheckpointCommittedV1`)."""
+
+    metric: str
+    direction: Literal["min", "max"]
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Tier:
+    name: str
+    cost: int
+    """Rank: higher costs more (storage, replication). The default is the lowest."""
+    interval_s: float
+    """Target seconds between checkpoints (the interval policy; `policy advise` refines it)."""
+    keep_last: int
+    """The newest N valid checkpoints are always kept."""
+    keep_every: int | None
+    """Also keep valid checkpoints whose step is a multiple of this (until ``max_age_s``)."""
+    keep_best: KeepBest | None
+    max_age_s: float | None
+    """Valid checkpoints beyond keep-last expire after this age even if another rule kept them."""
+    quarantine_keep_s: float
+    """How long corrupt and quarantined checkpoints are kept for a human to look at."""
+    failed_keep_s: float
+    """How long partial (write-failed) checkpoints are kept."""
+    grace_s: float
+    """Between expiry and deletion: the window in which a pin still saves the bytes."""
+    replicate: bool
+
+    def policy(self) -> str:
+        """One line naming the rules, recorded on every expiry and tombstone."""
+        parts = [f"keep_last={self.keep_last}"]
+        if self.keep_every:
+            parts.append(f"keep_every={self.keep_every}")
+        if self.keep_best:
+            b = self.keep_best
+            parts.append(f"keep_best={b.count}x{b.direction}({b.metric})")
+        if self.max_age_s is not None:
+            parts.append(f"max_age={span(self.max_age_s)}")
+        parts.append(f"quarantine={span(self.quarantine_keep_s)}")
+        parts.append(f"failed={span(self.failed_keep_s)}")
+        parts.append(f"grace={span(self.grace_s)}")
+        return f"{self.name}: " + " ".join(parts)
+
+
+def span(seconds: float) -> str:
+    """``3600`` → ``1h``, ``604800`` → ``7d``: for people; machines get seconds."""
+    if seconds >= DAY and seconds % DAY == 0:
+        return f"{int(seconds // DAY)}d"
+    if seconds >= 3600 and seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds >= 60 and seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
+
+
+TIERS: Mapping[str, Tier] = {
+    t.name: t
+    for t in (
+        Tier(
+            name="exploratory",
+            cost=0,
+            interval_s=3600.0,
+            keep_last=2,
+            keep_every=None,
+            keep_best=None,
+            max_age_s=7 * DAY,
+            quarantine_keep_s=1 * DAY,
+            failed_keep_s=6 * 3600.0,
+            grace_s=3600.0,
+            replicate=False,
+        ),
+        Tier(
+            name="standard",
+            cost=1,
+            interval_s=1800.0,
+            keep_last=3,
+            keep_every=10000,
+            keep_best=KeepBest("val_loss", "min", 1),
+            max_age_s=30 * DAY,
+            quarantine_keep_s=7 * DAY,
+            failed_keep_s=1 * DAY,
+            grace_s=1 * DAY,
+            replicate=False,
+        ),
+        Tier(
+            name="critical",
+            cost=2,
+            interval_s=900.0,
+            keep_last=5,
+            keep_every=5000,
+            keep_best=KeepBest("val_loss", "min", 3),
+            max_age_s=180 * DAY,
+            quarantine_keep_s=30 * DAY,
+            failed_keep_s=7 * DAY,
+            grace_s=7 * DAY,
+            replicate=True,
+        ),
+    )
+}
+DEFAULT_TIER = min(TIERS.values(), key=lambda t: t.cost).name
+"""The cheapest tier: what a job gets when nothing explicit says otherwise."""
+
+
+class UnknownTier(ValueError):
+    def __init__(self, name: str) -> None:
+        self.name = name
+        super().__init__(f"unknown tier {name!r} (known: {', '.join(TIERS)})")
+
+
+def get_tier(name: str) -> Tier:
+    try:
+        return TIERS[name]
+    except KeyError:
+        raise UnknownTier(name) from None
+
+
+@dataclass(frozen=True)
+class TierChoice:
+    """The job's tier and where it came from (shown next to the tier everywhere)."""
+
+    tier: Tier
+    source: Literal["chosen", "declared", "default"]
+    detail: str
+
+
+def resolve_tier(chosen: Mapping[str, str] | None, declared: str | None) -> TierChoice:
+    """The job's tier. ``chosen``: its latest recorded choice (``tier``, ``actor``, ``reason``),
+    which wins; ``declared``: the tier its own latest ``job.started`` named. An unknown name never
+    falls upwards: the job gets the cheapest tier and the detail says why."""
+    if chosen is not None and chosen.get("tier") in TIERS:
+        who = chosen.get("actor", "?")
+        return TierChoice(TIERS[chosen["tier"]], "chosen", f"set by {who}: {chosen.get('reason')}")
+    if declared is not None and declared in TIERS:
+        return TierChoice(TIERS[declared], "declared", "declared by the job at start")
+    if declared is not None:
+        why = f"declared tier {declared!r} is unknown; the cheapest applies"
+        return TierChoice(TIERS[DEFAULT_TIER], "default", why)
+    return TierChoice(TIERS[DEFAULT_TIER], "default", "no tier chosen or declared")
