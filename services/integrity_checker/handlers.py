@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from contracts import Envelope
 from contracts.checkpoint import CheckpointCommittedV1, CheckpointReleasedV1
@@ -12,6 +13,8 @@ from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.errors import DependencyNotReady, PermanentError
 from services.shared.formats import verify
+from services.shared.formats.report import Report
+from services.shared.metrics import VerifyMetrics
 from services.shared.quarantine import isolate
 from services.shared.registry import Registry
 from services.shared.storage import ObjectStore, key_for_uri
@@ -31,13 +34,30 @@ class OutsideStorageRoot(PermanentError):
 
 class IntegrityHandlers:
     def __init__(
-        self, store: ObjectStore, bus: Bus, clock: Clock, algorithm: str, registry: Registry
+        self,
+        store: ObjectStore,
+        bus: Bus,
+        clock: Clock,
+        algorithm: str,
+        registry: Registry,
+        metrics: VerifyMetrics | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
         self.clock = clock
         self.algorithm = algorithm
         self.registry = registry
+        self.metrics = metrics
+
+    async def _verify(self, key: str) -> Report:
+        """Reading shards is blocking I/O: off the event loop (in-progress acks keep flowing)."""
+        started = time.perf_counter()
+        report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+        if self.metrics is not None:
+            self.metrics.observe(
+                report.format, report.verdict, time.perf_counter() - started, report.bytes_read
+            )
+        return report
 
     async def on_committed(self, event: Envelope[CheckpointCommittedV1]) -> None:
         key = key_for_uri(self.store, event.data.uri)
@@ -47,8 +67,7 @@ class IntegrityHandlers:
         if not domain.should_verify(record.state if record is not None else None):
             log.info("skip %s: already %s", event.data.checkpoint_id, record and record.state)
             return
-        # Reading shards is blocking I/O: off the event loop (in-progress acks keep flowing).
-        report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+        report = await self._verify(key)
         datas = await isolate(self.store, domain.outcome(event.data, report))
         await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
 
@@ -76,6 +95,6 @@ class IntegrityHandlers:
             if qkey is None:
                 raise OutsideStorageRoot(data.quarantine_uri)
             await asyncio.to_thread(restore, self.store, qkey, key)
-        report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+        report = await self._verify(key)
         datas = await isolate(self.store, domain.outcome(data, report))
         await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())

@@ -11,6 +11,7 @@ from contracts.subjects import aggregate_filter
 from services.registrar.handlers import RegistrarHandlers
 from services.registrar.settings import RegistrarSettings
 from services.shared.clock import Clock, utc_now
+from services.shared.metrics import LifecycleMetrics
 from services.shared.registry import Registry
 from services.shared.service import Service, new_service
 
@@ -34,7 +35,8 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         on_stop=registry.close,
         registry=registry,
     )
-    handlers = RegistrarHandlers(registry, svc.bus, svc.metrics, clock)
+    lifecycle = LifecycleMetrics(svc.metrics, forget_after_s=settings.metrics_forget_after_s)
+    handlers = RegistrarHandlers(registry, svc.bus, svc.metrics, clock, lifecycle)
     svc.bus.batch_consumer(
         "checkpoints",
         aggregate_filter(svc.bus.cfg.prefix, "checkpoint"),

@@ -62,7 +62,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         open_store(settings.storage_root),
         base.bus,
         clock,
-        RestoreMetrics(base.metrics),
+        RestoreMetrics(base.metrics, forget_after_s=settings.metrics_forget_after_s),
         lease_ttl_s=settings.lease_ttl_s,
         load_failed_grace_s=settings.load_failed_grace_s,
     )

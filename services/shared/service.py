@@ -9,7 +9,7 @@ from faststream import FastStream
 
 from services.shared.bus import Bus
 from services.shared.metrics import ServiceMetrics
-from services.shared.runtime import HealthCheck, make_app, serve
+from services.shared.runtime import HealthCheck, faststream_metrics, make_app, serve
 from services.shared.settings import ServiceSettings
 
 
@@ -38,8 +38,12 @@ class Service:
             port=settings.http_port,
             extra_checks=self.checks,
             on_stop=self.on_stop,
+            consumer_info_interval_s=settings.consumer_info_interval_s,
         )
 
 
 def new_service(name: str, settings: ServiceSettings) -> Service:
-    return Service(name=name, bus=Bus(settings.bus(), name), metrics=ServiceMetrics(name))
+    bus = Bus(settings.bus(), name)
+    metrics = ServiceMetrics(name)
+    bus.broker.add_middleware(faststream_metrics(metrics))
+    return Service(name=name, bus=bus, metrics=metrics)
