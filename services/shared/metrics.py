@@ -15,6 +15,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from contracts import Envelope, EventData
+from contracts.checkpoint import (
+    CheckpointCorruptV1,
+    CheckpointQuarantinedV1,
+    CheckpointState,
+    CheckpointWriteFailedV1,
+)
+from services.shared.registry import Applied
+
 FORGET_AFTER_S = 7 * 24 * 3600.0
 """A job with no update for this long leaves the per-job series."""
 
@@ -300,6 +309,39 @@ class LifecycleMetrics:
             registry=reg,
         )
         self._open_writes: dict[str, dict[str, float]] = {}
+
+    def observe(self, event: Envelope[EventData], result: Applied) -> None:
+        """One event the registry applied (call it only when it changed the state)."""
+        step, record = result.transition, result.record
+        if step is None or record is None:
+            return
+        service = self.service
+        self.states.labels(service, step.new, record.format).inc()
+        job, at = record.job_id, event.time.timestamp()
+        if step.new == CheckpointState.WRITING:
+            self.write_opened(job, record.checkpoint_id, at)
+        else:
+            self.write_closed(job, record.checkpoint_id)
+        if step.new == CheckpointState.VALID:
+            self.last_valid.set_max(job, value=record.created_at.timestamp())
+        data = event.data
+        corrupt = False
+        if isinstance(data, CheckpointWriteFailedV1):
+            why = reason_class(data.reason)
+            self.write_failures.labels(service, data.side, why).inc()
+            self.last_write_failure.set(job, data.side, why, value=at)
+        elif isinstance(data, CheckpointCorruptV1):
+            corrupt = True
+            self.corrupt.labels(service, reason_class(data.reason), data.side).inc()
+        elif isinstance(data, CheckpointQuarantinedV1):
+            self.quarantined.labels(service, "manual" if data.actor else "automatic").inc()
+            if step.previous == CheckpointState.VALID and not data.actor:
+                # A failed load or a scrub found a valid checkpoint damaged: corrupt as well.
+                corrupt = True
+                self.corrupt.labels(service, reason_class(data.reason), "unknown").inc()
+        if corrupt:
+            self.last_corrupt_at.set(job, value=at)
+            self.last_corrupt_step.set(job, value=-1 if record.step is None else record.step)
 
     def write_opened(self, job_id: str, checkpoint_id: str, at: float) -> None:
         self._open_writes.setdefault(job_id, {}).setdefault(checkpoint_id, at)
