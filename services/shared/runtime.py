@@ -189,8 +189,6 @@ async def serve(
         return await bus.broker.ping(timeout=1.0)
 
     http = HttpEndpoint(metrics, {"nats": nats_ok, **(extra_checks or {})}, host, port)
-    bus.dead_letters.on_outcome = metrics.message
-    bus.dead_letters.on_dead_letter = metrics.dead_letter
     poller: asyncio.Task[None] | None = None
 
     @app.after_startup

@@ -46,4 +46,6 @@ def new_service(name: str, settings: ServiceSettings) -> Service:
     bus = Bus(settings.bus(), name)
     metrics = ServiceMetrics(name)
     bus.broker.add_middleware(faststream_metrics(metrics))
+    bus.dead_letters.on_outcome = metrics.message
+    bus.dead_letters.on_dead_letter = metrics.dead_letter
     return Service(name=name, bus=bus, metrics=metrics)
