@@ -38,6 +38,8 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
      "Unpins fallback checkpoints once the resumed job registered a newer valid one (R15)."),
     ("verified", "resume.verified", "on_verified",
      "Cleans the failed attempt's leftovers after a verified resume (R11)."),
+    ("loaded", "resume.loaded", "on_loaded",
+     "Measures the time from a failure to the resumed job's loaded checkpoint (metrics)."),
 )  # fmt: skip
 """(consumer, event type, handler method, description)."""
 

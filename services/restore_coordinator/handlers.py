@@ -21,6 +21,7 @@ from contracts.resume import (
     ResumeClosedV1,
     ResumeDivergedV1,
     ResumeEscalatedV1,
+    ResumeLoadedV1,
     ResumeLoadFailedV1,
     ResumePlannedV1,
     ResumeVerifiedV1,
@@ -187,6 +188,19 @@ class CoordinatorHandlers:
                 return True
             await asyncio.sleep(0.05)
         return False
+
+    async def on_loaded(self, event: Envelope[ResumeLoadedV1]) -> None:
+        """Resume metrics only: failure → the resumed job loaded its checkpoint."""
+        d = event.data
+        plan = await self.state.plan(d.plan_id)
+        if plan is None:
+            return
+        self.metrics.outcome(
+            d.job_id,
+            "loaded",
+            at=event.time.timestamp(),
+            seconds=(event.time - plan.failed_at).total_seconds(),
+        )
 
     async def on_load_failed(self, event: Envelope[ResumeLoadFailedV1]) -> None:
         d = event.data

@@ -411,13 +411,14 @@ class RestoreMetrics:
         )
         self.outcomes = Counter(
             "ckpt_ha_resume_outcomes_total",
-            "Resume steps by outcome: planned, load_failed, verified, diverged, escalated.",
+            "Resume steps by outcome: planned, loaded, load_failed, verified, diverged, escalated.",
             ["service", "outcome"],
             registry=reg,
         )
         self.durations = Histogram(
             "ckpt_ha_resume_duration_seconds",
-            "Seconds from a job's failure to each resume stage (planned, verified, diverged).",
+            "Seconds from a job's failure to each resume stage (planned, loaded, verified, "
+            "diverged).",
             ["service", "stage"],
             buckets=RESUME_BUCKETS,
             registry=reg,

@@ -124,6 +124,11 @@ def test_a_corrupt_checkpoint_pages_with_its_job_and_step(setup: Setup) -> None:
         10,
     )
     assert failed
+    # failure → plan → loaded → verified, each timed
+    stages = setup.prometheus.wait_for(
+        "sum by (stage) (ckpt_ha_resume_duration_seconds_count) > 0", 10
+    )
+    assert {s["metric"]["stage"] for s in stages} >= {"planned", "loaded", "verified"}
 
 
 def test_a_restart_loop_pages_with_its_job(setup: Setup) -> None:
