@@ -22,7 +22,7 @@ from contracts.checkpoint import (
     CheckpointState,
     CheckpointWriteFailedV1,
 )
-from services.shared.registry import Applied
+from services.shared.registry import Applied, CheckpointRecord
 
 FORGET_AFTER_S = 7 * 24 * 3600.0
 """A job with no update for this long leaves the per-job series."""
@@ -84,13 +84,16 @@ class JobGauges(Collector):
         if registry is not None:
             registry.register(self)
 
-    def set(self, job_id: str, *labels: str, value: float) -> None:
-        self._values[(job_id, *labels)] = (value, self.now())
+    def set(self, job_id: str, *labels: str, value: float, updated: float | None = None) -> None:
+        """``updated``: when the job was last active (default now); idle time counts from it."""
+        self._values[(job_id, *labels)] = (value, self.now() if updated is None else updated)
 
-    def set_max(self, job_id: str, *labels: str, value: float) -> None:
+    def set_max(
+        self, job_id: str, *labels: str, value: float, updated: float | None = None
+    ) -> None:
         """Keep the larger of the stored and the given value (e.g. the newest timestamp)."""
         old = self._values.get((job_id, *labels))
-        self.set(job_id, *labels, value=max(value, old[0]) if old else value)
+        self.set(job_id, *labels, value=max(value, old[0]) if old else value, updated=updated)
 
     def get(self, job_id: str, *labels: str) -> float | None:
         found = self._values.get((job_id, *labels))
@@ -309,6 +312,18 @@ class LifecycleMetrics:
             registry=reg,
         )
         self._open_writes: dict[str, dict[str, float]] = {}
+
+    def seed(self, valid: Iterable[CheckpointRecord], writing: Iterable[CheckpointRecord]) -> None:
+        """Continue after a restart from what the registry holds: each job's newest valid
+        checkpoint and its open writes (jobs idle longer than ``forget_after_s`` stay out)."""
+        for record in valid:
+            self.last_valid.set_max(
+                record.job_id,
+                value=record.created_at.timestamp(),
+                updated=record.updated_at.timestamp(),
+            )
+        for record in writing:
+            self.write_opened(record.job_id, record.checkpoint_id, record.created_at.timestamp())
 
     def observe(self, event: Envelope[EventData], result: Applied) -> None:
         """One event the registry applied (call it only when it changed the state)."""

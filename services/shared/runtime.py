@@ -181,6 +181,7 @@ async def serve(
     port: int,
     extra_checks: Mapping[str, HealthCheck] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    on_start: Callable[[], Awaitable[None]] | None = None,
     consumer_info_interval_s: float = 10.0,
 ) -> None:
     """Run until SIGTERM/SIGINT; the HTTP endpoint lives exactly as long as the app."""
@@ -190,6 +191,11 @@ async def serve(
 
     http = HttpEndpoint(metrics, {"nats": nats_ok, **(extra_checks or {})}, host, port)
     poller: asyncio.Task[None] | None = None
+
+    @app.on_startup
+    async def _starting() -> None:
+        if on_start is not None:
+            await on_start()
 
     @app.after_startup
     async def _started() -> None:

@@ -21,6 +21,8 @@ class Service:
     app: FastStream | None = None
     checks: Mapping[str, HealthCheck] = field(default_factory=dict)
     on_stop: Callable[[], Awaitable[None]] | None = None
+    on_start: Callable[[], Awaitable[None]] | None = None
+    """Awaited once when the app starts, before its broker consumes anything."""
 
     def finish(self, *, title: str, description: str) -> Service:
         """Create the app once every consumer is registered."""
@@ -38,6 +40,7 @@ class Service:
             port=settings.http_port,
             extra_checks=self.checks,
             on_stop=self.on_stop,
+            on_start=self.on_start,
             consumer_info_interval_s=settings.consumer_info_interval_s,
         )
 

@@ -148,6 +148,11 @@ def test_a_restart_loop_pages_with_its_job(setup: Setup) -> None:
     loops = {a["labels"]["job_id"] for a in setup.hook.alerts("/page")
              if a["labels"]["alertname"] == "RestartLoop"}  # fmt: skip
     assert loops == {job}
+    # Its checkpoints are fine: no corruption page for it.
+    corrupt = [a for a in setup.hook.alerts("/page")
+               if a["labels"]["alertname"] == "CheckpointCorrupt"]  # fmt: skip
+    assert corrupt
+    assert job not in {a["labels"]["job_id"] for a in corrupt}
 
 
 def test_every_dashboard_query_runs_and_key_panels_have_data(setup: Setup) -> None:

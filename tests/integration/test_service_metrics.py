@@ -17,7 +17,7 @@ from services.registrar.settings import RegistrarSettings
 from services.shared.runtime import HttpEndpoint, poll_consumers
 from services.shared.settings import ServiceSettings
 from tests.support.bus_tools import publish_raw, stream_messages, wait_for
-from tests.support.events import committed
+from tests.support.events import T0, committed, verified
 
 pytestmark = pytest.mark.integration
 
@@ -85,3 +85,24 @@ async def test_metrics_endpoint_shows_dead_letters_lag_and_faststream_messages(
     assert f"{settings.subject_prefix}.ev.checkpoint.committed.v1.*" in published
     assert not [d for d in published if "job-m" in d]
     assert not [k for k, v in found.items() for labels, _ in v if "m1" in labels.values()]
+
+
+async def test_a_restarted_registrar_continues_the_recovery_point_from_the_registry(
+    settings: ServiceSettings, registrar: Registrar
+) -> None:
+    await registrar.registry.apply(committed("r1", job="job-r", step=5))
+    await registrar.registry.apply(verified("r1", job="job-r", step=5))
+    # The events are dated T0: keep jobs idle since then.
+    year = 365 * 24 * 3600.0
+    restarted = build(
+        RegistrarSettings.model_validate({**settings.model_dump(), "metrics_forget_after_s": year})
+    )
+    try:
+        assert restarted.on_start is not None
+        await restarted.on_start()
+    finally:
+        await restarted.registry.close()
+    seeded = restarted.metrics.registry.get_sample_value(
+        "ckpt_ha_last_valid_checkpoint_timestamp_seconds", {"job_id": "job-r"}
+    )
+    assert seeded == T0.timestamp()

@@ -3,6 +3,8 @@ jobs, what the registrar counts for each applied event, the coordinator's resume
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 from prometheus_client import generate_latest
 
 from contracts import build
@@ -144,3 +146,18 @@ def test_faststream_metrics_label_subjects_without_the_job() -> None:
         "ckpt.ev.checkpoint.committed.v1.*"
     )
     assert bounded_subject("ckpt.dlq.registrar.checkpoints") == "ckpt.dlq.registrar.checkpoints"
+
+
+def test_seeding_from_the_registry_skips_jobs_idle_past_the_forget_time() -> None:
+    metrics = ServiceMetrics("registrar")
+    life = LifecycleMetrics(metrics, forget_after_s=3600)
+    fresh, _ = project(None, committed("c1", job="fresh"))
+    fresh, _ = project(fresh, verified("c1", job="fresh"))
+    assert fresh is not None
+    now = datetime.now(UTC)
+    recent = fresh.model_copy(update={"created_at": now, "updated_at": now})
+    old = fresh.model_copy(update={"job_id": "old", "updated_at": now - timedelta(hours=2)})
+    life.seed([recent, old], [])
+    assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds",
+                  job_id="fresh") == now.timestamp()  # fmt: skip
+    assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds", job_id="old") is None
