@@ -50,7 +50,7 @@ PRINCIPALS: tuple[Principal, ...] = (
                                       "resume.escalated", "resume.closed",
                                       "checkpoint.quarantined"),
               consumers=("started", "progress", "failed", "load-failed", "registered",
-                         "verified")),
+                         "verified", "loaded")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
               consumers=("registered", "started")),
     # Scheduler adapters and the training SDK: job lifecycle, resume outcomes, SDK commits.

@@ -18,7 +18,7 @@ from services.integrity_checker.handlers import IntegrityHandlers
 from services.integrity_checker.scrub import Scrubber
 from services.integrity_checker.settings import IntegrityCheckerSettings
 from services.shared.clock import Clock, utc_now
-from services.shared.metrics import ScrubMetrics
+from services.shared.metrics import ScrubMetrics, VerifyMetrics
 from services.shared.registry import Registry
 from services.shared.service import Service, new_service
 from services.shared.storage import open_store
@@ -48,7 +48,9 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
             store, registry, base.bus, clock, settings.checksum, ScrubMetrics(base.metrics)
         ),
     )
-    handlers = IntegrityHandlers(store, svc.bus, clock, settings.checksum, registry)
+    handlers = IntegrityHandlers(
+        store, svc.bus, clock, settings.checksum, registry, VerifyMetrics(svc.metrics)
+    )
     svc.bus.consumer(
         "committed",
         event_filter(svc.bus.cfg.prefix, "checkpoint.committed"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from contracts import Envelope, EventData
 from contracts.checkpoint import CheckpointCommittedV1, CheckpointCorruptV1, CheckpointReleasedV1
@@ -14,6 +15,7 @@ from services.shared.clock import Clock
 from services.shared.errors import DependencyNotReady, PermanentError
 from services.shared.formats import verify
 from services.shared.formats.report import Report
+from services.shared.metrics import VerifyMetrics
 from services.shared.quarantine import isolate
 from services.shared.registry import Registry
 from services.shared.storage import ObjectStore, key_for_uri
@@ -33,13 +35,20 @@ class OutsideStorageRoot(PermanentError):
 
 class IntegrityHandlers:
     def __init__(
-        self, store: ObjectStore, bus: Bus, clock: Clock, algorithm: str, registry: Registry
+        self,
+        store: ObjectStore,
+        bus: Bus,
+        clock: Clock,
+        algorithm: str,
+        registry: Registry,
+        metrics: VerifyMetrics | None = None,
     ) -> None:
         self.store = store
         self.bus = bus
         self.clock = clock
         self.algorithm = algorithm
         self.registry = registry
+        self.metrics = metrics
 
     async def on_committed(self, event: Envelope[CheckpointCommittedV1]) -> None:
         key = key_for_uri(self.store, event.data.uri)
@@ -65,7 +74,12 @@ class IntegrityHandlers:
             "checkpoint.verify",
             attributes={"ckpt_ha.storage_key": key, "ckpt_ha.checksum": self.algorithm},
         ) as current:
+            started = time.perf_counter()
             report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+            if self.metrics is not None:
+                self.metrics.observe(
+                    report.format, report.verdict, time.perf_counter() - started, report.bytes_read
+                )
             if current.is_recording():
                 current.set_attributes(
                     {

@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 from faststream import FastStream
+from redis.exceptions import RedisError
 
-from contracts.checkpoint import CheckpointEvent
+from contracts.checkpoint import CheckpointEvent, CheckpointState
 from contracts.subjects import aggregate_filter
 from services.registrar.handlers import RegistrarHandlers
 from services.registrar.settings import RegistrarSettings
 from services.shared.clock import Clock, utc_now
+from services.shared.metrics import LifecycleMetrics
 from services.shared.registry import Registry
 from services.shared.service import Service, new_service
 
 NAME = "registrar"
+log = logging.getLogger("ckpt_ha.registrar")
 
 
 @dataclass(kw_only=True)
@@ -34,7 +38,20 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         on_stop=registry.close,
         registry=registry,
     )
-    handlers = RegistrarHandlers(registry, svc.bus, svc.metrics, clock)
+    lifecycle = LifecycleMetrics(svc.metrics, forget_after_s=settings.metrics_forget_after_s)
+
+    async def seed_metrics() -> None:
+        """Per-job metrics continue after a restart instead of waiting for the next event."""
+        try:
+            valid = await registry.by_state(CheckpointState.VALID)
+            writing = await registry.by_state(CheckpointState.WRITING)
+        except RedisError as exc:
+            log.warning("per-job metrics start empty: registry unavailable (%s)", exc)
+            return
+        lifecycle.seed(valid, writing)
+
+    svc.on_start = seed_metrics
+    handlers = RegistrarHandlers(registry, svc.bus, svc.metrics, clock, lifecycle)
     svc.bus.batch_consumer(
         "checkpoints",
         aggregate_filter(svc.bus.cfg.prefix, "checkpoint"),

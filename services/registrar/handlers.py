@@ -13,18 +13,26 @@ from services.shared import tracing
 from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.lifecycle import IllegalTransition
-from services.shared.metrics import ServiceMetrics
+from services.shared.metrics import LifecycleMetrics, ServiceMetrics
 from services.shared.registry import Applied, Registry
 
 SOURCE = "ckpt-ha/registrar"
 
 
 class RegistrarHandlers:
-    def __init__(self, registry: Registry, bus: Bus, metrics: ServiceMetrics, clock: Clock) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        bus: Bus,
+        metrics: ServiceMetrics,
+        clock: Clock,
+        lifecycle: LifecycleMetrics | None = None,
+    ) -> None:
         self.registry = registry
         self.bus = bus
         self.metrics = metrics
         self.clock = clock
+        self.lifecycle = lifecycle or LifecycleMetrics(metrics)
 
     async def on_checkpoint_events(
         self, events: list[Envelope[EventData]]
@@ -67,6 +75,7 @@ class RegistrarHandlers:
                 self.metrics.transitions.labels(
                     self.metrics.service, step.previous or "none", step.new
                 ).inc()
+                self.lifecycle.observe(event, result)
             if isinstance(event.data, CheckpointCorruptV1 | CheckpointQuarantinedV1):
                 tracing.fail(event.data.reason, code=event.data.EVENT_TYPE)
             tier = None

@@ -38,6 +38,8 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
      "Unpins fallback checkpoints once the resumed job registered a newer valid one (R15)."),
     ("verified", "resume.verified", "on_verified",
      "Cleans the failed attempt's leftovers after a verified resume (R11)."),
+    ("loaded", "resume.loaded", "on_loaded",
+     "Measures the time from a failure to the resumed job's loaded checkpoint (metrics)."),
 )  # fmt: skip
 """(consumer, event type, handler method, description)."""
 
@@ -62,7 +64,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         open_store(settings.storage_root),
         base.bus,
         clock,
-        RestoreMetrics(base.metrics),
+        RestoreMetrics(base.metrics, forget_after_s=settings.metrics_forget_after_s),
         lease_ttl_s=settings.lease_ttl_s,
         load_failed_grace_s=settings.load_failed_grace_s,
     )

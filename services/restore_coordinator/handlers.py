@@ -21,6 +21,7 @@ from contracts.resume import (
     ResumeClosedV1,
     ResumeDivergedV1,
     ResumeEscalatedV1,
+    ResumeLoadedV1,
     ResumeLoadFailedV1,
     ResumePlannedV1,
     ResumeVerifiedV1,
@@ -93,6 +94,7 @@ class CoordinatorHandlers:
 
     async def on_started(self, event: Envelope[JobStartedV1]) -> None:
         await self.state.record_started(event.data.job_id, Started.of(event.data, event.time))
+        self.metrics.job_started(event.data.job_id)
 
     async def on_progress(self, event: Envelope[JobProgressV1]) -> None:
         d = event.data
@@ -104,6 +106,7 @@ class CoordinatorHandlers:
             rng_fingerprint=d.rng_fingerprint,
             metrics=d.metrics,
         )
+        self.metrics.last_progress.set_max(d.job_id, value=event.time.timestamp())
         plan = await self.state.plan(d.plan_id) if d.plan_id else None
         if plan is None or await self.state.verdict(plan.plan_id) is not None:
             await self.state.record_progress(d.job_id, [point], last=point)
@@ -121,6 +124,12 @@ class CoordinatorHandlers:
         if await self.state.set_verdict(plan.plan_id, result.verdict):
             await self.bus.publish(self._envelope(self._verdict(plan, d.run_id, result), "verdict"))
             self.metrics.verdicts.labels(self.metrics.service, result.verdict).inc()
+            self.metrics.outcome(
+                d.job_id,
+                result.verdict,
+                at=event.time.timestamp(),
+                seconds=(event.time - plan.failed_at).total_seconds(),
+            )
         await self.state.record_progress(d.job_id, observed, last=point)
 
     @staticmethod
@@ -181,9 +190,23 @@ class CoordinatorHandlers:
             await asyncio.sleep(0.05)
         return False
 
+    async def on_loaded(self, event: Envelope[ResumeLoadedV1]) -> None:
+        """Resume metrics only: failure → the resumed job loaded its checkpoint."""
+        d = event.data
+        plan = await self.state.plan(d.plan_id)
+        if plan is None:
+            return
+        self.metrics.outcome(
+            d.job_id,
+            "loaded",
+            at=event.time.timestamp(),
+            seconds=(event.time - plan.failed_at).total_seconds(),
+        )
+
     async def on_load_failed(self, event: Envelope[ResumeLoadFailedV1]) -> None:
         d = event.data
         excluded = await self.state.exclude(d.job_id, d.checkpoint_id)
+        self.metrics.outcome(d.job_id, "load_failed", at=event.time.timestamp())
         if d.side is FailureSide.INFRASTRUCTURE:
             await self.state.record_storage_error(d.job_id, f"load:{d.plan_id}", event.time)
         with tracing.span("registry.get", attributes={"db.system": "redis"}):
@@ -275,12 +298,20 @@ class CoordinatorHandlers:
                         fallbacks,
                     )  # fmt: skip
                 datas: list[EventData] = []
+                now = self.clock()
+                since_failure = (now - failed_at).total_seconds()
+                if fallback_from is None:
+                    self.metrics.job_failed(job)
                 if stop is not None:
                     datas.append(self._escalated(job, pid, stop))
                     outcome = ("escalated", stop.reason.value)
+                    self.metrics.outcome(
+                        job, "escalated", at=now.timestamp(), reason=stop.reason.value
+                    )
                 elif planned is not None:
                     datas.append(planned.model_copy(update={"fallback_from": fallback_from}))
                     outcome = ("planned", planned.mode.value)
+                    self.metrics.outcome(job, "planned", at=now.timestamp(), seconds=since_failure)
                 decision = Decision(
                     events=tuple(self._envelope(x, "decision").model_dump_json() for x in datas)
                 )
@@ -453,6 +484,9 @@ class CoordinatorHandlers:
         if unreclaimable:
             stop = domain.Escalation(domain.Stop.UNRECLAIMABLE, "; ".join(unreclaimable))
             datas.append(self._escalated(d.job_id, d.plan_id, stop))
+            self.metrics.outcome(
+                d.job_id, "escalated", at=self.clock().timestamp(), reason=stop.reason.value
+            )
         await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
 
     async def _reclaim(self, uris: Sequence[str]) -> tuple[list[str], list[str]]:

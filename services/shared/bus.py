@@ -84,6 +84,8 @@ class DeadLetters:
         self._order: dict[str, asyncio.Lock] = {}
         self.on_outcome: Callable[[str, str], None] = lambda consumer, outcome: None
         """Hook for metrics: called with (consumer, 'ack'|'nak'|'dead_letter')."""
+        self.on_dead_letter: Callable[[str, str], None] = lambda consumer, code: None
+        """Hook for metrics: called with (consumer, error code) for every stored dead letter."""
 
     def bind(self, broker: NatsBroker) -> None:
         self._broker = broker
@@ -172,6 +174,7 @@ class DeadLetters:
             stream=self.cfg.dead_letter_stream,
             timeout=self.cfg.publish_timeout_s,
         )
+        self.on_dead_letter(consumer, code)
         log.warning(
             "dead-lettered seq=%s consumer=%s code=%s: %s", stream_seq, consumer, code, error
         )
@@ -371,6 +374,17 @@ class Bus:
             stream=dead_letter_stream(cfg),
             include_in_schema=False,
         )
+
+    async def consumer_info(self) -> list[tuple[str, int, int, int]]:
+        """(durable, num_pending, num_ack_pending, num_redelivered) of each of this bus's
+        consumers, read from JetStream."""
+        js = self.broker.connection.jetstream()
+        found: list[tuple[str, int, int, int]] = []
+        for durable in self.consumers:
+            info = await js.consumer_info(self.cfg.events_stream, durable)
+            pending, acks = info.num_pending or 0, info.num_ack_pending or 0
+            found.append((durable, pending, acks, info.num_redelivered or 0))
+        return found
 
     def durable_name(self, consumer: str) -> str:
         return f"{self.service}--{consumer}"

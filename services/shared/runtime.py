@@ -11,10 +11,17 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
 
 from faststream import FastStream
+from faststream.nats.prometheus.provider import (
+    BatchNatsMetricsSettingsProvider,
+    NatsMetricsSettingsProvider,
+)
+from faststream.prometheus import ConsumeAttrs, PrometheusMiddleware
 from faststream.specification import AsyncAPI
+from nats.aio.msg import Msg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.shared.bus import Bus
@@ -36,6 +43,68 @@ def make_app(bus: Bus, *, title: str, description: str) -> FastStream:
         bus.broker,
         specification=AsyncAPI(title=title, version="1", description=description),
     )
+
+
+def bounded_subject(subject: str) -> str:
+    """An event subject without its job token (``ckpt.ev.checkpoint.committed.v1.*``): the
+    faststream metrics label messages by subject, which must not grow with the jobs."""
+    head, dot, _ = subject.rpartition(".")
+    return f"{head}.*" if ".ev." in subject and dot else subject
+
+
+class _Provider(NatsMetricsSettingsProvider):
+    def get_consume_attrs_from_message(self, msg: Any) -> ConsumeAttrs:
+        attrs = super().get_consume_attrs_from_message(msg)
+        attrs["destination_name"] = bounded_subject(attrs["destination_name"])
+        return attrs
+
+    def get_publish_destination_name_from_cmd(self, cmd: Any) -> str:
+        return bounded_subject(super().get_publish_destination_name_from_cmd(cmd))
+
+
+class _BatchProvider(BatchNatsMetricsSettingsProvider):
+    def get_consume_attrs_from_message(self, msg: Any) -> ConsumeAttrs:
+        attrs = super().get_consume_attrs_from_message(msg)
+        attrs["destination_name"] = bounded_subject(attrs["destination_name"])
+        return attrs
+
+    def get_publish_destination_name_from_cmd(self, cmd: Any) -> str:
+        return bounded_subject(super().get_publish_destination_name_from_cmd(cmd))
+
+
+def _providers(msg: Any) -> _Provider | _BatchProvider | None:
+    if isinstance(msg, Sequence):
+        return _BatchProvider()
+    if isinstance(msg, Msg) or msg is None:
+        return _Provider()
+    return None
+
+
+def faststream_metrics(metrics: ServiceMetrics) -> PrometheusMiddleware[Any, Any]:
+    """faststream's own message metrics (``faststream_received_messages_total``, durations,
+    publishes, exceptions) in the service's registry: `NatsPrometheusMiddleware` with subjects
+    labelled without their job token."""
+    return PrometheusMiddleware(
+        settings_provider_factory=_providers,
+        registry=metrics.registry,
+        app_name=metrics.service,
+    )
+
+
+async def poll_consumers(bus: Bus, metrics: ServiceMetrics, interval_s: float) -> None:
+    """Consumer lag for /metrics: JetStream's num_pending / num_ack_pending, every interval."""
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            try:
+                for durable, pending, ack_pending, redelivered in await bus.consumer_info():
+                    labels = (metrics.service, durable)
+                    metrics.consumer_pending.labels(*labels).set(pending)
+                    metrics.consumer_ack_pending.labels(*labels).set(ack_pending)
+                    metrics.consumer_redelivered.labels(*labels).set(redelivered)
+                    metrics.consumer_polled.labels(*labels).set_to_current_time()
+            except Exception as exc:  # noqa: BLE001 - stale lag is shown by the timestamp
+                log.warning("%s: consumer info unavailable: %r", metrics.service, exc)
+            await asyncio.sleep(interval_s)
 
 
 class HttpEndpoint:
@@ -112,6 +181,8 @@ async def serve(
     port: int,
     extra_checks: Mapping[str, HealthCheck] | None = None,
     on_stop: Callable[[], Awaitable[None]] | None = None,
+    on_start: Callable[[], Awaitable[None]] | None = None,
+    consumer_info_interval_s: float = 10.0,
 ) -> None:
     """Run until SIGTERM/SIGINT; the HTTP endpoint lives exactly as long as the app."""
 
@@ -119,10 +190,18 @@ async def serve(
         return await bus.broker.ping(timeout=1.0)
 
     http = HttpEndpoint(metrics, {"nats": nats_ok, **(extra_checks or {})}, host, port)
-    bus.dead_letters.on_outcome = metrics.message
+    poller: asyncio.Task[None] | None = None
+
+    @app.on_startup
+    async def _starting() -> None:
+        if on_start is not None:
+            await on_start()
 
     @app.after_startup
     async def _started() -> None:
+        nonlocal poller
+        if bus.consumers:
+            poller = asyncio.create_task(poll_consumers(bus, metrics, consumer_info_interval_s))
         bound = await http.start()
         metrics.up.labels(metrics.service).set(1)
         log.info("%s: http on %s:%s (/metrics, /healthz)", metrics.service, host, bound)
@@ -130,6 +209,8 @@ async def serve(
     @app.on_shutdown
     async def _stopping() -> None:
         metrics.up.labels(metrics.service).set(0)
+        if poller is not None:
+            poller.cancel()
         await http.stop()
 
     @app.after_shutdown

@@ -10,7 +10,7 @@ from faststream import FastStream
 from services.shared import tracing
 from services.shared.bus import Bus
 from services.shared.metrics import ServiceMetrics
-from services.shared.runtime import HealthCheck, make_app, serve
+from services.shared.runtime import HealthCheck, faststream_metrics, make_app, serve
 from services.shared.settings import ServiceSettings
 
 
@@ -22,6 +22,8 @@ class Service:
     app: FastStream | None = None
     checks: Mapping[str, HealthCheck] = field(default_factory=dict)
     on_stop: Callable[[], Awaitable[None]] | None = None
+    on_start: Callable[[], Awaitable[None]] | None = None
+    """Awaited once when the app starts, before its broker consumes anything."""
 
     def finish(self, *, title: str, description: str) -> Service:
         """Create the app once every consumer is registered."""
@@ -49,8 +51,15 @@ class Service:
             port=settings.http_port,
             extra_checks=self.checks,
             on_stop=stop,
+            on_start=self.on_start,
+            consumer_info_interval_s=settings.consumer_info_interval_s,
         )
 
 
 def new_service(name: str, settings: ServiceSettings) -> Service:
-    return Service(name=name, bus=Bus(settings.bus(), name), metrics=ServiceMetrics(name))
+    bus = Bus(settings.bus(), name)
+    metrics = ServiceMetrics(name)
+    bus.broker.add_middleware(faststream_metrics(metrics))
+    bus.dead_letters.on_outcome = metrics.message
+    bus.dead_letters.on_dead_letter = metrics.dead_letter
+    return Service(name=name, bus=bus, metrics=metrics)

@@ -38,6 +38,10 @@ class ServiceSettings(BaseSettings):
     backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
     fetch_batch: int = Field(default=64, ge=1, le=1024)
     graceful_timeout_s: float = Field(default=20.0, gt=0)
+    consumer_info_interval_s: float = Field(default=10.0, gt=0)
+    """How often each durable consumer's pending/ack-pending counts are read for /metrics."""
+    metrics_forget_after_s: float = Field(default=7 * 24 * 3600.0, gt=0)
+    """A job idle this long leaves the per-job metric series (bounds their cardinality)."""
 
     def bus(self) -> BusConfig:
         return BusConfig(

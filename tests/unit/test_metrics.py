@@ -1,0 +1,163 @@
+"""Metrics stay bounded and say what happened: reason classes, per-job series that forget idle
+jobs, what the registrar counts for each applied event, the coordinator's resume outcomes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from prometheus_client import generate_latest
+
+from contracts import build
+from contracts.checkpoint import (
+    CheckpointCorruptV1,
+    CheckpointQuarantinedV1,
+    CheckpointWriteFailedV1,
+    CheckpointWritingV1,
+    FailureSide,
+)
+from services.shared.metrics import (
+    JobGauges,
+    LifecycleMetrics,
+    RestoreMetrics,
+    ServiceMetrics,
+    reason_class,
+)
+from services.shared.registry import Applied, project
+from services.shared.runtime import bounded_subject
+from tests.support.events import T0, committed, verified
+
+
+def sample(metrics: ServiceMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+def test_free_text_reasons_map_to_a_few_classes() -> None:
+    assert reason_class("corrupt: shard 3 checksum mismatch") == "corrupt"
+    assert reason_class("incomplete: manifest names a missing file") == "incomplete"
+    assert reason_class("load failed: unexpected EOF") == "load_failed"
+    assert reason_class("scrub: a.npy: checksum changed") == "scrub"
+    assert reason_class("write stalled for 0:10:00; missing ['a']") == "stalled"
+    assert reason_class("files missing after commit: ['x']") == "files_missing"
+    assert reason_class("anything a human typed, job-42 ckpt-abc") == "other"
+
+
+def test_job_gauges_forget_a_job_and_drop_idle_ones() -> None:
+    now = [1000.0]
+    metrics = ServiceMetrics("svc")
+    gauges = JobGauges(
+        "t_last", "test", ["outcome"], forget_after_s=60, now=lambda: now[0],
+        registry=metrics.registry,
+    )  # fmt: skip
+    gauges.set("a", "planned", value=5)
+    gauges.set("b", "planned", value=7)
+    gauges.set_max("b", "planned", value=6)
+    assert sample(metrics, "t_last", job_id="b", outcome="planned") == 7
+    gauges.forget("a")
+    assert sample(metrics, "t_last", job_id="a", outcome="planned") is None
+    now[0] += 61
+    assert sample(metrics, "t_last", job_id="b", outcome="planned") is None
+
+
+def test_per_job_counters_are_exposed_as_counters() -> None:
+    metrics = ServiceMetrics("restore-coordinator")
+    restore = RestoreMetrics(metrics)
+    restore.job_started("j")
+    assert sample(metrics, "ckpt_ha_job_restarts_total", job_id="j") == 0
+    restore.outcome("j", "planned", at=T0.timestamp(), seconds=12.0)
+    restore.outcome("j", "planned", at=T0.timestamp(), seconds=3.0)
+    restore.outcome("j", "escalated", at=T0.timestamp(), reason="restart_loop")
+    assert sample(metrics, "ckpt_ha_job_restarts_total", job_id="j") == 2
+    assert sample(metrics, "ckpt_ha_escalations_total", service="restore-coordinator",
+                  reason="restart_loop") == 1  # fmt: skip
+    assert sample(metrics, "ckpt_ha_resume_duration_seconds_count",
+                  service="restore-coordinator", stage="planned") == 2  # fmt: skip
+    last = sample(metrics, "ckpt_ha_resume_last_outcome_timestamp_seconds",
+                  job_id="j", outcome="escalated", reason="restart_loop")  # fmt: skip
+    assert last == T0.timestamp()
+    assert b"# TYPE ckpt_ha_job_restarts_total counter" in generate_latest(metrics.registry)
+
+
+def test_the_registrar_counts_states_recovery_point_and_corruption_without_ids() -> None:
+    metrics = ServiceMetrics("registrar")
+    life = LifecycleMetrics(metrics)
+
+    def apply(record: object, event: object) -> object:
+        new, step = project(record, event)  # type: ignore[arg-type]
+        life.observe(event, Applied(new, step, duplicate=False))  # type: ignore[arg-type]
+        return new
+
+    record = apply(None, committed("c1", step=100))
+    record = apply(record, verified("c1"))
+    assert sample(metrics, "ckpt_ha_checkpoint_states_total", service="registrar",
+                  state="valid", format="native") == 1  # fmt: skip
+    assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds",
+                  job_id="job-1") == T0.timestamp()  # fmt: skip
+    assert (sample(metrics, "ckpt_ha_recovery_point_age_seconds", job_id="job-1") or 0) > 0
+
+    # A failed load quarantines the valid checkpoint automatically: that is corruption.
+    quarantined = CheckpointQuarantinedV1(job_id="job-1", checkpoint_id="c1",
+                                          uri="file:///data/job-1/step-100",
+                                          reason="load failed: truncated shard")  # fmt: skip
+    apply(record, build(quarantined, source="test", time=T0, key="q"))
+    assert sample(metrics, "ckpt_ha_checkpoint_corrupt_total", service="registrar",
+                  reason="load_failed", side="unknown") == 1  # fmt: skip
+    assert sample(metrics, "ckpt_ha_last_corrupt_checkpoint_step", job_id="job-1") == 100
+    assert sample(metrics, "ckpt_ha_checkpoint_quarantined_total", service="registrar",
+                  by="automatic") == 1  # fmt: skip
+
+    exposition = generate_latest(metrics.registry).decode()
+    assert "c1" not in exposition
+
+
+def test_an_open_write_is_tracked_until_it_ends_and_a_corrupt_verdict_counts() -> None:
+    metrics = ServiceMetrics("registrar")
+    life = LifecycleMetrics(metrics)
+    writing = build(CheckpointWritingV1(job_id="j", checkpoint_id="w1", uri="file:///d/j/s1",
+                                        run_id="r"), source="t", time=T0, key="w")  # fmt: skip
+    record, step = project(None, writing)
+    life.observe(writing, Applied(record, step, duplicate=False))
+    assert sample(metrics, "ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds",
+                  job_id="j") == T0.timestamp()  # fmt: skip
+    failed = build(CheckpointWriteFailedV1(job_id="j", checkpoint_id="w1", uri="file:///d/j/s1",
+                                           reason="write stalled for 0:05:00; missing []",
+                                           side=FailureSide.JOB),
+                   source="t", time=T0, key="f")  # fmt: skip
+    record, step = project(record, failed)
+    life.observe(failed, Applied(record, step, duplicate=False))
+    assert sample(metrics, "ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds",
+                  job_id="j") is None  # fmt: skip
+    assert sample(metrics, "ckpt_ha_checkpoint_write_failures_total", service="registrar",
+                  side="job", reason="stalled") == 1  # fmt: skip
+
+    record, step = project(None, committed("c2", job="k", step=7))
+    corrupt = build(CheckpointCorruptV1(job_id="k", checkpoint_id="c2", uri="file:///d/k/7",
+                                        reason="corrupt: checksum mismatch in a.npy",
+                                        side=FailureSide.INFRASTRUCTURE),
+                    source="t", time=T0, key="c")  # fmt: skip
+    record, step = project(record, corrupt)
+    life.observe(corrupt, Applied(record, step, duplicate=False))
+    assert sample(metrics, "ckpt_ha_checkpoint_corrupt_total", service="registrar",
+                  reason="corrupt", side="infrastructure") == 1  # fmt: skip
+    assert sample(metrics, "ckpt_ha_last_corrupt_checkpoint_step", job_id="k") == 7
+
+
+def test_faststream_metrics_label_subjects_without_the_job() -> None:
+    assert bounded_subject("ckpt.ev.checkpoint.committed.v1.job-7") == (
+        "ckpt.ev.checkpoint.committed.v1.*"
+    )
+    assert bounded_subject("ckpt.dlq.registrar.checkpoints") == "ckpt.dlq.registrar.checkpoints"
+
+
+def test_seeding_from_the_registry_skips_jobs_idle_past_the_forget_time() -> None:
+    metrics = ServiceMetrics("registrar")
+    life = LifecycleMetrics(metrics, forget_after_s=3600)
+    fresh, _ = project(None, committed("c1", job="fresh"))
+    fresh, _ = project(fresh, verified("c1", job="fresh"))
+    assert fresh is not None
+    now = datetime.now(UTC)
+    recent = fresh.model_copy(update={"created_at": now, "updated_at": now})
+    old = fresh.model_copy(update={"job_id": "old", "updated_at": now - timedelta(hours=2)})
+    life.seed([recent, old], [])
+    assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds",
+                  job_id="fresh") == now.timestamp()  # fmt: skip
+    assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds", job_id="old") is None
