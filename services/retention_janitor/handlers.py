@@ -13,6 +13,7 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -26,10 +27,11 @@ from contracts.checkpoint import (
 from contracts.job import JobStartedV1
 from services.retention_janitor import adapters, domain
 from services.retention_janitor.domain import Action, Decision
+from services.shared import tracing
 from services.shared.bus import Bus
 from services.shared.clock import Clock
 from services.shared.metrics import RetentionMetrics
-from services.shared.registry import Registry
+from services.shared.registry import CheckpointRecord, Registry
 from services.shared.storage import ObjectStore, StorageError, key_for_uri
 
 SOURCE = "ckpt-ha/retention-janitor"
@@ -111,8 +113,12 @@ class Janitor:
             tier=d.tier,
             actor=ACTOR,
         )
-        # Keyed on the checkpoint: a round repeated before the registrar recorded it is deduped.
-        await self._publish(data, key=f"expire:{d.checkpoint_id}")
+        record = await self.registry.get(d.checkpoint_id)
+        # In the checkpoint's own trace (linked to this round), like every transition of it.
+        with self._in_trace("retention.expire", record, d):
+            # Keyed on the checkpoint: a round repeated before the registrar recorded it is
+            # deduped.
+            await self._publish(data, key=f"expire:{d.checkpoint_id}")
         self.metrics.decisions.labels(self.metrics.service, d.tier, "expire").inc()
 
     async def _delete(self, d: Decision, result: RoundResult) -> str | None:
@@ -143,7 +149,8 @@ class Janitor:
             tier=d.tier,
             objects_deleted=n,
         )
-        await self._publish(data, key=f"delete:{d.checkpoint_id}")
+        with self._in_trace("retention.delete", record, d):
+            await self._publish(data, key=f"delete:{d.checkpoint_id}")
         self.metrics.decisions.labels(self.metrics.service, d.tier, "delete").inc()
         result.deleted.append(d.checkpoint_id)
         return None
@@ -162,6 +169,22 @@ class Janitor:
         self.metrics.checkpoints.clear()
         for (tier, state), n in states.items():
             self.metrics.checkpoints.labels(self.metrics.service, tier, state).set(n)
+
+    @staticmethod
+    def _in_trace(
+        name: str, record: CheckpointRecord | None, d: Decision
+    ) -> AbstractContextManager[object]:
+        return tracing.continue_trace(
+            name,
+            record.traceparent if record is not None else None,
+            tracestate=record.tracestate if record is not None else None,
+            attributes={
+                "ckpt_ha.job_id": d.job_id,
+                "ckpt_ha.checkpoint_id": d.checkpoint_id,
+                "ckpt_ha.tier": d.tier,
+                "ckpt_ha.reason": d.reason[:200],
+            },
+        )
 
     async def _publish(self, data: CheckpointExpiredV1 | CheckpointDeletedV1, key: str) -> None:
         await self.bus.publish(build(data, source=SOURCE, time=self.clock(), key=key))

@@ -97,6 +97,7 @@ async def write_valid(
     step: int,
     job: str = JOB,
     project: str | None = None,
+    traceparent: str | None = None,
 ) -> str:
     """Real bytes on storage, then committed + verified through the real registrar."""
     ckpt = f"{job}-c{step}"
@@ -104,7 +105,14 @@ async def write_valid(
     store.put(f"{prefix}/shard-0.bin", b"x" * 100)
     store.put(f"{prefix}/manifest.json", b"{}")
     await producer.publish(
-        committed(ckpt, job=job, step=step, uri=store.uri(prefix), project=project)
+        committed(
+            ckpt,
+            job=job,
+            step=step,
+            uri=store.uri(prefix),
+            project=project,
+            traceparent=traceparent,
+        )
     )
     await producer.publish(verified(ckpt, job=job, step=step))
 
@@ -156,7 +164,14 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
 ) -> None:
     jan, clock = janitor
     steps = [50, 100, 200, 300, 400, 500, 600]
-    ids = {s: await write_valid(registrar, producer, store, s) for s in steps}
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    ids = {
+        s: await write_valid(
+            registrar, producer, store, s,
+            traceparent=f"00-{trace_id}-00f067aa0ba902b7-01" if s == 50 else None,
+        )
+        for s in steps
+    }  # fmt: skip
     # exploratory (no tier chosen or declared): keep the newest 2 valid; every checkpoint is
     # weeks old. Each of 100..400 is protected by exactly one reference; 50 by none.
     code, out, err = await cli(
@@ -258,6 +273,16 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
     assert tomb["objects_deleted"] == 2
     assert "newest 2 valid" in tomb["reason"]
     assert [e["event_type"] for e in doc["events"]] == ["checkpoint.expired", "checkpoint.deleted"]
+    # Expiry and deletion join the checkpoint's own trace, hours after it was written.
+    msgs = await stream_messages(settings.nats_url, settings.events_stream)
+    retention = [
+        json.loads(m.data)
+        for m in msgs
+        if ".checkpoint.expired." in m.subject or ".checkpoint.deleted." in m.subject
+    ]
+    mine = [e for e in retention if e["data"]["checkpoint_id"] == ids[50]]
+    assert len(mine) == 2
+    assert all(e["traceparent"].split("-")[1] == trace_id for e in mine)
     code, out, err = await cli(settings, tmp_path, "audit", "--job", JOB)
     assert code == 0, err
     assert f"tombstone {ids[50]}" in out

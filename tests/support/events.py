@@ -24,6 +24,7 @@ def committed(
     uri: str | None = None,
     key: str = "k",
     project: str | None = None,
+    traceparent: str | None = None,
 ) -> Envelope[EventData]:
     identity = None
     if project is not None:
@@ -45,6 +46,7 @@ def committed(
         source="test/watcher",
         time=T0,
         key=key,
+        traceparent=traceparent,
     )
 
 
