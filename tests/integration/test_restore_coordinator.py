@@ -548,6 +548,11 @@ async def test_closure_deletes_the_failed_attempts_partial_checkpoint(
             key="w",
         )
     )
+
+    async def partial_recorded() -> bool:
+        return await registrar.registry.get(f"{job}-partial") is not None
+
+    await wait_for(partial_recorded, what="the partial write in the registry")
     await producer.publish(started(job))
     await producer.publish(progress(job, 300))
     await producer.publish(progress(job, 301))

@@ -218,7 +218,9 @@ async def test_scrub_quarantines_a_valid_checkpoint_whose_bytes_changed(
     shard = stack.root / "job-s/step-7/rank-0.bin"
     flipped = bytearray(shard.read_bytes())
     flipped[100] ^= 0xFF
-    shard.write_bytes(bytes(flipped))  # bit rot: same size, other bytes
+    before = shard.stat()
+    shard.write_bytes(bytes(flipped))  # bit rot: same size, other bytes, ...
+    os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))  # ... and nobody wrote it
 
     first = await stack.checker.scrubber.scrub_once()
     assert (first.scrubbed, first.corrupt, first.complete) == (2, 1, True)
