@@ -254,10 +254,10 @@ class Stop(StrEnum):
 NEXT_STEPS: Mapping[Stop, str] = {
     Stop.RESTART_LOOP: f"{RUNBOOK}#stop-runaway-retries: stop runaway retries",
     Stop.SAME_FAILURE: f"{RUNBOOK}#stop-runaway-retries: stop runaway retries",
-    Stop.FALLBACKS_EXHAUSTED: f"{RUNBOOK}#choose-rollback-version: choose a rollback version by hand",
+    Stop.FALLBACKS_EXHAUSTED: f"{RUNBOOK}#choose-rollback-version: choose a rollback version",
     Stop.STORAGE_ERRORS: f"{RUNBOOK}#check-storage: check storage before any restore",
-    Stop.COMPATIBILITY_UNKNOWN: f"{RUNBOOK}#prepare-environment: prepare the environment (untested restore target)",
-    Stop.NO_VALID_CHECKPOINT: f"{RUNBOOK}#choose-rollback-version: choose a rollback version by hand",
+    Stop.COMPATIBILITY_UNKNOWN: f"{RUNBOOK}#prepare-environment: prepare the restore environment",
+    Stop.NO_VALID_CHECKPOINT: f"{RUNBOOK}#choose-rollback-version: choose a rollback version",
     Stop.UNRECLAIMABLE: f"{RUNBOOK}#reclaim-leftovers: reclaim leftovers by hand",
 }
 
