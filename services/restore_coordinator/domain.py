@@ -235,7 +235,8 @@ def recompute(
 
 # --- R9 stop conditions --------------------------------------------------------------------
 
-RUNBOOK = "README#runbook"
+RUNBOOK = "docs/RUNBOOK.md"
+"""Where escalations point: each next step is an anchor of this file's step sections."""
 
 
 class Stop(StrEnum):
@@ -251,13 +252,13 @@ class Stop(StrEnum):
 
 
 NEXT_STEPS: Mapping[Stop, str] = {
-    Stop.RESTART_LOOP: f"{RUNBOOK} step 9: stop runaway retries",
-    Stop.SAME_FAILURE: f"{RUNBOOK} step 9: stop runaway retries",
-    Stop.FALLBACKS_EXHAUSTED: f"{RUNBOOK} step 10: choose a rollback checkpoint by hand",
-    Stop.STORAGE_ERRORS: f"{RUNBOOK} step 11: check storage before any restore",
-    Stop.COMPATIBILITY_UNKNOWN: f"{RUNBOOK} step 12: restore onto an untested environment",
-    Stop.NO_VALID_CHECKPOINT: f"{RUNBOOK} step 10: choose a rollback checkpoint by hand",
-    Stop.UNRECLAIMABLE: f"{RUNBOOK} step 13: reclaim leftovers by hand",
+    Stop.RESTART_LOOP: f"{RUNBOOK}#stop-runaway-retries: stop runaway retries",
+    Stop.SAME_FAILURE: f"{RUNBOOK}#stop-runaway-retries: stop runaway retries",
+    Stop.FALLBACKS_EXHAUSTED: f"{RUNBOOK}#choose-rollback-version: choose a rollback version",
+    Stop.STORAGE_ERRORS: f"{RUNBOOK}#check-storage: check storage before any restore",
+    Stop.COMPATIBILITY_UNKNOWN: f"{RUNBOOK}#prepare-environment: prepare the restore environment",
+    Stop.NO_VALID_CHECKPOINT: f"{RUNBOOK}#choose-rollback-version: choose a rollback version",
+    Stop.UNRECLAIMABLE: f"{RUNBOOK}#reclaim-leftovers: reclaim leftovers by hand",
 }
 
 

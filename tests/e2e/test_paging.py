@@ -113,7 +113,7 @@ def test_a_corrupt_checkpoint_pages_with_its_job_and_step(setup: Setup) -> None:
     assert page["labels"]["severity"] == "page"
     assert f"step {step}" in page["annotations"]["summary"]
     assert job in page["annotations"]["description"]
-    assert page["annotations"]["runbook_url"].endswith("README.md#runbook")
+    assert page["annotations"]["runbook_url"] == "docs/RUNBOOK.md#alert-checkpointcorrupt"
     # The metrics behind it, without any checkpoint id in a label.
     corrupt = setup.prometheus.wait_for(
         'sum by (reason) (ckpt_ha_checkpoint_corrupt_total{reason="load_failed"})', 10

@@ -389,7 +389,7 @@ async def test_restart_loop_escalates_and_stops_planning(
     await producer.publish(failed(job, 3))
     [esc] = await wait("resume.escalated", job)
     assert esc["reason"] == "restart_loop"
-    assert esc["next_step"] == "README#runbook step 9: stop runaway retries"
+    assert esc["next_step"] == "docs/RUNBOOK.md#stop-runaway-retries: stop runaway retries"
     assert "2 automatic restores" in esc["detail"]
     await settled(settings, "failed")
     assert not await wait_none(settings, job, attempt=4)
@@ -449,7 +449,7 @@ async def test_compatibility_decides_the_mode(
         [esc] = await wait("resume.escalated", job)
         assert esc["reason"] == outcome[1]
         assert "framework_version: 2.3.0 -> 2.4.0 (no declared rule)" in esc["detail"]
-        assert "step 12" in esc["next_step"]
+        assert esc["next_step"].startswith("docs/RUNBOOK.md#prepare-environment")
         await settled(settings, "failed")
         assert not await wait_none(settings, job)
         return

@@ -288,13 +288,13 @@ async def test_an_escalation_stops_the_runner_with_exit_3(
         job_id=job,
         plan_id=f"plan-{unique}",
         reason="restart loop: 3 restarts within 3600 s",
-        next_step="README#runbook step 9: stop runaway retries",
+        next_step="docs/RUNBOOK.md#stop-runaway-retries: stop runaway retries",
     )
     await producer.publish(build(escalated, source="test/coordinator", time=_now(), key=unique))
     assert await finish(runner, pump) == 3
     err = "\n".join(runner.stderr)
     assert "escalated: restart loop: 3 restarts within 3600 s" in err
-    assert "next step: README#runbook step 9: stop runaway retries" in err
+    assert "next step: docs/RUNBOOK.md#stop-runaway-retries: stop runaway retries" in err
     assert "crash requested at step 3" in err  # the job's own stderr came through
 
 

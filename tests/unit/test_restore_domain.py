@@ -4,6 +4,7 @@ stop conditions (R9), continuity (R10), pins (R15) and leftovers (R11)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -261,7 +262,7 @@ def test_restart_loop_counts_restores_within_the_window() -> None:
     stop = domain.stop_reason(three, p, at(300))
     assert stop is not None
     assert stop.reason == Stop.RESTART_LOOP
-    assert stop.next_step.startswith("README#runbook step 9")
+    assert stop.next_step.startswith("docs/RUNBOOK.md#stop-runaway-retries")
     two = History(restarts=[at(100), at(200)])
     assert domain.stop_reason(two, p, at(300)) is None
     # The oldest left the window.
@@ -286,7 +287,7 @@ def test_storage_errors_growing() -> None:
     stop = domain.stop_reason(History(storage_errors=[at(0), at(30)]), p, at(50))
     assert stop is not None
     assert stop.reason == Stop.STORAGE_ERRORS
-    assert stop.next_step.startswith("README#runbook step 11")
+    assert stop.next_step.startswith("docs/RUNBOOK.md#check-storage")
     assert domain.stop_reason(History(storage_errors=[at(0), at(30)]), p, at(70)) is None
 
 
@@ -301,9 +302,13 @@ def test_fallbacks_exhausted_only_on_a_load_failure() -> None:
     assert domain.stop_reason(History(), policy(max_fallbacks=0), T0, load_failed=True)
 
 
-def test_every_stop_reason_names_a_runbook_step() -> None:
+def test_every_stop_reason_names_a_runbook_anchor_that_exists() -> None:
+    runbook = (Path(__file__).parents[2] / "docs" / "RUNBOOK.md").read_text()
     for reason in Stop:
-        assert domain.Escalation(reason, "").next_step.startswith("README#runbook step")
+        step = domain.Escalation(reason, "").next_step
+        assert step.startswith("docs/RUNBOOK.md#"), step
+        anchor = step.removeprefix("docs/RUNBOOK.md#").split(":")[0]
+        assert f'<a id="{anchor}"></a>' in runbook, anchor
 
 
 # --- continuity (R10) ---
