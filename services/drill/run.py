@@ -425,8 +425,8 @@ async def storage_outage(drill: Drill) -> dict[str, Any]:
     try:
         drill.launch(
             _policy(),
-            ["--steps", "150", "--checkpoint-every", "10", "--sleep-per-step", "0.1",
-             "--slow-save", "2.5"],
+            ["--steps", "130", "--checkpoint-every", "10", "--sleep-per-step", "0.1",
+             "--slow-save", "1.5"],
             {"CKPT_HA_RESTORE_STORAGE_WAIT_S": "30"},
         )  # fmt: skip
         valid = await drill.until(lambda: _valid_count(drill, registry, 1), "a valid checkpoint")

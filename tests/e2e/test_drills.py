@@ -121,7 +121,8 @@ def test_a_storage_outage_fakes_no_checkpoint_blames_infrastructure_and_the_rest
     assert_restored(restore)
     assert restore["restored_from"] == restore["last_valid_checkpoint"]
     wait = result["restore_wait"]
-    assert wait["load_failed"] == [] and wait["quarantined"] == []
+    assert wait["load_failed"] == []
+    assert wait["quarantined"] == []
     assert wait["loaded"][0]["time"] >= wait["storage_back"]
     assert result["job_exit_code"] == 0
     assert result["baseline"]["config"]["seed"] == 0
@@ -132,8 +133,11 @@ def test_a_storage_outage_fakes_no_checkpoint_blames_infrastructure_and_the_rest
     assert json.loads((report / "report.json").read_text()) == result
     page = (report / "report.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page)
-    assert "<svg" in page and 'class="baseline"' in page and 'class="drill"' in page
-    assert 'class="faults"' in page and 'class="resumes"' in page
+    assert "<svg" in page
+    assert 'class="baseline"' in page
+    assert 'class="drill"' in page
+    assert 'class="faults"' in page
+    assert 'class="resumes"' in page
     assert "## storage-outage: PASS" in (report / "report.md").read_text()
     # The drill run matches the baseline (same seed, uninterrupted) step for step: a restore
     # from a valid checkpoint changes no loss.

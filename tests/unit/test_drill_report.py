@@ -30,20 +30,35 @@ def stored_result(scenario: str = "node-exit", verdict: str = "pass") -> dict[st
         ],
         "reasons": [] if verdict == "pass" else ["not met: <the job finished>"],
         "checks": {"the job finished": verdict == "pass"},
-        "durations": {"detect": 0.3, "plan": 0.01, "relaunch": 1.0, "load": 0.1,
-                      "compute": 0.5, "verdict": 0.01, "total": 1.92, "control_plane": 1.32,
-                      "control_plane_share": 0.69},  # fmt: skip
-        "baseline": {"model": "mlp", "data": "synthetic", "config": {"seed": 0},
-                     "environment": {"python": "3"}, "resources": {"cpus": 2}},  # fmt: skip
+        "durations": {
+            "detect": 0.3,
+            "plan": 0.01,
+            "relaunch": 1.0,
+            "load": 0.1,
+            "compute": 0.5,
+            "verdict": 0.01,
+            "total": 1.92,
+            "control_plane": 1.32,
+            "control_plane_share": 0.69,
+        },
+        "baseline": {
+            "model": "mlp",
+            "data": "synthetic",
+            "config": {"seed": 0},
+            "environment": {"python": "3"},
+            "resources": {"cpus": 2},
+        },
         "fault": "SIGKILL",
         "elapsed_seconds": 12.5,
         "curves": {"baseline": losses, "drill": drill},
         "marks": {
-            "checkpoints": [{"step": 10, "checkpoint_id": "ck-10"},
-                            {"step": 20, "checkpoint_id": "ck-20"}],
+            "checkpoints": [
+                {"step": 10, "checkpoint_id": "ck-10"},
+                {"step": 20, "checkpoint_id": "ck-20"},
+            ],
             "faults": [{"step": 23, "what": "SIGKILL", "time": "t"}],
             "resumes": [{"step": 20, "checkpoint_id": "ck-20", "attempt": 2}],
-        },  # fmt: skip
+        },
     }
 
 
@@ -54,7 +69,8 @@ def test_the_three_files_render_from_a_stored_list_of_results() -> None:
     assert json.loads(files["report.json"]) == results
     md = files["report.md"]
     assert "1 of 2 drills passed" in md
-    assert "## node-exit: PASS" in md and "## restart-loop: FAIL" in md
+    assert "## node-exit: PASS" in md
+    assert "## restart-loop: FAIL" in md
     for name in LEVELS:
         assert f"| {name} | PASS | " in md
     assert "ev-continued" in md
@@ -78,11 +94,13 @@ def test_the_html_page_is_self_contained_and_plots_both_curves_with_marks() -> N
     assert svg.count('class="baseline"') == 1
     assert svg.count('class="drill"') == 2  # one line per attempt
     assert svg.count('class="checkpoints"') == 2
-    assert svg.count('class="faults"') == 1 and svg.count('class="resumes"') == 1
+    assert svg.count('class="faults"') == 1
+    assert svg.count('class="resumes"') == 1
     # Escaped, never injected: the reasons reach the page as text.
     assert "&lt;the job finished&gt;" in html
     points = re.search(r'class="baseline"[^>]*points="([^"]+)"', svg)
-    assert points is not None and len(points.group(1).split()) == 30
+    assert points is not None
+    assert len(points.group(1).split()) == 30
 
 
 def test_a_result_without_losses_still_renders() -> None:
