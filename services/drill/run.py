@@ -286,7 +286,7 @@ async def corrupt_checkpoint(drill: Drill) -> dict[str, Any]:
         data = bytearray(shard.read_bytes())
         data[-1] ^= 0xFF  # one flipped bit pattern, same size: only a checksum can tell
         shard.write_bytes(bytes(data))
-        drill.log(f"damaged {shard} of checkpoint {newest.checkpoint_id} (step {newest.step})")
+        drill.fault(f"damaged {shard.name} of {newest.checkpoint_id} (step {newest.step})")
         fault = await drill.kill_training()
         await drill.until(lambda: _resumed_after(drill, fault), "a resume verdict")
         code = await drill.wait_exit()
@@ -500,7 +500,7 @@ async def storage_outage(drill: Drill) -> dict[str, Any]:
         if write_fault <= e.time < write_fault + timedelta(seconds=outage_write)
     ]
     last_valid = restore_phase.last_valid_checkpoint
-    result = restore_phase.to_json()
+    result = {**restore_phase.to_json(), "scenario": "storage-outage"}
     result["phases"] = [write_phase.to_json(), restore_phase.to_json()]
     # The write phase has no restore: its levels are about the restore after the second outage.
     result["phases"][0]["verdict"] = "n/a"
