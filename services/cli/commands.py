@@ -712,11 +712,22 @@ def cmd_drill(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         print(line, file=sys.stderr, flush=True)
 
     result = drill.run(args.scenario, home, env, log, budget_s=args.budget)
+    results = result if isinstance(result, list) else [result]
+    if args.report:
+        from services.drill import report
+
+        folder = Path(args.report)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in report.files(result).items():
+            (folder / name).write_text(text, encoding="utf-8")
+        log(f"report: {folder / 'report.html'} (also report.md, report.json)")
     if args.json:
         print(drill.as_json(result))
     else:
-        print(drill.as_text(result))
-    return 0 if result["verdict"] == "pass" else 1
+        print("\n\n".join(drill.as_text(r) for r in results))
+        if args.report:
+            print(f"\nreport: {Path(args.report) / 'report.html'}")
+    return 0 if all(r["verdict"] == "pass" for r in results) else 1
 
 
 def _checkpoint_times(record: CheckpointRecord) -> interval.CheckpointTimes:

@@ -264,11 +264,16 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument(
         "--scenario",
         required=True,
-        choices=["node-exit", "corrupt-checkpoint", "restart-loop", "env-mismatch"],
-    )
-    dr.add_argument("--json", action="store_true", help="one JSON object with the evidence")
+        choices=["node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop",
+                 "env-mismatch", "all"],
+        help="the fault to inject; all: every scenario in turn on one stack",
+    )  # fmt: skip
+    dr.add_argument("--json", action="store_true",
+                    help="the evidence as JSON: one object, a list of them for all")  # fmt: skip
+    dr.add_argument("--report", metavar="DIR",
+                    help="write report.md, report.json and a standalone report.html")  # fmt: skip
     dr.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
-                    help="stop and report a failure when the drill runs longer")  # fmt: skip
+                    help="per drill: stop it and report it failed when it runs longer")  # fmt: skip
 
     demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
     demo.add_argument("--job", default="demo-job")

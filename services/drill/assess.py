@@ -242,3 +242,37 @@ def recovery_durations(
         "control_plane": round(control, 4),
         "control_plane_share": round(control / total, 4) if total > 0 else 0.0,
     }
+
+
+def marks(
+    events: Sequence[Envelope[EventData]],
+    job_id: str,
+    faults: Sequence[tuple[str, datetime]],
+) -> dict[str, list[dict[str, Any]]]:
+    """Where on the loss curve the report marks the drill: the registered checkpoints, the
+    faults (at the last step reported before each) and the resumes (the step each loaded)."""
+    mine = [e for e in events if e.data.job_id == job_id]
+    progress = [(e.time, e.data.step) for e in _of(mine, JobProgressV1)]
+
+    def step_at(when: datetime) -> int | None:
+        before = [step for at, step in progress if at <= when]
+        return max(before) if before else None
+
+    return {
+        "checkpoints": [
+            {"step": e.data.step, "checkpoint_id": e.data.checkpoint_id, "event_id": e.id}
+            for e in _of(mine, CheckpointRegisteredV1)
+        ],
+        "faults": [
+            {"step": step_at(at), "time": at.isoformat(), "what": what} for what, at in faults
+        ],
+        "resumes": [
+            {
+                "step": e.data.step,
+                "checkpoint_id": e.data.checkpoint_id,
+                "event_id": e.id,
+                "attempt": e.data.attempt,
+            }
+            for e in _of(mine, ResumeLoadedV1)
+        ],
+    }

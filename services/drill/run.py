@@ -8,15 +8,20 @@ I/O lives here (processes, signals, NATS, Redis); what the evidence proves is de
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
+import io
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,6 +29,7 @@ from contracts import CATALOG, Envelope, EventData
 from contracts.job import JobPolicy, Tolerance
 from contracts.subjects import job_token
 from services.cli import stack
+from services.drill import assess
 from services.drill.assess import Assessment, assess_restore
 from services.shared.bus_config import BusConfig
 from services.shared.registry import CheckpointRecord, Registry
@@ -53,6 +59,10 @@ class Drill:
     started: float = field(default_factory=time.monotonic)
     runner: subprocess.Popen[bytes] | None = None
     runner_log: Path | None = None
+    scenario: str = ""
+    job_args: list[str] = field(default_factory=list)
+    faults: list[tuple[str, datetime]] = field(default_factory=list)
+    """Every fault injected, with the moment it took effect (the report marks them)."""
 
     # -- plumbing -------------------------------------------------------------------------
 
@@ -62,13 +72,28 @@ class Drill:
     def remaining(self) -> float:
         left = self.budget_s - (time.monotonic() - self.started)
         if left <= 0:
-            raise DrillFailed(f"time budget of {self.budget_s:.0f} s exceeded")
+            raise DrillFailed(
+                f"budget exceeded: the time budget of {self.budget_s:.0f} s is used up"
+            )
         return left
+
+    def progress(self, line: str) -> None:
+        """One readable progress line: scenario, seconds used of the budget, what happens."""
+        used = time.monotonic() - self.started
+        self.log(f"[{self.scenario} {used:6.1f}s/{self.budget_s:.0f}s] {line}")
+
+    def fault(self, what: str) -> datetime:
+        at = datetime.now(UTC)
+        self.faults.append((what, at))
+        self.progress(f"fault: {what}")
+        return at
 
     async def until(
         self, probe: Callable[[], Awaitable[T | None]], what: str, every: float = 0.2
     ) -> T:
         """Poll ``probe`` until it returns something, within the drill's budget."""
+        if what != "exit":
+            self.progress(f"waiting for {what}")
         while True:
             try:
                 self.remaining()
@@ -101,6 +126,7 @@ class Drill:
         policy_file = folder / "policy.json"
         policy_file.write_text(policy.model_dump_json(indent=2))
         self.runner_log = folder / "runner.log"
+        self.job_args = list(job_args)
         argv = [
             sys.executable, "-m", "services.cli.main", "run", "--job", self.job,
             "--policy", str(policy_file), "--plan-timeout", "60", "--",
@@ -133,9 +159,7 @@ class Drill:
     async def kill_training(self) -> datetime:
         pid = await self.until(lambda: _async(self.training_pid()), "the training process")
         os.kill(pid, signal.SIGKILL)
-        fault = datetime.now(UTC)
-        self.log(f"fault: SIGKILL training process {pid} at {fault.isoformat()}")
-        return fault
+        return self.fault(f"SIGKILL training process {pid}")
 
     async def wait_exit(self) -> int:
         async def done() -> int | None:
@@ -262,7 +286,7 @@ async def corrupt_checkpoint(drill: Drill) -> dict[str, Any]:
         data = bytearray(shard.read_bytes())
         data[-1] ^= 0xFF  # one flipped bit pattern, same size: only a checksum can tell
         shard.write_bytes(bytes(data))
-        drill.log(f"damaged {shard} of checkpoint {newest.checkpoint_id} (step {newest.step})")
+        drill.fault(f"damaged {shard.name} of {newest.checkpoint_id} (step {newest.step})")
         fault = await drill.kill_training()
         await drill.until(lambda: _resumed_after(drill, fault), "a resume verdict")
         code = await drill.wait_exit()
@@ -373,32 +397,237 @@ async def env_mismatch(drill: Drill) -> dict[str, Any]:
     return _expect_escalation("env-mismatch", drill, events, fault, code, {"compatibility_unknown"})
 
 
+def _fs_root(storage_root: str) -> Path:
+    if "://" in storage_root and not storage_root.startswith("file://"):
+        raise DrillFailed(
+            f"storage-outage takes a filesystem storage root away; this stack uses {storage_root}"
+        )
+    return Path(storage_root.removeprefix("file://"))
+
+
+def _unmount(root: Path) -> Path:
+    """Storage unavailable, as when its volume is unmounted: the root is moved away (the stores
+    answer `StorageUnavailable` and create nothing in its place)."""
+    away = root.with_name(f"{root.name}.outage")
+    os.rename(root, away)
+    return away
+
+
+async def storage_outage(drill: Drill) -> dict[str, Any]:
+    """Storage goes away twice: in the middle of a checkpoint write (the job trains on), and
+    while the job is being restored after it died. No fake-complete checkpoint may appear, the
+    interrupted write must be blamed on the infrastructure, the restore must wait for storage
+    within its limits and resume from the last valid checkpoint, and the job must finish."""
+    registry = Registry.from_url(drill.state.redis_url)
+    root = _fs_root(drill.state.storage_root)
+    away: Path | None = None
+    outage_write, outage_restore = 8.0, 5.0  # the write's longer than the stall timeout (5 s)
+    try:
+        drill.launch(
+            _policy(),
+            ["--steps", "130", "--checkpoint-every", "10", "--sleep-per-step", "0.1",
+             "--slow-save", "1.5"],
+            {"CKPT_HA_RESTORE_STORAGE_WAIT_S": "30"},
+        )  # fmt: skip
+        valid = await drill.until(lambda: _valid_count(drill, registry, 1), "a valid checkpoint")
+        since = datetime.now(UTC)
+
+        async def mid_write() -> str | None:
+            events = await drill.events()
+            writing = [e.data.__dict__.get("checkpoint_id") for e in events
+                       if e.type.endswith("checkpoint.writing.v1") and e.time > since]  # fmt: skip
+            done = {e.data.__dict__.get("checkpoint_id") for e in events
+                    if e.type.endswith("checkpoint.committed.v1")}  # fmt: skip
+            pending = [c for c in writing if c not in done]
+            return pending[-1] if pending else None
+
+        hit = await drill.until(mid_write, "a checkpoint being written", every=0.05)
+        away = _unmount(root)
+        write_fault = drill.fault(f"storage unavailable for {outage_write:g} s during the write "
+                                  f"of {hit}")  # fmt: skip
+        await asyncio.sleep(outage_write)
+        os.rename(away, root)
+        away = None
+        drill.progress("storage back")
+
+        async def failed_write() -> list[Envelope[EventData]] | None:
+            return [e for e in await drill.events() if e.type.endswith("checkpoint.write_failed.v1")
+                    and e.data.__dict__.get("checkpoint_id") == hit] or None  # fmt: skip
+
+        await drill.until(failed_write, "the interrupted write to be declared failed")
+        before = len(await _valid_count(drill, registry, 1) or [])
+        valid = await drill.until(lambda: _valid_count(drill, registry, before + 1),
+                                  "a new valid checkpoint after the outage")  # fmt: skip
+        # A few steps past it, so the resumed run recomputes steps the first attempt reported.
+        newest = max(r.step or 0 for r in valid)
+        await drill.until(lambda: _progress_at_least(drill, newest + 3), "training to go on")
+        restore_fault = await drill.kill_training()
+        away = _unmount(root)
+        drill.fault(f"storage unavailable for {outage_restore:g} s during the restore")
+        await asyncio.sleep(outage_restore)
+        os.rename(away, root)
+        away = None
+        back = datetime.now(UTC)
+        drill.progress("storage back")
+        await drill.until(lambda: _resumed_after(drill, restore_fault), "the resume verdict")
+        code = await drill.wait_exit()
+        events = await drill.events()
+        hit_record = await registry.get(hit)
+        records = await drill.records(registry)
+    finally:
+        if away is not None:
+            os.rename(away, root)
+        drill.stop()
+        await registry.close()
+    write_phase = assess_restore("storage-outage/write", [e for e in events
+                                 if e.time < restore_fault], drill.job, write_fault)  # fmt: skip
+    restore_phase = assess_restore("storage-outage/restore", events, drill.job, restore_fault)
+    mine = [e for e in events if e.data.job_id == drill.job]
+
+    def about(kind: str, cid: str | None = None) -> list[Envelope[EventData]]:
+        return [e for e in mine if e.type.endswith(kind)
+                and (cid is None or e.data.__dict__.get("checkpoint_id") == cid)]  # fmt: skip
+
+    write_failed = about("checkpoint.write_failed.v1", hit)
+    faked = about("checkpoint.committed.v1", hit) + about("checkpoint.registered.v1", hit)
+    failed_jobs = [e for e in about("job.failed.v1") if write_fault <= e.time < restore_fault]
+    loaded = [e for e in about("resume.loaded.v1") if e.time >= restore_fault]
+    load_failed = [e for e in about("resume.load_failed.v1") if e.time >= restore_fault]
+    quarantined = about("checkpoint.quarantined.v1")
+    progress_during = [
+        e
+        for e in about("job.progress.v1")
+        if write_fault <= e.time < write_fault + timedelta(seconds=outage_write)
+    ]
+    last_valid = restore_phase.last_valid_checkpoint
+    result = {**restore_phase.to_json(), "scenario": "storage-outage"}
+    result["phases"] = [write_phase.to_json(), restore_phase.to_json()]
+    # The write phase has no restore: its levels are about the restore after the second outage.
+    result["phases"][0]["verdict"] = "n/a"
+    result["interrupted_write"] = {
+        "checkpoint_id": hit,
+        "state": hit_record.state.value if hit_record else None,
+        "write_failed": [{"event_id": e.id, "side": str(e.data.__dict__.get("side")),
+                          "reason": e.data.__dict__.get("reason")} for e in write_failed],
+        "committed_or_registered": [e.id for e in faked],
+    }  # fmt: skip
+    result["restore_wait"] = {
+        "storage_back": back.isoformat(),
+        "loaded": [{"event_id": e.id, "time": e.time.isoformat(), "checkpoint_id":
+                    e.data.__dict__.get("checkpoint_id")} for e in loaded],
+        "load_failed": [e.id for e in load_failed],
+        "quarantined": [e.data.__dict__.get("checkpoint_id") for e in quarantined],
+    }  # fmt: skip
+    result["valid_checkpoints"] = sorted(r.step or 0 for r in records if r.state.value == "valid")
+    result["job"], result["job_exit_code"] = drill.job, code
+    side_ok = any(
+        w["side"] == "infrastructure" for w in result["interrupted_write"]["write_failed"]
+    )
+    checks = {
+        "no fake-complete checkpoint: the interrupted write was never committed or registered":
+            not faked and (hit_record is None or hit_record.state.value != "valid"),
+        "the interrupted write was declared failed on the infrastructure side": side_ok,
+        "the job trained on through the write outage (no failure, progress reported)":
+            not failed_jobs and bool(progress_during),
+        "the restore waited for storage and loaded after it came back":
+            bool(loaded) and loaded[0].time >= back and not load_failed,
+        "the restore used the last valid checkpoint": restore_phase.restored_from == last_valid,
+        "no checkpoint was quarantined because of the outage": not quarantined,
+        "the job finished": code == 0,
+    }  # fmt: skip
+    result["checks"] = checks
+    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
+    ok = restore_phase.verdict == "pass" and all(checks.values())
+    result["verdict"] = "pass" if ok else "fail"
+    return result
+
+
 SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
     "node-exit": node_exit,
+    "storage-outage": storage_outage,
     "corrupt-checkpoint": corrupt_checkpoint,
     "restart-loop": restart_loop,
     "env-mismatch": env_mismatch,
 }
 
 
-def run(scenario: str, home: Path, env: Mapping[str, str], log: Callable[[str], None],
-        budget_s: float = 300.0) -> dict[str, Any]:  # fmt: skip
-    """Start the embedded stack if none runs, run one scenario, return its JSON result."""
-    state = stack.StackState.load(home)
-    if state is None or not all(s.alive for s in stack.status(state)):
-        log(f"starting the embedded stack under {home}")
-        state = stack.up(home, {**env, **DRILL_ENV})
+FAULTS = {
+    "node-exit": "the training process is SIGKILLed, once mid-training and once mid-write",
+    "storage-outage": "the storage root is unavailable during a checkpoint write and a restore",
+    "corrupt-checkpoint": "the newest valid checkpoint's bytes are damaged on storage",
+    "restart-loop": "the job crashes right after every resume",
+    "env-mismatch": "the checkpoints record another framework version than the restore target",
+}
+"""The one variable each drill changes; everything else is the baseline."""
+
+
+def baseline(job_args: Sequence[str]) -> dict[str, Any]:
+    """What every drill keeps fixed: model, data, config, environment and resources."""
+    import numpy as np
+
+    from services.examples import numpy_mlp
+
+    cfg, _ = numpy_mlp.parse(list(job_args))
+    return {
+        "model": f"{EXAMPLE}: MLP {numpy_mlp.FEATURES}-{numpy_mlp.HIDDEN}-1 (tanh, dropout "
+        f"{cfg.dropout}), Adam, warm-up then cosine LR",
+        "data": f"synthetic regression set, {numpy_mlp.SAMPLES} x {numpy_mlp.FEATURES}, "
+        f"dataset seed {numpy_mlp.DATASET_SEED}, batch {cfg.batch_size}",
+        "config": dataclasses.asdict(cfg),
+        "job_args": list(job_args),
+        "environment": {"python": platform.python_version(), "numpy": np.__version__,
+                        "platform": platform.platform()},
+        "resources": {"cpus": os.cpu_count(), "processes": 1, "gpus": 0},
+    }  # fmt: skip
+
+
+def baseline_losses(job_args: Sequence[str]) -> list[list[float]]:
+    """The uninterrupted run of the same job with the same seed, in-process: (step, loss)."""
+    from services import sdk
+    from services.examples import numpy_mlp
+
+    cfg, _ = numpy_mlp.parse(list(job_args))
+    # Checkpoints, sleeps and crashes change no loss: the reference run does without them.
+    cfg = dataclasses.replace(
+        cfg, checkpoint_every=cfg.steps + 1, sleep_per_step=0.0, slow_save=0.0,
+        crash_at_step=None, crash_after_resume=False,
+    )  # fmt: skip
+    with tempfile.TemporaryDirectory() as root, contextlib.redirect_stdout(io.StringIO()):
+        losses = numpy_mlp.train(cfg, sdk.Context("baseline", "baseline", 1, root, None))
+    return [[step, loss] for step, loss in losses]
+
+
+def drill_losses(runner_log: Path | None) -> list[list[float]]:
+    """(step, loss, attempt) of every step the drill's job printed, in order."""
+    out: list[list[float]] = []
+    if runner_log is None or not runner_log.exists():
+        return out
+    for line in runner_log.read_text(errors="replace").splitlines():
+        if not line.startswith("{"):
+            continue
+        try:
+            doc = json.loads(line)
+            out.append([int(doc["step"]), float.fromhex(doc["loss"]), int(doc["attempt"])])
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
+
+
+def _run_one(scenario: str, home: Path, state: stack.StackState, log: Callable[[str], None],
+             budget_s: float, number: str) -> dict[str, Any]:  # fmt: skip
     job = f"drill-{scenario}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
-    drill = Drill(home=home, state=state, job=job, budget_s=budget_s, log=log)
-    log(f"drill {scenario}: job {job}")
+    drill = Drill(home=home, state=state, job=job, budget_s=budget_s, log=log,
+                  scenario=f"{number}{scenario}")  # fmt: skip
+    drill.progress(f"job {job}: {FAULTS[scenario]}")
     try:
-        return asyncio.run(SCENARIOS[scenario](drill))
+        result = asyncio.run(SCENARIOS[scenario](drill))
     except DrillFailed as exc:
-        return {
+        result = {
             "scenario": scenario,
             "verdict": "fail",
+            "stopped": True,
             "job": job,
-            "reasons": [str(exc)],
+            "reasons": [f"stopped: {exc}"],
             "levels": {},
             "last_valid_checkpoint": None,
             "restored_from": None,
@@ -406,9 +635,37 @@ def run(scenario: str, home: Path, env: Mapping[str, str], log: Callable[[str], 
             "recompute_steps": None,
             "timeline": [],
         }
+    events = asyncio.run(drill.events())
+    result["baseline"] = baseline(drill.job_args)
+    result["fault"] = FAULTS[scenario]
+    result["elapsed_seconds"] = round(time.monotonic() - drill.started, 2)
+    result["curves"] = {
+        "baseline": baseline_losses(drill.job_args) if drill.job_args else [],
+        "drill": drill_losses(drill.runner_log),
+    }
+    result["marks"] = assess.marks(events, job, drill.faults)
+    drill.progress(f"{result['verdict'].upper()} in {result['elapsed_seconds']:.0f}s")
+    return result
 
 
-def as_json(result: Mapping[str, Any]) -> str:
+def run(scenario: str, home: Path, env: Mapping[str, str], log: Callable[[str], None],
+        budget_s: float = 300.0) -> dict[str, Any] | list[dict[str, Any]]:  # fmt: skip
+    """Start the embedded stack if none runs, run one scenario (its JSON result) or ``all`` of
+    them in turn on that stack (a list of results). ``budget_s`` bounds each drill."""
+    state = stack.StackState.load(home)
+    if state is None or not all(s.alive for s in stack.status(state)):
+        log(f"starting the embedded stack under {home}")
+        state = stack.up(home, {**env, **DRILL_ENV})
+    if scenario != "all":
+        return _run_one(scenario, home, state, log, budget_s, "")
+    names = list(SCENARIOS)
+    return [
+        _run_one(name, home, state, log, budget_s, f"{i}/{len(names)} ")
+        for i, name in enumerate(names, 1)
+    ]
+
+
+def as_json(result: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> str:
     return json.dumps(result, indent=2, default=str)
 
 

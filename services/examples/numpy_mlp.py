@@ -29,7 +29,7 @@ import numpy as np
 
 from contracts.resume import ResumeMode
 from services import sdk
-from services.shared.storage import FsStore, ObjectInfo, ObjectStore
+from services.shared.storage import FsStore, ObjectInfo, ObjectStore, StorageError
 
 SAMPLES, FEATURES, HIDDEN = 512, 8, 32
 DATASET_SEED = 20240601
@@ -214,6 +214,10 @@ def train(cfg: Config, ctx: sdk.Context, *, stop_at: int | None = None) -> list[
                 sdk.save(_store(ctx.storage_root, cfg), ctx.job_id, step, state, ctx=ctx)
             except sdk.CheckpointExists as exc:  # an earlier attempt got this far already
                 print(f"not saving step {step}: {exc}", file=sys.stderr)
+            except StorageError as exc:
+                # Storage is out: this checkpoint is lost (the writer watcher reports its
+                # half-written folder), training goes on and the next checkpoint tries again.
+                print(f"checkpoint at step {step} failed, training on: {exc}", file=sys.stderr)
         if stop_at is not None and step >= stop_at:
             break
         if cfg.sleep_per_step:

@@ -53,7 +53,7 @@ from services.shared.formats import checksum as cs
 from services.shared.formats import native
 from services.shared.formats.identity import checkpoint_id_on
 from services.shared.formats.paths import inside, join
-from services.shared.storage import ObjectNotFound, ObjectStore, open_store
+from services.shared.storage import ObjectNotFound, ObjectStore, StorageError, open_store
 
 __all__ = [
     "INDEX",
@@ -377,13 +377,14 @@ def resume(
     plan = ctx.plan
     started = time.monotonic()
     try:
-        loaded = _load_planned(plan, ctx, tensors)
+        loaded = _load_waiting_for_storage(plan, ctx, tensors)
         data_position, rng = describe(loaded.state) if describe is not None else (None, None)
     except Exception as exc:
         reason = str(exc) or type(exc).__name__
-        side = (
-            FailureSide.INFRASTRUCTURE if isinstance(exc, CheckpointUnreadable) else FailureSide.JOB
+        infrastructure = isinstance(exc, CheckpointUnreadable) or (
+            isinstance(exc, StorageError) and exc.transient
         )
+        side = FailureSide.INFRASTRUCTURE if infrastructure else FailureSide.JOB
         failed = ResumeLoadFailedV1(
             job_id=ctx.job_id,
             plan_id=plan.plan_id,
@@ -407,6 +408,34 @@ def resume(
     )
     try_announce(ctx.bus, loaded_event, utc_now(), f"resume.loaded|{plan.plan_id}", always=True)
     return Resumed(plan, loaded)
+
+
+RESTORE_STORAGE_WAIT_S = 60.0
+"""Default for ``CKPT_HA_RESTORE_STORAGE_WAIT_S``: how long a restore waits for storage that is
+unavailable (a transient `StorageError`: volume unmounted, endpoint down) before it fails."""
+
+
+def _load_waiting_for_storage(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:
+    """`_load_planned`, retried with backoff while storage is unavailable, within the limit of
+    ``CKPT_HA_RESTORE_STORAGE_WAIT_S``. Anything else (a checksum mismatch, a missing shard) fails
+    at once: waiting cannot repair a damaged checkpoint."""
+    limit = float(os.environ.get("CKPT_HA_RESTORE_STORAGE_WAIT_S", RESTORE_STORAGE_WAIT_S))
+    deadline = time.monotonic() + limit
+    delay = 0.2
+    tries = 1
+    while True:
+        try:
+            return _load_planned(plan, ctx, tensors)
+        except StorageError as exc:
+            if not exc.transient or time.monotonic() + delay > deadline:
+                raise
+            log.warning(
+                "storage unavailable while loading %s (try %d), retrying in %.1fs: %s",
+                plan.checkpoint_id, tries, delay, exc,
+            )  # fmt: skip
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            tries += 1
 
 
 def _load_planned(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:

@@ -260,10 +260,14 @@ def _stalled(
     storage_trouble: tuple[datetime, str] | None,
 ) -> CheckpointWriteFailedV1:
     """A stalled write is the job's (a rank died, the writer stopped) unless storage was failing
-    since the write last made progress: then the platform has to act (R2)."""
+    since the write last made progress: then the platform has to act (R2). The write's last
+    progress is its newest file's time on storage when that is earlier than the scan that
+    noticed it: during an outage the scans fail, and the first one after it notices files that
+    landed before it."""
     reason = f"write stalled for {stall_after}; missing {gaps[:5]}"
     side = FailureSide.JOB
-    if storage_trouble is not None and storage_trouble[0] >= known.last_change:
+    progressed = min(known.last_change, obs.last_written)
+    if storage_trouble is not None and storage_trouble[0] >= progressed:
         at, message = storage_trouble
         side = FailureSide.INFRASTRUCTURE
         reason += f"; storage was failing meanwhile (last error {at.isoformat()}: {message})"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -53,10 +54,11 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     cli(path, "down", timeout=120)
 
 
-def drill(home: Path, scenario: str) -> dict[str, Any]:
-    done = cli(home, "drill", "--scenario", scenario, "--json", "--budget", "300")
+def drill(home: Path, scenario: str, *extra: str) -> dict[str, Any]:
+    done = cli(home, "drill", "--scenario", scenario, "--json", "--budget", "300", *extra)
     assert done.stdout, done.stderr
     result: dict[str, Any] = json.loads(done.stdout)
+    assert f"[{scenario}" in done.stderr  # progress lines while it runs
     assert done.returncode == (0 if result["verdict"] == "pass" else 1)
     assert result["verdict"] == "pass", (result.get("reasons"), done.stderr[-2000:])
     return result
@@ -98,6 +100,51 @@ def test_node_exit_is_restored_and_continues_also_after_a_kill_mid_write(home: P
     assert any(n.endswith(": rng_fingerprint") for n in names), names
     assert all(c["ok"] for c in comparisons)
     assert all(c["tolerance"] == 0 for c in comparisons if c["name"].endswith(": loss"))
+
+
+def test_a_storage_outage_fakes_no_checkpoint_blames_infrastructure_and_the_restore_waits(
+    home: Path, tmp_path: Path
+) -> None:
+    report = tmp_path / "report"
+    result = drill(home, "storage-outage", "--report", str(report))
+    assert result["scenario"] == "storage-outage"
+    assert all(result["checks"].values()), result["checks"]
+    write = result["interrupted_write"]
+    # No fake-complete checkpoint: the write storage vanished under never committed.
+    assert write["committed_or_registered"] == []
+    assert write["state"] != "valid"
+    assert any(w["side"] == "infrastructure" for w in write["write_failed"])
+    assert "storage" in write["write_failed"][0]["reason"]
+    # The restore waited for storage (no failed load, nothing quarantined) and resumed from the
+    # last valid checkpoint, proven on all five levels.
+    _, restore = result["phases"]
+    assert_restored(restore)
+    assert restore["restored_from"] == restore["last_valid_checkpoint"]
+    wait = result["restore_wait"]
+    assert wait["load_failed"] == []
+    assert wait["quarantined"] == []
+    assert wait["loaded"][0]["time"] >= wait["storage_back"]
+    assert result["job_exit_code"] == 0
+    assert result["baseline"]["config"]["seed"] == 0
+    assert result["fault"]
+
+    # --report: the three files, the JSON is what --json printed, the page stands alone.
+    assert sorted(p.name for p in report.iterdir()) == ["report.html", "report.json", "report.md"]
+    assert json.loads((report / "report.json").read_text()) == result
+    page = (report / "report.html").read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page)
+    assert "<svg" in page
+    assert 'class="baseline"' in page
+    assert 'class="drill"' in page
+    assert 'class="faults"' in page
+    assert 'class="resumes"' in page
+    assert "## storage-outage: PASS" in (report / "report.md").read_text()
+    # The drill run matches the baseline (same seed, uninterrupted) step for step: a restore
+    # from a valid checkpoint changes no loss.
+    baseline = {int(s): v for s, v in result["curves"]["baseline"]}
+    drilled = result["curves"]["drill"]
+    assert len(drilled) > len(baseline)  # recomputed steps after the resume
+    assert all(baseline[int(s)] == v for s, v, _ in drilled)
 
 
 def test_a_checkpoint_corrupted_after_registration_is_caught_at_load_and_falls_back(

@@ -95,6 +95,22 @@ def test_storage_trouble_before_the_last_progress_does_not_excuse_a_stall() -> N
     assert failed.side is FailureSide.JOB
 
 
+def test_a_write_noticed_only_after_an_outage_is_still_the_platforms() -> None:
+    # The last file landed at T0 + 1 min; storage then failed and the watcher's scans with it,
+    # so the first scan to see that file came after the outage. The write made no progress while
+    # storage was failing: the stall is the platform's, not the job's.
+    state = WatchState()
+    observe(state, [obs({"a.bin": 10}, None)], T0, STALL)
+    landed = replace(obs({"a.bin": 10, "b.bin": 4}, None), last_written=T0 + timedelta(minutes=1))
+    trouble = (T0 + timedelta(minutes=2), "root missing (volume not mounted?)")
+    noticed = T0 + timedelta(minutes=3)
+    assert observe(state, [landed], noticed, STALL, None, trouble) == []
+    later = noticed + STALL + timedelta(seconds=1)
+    [failed] = observe(state, [landed], later, STALL, None, trouble)
+    assert isinstance(failed, CheckpointWriteFailedV1)
+    assert failed.side is FailureSide.INFRASTRUCTURE
+
+
 def test_progress_resets_the_stall_clock() -> None:
     state = WatchState()
     observe(state, [obs({"a.bin": 10}, None)], T0, STALL)
