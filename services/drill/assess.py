@@ -20,6 +20,7 @@ from contracts.checkpoint import (
 )
 from contracts.job import JobFailedV1, JobProgressV1
 from contracts.resume import (
+    ResumeClosedV1,
     ResumeDivergedV1,
     ResumeEscalatedV1,
     ResumeLoadedV1,
@@ -276,3 +277,34 @@ def marks(
             for e in _of(mine, ResumeLoadedV1)
         ],
     }
+
+
+def reclaimed(events: Sequence[Envelope[EventData]], job_id: str) -> dict[str, Any]:
+    """What the restore path cleaned up after the job's verified resumes (R11), and what not."""
+    closed = [
+        (e.id, e.data)
+        for e in events
+        if e.data.job_id == job_id and isinstance(e.data, ResumeClosedV1)
+    ]
+    return {
+        "cleaned": sorted({c for _, d in closed for c in d.cleaned}),
+        "unreclaimable": sorted({c for _, d in closed for c in d.unreclaimable}),
+        "event_ids": [event_id for event_id, _ in closed],
+    }
+
+
+MANUAL_SOURCES = ("ckpt-ha/cli",)
+
+
+def manual_actions(events: Sequence[Envelope[EventData]], job_id: str) -> list[dict[str, Any]]:
+    """Every action a human took on the job during the drill (a drill expects none)."""
+    return [
+        {
+            "event": e.type,
+            "event_id": e.id,
+            "time": e.time.isoformat(),
+            "actor": e.data.__dict__.get("actor"),
+        }
+        for e in events
+        if e.data.job_id == job_id and e.source in MANUAL_SOURCES
+    ]

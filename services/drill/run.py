@@ -613,6 +613,36 @@ def drill_losses(runner_log: Path | None) -> list[list[float]]:
     return out
 
 
+def metrics_after(state: stack.StackState, job: str) -> dict[str, float]:
+    """The job's series on every service's /metrics once the drill ended (what a dashboard or an
+    alert sees), plus each service's dead-letter total. Unreachable services are skipped."""
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for proc in state.processes:
+        if not proc.http_port:
+            continue
+        try:
+            with urlopen(f"http://127.0.0.1:{proc.http_port}/metrics", timeout=5) as resp:
+                text = resp.read().decode()
+        except OSError:
+            continue
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = sample.labels
+                if labels.get("job_id") == job:
+                    extra = ",".join(
+                        f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("job_id",)
+                    )
+                    out[f"{sample.name}{{{extra}}}"] = sample.value
+                elif sample.name == "ckpt_ha_dead_letters_total":
+                    key = f"{sample.name}{{service={labels.get('service', proc.name)}}}"
+                    out[key] = out.get(key, 0.0) + sample.value
+    return dict(sorted(out.items()))
+
+
 def _run_one(scenario: str, home: Path, state: stack.StackState, log: Callable[[str], None],
              budget_s: float, number: str) -> dict[str, Any]:  # fmt: skip
     job = f"drill-{scenario}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
@@ -644,6 +674,9 @@ def _run_one(scenario: str, home: Path, state: stack.StackState, log: Callable[[
         "drill": drill_losses(drill.runner_log),
     }
     result["marks"] = assess.marks(events, job, drill.faults)
+    result["resources_reclaimed"] = assess.reclaimed(events, job)
+    result["manual_actions"] = assess.manual_actions(events, job)
+    result["metrics_after"] = metrics_after(state, job)
     drill.progress(f"{result['verdict'].upper()} in {result['elapsed_seconds']:.0f}s")
     return result
 

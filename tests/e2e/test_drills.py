@@ -92,6 +92,15 @@ def test_node_exit_is_restored_and_continues_also_after_a_kill_mid_write(home: P
     assert killed_mid_write
     assert mid_write["restored_from"] not in killed_mid_write[-1]["what"]
     assert result["job_exit_code"] == 0
+    # Recorded besides the levels: no manual action, what was reclaimed, the metrics after.
+    assert result["manual_actions"] == []
+    assert result["resources_reclaimed"]["event_ids"]
+    assert result["resources_reclaimed"]["unreclaimable"] == []
+    restarts = [
+        v for k, v in result["metrics_after"].items() if k.startswith("ckpt_ha_job_restarts")
+    ]
+    assert restarts, sorted(result["metrics_after"])
+    assert max(restarts) >= 2
     comparisons = first["levels"]["continued"]["evidence"]["comparisons"]
     names = [c["name"] for c in comparisons]
     # Recomputed steps match the pre-failure run exactly: loss, data position and RNG state.

@@ -10,6 +10,7 @@ from contracts import Envelope, EventData, build
 from contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
+    CheckpointQuarantinedV1,
     CheckpointRegisteredV1,
     CheckpointVerifiedV1,
 )
@@ -17,12 +18,13 @@ from contracts.job import FailureCause, JobFailedV1, JobProgressV1, JobStartedV1
 from contracts.resume import (
     Comparison,
     Compatibility,
+    ResumeClosedV1,
     ResumeLoadedV1,
     ResumeMode,
     ResumePlannedV1,
     ResumeVerifiedV1,
 )
-from services.drill.assess import LEVELS, assess_restore
+from services.drill.assess import LEVELS, assess_restore, manual_actions, reclaimed
 from tests.support.events import T0
 
 J = "drill-job"
@@ -98,3 +100,26 @@ def test_no_plan_means_nothing_is_proven() -> None:
     assert result["verdict"] == "fail"
     assert result["restored_from"] is None
     assert "no resume.planned after the fault" in result["reasons"]
+
+
+def test_reclaimed_resources_and_manual_actions_come_from_their_events() -> None:
+    s = story()
+    closed = ev(ResumeClosedV1(job_id=J, plan_id="p1", cleaned=("file:///s/j/step-30",),
+                               unreclaimable=("file:///s/j/step-40",)), 15)  # fmt: skip
+    by_hand = build(
+        CheckpointQuarantinedV1(job_id=J, checkpoint_id="c20", uri="u", reason="r", actor="al"),
+        source="ckpt-ha/cli",
+        time=T0,
+        key="manual",
+    )
+    events = [*s.values(), closed, by_hand]
+    got = reclaimed(events, J)
+    assert got == {
+        "cleaned": ["file:///s/j/step-30"],
+        "unreclaimable": ["file:///s/j/step-40"],
+        "event_ids": [closed.id],
+    }
+    assert reclaimed(events, "other-job")["event_ids"] == []
+    [action] = manual_actions(events, J)
+    assert (action["event_id"], action["actor"]) == (by_hand.id, "al")
+    assert manual_actions(list(s.values()), J) == []
