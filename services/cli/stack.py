@@ -117,7 +117,80 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         )
         components[name] = running.get(name) or procs.retry_port_race(start, ports_chosen_here=True)
         record(nats_url, redis_url)
+    prometheus_bin = _prometheus_binary(env)
+    if prometheus_bin is not None and ALERT_RULES.is_file():
+        services = [components[name] for name in SERVICE_NAMES]
+        start_prom = functools.partial(_start_prometheus, prometheus_bin, home, services)
+        components["prometheus"] = running.get("prometheus") or procs.retry_port_race(
+            start_prom, ports_chosen_here=True
+        )
+        record(nats_url, redis_url)
     return record(nats_url, redis_url)
+
+
+ROOT = Path(__file__).resolve().parents[2]
+ALERT_RULES = ROOT / "observability" / "alerts.yml"
+"""The shipped alert rules (present in a source checkout)."""
+
+
+def _prometheus_binary(env: Mapping[str, str]) -> Path | None:
+    """A Prometheus to evaluate the shipped alerts against the stack, if one is at hand:
+    ``$CKPT_HA_PROMETHEUS``, else the one ``scripts/observability-tools`` unpacked. Optional: the
+    stack runs without it, and then nothing records which alerts fired."""
+    given = env.get("CKPT_HA_PROMETHEUS")
+    candidate = (
+        Path(given) if given else ROOT / ".ci-tools" / "observability" / "bin" / "prometheus"
+    )
+    return candidate if candidate.is_file() else None
+
+
+def _start_prometheus(binary: Path, home: Path, services: list[ManagedProcess]) -> ManagedProcess:
+    work = home / "prometheus"
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "prometheus.yml"
+    # JSON is YAML. Short intervals: a drill wants to see its alerts within seconds.
+    config.write_text(
+        json.dumps(
+            {
+                "global": {"scrape_interval": "2s", "evaluation_interval": "2s"},
+                "rule_files": [str(ALERT_RULES)],
+                "scrape_configs": [
+                    {
+                        "job_name": "ckpt-ha",
+                        "static_configs": [
+                            {"targets": [f"127.0.0.1:{s.http_port}" for s in services]}
+                        ],
+                    }
+                ],
+            },
+            indent=2,
+        )
+    )
+    port = procs.free_port()
+    url = f"http://127.0.0.1:{port}"
+    return procs.start_process(
+        "prometheus",
+        [
+            str(binary),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={work / 'data'}",
+            f"--web.listen-address=127.0.0.1:{port}",
+        ],
+        home=home,
+        port=port,
+        url=url,
+        marker="prometheus",
+        ready=lambda: _ready(f"{url}/-/ready"),
+        timeout=30,
+    )
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:  # noqa: S310 - loopback only
+            return bool(resp.status == 200)
+    except OSError:
+        return False
 
 
 def _start_service(

@@ -643,6 +643,51 @@ def metrics_after(state: stack.StackState, job: str) -> dict[str, float]:
     return dict(sorted(out.items()))
 
 
+EXPECTED_ALERTS = {"corrupt-checkpoint": "CheckpointCorrupt", "restart-loop": "RestartLoop"}
+"""The page each scenario must raise (checked when the stack runs Prometheus)."""
+
+
+def alerts_fired(state: stack.StackState, job: str, expected: str | None) -> dict[str, Any]:
+    """Which of the shipped alerts fired (or are pending) for the job, as the stack's Prometheus
+    evaluated them. Waits a few evaluation rounds (longer for an alert the scenario expects)."""
+    import urllib.parse
+    from urllib.request import urlopen
+
+    prom = next((p for p in state.processes if p.name == "prometheus"), None)
+    if prom is None:
+        return {
+            "available": False,
+            "alerts": {},
+            "why": "this stack runs no Prometheus (run scripts/observability-tools, then "
+            "`ckpt-ha down` / `up`)",
+        }
+    query = (
+        f'max by (alertname, alertstate, severity) (max_over_time(ALERTS{{job_id="{job}"}}[1h]))'
+    )
+    url = f"{prom.url}/api/v1/query?{urllib.parse.urlencode({'query': query})}"
+    deadline = time.monotonic() + (30.0 if expected else 6.0)
+    alerts: dict[str, dict[str, str]] = {}
+    while True:
+        try:
+            with urlopen(url, timeout=5) as resp:  # noqa: S310 - the stack's own Prometheus
+                doc = json.loads(resp.read())
+        except OSError as exc:
+            return {"available": False, "alerts": {}, "why": f"Prometheus unreachable: {exc}"}
+        for item in doc.get("data", {}).get("result", []):
+            m = item["metric"]
+            name = m.get("alertname", "?")
+            if alerts.get(name, {}).get("state") != "firing":  # firing wins over pending
+                alerts[name] = {
+                    "state": m.get("alertstate", "?"),
+                    "severity": m.get("severity", "?"),
+                }
+        done = expected is None or alerts.get(expected, {}).get("state") == "firing"
+        if done or time.monotonic() > deadline:
+            break
+        time.sleep(1.0)
+    return {"available": True, "alerts": alerts, "prometheus": prom.url}
+
+
 def _run_one(scenario: str, home: Path, state: stack.StackState, log: Callable[[str], None],
              budget_s: float, number: str) -> dict[str, Any]:  # fmt: skip
     job = f"drill-{scenario}-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
@@ -677,6 +722,15 @@ def _run_one(scenario: str, home: Path, state: stack.StackState, log: Callable[[
     result["resources_reclaimed"] = assess.reclaimed(events, job)
     result["manual_actions"] = assess.manual_actions(events, job)
     result["metrics_after"] = metrics_after(state, job)
+    result["alerts_fired"] = alerts_fired(state, job, EXPECTED_ALERTS.get(scenario))
+    expected = EXPECTED_ALERTS.get(scenario)
+    if expected is not None and result["alerts_fired"]["available"]:
+        fired = result["alerts_fired"]["alerts"]
+        alerted = fired.get(expected, {}).get("state") == "firing"
+        result.setdefault("checks", {})[f"alerted ({expected})"] = alerted
+        if not alerted:
+            result["verdict"] = "fail"
+            result.setdefault("reasons", []).append(f"not met: alerted ({expected})")
     drill.progress(f"{result['verdict'].upper()} in {result['elapsed_seconds']:.0f}s")
     return result
 
@@ -729,6 +783,15 @@ def as_text(result: Mapping[str, Any]) -> str:
             mark = "PASS" if level["passed"] else "FAIL"
             evidence = json.dumps(level["evidence"], default=str)[:150]
             lines.append(f"  {mark}  {name:<10} {evidence}")
+    fired = result.get("alerts_fired") or {}
+    if fired.get("available"):
+        alerts = fired["alerts"].items()
+        names = ", ".join(f"{n} ({a['state']}, {a['severity']})" for n, a in alerts)
+        lines.append(f"alerts for the job: {names or 'none'}")
+    elif fired:
+        lines.append(f"alerts: not recorded ({fired.get('why')})")
+    if "manual_actions" in result:
+        lines.append(f"manual actions: {len(result['manual_actions']) or 'none'}")
     lines.extend(f"reason: {reason}" for reason in result.get("reasons", []))
     return "\n".join(lines)
 

@@ -19,7 +19,7 @@ import redis
 
 from contracts import build
 from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
-from services.cli.stack import StackState
+from services.cli.stack import StackState, _prometheus_binary
 from services.shared import procs
 from services.shared.bus import Bus
 from services.shared.bus_config import BusConfig
@@ -109,9 +109,11 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     state = StackState.load(stack_home)
     assert state is not None
     names = [p.name for p in state.processes]
+    # Prometheus joins when the observability tools are unpacked (scripts/test does that).
+    with_prometheus = ["prometheus"] if _prometheus_binary({}) is not None else []
     assert names == [
         "nats", "redis", "writer-watcher", "integrity-checker", "registrar",
-        "restore-coordinator", "retention-janitor",
+        "restore-coordinator", "retention-janitor", *with_prometheus,
     ]  # fmt: skip
     assert cli(stack_home, "status").returncode == 0
 
