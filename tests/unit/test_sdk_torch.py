@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from services import sdk
-from tests.support.optional import require
+from tests.support.torch_tools import require_torch
 
-torch = require("torch")
+torch = require_torch()
 
 
 def trained() -> tuple[Any, Any]:
