@@ -7,8 +7,6 @@ valid checkpoints periodically against the checksums recorded when they were ver
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from dataclasses import dataclass
 
 from faststream import FastStream
@@ -71,21 +69,8 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
             "before anyone restores them."
         ),
     )
-    tasks: list[asyncio.Task[None]] = []
-    assert svc.app is not None
-
-    @svc.app.after_startup
-    async def _start() -> None:
-        if settings.scrub_interval_s > 0:
-            tasks.append(asyncio.create_task(svc.scrubber.run(settings.scrub_interval_s)))
-
-    @svc.app.on_shutdown
-    async def _stop() -> None:
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
+    if settings.scrub_interval_s > 0:
+        svc.in_background(lambda: svc.scrubber.run(settings.scrub_interval_s))
     return svc
 
 

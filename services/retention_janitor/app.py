@@ -7,8 +7,6 @@ and the tier each job declares when it starts.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from dataclasses import dataclass
 
 from faststream import FastStream
@@ -62,21 +60,8 @@ def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> Retenti
             "Expires and deletes checkpoints by tier, never one that something still references."
         ),
     )
-    tasks: list[asyncio.Task[None]] = []
-    assert svc.app is not None
-
-    @svc.app.after_startup
-    async def _start() -> None:
-        if settings.retention_interval_s > 0:
-            tasks.append(asyncio.create_task(janitor.run(settings.retention_interval_s)))
-
-    @svc.app.on_shutdown
-    async def _stop() -> None:
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
+    if settings.retention_interval_s > 0:
+        svc.in_background(lambda: janitor.run(settings.retention_interval_s))
     return svc
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from faststream import FastStream
 
@@ -29,6 +32,35 @@ class Service:
         """Create the app once every consumer is registered."""
         self.app = make_app(self.bus, title=title, description=description)
         return self
+
+    def in_background(
+        self,
+        loop: Callable[[], Coroutine[Any, Any, None]],
+        *,
+        before: Callable[[], Awaitable[None]] | None = None,
+        after: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Run ``loop()`` as a task while the app runs (a polling loop, a scrub, retention
+        rounds): started after the app starts (``before`` awaited first), cancelled and awaited
+        on shutdown (``after`` awaited first)."""
+        if self.app is None:
+            raise RuntimeError(f"{self.name}: finish() before in_background()")
+        tasks: list[asyncio.Task[None]] = []
+
+        @self.app.after_startup
+        async def _start() -> None:
+            if before is not None:
+                await before()
+            tasks.append(asyncio.create_task(loop()))
+
+        @self.app.on_shutdown
+        async def _stop() -> None:
+            if after is not None:
+                await after()
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
     async def run(self, settings: ServiceSettings) -> None:
         if self.app is None:

@@ -8,8 +8,6 @@ it) to tell a failed write from a valid checkpoint that lost files.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -67,25 +65,12 @@ def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatc
             "write_failed events."
         ),
     )
-    watcher = svc.watcher
-    tasks: list[asyncio.Task[None]] = []
-    assert svc.app is not None
-
     wakeup = notify.for_store(store, settings.watch_mode)
-
-    @svc.app.after_startup
-    async def _start() -> None:
-        await wakeup.start()
-        tasks.append(asyncio.create_task(watcher.run(settings.poll_interval_s, wakeup)))
-
-    @svc.app.on_shutdown
-    async def _stop() -> None:
-        await wakeup.stop()
-        for task in tasks:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
+    svc.in_background(
+        lambda: svc.watcher.run(settings.poll_interval_s, wakeup),
+        before=wakeup.start,
+        after=wakeup.stop,
+    )
     return svc
 
 
