@@ -16,6 +16,10 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 
+from services.registrar.app import Registrar
+from services.registrar.app import build as build_registrar
+from services.registrar.settings import RegistrarSettings
+from services.shared.bus import Bus
 from services.shared.settings import ServiceSettings
 
 pytest_plugins = ["tests.support.private_infra"]
@@ -79,3 +83,22 @@ async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[
     if keys:
         await r.delete(*keys)
     await r.aclose()
+
+
+@pytest.fixture
+async def registrar(settings: ServiceSettings) -> AsyncIterator[Registrar]:
+    """The real registrar, in-process, consuming the test's private stream."""
+    svc = build_registrar(RegistrarSettings.model_validate(settings.model_dump()))
+    await svc.bus.broker.start()
+    yield svc
+    await svc.bus.broker.stop()
+    await svc.registry.close()
+
+
+@pytest.fixture
+async def producer(settings: ServiceSettings) -> AsyncIterator[Bus]:
+    """A bus to publish the test's events on its private subjects."""
+    bus = Bus(settings.bus(), "test-producer")
+    await bus.broker.start()
+    yield bus
+    await bus.broker.stop()

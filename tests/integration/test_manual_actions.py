@@ -5,7 +5,6 @@ bound at registration; a second checkpoint id at one location reported as a conf
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,6 @@ import pytest
 from contracts import build
 from contracts.checkpoint import CheckpointState, OwnershipTransferredV1
 from services.registrar.app import Registrar
-from services.registrar.app import build as build_registrar
-from services.registrar.settings import RegistrarSettings
 from services.shared.bus import Bus
 from services.shared.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages, wait_for
@@ -22,23 +19,6 @@ from tests.support.cli_tools import cli
 from tests.support.events import T0, committed, verified
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def registrar(settings: ServiceSettings) -> AsyncIterator[Registrar]:
-    svc = build_registrar(RegistrarSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.registry.close()
-
-
-@pytest.fixture
-async def producer(settings: ServiceSettings) -> AsyncIterator[Bus]:
-    bus = Bus(settings.bus(), "test-producer")
-    await bus.broker.start()
-    yield bus
-    await bus.broker.stop()
 
 
 async def events_of(settings: ServiceSettings, event_type: str) -> list[dict[str, object]]:

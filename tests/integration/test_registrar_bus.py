@@ -3,37 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
 from contracts.checkpoint import CheckpointState
 from contracts.subjects import event_subject
-from services.registrar.app import Registrar, build
-from services.registrar.settings import RegistrarSettings
+from services.registrar.app import Registrar
 from services.shared.bus import Bus
 from services.shared.settings import ServiceSettings
 from tests.support.bus_tools import publish_raw, stream_messages, wait_for
 from tests.support.events import committed, deleted, expired, verified
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def registrar(settings: ServiceSettings) -> AsyncIterator[Registrar]:
-    svc = build(RegistrarSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.registry.close()
-
-
-@pytest.fixture
-async def producer(settings: ServiceSettings) -> AsyncIterator[Bus]:
-    bus = Bus(settings.bus(), "test-producer")
-    await bus.broker.start()
-    yield bus
-    await bus.broker.stop()
 
 
 async def dead_letters(settings: ServiceSettings, n: int) -> list[dict[str, str | bytes]]:

@@ -37,8 +37,6 @@ from contracts.job import (
 )
 from contracts.resume import ResumeLoadFailedV1
 from services.registrar.app import Registrar
-from services.registrar.app import build as build_registrar
-from services.registrar.settings import RegistrarSettings
 from services.restore_coordinator.app import RestoreCoordinator
 from services.restore_coordinator.app import build as build_coordinator
 from services.restore_coordinator.settings import RestoreCoordinatorSettings
@@ -55,15 +53,6 @@ ENV = RuntimeEnvironment(
 TOPO = Topology(world_size=2)
 NOW = datetime.now(UTC).replace(microsecond=0)
 CKPT_T = NOW - timedelta(hours=1)
-
-
-@pytest.fixture
-async def registrar(settings: ServiceSettings) -> AsyncIterator[Registrar]:
-    svc = build_registrar(RegistrarSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.registry.close()
 
 
 @pytest.fixture
@@ -96,14 +85,6 @@ async def coordinator(
     svc = await _start(coord_settings)
     yield svc
     await _stop(svc)
-
-
-@pytest.fixture
-async def producer(settings: ServiceSettings) -> AsyncIterator[Bus]:
-    bus = Bus(settings.bus(), "test-producer")
-    await bus.broker.start()
-    yield bus
-    await bus.broker.stop()
 
 
 async def events_of(settings: ServiceSettings, event_type: str) -> list[dict[str, Any]]:

@@ -17,9 +17,7 @@ from contracts import CATALOG, build
 from contracts.checkpoint import CheckpointState
 from contracts.job import JobPolicy, JobStartedV1
 from services.registrar.app import Registrar
-from services.registrar.app import build as build_registrar
 from services.registrar.rebuild import rebuild
-from services.registrar.settings import RegistrarSettings
 from services.restore_coordinator.adapters import CoordinatorState, Decision, PlanRecord, Started
 from services.restore_coordinator.domain import Pin
 from services.retention_janitor.app import build as build_janitor_app
@@ -47,23 +45,6 @@ class Clock:
 
     def __call__(self) -> datetime:
         return datetime.now(UTC) + self.offset
-
-
-@pytest.fixture
-async def registrar(settings: ServiceSettings) -> AsyncIterator[Registrar]:
-    svc = build_registrar(RegistrarSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.registry.close()
-
-
-@pytest.fixture
-async def producer(settings: ServiceSettings) -> AsyncIterator[Bus]:
-    bus = Bus(settings.bus(), "test-producer")
-    await bus.broker.start()
-    yield bus
-    await bus.broker.stop()
 
 
 @pytest.fixture

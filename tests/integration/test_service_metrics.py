@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import urllib.request
-from collections.abc import AsyncIterator
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -20,15 +19,6 @@ from tests.support.bus_tools import publish_raw, stream_messages, wait_for
 from tests.support.events import T0, committed, verified
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def registrar(settings: ServiceSettings) -> AsyncIterator[Registrar]:
-    svc = build(RegistrarSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.registry.close()
 
 
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
