@@ -111,11 +111,14 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         components["redis"] = running.get("redis") or procs.start_redis(home)
         redis_url = components["redis"].url
         record(nats_url, redis_url)
+    service_env = {
+        **env,
+        "NATS_URL": nats_url,
+        "REDIS_URL": redis_url,
+        "CKPT_HA_STORAGE_ROOT": storage_root,
+    }
     for name in SERVICE_NAMES:
-        start = functools.partial(
-            _start_service, name, home, env, nats_url, redis_url, storage_root
-        )
-        components[name] = running.get(name) or procs.retry_port_race(start, ports_chosen_here=True)
+        components[name] = running.get(name) or start_service(name, home, service_env)
         record(nats_url, redis_url)
     prometheus_bin = _prometheus_binary(env)
     if prometheus_bin is not None and ALERT_RULES.is_file():
@@ -193,27 +196,27 @@ def _ready(url: str) -> bool:
         return False
 
 
-def _start_service(
-    name: str, home: Path, env: Mapping[str, str], nats_url: str, redis_url: str, storage: str
+def start_service(
+    name: str, home: Path, env: Mapping[str, str], timeout: float = 30
 ) -> ManagedProcess:
-    port = procs.free_port()
-    return procs.start_process(
-        name,
-        [sys.executable, "-m", "services.cli.main", "serve", name],
-        home=home,
-        env={
-            **env,
-            "NATS_URL": nats_url,
-            "REDIS_URL": redis_url,
-            "CKPT_HA_STORAGE_ROOT": storage,
-            "CKPT_HA_HTTP_PORT": str(port),
-        },
-        url=f"http://127.0.0.1:{port}",
-        http_port=port,
-        marker=f"serve {name}",
-        ready=lambda: healthz(port),
-        timeout=30,
-    )
+    """One service process (`ckpt-ha serve NAME`) with ``env`` over the current environment, on
+    a free HTTP port, ready once its /healthz answers; retried if another process took the port."""
+
+    def start() -> ManagedProcess:
+        port = procs.free_port()
+        return procs.start_process(
+            name,
+            [sys.executable, "-m", "services.cli.main", "serve", name],
+            home=home,
+            env={**env, "CKPT_HA_HTTP_PORT": str(port)},
+            url=f"http://127.0.0.1:{port}",
+            http_port=port,
+            marker=f"serve {name}",
+            ready=lambda: healthz(port),
+            timeout=timeout,
+        )
+
+    return procs.retry_port_race(start, ports_chosen_here=True)
 
 
 def down(home: Path) -> list[str]:

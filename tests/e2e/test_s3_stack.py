@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -24,12 +23,13 @@ import pytest
 
 from contracts.checkpoint import CheckpointState
 from services import sdk
-from services.cli.stack import healthz
+from services.cli.stack import start_service
 from services.shared import procs
 from services.shared.registry import CheckpointRecord, Registry
 from services.shared.settings import ServiceSettings
 from services.shared.storage import ObjectInfo, S3Store
 from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.cli_tools import stack_env
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
 
 pytestmark = pytest.mark.e2e
@@ -53,12 +53,7 @@ class S3Stack:
 
 def service_env(settings: ServiceSettings, endpoint: str, root: str) -> dict[str, str]:
     return {
-        "NATS_URL": settings.nats_url,
-        "REDIS_URL": settings.redis_url,
-        "CKPT_HA_SUBJECT_PREFIX": settings.subject_prefix,
-        "CKPT_HA_EVENTS_STREAM": settings.events_stream,
-        "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
-        "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
+        **stack_env(settings),
         "CKPT_HA_STORAGE_ROOT": root,
         "CKPT_HA_POLL_INTERVAL_S": "0.3",
         "CKPT_HA_ACK_WAIT_S": "5",
@@ -72,24 +67,6 @@ def service_env(settings: ServiceSettings, endpoint: str, root: str) -> dict[str
         "AWS_CONFIG_FILE": "/dev/null",
         "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
     }
-
-
-def start_service(name: str, home: Path, env: Mapping[str, str]) -> procs.ManagedProcess:
-    def start() -> procs.ManagedProcess:
-        port = procs.free_port()
-        return procs.start_process(
-            name,
-            [sys.executable, "-m", "services.cli.main", "serve", name],
-            home=home,
-            env={**env, "CKPT_HA_HTTP_PORT": str(port)},
-            url=f"http://127.0.0.1:{port}",
-            http_port=port,
-            marker=f"serve {name}",
-            ready=lambda: healthz(port),
-            timeout=60,
-        )
-
-    return procs.retry_port_race(start, ports_chosen_here=True)
 
 
 @pytest.fixture
@@ -109,7 +86,7 @@ def s3_stack(settings: ServiceSettings, tmp_path: Path) -> Iterator[S3Stack]:
     started: list[procs.ManagedProcess] = []
     try:
         for name in SERVICES:
-            started.append(start_service(name, tmp_path, env))
+            started.append(start_service(name, tmp_path, env, timeout=60))
         yield S3Stack(bucket, client, root, tuple(started))
     finally:
         for proc in reversed(started):

@@ -10,7 +10,6 @@ spans about it share one trace id. A checkpoint corrupted on write carries ERROR
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
@@ -20,12 +19,13 @@ import pytest
 
 from contracts.checkpoint import CheckpointState
 from services import sdk
-from services.cli.stack import healthz
+from services.cli.stack import start_service
 from services.shared import procs
 from services.shared.registry import CheckpointRecord, Registry
 from services.shared.settings import ServiceSettings
 from services.shared.storage import FsStore, ObjectInfo
 from tests.support.bus_tools import wait_for
+from tests.support.cli_tools import stack_env
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, start_receiver
 
 pytestmark = pytest.mark.e2e
@@ -36,12 +36,7 @@ NAMES = {f"ckpt-ha-{s}" for s in SERVICES}
 
 def service_env(settings: ServiceSettings, root: Path, otlp: str) -> dict[str, str]:
     return {
-        "NATS_URL": settings.nats_url,
-        "REDIS_URL": settings.redis_url,
-        "CKPT_HA_SUBJECT_PREFIX": settings.subject_prefix,
-        "CKPT_HA_EVENTS_STREAM": settings.events_stream,
-        "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
-        "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
+        **stack_env(settings),
         "CKPT_HA_STORAGE_ROOT": str(root),
         "CKPT_HA_POLL_INTERVAL_S": "0.3",
         "CKPT_HA_ACK_WAIT_S": "5",
@@ -53,24 +48,6 @@ def service_env(settings: ServiceSettings, root: Path, otlp: str) -> dict[str, s
         "OTEL_SERVICE_NAME": "",
         "OTEL_BSP_SCHEDULE_DELAY": "200",
     }
-
-
-def start_service(name: str, home: Path, env: Mapping[str, str]) -> procs.ManagedProcess:
-    def start() -> procs.ManagedProcess:
-        port = procs.free_port()
-        return procs.start_process(
-            name,
-            [sys.executable, "-m", "services.cli.main", "serve", name],
-            home=home,
-            env={**env, "CKPT_HA_HTTP_PORT": str(port)},
-            url=f"http://127.0.0.1:{port}",
-            http_port=port,
-            marker=f"serve {name}",
-            ready=lambda: healthz(port),
-            timeout=60,
-        )
-
-    return procs.retry_port_race(start, ports_chosen_here=True)
 
 
 @pytest.fixture
@@ -97,7 +74,7 @@ def stack(
     started: list[procs.ManagedProcess] = []
     try:
         for name in SERVICES:
-            started.append(start_service(name, tmp_path, env))
+            started.append(start_service(name, tmp_path, env, timeout=60))
         yield tuple(started)
     finally:
         for proc in reversed(started):

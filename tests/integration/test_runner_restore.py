@@ -38,6 +38,7 @@ from services.shared.formats import latest_valid
 from services.shared.settings import ServiceSettings
 from services.shared.storage import FsStore
 from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.cli_tools import stack_env
 from tests.support.resume_tools import bits, plan_for
 
 pytestmark = pytest.mark.integration
@@ -138,12 +139,7 @@ async def start_runner(
     env.update(
         {
             "CKPT_HA_HOME": str(home),
-            "NATS_URL": settings.nats_url,
-            "REDIS_URL": settings.redis_url,
-            "CKPT_HA_SUBJECT_PREFIX": settings.subject_prefix,
-            "CKPT_HA_EVENTS_STREAM": settings.events_stream,
-            "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
-            "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
+            **stack_env(settings),
             "CKPT_HA_STORAGE_ROOT": str(storage),
             "CKPT_HA_CODE_VERSION": "test-code-1",
         }

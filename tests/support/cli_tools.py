@@ -10,6 +10,19 @@ from pathlib import Path
 from services.shared.settings import ServiceSettings
 
 
+def stack_env(settings: ServiceSettings) -> dict[str, str]:
+    """The environment that points a CLI or a service process at the test's private broker
+    subjects, streams and registry prefix."""
+    return {
+        "NATS_URL": settings.nats_url,
+        "REDIS_URL": settings.redis_url,
+        "CKPT_HA_SUBJECT_PREFIX": settings.subject_prefix,
+        "CKPT_HA_EVENTS_STREAM": settings.events_stream,
+        "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
+        "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
+    }
+
+
 async def cli(
     settings: ServiceSettings, home: Path, *args: str, env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
@@ -17,12 +30,7 @@ async def cli(
     env = {
         **os.environ,
         "CKPT_HA_HOME": str(home),
-        "NATS_URL": settings.nats_url,
-        "REDIS_URL": settings.redis_url,
-        "CKPT_HA_SUBJECT_PREFIX": settings.subject_prefix,
-        "CKPT_HA_EVENTS_STREAM": settings.events_stream,
-        "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
-        "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
+        **stack_env(settings),
     }
     env.pop("CKPT_HA_ACTOR", None)
     env.update(extra or {})
