@@ -23,11 +23,11 @@ import nats
 import redis.asyncio as aioredis
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from contracts import build
-from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
-from services.registrar.app import build as build_registrar
-from services.registrar.settings import RegistrarSettings
-from services.shared.bus import Bus
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
+from ckpt_ha.registrar.app import build as build_registrar
+from ckpt_ha.registrar.settings import RegistrarSettings
 
 
 async def publish_events(bus: Bus, n: int) -> None:

@@ -30,7 +30,7 @@ def main() -> int:
         try:
             for _ in range(args.runs):
                 done = subprocess.run(
-                    [sys.executable, "-m", "services.cli.main", "drill", "--scenario",
+                    [sys.executable, "-m", "ckpt_ha.cli.main", "drill", "--scenario",
                      "node-exit", "--json"],
                     env=env, capture_output=True, text=True, check=False,
                 )  # fmt: skip
@@ -39,9 +39,7 @@ def main() -> int:
                     if phase.get("durations"):
                         rows.append((phase["scenario"], phase["durations"]))
         finally:
-            subprocess.run(
-                [sys.executable, "-m", "services.cli.main", "down"], env=env, check=False
-            )
+            subprocess.run([sys.executable, "-m", "ckpt_ha.cli.main", "down"], env=env, check=False)
     print(f"{'phase':<22} {'total s':>8} {'control s':>9} {'share':>6}  detect  plan   relaunch "
           "verdict  load   compute")  # fmt: skip
     for name, d in rows:

@@ -25,19 +25,19 @@ import nats
 import redis.asyncio as aioredis
 from nats.aio.msg import Msg
 
-from contracts import Envelope, EventData, build
-from contracts.checkpoint import (
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.checkpoint import (
     CheckpointFormat,
     CheckpointIdentity,
     CheckpointState,
     RuntimeEnvironment,
     Topology,
 )
-from contracts.job import JobFailedV1, JobPolicy, JobStartedV1
-from services.restore_coordinator.app import build as build_coordinator
-from services.restore_coordinator.settings import RestoreCoordinatorSettings
-from services.shared.bus import Bus
-from services.shared.registry import CheckpointRecord, HistoryEntry
+from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1
+from ckpt_ha.registry.redis_registry import CheckpointRecord, HistoryEntry
+from ckpt_ha.restore_coordinator.app import build as build_coordinator
+from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 
 ENV = RuntimeEnvironment(
     framework="torch", framework_version="2.3.0", python_version="3.11.9", image="trainer:1"

@@ -18,8 +18,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from services.shared.formats import native, verify_path
-from services.shared.storage import FsStore
+from ckpt_ha.formats import native, verify_path
+from ckpt_ha.storage import FsStore
 
 CHUNK = 1024 * 1024  # dd bs=1M
 

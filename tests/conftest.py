@@ -16,11 +16,11 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 
-from services.registrar.app import Registrar
-from services.registrar.app import build as build_registrar
-from services.registrar.settings import RegistrarSettings
-from services.shared.bus import Bus
-from services.shared.settings import ServiceSettings
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.registrar.app import Registrar
+from ckpt_ha.registrar.app import build as build_registrar
+from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.runtime.settings import ServiceSettings
 
 pytest_plugins = ["tests.support.private_infra"]
 

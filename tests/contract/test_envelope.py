@@ -6,22 +6,23 @@ import json
 import subprocess
 import sys
 from datetime import UTC, datetime
+from importlib.resources import files
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 from pydantic import ValidationError
 
-from contracts import CATALOG, Envelope, EventCatalog, EventData, build, derive_event_id
-from contracts.errors import (
+from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData, build, derive_event_id
+from ckpt_ha.contracts.errors import (
     EventTooLarge,
     MalformedEvent,
     UnknownEventType,
     UnsupportedEventVersion,
 )
-from contracts.schema_gen import main as schema_check
-from contracts.subjects import event_filter, event_subject, job_from_token, job_token
-from services.asyncapi_gen import main as asyncapi_check
+from ckpt_ha.contracts.schema_gen import main as schema_check
+from ckpt_ha.contracts.subjects import event_filter, event_subject, job_from_token, job_token
+from ckpt_ha.runtime.asyncapi_gen import main as asyncapi_check
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
@@ -209,11 +210,11 @@ def test_envelope_parametrised_by_payload_type() -> None:
 
 
 def test_committed_json_schemas_match_the_models() -> None:
-    assert schema_check(["--check"]) == 0, "run: python -m contracts.schema_gen"
+    assert schema_check(["--check"]) == 0, "run: python -m ckpt_ha.contracts.schema_gen"
 
 
 def test_committed_asyncapi_matches_the_service_apps() -> None:
-    assert asyncapi_check(["--check"]) == 0, "run: python -m services.asyncapi_gen"
+    assert asyncapi_check(["--check"]) == 0, "run: python -m ckpt_ha.runtime.asyncapi_gen"
 
 
 @pytest.mark.parametrize("service", ["registrar", "writer-watcher"])
@@ -223,11 +224,11 @@ def test_faststream_docs_gen_gives_the_committed_document(service: str, tmp_path
     result = subprocess.run(
         [
             str(Path(sys.executable).with_name("faststream")),
-            "docs", "gen", "--factory", f"services.{module}.app:asyncapi_app", "--out", str(out),
+            "docs", "gen", "--factory", f"ckpt_ha.{module}.app:asyncapi_app", "--out", str(out),
         ],
         capture_output=True, text=True, timeout=120, check=False,
         cwd=Path(__file__).resolve().parents[2],
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
-    committed = Path(__file__).resolve().parents[2] / "contracts" / "asyncapi" / f"{service}.json"
+    committed = files("ckpt_ha.contracts") / "asyncapi" / f"{service}.json"
     assert json.loads(out.read_text()) == json.loads(committed.read_text())

@@ -20,14 +20,14 @@ from typing import Any
 
 import pytest
 
-from contracts import CATALOG, build
-from contracts.job import JobFailedV1
-from contracts.resume import ResumePlannedV1
-from contracts.subjects import job_token
-from services.cli.stack import StackState
-from services.shared.bus import Bus
-from services.shared.bus_config import BusConfig
-from services.shared.stream_reader import read_events
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.bus.stream_reader import read_events
+from ckpt_ha.contracts import CATALOG, build
+from ckpt_ha.contracts.job import JobFailedV1
+from ckpt_ha.contracts.resume import ResumePlannedV1
+from ckpt_ha.contracts.subjects import job_token
+from ckpt_ha.devstack.stack import StackState
 
 pytestmark = pytest.mark.e2e
 
@@ -38,7 +38,7 @@ def cli(home: Path, *args: str, timeout: float = 400) -> subprocess.CompletedPro
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL")}
     env["CKPT_HA_HOME"] = str(home)
     return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
+        [sys.executable, "-m", "ckpt_ha.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,

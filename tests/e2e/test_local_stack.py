@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from contracts import build
-from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
-from services.cli.stack import StackState, _prometheus_binary
-from services.shared import procs
-from services.shared.bus import Bus
-from services.shared.bus_config import BusConfig
-from services.shared.formats import native
-from services.shared.formats.identity import checkpoint_id_on
-from services.shared.storage import FsStore
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
+from ckpt_ha.devstack import procs
+from ckpt_ha.devstack.stack import StackState, _prometheus_binary
+from ckpt_ha.formats import native
+from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.storage import FsStore
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,7 @@ def cli(home: Path, *args: str, timeout: float = 90) -> subprocess.CompletedProc
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL")}
     env["CKPT_HA_HOME"] = str(home)
     return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
+        [sys.executable, "-m", "ckpt_ha.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -21,9 +21,9 @@ from typing import Any
 
 import pytest
 
-from services.catalog import SERVICE_NAMES
-from services.cli.stack import StackState
-from services.shared.registry import Registry
+from ckpt_ha.devstack.stack import StackState
+from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from tests.support import observability as obs
 from tests.support.dashboards import dashboard_queries
 
@@ -38,7 +38,7 @@ def cli(home: Path, *args: str, timeout: float = 400) -> subprocess.CompletedPro
     env["CKPT_HA_HOME"] = str(home)
     env["CKPT_HA_CONSUMER_INFO_INTERVAL_S"] = "1"
     return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
+        [sys.executable, "-m", "ckpt_ha.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,

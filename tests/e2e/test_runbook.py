@@ -50,7 +50,7 @@ R12_STEPS = (
     "transfer-ownership",
 )
 TRAIN = [
-    "-m", "services.examples.numpy_mlp",
+    "-m", "ckpt_ha.examples.numpy_mlp",
     "--steps", "200", "--checkpoint-every", "10", "--sleep-per-step", "0.05",
 ]  # fmt: skip
 
@@ -107,7 +107,7 @@ def cli_env(home: Path) -> dict[str, str]:
 
 def cli(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
+        [sys.executable, "-m", "ckpt_ha.cli.main", *args],
         env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout, check=False,
     )  # fmt: skip
 
@@ -148,7 +148,7 @@ def test_every_runbook_command_runs_literally_against_a_live_stack(
     job_log, runner_log = tmp_path / "job.out", tmp_path / "runner.err"
     with job_log.open("wb") as out, runner_log.open("wb") as err:
         runner = subprocess.Popen(
-            [sys.executable, "-m", "services.cli.main", "run", "--job", job, "--run-id", run,
+            [sys.executable, "-m", "ckpt_ha.cli.main", "run", "--job", job, "--run-id", run,
              "--", sys.executable, *TRAIN],
             env=env, cwd=ROOT, stdout=out, stderr=err, start_new_session=True,
         )  # fmt: skip

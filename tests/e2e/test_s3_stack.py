@@ -21,13 +21,13 @@ import boto3
 import numpy as np
 import pytest
 
-from contracts.checkpoint import CheckpointState
-from services import sdk
-from services.cli.stack import start_service
-from services.shared import procs
-from services.shared.registry import CheckpointRecord, Registry
-from services.shared.settings import ServiceSettings
-from services.shared.storage import ObjectInfo, S3Store
+from ckpt_ha import sdk
+from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.devstack import procs
+from ckpt_ha.devstack.stack import start_service
+from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import ObjectInfo, S3Store
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import stack_env
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server

@@ -17,13 +17,13 @@ from typing import BinaryIO
 import numpy as np
 import pytest
 
-from contracts.checkpoint import CheckpointState
-from services import sdk
-from services.cli.stack import start_service
-from services.shared import procs
-from services.shared.registry import CheckpointRecord, Registry
-from services.shared.settings import ServiceSettings
-from services.shared.storage import FsStore, ObjectInfo
+from ckpt_ha import sdk
+from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.devstack import procs
+from ckpt_ha.devstack.stack import start_service
+from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import FsStore, ObjectInfo
 from tests.support.bus_tools import wait_for
 from tests.support.cli_tools import stack_env
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan, start_receiver

@@ -11,13 +11,13 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
-from contracts import Envelope, EventData
-from contracts.checkpoint import CheckpointState
-from services.registrar.app import Registrar, build
-from services.registrar.settings import RegistrarSettings
-from services.shared import procs
-from services.shared.bus import Bus
-from services.shared.settings import ServiceSettings
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import Envelope, EventData
+from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.devstack import procs
+from ckpt_ha.registrar.app import Registrar, build
+from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.events import committed
 

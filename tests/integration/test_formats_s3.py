@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from services.shared.formats import native, verify
-from services.shared.formats.report import Verdict
-from services.shared.storage import FsStore, S3Store
+from ckpt_ha.formats import native, verify
+from ckpt_ha.formats.report import Verdict
+from ckpt_ha.storage import FsStore, S3Store
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
 from tests.support.torch_tools import (
     Payload,
@@ -71,7 +71,7 @@ def test_native_and_safetensors_on_s3(s3_store: S3Store, tmp_path: Path) -> None
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "services.cli.main", *args],
+        [sys.executable, "-m", "ckpt_ha.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=60,

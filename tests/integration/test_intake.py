@@ -9,18 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from contracts import build
-from contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat, CheckpointState
-from services.integrity_checker.app import IntegrityChecker
-from services.integrity_checker.app import build as build_checker
-from services.integrity_checker.settings import IntegrityCheckerSettings
-from services.registrar.app import Registrar
-from services.registrar.app import build as build_registrar
-from services.registrar.settings import RegistrarSettings
-from services.shared.bus import Bus
-from services.shared.formats import native
-from services.shared.settings import ServiceSettings
-from services.shared.storage import FsStore
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat, CheckpointState
+from ckpt_ha.formats import native
+from ckpt_ha.integrity_checker.app import IntegrityChecker
+from ckpt_ha.integrity_checker.app import build as build_checker
+from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
+from ckpt_ha.registrar.app import Registrar
+from ckpt_ha.registrar.app import build as build_registrar
+from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import FsStore
 from tests.support.bus_tools import stream_messages, wait_for
 
 pytestmark = pytest.mark.integration
@@ -122,8 +122,8 @@ async def test_watcher_finds_a_checkpoint_written_without_any_event(
     settings: ServiceSettings, tmp_path: Path
 ) -> None:
     """The bus was down while the job wrote: the watcher alone gets it registered."""
-    from services.writer_watcher.app import build as build_watcher
-    from services.writer_watcher.settings import WriterWatcherSettings
+    from ckpt_ha.writer_watcher.app import build as build_watcher
+    from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
 
     root = tmp_path / "storage"
     root.mkdir()
@@ -171,7 +171,7 @@ async def test_sdk_save_is_announced_verified_and_registered(
 
     import numpy as np
 
-    from services import sdk
+    from ckpt_ha import sdk
 
     registrar, _, _, store = stack
     weights = np.arange(1000, dtype=np.float32).reshape(10, 100)
@@ -201,8 +201,8 @@ def test_sdk_save_survives_a_broker_that_is_down(tmp_path: Path) -> None:
 
     import numpy as np
 
-    from services import sdk
-    from services.shared.formats import verify_path
+    from ckpt_ha import sdk
+    from ckpt_ha.formats import verify_path
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

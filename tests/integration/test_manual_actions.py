@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from contracts import build
-from contracts.checkpoint import CheckpointState, OwnershipTransferredV1
-from services.registrar.app import Registrar
-from services.shared.bus import Bus
-from services.shared.settings import ServiceSettings
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import CheckpointState, OwnershipTransferredV1
+from ckpt_ha.registrar.app import Registrar
+from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
 from tests.support.events import T0, committed, verified

@@ -12,14 +12,14 @@ import nats
 import pytest
 from pydantic import SecretStr
 
-from contracts.subjects import event_subject
-from services.catalog import entries
-from services.nats_permissions import CONF, PRINCIPALS, env_password, main, render
-from services.registrar.app import Registrar, build
-from services.registrar.settings import RegistrarSettings
-from services.shared import procs
-from services.shared.bus import Bus
-from services.shared.settings import ServiceSettings
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus.permissions import CONF, PRINCIPALS, env_password, main, render
+from ckpt_ha.contracts.subjects import event_subject
+from ckpt_ha.devstack import procs
+from ckpt_ha.registrar.app import Registrar, build
+from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.runtime.catalog import entries
+from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.events import committed, verified
 
@@ -29,7 +29,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 
 
 def test_committed_permissions_match_the_table() -> None:
-    assert main(["--check"]) == 0, "run: python -m services.nats_permissions"
+    assert main(["--check"]) == 0, "run: python -m ckpt_ha.bus.permissions"
 
 
 def test_every_consumer_of_every_service_is_permitted() -> None:
@@ -154,7 +154,7 @@ async def test_the_sdk_announces_as_the_runner_user(
 ) -> None:
     import asyncio
 
-    from services import sdk
+    from ckpt_ha import sdk
 
     bus = sdk.Bus(
         secured_nats.url, prefix=settings.subject_prefix, user="runner", password="pw-runner"
@@ -183,10 +183,10 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
     import sys
     from datetime import UTC, datetime
 
-    from contracts import build
-    from contracts.resume import ResumeEscalatedV1
-    from services.runner.adapter import LocalProcess
-    from services.runner.runner import EXIT_ESCALATED, Runner, RunSpec
+    from ckpt_ha.contracts import build
+    from ckpt_ha.contracts.resume import ResumeEscalatedV1
+    from ckpt_ha.runner.adapter import LocalProcess
+    from ckpt_ha.runner.runner import EXIT_ESCALATED, Runner, RunSpec
 
     storage = tmp_path / "storage"
     storage.mkdir()
@@ -196,7 +196,7 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
         command=(
             sys.executable,
             "-m",
-            "services.examples.numpy_mlp",
+            "ckpt_ha.examples.numpy_mlp",
             "--steps",
             "5",
             "--crash-at-step",

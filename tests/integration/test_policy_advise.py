@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from contracts import Envelope, EventData, build
-from contracts.checkpoint import (
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
     CheckpointIdentity,
     CheckpointVerifiedV1,
     CheckpointWritingV1,
 )
-from services.restore_coordinator.adapters import CoordinatorState
-from services.restore_coordinator.domain import Failure
-from services.shared.registry import Applied, Registry
-from services.shared.settings import ServiceSettings
+from ckpt_ha.registry.redis_registry import Applied, Registry
+from ckpt_ha.restore_coordinator.adapters import CoordinatorState
+from ckpt_ha.restore_coordinator.domain import Failure
+from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.cli_tools import cli
 
 pytestmark = pytest.mark.integration

@@ -7,13 +7,13 @@ import json
 import nats
 import pytest
 
-from contracts import CATALOG
-from contracts.subjects import event_subject
-from services.registrar.app import build
-from services.registrar.rebuild import rebuild
-from services.registrar.settings import RegistrarSettings
-from services.shared.bus import Bus
-from services.shared.settings import ServiceSettings
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import CATALOG
+from ckpt_ha.contracts.subjects import event_subject
+from ckpt_ha.registrar.app import build
+from ckpt_ha.registrar.rebuild import rebuild
+from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import publish_raw, wait_for
 from tests.support.events import committed, deleted, expired, verified
 

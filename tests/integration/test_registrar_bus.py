@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from contracts.checkpoint import CheckpointState
-from contracts.subjects import event_subject
-from services.registrar.app import Registrar
-from services.shared.bus import Bus
-from services.shared.settings import ServiceSettings
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.contracts.subjects import event_subject
+from ckpt_ha.registrar.app import Registrar
+from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import publish_raw, stream_messages, wait_for
 from tests.support.events import committed, deleted, expired, verified
 

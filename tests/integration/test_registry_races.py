@@ -7,11 +7,11 @@ from datetime import timedelta
 
 import pytest
 
-from contracts import build
-from contracts.checkpoint import CheckpointState, CheckpointWriteFailedV1, FailureSide
-from services.shared.lifecycle import IllegalTransition
-from services.shared.registry import Registry
-from services.shared.settings import ServiceSettings
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import CheckpointState, CheckpointWriteFailedV1, FailureSide
+from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.events import T0, committed, verified
 
 pytestmark = pytest.mark.integration

@@ -14,8 +14,9 @@ from typing import Any
 import nats
 import pytest
 
-from contracts import Envelope, EventData, build
-from contracts.checkpoint import (
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
     CheckpointIdentity,
@@ -26,7 +27,7 @@ from contracts.checkpoint import (
     RuntimeEnvironment,
     Topology,
 )
-from contracts.job import (
+from ckpt_ha.contracts.job import (
     CompatibilityRule,
     FailureCause,
     JobFailedV1,
@@ -35,14 +36,13 @@ from contracts.job import (
     JobStartedV1,
     Tolerance,
 )
-from contracts.resume import ResumeLoadFailedV1
-from services.registrar.app import Registrar
-from services.restore_coordinator.app import RestoreCoordinator
-from services.restore_coordinator.app import build as build_coordinator
-from services.restore_coordinator.settings import RestoreCoordinatorSettings
-from services.shared.bus import Bus
-from services.shared.settings import ServiceSettings
-from services.shared.storage import FsStore
+from ckpt_ha.contracts.resume import ResumeLoadFailedV1
+from ckpt_ha.registrar.app import Registrar
+from ckpt_ha.restore_coordinator.app import RestoreCoordinator
+from ckpt_ha.restore_coordinator.app import build as build_coordinator
+from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import FsStore
 from tests.support.bus_tools import stream_messages, wait_for
 
 pytestmark = pytest.mark.integration

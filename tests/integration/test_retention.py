@@ -13,21 +13,21 @@ from pathlib import Path
 
 import pytest
 
-from contracts import CATALOG, build
-from contracts.checkpoint import CheckpointState
-from contracts.job import JobPolicy, JobStartedV1
-from services.registrar.app import Registrar
-from services.registrar.rebuild import rebuild
-from services.restore_coordinator.adapters import CoordinatorState, Decision, PlanRecord, Started
-from services.restore_coordinator.domain import Pin
-from services.retention_janitor.app import build as build_janitor_app
-from services.retention_janitor.handlers import Janitor
-from services.retention_janitor.settings import RetentionJanitorSettings
-from services.shared.bus import Bus
-from services.shared.metrics import RetentionMetrics, ServiceMetrics
-from services.shared.registry import CheckpointRecord
-from services.shared.settings import ServiceSettings
-from services.shared.storage import FsStore
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import CATALOG, build
+from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
+from ckpt_ha.registrar.app import Registrar
+from ckpt_ha.registrar.rebuild import rebuild
+from ckpt_ha.registry.redis_registry import CheckpointRecord
+from ckpt_ha.restore_coordinator.adapters import CoordinatorState, Decision, PlanRecord, Started
+from ckpt_ha.restore_coordinator.domain import Pin
+from ckpt_ha.retention_janitor.app import build as build_janitor_app
+from ckpt_ha.retention_janitor.handlers import Janitor
+from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import FsStore
+from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
 from tests.support.events import T0, committed, verified

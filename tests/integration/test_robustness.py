@@ -15,28 +15,28 @@ from typing import Any
 import nats
 import pytest
 
-from contracts import build
-from contracts.checkpoint import (
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
     CheckpointIdentity,
     CheckpointState,
 )
-from services.integrity_checker.app import IntegrityChecker
-from services.integrity_checker.app import build as build_checker
-from services.integrity_checker.settings import IntegrityCheckerSettings
-from services.registrar.app import Registrar
-from services.registrar.app import build as build_registrar
-from services.registrar.settings import RegistrarSettings
-from services.shared.bus import Bus
-from services.shared.formats import native
-from services.shared.formats.identity import checkpoint_id_on
-from services.shared.registry import CheckpointRecord
-from services.shared.settings import ServiceSettings
-from services.shared.storage import FsStore
-from services.writer_watcher.app import WriterWatcher
-from services.writer_watcher.app import build as build_watcher
-from services.writer_watcher.settings import WriterWatcherSettings
+from ckpt_ha.formats import native
+from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.integrity_checker.app import IntegrityChecker
+from ckpt_ha.integrity_checker.app import build as build_checker
+from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
+from ckpt_ha.registrar.app import Registrar
+from ckpt_ha.registrar.app import build as build_registrar
+from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.registry.redis_registry import CheckpointRecord
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import FsStore
+from ckpt_ha.writer_watcher.app import WriterWatcher
+from ckpt_ha.writer_watcher.app import build as build_watcher
+from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
 

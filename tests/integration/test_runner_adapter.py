@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from contracts.job import FailureCause
-from services.runner.adapter import LocalProcess, memory_events, oom_kills
-from services.runner.domain import classify
+from ckpt_ha.contracts.job import FailureCause
+from ckpt_ha.runner.adapter import LocalProcess, memory_events, oom_kills
+from ckpt_ha.runner.domain import classify
 
 pytestmark = pytest.mark.integration
 

@@ -25,18 +25,18 @@ import nats
 import pytest
 from nats.aio.msg import Msg
 
-from contracts import CATALOG, EventData, build
-from contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
-from contracts.resume import ResumeEscalatedV1, ResumeLoadedV1
-from contracts.subjects import event_subject
-from services import sdk
-from services.examples import numpy_mlp
-from services.runner.runner import ATTEMPT_FILE, state_dir
-from services.sdk import Context
-from services.shared.bus import Bus
-from services.shared.formats import latest_valid
-from services.shared.settings import ServiceSettings
-from services.shared.storage import FsStore
+from ckpt_ha import sdk
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import CATALOG, EventData, build
+from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
+from ckpt_ha.contracts.resume import ResumeEscalatedV1, ResumeLoadedV1
+from ckpt_ha.contracts.subjects import event_subject
+from ckpt_ha.examples import numpy_mlp
+from ckpt_ha.formats import latest_valid
+from ckpt_ha.runner.runner import ATTEMPT_FILE, state_dir
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.sdk import Context
+from ckpt_ha.storage import FsStore
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import stack_env
 from tests.support.resume_tools import bits, plan_for
@@ -147,7 +147,7 @@ async def start_runner(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.cli.main",
+        "ckpt_ha.cli.main",
         "run",
         "--job",
         job,
@@ -168,7 +168,7 @@ def example(*extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "services.examples.numpy_mlp",
+        "ckpt_ha.examples.numpy_mlp",
         "--steps",
         str(STEPS),
         "--checkpoint-every",

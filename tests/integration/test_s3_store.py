@@ -12,7 +12,7 @@ import pytest
 from botocore.config import Config
 from mypy_boto3_s3 import S3Client
 
-from services.shared.storage import (
+from ckpt_ha.storage import (
     ObjectStore,
     S3Store,
     StorageError,
@@ -159,7 +159,7 @@ def test_an_unreachable_endpoint_is_transient(closed_port: int) -> None:
 
 
 def test_quarantine_and_restore_a_checkpoint_folder_on_s3(s3_endpoint: str, bucket: str) -> None:
-    from services.shared.storage.quarantine import quarantine, restore
+    from ckpt_ha.storage.quarantine import quarantine, restore
 
     store = make_store(s3_endpoint, bucket, "root")
     store.put("job-1/step-5/a.bin", b"a", metadata={"sha256": "ab"})

@@ -19,13 +19,13 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 
-from services import sdk
-from services.shared.formats.identity import checkpoint_id
-from services.shared.settings import ServiceSettings
-from services.shared.storage import FsStore, ObjectInfo, S3Store
-from services.writer_watcher import adapters
-from services.writer_watcher.app import build as build_watcher
-from services.writer_watcher.settings import WriterWatcherSettings
+from ckpt_ha import sdk
+from ckpt_ha.formats.identity import checkpoint_id
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import FsStore, ObjectInfo, S3Store
+from ckpt_ha.writer_watcher import adapters
+from ckpt_ha.writer_watcher.app import build as build_watcher
+from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
 from tests.support.bus_tools import stream_messages
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
 

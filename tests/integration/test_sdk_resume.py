@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.checkpoint import RuntimeEnvironment, Topology
-from services import sdk
-from services.sdk import protocol
-from services.shared.bus import Bus
-from services.shared.settings import ServiceSettings
+from ckpt_ha import sdk
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.sdk import protocol
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.resume_tools import plan_for
 

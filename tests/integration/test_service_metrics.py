@@ -10,11 +10,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from contracts.subjects import event_subject
-from services.registrar.app import Registrar, build
-from services.registrar.settings import RegistrarSettings
-from services.shared.runtime import HttpEndpoint, poll_consumers
-from services.shared.settings import ServiceSettings
+from ckpt_ha.contracts.subjects import event_subject
+from ckpt_ha.registrar.app import Registrar, build
+from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.runtime.server import HttpEndpoint, poll_consumers
+from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import publish_raw, stream_messages, wait_for
 from tests.support.events import T0, committed, verified
 

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from services.shared.formats import native
-from services.shared.settings import ServiceSettings
-from services.shared.storage import FsStore
-from services.writer_watcher.app import build as build_watcher
-from services.writer_watcher.notify import Inotify, Polling, for_store
-from services.writer_watcher.settings import WriterWatcherSettings
+from ckpt_ha.formats import native
+from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import FsStore
+from ckpt_ha.writer_watcher.app import build as build_watcher
+from ckpt_ha.writer_watcher.notify import Inotify, Polling, for_store
+from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
 from tests.support.bus_tools import stream_messages, wait_for
 
 pytestmark = pytest.mark.integration

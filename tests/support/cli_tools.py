@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from services.shared.settings import ServiceSettings
+from ckpt_ha.runtime.settings import ServiceSettings
 
 
 def stack_env(settings: ServiceSettings) -> dict[str, str]:
@@ -37,7 +37,7 @@ async def cli(
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.cli.main",
+        "ckpt_ha.cli.main",
         *args,
         env=env,
         stdout=asyncio.subprocess.PIPE,

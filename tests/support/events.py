@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from contracts import Envelope, EventData, build
-from contracts.checkpoint import (
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointDeletedV1,
     CheckpointExpiredV1,

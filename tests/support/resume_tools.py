@@ -6,9 +6,9 @@ import struct
 import uuid
 from pathlib import Path
 
-from contracts.resume import Compatibility, ResumeMode, ResumePlannedV1
-from services.shared.formats.identity import checkpoint_id_on
-from services.shared.storage import FsStore
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV1
+from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.storage import FsStore
 
 
 def plan_for(

@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.shared.storage import (
+from ckpt_ha.storage import (
     InvalidKey,
     InvalidMetadata,
     ObjectExists,

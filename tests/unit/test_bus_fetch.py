@@ -7,8 +7,8 @@ import pytest
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from services.shared.bus import Bus, nats_timeouts
-from services.shared.bus_config import BusConfig
+from ckpt_ha.bus.broker import Bus, nats_timeouts
+from ckpt_ha.bus.config import BusConfig
 
 
 async def test_a_bare_timeout_becomes_the_nats_timeout() -> None:

@@ -6,16 +6,16 @@ from datetime import timedelta
 
 import pytest
 
-from contracts import Envelope, EventData, build
-from contracts.checkpoint import (
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
     CheckpointQuarantinedV1,
     CheckpointRegisteredV1,
     CheckpointVerifiedV1,
 )
-from contracts.job import FailureCause, JobFailedV1, JobProgressV1, JobStartedV1
-from contracts.resume import (
+from ckpt_ha.contracts.job import FailureCause, JobFailedV1, JobProgressV1, JobStartedV1
+from ckpt_ha.contracts.resume import (
     Comparison,
     Compatibility,
     ResumeClosedV1,
@@ -24,7 +24,7 @@ from contracts.resume import (
     ResumePlannedV1,
     ResumeVerifiedV1,
 )
-from services.drill.assess import LEVELS, assess_restore, manual_actions, reclaimed
+from ckpt_ha.drill.assess import LEVELS, assess_restore, manual_actions, reclaimed
 from tests.support.events import T0
 
 J = "drill-job"

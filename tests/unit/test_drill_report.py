@@ -7,7 +7,7 @@ import json
 import re
 from typing import Any
 
-from services.drill import report
+from ckpt_ha.drill import report
 
 LEVELS = ("generated", "verified", "registered", "loadable", "continued")
 

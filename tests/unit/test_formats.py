@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from contracts.checkpoint import CheckpointFormat, CheckpointIdentity
-from services.shared.formats import native, verify, verify_path
-from services.shared.formats.report import Verdict
-from services.shared.storage import FsStore, ObjectExists
+from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
+from ckpt_ha.formats import native, verify, verify_path
+from ckpt_ha.formats.report import Verdict
+from ckpt_ha.storage import FsStore, ObjectExists
 from tests.support.torch_tools import write_hf_torch_files
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from contracts.checkpoint import CheckpointFormat
-from services.shared.formats import dcp_metadata, latest_valid, verify, verify_path
-from services.shared.formats.report import Verdict
-from services.shared.storage import FsStore
+from ckpt_ha.contracts.checkpoint import CheckpointFormat
+from ckpt_ha.formats import dcp_metadata, latest_valid, verify, verify_path
+from ckpt_ha.formats.report import Verdict
+from ckpt_ha.storage import FsStore
 from tests.support.torch_tools import (
     ExecPayload,
     Payload,
@@ -315,7 +315,7 @@ def test_without_torch_the_report_says_magic_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch is optional: absent, the structural checks still run and the report says so."""
-    from services.shared.formats import torch_load
+    from ckpt_ha.formats import torch_load
 
     write_hf_folder(tmp_path / "checkpoint-500")
     write_dcp(tmp_path / "step-3", step=None)
@@ -332,7 +332,7 @@ def test_no_torch_needed_to_read_dcp_metadata(dcp_folder: Path) -> None:
     """The restricted unpickler resolves nothing from torch: run it where torch cannot import."""
     code = (
         "import sys; sys.modules['torch'] = None\n"
-        "from services.shared.formats import verify_path\n"
+        "from ckpt_ha.formats import verify_path\n"
         "from pathlib import Path\n"
         f"r = verify_path(Path({str(dcp_folder)!r}))\n"
         "print(r.verdict.value, r.step, sys.modules.get('torch') is not None)"

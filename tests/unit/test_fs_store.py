@@ -10,7 +10,7 @@ from threading import Barrier
 
 import pytest
 
-from services.shared.storage import (
+from ckpt_ha.storage import (
     FsStore,
     InvalidKey,
     ObjectExists,
@@ -20,7 +20,7 @@ from services.shared.storage import (
     StorageUnavailable,
     open_store,
 )
-from services.shared.storage.fs_store import classify_os_error
+from ckpt_ha.storage.fs_store import classify_os_error
 from tests.support.store_contract import StoreContract, keys_of
 
 

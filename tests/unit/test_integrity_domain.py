@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from contracts.checkpoint import (
+from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointCorruptV1,
     CheckpointFormat,
@@ -13,9 +13,9 @@ from contracts.checkpoint import (
     CheckpointVerifiedV1,
     FailureSide,
 )
-from services.integrity_checker import domain
-from services.shared.formats.report import Report, Verdict
-from services.shared.registry import checksums_from_checks
+from ckpt_ha.formats.report import Report, Verdict
+from ckpt_ha.integrity_checker import domain
+from ckpt_ha.registry.redis_registry import checksums_from_checks
 
 S = CheckpointState
 COMMITTED = CheckpointCommittedV1(

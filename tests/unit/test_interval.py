@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from services.shared import interval
-from services.shared.interval import CheckpointTimes
+from ckpt_ha.core import interval
+from ckpt_ha.core.interval import CheckpointTimes
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
-from contracts.checkpoint import CheckpointState as S
-from services.shared.errors import PermanentError
-from services.shared.lifecycle import (
+from ckpt_ha.contracts.checkpoint import CheckpointState as S
+from ckpt_ha.core.errors import PermanentError
+from ckpt_ha.core.lifecycle import (
     DECISIONS,
     EVENT_TARGETS,
     STALE,

@@ -7,23 +7,23 @@ from datetime import UTC, datetime, timedelta
 
 from prometheus_client import generate_latest
 
-from contracts import build
-from contracts.checkpoint import (
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import (
     CheckpointCorruptV1,
     CheckpointQuarantinedV1,
     CheckpointWriteFailedV1,
     CheckpointWritingV1,
     FailureSide,
 )
-from services.shared.metrics import (
+from ckpt_ha.registry.redis_registry import Applied, project
+from ckpt_ha.runtime.server import bounded_subject
+from ckpt_ha.telemetry.metrics import (
     JobGauges,
     LifecycleMetrics,
     RestoreMetrics,
     ServiceMetrics,
     reason_class,
 )
-from services.shared.registry import Applied, project
-from services.shared.runtime import bounded_subject
 from tests.support.events import T0, committed, verified
 
 

@@ -8,20 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from contracts import EventData
-from contracts.checkpoint import CheckpointQuarantinedV1, FailureSide
-from services.shared.corruption import condemn
-from services.shared.formats import native, safetensors
-from services.shared.formats.identity import checkpoint_id_on
-from services.shared.quarantine import isolate
-from services.shared.storage import (
+from ckpt_ha.contracts import EventData
+from ckpt_ha.contracts.checkpoint import CheckpointQuarantinedV1, FailureSide
+from ckpt_ha.core.corruption import condemn
+from ckpt_ha.formats import native, safetensors
+from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.storage import (
     FsStore,
     InvalidKey,
     ObjectInfo,
     StorageError,
     StorageUnavailable,
 )
-from services.shared.storage.quarantine import (
+from ckpt_ha.storage.quarantine import (
     MARKER_NAMES,
     MARKER_SUFFIXES,
     is_commit_marker,
@@ -29,6 +28,7 @@ from services.shared.storage.quarantine import (
     quarantine_key,
     restore,
 )
+from ckpt_ha.storage.quarantine_move import isolate
 from tests.support.store_contract import keys_of
 
 T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -5,16 +5,22 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import Envelope, EventData, build
-from contracts.checkpoint import (
+from ckpt_ha.cli import actions
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.checkpoint import (
     CheckpointConflictV1,
     CheckpointRegisteredV1,
     CheckpointState,
     OwnershipTransferredV1,
 )
-from services.cli import actions
-from services.registrar.domain import follow_ups
-from services.shared.registry import Applied, CheckpointRecord, OwnershipMismatch, own, project
+from ckpt_ha.registrar.domain import follow_ups
+from ckpt_ha.registry.redis_registry import (
+    Applied,
+    CheckpointRecord,
+    OwnershipMismatch,
+    own,
+    project,
+)
 from tests.support.events import T0, committed, verified
 
 

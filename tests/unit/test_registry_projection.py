@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from contracts import build
-from contracts.checkpoint import CheckpointState, CheckpointVerifiedV1
-from services.shared.errors import DependencyNotReady
-from services.shared.lifecycle import IllegalTransition
-from services.shared.registry import project
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import CheckpointState, CheckpointVerifiedV1
+from ckpt_ha.core.errors import DependencyNotReady
+from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.registry.redis_registry import project
 from tests.support.events import T0, committed, deleted, expired, verified
 
 

@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from contracts.checkpoint import CheckpointIdentity, CheckpointState, RuntimeEnvironment, Topology
-from contracts.job import CompatibilityRule, JobPolicy, Tolerance
-from contracts.resume import Compatibility, ResumeMode
-from services.restore_coordinator import domain
-from services.restore_coordinator.domain import (
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointIdentity,
+    CheckpointState,
+    RuntimeEnvironment,
+    Topology,
+)
+from ckpt_ha.contracts.job import CompatibilityRule, JobPolicy, Tolerance
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode
+from ckpt_ha.restore_coordinator import domain
+from ckpt_ha.restore_coordinator.domain import (
     Candidate,
     Failure,
     History,

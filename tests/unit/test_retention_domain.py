@@ -7,14 +7,25 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from contracts import build
-from contracts.checkpoint import (
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import (
     CheckpointPinnedV1,
     CheckpointState,
     CheckpointUnpinnedV1,
     TierChosenV1,
 )
-from services.retention_janitor.domain import (
+from ckpt_ha.core.tiers import DEFAULT_TIER, TIERS, KeepBest, Tier, get_tier, resolve_tier
+from ckpt_ha.registry.redis_registry import (
+    CheckpointRecord,
+    Expiry,
+    PinRecord,
+    PinRefused,
+    UnknownTierChosen,
+    pin,
+    project,
+    tier_record,
+)
+from ckpt_ha.retention_janitor.domain import (
     SETTLE,
     Action,
     Decision,
@@ -25,17 +36,6 @@ from services.retention_janitor.domain import (
     plan_job,
     unknown_objects,
 )
-from services.shared.registry import (
-    CheckpointRecord,
-    Expiry,
-    PinRecord,
-    PinRefused,
-    UnknownTierChosen,
-    pin,
-    project,
-    tier_record,
-)
-from services.shared.tiers import DEFAULT_TIER, TIERS, KeepBest, Tier, get_tier, resolve_tier
 from tests.support.events import T0, committed, deleted, expired, verified
 
 S = CheckpointState

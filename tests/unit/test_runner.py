@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from contracts.checkpoint import FailureSide, RuntimeEnvironment, Topology
-from contracts.job import FailureCause
-from contracts.resume import Compatibility, ResumeMode, ResumePlannedV1
-from services import sdk
-from services.cli.main import main
-from services.runner.adapter import ExitInfo
-from services.runner.domain import classify
-from services.runner.runner import RunSpec, child_env, runtime_environment
-from services.shared.bus_config import BusConfig
+from ckpt_ha import sdk
+from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.cli.main import main
+from ckpt_ha.contracts.checkpoint import FailureSide, RuntimeEnvironment, Topology
+from ckpt_ha.contracts.job import FailureCause
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV1
+from ckpt_ha.runner.adapter import ExitInfo
+from ckpt_ha.runner.domain import classify
+from ckpt_ha.runner.runner import RunSpec, child_env, runtime_environment
 
 
 def test_exit_zero_is_a_success() -> None:
@@ -71,7 +71,7 @@ def test_the_signature_ignores_numbers_but_not_the_failure() -> None:
 def test_the_attempts_environment_carries_the_protocol_and_drops_a_stale_plan(
     tmp_path: Path,
 ) -> None:
-    from services.sdk import protocol
+    from ckpt_ha.sdk import protocol
 
     spec = RunSpec("job-e", "run-e", ("train",), "/data/ckpt", tmp_path, code_version="c1")
     bus = BusConfig(url="nats://n:4222", user="runner", password="pw", prefix="px")

@@ -12,14 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from contracts.checkpoint import CheckpointFormat, Topology
-from services import sdk
-from services.sdk import state as codec
-from services.shared.formats import native, verify
-from services.shared.formats.report import Verdict
-from services.shared.storage import FsStore, ObjectInfo
-from services.writer_watcher import adapters
-from services.writer_watcher.domain import WatchState, observe
+from ckpt_ha import sdk
+from ckpt_ha.contracts.checkpoint import CheckpointFormat, Topology
+from ckpt_ha.formats import native, verify
+from ckpt_ha.formats.report import Verdict
+from ckpt_ha.sdk import state as codec
+from ckpt_ha.storage import FsStore, ObjectInfo
+from ckpt_ha.writer_watcher import adapters
+from ckpt_ha.writer_watcher.domain import WatchState, observe
 
 T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 STALL = timedelta(minutes=5)

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services import sdk
+from ckpt_ha import sdk
 from tests.support.torch_tools import require_torch
 
 torch = require_torch()

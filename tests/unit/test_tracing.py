@@ -17,12 +17,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
-from contracts import build
-from contracts.checkpoint import CheckpointCorruptV1
-from services.shared import tracing
-from services.shared.registry import project
-from services.writer_watcher import adapters
-from services.writer_watcher.domain import Tracked
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import CheckpointCorruptV1
+from ckpt_ha.registry.redis_registry import project
+from ckpt_ha.telemetry import tracing
+from ckpt_ha.writer_watcher import adapters
+from ckpt_ha.writer_watcher.domain import Tracked
 from tests.support.events import T0, committed, verified
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

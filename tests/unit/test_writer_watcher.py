@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from contracts.checkpoint import (
+from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointCorruptV1,
     CheckpointFormat,
@@ -21,11 +21,11 @@ from contracts.checkpoint import (
     CheckpointWritingV1,
     FailureSide,
 )
-from services.shared.formats import native
-from services.shared.formats.identity import checkpoint_id_on
-from services.shared.storage import FsStore
-from services.writer_watcher import adapters, domain
-from services.writer_watcher.domain import Evidence, Observation, WatchState, missing, observe
+from ckpt_ha.formats import native
+from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.storage import FsStore
+from ckpt_ha.writer_watcher import adapters, domain
+from ckpt_ha.writer_watcher.domain import Evidence, Observation, WatchState, missing, observe
 from tests.support.torch_tools import Payload, write_dcp
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)

@@ -1,0 +1,18 @@
+"""The v1 event catalogue every service decodes with."""
+
+from __future__ import annotations
+
+from ckpt_ha.contracts.checkpoint import CHECKPOINT_EVENTS
+from ckpt_ha.contracts.envelope import EventCatalog
+from ckpt_ha.contracts.job import JOB_EVENTS
+from ckpt_ha.contracts.resume import RESUME_EVENTS
+
+
+def default_catalog() -> EventCatalog:
+    catalog = EventCatalog()
+    for model in (*CHECKPOINT_EVENTS, *JOB_EVENTS, *RESUME_EVENTS):
+        catalog.register(model)
+    return catalog
+
+
+CATALOG = default_catalog()

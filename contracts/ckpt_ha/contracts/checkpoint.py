@@ -1,0 +1,310 @@
+"""Checkpoint aggregate: lifecycle states, identity (R4) and the checkpoint.* events (v1)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import ClassVar
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from ckpt_ha.contracts.envelope import Envelope, EventData
+
+
+class CheckpointState(StrEnum):
+    """The one explicit lifecycle state of a checkpoint (R1)."""
+
+    WRITING = "writing"
+    PENDING_VERIFICATION = "pending_verification"
+    VALID = "valid"
+    CORRUPT = "corrupt"
+    QUARANTINED = "quarantined"
+    WRITE_FAILED = "write_failed"
+    EXPIRED = "expired"
+    DELETED = "deleted"
+
+
+class CheckpointFormat(StrEnum):
+    NATIVE = "native"
+    TORCH_DCP = "torch_dcp"
+    SAFETENSORS = "safetensors"
+    HF_TRAINER = "hf_trainer"
+    UNKNOWN = "unknown"
+
+
+class FailureSide(StrEnum):
+    """Who has to act on a failure (R2): the training job, or the platform under it."""
+
+    JOB = "job"
+    INFRASTRUCTURE = "infrastructure"
+    UNKNOWN = "unknown"
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Topology(_Frozen):
+    """Parallel layout the checkpoint was written with; a restore onto another is not exact."""
+
+    world_size: int = Field(ge=1)
+    tensor_parallel: int = Field(default=1, ge=1)
+    pipeline_parallel: int = Field(default=1, ge=1)
+    data_parallel: int | None = Field(default=None, ge=1)
+
+
+class RuntimeEnvironment(_Frozen):
+    framework: str | None = None
+    framework_version: str | None = None
+    python_version: str | None = None
+    image: str | None = None
+    libraries: dict[str, str] = Field(default_factory=dict)
+
+
+class CheckpointIdentity(_Frozen):
+    """What a checkpoint is bound to (R4). The storage path is display only, never identity."""
+
+    job_id: str
+    run_id: str
+    attempt: int = Field(default=1, ge=1)
+    model_version: str | None = None
+    code_version: str | None = None
+    data_snapshot: str | None = None
+    config_hash: str | None = None
+    environment: RuntimeEnvironment | None = None
+    topology: Topology | None = None
+    created_at: AwareDatetime | None = None
+    project: str | None = Field(default=None, min_length=1, max_length=200)
+    """The owning project (R5): checkpoints belong to projects, never to a person."""
+
+
+class _CheckpointEvent(EventData):
+    checkpoint_id: str = Field(min_length=1, max_length=200)
+    uri: str = Field(min_length=1, max_length=2048)
+
+    def subject_key(self) -> str:
+        return self.checkpoint_id
+
+
+class CheckpointWritingV1(_CheckpointEvent):
+    """A checkpoint folder appeared; it is being written and is not yet evidence of anything."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.writing"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    run_id: str
+    step: int | None = Field(default=None, ge=0)
+    format: CheckpointFormat = CheckpointFormat.UNKNOWN
+
+
+class CheckpointCommittedV1(_CheckpointEvent):
+    """The format's commit evidence is complete on storage; integrity is not yet checked."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.committed"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    run_id: str
+    step: int = Field(ge=0)
+    format: CheckpointFormat
+    identity: CheckpointIdentity | None = None
+    shard_count: int = Field(default=0, ge=0)
+    total_bytes: int = Field(default=0, ge=0)
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Evaluation metrics at this step (e.g. ``val_loss``): what a tier's keep-best rule ranks."""
+
+
+class CheckpointWriteFailedV1(_CheckpointEvent):
+    """The write stalled or lost shards: never a restore candidate."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.write_failed"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    side: FailureSide = FailureSide.UNKNOWN
+
+
+class CheckpointVerifiedV1(_CheckpointEvent):
+    """Integrity evidence: every check listed passed."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.verified"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    checks: tuple[str, ...] = ()
+    exact_resume: bool = True
+    """False when only weights are present (no optimizer/scheduler state)."""
+    bytes_verified: int = Field(default=0, ge=0)
+
+
+class CheckpointCorruptV1(_CheckpointEvent):
+    EVENT_TYPE: ClassVar[str] = "checkpoint.corrupt"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    side: FailureSide = FailureSide.UNKNOWN
+    findings: tuple[str, ...] = ()
+
+
+class CheckpointRegisteredV1(_CheckpointEvent):
+    """The registry now offers this checkpoint as valid for restore."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.registered"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    step: int = Field(ge=0)
+    state: CheckpointState = CheckpointState.VALID
+    identity: CheckpointIdentity | None = None
+    """What the checkpoint is bound to (R4), as the registry holds it."""
+    project: str | None = None
+    """The owning project (R5) at registration time."""
+    tier: str | None = None
+    """The job's protection tier (R13) at registration time."""
+
+
+class CheckpointQuarantinedV1(_CheckpointEvent):
+    EVENT_TYPE: ClassVar[str] = "checkpoint.quarantined"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    quarantine_uri: str | None = None
+    actor: str | None = None
+    """Who quarantined it by hand (``ckpt-ha quarantine``); None when a service did."""
+
+
+class CheckpointReleasedV1(_CheckpointEvent):
+    """A human checked a quarantined checkpoint and released it: it is verified again, and
+    becomes valid only if the integrity checks pass this time."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.released"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+    quarantine_uri: str | None = None
+    """Where the bytes lie in quarantine, if they were moved there."""
+
+
+class OwnershipTransferredV1(EventData):
+    """A job's checkpoints move from one project to another (R5). Recorded, never widening."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.ownership_transferred"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    from_project: str | None = None
+    """The owner the actor saw; the transfer is refused if the job has another owner now."""
+    to_project: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+
+class CheckpointConflictV1(_CheckpointEvent):
+    """Something claimed a transition or identity the registry refuses; needs a human look."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.conflict"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    existing_checkpoint_id: str | None = None
+
+
+class CheckpointExpiredV1(_CheckpointEvent):
+    """Retention decided this checkpoint is no longer kept: no longer a restore candidate, its
+    bytes are deleted after ``grace_until`` unless something protects it by then."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.expired"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    policy: str
+    grace_until: AwareDatetime | None = None
+    tier: str | None = None
+    """The protection tier (R13) whose retention expired it."""
+    actor: str | None = None
+
+
+class CheckpointDeletedV1(_CheckpointEvent):
+    """Bytes are gone; the tombstone fields stay queryable forever (R6)."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.deleted"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    reason: str
+    actor: str
+    policy: str | None = None
+    tier: str | None = None
+    """The protection tier (R13) whose retention deleted it."""
+    objects_deleted: int | None = Field(default=None, ge=0)
+    """How many storage objects were removed (0: they were already gone)."""
+
+
+class CheckpointPinnedV1(_CheckpointEvent):
+    """Someone still needs this checkpoint (an evaluation, a candidate model): retention keeps it
+    while the pin stands (R6). Refused for a deleted or unknown checkpoint."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.pinned"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    by: str = Field(min_length=1, max_length=200)
+    """Who holds the pin, e.g. ``eval:mmlu`` or ``model:candidate-3``; one pin per holder."""
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+
+class CheckpointUnpinnedV1(_CheckpointEvent):
+    """A holder released its pin; retention may expire the checkpoint again."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.unpinned"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    by: str = Field(min_length=1, max_length=200)
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+
+class TierChosenV1(EventData):
+    """An explicit, recorded choice of a job's protection tier (R13). Without one a job gets the
+    tier its own ``job.started`` declared, else the cheapest: never an expensive one by accident."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.tier_chosen"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    tier: str = Field(min_length=1, max_length=64)
+    reason: str = Field(min_length=1)
+    actor: str = Field(min_length=1)
+
+
+CHECKPOINT_EVENTS: tuple[type[EventData], ...] = (
+    CheckpointWritingV1,
+    CheckpointCommittedV1,
+    CheckpointWriteFailedV1,
+    CheckpointVerifiedV1,
+    CheckpointCorruptV1,
+    CheckpointRegisteredV1,
+    CheckpointQuarantinedV1,
+    CheckpointReleasedV1,
+    CheckpointConflictV1,
+    CheckpointExpiredV1,
+    CheckpointDeletedV1,
+    OwnershipTransferredV1,
+    CheckpointPinnedV1,
+    CheckpointUnpinnedV1,
+    TierChosenV1,
+)
+
+
+CheckpointEvent = (
+    Envelope[CheckpointWritingV1]
+    | Envelope[CheckpointCommittedV1]
+    | Envelope[CheckpointWriteFailedV1]
+    | Envelope[CheckpointVerifiedV1]
+    | Envelope[CheckpointCorruptV1]
+    | Envelope[CheckpointRegisteredV1]
+    | Envelope[CheckpointQuarantinedV1]
+    | Envelope[CheckpointReleasedV1]
+    | Envelope[CheckpointConflictV1]
+    | Envelope[CheckpointExpiredV1]
+    | Envelope[CheckpointDeletedV1]
+    | Envelope[OwnershipTransferredV1]
+    | Envelope[CheckpointPinnedV1]
+    | Envelope[CheckpointUnpinnedV1]
+    | Envelope[TierChosenV1]
+)
+"""Any checkpoint event, as a handler that projects them all receives it."""

@@ -1,0 +1,589 @@
+"""JetStream wiring, written once: streams, publishing, durable pull consumers, dead-lettering.
+
+Every service builds one `Bus` (its broker, publisher and consumers) and registers handlers with
+`Bus.consumer` or `Bus.batch_consumer`. The guarantees live here, not in handlers:
+
+* every publish sets ``Nats-Msg-Id`` to the event's deterministic id (JetStream dedupes retries);
+* consumers are durable pull consumers with explicit acks, ``ack_wait`` and capped
+  ``max_deliver``; a handler that runs long sends in-progress acks automatically;
+* faststream's own ack logic is off (`AckPolicy.MANUAL`); `DeadLetters` decides instead:
+  success → ack; `TransientError` or an unexpected exception → nak with backoff, and on the last
+  allowed delivery → dead-letter; a payload that fails validation, an unknown type or version, or a
+  `PermanentError` → dead-letter at once. A dead letter keeps the original bytes and headers and
+  adds the error, its code, the delivery count, the consumer and the stream sequence;
+* messages that exhaust ``max_deliver`` without any answer (a crashed or hung handler) are
+  dead-lettered from JetStream's max-deliveries advisory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Annotated, Any
+
+import nats.errors
+from faststream import AckPolicy, Context
+from faststream._internal.middlewares import BaseMiddleware
+from faststream.message import StreamMessage
+from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
+from faststream.nats.message import NatsBatchMessage, NatsMessage
+from faststream.nats.opentelemetry import NatsTelemetryMiddleware
+from faststream.nats.security import NatsUserPassword
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy as JsAckPolicy
+from nats.js.api import DeliverPolicy, StorageType
+from pydantic import ValidationError
+
+from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData, build
+from ckpt_ha.contracts.errors import ContractError
+from ckpt_ha.contracts.subjects import (
+    dead_letter_filter,
+    dead_letter_subject,
+    event_filter,
+    event_subject,
+)
+from ckpt_ha.core.errors import PermanentError
+from ckpt_ha.telemetry import tracing
+
+log = logging.getLogger("ckpt_ha.bus")
+
+ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+
+
+def events_stream(cfg: BusConfig) -> JStream:
+    """The event log: file storage, no age limit (the registry is rebuilt from it)."""
+    return JStream(
+        cfg.events_stream,
+        subjects=[event_filter(cfg.prefix)],
+        storage=StorageType.FILE,
+        duplicate_window=cfg.duplicate_window_s,
+        max_msg_size=cfg.max_event_bytes,
+        declare=True,
+    )
+
+
+def dead_letter_stream(cfg: BusConfig) -> JStream:
+    return JStream(
+        cfg.dead_letter_stream,
+        subjects=[dead_letter_filter(cfg.prefix)],
+        storage=StorageType.FILE,
+        duplicate_window=cfg.duplicate_window_s,
+        declare=True,
+    )
+
+
+class DeadLetters:
+    """Middleware factory (faststream calls it once per message) plus the dead-letter publisher."""
+
+    def __init__(self, cfg: BusConfig, service: str) -> None:
+        self.cfg = cfg
+        self.service = service
+        self._broker: NatsBroker | None = None
+        self._order: dict[str, asyncio.Lock] = {}
+        self.on_outcome: Callable[[str, str], None] = lambda consumer, outcome: None
+        """Hook for metrics: called with (consumer, 'ack'|'nak'|'dead_letter')."""
+        self.on_dead_letter: Callable[[str, str], None] = lambda consumer, code: None
+        """Hook for metrics: called with (consumer, error code) for every stored dead letter."""
+
+    def bind(self, broker: NatsBroker) -> None:
+        self._broker = broker
+
+    def ordering_lock(self, consumer: str) -> asyncio.Lock:
+        """faststream starts a fetched batch's messages as concurrent tasks, in stream order.
+
+        Taking this FIFO lock first thing makes one consumer handle them one at a time in that
+        order, so a projection sees a checkpoint's events in the order they were published.
+        Scale out with more consumers (partitioned by job), not with concurrency inside one.
+        """
+        return self._order.setdefault(consumer, asyncio.Lock())
+
+    def __call__(self, msg: Any, /, *, context: Any) -> _DeadLetterScope:
+        return _DeadLetterScope(msg, context=context, letters=self)
+
+    async def settle(self, raw: Msg, error: BaseException | None, consumer: str) -> None:
+        """End one delivery: ack on success; otherwise nak with backoff or dead-letter."""
+        if error is None:
+            await raw.ack()
+            self.on_outcome(consumer, "ack")
+            return
+        meta = raw.metadata
+        permanent = _classify(error)
+        delivered = meta.num_delivered
+        if permanent is None and delivered < self.cfg.max_deliver:
+            log.info(
+                "nak seq=%s consumer=%s delivered=%s: %r",
+                meta.sequence.stream,
+                consumer,
+                delivered,
+                error,
+            )
+            await raw.nak(delay=self.cfg.backoff(delivered))
+            self.on_outcome(consumer, "nak")
+            tracing.annotate(**{"ckpt_ha.outcome": "nak", "ckpt_ha.error": repr(error)[:500]})
+            return
+        code, text = permanent or ("max_deliver", f"last delivery failed: {error!r}")
+        tracing.fail(text, code=code)
+        try:
+            await self.publish(
+                raw,
+                code=code,
+                error=text,
+                delivered=delivered,
+                consumer=consumer,
+                stream_seq=meta.sequence.stream,
+            )
+        except Exception:
+            log.exception("dead letter not stored; nak instead")
+            await raw.nak(delay=self.cfg.backoff(delivered))
+            self.on_outcome(consumer, "nak")
+            return
+        await raw.term()  # JetStream stops redelivering
+        self.on_outcome(consumer, "dead_letter")
+
+    async def publish(
+        self,
+        raw: Msg,
+        *,
+        code: str,
+        error: str,
+        delivered: int,
+        consumer: str,
+        stream_seq: int,
+    ) -> None:
+        """Store the original bytes and headers with the reason; deduped per (seq, consumer)."""
+        if self._broker is None:
+            raise RuntimeError("DeadLetters used before bind()")
+        headers = {k: v for k, v in (raw.headers or {}).items() if k != "Nats-Msg-Id"}
+        headers.update(
+            {
+                "Nats-Msg-Id": f"dlq:{self.cfg.events_stream}:{stream_seq}:{consumer}",
+                "Ckpt-Error-Code": code,
+                "Ckpt-Error": error[:2000],
+                "Ckpt-Delivery-Count": str(delivered),
+                "Ckpt-Consumer": consumer,
+                "Ckpt-Stream-Seq": str(stream_seq),
+                "Ckpt-Original-Subject": raw.subject,
+            }
+        )
+        await self._broker.publish(
+            raw.data,
+            dead_letter_subject(self.cfg.prefix, self.service, consumer),
+            headers=headers,
+            stream=self.cfg.dead_letter_stream,
+            timeout=self.cfg.publish_timeout_s,
+        )
+        self.on_dead_letter(consumer, code)
+        log.warning(
+            "dead-lettered seq=%s consumer=%s code=%s: %s", stream_seq, consumer, code, error
+        )
+
+
+def _classify(exc: BaseException) -> tuple[str, str] | None:
+    """(code, text) when the failure is permanent; None when a retry may succeed."""
+    if isinstance(exc, ContractError):
+        return exc.code, str(exc)
+    if isinstance(exc, ValidationError):
+        return "malformed", str(exc).replace("\n", " ")[:2000]
+    if isinstance(exc, PermanentError):
+        return getattr(exc, "code", "permanent"), str(exc)
+    return None
+
+
+class _DeadLetterScope(BaseMiddleware):
+    def __init__(self, msg: Any, /, *, context: Any, letters: DeadLetters) -> None:
+        super().__init__(msg, context=context)
+        self.letters = letters
+
+    async def consume_scope(
+        self, call_next: Callable[[StreamMessage[Any]], Awaitable[Any]], msg: StreamMessage[Any]
+    ) -> Any:
+        if not isinstance(msg, NatsMessage) or not msg.raw_message.reply:
+            return await call_next(msg)  # core NATS (advisories): nothing to ack
+        raw = msg.raw_message
+        meta = raw.metadata
+        consumer = meta.consumer or "?"
+        async with self.letters.ordering_lock(consumer):
+            return await self._handle(call_next, msg, consumer)
+
+    async def _handle(
+        self,
+        call_next: Callable[[StreamMessage[Any]], Awaitable[Any]],
+        msg: NatsMessage,
+        consumer: str,
+    ) -> Any:
+        raw = msg.raw_message
+        heartbeat = asyncio.create_task(_keep_alive([raw], self.letters.cfg.ack_wait_s / 3))
+        try:
+            result = await call_next(msg)
+        except Exception as exc:  # noqa: BLE001 - every failure must end in ack, nak or dead letter
+            await self.letters.settle(raw, exc, consumer)
+            return None
+        finally:
+            heartbeat.cancel()
+        await self.letters.settle(raw, None, consumer)
+        return result
+
+
+async def _keep_alive(raws: Sequence[Msg], interval: float) -> None:
+    """In-progress acks while a handler runs longer than a fraction of ``ack_wait``."""
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            await asyncio.sleep(interval)
+            for raw in raws:
+                if not raw._ackd:
+                    await raw.in_progress()
+
+
+Handler = Callable[..., Awaitable[None]]
+
+
+async def _raw_batch(msg: StreamMessage[Any]) -> None:
+    """Batch decoder that decodes nothing: faststream would JSON-parse every body once more."""
+
+
+BatchHandler = Callable[[list[Envelope[EventData]]], Awaitable[Sequence[BaseException | None]]]
+"""Handles a fetched batch in stream order; returns one result per event (None = success)."""
+
+
+class _BatchPipeline:
+    """Handles a consumer's batches one after another, in fetch order, on one worker task.
+
+    faststream fetches the next batch only after the handler returns; handing the batch to this
+    worker lets the next fetch overlap with the current batch's Redis work, while batches are
+    still processed strictly in order. At most one batch waits behind the one in progress.
+    """
+
+    def __init__(self, process: Callable[[list[Msg]], Awaitable[None]]) -> None:
+        self.process = process
+        self.queue: asyncio.Queue[list[Msg]] = asyncio.Queue(maxsize=1)
+        self.worker: asyncio.Task[None] | None = None
+        self.closing = False
+
+    async def submit(self, raws: list[Msg]) -> None:
+        if self.closing:
+            return  # not acked: JetStream redelivers it to the next consumer instance
+        if self.worker is None or self.worker.done():
+            self.worker = asyncio.create_task(self._run())
+        await self.queue.put(raws)
+
+    async def _run(self) -> None:
+        while True:
+            raws = await self.queue.get()
+            try:
+                await self.process(raws)
+            except Exception:
+                log.exception("batch failed; its unsettled messages will be redelivered")
+            finally:
+                self.queue.task_done()
+
+    async def drain(self, within_s: float) -> None:
+        """Finish what was handed over (for at most ``within_s``), then stop the worker."""
+        self.closing = True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.queue.join(), within_s)
+        if self.worker is not None:
+            self.worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.worker
+            self.worker = None
+        self.closing = False
+
+
+class _Broker(NatsBroker):
+    """NatsBroker that lets batch pipelines finish before it stops consuming and disconnects."""
+
+    def __init__(self, pipelines: list[_BatchPipeline], *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ckpt_pipelines = pipelines
+        self._ckpt_graceful = float(kwargs.get("graceful_timeout") or 15.0)
+
+    async def stop(self, *args: Any, **kwargs: Any) -> None:
+        for pipeline in self._ckpt_pipelines:
+            await pipeline.drain(self._ckpt_graceful)
+        await super().stop(*args, **kwargs)
+
+
+Fetch = Callable[..., Awaitable[list[Msg]]]
+
+
+def nats_timeouts(fetch: Fetch) -> Fetch:
+    """``fetch`` raising only `nats.errors.TimeoutError` for a timeout, never a bare one.
+
+    nats-py's fetch raises a bare `asyncio.TimeoutError` when its deadline passes between its
+    two pull requests, while faststream's batch loop catches only the nats error. The bare one
+    escapes, faststream restarts the loop, and the messages already gathered for that batch are
+    dropped unacked: JetStream redelivers them only after ``ack_wait``, behind later events, so
+    e.g. a checkpoint's ``committed`` arrives after its ``verified`` and is dead-lettered as an
+    illegal transition. The nats error subclasses the asyncio one, so other callers see no change.
+    """
+
+    @functools.wraps(fetch)
+    async def wrapped(*args: Any, **kwargs: Any) -> list[Msg]:
+        try:
+            return await fetch(*args, **kwargs)
+        except nats.errors.TimeoutError:
+            raise
+        except TimeoutError as exc:
+            raise nats.errors.TimeoutError from exc
+
+    wrapped.ckpt_nats_timeouts = True  # type: ignore[attr-defined]
+    return wrapped
+
+
+def _install_nats_timeouts() -> None:
+    """Idempotent; done when a Bus is built rather than at import (no import-time effects)."""
+    pull = JetStreamContext.PullSubscription
+    if not getattr(pull.fetch, "ckpt_nats_timeouts", False):
+        pull.fetch = nats_timeouts(pull.fetch)  # type: ignore[method-assign,assignment]
+
+
+class Bus:
+    """One service's view of the event bus: its broker, its consumers, its publisher."""
+
+    def __init__(self, cfg: BusConfig, service: str, catalog: EventCatalog = CATALOG) -> None:
+        _install_nats_timeouts()
+        self.cfg = cfg
+        self.service = service
+        self.catalog = catalog
+        self.dead_letters = DeadLetters(cfg, service)
+        self._pipelines: list[_BatchPipeline] = []
+        self.broker = _Broker(
+            self._pipelines,
+            cfg.url,
+            security=(
+                NatsUserPassword(cfg.user, cfg.password or "") if cfg.user is not None else None
+            ),
+            # Telemetry outermost: the consume span is current while DeadLetters settles, and
+            # every publish (follow-ups, dead letters) carries the trace in its headers.
+            middlewares=[
+                NatsTelemetryMiddleware(include_messages_counters=False),
+                self.dead_letters,
+            ],
+            graceful_timeout=cfg.graceful_timeout_s,
+            name=f"ckpt-ha-{service}",
+        )
+        self.dead_letters.bind(self.broker)
+        self.events = events_stream(cfg)
+        self.consumers: list[str] = []
+        # Publishers declare both streams at start, so a publish-only process works too.
+        self.broker.publisher(event_filter(cfg.prefix), stream=self.events, include_in_schema=False)
+        self.broker.publisher(
+            dead_letter_filter(cfg.prefix),
+            stream=dead_letter_stream(cfg),
+            include_in_schema=False,
+        )
+
+    async def consumer_info(self) -> list[tuple[str, int, int, int]]:
+        """(durable, num_pending, num_ack_pending, num_redelivered) of each of this bus's
+        consumers, read from JetStream."""
+        js = self.broker.connection.jetstream()
+        found: list[tuple[str, int, int, int]] = []
+        for durable in self.consumers:
+            info = await js.consumer_info(self.cfg.events_stream, durable)
+            pending, acks = info.num_pending or 0, info.num_ack_pending or 0
+            found.append((durable, pending, acks, info.num_redelivered or 0))
+        return found
+
+    def durable_name(self, consumer: str) -> str:
+        return f"{self.service}--{consumer}"
+
+    def _consumer_config(self) -> ConsumerConfig:
+        """Explicit acks, ``ack_wait``, capped ``max_deliver``."""
+        return ConsumerConfig(
+            ack_policy=JsAckPolicy.EXPLICIT,
+            ack_wait=self.cfg.ack_wait_s,
+            max_deliver=self.cfg.max_deliver,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+
+    def consumer(
+        self,
+        consumer: str,
+        filter_subject: str,
+        *,
+        description: str | None = None,
+    ) -> Callable[[Handler], Any]:
+        """Decorator: a durable pull consumer with explicit acks on ``filter_subject``."""
+        durable = self.durable_name(consumer)
+        self.consumers.append(durable)
+
+        async def decode(msg: StreamMessage[Any]) -> Envelope[EventData]:
+            return self.catalog.decode(msg.body)
+
+        return self.broker.subscriber(
+            filter_subject,
+            stream=self.events,
+            durable=durable,
+            pull_sub=PullSub(batch_size=self.cfg.fetch_batch, timeout=self.cfg.fetch_timeout_s),
+            config=self._consumer_config(),
+            ack_policy=AckPolicy.MANUAL,
+            decoder=decode,
+            title=f"{self.service}:{consumer}",
+            description=description,
+        )
+
+    def batch_consumer(
+        self,
+        consumer: str,
+        filter_subject: str,
+        *,
+        payload: Any = None,
+        description: str | None = None,
+    ) -> Callable[[BatchHandler], BatchHandler]:
+        """Decorator: like `consumer`, but the handler gets each fetched batch in stream order.
+
+        For projections that gain from doing one round trip per batch instead of per message.
+        Bytes that do not decode are dead-lettered before the handler sees the batch; every
+        other message is settled (ack / nak / dead letter) by its own result. ``payload`` is
+        the type of one message, for the AsyncAPI document only.
+        """
+        durable = self.durable_name(consumer)
+        self.consumers.append(durable)
+
+        def register(handler: BatchHandler) -> BatchHandler:
+            pipeline = _BatchPipeline(lambda raws: self._consume_batch(raws, handler, durable))
+            self._pipelines.append(pipeline)
+
+            async def on_batch(
+                message: Annotated[NatsBatchMessage, Context("message")], body: Any = None
+            ) -> None:
+                await pipeline.submit(list(message.raw_message))
+
+            on_batch.__name__ = handler.__name__
+            if payload is not None:
+                # Documentation only: the decoder yields None; each body is decoded above.
+                batch_type: Any = list[payload] | None
+                sig = inspect.signature(on_batch)
+                on_batch.__signature__ = sig.replace(  # type: ignore[attr-defined]
+                    parameters=[
+                        sig.parameters["message"],
+                        sig.parameters["body"].replace(annotation=batch_type),
+                    ]
+                )
+            self.broker.subscriber(
+                filter_subject,
+                stream=self.events,
+                durable=durable,
+                pull_sub=PullSub(
+                    batch_size=self.cfg.fetch_batch, timeout=self.cfg.batch_linger_s, batch=True
+                ),
+                config=self._consumer_config(),
+                ack_policy=AckPolicy.MANUAL,
+                decoder=_raw_batch,  # the catalogue decodes each message in _consume_batch
+                title=f"{self.service}:{consumer}",
+                description=description,
+            )(on_batch)
+            return handler
+
+        return register
+
+    async def _consume_batch(self, raws: list[Msg], handler: BatchHandler, consumer: str) -> None:
+        heartbeat = asyncio.create_task(_keep_alive(raws, self.cfg.ack_wait_s / 3))
+        try:
+            events: list[Envelope[EventData]] = []
+            decoded: list[Msg] = []
+            for raw in raws:
+                try:
+                    events.append(self.catalog.decode(raw.data))
+                    decoded.append(raw)
+                except ContractError as exc:
+                    await self.dead_letters.settle(raw, exc, consumer)
+            results: Sequence[BaseException | None]
+            try:
+                results = await handler(events) if events else []
+            except Exception as exc:  # noqa: BLE001 - the whole batch failed: settle each
+                results = [exc] * len(events)
+            for raw, result in zip(decoded, results, strict=True):
+                await self.dead_letters.settle(raw, result, consumer)
+        finally:
+            heartbeat.cancel()
+
+    def watch_max_deliveries(self) -> None:
+        """Dead-letter what exhausted ``max_deliver`` without any answer from a handler."""
+        for durable in self.consumers:
+            subject = f"{ADVISORY_MAX_DELIVERIES}.{self.cfg.events_stream}.{durable}"
+            self.broker.subscriber(subject, include_in_schema=False)(self._on_max_deliveries)
+
+    async def _on_max_deliveries(self, advisory: dict[str, Any]) -> None:
+        seq = int(advisory["stream_seq"])
+        consumer = str(advisory["consumer"])
+        js = self.broker.connection.jetstream()
+        stored = await js.get_msg(self.cfg.events_stream, seq)
+        raw = Msg(
+            self.broker.connection,
+            subject=stored.subject or "",
+            data=stored.data or b"",
+            headers=dict(stored.headers or {}),
+        )
+        await self.dead_letters.publish(
+            raw,
+            code="max_deliver",
+            error="max deliveries reached without an ack (handler crashed or timed out)",
+            delivered=int(advisory.get("deliveries", self.cfg.max_deliver)),
+            consumer=consumer,
+            stream_seq=seq,
+        )
+
+    async def publish(self, event: Envelope[EventData]) -> Envelope[EventData]:
+        """Publish into the event stream; ``Nats-Msg-Id`` = event id, so retries are deduped.
+
+        Traced: the publish is a child of the envelope's ``traceparent`` when it has one, else
+        of the current span (a new trace when there is none); an envelope without a
+        ``traceparent`` gets this span's. Returns the envelope as published.
+        """
+        subject = event_subject(self.cfg.prefix, event.event_type, event.version, event.data.job_id)
+        parent = tracing.context_of(event.traceparent, event.tracestate)
+        with tracing.tracer().start_as_current_span(
+            f"publish {event.event_type}",
+            context=parent,
+            attributes=tracing.event_attributes(event),
+        ):
+            if event.traceparent is None and (current := tracing.current_traceparent()):
+                event = event.model_copy(
+                    update={"traceparent": current[0], "tracestate": current[1]}
+                )
+            # faststream's telemetry middleware replaces this with its own (child) span's.
+            headers = {"Nats-Msg-Id": event.id}
+            if event.traceparent:
+                headers["traceparent"] = event.traceparent
+            await self.broker.publish(
+                event.to_bytes(),
+                subject,
+                headers=headers,
+                stream=self.cfg.events_stream,
+                timeout=self.cfg.publish_timeout_s,
+            )
+        return event
+
+    async def publish_caused_by(
+        self,
+        cause: Envelope[EventData],
+        datas: Sequence[EventData],
+        *,
+        source: str,
+        time: datetime,
+    ) -> None:
+        """Publish the follow-ups of ``cause``: ids keyed on it (a redelivered cause yields the
+        same ids, so JetStream drops the repeats) and its trace carried on: a follow-up is a
+        child of the current span (the one handling the cause, or one a handler opened in a
+        checkpoint's own trace), else of the cause's own context."""
+        current = tracing.current_traceparent()
+        traceparent, tracestate = current or (cause.traceparent, cause.tracestate)
+        for data in datas:
+            await self.publish(
+                build(
+                    data,
+                    source=source,
+                    time=time,
+                    key=cause.id,
+                    traceparent=traceparent,
+                    tracestate=tracestate,
+                )
+            )

@@ -1,0 +1,59 @@
+"""Read events back from the event stream in stream order (registry rebuild, drills, audits)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import nats
+from nats.js.api import DeliverPolicy
+
+from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.contracts import Envelope, EventCatalog, EventData
+from ckpt_ha.contracts.errors import ContractError
+
+
+async def read_events(
+    cfg: BusConfig,
+    catalog: EventCatalog,
+    subject_filter: str,
+    *,
+    idle_timeout: float = 5.0,
+    on_undecodable: Callable[[str], None] | None = None,
+) -> tuple[list[Envelope[EventData]], int]:
+    """Every decodable event on ``subject_filter`` now in the stream, in order, and how many
+    messages were read (undecodable ones are reported by error code to ``on_undecodable``)."""
+    nc = await nats.connect(
+        cfg.url, user=cfg.user, password=cfg.password, connect_timeout=5, max_reconnect_attempts=2
+    )
+    events: list[Envelope[EventData]] = []
+    read = 0
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(cfg.events_stream)
+        if info.state.messages == 0:
+            return events, read
+        sub = await js.subscribe(
+            subject_filter,
+            stream=cfg.events_stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=idle_timeout)
+                except TimeoutError:
+                    break  # nothing matches, or the stream ended
+                read += 1
+                try:
+                    events.append(catalog.decode(msg.data))
+                except ContractError as exc:
+                    if on_undecodable is not None:
+                        on_undecodable(exc.code)
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            await sub.unsubscribe()
+    finally:
+        await nc.close()
+    return events, read

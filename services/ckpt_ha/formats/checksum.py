@@ -1,0 +1,71 @@
+"""Streaming checksums over the storage port: each file is read once, in large ranged reads.
+
+Default: xxh3-64 (about 17 GB/s per core here, so verification runs at storage speed). It
+detects corruption, not tampering; sha256 (about 1.5 GB/s) is available where a cryptographic
+digest is required.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import mmap
+from collections.abc import Callable
+from typing import Protocol
+
+import xxhash
+
+from ckpt_ha.storage import ObjectStore
+
+DEFAULT_ALGORITHM = "xxh3_64"
+READ_CHUNK = 1024 * 1024
+
+
+class _Hasher(Protocol):
+    def update(self, data: bytes | memoryview, /) -> None: ...
+    def hexdigest(self) -> str: ...
+
+
+ALGORITHMS: dict[str, Callable[[], _Hasher]] = {
+    "xxh3_64": xxhash.xxh3_64,
+    "sha256": hashlib.sha256,
+}
+
+
+def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[str, int]:
+    """(``algorithm:hex``, bytes read) of one object, streamed.
+
+    Streams that can ``readinto`` (local files) fill one reused page-aligned buffer: reading
+    into fresh ``bytes`` objects costs several times the hashing itself.
+    """
+    hasher = ALGORITHMS[algorithm]()
+    total = 0
+    with store.open_read(key) as stream:
+        readinto = getattr(stream, "readinto", None)
+        if readinto is None:
+            while chunk := stream.read(READ_CHUNK):
+                hasher.update(chunk)
+                total += len(chunk)
+        else:
+            with mmap.mmap(-1, READ_CHUNK) as buf:
+                view = memoryview(buf)
+                try:
+                    while n := readinto(view):
+                        hasher.update(view[:n])
+                        total += n
+                finally:
+                    view.release()
+    return f"{algorithm}:{hasher.hexdigest()}", total
+
+
+def of_bytes(data: bytes, algorithm: str = DEFAULT_ALGORITHM) -> str:
+    hasher = ALGORITHMS[algorithm]()
+    hasher.update(data)
+    return f"{algorithm}:{hasher.hexdigest()}"
+
+
+def parse(value: str) -> tuple[str, str]:
+    """``algorithm:hex`` → (algorithm, hex); raises ValueError for an unknown algorithm."""
+    algorithm, sep, digest = value.partition(":")
+    if not sep or algorithm not in ALGORITHMS or not digest:
+        raise ValueError(f"checksum {value!r} is not algorithm:hex with a known algorithm")
+    return algorithm, digest

@@ -1,0 +1,164 @@
+"""safetensors files, single and sharded, checked without loading any tensor.
+
+Layout: 8-byte little-endian header length N, N bytes of UTF-8 JSON, then the data area. Every
+tensor's ``data_offsets`` must lie in the data area, match dtype x shape, and the tensors must
+tile the data area exactly. The file carries no checksum: the one computed here becomes the
+reference later checks compare against.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from typing import Any
+
+from ckpt_ha.contracts.checkpoint import CheckpointFormat
+from ckpt_ha.formats import checksum as cs
+from ckpt_ha.formats.paths import inside, join
+from ckpt_ha.formats.report import Report, Verdict
+from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
+
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+INDEX_SUFFIX = ".safetensors.index.json"
+
+DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+    "I32": 4, "U32": 4, "F32": 4,
+    "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
+
+
+def verify_file(
+    store: ObjectStore,
+    key: str,
+    name: str,
+    report: Report | None = None,
+    algorithm: str = cs.DEFAULT_ALGORITHM,
+) -> tuple[Report, set[str]]:
+    """Check one file; returns the report and the tensor names its header declares."""
+    report = report or Report(format=CheckpointFormat.SAFETENSORS)
+    try:
+        size = store.stat(key).size
+    except ObjectNotFound:
+        report.fail(Verdict.INCOMPLETE, f"{name}: missing")
+        return report, set()
+    except InvalidKey:
+        report.fail(Verdict.UNSAFE, f"{name}: resolves outside the checkpoint (symlink?)")
+        return report, set()
+    if size < 8:
+        report.fail(Verdict.CORRUPT, f"{name}: {size} bytes, too short for a header")
+        return report, set()
+    (header_len,) = struct.unpack("<Q", store.read_bytes(key, offset=0, length=8))
+    if header_len > min(MAX_HEADER_BYTES, size - 8):
+        report.fail(
+            Verdict.CORRUPT, f"{name}: header length {header_len} does not fit a {size}-byte file"
+        )
+        return report, set()
+    try:
+        header = json.loads(store.read_bytes(key, offset=8, length=header_len).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        report.fail(Verdict.CORRUPT, f"{name}: header is not UTF-8 JSON ({exc})")
+        return report, set()
+    if not isinstance(header, dict):
+        report.fail(Verdict.CORRUPT, f"{name}: header is not a JSON object")
+        return report, set()
+    tensors = _check_tensors(header, size - 8 - header_len, name, report)
+    digest, read = cs.checksum(store, key, algorithm)
+    report.bytes_read += read
+    report.checksums[name] = digest
+    return report, tensors
+
+
+def _check_tensors(header: dict[str, Any], data_len: int, name: str, report: Report) -> set[str]:
+    spans: list[tuple[int, int, str]] = []
+    for tensor, spec in header.items():
+        if tensor == "__metadata__":
+            if not isinstance(spec, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in spec.items()
+            ):
+                report.fail(Verdict.CORRUPT, f"{name}: __metadata__ must map strings to strings")
+            continue
+        problem = _tensor_problem(spec, data_len)
+        if problem is not None:
+            report.fail(Verdict.CORRUPT, f"{name}: tensor {tensor!r}: {problem}")
+            continue
+        begin, end = spec["data_offsets"]
+        spans.append((begin, end, tensor))
+    position = 0
+    for begin, end, tensor in sorted(spans):
+        if begin != position:
+            report.fail(
+                Verdict.CORRUPT, f"{name}: tensor {tensor!r} starts at {begin}, expected {position}"
+            )
+            break
+        position = end
+    else:
+        if position != data_len:
+            report.fail(
+                Verdict.CORRUPT, f"{name}: tensors cover {position} of {data_len} data bytes"
+            )
+    return {t for _, _, t in spans}
+
+
+def _tensor_problem(spec: object, data_len: int) -> str | None:
+    if not isinstance(spec, dict):
+        return "not an object"
+    dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
+    if dtype not in DTYPE_BYTES:
+        return f"unknown dtype {dtype!r}"
+    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
+        return f"bad shape {shape!r}"
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) for o in offsets)
+    ):
+        return f"bad data_offsets {offsets!r}"
+    begin, end = offsets
+    if not 0 <= begin <= end <= data_len:
+        return f"data_offsets {offsets} outside the {data_len}-byte data area"
+    expected = math.prod(shape) * DTYPE_BYTES[dtype]
+    if end - begin != expected:
+        return f"{end - begin} bytes for {dtype} x {shape} (expected {expected})"
+    return None
+
+
+def verify_sharded(
+    store: ObjectStore, prefix: str, index_name: str, algorithm: str = cs.DEFAULT_ALGORITHM
+) -> Report:
+    """A ``*.safetensors.index.json``: every shard present and valid, every mapped tensor in it."""
+    report = Report(format=CheckpointFormat.SAFETENSORS)
+    key = join(prefix, index_name)
+    if store.stat(key).size > MAX_INDEX_BYTES:
+        report.fail(Verdict.CORRUPT, f"{index_name}: larger than {MAX_INDEX_BYTES} bytes")
+        return report
+    try:
+        index = json.loads(store.read_bytes(key).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        report.fail(Verdict.CORRUPT, f"{index_name}: not UTF-8 JSON ({exc})")
+        return report
+    weight_map = index.get("weight_map") if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not weight_map:
+        report.fail(Verdict.CORRUPT, f"{index_name}: no weight_map")
+        return report
+    wanted: dict[str, set[str]] = {}
+    for tensor, shard in weight_map.items():
+        path = inside(shard)
+        if path is None:
+            report.fail(Verdict.UNSAFE, f"{index_name}: {tensor!r} maps to {shard!r}, outside")
+            return report
+        wanted.setdefault(path, set()).add(tensor)
+    for path, tensors in sorted(wanted.items()):
+        _, declared = verify_file(store, join(prefix, path), path, report, algorithm)
+        missing = tensors - declared
+        if declared and missing:
+            report.fail(
+                Verdict.CORRUPT,
+                f"{path}: lacks {len(missing)} indexed tensors, e.g. {min(missing)}",
+            )
+    if report.ok:
+        report.checks += ["safetensors-index", "safetensors-header", "checksums-recorded"]
+    return report

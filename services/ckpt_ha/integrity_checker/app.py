@@ -1,0 +1,80 @@
+"""Composition root of the integrity-checker process.
+
+Verifies committed checkpoints (manifest, sizes, checksums, format checks) before anyone
+restores them, tags the ones that fail into quarantine (moving their bytes aside), and scrubs
+valid checkpoints periodically against the checksums recorded when they were verified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from faststream import FastStream
+
+from ckpt_ha.contracts.subjects import event_filter
+from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
+from ckpt_ha.integrity_checker.scrub import Scrubber
+from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
+from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.runtime.service import Service, new_service
+from ckpt_ha.storage import open_store
+from ckpt_ha.telemetry.metrics import ScrubMetrics, VerifyMetrics
+
+NAME = "integrity-checker"
+
+
+@dataclass(kw_only=True)
+class IntegrityChecker(Service):
+    registry: Registry
+    """Read only: the checker asks it what is already decided, the registrar writes it."""
+    scrubber: Scrubber
+
+
+def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> IntegrityChecker:
+    base = new_service(NAME, settings)
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    store = open_store(settings.storage_root)
+    svc = IntegrityChecker(
+        name=NAME,
+        bus=base.bus,
+        metrics=base.metrics,
+        checks={"redis": registry.ping},
+        on_stop=registry.close,
+        registry=registry,
+        scrubber=Scrubber(
+            store, registry, base.bus, clock, settings.checksum, ScrubMetrics(base.metrics)
+        ),
+    )
+    handlers = IntegrityHandlers(
+        store, svc.bus, clock, settings.checksum, registry, VerifyMetrics(svc.metrics)
+    )
+    svc.bus.consumer(
+        "committed",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.committed"),
+        description="Verifies each committed checkpoint and publishes verified or corrupt.",
+    )(handlers.on_committed)
+    svc.bus.consumer(
+        "released",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.released"),
+        description=(
+            "Puts a checkpoint a human released from quarantine back in place and verifies it "
+            "again: valid only if the checks pass."
+        ),
+    )(handlers.on_released)
+    svc.finish(
+        title="ckpt-ha integrity-checker",
+        description=(
+            "Verifies committed checkpoints (manifest, sizes, checksums, format checks) "
+            "before anyone restores them."
+        ),
+    )
+    if settings.scrub_interval_s > 0:
+        svc.in_background(lambda: svc.scrubber.run(settings.scrub_interval_s))
+    return svc
+
+
+def asyncapi_app() -> FastStream:
+    app = build(IntegrityCheckerSettings.model_construct()).app
+    assert app is not None
+    return app

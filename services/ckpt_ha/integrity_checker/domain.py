@@ -1,0 +1,139 @@
+"""Integrity decisions: a verification report becomes the events that state it. Pure.
+
+Three decisions live here: whether a `committed` event still needs verifying (`should_verify`),
+what a verification concluded (`outcome`), and what a periodic scrub of a valid checkpoint
+concluded against the checksums recorded when it was verified (`scrub_outcome`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointReleasedV1,
+    CheckpointState,
+    CheckpointVerifiedV1,
+    FailureSide,
+)
+from ckpt_ha.contracts.envelope import EventData
+from ckpt_ha.core.corruption import condemn
+from ckpt_ha.formats.report import Report, Verdict
+
+# Every verdict but `valid` is the job's output being wrong or incomplete; storage outages never
+# reach here (they are retried), so infrastructure-side failures show up as write_failed instead.
+_SIDE = {
+    Verdict.CORRUPT: FailureSide.JOB,
+    Verdict.INCOMPLETE: FailureSide.JOB,
+    Verdict.UNSAFE: FailureSide.JOB,
+    Verdict.UNKNOWN: FailureSide.UNKNOWN,
+}
+
+AWAITING_VERIFICATION = frozenset(
+    {None, CheckpointState.WRITING, CheckpointState.PENDING_VERIFICATION}
+)
+"""Registry states in which a `committed` event is still worth verifying. Anything later
+(valid, corrupt, quarantined, write-failed, expired, deleted) was decided already: a duplicate
+or late `committed` (the writer and the watcher both announce; a watcher restarts) is skipped
+instead of re-reading every shard, and can no longer produce an illegal transition."""
+
+
+def should_verify(state: CheckpointState | None) -> bool:
+    """Verify unless the registry already holds a verdict (or a later state) for it."""
+    return state in AWAITING_VERIFICATION
+
+
+def release_step(
+    release: CheckpointReleasedV1, state: CheckpointState | None, released_by: str | None
+) -> str:
+    """What to do with a `released` event, from the registry's record: ``verify`` once the
+    registrar has applied this release (the record is pending verification through it),
+    ``wait`` while it has not (the checker may hear the event first), ``skip`` when the record
+    moved on (already verified again, expired, deleted) or never existed."""
+    if state is CheckpointState.QUARANTINED:
+        return "wait"
+    if state is CheckpointState.PENDING_VERIFICATION and released_by is not None:
+        return "verify"
+    return "skip"
+
+
+def outcome(
+    committed: CheckpointCommittedV1 | CheckpointReleasedV1, report: Report
+) -> list[EventData]:
+    """`verified` with the checks that passed, or `corrupt` + `quarantined` with the findings.
+
+    A corrupt checkpoint is tagged into quarantine at once so it is never offered again, and
+    the same bad version is not retried (R7).
+    """
+    if report.ok:
+        checks = (*report.checks, *(f"{f}={d}" for f, d in sorted(report.checksums.items())))
+        return [
+            CheckpointVerifiedV1(
+                job_id=committed.job_id,
+                checkpoint_id=committed.checkpoint_id,
+                uri=committed.uri,
+                checks=checks,
+                exact_resume=report.exact_resume is not False,
+                bytes_verified=report.bytes_read,
+            )
+        ]
+    reason = f"{report.verdict.value}: {report.reasons[0] if report.reasons else 'no detail'}"
+    return list(
+        condemn(
+            job_id=committed.job_id,
+            checkpoint_id=committed.checkpoint_id,
+            uri=committed.uri,
+            reason=reason,
+            side=_SIDE[report.verdict],
+            findings=report.reasons,
+            why_quarantined=f"integrity check failed: {reason}",
+        )
+    )
+
+
+def _algorithm(digest: str) -> str:
+    return digest.partition(":")[0]
+
+
+def scrub_findings(recorded: Mapping[str, str], report: Report) -> list[str]:
+    """What a re-verification found wrong against the checksums recorded at verification.
+
+    A file is compared only when both sides used the same algorithm (the checker's setting may
+    have changed since); a recorded file the report has no checksum for is missing.
+    """
+    findings: list[str] = []
+    for path, expected in sorted(recorded.items()):
+        found = report.checksums.get(path)
+        if found is None:
+            if report.ok:
+                findings.append(f"{path}: missing (expected {expected}, found no file)")
+        elif _algorithm(found) == _algorithm(expected) and found != expected:
+            findings.append(f"{path}: checksum changed (expected {expected}, found {found})")
+    if not report.ok:
+        findings.extend(f"{report.verdict.value}: {r}" for r in report.reasons or ["no detail"])
+    return findings
+
+
+def scrub_outcome(
+    *, job_id: str, checkpoint_id: str, uri: str, recorded: Mapping[str, str], report: Report
+) -> list[EventData]:
+    """Nothing while a valid checkpoint still matches; else `corrupt` + `quarantined`.
+
+    Bytes that change after verification are the platform's problem (bit rot, a bad disk, an
+    overwrite by someone else), not the job's: the side is infrastructure.
+    """
+    findings = scrub_findings(recorded, report)
+    if not findings:
+        return []
+    reason = f"scrub: {findings[0]}"
+    return list(
+        condemn(
+            job_id=job_id,
+            checkpoint_id=checkpoint_id,
+            uri=uri,
+            reason=reason,
+            side=FailureSide.INFRASTRUCTURE,
+            findings=findings,
+            why_quarantined=f"re-verification failed: {findings[0]}",
+        )
+    )

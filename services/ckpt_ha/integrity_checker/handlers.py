@@ -1,0 +1,136 @@
+"""Integrity-checker handler: verify a committed checkpoint on storage, publish the verdict."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import Envelope, EventData
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointCorruptV1,
+    CheckpointReleasedV1,
+)
+from ckpt_ha.core.clock import Clock
+from ckpt_ha.core.errors import DependencyNotReady, PermanentError
+from ckpt_ha.formats import verify
+from ckpt_ha.formats.report import Report
+from ckpt_ha.integrity_checker import domain
+from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.storage import ObjectStore, key_for_uri
+from ckpt_ha.storage.quarantine import restore
+from ckpt_ha.storage.quarantine_move import isolate
+from ckpt_ha.telemetry import tracing
+from ckpt_ha.telemetry.metrics import VerifyMetrics
+
+SOURCE = "ckpt-ha/integrity-checker"
+log = logging.getLogger("ckpt_ha.integrity_checker")
+
+
+class OutsideStorageRoot(PermanentError):
+    code = "outside_storage_root"
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        super().__init__(f"{uri} is not under this checker's storage root")
+
+
+class IntegrityHandlers:
+    def __init__(
+        self,
+        store: ObjectStore,
+        bus: Bus,
+        clock: Clock,
+        algorithm: str,
+        registry: Registry,
+        metrics: VerifyMetrics | None = None,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+        self.algorithm = algorithm
+        self.registry = registry
+        self.metrics = metrics
+
+    async def on_committed(self, event: Envelope[CheckpointCommittedV1]) -> None:
+        key = key_for_uri(self.store, event.data.uri)
+        if key is None:
+            raise OutsideStorageRoot(event.data.uri)
+        tracing.annotate(**tracing.event_attributes(event))
+        with tracing.span("registry.get", attributes={"db.system": "redis"}):
+            record = await self.registry.get(event.data.checkpoint_id)
+        if not domain.should_verify(record.state if record is not None else None):
+            tracing.annotate(
+                **{"ckpt_ha.decision": "skip", "ckpt_ha.state": record and record.state}
+            )
+            log.info("skip %s: already %s", event.data.checkpoint_id, record and record.state)
+            return
+        report = await self._verify(key)
+        datas = await self._decide(domain.outcome(event.data, report))
+        await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+
+    async def _verify(self, key: str) -> Report:
+        """Read the shards and check them: blocking I/O, off the event loop (in-progress acks
+        keep flowing); one span for the storage reads and checksum work."""
+        with tracing.span(
+            "checkpoint.verify",
+            attributes={"ckpt_ha.storage_key": key, "ckpt_ha.checksum": self.algorithm},
+        ) as current:
+            started = time.perf_counter()
+            report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+            if self.metrics is not None:
+                self.metrics.observe(
+                    report.format, report.verdict, time.perf_counter() - started, report.bytes_read
+                )
+            if current.is_recording():
+                current.set_attributes(
+                    {
+                        "ckpt_ha.format": report.format.value,
+                        "ckpt_ha.verdict": report.verdict.value,
+                        "ckpt_ha.bytes_read": report.bytes_read,
+                        "ckpt_ha.files": len(report.checksums),
+                    }
+                )
+        return report
+
+    async def _decide(self, decided: list[EventData]) -> list[EventData]:
+        """The verdict on the span: a corrupt checkpoint marks it ERROR with the reason; a
+        quarantine moves the bytes aside (storage writes) before the events go out."""
+        corrupt = next((d for d in decided if isinstance(d, CheckpointCorruptV1)), None)
+        if corrupt is not None:
+            tracing.annotate(**{"ckpt_ha.decision": "corrupt", "ckpt_ha.side": corrupt.side})
+            tracing.fail(corrupt.reason, code="checkpoint_corrupt")
+        else:
+            tracing.annotate(**{"ckpt_ha.decision": "verified"})
+        with tracing.span("checkpoint.isolate"):
+            return await isolate(self.store, decided)
+
+    async def on_released(self, event: Envelope[CheckpointReleasedV1]) -> None:
+        """A human released a quarantined checkpoint: put its bytes back where they were written
+        and verify it again. It is valid only if the checks pass this time."""
+        data = event.data
+        key = key_for_uri(self.store, data.uri)
+        if key is None:
+            raise OutsideStorageRoot(data.uri)
+        record = await self.registry.get(data.checkpoint_id)
+        released_by = None
+        if record is not None and record.history and record.history[-1].event_id == event.id:
+            released_by = event.id
+        step = domain.release_step(data, record.state if record else None, released_by)
+        if step == "wait":
+            raise DependencyNotReady(f"release of {data.checkpoint_id}", "the registrar")
+        if step == "skip":
+            log.info(
+                "release of %s: nothing to do (%s)", data.checkpoint_id, record and record.state
+            )
+            return
+        if data.quarantine_uri is not None:
+            qkey = key_for_uri(self.store, data.quarantine_uri)
+            if qkey is None:
+                raise OutsideStorageRoot(data.quarantine_uri)
+            await asyncio.to_thread(restore, self.store, qkey, key)
+        report = await self._verify(key)
+        datas = await self._decide(domain.outcome(data, report))
+        await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())

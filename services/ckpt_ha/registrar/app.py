@@ -1,0 +1,71 @@
+"""Composition root of the registrar process."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from faststream import FastStream
+from redis.exceptions import RedisError
+
+from ckpt_ha.contracts.checkpoint import CheckpointEvent, CheckpointState
+from ckpt_ha.contracts.subjects import aggregate_filter
+from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.registrar.handlers import RegistrarHandlers
+from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.runtime.service import Service, new_service
+from ckpt_ha.telemetry.metrics import LifecycleMetrics
+
+NAME = "registrar"
+log = logging.getLogger("ckpt_ha.registrar")
+
+
+@dataclass(kw_only=True)
+class Registrar(Service):
+    registry: Registry
+
+
+def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
+    """Wire the registrar; nothing connects until the app starts."""
+    base = new_service(NAME, settings)
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    svc = Registrar(
+        name=NAME,
+        bus=base.bus,
+        metrics=base.metrics,
+        checks={"redis": registry.ping},
+        on_stop=registry.close,
+        registry=registry,
+    )
+    lifecycle = LifecycleMetrics(svc.metrics, forget_after_s=settings.metrics_forget_after_s)
+
+    async def seed_metrics() -> None:
+        """Per-job metrics continue after a restart instead of waiting for the next event."""
+        try:
+            valid = await registry.by_state(CheckpointState.VALID)
+            writing = await registry.by_state(CheckpointState.WRITING)
+        except RedisError as exc:
+            log.warning("per-job metrics start empty: registry unavailable (%s)", exc)
+            return
+        lifecycle.seed(valid, writing)
+
+    svc.on_start = seed_metrics
+    handlers = RegistrarHandlers(registry, svc.bus, svc.metrics, clock, lifecycle)
+    svc.bus.batch_consumer(
+        "checkpoints",
+        aggregate_filter(svc.bus.cfg.prefix, "checkpoint"),
+        payload=CheckpointEvent,
+        description="Projects every checkpoint event into the registry (the lifecycle of R1).",
+    )(handlers.on_checkpoint_events)
+    svc.finish(
+        title="ckpt-ha registrar",
+        description="Keeps the checkpoint registry: one state per checkpoint, legal moves only.",
+    )
+    return svc
+
+
+def asyncapi_app() -> FastStream:
+    app = build(RegistrarSettings.model_construct()).app
+    assert app is not None
+    return app

@@ -1,0 +1,90 @@
+"""Registrar handlers: project checkpoint events into the registry, announce the results."""
+
+from __future__ import annotations
+
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import Envelope, EventData
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCorruptV1,
+    CheckpointQuarantinedV1,
+    CheckpointVerifiedV1,
+)
+from ckpt_ha.core.clock import Clock
+from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.registrar import domain
+from ckpt_ha.registry.redis_registry import Applied, Registry
+from ckpt_ha.telemetry import tracing
+from ckpt_ha.telemetry.metrics import LifecycleMetrics, ServiceMetrics
+
+SOURCE = "ckpt-ha/registrar"
+
+
+class RegistrarHandlers:
+    def __init__(
+        self,
+        registry: Registry,
+        bus: Bus,
+        metrics: ServiceMetrics,
+        clock: Clock,
+        lifecycle: LifecycleMetrics | None = None,
+    ) -> None:
+        self.registry = registry
+        self.bus = bus
+        self.metrics = metrics
+        self.clock = clock
+        self.lifecycle = lifecycle or LifecycleMetrics(metrics)
+
+    async def on_checkpoint_events(
+        self, events: list[Envelope[EventData]]
+    ) -> list[BaseException | None]:
+        """Project a batch in stream order; report each event's own outcome."""
+        outcomes: list[BaseException | None] = []
+        with tracing.span(
+            "registry.apply_many",
+            attributes={"db.system": "redis", "ckpt_ha.batch_size": len(events)},
+        ):
+            results = await self.registry.apply_many(events)
+        for event, result in zip(events, results, strict=True):
+            # One span per event in the checkpoint's trace (the batch's own span is a root
+            # linking all of them): what the registry decided for this event.
+            with tracing.continue_trace(
+                f"registrar {event.event_type}",
+                event.traceparent,
+                tracestate=event.tracestate,
+                attributes=tracing.event_attributes(event),
+                link_origin=False,
+            ):
+                outcomes.append(await self._settle(event, result))
+        return outcomes
+
+    async def _settle(
+        self, event: Envelope[EventData], result: Applied | Exception
+    ) -> BaseException | None:
+        try:
+            if isinstance(result, IllegalTransition):
+                tracing.fail(str(result), code="illegal_transition")
+                await self._publish(event, [domain.conflict(event, result)])
+            if isinstance(result, Exception):
+                tracing.annotate(**{"ckpt_ha.error": repr(result)[:500]})
+                return result
+            step = result.transition
+            if step is not None and step.changed:
+                tracing.annotate(
+                    **{"ckpt_ha.state.previous": step.previous, "ckpt_ha.state": step.new}
+                )
+                self.metrics.transitions.labels(
+                    self.metrics.service, step.previous or "none", step.new
+                ).inc()
+                self.lifecycle.observe(event, result)
+            if isinstance(event.data, CheckpointCorruptV1 | CheckpointQuarantinedV1):
+                tracing.fail(event.data.reason, code=event.data.EVENT_TYPE)
+            tier = None
+            if isinstance(event.data, CheckpointVerifiedV1) and result.record is not None:
+                tier = (await self.registry.tier_of(event.data.job_id)).tier.name
+            await self._publish(event, domain.follow_ups(event, result, tier))
+        except Exception as exc:  # noqa: BLE001 - a failed publish naks just this event
+            return exc
+        return None
+
+    async def _publish(self, cause: Envelope[EventData], datas: list[EventData]) -> None:
+        await self.bus.publish_caused_by(cause, datas, source=SOURCE, time=self.clock())

@@ -1,0 +1,71 @@
+"""Rebuild the registry from the event stream (the registry is only a projection of it).
+
+Replays every checkpoint event in stream order through the same `Registry.apply` the live
+registrar uses. Events the live consumer dead-lettered fail here the same way and are skipped;
+an event that arrived before the one it depends on (which the live consumer nak'ed and retried)
+is deferred and retried after the rest, as redelivery did.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.bus.stream_reader import read_events
+from ckpt_ha.contracts import Envelope, EventCatalog, EventData
+from ckpt_ha.contracts.subjects import aggregate_filter
+from ckpt_ha.core.errors import DependencyNotReady
+from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.registry.redis_registry import Registry
+
+
+@dataclass
+class RebuildReport:
+    read: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skip(self, code: str) -> None:
+        self.skipped[code] = self.skipped.get(code, 0) + 1
+
+
+async def read_checkpoint_events(
+    cfg: BusConfig, catalog: EventCatalog, report: RebuildReport, idle_timeout: float = 5.0
+) -> list[Envelope[EventData]]:
+    """Every decodable checkpoint event in the stream, in stream order."""
+    events, read = await read_events(
+        cfg,
+        catalog,
+        aggregate_filter(cfg.prefix, "checkpoint"),
+        idle_timeout=idle_timeout,
+        on_undecodable=report.skip,
+    )
+    report.read += read
+    return events
+
+
+async def rebuild(registry: Registry, cfg: BusConfig, catalog: EventCatalog) -> RebuildReport:
+    report = RebuildReport()
+    pending = await read_checkpoint_events(cfg, catalog, report)
+    while pending:
+        deferred: list[Envelope[EventData]] = []
+        for event in pending:
+            try:
+                result = await registry.apply(event)
+            except DependencyNotReady:
+                deferred.append(event)
+                continue
+            except IllegalTransition as exc:
+                report.skip(exc.code)
+                continue
+            if result.duplicate:
+                report.duplicates += 1
+            else:
+                report.applied += 1
+        if len(deferred) == len(pending):
+            for _ in deferred:
+                report.skip(DependencyNotReady.code)
+            break
+        pending = deferred
+    return report

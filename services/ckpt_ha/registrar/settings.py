@@ -1,0 +1,7 @@
+from __future__ import annotations
+
+from ckpt_ha.runtime.settings import ServiceSettings
+
+
+class RegistrarSettings(ServiceSettings):
+    """The registrar needs only the shared settings (bus, Redis, registry prefix)."""

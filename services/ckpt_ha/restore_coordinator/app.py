@@ -1,0 +1,94 @@
+"""Composition root of the restore-coordinator process.
+
+Plans a restore after each job failure (newest valid checkpoint, compatibility R14, recompute
+range), stops automatic retries on the R9 conditions, falls back after a load failure, checks the
+resumed job's continuity (R10), cleans up after a verified resume (R11) and keeps the fallback
+checkpoints pinned until the resumed job has a newer valid one (R15).
+
+nats-server 2.9 allows one filter subject per consumer: one durable consumer per event type.
+Each consumer handles its events one at a time in stream order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from faststream import FastStream
+
+from ckpt_ha.contracts.subjects import event_filter
+from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.restore_coordinator.adapters import CoordinatorState, RegistryReader
+from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
+from ckpt_ha.runtime.service import Service, new_service
+from ckpt_ha.storage import open_store
+from ckpt_ha.telemetry.metrics import RestoreMetrics
+
+NAME = "restore-coordinator"
+
+CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
+    ("started", "job.started", "on_started", "Records each attempt's policy and restore target."),
+    ("progress", "job.progress", "on_progress",
+     "Keeps the progress trajectory; checks a resumed attempt's continuity (R10)."),
+    ("failed", "job.failed", "on_failed",
+     "Plans a restore from the newest valid checkpoint, or escalates (R9, R14)."),
+    ("load-failed", "resume.load_failed", "on_load_failed",
+     "Quarantines a checkpoint that failed to load and plans the previous one, or escalates."),
+    ("registered", "checkpoint.registered", "on_registered",
+     "Unpins fallback checkpoints once the resumed job registered a newer valid one (R15)."),
+    ("verified", "resume.verified", "on_verified",
+     "Cleans the failed attempt's leftovers after a verified resume (R11)."),
+    ("loaded", "resume.loaded", "on_loaded",
+     "Measures the time from a failure to the resumed job's loaded checkpoint (metrics)."),
+)  # fmt: skip
+"""(consumer, event type, handler method, description)."""
+
+
+@dataclass(kw_only=True)
+class RestoreCoordinator(Service):
+    state: CoordinatorState
+    handlers: CoordinatorHandlers
+
+
+def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> RestoreCoordinator:
+    base = new_service(NAME, settings)
+    state = CoordinatorState.from_url(
+        settings.redis_url,
+        settings.registry_prefix,
+        trajectory_limit=settings.trajectory_limit,
+        ttl_s=settings.state_ttl_s,
+    )
+    handlers = CoordinatorHandlers(
+        state,
+        RegistryReader(state.r, settings.registry_prefix),
+        open_store(settings.storage_root),
+        base.bus,
+        clock,
+        RestoreMetrics(base.metrics, forget_after_s=settings.metrics_forget_after_s),
+        lease_ttl_s=settings.lease_ttl_s,
+        load_failed_grace_s=settings.load_failed_grace_s,
+    )
+    svc = RestoreCoordinator(
+        name=NAME,
+        bus=base.bus,
+        metrics=base.metrics,
+        checks={"redis": state.ping},
+        on_stop=state.close,
+        state=state,
+        handlers=handlers,
+    )
+    for consumer, event_type, method, description in CONSUMERS:
+        svc.bus.consumer(
+            consumer, event_filter(svc.bus.cfg.prefix, event_type), description=description
+        )(getattr(handlers, method))
+    svc.finish(
+        title="ckpt-ha restore-coordinator",
+        description="Plans, watches and verifies resumes after job failures.",
+    )
+    return svc
+
+
+def asyncapi_app() -> FastStream:
+    app = build(RestoreCoordinatorSettings.model_construct()).app
+    assert app is not None
+    return app

@@ -1,0 +1,71 @@
+"""Composition root of the retention-janitor process.
+
+Expires and deletes checkpoints by tier, never one that something still references: periodic
+rounds over the whole registry, a round for a job whenever it registers a new valid checkpoint,
+and the tier each job declares when it starts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from faststream import FastStream
+
+from ckpt_ha.contracts.subjects import event_filter
+from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers
+from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
+from ckpt_ha.runtime.service import Service, new_service
+from ckpt_ha.storage import open_store
+from ckpt_ha.telemetry.metrics import RetentionMetrics
+
+NAME = "retention-janitor"
+
+
+@dataclass(kw_only=True)
+class RetentionJanitor(Service):
+    registry: Registry
+    janitor: Janitor
+
+
+def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> RetentionJanitor:
+    base = new_service(NAME, settings)
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    store = open_store(settings.storage_root)
+    janitor = Janitor(registry, store, base.bus, clock, RetentionMetrics(base.metrics))
+    svc = RetentionJanitor(
+        name=NAME,
+        bus=base.bus,
+        metrics=base.metrics,
+        checks={"redis": registry.ping},
+        on_stop=registry.close,
+        registry=registry,
+        janitor=janitor,
+    )
+    handlers = JanitorHandlers(janitor)
+    svc.bus.consumer(
+        "registered",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.registered"),
+        description="A retention round for the job whose new valid checkpoint was registered.",
+    )(handlers.on_registered)
+    svc.bus.consumer(
+        "started",
+        event_filter(svc.bus.cfg.prefix, "job.started"),
+        description="Records the tier a job declares at start (a recorded choice still wins).",
+    )(handlers.on_started)
+    svc.finish(
+        title="ckpt-ha retention-janitor",
+        description=(
+            "Expires and deletes checkpoints by tier, never one that something still references."
+        ),
+    )
+    if settings.retention_interval_s > 0:
+        svc.in_background(lambda: janitor.run(settings.retention_interval_s))
+    return svc
+
+
+def asyncapi_app() -> FastStream:
+    app = build(RetentionJanitorSettings.model_construct()).app
+    assert app is not None
+    return app

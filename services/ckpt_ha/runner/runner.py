@@ -1,0 +1,365 @@
+"""`ckpt-ha run`: one training run, attempt after attempt, until it succeeds or a human must act.
+
+For each attempt the runner publishes ``job.started`` (the policy, and the environment,
+topology and code version that a restore is checked against), launches the command through a
+`SchedulerAdapter` with the environment-variable protocol of `ckpt_ha.sdk.context`, and when it
+ends publishes ``job.succeeded`` or ``job.failed``. After a failure it waits (bounded) for the
+restore-coordinator: ``resume.planned`` for the next attempt → relaunch with the plan;
+``resume.escalated`` → print the reason and the runbook's next step, exit 3; nothing within
+``--plan-timeout`` → exit 4. SIGTERM / SIGINT are passed on to the attempt, then the runner
+exits 128 + the signal.
+
+The runner listens with a plain NATS subscription, opened before the attempt starts, so a plan
+published while the failure is being reported is not missed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import platform
+import signal as signals
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
+
+import nats
+from nats.aio.msg import Msg
+
+from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.contracts import CATALOG, EventData, build
+from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
+from ckpt_ha.contracts.errors import ContractError
+from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1, JobSucceededV1
+from ckpt_ha.contracts.resume import ResumeEscalatedV1, ResumePlannedV1
+from ckpt_ha.contracts.subjects import event_subject, job_token
+from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.runner.adapter import ExitInfo, SchedulerAdapter
+from ckpt_ha.runner.domain import classify
+from ckpt_ha.sdk import protocol
+
+if TYPE_CHECKING:
+    from ckpt_ha.bus.broker import Bus
+
+log = logging.getLogger("ckpt_ha.runner")
+SOURCE = "ckpt-ha/runner"
+EXIT_OK, EXIT_FAILED, EXIT_ESCALATED, EXIT_NO_PLAN = 0, 1, 3, 4
+ATTEMPT_FILE = "attempt.json"
+"""In the run's state folder: the running attempt's number and scheduler handle (its pid)."""
+
+
+class LaunchFailed(Exception):
+    """The scheduler could not start the command at all (not found, not executable)."""
+
+    def __init__(self, command: str, reason: str) -> None:
+        self.command = command
+        super().__init__(f"cannot start {command!r}: {reason}")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    job_id: str
+    run_id: str
+    command: tuple[str, ...]
+    storage_root: str
+    state_dir: Path
+    """Where the runner keeps the progress file and `ATTEMPT_FILE` for this run."""
+    policy: JobPolicy = field(default_factory=JobPolicy)
+    plan_timeout_s: float = 120.0
+    max_attempts: int | None = None
+    """Stop after this many attempts even if plans keep coming (None: the coordinator decides)."""
+    world_size: int = 1
+    code_version: str | None = None
+    image: str | None = None
+
+    @property
+    def progress_file(self) -> Path:
+        return self.state_dir / "progress"
+
+
+def runtime_environment(image: str | None) -> RuntimeEnvironment:
+    """This machine as a restore target: Python, numpy and torch (when installed), the image.
+
+    The framework is torch when it is installed, else numpy. The SDK records the same
+    description in the checkpoints an attempt writes (it gets it through the environment), so
+    a restore onto an unchanged machine compares identical.
+    """
+    libraries: dict[str, str] = {}
+    for name in ("numpy", "torch"):
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            libraries[name] = metadata.version(name)
+    framework = "torch" if "torch" in libraries else "numpy" if "numpy" in libraries else None
+    return RuntimeEnvironment(
+        framework=framework,
+        framework_version=libraries.get(framework) if framework else None,
+        python_version=platform.python_version(),
+        image=image,
+        libraries=libraries,
+    )
+
+
+def child_env(
+    base: Mapping[str, str],
+    spec: RunSpec,
+    bus: BusConfig,
+    attempt: int,
+    environment: RuntimeEnvironment,
+    plan: ResumePlannedV1 | None,
+) -> dict[str, str]:
+    """The attempt's environment: ``base`` plus the protocol variables (stale plan ones removed)."""
+    env = {
+        k: v
+        for k, v in base.items()
+        if k
+        not in (protocol.RESUME_PLAN, protocol.RESTORE_URI, protocol.RESTORE_STEP, protocol.PLAN_ID)
+    }
+    env.update(
+        {
+            protocol.JOB: spec.job_id,
+            protocol.RUN_ID: spec.run_id,
+            protocol.ATTEMPT: str(attempt),
+            protocol.STORAGE_ROOT: spec.storage_root,
+            protocol.PROGRESS_FILE: str(spec.progress_file),
+            protocol.NATS_URL: bus.url,
+            protocol.SUBJECT_PREFIX: bus.prefix,
+            protocol.EVENTS_STREAM: bus.events_stream,
+            protocol.ENVIRONMENT: environment.model_dump_json(),
+            protocol.TOPOLOGY: Topology(world_size=spec.world_size).model_dump_json(),
+        }
+    )
+    if spec.code_version is not None:
+        env[protocol.CODE_VERSION] = spec.code_version
+    if bus.user is not None:
+        env[protocol.NATS_USER] = bus.user
+        env[protocol.NATS_PASSWORD] = bus.password or ""
+    if plan is not None:
+        env[protocol.RESUME_PLAN] = plan.model_dump_json()
+        env[protocol.RESTORE_URI] = plan.checkpoint_uri
+        env[protocol.RESTORE_STEP] = str(plan.step)
+        env[protocol.PLAN_ID] = plan.plan_id
+    return env
+
+
+class Runner:
+    def __init__(
+        self,
+        spec: RunSpec,
+        bus: BusConfig,
+        adapter: SchedulerAdapter,
+        *,
+        base_env: Mapping[str, str],
+        out: TextIO = sys.stderr,
+        clock: Clock = utc_now,
+    ) -> None:
+        self.spec = spec
+        self.cfg = bus
+        self.adapter = adapter
+        self.base_env = dict(base_env)
+        self.out = out
+        self.clock = clock
+        self.environment = runtime_environment(spec.image)
+        self._inbox: asyncio.Queue[EventData] = asyncio.Queue()
+        self._stopped_by: int | None = None
+        self._stop = asyncio.Event()
+
+    def say(self, text: str) -> None:
+        print(f"ckpt-ha run: {text}", file=self.out, flush=True)
+
+    async def run(self) -> int:
+        from ckpt_ha.bus.broker import Bus  # faststream: only when a run really starts
+
+        bus = Bus(self.cfg, "runner")
+        # Fail fast (one line, nothing started) when NATS is not there at all; the connection
+        # kept for the run then reconnects through blips while the training runs.
+        probe = await nats.connect(
+            self.cfg.url,
+            user=self.cfg.user,
+            password=self.cfg.password,
+            connect_timeout=5,
+            allow_reconnect=False,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.1,
+            error_cb=_quiet,
+        )
+        await probe.close()
+        nc = await nats.connect(
+            self.cfg.url,
+            user=self.cfg.user,
+            password=self.cfg.password,
+            connect_timeout=5,
+            name=f"ckpt-ha-runner-{self.spec.job_id}",
+            error_cb=_log_error,
+        )
+        loop = asyncio.get_running_loop()
+        for sig in (signals.SIGTERM, signals.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            for event in ("resume.planned", "resume.escalated"):
+                await nc.subscribe(
+                    event_subject(self.cfg.prefix, event, 1, self.spec.job_id), cb=self._on_msg
+                )
+            await nc.flush()
+            await bus.broker.start()
+            try:
+                return await self._attempts(bus)
+            finally:
+                await bus.broker.stop()
+        finally:
+            for sig in (signals.SIGTERM, signals.SIGINT):
+                loop.remove_signal_handler(sig)
+            await nc.close()
+
+    def _on_signal(self, sig: int) -> None:
+        self._stopped_by = sig
+        self._stop.set()
+        self.adapter.kill(sig)
+
+    async def _on_msg(self, msg: Msg) -> None:
+        try:
+            envelope = CATALOG.decode(msg.data)
+        except ContractError as exc:
+            log.warning("ignoring an undecodable message on %s: %s", msg.subject, exc)
+            return
+        await self._inbox.put(envelope.data)
+
+    async def _publish(self, bus: Bus, data: EventData, key: str) -> None:
+        await bus.publish(build(data, source=SOURCE, time=self.clock(), key=key))
+
+    async def _attempts(self, bus: Bus) -> int:
+        spec = self.spec
+        attempt, plan = 1, None
+        while True:
+            if self._stopped_by is not None:  # asked to stop before this attempt started
+                return 128 + self._stopped_by
+            started = JobStartedV1(
+                job_id=spec.job_id,
+                run_id=spec.run_id,
+                attempt=attempt,
+                tier=spec.policy.tier,
+                restored_from=plan.checkpoint_id if plan else None,
+                plan_id=plan.plan_id if plan else None,
+                policy=spec.policy,
+                environment=self.environment,
+                topology=Topology(world_size=spec.world_size),
+                code_version=spec.code_version,
+                command=spec.command,
+            )
+            key = f"{spec.job_id}|{spec.run_id}|{attempt}"
+            await self._publish(bus, started, f"job.started|{key}")
+            info = await self._one_attempt(attempt, plan)
+            last_step = self._last_step()
+            failure = classify(info, forwarded=self._stopped_by)
+            if failure is None:
+                done = JobSucceededV1(
+                    job_id=spec.job_id, run_id=spec.run_id, attempt=attempt, last_step=last_step
+                )
+                await self._publish(bus, done, f"job.succeeded|{key}")
+                self.say(f"attempt {attempt} succeeded (last step {last_step})")
+                return EXIT_OK
+            # Anything heard before this failure is not about it, except a plan for the next
+            # attempt: after a load failure the coordinator plans the fallback while this
+            # attempt is still exiting.
+            early = []
+            while not self._inbox.empty():
+                item = self._inbox.get_nowait()
+                if isinstance(item, ResumePlannedV1) and item.attempt == attempt + 1:
+                    early.append(item)
+            for item in early:
+                self._inbox.put_nowait(item)
+            failed = JobFailedV1(
+                job_id=spec.job_id,
+                run_id=spec.run_id,
+                attempt=attempt,
+                cause=failure.cause,
+                exit_code=info.exit_code,
+                signal=info.signal,
+                last_step=last_step,
+                detail=failure.detail[:2000],
+                signature=failure.signature,
+                side=failure.side,
+                plan_id=plan.plan_id if plan else None,
+            )
+            await self._publish(bus, failed, f"job.failed|{key}")
+            self.say(f"attempt {attempt} failed: {failure.cause.value}: {failure.detail}")
+            if self._stopped_by is not None:
+                return 128 + self._stopped_by
+            if spec.max_attempts is not None and attempt >= spec.max_attempts:
+                self.say(f"giving up after {attempt} attempts (--max-attempts {spec.max_attempts})")
+                return EXIT_FAILED
+            outcome = await self._await_plan(attempt + 1)
+            if isinstance(outcome, ResumeEscalatedV1):
+                self.say(f"escalated: {outcome.reason}")
+                self.say(f"next step: {outcome.next_step}")
+                return EXIT_ESCALATED
+            if outcome is None:
+                if self._stopped_by is not None:
+                    return 128 + self._stopped_by
+                self.say(
+                    f"no resume plan for attempt {attempt + 1} within {spec.plan_timeout_s:g} s "
+                    "(is the restore-coordinator running? `ckpt-ha status`)"
+                )
+                return EXIT_NO_PLAN
+            plan, attempt = outcome, attempt + 1
+            self.say(
+                f"attempt {attempt}: {plan.mode.value} from {plan.checkpoint_id} "
+                f"(step {plan.step}, plan {plan.plan_id})"
+            )
+
+    async def _one_attempt(self, attempt: int, plan: ResumePlannedV1 | None) -> ExitInfo:
+        spec = self.spec
+        spec.state_dir.mkdir(parents=True, exist_ok=True)
+        spec.progress_file.unlink(missing_ok=True)
+        env = child_env(self.base_env, spec, self.cfg, attempt, self.environment, plan)
+        try:
+            handle = self.adapter.start(spec.command, env)
+        except OSError as exc:
+            raise LaunchFailed(spec.command[0], exc.strerror or str(exc)) from None
+        (spec.state_dir / ATTEMPT_FILE).write_text(
+            json.dumps({"attempt": attempt, "handle": handle, "run_id": spec.run_id})
+        )
+        self.say(f"attempt {attempt} started ({handle})")
+        return await asyncio.to_thread(self.adapter.wait)
+
+    def _last_step(self) -> int | None:
+        try:
+            return int(self.spec.progress_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    async def _await_plan(self, attempt: int) -> ResumePlannedV1 | ResumeEscalatedV1 | None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.spec.plan_timeout_s
+        while not self._stop.is_set():
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            try:
+                data = await asyncio.wait_for(self._inbox.get(), timeout=min(remaining, 0.25))
+            except TimeoutError:
+                continue
+            if isinstance(data, ResumeEscalatedV1):
+                return data
+            if (
+                isinstance(data, ResumePlannedV1)
+                and data.attempt == attempt
+                and data.failed_run_id == self.spec.run_id
+            ):
+                return data
+        return None
+
+
+async def _quiet(exc: Exception) -> None:
+    pass  # the probe's failure is raised and reported in one line
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("NATS: %r", exc)
+
+
+def state_dir(home: Path, job_id: str, run_id: str) -> Path:
+    return home / "runs" / job_token(job_id) / job_token(run_id)

@@ -1,0 +1,221 @@
+"""Running one service process: the FastStream app, /metrics and /healthz, graceful SIGTERM.
+
+FastStream installs the SIGTERM/SIGINT handlers: on a signal it stops fetching, lets in-flight
+handlers finish within the broker's graceful timeout, then drains the connection. A message whose
+handler did not finish is neither acked nor lost: JetStream redelivers it after ``ack_wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any
+
+from faststream import FastStream
+from faststream.nats.prometheus.provider import (
+    BatchNatsMetricsSettingsProvider,
+    NatsMetricsSettingsProvider,
+)
+from faststream.prometheus import ConsumeAttrs, PrometheusMiddleware
+from faststream.specification import AsyncAPI
+from nats.aio.msg import Msg
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.telemetry.metrics import ServiceMetrics
+
+log = logging.getLogger("ckpt_ha.runtime")
+
+HealthCheck = Callable[[], Awaitable[bool]]
+
+
+def make_app(bus: Bus, *, title: str, description: str) -> FastStream:
+    """The FastStream app of a service; its AsyncAPI document is generated from it.
+
+    Call it after every consumer is registered: it also subscribes to their max-deliveries
+    advisories.
+    """
+    bus.watch_max_deliveries()
+    return FastStream(
+        bus.broker,
+        specification=AsyncAPI(title=title, version="1", description=description),
+    )
+
+
+def bounded_subject(subject: str) -> str:
+    """An event subject without its job token (``ckpt.ev.checkpoint.committed.v1.*``): the
+    faststream metrics label messages by subject, which must not grow with the jobs."""
+    head, dot, _ = subject.rpartition(".")
+    return f"{head}.*" if ".ev." in subject and dot else subject
+
+
+class _Provider(NatsMetricsSettingsProvider):
+    def get_consume_attrs_from_message(self, msg: Any) -> ConsumeAttrs:
+        attrs = super().get_consume_attrs_from_message(msg)
+        attrs["destination_name"] = bounded_subject(attrs["destination_name"])
+        return attrs
+
+    def get_publish_destination_name_from_cmd(self, cmd: Any) -> str:
+        return bounded_subject(super().get_publish_destination_name_from_cmd(cmd))
+
+
+class _BatchProvider(BatchNatsMetricsSettingsProvider):
+    def get_consume_attrs_from_message(self, msg: Any) -> ConsumeAttrs:
+        attrs = super().get_consume_attrs_from_message(msg)
+        attrs["destination_name"] = bounded_subject(attrs["destination_name"])
+        return attrs
+
+    def get_publish_destination_name_from_cmd(self, cmd: Any) -> str:
+        return bounded_subject(super().get_publish_destination_name_from_cmd(cmd))
+
+
+def _providers(msg: Any) -> _Provider | _BatchProvider | None:
+    if isinstance(msg, Sequence):
+        return _BatchProvider()
+    if isinstance(msg, Msg) or msg is None:
+        return _Provider()
+    return None
+
+
+def faststream_metrics(metrics: ServiceMetrics) -> PrometheusMiddleware[Any, Any]:
+    """faststream's own message metrics (``faststream_received_messages_total``, durations,
+    publishes, exceptions) in the service's registry: `NatsPrometheusMiddleware` with subjects
+    labelled without their job token."""
+    return PrometheusMiddleware(
+        settings_provider_factory=_providers,
+        registry=metrics.registry,
+        app_name=metrics.service,
+    )
+
+
+async def poll_consumers(bus: Bus, metrics: ServiceMetrics, interval_s: float) -> None:
+    """Consumer lag for /metrics: JetStream's num_pending / num_ack_pending, every interval."""
+    with contextlib.suppress(asyncio.CancelledError):
+        while True:
+            try:
+                for durable, pending, ack_pending, redelivered in await bus.consumer_info():
+                    labels = (metrics.service, durable)
+                    metrics.consumer_pending.labels(*labels).set(pending)
+                    metrics.consumer_ack_pending.labels(*labels).set(ack_pending)
+                    metrics.consumer_redelivered.labels(*labels).set(redelivered)
+                    metrics.consumer_polled.labels(*labels).set_to_current_time()
+            except Exception as exc:  # noqa: BLE001 - stale lag is shown by the timestamp
+                log.warning("%s: consumer info unavailable: %r", metrics.service, exc)
+            await asyncio.sleep(interval_s)
+
+
+class HttpEndpoint:
+    """Minimal HTTP/1.1 server for ``GET /metrics`` and ``GET /healthz`` (no framework needed)."""
+
+    def __init__(
+        self, metrics: ServiceMetrics, checks: Mapping[str, HealthCheck], host: str, port: int
+    ) -> None:
+        self.metrics = metrics
+        self.checks = checks
+        self.host = host
+        self.port = port
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._serve, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    async def health(self) -> tuple[bool, dict[str, bool]]:
+        results: dict[str, bool] = {}
+        for name, check in self.checks.items():
+            try:
+                results[name] = await asyncio.wait_for(check(), timeout=2.0)
+            except Exception:  # noqa: BLE001 - a failing check is reported, not raised
+                results[name] = False
+        return all(results.values()), results
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), timeout=5.0)
+            while (await asyncio.wait_for(reader.readline(), timeout=5.0)) not in (b"\r\n", b""):
+                pass
+            parts = request.decode("latin-1").split()
+            path = parts[1] if len(parts) >= 2 else "/"
+            if path.startswith("/metrics"):
+                status, ctype, body = (
+                    200,
+                    CONTENT_TYPE_LATEST,
+                    generate_latest(self.metrics.registry),
+                )
+            elif path.startswith("/healthz"):
+                ok, results = await self.health()
+                status, ctype = (200 if ok else 503), "application/json"
+                body = json.dumps({"ok": ok, "checks": results}).encode()
+            else:
+                status, ctype, body = 404, "text/plain", b"not found\n"
+            reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
+            writer.write(
+                f"HTTP/1.1 {status} {reason}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
+                + body
+            )
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+            with contextlib.suppress(ConnectionError):
+                await writer.wait_closed()
+
+
+async def serve(
+    app: FastStream,
+    bus: Bus,
+    metrics: ServiceMetrics,
+    *,
+    host: str,
+    port: int,
+    extra_checks: Mapping[str, HealthCheck] | None = None,
+    on_stop: Callable[[], Awaitable[None]] | None = None,
+    on_start: Callable[[], Awaitable[None]] | None = None,
+    consumer_info_interval_s: float = 10.0,
+) -> None:
+    """Run until SIGTERM/SIGINT; the HTTP endpoint lives exactly as long as the app."""
+
+    async def nats_ok() -> bool:
+        return await bus.broker.ping(timeout=1.0)
+
+    http = HttpEndpoint(metrics, {"nats": nats_ok, **(extra_checks or {})}, host, port)
+    poller: asyncio.Task[None] | None = None
+
+    @app.on_startup
+    async def _starting() -> None:
+        if on_start is not None:
+            await on_start()
+
+    @app.after_startup
+    async def _started() -> None:
+        nonlocal poller
+        if bus.consumers:
+            poller = asyncio.create_task(poll_consumers(bus, metrics, consumer_info_interval_s))
+        bound = await http.start()
+        metrics.up.labels(metrics.service).set(1)
+        log.info("%s: http on %s:%s (/metrics, /healthz)", metrics.service, host, bound)
+
+    @app.on_shutdown
+    async def _stopping() -> None:
+        metrics.up.labels(metrics.service).set(0)
+        if poller is not None:
+            poller.cancel()
+        await http.stop()
+
+    @app.after_shutdown
+    async def _stopped() -> None:
+        if on_stop is not None:
+            await on_stop()
+
+    await app.run()

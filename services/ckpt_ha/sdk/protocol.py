@@ -1,0 +1,227 @@
+"""Where a training process runs: the runner's environment variables, and how the SDK publishes.
+
+A runner (`ckpt-ha run`, or a Kubernetes / Slurm adapter) launches the training command with
+``CKPT_HA_JOB``, ``CKPT_HA_RUN_ID``, ``CKPT_HA_ATTEMPT``, ``CKPT_HA_STORAGE_ROOT``, ``NATS_URL``,
+``CKPT_HA_SUBJECT_PREFIX`` and, on a relaunch after ``resume.planned``, ``CKPT_HA_RESUME_PLAN``
+(the plan as JSON) plus ``CKPT_HA_RESTORE_URI`` / ``CKPT_HA_RESTORE_STEP`` / ``CKPT_HA_PLAN_ID``.
+`context()` reads them once; outside a runner it returns None and the SDK behaves as before.
+
+Publishing is best effort: a bus that is down costs one failed connect, then announcements are
+skipped for `Bus.retry_after_s` so a training loop that reports every step is not slowed down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Coroutine, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+import nats
+import nats.errors
+from pydantic import ValidationError
+
+from ckpt_ha.contracts import EventData, build
+from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
+from ckpt_ha.contracts.resume import ResumePlannedV1
+from ckpt_ha.contracts.subjects import DEFAULT_PREFIX, event_subject
+from ckpt_ha.telemetry import tracing
+
+log = logging.getLogger("ckpt_ha.sdk")
+M = TypeVar("M", ResumePlannedV1, RuntimeEnvironment, Topology)
+SOURCE = "ckpt-ha/sdk"
+
+# The environment-variable protocol between a runner and the training process.
+JOB, RUN_ID, ATTEMPT = "CKPT_HA_JOB", "CKPT_HA_RUN_ID", "CKPT_HA_ATTEMPT"
+STORAGE_ROOT, PROGRESS_FILE = "CKPT_HA_STORAGE_ROOT", "CKPT_HA_PROGRESS_FILE"
+NATS_URL, SUBJECT_PREFIX = "NATS_URL", "CKPT_HA_SUBJECT_PREFIX"
+EVENTS_STREAM = "CKPT_HA_EVENTS_STREAM"
+NATS_USER, NATS_PASSWORD = "CKPT_HA_NATS_USER", "CKPT_HA_NATS_PASSWORD"
+RESUME_PLAN, RESTORE_URI = "CKPT_HA_RESUME_PLAN", "CKPT_HA_RESTORE_URI"
+RESTORE_STEP, PLAN_ID = "CKPT_HA_RESTORE_STEP", "CKPT_HA_PLAN_ID"
+ENVIRONMENT, TOPOLOGY = "CKPT_HA_ENVIRONMENT", "CKPT_HA_TOPOLOGY"
+CODE_VERSION = "CKPT_HA_CODE_VERSION"
+
+
+class BadContext(ValueError):
+    """The runner's environment variables are present but malformed."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        self.name = name
+        super().__init__(f"${name}: {reason}")
+
+
+@dataclass(frozen=True)
+class Bus:
+    """Where to announce: a NATS URL plus the subject prefix (defaults match the services).
+
+    Where NATS requires authentication, the SDK connects as the ``runner`` user of
+    deploy/nats/permissions.conf (allowed to publish ``checkpoint.writing`` / ``committed``,
+    ``job.progress`` and ``resume.loaded`` / ``load_failed``).
+    """
+
+    url: str
+    prefix: str = DEFAULT_PREFIX
+    timeout_s: float = 5.0
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    retry_after_s: float = 30.0
+    """After a failed announcement, skip announcing on this bus for this long."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """One attempt of one job, as its runner described it."""
+
+    job_id: str
+    run_id: str
+    attempt: int
+    storage_root: str | None
+    bus: Bus | None
+    plan: ResumePlannedV1 | None = None
+    """Set on a relaunch: the restore this attempt must carry out (`sdk.resume`)."""
+    progress_file: str | None = None
+    """Where `sdk.progress` writes the last step, for the runner's ``job.failed``."""
+    environment: RuntimeEnvironment | None = None
+    """What the runner reported in ``job.started``; checkpoints record the same."""
+    topology: Topology | None = None
+    code_version: str | None = None
+
+
+def context(env: Mapping[str, str] | None = None) -> Context | None:
+    """The attempt this process is, from the runner's variables; None outside a runner."""
+    env = os.environ if env is None else env
+    job = env.get(JOB)
+    if not job:
+        return None
+    try:
+        attempt = int(env.get(ATTEMPT, "1"))
+    except ValueError:
+        raise BadContext(ATTEMPT, f"{env[ATTEMPT]!r} is not a number") from None
+    url = env.get(NATS_URL)
+    bus = (
+        Bus(
+            url,
+            prefix=env.get(SUBJECT_PREFIX) or DEFAULT_PREFIX,
+            user=env.get(NATS_USER) or None,
+            password=env.get(NATS_PASSWORD) or None,
+        )
+        if url
+        else None
+    )
+    return Context(
+        job_id=job,
+        run_id=env.get(RUN_ID) or job,
+        attempt=attempt,
+        storage_root=env.get(STORAGE_ROOT) or None,
+        bus=bus,
+        plan=_parsed(env, RESUME_PLAN, ResumePlannedV1),
+        progress_file=env.get(PROGRESS_FILE) or None,
+        environment=_parsed(env, ENVIRONMENT, RuntimeEnvironment),
+        topology=_parsed(env, TOPOLOGY, Topology),
+        code_version=env.get(CODE_VERSION) or None,
+    )
+
+
+def _parsed(env: Mapping[str, str], name: str, model: type[M]) -> M | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise BadContext(name, f"not a valid {model.__name__}: {first['msg']}") from None
+
+
+_down_until: dict[str, float] = {}
+_down_lock = threading.Lock()
+
+
+def try_announce(
+    bus: Bus | None,
+    data: EventData,
+    time_: datetime,
+    key: str | None = None,
+    *,
+    always: bool = False,
+    traceparent: str | None = None,
+) -> bool:
+    """Publish ``data`` (event id from ``key``); False instead of raising when the bus is down.
+
+    ``traceparent`` (W3C) puts the event in that trace: set on the envelope and the NATS
+    header, so the services' spans about it join the trace (see `trace_context`).
+
+    A failure makes later calls skip the bus for `Bus.retry_after_s`, unless ``always`` (for
+    the few events that matter more than a second's delay: resume outcomes).
+    """
+    if bus is None:
+        return False
+    with _down_lock:
+        if not always and _down_until.get(bus.url, 0.0) > time.monotonic():
+            return False
+    key = key if key is not None else f"{data.EVENT_TYPE}|{data.subject_key()}"
+    try:
+        _run_blocking(lambda: _announce(bus, data, time_, key, traceparent), bus.timeout_s * 2)
+    except (OSError, TimeoutError, nats.errors.Error) as exc:
+        log.warning("%s: announcing %s failed (%r)", data.subject_key(), data.EVENT_TYPE, exc)
+        with _down_lock:
+            _down_until[bus.url] = time.monotonic() + bus.retry_after_s
+        return False
+    return True
+
+
+def _run_blocking(make: Callable[[], Coroutine[Any, Any, None]], timeout_s: float) -> None:
+    """Run a coroutine to the end from synchronous code, even where this thread already runs
+    an event loop (a notebook, an async trainer): then in a worker thread of its own."""
+
+    async def bounded() -> None:
+        await asyncio.wait_for(make(), timeout=timeout_s)
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(bounded())
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, bounded()).result()
+
+
+def trace_context() -> str:
+    """The ``traceparent`` a checkpoint's events carry: the training code's current span when
+    it traces with OpenTelemetry, else a fresh trace id (the services' spans then form the trace;
+    the SDK itself records no spans)."""
+    current = tracing.current_traceparent()
+    return current[0] if current is not None else tracing.new_traceparent()
+
+
+async def _announce(
+    bus: Bus, data: EventData, time_: datetime, key: str, traceparent: str | None = None
+) -> None:
+    envelope = build(data, source=SOURCE, time=time_, key=key, traceparent=traceparent)
+    headers = {"Nats-Msg-Id": envelope.id}
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
+    nc = await nats.connect(
+        bus.url,
+        user=bus.user,
+        password=bus.password,
+        connect_timeout=bus.timeout_s,
+        max_reconnect_attempts=1,
+        allow_reconnect=False,
+    )
+    try:
+        await nc.jetstream().publish(
+            event_subject(bus.prefix, data.EVENT_TYPE, data.EVENT_VERSION, data.job_id),
+            envelope.to_bytes(),
+            timeout=bus.timeout_s,
+            headers=headers,
+        )
+    finally:
+        await nc.close()

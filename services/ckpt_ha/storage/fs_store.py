@@ -1,0 +1,475 @@
+"""ObjectStore on a POSIX filesystem (local disk, NFS, a parallel-filesystem mount).
+
+Writes follow the usual recipe: write a temp file in the target directory and fsync it, then
+publish it with rename (`put`) or link (`put_if_absent`: link() fails with EEXIST atomically,
+so exactly one racing writer wins), then fsync the directory so the entry survives a crash.
+
+Metadata lives in a hidden sibling `.<name>.<version>.ckpt-meta.json`, where <version> is the data
+file's (inode, size, mtime_ns). The sidecar is made durable before the data file is published and
+`stat` only reads the sidecar naming the current version, so metadata becomes visible together
+with its bytes and a stale sidecar can never describe other bytes. Sidecars rather than xattrs:
+xattrs are missing or silently dropped on several filesystems and copy tools that checkpoints
+meet, and one code path everywhere is easier to trust. `list` skips sidecars and temp files, and
+keys that would collide with those names are rejected.
+
+The root must already exist and is never created: a missing root is usually an unmounted
+volume, and writing into the bare mountpoint would hide checkpoints, so it is reported as
+StorageUnavailable. Symlinks are not followed while listing (a `latest` link is a pointer, not
+an object); a key whose resolved path leaves the root is an InvalidKey.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import itertools
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from operator import itemgetter
+from pathlib import Path
+from stat import S_ISDIR, S_ISREG
+from types import TracebackType
+from typing import BinaryIO, Self
+
+from ckpt_ha.storage.errors import (
+    InvalidKey,
+    ObjectExists,
+    ObjectNotFound,
+    StorageError,
+    StorageUnavailable,
+)
+from ckpt_ha.storage.port import (
+    ListPage,
+    ObjectInfo,
+    ObjectStore,
+    ReadStream,
+    validate_key,
+    validate_metadata,
+    validate_page_size,
+    validate_prefix,
+    validate_range,
+)
+
+BACKEND = "fs"
+_TMP_PREFIX = ".ckpt-tmp-"
+_META_SUFFIX = ".ckpt-meta.json"
+_COPY_CHUNK = 1 << 20
+_CREATE_ATTEMPTS = 3
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EBUSY,
+        errno.EDQUOT,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.EINTR,
+        errno.EIO,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.ENOLCK,
+        errno.ENOSPC,
+        errno.ENOTCONN,
+        errno.ESTALE,
+        errno.ETIMEDOUT,
+    }
+)
+_MISSING = (FileNotFoundError, NotADirectoryError)
+
+
+def classify_os_error(err: OSError, key: str | None = None) -> StorageError:
+    """The StorageError for an OSError that is a failure rather than an answer (unlike ENOENT
+    on a read, which means ObjectNotFound): I/O, space and network-filesystem errors are
+    transient, the rest (permissions, read-only filesystem, path conflicts) permanent."""
+    if err.errno == errno.ENAMETOOLONG:
+        return InvalidKey(key or "", reason="name too long for the filesystem", backend=BACKEND)
+    if err.errno in _TRANSIENT_ERRNOS:
+        return StorageUnavailable(reason=str(err), backend=BACKEND, key=key)
+    return StorageError(reason=str(err), backend=BACKEND, key=key)
+
+
+@contextlib.contextmanager
+def _os_errors(key: str | None) -> Iterator[None]:
+    try:
+        yield
+    except OSError as err:
+        raise classify_os_error(err, key) from err
+
+
+def _is_reserved(name: str) -> bool:
+    return name.startswith(_TMP_PREFIX) or (name.startswith(".") and name.endswith(_META_SUFFIX))
+
+
+def _version(st: os.stat_result) -> str:
+    return f"{st.st_ino:x}-{st.st_size:x}-{st.st_mtime_ns:x}"
+
+
+def _info(key: str, st: os.stat_result, metadata: Mapping[str, str] | None) -> ObjectInfo:
+    mtime = datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=UTC)
+    return ObjectInfo(key=key, size=st.st_size, mtime=mtime, etag=_version(st), metadata=metadata)
+
+
+def _sidecar(path: Path, version: str) -> Path:
+    return path.with_name(f".{path.name}.{version}{_META_SUFFIX}")
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _create_temp(directory: Path) -> tuple[int, Path]:
+    tmp = directory / f"{_TMP_PREFIX}{uuid.uuid4().hex}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    for _ in range(_CREATE_ATTEMPTS - 1):
+        # A concurrent delete may prune the then-empty directory between makedirs and open.
+        with contextlib.suppress(FileNotFoundError):
+            os.makedirs(directory, exist_ok=True)
+            return os.open(tmp, flags, 0o666), tmp
+    os.makedirs(directory, exist_ok=True)
+    return os.open(tmp, flags, 0o666), tmp
+
+
+class _FileRange:
+    """At most `remaining` bytes of an open file, with I/O errors mapped like the store's."""
+
+    def __init__(self, file: BinaryIO, key: str, remaining: int | None) -> None:
+        self._file = file
+        self._key = key
+        self._remaining = remaining
+
+    def read(self, size: int = -1, /) -> bytes:
+        if self._remaining is not None:
+            size = self._remaining if size < 0 else min(size, self._remaining)
+        with _os_errors(self._key):
+            chunk = self._file.read(size)
+        if self._remaining is not None:
+            self._remaining -= len(chunk)
+        return chunk
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Fill ``buffer`` without allocating: the fast path for checksumming whole shards."""
+        if self._remaining is not None:
+            buffer = buffer[: self._remaining]
+        with _os_errors(self._key):
+            n = self._file.readinto(buffer)  # type: ignore[attr-defined]
+        if self._remaining is not None:
+            self._remaining -= n
+        return int(n)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class FsStore(ObjectStore):
+    """ObjectStore rooted at an existing directory; see the module docstring for the layout."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self._root = Path(root).resolve()
+
+    def __repr__(self) -> str:
+        return f"FsStore({str(self._root)!r})"
+
+    @property
+    def root(self) -> Path:
+        """The directory this store is rooted at (absolute)."""
+        return self._root
+
+    def list(
+        self, prefix: str = "", *, start_after: str | None = None, page_size: int = 1000
+    ) -> Iterator[ObjectInfo]:
+        # page_size only bounds S3 requests; a directory walk has nothing to page.
+        validate_page_size(page_size)
+        return self._walk(prefix, start_after or "")
+
+    def list_page(
+        self, prefix: str = "", *, cursor: str | None = None, page_size: int = 1000
+    ) -> ListPage:
+        validate_page_size(page_size)
+        items = tuple(itertools.islice(self._walk(prefix, cursor or ""), page_size + 1))
+        if len(items) <= page_size:
+            return ListPage(items=items, next_cursor=None)
+        return ListPage(items=items[:page_size], next_cursor=items[page_size - 1].key)
+
+    def stat(self, key: str) -> ObjectInfo:
+        path = self._path(key)
+        with _os_errors(key):
+            try:
+                st = os.stat(path)
+            except _MISSING:
+                raise self._not_found(key) from None
+            if not S_ISREG(st.st_mode):
+                raise self._not_found(key)
+            return _info(key, st, self._read_metadata(path, _version(st), key))
+
+    def open_read(self, key: str, *, offset: int = 0, length: int | None = None) -> ReadStream:
+        validate_range(offset, length)
+        path = self._path(key)
+        with _os_errors(key):
+            try:
+                file = path.open("rb")
+            except (*_MISSING, IsADirectoryError):
+                raise self._not_found(key) from None
+            try:
+                file.seek(offset)
+            except BaseException:
+                file.close()
+                raise
+        return _FileRange(file, key, length)
+
+    def put(
+        self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        return self._publish(key, data, metadata, create_only=False)
+
+    def put_if_absent(
+        self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        return self._publish(key, data, metadata, create_only=True)
+
+    def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
+        if src_key == dst_key:
+            raise InvalidKey(dst_key, reason="copy onto itself", backend=BACKEND)
+        src = self._path(src_key)
+        self._path(dst_key)
+        with _os_errors(src_key):
+            try:
+                source = src.open("rb")
+            except (*_MISSING, IsADirectoryError):
+                raise self._not_found(src_key) from None
+            with source:
+                version = _version(os.fstat(source.fileno()))
+                metadata = self._read_metadata(src, version, src_key)
+                return self._publish(dst_key, source, metadata, create_only=False)
+
+    def move(self, src_key: str, dst_key: str) -> ObjectInfo:
+        """rename(2): the bytes never travel. The sidecar is linked to its new name before the
+        data moves and unlinked after, so the moved object is never seen without its metadata
+        (rename keeps inode, size and mtime, hence the version the sidecar is named after)."""
+        if src_key == dst_key:
+            raise InvalidKey(dst_key, reason="move onto itself", backend=BACKEND)
+        src = self._path(src_key)
+        dst = self._path(dst_key)
+        with _os_errors(src_key):
+            try:
+                st = os.stat(src)
+            except _MISSING:
+                raise self._not_found(src_key) from None
+            if not S_ISREG(st.st_mode):
+                raise self._not_found(src_key)
+            version = _version(st)
+            metadata = self._read_metadata(src, version, src_key)
+            try:
+                return self._rename(src, dst, src_key, dst_key, st, metadata)
+            except OSError as err:
+                if err.errno != errno.EXDEV:
+                    raise
+        return super().move(src_key, dst_key)  # another filesystem mounted inside the root
+
+    def _rename(
+        self, src: Path, dst: Path, src_key: str, dst_key: str, st: os.stat_result,
+        metadata: dict[str, str],
+    ) -> ObjectInfo:  # fmt: skip
+        version = _version(st)
+        for attempt in range(_CREATE_ATTEMPTS):
+            os.makedirs(dst.parent, exist_ok=True)
+            try:
+                previous = self._current_version(dst)
+                if metadata:
+                    _sidecar(dst, version).unlink(missing_ok=True)
+                    os.link(_sidecar(src, version), _sidecar(dst, version))
+                os.replace(src, dst)
+                break
+            except FileNotFoundError:
+                if not src.exists():  # moved or deleted by someone else meanwhile
+                    raise self._not_found(src_key) from None
+                if attempt == _CREATE_ATTEMPTS - 1:
+                    raise
+                # else a concurrent delete pruned the new, empty directory: make it again
+        _sidecar(src, version).unlink(missing_ok=True)
+        if previous is not None and previous != version:
+            _sidecar(dst, previous).unlink(missing_ok=True)
+        _fsync_dir(dst.parent)
+        with contextlib.suppress(FileNotFoundError):  # pruned meanwhile: nothing to sync
+            _fsync_dir(src.parent)
+        self._prune_empty_dirs(src.parent)
+        return _info(dst_key, st, metadata)
+
+    def delete(self, key: str) -> None:
+        path = self._path(key)
+        with _os_errors(key):
+            try:
+                st = os.lstat(path)
+            except _MISSING:
+                self._require_root()
+                return
+            if S_ISDIR(st.st_mode):
+                return  # a directory is not an object: nothing to delete
+            path.unlink(missing_ok=True)
+            if S_ISREG(st.st_mode):
+                _sidecar(path, _version(st)).unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+            self._prune_empty_dirs(path.parent)
+
+    def uri(self, key: str) -> str:
+        return self._path(key).as_uri()
+
+    def _path(self, key: str) -> Path:
+        validate_key(key)
+        if any(_is_reserved(part) for part in key.split("/")):
+            raise InvalidKey(key, reason="name reserved for temp/metadata files", backend=BACKEND)
+        path = self._root / key
+        self._require_inside(path, key)
+        return path
+
+    def _require_inside(self, path: Path, key: str) -> None:
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop, before 3.13
+            raise InvalidKey(key, reason=f"cannot resolve: {err}", backend=BACKEND) from err
+        if not real.is_relative_to(self._root):
+            raise InvalidKey(key, reason="resolves outside the store root", backend=BACKEND)
+
+    def _require_root(self) -> None:
+        if not self._root.is_dir():
+            raise StorageUnavailable(
+                reason=f"root {self._root} is missing (volume not mounted?)", backend=BACKEND
+            )
+
+    def _not_found(self, key: str) -> StorageError:
+        self._require_root()
+        return ObjectNotFound(key, backend=BACKEND)
+
+    def _read_metadata(self, path: Path, version: str, key: str) -> dict[str, str]:
+        try:
+            raw = _sidecar(path, version).read_bytes()
+        except FileNotFoundError:
+            return {}
+        try:
+            return {str(name): str(value) for name, value in json.loads(raw).items()}
+        except (ValueError, AttributeError) as err:
+            raise StorageError(reason="corrupt metadata sidecar", key=key, backend=BACKEND) from err
+
+    def _publish(
+        self,
+        key: str,
+        data: bytes | BinaryIO,
+        metadata: Mapping[str, str] | None,
+        *,
+        create_only: bool,
+    ) -> ObjectInfo:
+        path = self._path(key)
+        checked = validate_metadata(metadata, key=key)
+        self._require_root()
+        with _os_errors(key):
+            fd, tmp = _create_temp(path.parent)
+            try:
+                with os.fdopen(fd, "wb") as out:
+                    if isinstance(data, bytes):
+                        out.write(data)
+                    else:
+                        shutil.copyfileobj(data, out, _COPY_CHUNK)
+                    out.flush()
+                    os.fsync(out.fileno())
+                    st = os.fstat(out.fileno())
+                version = _version(st)  # rename and link keep inode, size and mtime
+                if checked:
+                    self._write_sidecar(path, version, checked)
+                previous = None if create_only else self._current_version(path)
+                try:
+                    if create_only:
+                        os.link(tmp, path)  # unlike rename, fails if the target exists
+                    else:
+                        os.replace(tmp, path)
+                except BaseException as err:
+                    _sidecar(path, version).unlink(missing_ok=True)  # nothing points at it
+                    if isinstance(err, FileExistsError):
+                        raise ObjectExists(key, backend=BACKEND) from None
+                    raise
+            finally:
+                tmp.unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+            if previous is not None and previous != version:
+                _sidecar(path, previous).unlink(missing_ok=True)
+        return _info(key, st, checked)
+
+    def _write_sidecar(self, path: Path, version: str, metadata: Mapping[str, str]) -> None:
+        # The name is unique to the unpublished temp file, so nobody can read it half-written;
+        # it must be durable before the data that points at it is published.
+        with _sidecar(path, version).open("wb") as out:
+            out.write(json.dumps(metadata, sort_keys=True).encode())
+            out.flush()
+            os.fsync(out.fileno())
+        _fsync_dir(path.parent)
+
+    @staticmethod
+    def _current_version(path: Path) -> str | None:
+        try:
+            st = os.lstat(path)
+        except _MISSING:
+            return None
+        return _version(st) if S_ISREG(st.st_mode) else None
+
+    def _prune_empty_dirs(self, directory: Path) -> None:
+        # Only empty directories go; _create_temp retries if it loses a race with this.
+        while directory != self._root:
+            try:
+                directory.rmdir()
+            except OSError:
+                return
+            directory = directory.parent
+
+    def _walk(self, prefix: str, after: str) -> Iterator[ObjectInfo]:
+        validate_prefix(prefix)
+        start = prefix.rpartition("/")[0]
+        if start:
+            self._require_inside(self._root / start, prefix)
+        self._require_root()
+        return self._walk_dir(start, prefix, after)
+
+    def _walk_dir(self, directory: str, prefix: str, after: str) -> Iterator[ObjectInfo]:
+        """Yield objects under `directory` whose key starts with `prefix` and sorts after
+        `after`, in key order. A subdirectory `d` holds exactly the keys starting "d/", so
+        sorting it as "d/" among the file names makes the walk come out in global key order,
+        and lets whole subtrees outside the prefix or before `after` be skipped."""
+        with _os_errors(directory or None):
+            try:
+                with os.scandir(self._root / directory) as scan:
+                    entries = [e for e in scan if not e.is_symlink() and not _is_reserved(e.name)]
+            except _MISSING:
+                return
+            named = sorted(
+                ((e.name + "/" if e.is_dir(follow_symlinks=False) else e.name, e) for e in entries),
+                key=itemgetter(0),
+            )
+        for name, entry in named:
+            key = f"{directory}/{name}" if directory else name
+            if name.endswith("/"):
+                wanted = key.startswith(prefix) or prefix.startswith(key)
+                if wanted and (after < key or after.startswith(key)):
+                    yield from self._walk_dir(key[:-1], prefix, after)
+            elif key.startswith(prefix) and key > after:
+                with _os_errors(key):
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue  # deleted while we walked
+                if S_ISREG(st.st_mode):
+                    yield _info(key, st, None)

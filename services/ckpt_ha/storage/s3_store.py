@@ -1,0 +1,333 @@
+"""ObjectStore on S3 or an S3-compatible server (MinIO, Ceph RGW, moto).
+
+Atomic publication is S3's own: an object appears whole or not at all, with its metadata.
+Create-only writes use a conditional PUT (`If-None-Match: *`). Keys live under an optional
+prefix inside the bucket; listings strip it again and skip keys that are not valid store keys
+(console "folder" markers like `dir/`, `a//b`), so both backends list the same things.
+
+Limits: `put` and `copy` are single requests, so objects are capped at 5 GiB.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Mapping
+from datetime import UTC
+from types import TracebackType
+from typing import TYPE_CHECKING, BinaryIO, Self, TypedDict
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
+)
+
+from ckpt_ha.storage.errors import (
+    InvalidKey,
+    ObjectExists,
+    ObjectNotFound,
+    StorageError,
+    StorageUnavailable,
+)
+from ckpt_ha.storage.port import (
+    ListPage,
+    ObjectInfo,
+    ObjectStore,
+    ReadStream,
+    validate_key,
+    validate_metadata,
+    validate_page_size,
+    validate_prefix,
+    validate_range,
+)
+
+if TYPE_CHECKING:
+    from botocore.response import StreamingBody
+    from mypy_boto3_s3 import S3Client
+    from mypy_boto3_s3.type_defs import (
+        CopySourceTypeDef,
+        ListObjectsV2OutputTypeDef,
+        ListObjectsV2RequestTypeDef,
+        PutObjectRequestTypeDef,
+    )
+
+BACKEND = "s3"
+_NOT_FOUND_CODES = frozenset({"NoSuchKey", "NotFound", "404"})
+_CONDITION_CODES = frozenset({"PreconditionFailed", "412"})
+_CONFLICT_CODES = frozenset({"ConditionalRequestConflict", "409"})
+_THROTTLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout"})
+_TRANSPORT_ERRORS = (ConnectionError, HTTPClientError, IncompleteReadError)
+
+
+class S3Options(TypedDict, total=False):
+    """Keyword options `S3Store` (and `open_store` for `s3://` roots) accept."""
+
+    client: S3Client | None
+    endpoint_url: str | None
+    region_name: str
+    access_key: str | None
+    secret_key: str | None
+
+
+def _error_code(err: ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", ""))
+
+
+def classify_boto_error(err: BotoCoreError | ClientError, key: str | None = None) -> StorageError:
+    """Missing keys are ObjectNotFound; transport failures, throttling and 5xx are transient;
+    anything else (access denied, no such bucket, bad credentials) is permanent."""
+    if isinstance(err, ClientError):
+        code = _error_code(err)
+        status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if key is not None and code in _NOT_FOUND_CODES:
+            return ObjectNotFound(key, backend=BACKEND)
+        if status >= 500 or code in _THROTTLE_CODES:
+            return StorageUnavailable(reason=f"{code} (HTTP {status})", backend=BACKEND, key=key)
+        return StorageError(reason=f"{code} (HTTP {status})", backend=BACKEND, key=key)
+    if isinstance(err, _TRANSPORT_ERRORS):
+        return StorageUnavailable(reason=str(err), backend=BACKEND, key=key)
+    return StorageError(reason=str(err), backend=BACKEND, key=key)
+
+
+def _etag(value: str | None) -> str | None:
+    return value.strip('"') if value else None
+
+
+class _BodyStream:
+    """A GetObject body whose transport errors surface as StorageErrors."""
+
+    def __init__(self, body: StreamingBody, key: str) -> None:
+        self._body = body
+        self._key = key
+
+    def read(self, size: int = -1, /) -> bytes:
+        try:
+            return self._body.read(None if size < 0 else size)
+        except BotoCoreError as err:
+            raise classify_boto_error(err, self._key) from err
+
+    def close(self) -> None:
+        self._body.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class S3Store(ObjectStore):
+    """ObjectStore over `s3://bucket/prefix/`. Builds no client and opens no connection until
+    first used; pass `client` to share one (boto3 clients are thread-safe)."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        client: S3Client | None = None,
+        endpoint_url: str | None = None,
+        region_name: str = "us-east-1",
+        access_key: str | None = None,
+        secret_key: str | None = None,
+    ) -> None:
+        if not bucket:
+            raise ValueError("an S3 store needs a bucket name")
+        root = prefix.strip("/")
+        self._bucket = bucket
+        self._prefix = validate_key(root) + "/" if root else ""
+        self._client = client or boto3.session.Session().client(
+            "s3",
+            endpoint_url=endpoint_url,
+            region_name=region_name,
+            aws_access_key_id=access_key,
+            aws_secret_access_key=secret_key,
+            config=Config(
+                retries={"max_attempts": 3, "mode": "standard"},
+                connect_timeout=5,
+                read_timeout=30,
+                # S3-compatible servers rarely have wildcard DNS for virtual-host buckets.
+                s3={"addressing_style": "path" if endpoint_url else "auto"},
+            ),
+        )
+
+    def __repr__(self) -> str:
+        return f"S3Store('s3://{self._bucket}/{self._prefix}')"
+
+    def list(
+        self, prefix: str = "", *, start_after: str | None = None, page_size: int = 1000
+    ) -> Iterator[ObjectInfo]:
+        validate_prefix(prefix)
+        validate_page_size(page_size)
+        return self._list_all(prefix, start_after, page_size)
+
+    def list_page(
+        self, prefix: str = "", *, cursor: str | None = None, page_size: int = 1000
+    ) -> ListPage:
+        validate_prefix(prefix)
+        validate_page_size(page_size)
+        response = self._list_request(prefix, start_after=cursor, token=None, page_size=page_size)
+        contents = response.get("Contents", [])
+        last = contents[-1]["Key"][len(self._prefix) :] if contents else None
+        return ListPage(
+            items=tuple(self._objects(response)),
+            next_cursor=last if response.get("IsTruncated") else None,
+        )
+
+    def stat(self, key: str) -> ObjectInfo:
+        full = self._full_key(key)
+        try:
+            head = self._client.head_object(Bucket=self._bucket, Key=full)
+        except (BotoCoreError, ClientError) as err:
+            raise classify_boto_error(err, key) from err
+        return ObjectInfo(
+            key=key,
+            size=head["ContentLength"],
+            mtime=head["LastModified"].astimezone(UTC),
+            etag=_etag(head.get("ETag")),
+            metadata=dict(head.get("Metadata", {})),
+        )
+
+    def open_read(self, key: str, *, offset: int = 0, length: int | None = None) -> ReadStream:
+        validate_range(offset, length)
+        full = self._full_key(key)
+        if length == 0:  # an HTTP range cannot be empty
+            self.stat(key)
+            return io.BytesIO()
+        last = "" if length is None else str(offset + length - 1)
+        try:
+            response = self._client.get_object(
+                Bucket=self._bucket, Key=full, Range=f"bytes={offset}-{last}"
+            )
+        except ClientError as err:
+            if _error_code(err) == "InvalidRange":  # offset at or past the end (or empty object)
+                return io.BytesIO()
+            raise classify_boto_error(err, key) from err
+        except BotoCoreError as err:
+            raise classify_boto_error(err, key) from err
+        return _BodyStream(response["Body"], key)
+
+    def put(
+        self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        return self._put(key, data, metadata, create_only=False)
+
+    def put_if_absent(
+        self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        return self._put(key, data, metadata, create_only=True)
+
+    def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
+        if src_key == dst_key:
+            raise InvalidKey(dst_key, reason="copy onto itself", backend=BACKEND)
+        source: CopySourceTypeDef = {"Bucket": self._bucket, "Key": self._full_key(src_key)}
+        try:
+            self._client.copy_object(
+                Bucket=self._bucket,
+                Key=self._full_key(dst_key),
+                CopySource=source,
+                MetadataDirective="COPY",
+            )
+        except (BotoCoreError, ClientError) as err:
+            raise classify_boto_error(err, src_key) from err
+        return self.stat(dst_key)
+
+    def delete(self, key: str) -> None:
+        try:
+            self._client.delete_object(Bucket=self._bucket, Key=self._full_key(key))
+        except (BotoCoreError, ClientError) as err:
+            raise classify_boto_error(err, key) from err
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self._bucket}/{self._full_key(key)}"
+
+    def _full_key(self, key: str) -> str:
+        return self._prefix + validate_key(key)
+
+    def _put(
+        self,
+        key: str,
+        data: bytes | BinaryIO,
+        metadata: Mapping[str, str] | None,
+        *,
+        create_only: bool,
+    ) -> ObjectInfo:
+        request: PutObjectRequestTypeDef = {
+            "Bucket": self._bucket,
+            "Key": self._full_key(key),
+            "Body": data,
+            "Metadata": validate_metadata(metadata, key=key),
+        }
+        if create_only:
+            request["IfNoneMatch"] = "*"
+        try:
+            self._client.put_object(**request)
+        except ClientError as err:
+            if create_only and _error_code(err) in _CONDITION_CODES:
+                raise ObjectExists(key, backend=BACKEND) from err
+            if create_only and _error_code(err) in _CONFLICT_CODES:
+                raise self._lost_race(key) from err
+            raise classify_boto_error(err, key) from err
+        except BotoCoreError as err:
+            raise classify_boto_error(err, key) from err
+        return self.stat(key)
+
+    def _lost_race(self, key: str) -> StorageError:
+        """409 ConditionalRequestConflict: a concurrent write or delete of the key overlapped
+        ours. AWS says retry; if the other writer has already landed, the answer is known."""
+        if self.exists(key):
+            return ObjectExists(key, backend=BACKEND)
+        return StorageUnavailable(reason="concurrent write conflict", backend=BACKEND, key=key)
+
+    def _list_all(
+        self, prefix: str, start_after: str | None, page_size: int
+    ) -> Iterator[ObjectInfo]:
+        token: str | None = None
+        while True:
+            response = self._list_request(
+                prefix, start_after=start_after, token=token, page_size=page_size
+            )
+            yield from self._objects(response)
+            if not response.get("IsTruncated"):
+                return
+            token = response["NextContinuationToken"]
+
+    def _list_request(
+        self, prefix: str, *, start_after: str | None, token: str | None, page_size: int
+    ) -> ListObjectsV2OutputTypeDef:
+        request: ListObjectsV2RequestTypeDef = {
+            "Bucket": self._bucket,
+            "Prefix": self._prefix + prefix,
+            "MaxKeys": page_size,
+        }
+        if start_after is not None:
+            request["StartAfter"] = self._prefix + start_after
+        if token is not None:
+            request["ContinuationToken"] = token
+        try:
+            return self._client.list_objects_v2(**request)
+        except (BotoCoreError, ClientError) as err:
+            raise classify_boto_error(err) from err
+
+    def _objects(self, response: ListObjectsV2OutputTypeDef) -> Iterator[ObjectInfo]:
+        for item in response.get("Contents", []):
+            key = item["Key"][len(self._prefix) :]
+            try:
+                validate_key(key)
+            except InvalidKey:
+                continue  # not something this store could have written
+            yield ObjectInfo(
+                key=key,
+                size=item["Size"],
+                mtime=item["LastModified"].astimezone(UTC),
+                etag=_etag(item.get("ETag")),
+            )

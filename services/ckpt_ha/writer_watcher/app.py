@@ -1,0 +1,80 @@
+"""Composition root of the writer-watcher process.
+
+Turns checkpoint writes on storage into checkpoint.writing / committed / write_failed events,
+by listing the storage root every few seconds. What it announced is kept in Redis (beside the
+registry), so a restarted watcher announces nothing twice; it reads the registry (never writes
+it) to tell a failed write from a valid checkpoint that lost files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from faststream import FastStream
+
+from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.runtime.service import Service, new_service
+from ckpt_ha.storage import open_store
+from ckpt_ha.writer_watcher import adapters, notify
+from ckpt_ha.writer_watcher.handlers import Watcher
+from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
+
+NAME = "writer-watcher"
+
+
+@dataclass(kw_only=True)
+class WriterWatcher(Service):
+    watcher: Watcher
+    registry: Registry
+    """Read only, and the connection the watch state shares."""
+
+
+def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatcher:
+    base = new_service(NAME, settings)
+    store = open_store(settings.storage_root)
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    state_store = adapters.RedisWatchState(registry.r, settings.registry_prefix, store.uri("x"))
+
+    async def registry_state(checkpoint_id: str) -> CheckpointState | None:
+        record = await registry.get(checkpoint_id)
+        return record.state if record is not None else None
+
+    svc = WriterWatcher(
+        name=NAME,
+        bus=base.bus,
+        metrics=base.metrics,
+        checks={"redis": registry.ping},
+        on_stop=registry.close,
+        registry=registry,
+        watcher=Watcher(
+            store,
+            base.bus,
+            clock,
+            timedelta(seconds=settings.stall_timeout_s),
+            state_store,
+            registry_state,
+        ),
+    )
+    svc.finish(
+        title="ckpt-ha writer-watcher",
+        description=(
+            "Turns checkpoint writes on storage into checkpoint.writing / committed / "
+            "write_failed events."
+        ),
+    )
+    wakeup = notify.for_store(store, settings.watch_mode)
+    svc.in_background(
+        lambda: svc.watcher.run(settings.poll_interval_s, wakeup),
+        before=wakeup.start,
+        after=wakeup.stop,
+    )
+    return svc
+
+
+def asyncapi_app() -> FastStream:
+    app = build(WriterWatcherSettings.model_construct()).app
+    assert app is not None
+    return app

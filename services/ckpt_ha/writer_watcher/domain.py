@@ -1,0 +1,295 @@
+"""Writer-watcher decisions, from what a storage listing shows. Pure: no I/O, no clock reads.
+
+A checkpoint folder is ``<job>/<folder>/…`` under a storage root. Each scan gives, per folder,
+the files it holds (path → size) and the newest modification time. From that alone:
+
+* a folder seen for the first time, without complete commit evidence → `checkpoint.writing`;
+* complete commit evidence (the format's marker file, and every file it lists present at its
+  declared size, or at least that size where the format records only offset+length) →
+  `checkpoint.committed`; a file appearing is never enough;
+* no change for longer than the stall timeout while incomplete → `checkpoint.write_failed`
+  (job-side: the writer stopped); a folder removed before it was committed → write_failed too;
+* a listed file that disappears after commit depends on what the registry already decided
+  (the handler looks it up and passes it in, see `needs_registry`): not yet verified →
+  `write_failed`; already valid → `corrupt` + `quarantined` (the platform lost bytes of a good
+  checkpoint); corrupt, quarantined, failed, expired or deleted → nothing (decided elsewhere;
+  quarantining and deleting remove files on purpose).
+
+The checkpoint id comes from the folder and the time its first file was written, so a job that
+is resubmitted and writes the same path again gets a new id and is never confused with the
+earlier run. Job and run ids come from the manifest's identity block when there is a valid one
+(the folder name is display only, R4), else from the folder.
+
+The state is plain data, so the handler can persist it between restarts: a restarted watcher
+that loads it announces nothing it announced before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from pydantic import ValidationError
+
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointFormat,
+    CheckpointIdentity,
+    CheckpointState,
+    CheckpointWriteFailedV1,
+    CheckpointWritingV1,
+    FailureSide,
+)
+from ckpt_ha.contracts.envelope import EventData
+from ckpt_ha.core.corruption import condemn
+from ckpt_ha.formats.identity import checkpoint_id
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the format's commit marker says must exist (path → size), or None if absent."""
+
+    format: CheckpointFormat
+    required: Mapping[str, int] | None
+    step: int | None = None
+    run_id: str | None = None
+    at_least: frozenset[str] = frozenset()
+    """Paths whose required size is a lower bound, not exact: formats such as DCP record
+    offset+length of what each file must hold, never the file's size."""
+    identity: CheckpointIdentity | None = None
+    """The manifest's identity block, when it has a valid one (native manifests)."""
+
+
+@dataclass(frozen=True)
+class Observation:
+    folder: str
+    """``<job>/<folder>`` relative to the storage root."""
+    uri: str
+    files: Mapping[str, int]
+    first_written: datetime
+    last_written: datetime
+    evidence: Evidence
+
+
+@dataclass(frozen=True)
+class Tracked:
+    checkpoint_id: str
+    first_seen: datetime
+    last_change: datetime
+    signature: tuple[tuple[str, int], ...]
+    phase: str = "new"
+    """new → writing → committed | failed."""
+    uri: str = ""
+    traceparent: str | None = None
+    """Trace context of the first event announced for this checkpoint: later ones (committed
+    after writing, also after a watcher restart) continue that trace."""
+
+
+@dataclass
+class WatchState:
+    folders: dict[str, Tracked] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    """Things a human should know that are not events (the handler logs and clears them)."""
+
+
+UNVERIFIED = frozenset({None, CheckpointState.WRITING, CheckpointState.PENDING_VERIFICATION})
+"""Registry states in which lost files mean the write failed (nothing was verified yet)."""
+
+
+def missing(evidence: Evidence, files: Mapping[str, int]) -> list[str]:
+    """Files the evidence requires that are absent, of another size, or short of a minimum."""
+    if evidence.required is None:
+        return ["commit marker"]
+    gaps = []
+    for path, size in sorted(evidence.required.items()):
+        have = files.get(path)
+        if path in evidence.at_least:
+            if have is None or have < size:
+                gaps.append(f"{path} (want at least {size} bytes, have {have or 'none'})")
+        elif have != size:
+            gaps.append(f"{path} (want {size} bytes, have {'none' if have is None else have})")
+    return gaps
+
+
+def needs_registry(state: WatchState, seen: list[Observation]) -> list[str]:
+    """Checkpoint ids whose next decision depends on the registry: committed folders that
+    now lack a file their commit evidence lists."""
+    out = []
+    for obs in seen:
+        known = state.folders.get(obs.folder)
+        if (
+            known is not None
+            and known.phase == "committed"
+            and known.checkpoint_id == checkpoint_id(obs.folder, obs.first_written)
+            and obs.evidence.required is not None
+            and missing(obs.evidence, obs.files)
+        ):
+            out.append(known.checkpoint_id)
+    return out
+
+
+def _folder_job(folder: str) -> str:
+    return folder.split("/", 1)[0]
+
+
+def _usable(identity: CheckpointIdentity | None, folder: str, notes: list[str]) -> bool:
+    """An identity whose job id cannot name an event's job (spaces, too long) is not used."""
+    if identity is None:
+        return False
+    try:
+        EventData(job_id=identity.job_id)
+    except ValidationError:
+        notes.append(f"{folder}: manifest identity job id {identity.job_id!r} is not usable as "
+                     "a job id; using the folder's")  # fmt: skip
+        return False
+    return True
+
+
+def _committed(obs: Observation, cid: str, notes: list[str]) -> CheckpointCommittedV1:
+    job = _folder_job(obs.folder)
+    identity = obs.evidence.identity if _usable(obs.evidence.identity, obs.folder, notes) else None
+    if identity is not None and identity.job_id != job:
+        notes.append(
+            f"{obs.folder}: manifest identity names job {identity.job_id!r}, the folder "
+            f"{job!r}; using the manifest's (the folder name is display only)"
+        )
+    return CheckpointCommittedV1(
+        job_id=identity.job_id if identity is not None else job,
+        checkpoint_id=cid,
+        uri=obs.uri,
+        run_id=identity.run_id if identity is not None else (obs.evidence.run_id or "unknown"),
+        step=obs.evidence.step or 0,
+        format=obs.evidence.format,
+        identity=identity,
+        shard_count=len(obs.evidence.required or {}),
+        total_bytes=sum((obs.evidence.required or {}).values()),
+    )
+
+
+def lost_after_commit(
+    obs: Observation, cid: str, gaps: list[str], registered: CheckpointState | None
+) -> list[EventData]:
+    """Files listed by a commit are gone; what that means depends on the registry's state."""
+    job = _folder_job(obs.folder)
+    if registered in UNVERIFIED:
+        return [
+            CheckpointWriteFailedV1(
+                job_id=job,
+                checkpoint_id=cid,
+                uri=obs.uri,
+                reason=f"files missing after commit: {gaps[:5]}",
+                side=FailureSide.JOB,
+            )
+        ]
+    if registered is CheckpointState.VALID:
+        reason = f"files missing after verification: {gaps[:5]}"
+        return list(
+            condemn(
+                job_id=job,
+                checkpoint_id=cid,
+                uri=obs.uri,
+                reason=reason,
+                side=FailureSide.INFRASTRUCTURE,
+                findings=gaps,
+                why_quarantined=reason,
+            )
+        )
+    return []  # corrupt, quarantined, write-failed, expired, deleted: already decided
+
+
+def observe(
+    state: WatchState,
+    seen: list[Observation],
+    now: datetime,
+    stall_after: timedelta,
+    registry: Mapping[str, CheckpointState | None] | None = None,
+    storage_trouble: tuple[datetime, str] | None = None,
+) -> list[EventData]:
+    """Advance the watch state by one scan; return the events to publish, in order.
+
+    ``registry`` holds the registry's state for the ids `needs_registry` named (missing: the
+    registry does not know the checkpoint). ``storage_trouble`` is the time and message of the
+    last storage error the watcher itself hit: a write that stalled while storage was failing is
+    classified infrastructure-side, not blamed on the job.
+    """
+    registered = registry or {}
+    events: list[EventData] = []
+    for obs in seen:
+        job = _folder_job(obs.folder)
+        signature = tuple(sorted(obs.files.items()))
+        known = state.folders.get(obs.folder)
+        cid = checkpoint_id(obs.folder, obs.first_written)
+        if known is None or known.checkpoint_id != cid:  # new, or rewritten from scratch
+            known = Tracked(cid, first_seen=now, last_change=now, signature=signature, uri=obs.uri)
+        elif known.signature != signature:
+            known = replace(known, last_change=now, signature=signature)
+        gaps = missing(obs.evidence, obs.files)
+        if not gaps:
+            if known.phase != "committed":
+                events.append(_committed(obs, cid, state.notes))
+                known = replace(known, phase="committed")
+        elif known.phase == "committed" and obs.evidence.required is not None:
+            events.extend(lost_after_commit(obs, cid, gaps, registered.get(cid)))
+            known = replace(known, phase="failed")
+        elif known.phase == "new":
+            events.append(
+                CheckpointWritingV1(
+                    job_id=job,
+                    checkpoint_id=cid,
+                    uri=obs.uri,
+                    run_id=obs.evidence.run_id or "unknown",
+                    format=obs.evidence.format,
+                )
+            )
+            known = replace(known, phase="writing")
+        elif known.phase == "writing" and now - known.last_change > stall_after:
+            events.append(_stalled(obs, cid, gaps, stall_after, known, storage_trouble))
+            known = replace(known, phase="failed")
+        state.folders[obs.folder] = known
+    events.extend(_forget_vanished(state, {obs.folder for obs in seen}))
+    return events
+
+
+def _stalled(
+    obs: Observation,
+    cid: str,
+    gaps: list[str],
+    stall_after: timedelta,
+    known: Tracked,
+    storage_trouble: tuple[datetime, str] | None,
+) -> CheckpointWriteFailedV1:
+    """A stalled write is the job's (a rank died, the writer stopped) unless storage was failing
+    since the write last made progress: then the platform has to act (R2). The write's last
+    progress is its newest file's time on storage when that is earlier than the scan that
+    noticed it: during an outage the scans fail, and the first one after it notices files that
+    landed before it."""
+    reason = f"write stalled for {stall_after}; missing {gaps[:5]}"
+    side = FailureSide.JOB
+    progressed = min(known.last_change, obs.last_written)
+    if storage_trouble is not None and storage_trouble[0] >= progressed:
+        at, message = storage_trouble
+        side = FailureSide.INFRASTRUCTURE
+        reason += f"; storage was failing meanwhile (last error {at.isoformat()}: {message})"
+    return CheckpointWriteFailedV1(
+        job_id=_folder_job(obs.folder), checkpoint_id=cid, uri=obs.uri, reason=reason, side=side
+    )
+
+
+def _forget_vanished(state: WatchState, present: set[str]) -> list[EventData]:
+    """Folders gone from the listing are forgotten (the state stays bounded). One that was still
+    being written is reported failed: its writer removed it, it will never commit."""
+    events: list[EventData] = []
+    for folder in sorted(set(state.folders) - present):
+        known = state.folders.pop(folder)
+        if known.phase == "writing" and known.uri:
+            events.append(
+                CheckpointWriteFailedV1(
+                    job_id=_folder_job(folder),
+                    checkpoint_id=known.checkpoint_id,
+                    uri=known.uri,
+                    reason="folder removed before it was committed",
+                    side=FailureSide.JOB,
+                )
+            )
+    return events

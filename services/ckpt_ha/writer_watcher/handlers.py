@@ -1,0 +1,101 @@
+"""The watcher's loop: list storage, advance the domain state, publish what it decided."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
+
+from redis.exceptions import RedisError
+
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import build
+from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.core.clock import Clock
+from ckpt_ha.core.errors import TransientError
+from ckpt_ha.storage import ObjectStore, StorageError
+from ckpt_ha.storage.quarantine_move import isolate
+from ckpt_ha.telemetry import tracing
+from ckpt_ha.writer_watcher import adapters, domain, notify
+
+SOURCE = "ckpt-ha/writer-watcher"
+log = logging.getLogger("ckpt_ha.writer_watcher")
+
+RegistryLookup = Callable[[str], Awaitable[CheckpointState | None]]
+"""The registry's state of one checkpoint (None: unknown). Read only."""
+
+
+class Watcher:
+    def __init__(
+        self,
+        store: ObjectStore,
+        bus: Bus,
+        clock: Clock,
+        stall_after: timedelta,
+        state_store: adapters.RedisWatchState,
+        registry_state: RegistryLookup,
+    ) -> None:
+        self.store = store
+        self.bus = bus
+        self.clock = clock
+        self.stall_after = stall_after
+        self.state_store = state_store
+        self.registry_state = registry_state
+        self.storage_trouble: tuple[datetime, str] | None = None
+        """When and how storage last failed a scan (classifies stalled writes)."""
+        self.state: domain.WatchState | None = None
+        """None until loaded from Redis: nothing is decided before the watcher knows what it
+        announced in an earlier life."""
+
+    async def scan_once(self) -> int:
+        """One pass; returns how many events were published."""
+        if self.state is None:
+            self.state = await self.state_store.load()
+        observations = await asyncio.to_thread(lambda: list(adapters.scan(self.store)))
+        # Decide on a copy; keep it only once every event is published, so a failed publish
+        # is decided (and, with its deterministic id, deduplicated) again on the next pass.
+        state = domain.WatchState(dict(self.state.folders))
+        asked = domain.needs_registry(state, observations)
+        registered = {cid: await self.registry_state(cid) for cid in asked}
+        events = domain.observe(
+            state, observations, self.clock(), self.stall_after, registered, self.storage_trouble
+        )
+        for note in state.notes:
+            log.warning("%s", note)
+        # A checkpoint quarantined here has its remaining bytes moved aside first.
+        with tracing.span("storage.isolate") if events else contextlib.nullcontext():
+            isolated = await isolate(self.store, events)
+        folders = {t.checkpoint_id: f for f, t in state.folders.items()}
+        for data in isolated:
+            key = f"{data.EVENT_TYPE}|{data.subject_key()}"
+            # The first event about a checkpoint starts its trace; later ones continue it.
+            folder = folders.get(data.subject_key())
+            tracked = state.folders.get(folder) if folder is not None else None
+            parent = tracked.traceparent if tracked is not None else None
+            sent = await self.bus.publish(
+                build(data, source=SOURCE, time=self.clock(), key=key, traceparent=parent)
+            )
+            if tracked is not None and folder is not None and tracked.traceparent is None:
+                state.folders[folder] = dataclasses.replace(tracked, traceparent=sent.traceparent)
+        state.notes.clear()
+        self.state = state
+        await self.state_store.save(state)
+        return len(events)
+
+    async def run(self, interval_s: float, wakeup: notify.Wakeup | None = None) -> None:
+        """Scan, then wait for a change notification or the poll interval, forever."""
+        wakeup = wakeup or notify.Polling()
+        while True:
+            try:
+                await self.scan_once()
+            except StorageError as exc:  # an outage delays detection; it decides nothing
+                log.warning("storage scan failed, retrying: %s", exc)
+                self.storage_trouble = (self.clock(), str(exc)[:200])
+            except (RedisError, TransientError) as exc:
+                log.warning("watch state or registry unavailable, retrying: %s", exc)
+            except Exception:  # the loop must outlive any one bad pass
+                log.exception("scan failed, retrying")
+            await wakeup.wait(interval_s)
