@@ -110,7 +110,7 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     assert state is not None
     names = [p.name for p in state.processes]
     # Prometheus joins when the observability tools are unpacked (scripts/test does that).
-    with_prometheus = ["prometheus"] if _prometheus_binary({}) is not None else []
+    with_prometheus = ["prometheus"] if _prometheus_binary(os.environ) is not None else []
     assert names == [
         "nats", "redis", "writer-watcher", "integrity-checker", "registrar",
         "restore-coordinator", "retention-janitor", *with_prometheus,
