@@ -19,7 +19,7 @@ from opentelemetry.trace import StatusCode
 
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointCorruptV1
-from ckpt_ha.registry.redis_registry import project
+from ckpt_ha.core.records import project
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.writer_watcher import adapters
 from ckpt_ha.writer_watcher.domain import Tracked

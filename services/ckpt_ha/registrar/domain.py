@@ -16,7 +16,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointVerifiedV1,
 )
 from ckpt_ha.core.lifecycle import IllegalTransition
-from ckpt_ha.registry.redis_registry import Applied, CheckpointRecord
+from ckpt_ha.core.records import Applied, CheckpointRecord
 
 
 def bound_identity(record: CheckpointRecord, owner: str | None) -> CheckpointIdentity:
