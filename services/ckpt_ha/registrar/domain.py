@@ -33,6 +33,11 @@ def bound_identity(record: CheckpointRecord, owner: str | None) -> CheckpointIde
     return identity.model_copy(update=updates) if updates else identity
 
 
+def announces_registration(event: Envelope[EventData], applied: Applied) -> bool:
+    """Whether the follow-ups may hold a `registered` (so the handler reads the job's tier)."""
+    return isinstance(event.data, CheckpointVerifiedV1) and applied.record is not None
+
+
 def follow_ups(
     event: Envelope[EventData], applied: Applied, tier: str | None = None
 ) -> list[EventData]:

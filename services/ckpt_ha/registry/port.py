@@ -19,7 +19,7 @@ Invariants every implementation keeps:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, Protocol
 
 from ckpt_ha.contracts import Envelope, EventData
@@ -52,6 +52,13 @@ class CheckpointReader(CheckpointLookup, Protocol):
         self, job_id: str, *, state: CheckpointState | None = None
     ) -> list[CheckpointRecord]:
         """A job's checkpoints, newest step first (optionally only those in ``state``)."""
+        ...
+
+    def by_job_pages(
+        self, job_id: str, page_size: int = 64
+    ) -> AsyncIterator[list[CheckpointRecord]]:
+        """`by_job` in pages of ``page_size``, one round trip each: for a reader that usually
+        needs only the newest few of a long history (a restore's selection)."""
         ...
 
     async def by_state(self, state: CheckpointState) -> list[CheckpointRecord]:

@@ -20,10 +20,11 @@ import hashlib
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ckpt_ha.contracts import Envelope, EventData
@@ -50,7 +51,7 @@ from ckpt_ha.core.records import (
 )
 from ckpt_ha.core.tiers import TierChoice, resolve_tier
 from ckpt_ha.registry.keys import RegistryKeys
-from ckpt_ha.registry.port import RegistryUnavailable
+from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
 __all__ = [
     # Re-exported for callers that still import them from here; their home is core.records
@@ -82,10 +83,11 @@ def _strs(values: Iterable[Any]) -> list[str]:
 
 @contextlib.contextmanager
 def _reachable() -> Iterator[None]:
-    """A lost connection or a timeout is `RegistryUnavailable` (transient), whatever the call."""
+    """A Redis failure (a lost connection, a timeout, a server busy loading or read-only) is
+    `RegistryUnavailable`: transient, retried, never a decision about a checkpoint."""
     try:
         yield
-    except (RedisConnectionError, RedisTimeoutError) as exc:
+    except RedisError as exc:
         raise RegistryUnavailable(str(exc)) from exc
 
 
@@ -427,3 +429,7 @@ class Registry:
         with _reachable():
             raws = await self.r.lrange(self.keys.reconcile_log, 0, -1)
         return [json.loads(raw) for raw in raws]
+
+
+if TYPE_CHECKING:
+    _implements: type[CheckpointRegistry] = Registry
