@@ -135,9 +135,12 @@ class RegistryContract:
         c = committed("c1")
         results = await registry.apply_many([verified("c2"), c, c, verified("c1")])
         assert isinstance(results[0], DependencyNotReady)
-        assert isinstance(results[1], Applied) and not results[1].duplicate
-        assert isinstance(results[2], Applied) and results[2].duplicate
-        assert isinstance(results[3], Applied) and results[3].record.state is S.VALID
+        assert isinstance(results[1], Applied)
+        assert not results[1].duplicate
+        assert isinstance(results[2], Applied)
+        assert results[2].duplicate
+        assert isinstance(results[3], Applied)
+        assert results[3].record.state is S.VALID
         assert (await registry.get("c1")).state is S.VALID
         assert await registry.get("c2") is None
 
@@ -148,8 +151,10 @@ class RegistryContract:
         await registry.apply(deleted("c1"))
         record = await registry.get("c1")
         assert record.state is S.DELETED
-        assert record.expiry is not None and record.expiry.policy == "standard"
-        assert record.tombstone is not None and record.tombstone.actor == "janitor"
+        assert record.expiry is not None
+        assert record.expiry.policy == "standard"
+        assert record.tombstone is not None
+        assert record.tombstone.actor == "janitor"
 
     # --- reads and indexes -----------------------------------------------------------------------
 
