@@ -81,7 +81,7 @@ async def bare_rate(url: str, stream: str, subject: str, n: int, batch: int) -> 
 async def registrar_rate(settings: RegistrarSettings, n: int) -> float:
     svc = build_registrar(settings)
     r = aioredis.Redis.from_url(settings.redis_url)
-    key = f"{settings.registry_prefix}:state:pending_verification"
+    key = svc.registry.keys.state("pending_verification")
     await svc.bus.broker.start()  # like the bare loop, timing starts once subscribed
     start = time.perf_counter()
     while await r.scard(key) < n:  # noqa: ASYNC110 - light polling of Redis, not an event

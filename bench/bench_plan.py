@@ -35,7 +35,8 @@ from ckpt_ha.contracts.checkpoint import (
     Topology,
 )
 from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1
-from ckpt_ha.registry.redis_registry import CheckpointRecord, HistoryEntry
+from ckpt_ha.core.records import CheckpointRecord, HistoryEntry
+from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 
@@ -95,6 +96,7 @@ async def fill(r: aioredis.Redis, prefix: str, jobs: int, per_job: int) -> None:
     assert isinstance(identity, dict)
     valid: list[str] = []
     pending: list[str] = []
+    keys = RegistryKeys(prefix)
     async with r.pipeline(transaction=False) as pipe:
         for j in range(jobs):
             job = job_name(j)
@@ -112,18 +114,18 @@ async def fill(r: aioredis.Redis, prefix: str, jobs: int, per_job: int) -> None:
                     uri=f"file:///bench/{job}/step-{step}",
                     state="pending_verification" if newest else "valid",
                 )
-                records[f"{prefix}:ckpt:{cid}"] = json.dumps(doc, separators=(",", ":"))
+                records[keys.checkpoint(cid)] = json.dumps(doc, separators=(",", ":"))
                 steps[cid] = step
                 (pending if newest else valid).append(cid)
             pipe.mset(records)
-            pipe.zadd(f"{prefix}:job:{job}", steps)
+            pipe.zadd(keys.job(job), steps)
             if len(pipe) >= 200:
                 await pipe.execute()
-        pipe.sadd(f"{prefix}:jobs", *[job_name(j) for j in range(jobs)])
+        pipe.sadd(keys.jobs, *[job_name(j) for j in range(jobs)])
         for i in range(0, len(valid), 10_000):
-            pipe.sadd(f"{prefix}:state:valid", *valid[i : i + 10_000])
+            pipe.sadd(keys.state("valid"), *valid[i : i + 10_000])
         for i in range(0, len(pending), 10_000):
-            pipe.sadd(f"{prefix}:state:pending_verification", *pending[i : i + 10_000])
+            pipe.sadd(keys.state("pending_verification"), *pending[i : i + 10_000])
         await pipe.execute()
 
 

@@ -21,6 +21,7 @@ from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.writer_watcher import adapters as watcher_adapters
 
 pytest_plugins = ["tests.support.private_infra"]
 
@@ -79,7 +80,7 @@ async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[
     await nc.close()
     r = aioredis.Redis.from_url(redis_url)
     keys = [k async for k in r.scan_iter(match=f"{s.registry_prefix}:*")]
-    keys += [k async for k in r.scan_iter(match=f"{s.registry_prefix}-watcher:*")]
+    keys += [k async for k in r.scan_iter(match=watcher_adapters.state_keys(s.registry_prefix))]
     if keys:
         await r.delete(*keys)
     await r.aclose()

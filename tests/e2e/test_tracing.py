@@ -19,9 +19,10 @@ import pytest
 
 from ckpt_ha import sdk
 from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.devstack import procs
 from ckpt_ha.devstack.stack import start_service
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore, ObjectInfo
 from tests.support.bus_tools import wait_for

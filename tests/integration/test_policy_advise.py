@@ -21,7 +21,8 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointVerifiedV1,
     CheckpointWritingV1,
 )
-from ckpt_ha.registry.redis_registry import Applied, Registry
+from ckpt_ha.core.records import Applied
+from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.restore_coordinator.adapters import CoordinatorState
 from ckpt_ha.restore_coordinator.domain import Failure
 from ckpt_ha.runtime.settings import ServiceSettings

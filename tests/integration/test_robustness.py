@@ -23,6 +23,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
     CheckpointState,
 )
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.integrity_checker.app import IntegrityChecker
@@ -31,7 +32,6 @@ from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
-from ckpt_ha.registry.redis_registry import CheckpointRecord
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore
 from ckpt_ha.writer_watcher.app import WriterWatcher

@@ -64,7 +64,7 @@ async def watcher_pass(settings: ServiceSettings, root: Path) -> dict[str, str]:
 async def forget_watch_state(settings: ServiceSettings) -> AsyncIterator[None]:
     yield
     r = aioredis.Redis.from_url(settings.redis_url)
-    keys = [k async for k in r.scan_iter(match=f"{settings.registry_prefix}-watcher:*")]
+    keys = [k async for k in r.scan_iter(match=adapters.state_keys(settings.registry_prefix))]
     if keys:
         await r.delete(*keys)
     await r.aclose()

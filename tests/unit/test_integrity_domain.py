@@ -13,9 +13,9 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointVerifiedV1,
     FailureSide,
 )
+from ckpt_ha.core.records import checksums_from_checks
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.integrity_checker import domain
-from ckpt_ha.registry.redis_registry import checksums_from_checks
 
 S = CheckpointState
 COMMITTED = CheckpointCommittedV1(

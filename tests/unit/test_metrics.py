@@ -15,7 +15,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointWritingV1,
     FailureSide,
 )
-from ckpt_ha.registry.redis_registry import Applied, project
+from ckpt_ha.core.records import Applied, project
 from ckpt_ha.runtime.server import bounded_subject
 from ckpt_ha.telemetry.metrics import (
     JobGauges,

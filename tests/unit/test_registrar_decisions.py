@@ -13,14 +13,8 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointState,
     OwnershipTransferredV1,
 )
+from ckpt_ha.core.records import Applied, CheckpointRecord, OwnershipMismatch, own, project
 from ckpt_ha.registrar.domain import follow_ups
-from ckpt_ha.registry.redis_registry import (
-    Applied,
-    CheckpointRecord,
-    OwnershipMismatch,
-    own,
-    project,
-)
 from tests.support.events import T0, committed, verified
 
 

@@ -8,7 +8,7 @@ from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState, CheckpointVerifiedV1
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.lifecycle import IllegalTransition
-from ckpt_ha.registry.redis_registry import project
+from ckpt_ha.core.records import project
 from tests.support.events import T0, committed, deleted, expired, verified
 
 

@@ -19,7 +19,7 @@ from opentelemetry.trace import StatusCode
 
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointCorruptV1
-from ckpt_ha.registry.redis_registry import project
+from ckpt_ha.core.records import project
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.writer_watcher import adapters
 from ckpt_ha.writer_watcher.domain import Tracked
@@ -194,8 +194,8 @@ def test_a_checkpoint_first_heard_of_without_context_adopts_the_next_one() -> No
 def test_the_watchers_tracked_entry_keeps_its_trace_across_restarts() -> None:
     tracked = Tracked("c1", T0, T0, (("a.bin", 3),), phase="writing", uri="file:///x")
     with_trace = dataclasses.replace(tracked, traceparent=TP)
-    assert adapters._tracked_from_json(adapters._tracked_to_json(with_trace)) == with_trace
-    assert adapters._tracked_from_json(adapters._tracked_to_json(tracked)) == tracked
+    assert adapters.tracked_from_json(adapters.tracked_to_json(with_trace)) == with_trace
+    assert adapters.tracked_from_json(adapters.tracked_to_json(tracked)) == tracked
 
 
 def test_event_attributes_name_job_checkpoint_and_reason() -> None:

@@ -347,4 +347,4 @@ def test_the_quarantine_folder_is_never_watched(tmp_path: Path) -> None:
 def test_tracked_entries_round_trip_through_json() -> None:
     state, _ = committed_state({"a.bin": 10, "m": 5})
     [tracked] = state.folders.values()
-    assert adapters._tracked_from_json(adapters._tracked_to_json(tracked)) == tracked
+    assert adapters.tracked_from_json(adapters.tracked_to_json(tracked)) == tracked

@@ -18,6 +18,7 @@ from ckpt_ha.contracts.checkpoint import (
 )
 from ckpt_ha.contracts.envelope import EventData
 from ckpt_ha.core.corruption import condemn
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats.report import Report, Verdict
 
 # Every verdict but `valid` is the job's output being wrong or incomplete; storage outages never
@@ -55,6 +56,29 @@ def release_step(
     if state is CheckpointState.PENDING_VERIFICATION and released_by is not None:
         return "verify"
     return "skip"
+
+
+def release_decision(
+    event_id: str, release: CheckpointReleasedV1, record: CheckpointRecord | None
+) -> str:
+    """`release_step` from the registry's record: the registrar applied this release when the
+    record's latest history entry is this event."""
+    released_by = None
+    if record is not None and record.history and record.history[-1].event_id == event_id:
+        released_by = event_id
+    return release_step(release, record.state if record is not None else None, released_by)
+
+
+def scrub_key(record: CheckpointRecord) -> str:
+    """The id key of a scrub's verdict on ``record``: keyed on the verification it contradicts,
+    so a repeated scrub of the same bytes publishes the same ids (deduplicated)."""
+    return f"scrub|{record.history[-1].event_id if record.history else ''}"
+
+
+def still_scrubbed(current: CheckpointRecord | None) -> bool:
+    """Report a scrub's finding only while the checkpoint is still valid: one that moved on
+    while it was read (expired, deleted, quarantined) is not the scrub's any more."""
+    return current is not None and current.state is CheckpointState.VALID
 
 
 def outcome(

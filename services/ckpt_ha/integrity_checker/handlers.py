@@ -1,4 +1,8 @@
-"""Integrity-checker handler: verify a committed checkpoint on storage, publish the verdict."""
+"""Integrity-checker handlers: verify a committed checkpoint on storage, publish the verdict.
+
+Fetch (the registry's record, the bytes) → decide (`domain`) → persist (move a corrupt
+checkpoint's bytes aside) → publish. Every dependency is a port (`integrity_checker.ports`).
+"""
 
 from __future__ import annotations
 
@@ -6,20 +10,18 @@ import asyncio
 import logging
 import time
 
-from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointCorruptV1,
     CheckpointReleasedV1,
 )
-from ckpt_ha.core.clock import Clock
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
 from ckpt_ha.formats import verify
 from ckpt_ha.formats.report import Report
 from ckpt_ha.integrity_checker import domain
-from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.storage import ObjectStore, key_for_uri
+from ckpt_ha.integrity_checker.ports import CheckpointLookup, Clock, ObjectStore, Publisher
+from ckpt_ha.storage import key_for_uri
 from ckpt_ha.storage.quarantine import restore
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
@@ -41,14 +43,14 @@ class IntegrityHandlers:
     def __init__(
         self,
         store: ObjectStore,
-        bus: Bus,
+        publisher: Publisher,
         clock: Clock,
         algorithm: str,
-        registry: Registry,
+        registry: CheckpointLookup,
         metrics: VerifyMetrics | None = None,
     ) -> None:
         self.store = store
-        self.bus = bus
+        self.publisher = publisher
         self.clock = clock
         self.algorithm = algorithm
         self.registry = registry
@@ -69,7 +71,7 @@ class IntegrityHandlers:
             return
         report = await self._verify(key)
         datas = await self._decide(domain.outcome(event.data, report))
-        await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+        await self.publisher.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
 
     async def _verify(self, key: str) -> Report:
         """Read the shards and check them: blocking I/O, off the event loop (in-progress acks
@@ -115,10 +117,7 @@ class IntegrityHandlers:
         if key is None:
             raise OutsideStorageRoot(data.uri)
         record = await self.registry.get(data.checkpoint_id)
-        released_by = None
-        if record is not None and record.history and record.history[-1].event_id == event.id:
-            released_by = event.id
-        step = domain.release_step(data, record.state if record else None, released_by)
+        step = domain.release_decision(event.id, data, record)
         if step == "wait":
             raise DependencyNotReady(f"release of {data.checkpoint_id}", "the registrar")
         if step == "skip":
@@ -133,4 +132,4 @@ class IntegrityHandlers:
             await asyncio.to_thread(restore, self.store, qkey, key)
         report = await self._verify(key)
         datas = await self._decide(domain.outcome(data, report))
-        await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+        await self.publisher.publish_caused_by(event, datas, source=SOURCE, time=self.clock())

@@ -14,17 +14,14 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from redis.exceptions import RedisError
-
-from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
-from ckpt_ha.core.clock import Clock
 from ckpt_ha.core.errors import TransientError
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import verify
 from ckpt_ha.integrity_checker import domain
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
-from ckpt_ha.storage import ObjectStore, StorageError, key_for_uri
+from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
+from ckpt_ha.storage import StorageError, key_for_uri
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import ScrubMetrics
@@ -45,15 +42,15 @@ class Scrubber:
     def __init__(
         self,
         store: ObjectStore,
-        registry: Registry,
-        bus: Bus,
+        registry: CheckpointReader,
+        publisher: Publisher,
         clock: Clock,
         algorithm: str,
         metrics: ScrubMetrics,
     ) -> None:
         self.store = store
         self.registry = registry
-        self.bus = bus
+        self.publisher = publisher
         self.clock = clock
         self.algorithm = algorithm
         self.metrics = metrics
@@ -81,7 +78,7 @@ class Scrubber:
                     continue
                 scrubbed += 1
                 corrupt += found
-        except (RedisError, TransientError) as exc:
+        except TransientError as exc:
             return self._interrupted(scrubbed, corrupt, f"registry unavailable: {exc}")
         except StorageError as exc:
             if not exc.transient:
@@ -117,11 +114,10 @@ class Scrubber:
         if not datas:
             return 0
         current = await self.registry.get(record.checkpoint_id)
-        if current is None or current.state is not CheckpointState.VALID:
-            return 0  # it moved on while we read it (expired, deleted, quarantined): not ours
+        if not domain.still_scrubbed(current):
+            return 0
         log.warning("scrub: %s is corrupt: %s", record.checkpoint_id, datas[0])
-        # Ids keyed on the verification this scrub contradicts: a repeat is deduplicated.
-        cause = f"scrub|{record.history[-1].event_id if record.history else ''}"
+        cause = domain.scrub_key(record)
         # Reported in the checkpoint's own trace (stored by the registry), linked to this round.
         with tracing.continue_trace(
             "scrub.corrupt",
@@ -135,7 +131,9 @@ class Scrubber:
             reason = getattr(datas[0], "reason", "scrub found the checkpoint corrupt")
             tracing.fail(str(reason), code="checkpoint_corrupt")
             for data in await isolate(self.store, datas):
-                await self.bus.publish(build(data, source=SOURCE, time=self.clock(), key=cause))
+                await self.publisher.publish(
+                    build(data, source=SOURCE, time=self.clock(), key=cause)
+                )
         self.metrics.corrupt.labels(self.metrics.service).inc()
         return 1
 

@@ -16,7 +16,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointVerifiedV1,
 )
 from ckpt_ha.core.lifecycle import IllegalTransition
-from ckpt_ha.registry.redis_registry import Applied, CheckpointRecord
+from ckpt_ha.core.records import Applied, CheckpointRecord
 
 
 def bound_identity(record: CheckpointRecord, owner: str | None) -> CheckpointIdentity:
@@ -31,6 +31,11 @@ def bound_identity(record: CheckpointRecord, owner: str | None) -> CheckpointIde
     if identity.project is None and owner is not None:
         updates["project"] = owner
     return identity.model_copy(update=updates) if updates else identity
+
+
+def announces_registration(event: Envelope[EventData], applied: Applied) -> bool:
+    """Whether the follow-ups may hold a `registered` (so the handler reads the job's tier)."""
+    return isinstance(event.data, CheckpointVerifiedV1) and applied.record is not None
 
 
 def follow_ups(

@@ -1,18 +1,17 @@
-"""Registrar handlers: project checkpoint events into the registry, announce the results."""
+"""Registrar handlers: project checkpoint events into the registry, announce the results.
+
+Fetch and persist are one step here (the registry projects and writes a batch atomically) →
+decide the follow-ups (`domain`) → publish. Every dependency is a port (`registrar.ports`).
+"""
 
 from __future__ import annotations
 
-from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, EventData
-from ckpt_ha.contracts.checkpoint import (
-    CheckpointCorruptV1,
-    CheckpointQuarantinedV1,
-    CheckpointVerifiedV1,
-)
-from ckpt_ha.core.clock import Clock
+from ckpt_ha.contracts.checkpoint import CheckpointCorruptV1, CheckpointQuarantinedV1
 from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.core.records import Applied
 from ckpt_ha.registrar import domain
-from ckpt_ha.registry.redis_registry import Applied, Registry
+from ckpt_ha.registrar.ports import Clock, Publisher, RegistrarRegistry
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import LifecycleMetrics, ServiceMetrics
 
@@ -22,14 +21,14 @@ SOURCE = "ckpt-ha/registrar"
 class RegistrarHandlers:
     def __init__(
         self,
-        registry: Registry,
-        bus: Bus,
+        registry: RegistrarRegistry,
+        publisher: Publisher,
         metrics: ServiceMetrics,
         clock: Clock,
         lifecycle: LifecycleMetrics | None = None,
     ) -> None:
         self.registry = registry
-        self.bus = bus
+        self.publisher = publisher
         self.metrics = metrics
         self.clock = clock
         self.lifecycle = lifecycle or LifecycleMetrics(metrics)
@@ -79,7 +78,7 @@ class RegistrarHandlers:
             if isinstance(event.data, CheckpointCorruptV1 | CheckpointQuarantinedV1):
                 tracing.fail(event.data.reason, code=event.data.EVENT_TYPE)
             tier = None
-            if isinstance(event.data, CheckpointVerifiedV1) and result.record is not None:
+            if domain.announces_registration(event, result):
                 tier = (await self.registry.tier_of(event.data.job_id)).tier.name
             await self._publish(event, domain.follow_ups(event, result, tier))
         except Exception as exc:  # noqa: BLE001 - a failed publish naks just this event
@@ -87,4 +86,4 @@ class RegistrarHandlers:
         return None
 
     async def _publish(self, cause: Envelope[EventData], datas: list[EventData]) -> None:
-        await self.bus.publish_caused_by(cause, datas, source=SOURCE, time=self.clock())
+        await self.publisher.publish_caused_by(cause, datas, source=SOURCE, time=self.clock())

@@ -22,7 +22,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointState,
     CheckpointWriteFailedV1,
 )
-from ckpt_ha.registry.redis_registry import Applied, CheckpointRecord
+from ckpt_ha.core.records import Applied, CheckpointRecord
 
 FORGET_AFTER_S = 7 * 24 * 3600.0
 """A job with no update for this long leaves the per-job series."""

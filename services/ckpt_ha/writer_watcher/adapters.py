@@ -1,16 +1,22 @@
-"""The watcher's I/O: a storage root read into observations, and its state kept in Redis."""
+"""The watcher's I/O: a storage root read into observations, and its state kept in Redis.
+
+This module owns the watcher's Redis key space (`state_key`, `state_keys`): nothing else formats
+those keys.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
 from ckpt_ha.formats import dcp, dcp_metadata, detect, native
@@ -18,6 +24,7 @@ from ckpt_ha.formats.paths import inside
 from ckpt_ha.formats.safetensors import INDEX_SUFFIX
 from ckpt_ha.storage import ObjectInfo, ObjectStore, StorageError, quarantine
 from ckpt_ha.writer_watcher.domain import Evidence, Observation, Tracked, WatchState
+from ckpt_ha.writer_watcher.ports import WatchStateStore, WatchStateUnavailable
 
 SKIP_TOP = {quarantine.TOP}  # quarantined checkpoints' bytes, moved aside
 log = logging.getLogger("ckpt_ha.writer_watcher")
@@ -131,7 +138,7 @@ def _dcp_evidence(store: ObjectStore, folder: str, files: Mapping[str, int]) -> 
     return Evidence(fmt, {**needed, **marker}, step=step, at_least=frozenset(needed))
 
 
-def _tracked_to_json(tracked: Tracked) -> str:
+def tracked_to_json(tracked: Tracked) -> str:
     return json.dumps(
         {
             "checkpoint_id": tracked.checkpoint_id,
@@ -146,7 +153,7 @@ def _tracked_to_json(tracked: Tracked) -> str:
     )
 
 
-def _tracked_from_json(raw: str | bytes) -> Tracked:
+def tracked_from_json(raw: str | bytes) -> Tracked:
     doc = json.loads(raw)
     return Tracked(
         checkpoint_id=str(doc["checkpoint_id"]),
@@ -159,20 +166,38 @@ def _tracked_from_json(raw: str | bytes) -> Tracked:
     )
 
 
-class RedisWatchState:
-    """The watcher's per-folder tracking in one Redis hash, so a restart announces nothing twice.
+def state_key(prefix: str, root_uri: str) -> str:
+    """The hash holding the watch state of the storage root at ``root_uri``."""
+    digest = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
+    return f"{prefix}-watcher:{digest}"
 
-    Key ``<prefix>-watcher:<digest of the storage root's URI>``: one hash per watched root (two
-    watchers on different roots can share a Redis), field = folder, value = the `Tracked` entry
-    as JSON. Beside the registry's ``<prefix>:*`` keys, not among them: a registry rebuild clears
-    those, and this state is not rebuilt from the event log. Only what changed since the last
-    save is written.
+
+def state_keys(prefix: str) -> str:
+    """SCAN pattern for the watch state of every root under ``prefix`` (for cleanup)."""
+    return f"{prefix}-watcher:*"
+
+
+@asynccontextmanager
+async def _available() -> AsyncIterator[None]:
+    try:
+        yield
+    except RedisError as exc:
+        raise WatchStateUnavailable(str(exc)) from exc
+
+
+class RedisWatchState:
+    """The watcher's per-folder tracking in one Redis hash, so a restart announces nothing twice
+    (implements `ports.WatchStateStore`).
+
+    Key `state_key`: one hash per watched root (two watchers on different roots can share a
+    Redis), field = folder, value = the `Tracked` entry as JSON. Beside the registry's
+    ``<prefix>:*`` keys, not among them: a registry rebuild clears those, and this state is not
+    rebuilt from the event log. Only what changed since the last save is written.
     """
 
     def __init__(self, client: aioredis.Redis, prefix: str, root_uri: str) -> None:
         self.r = client
-        digest = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
-        self.key = f"{prefix}-watcher:{digest}"
+        self.key = state_key(prefix, root_uri)
         self._saved: dict[str, Tracked] = {}
 
     @classmethod
@@ -183,12 +208,13 @@ class RedisWatchState:
         await self.r.aclose()
 
     async def load(self) -> WatchState:
-        raw = await self.r.hgetall(self.key)
+        async with _available():
+            raw = await self.r.hgetall(self.key)
         folders: dict[str, Tracked] = {}
         for name, value in raw.items():
             folder = name.decode() if isinstance(name, bytes) else name
             try:
-                folders[folder] = _tracked_from_json(value)
+                folders[folder] = tracked_from_json(value)
             except (ValueError, KeyError, TypeError):
                 log.warning("dropping unreadable watch state for %s", folder)
         self._saved = dict(folders)
@@ -197,17 +223,21 @@ class RedisWatchState:
     async def save(self, state: WatchState) -> None:
         """Write the entries that changed since the last load or save, delete the vanished."""
         changed: dict[Any, Any] = {
-            folder: _tracked_to_json(tracked)
+            folder: tracked_to_json(tracked)
             for folder, tracked in state.folders.items()
             if self._saved.get(folder) != tracked
         }
         gone = [folder for folder in self._saved if folder not in state.folders]
         if not changed and not gone:
             return
-        async with self.r.pipeline(transaction=True) as pipe:
+        async with _available(), self.r.pipeline(transaction=True) as pipe:
             if changed:
                 pipe.hset(self.key, mapping=changed)
             if gone:
                 pipe.hdel(self.key, *gone)
             await pipe.execute()
         self._saved = dict(state.folders)
+
+
+if TYPE_CHECKING:
+    _implements: type[WatchStateStore] = RedisWatchState

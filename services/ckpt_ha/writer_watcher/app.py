@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
+import redis.asyncio as aioredis
 from faststream import FastStream
 
-from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.service import Service, new_service
@@ -29,19 +29,16 @@ NAME = "writer-watcher"
 class WriterWatcher(Service):
     watcher: Watcher
     registry: Registry
-    """Read only, and the connection the watch state shares."""
+    """Read only; shares its Redis client with the watch state (one pool per process)."""
+    state: adapters.RedisWatchState
 
 
 def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatcher:
     base = new_service(NAME, settings)
     store = open_store(settings.storage_root)
-    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
-    state_store = adapters.RedisWatchState(registry.r, settings.registry_prefix, store.uri("x"))
-
-    async def registry_state(checkpoint_id: str) -> CheckpointState | None:
-        record = await registry.get(checkpoint_id)
-        return record.state if record is not None else None
-
+    client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    registry = Registry(client, settings.registry_prefix)
+    state = adapters.RedisWatchState(client, settings.registry_prefix, store.uri("x"))
     svc = WriterWatcher(
         name=NAME,
         bus=base.bus,
@@ -49,13 +46,14 @@ def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatc
         checks={"redis": registry.ping},
         on_stop=registry.close,
         registry=registry,
+        state=state,
         watcher=Watcher(
             store,
             base.bus,
             clock,
             timedelta(seconds=settings.stall_timeout_s),
-            state_store,
-            registry_state,
+            state,
+            registry,
         ),
     )
     svc.finish(

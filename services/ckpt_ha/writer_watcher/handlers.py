@@ -1,4 +1,9 @@
-"""The watcher's loop: list storage, advance the domain state, publish what it decided."""
+"""The watcher's loop: list storage, advance the domain state, publish what it decided.
+
+Fetch (storage listing, watch state, the registry's state of the checkpoints that lost files)
+→ decide (`domain.observe`) → persist (move a lost checkpoint's bytes aside, save the state)
+→ publish. Every dependency is a port (`ckpt_ha.writer_watcher.ports`).
+"""
 
 from __future__ import annotations
 
@@ -6,44 +11,43 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
-from redis.exceptions import RedisError
-
-from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
-from ckpt_ha.core.clock import Clock
 from ckpt_ha.core.errors import TransientError
-from ckpt_ha.storage import ObjectStore, StorageError
+from ckpt_ha.storage import StorageError
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.writer_watcher import adapters, domain, notify
+from ckpt_ha.writer_watcher.ports import (
+    CheckpointLookup,
+    Clock,
+    ObjectStore,
+    Publisher,
+    WatchStateStore,
+)
 
 SOURCE = "ckpt-ha/writer-watcher"
 log = logging.getLogger("ckpt_ha.writer_watcher")
-
-RegistryLookup = Callable[[str], Awaitable[CheckpointState | None]]
-"""The registry's state of one checkpoint (None: unknown). Read only."""
 
 
 class Watcher:
     def __init__(
         self,
         store: ObjectStore,
-        bus: Bus,
+        publisher: Publisher,
         clock: Clock,
         stall_after: timedelta,
-        state_store: adapters.RedisWatchState,
-        registry_state: RegistryLookup,
+        state_store: WatchStateStore,
+        registry: CheckpointLookup,
     ) -> None:
         self.store = store
-        self.bus = bus
+        self.publisher = publisher
         self.clock = clock
         self.stall_after = stall_after
         self.state_store = state_store
-        self.registry_state = registry_state
+        self.registry = registry
         self.storage_trouble: tuple[datetime, str] | None = None
         """When and how storage last failed a scan (classifies stalled writes)."""
         self.state: domain.WatchState | None = None
@@ -59,7 +63,7 @@ class Watcher:
         # is decided (and, with its deterministic id, deduplicated) again on the next pass.
         state = domain.WatchState(dict(self.state.folders))
         asked = domain.needs_registry(state, observations)
-        registered = {cid: await self.registry_state(cid) for cid in asked}
+        registered = {cid: await self._registered(cid) for cid in asked}
         events = domain.observe(
             state, observations, self.clock(), self.stall_after, registered, self.storage_trouble
         )
@@ -75,7 +79,7 @@ class Watcher:
             folder = folders.get(data.subject_key())
             tracked = state.folders.get(folder) if folder is not None else None
             parent = tracked.traceparent if tracked is not None else None
-            sent = await self.bus.publish(
+            sent = await self.publisher.publish(
                 build(data, source=SOURCE, time=self.clock(), key=key, traceparent=parent)
             )
             if tracked is not None and folder is not None and tracked.traceparent is None:
@@ -84,6 +88,10 @@ class Watcher:
         self.state = state
         await self.state_store.save(state)
         return len(events)
+
+    async def _registered(self, checkpoint_id: str) -> CheckpointState | None:
+        record = await self.registry.get(checkpoint_id)
+        return record.state if record is not None else None
 
     async def run(self, interval_s: float, wakeup: notify.Wakeup | None = None) -> None:
         """Scan, then wait for a change notification or the poll interval, forever."""
@@ -94,7 +102,7 @@ class Watcher:
             except StorageError as exc:  # an outage delays detection; it decides nothing
                 log.warning("storage scan failed, retrying: %s", exc)
                 self.storage_trouble = (self.clock(), str(exc)[:200])
-            except (RedisError, TransientError) as exc:
+            except TransientError as exc:
                 log.warning("watch state or registry unavailable, retrying: %s", exc)
             except Exception:  # the loop must outlive any one bad pass
                 log.exception("scan failed, retrying")

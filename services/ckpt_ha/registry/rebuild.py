@@ -1,7 +1,8 @@
 """Rebuild the registry from the event stream (the registry is only a projection of it).
 
-Replays every checkpoint event in stream order through the same `Registry.apply` the live
-registrar uses. Events the live consumer dead-lettered fail here the same way and are skipped;
+Replays every checkpoint event in stream order through the same projection the live registrar
+uses (any `RegistryWriter`: the Redis adapter, or the in-memory fake in tests). Events the live
+consumer dead-lettered fail here the same way and are skipped;
 an event that arrived before the one it depends on (which the live consumer nak'ed and retried)
 is deferred and retried after the rest, as redelivery did.
 """
@@ -16,7 +17,7 @@ from ckpt_ha.contracts import Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.subjects import aggregate_filter
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.lifecycle import IllegalTransition
-from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.registry.port import RegistryWriter
 
 
 @dataclass
@@ -45,7 +46,7 @@ async def read_checkpoint_events(
     return events
 
 
-async def rebuild(registry: Registry, cfg: BusConfig, catalog: EventCatalog) -> RebuildReport:
+async def rebuild(registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalog) -> RebuildReport:
     report = RebuildReport()
     pending = await read_checkpoint_events(cfg, catalog, report)
     while pending:

@@ -1,0 +1,509 @@
+"""The checkpoint registry's record model and its pure projection of the event stream.
+
+Pure: no Redis, no asyncio, no clock. `project` moves one record by one event, `pin` / `own` /
+`tier_record` derive the other facts an event records, and `project_batch` applies a batch of
+events to what a registry read for them: the Redis adapter and the in-memory fake both call it,
+so the registry's semantics (dedupe on the event id, one result per event, an error of one event
+never stopping the others, conflicts at one URI) are written once.
+
+The projection uses only the event's own fields and time, never the local clock, so replaying
+the stream into an empty registry reproduces identical records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+
+from ckpt_ha.contracts import Envelope, EventData
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointDeletedV1,
+    CheckpointExpiredV1,
+    CheckpointFormat,
+    CheckpointIdentity,
+    CheckpointPinnedV1,
+    CheckpointQuarantinedV1,
+    CheckpointReleasedV1,
+    CheckpointState,
+    CheckpointUnpinnedV1,
+    CheckpointVerifiedV1,
+    CheckpointWritingV1,
+    OwnershipTransferredV1,
+    TierChosenV1,
+)
+from ckpt_ha.core.errors import DependencyNotReady, PermanentError, TransientError
+from ckpt_ha.core.lifecycle import DECISIONS, EVENT_TARGETS, Transition, transition
+from ckpt_ha.core.tiers import TIERS
+
+
+class HistoryEntry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    state: CheckpointState
+    at: AwareDatetime
+    event_id: str
+    event_type: str
+    actor: str
+    reason: str | None = None
+
+
+class PinRecord(BaseModel):
+    """Someone (``by``) still needs the checkpoint; retention keeps it while the pin stands."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    by: str
+    reason: str
+    actor: str
+    at: AwareDatetime
+    event_id: str
+
+
+class Expiry(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str
+    policy: str
+    tier: str | None = None
+    grace_until: AwareDatetime | None = None
+    actor: str
+    at: AwareDatetime
+
+
+class Tombstone(BaseModel):
+    """What stays of a deleted checkpoint (R6): with the record's id, URI and checksums, why,
+    under which policy, by whom and when its bytes were removed."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str
+    policy: str | None = None
+    tier: str | None = None
+    actor: str
+    at: AwareDatetime
+    event_id: str
+    objects_deleted: int | None = None
+
+
+class TierRecord(BaseModel):
+    """A recorded, explicit tier choice for a job (R13)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str
+    tier: str
+    actor: str
+    reason: str
+    at: AwareDatetime
+    event_id: str
+
+
+class CheckpointRecord(BaseModel):
+    """What the registry knows of one checkpoint. ``uri`` is display only; identity is the id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    checkpoint_id: str
+    job_id: str
+    run_id: str | None = None
+    step: int | None = None
+    uri: str
+    format: CheckpointFormat = CheckpointFormat.UNKNOWN
+    state: CheckpointState
+    identity: CheckpointIdentity | None = None
+    shard_count: int | None = None
+    total_bytes: int | None = None
+    exact_resume: bool | None = None
+    quarantine_uri: str | None = None
+    """Where the bytes were moved when quarantined (None: tagged in place, or released)."""
+    checksums: dict[str, str] = Field(default_factory=dict)
+    """File → ``algorithm:hex`` as verified (from `CheckpointVerifiedV1.checks`); what a scrub
+    compares the bytes on storage against."""
+    metrics: dict[str, float] = Field(default_factory=dict)
+    """Evaluation metrics the writer declared at commit (keep-best retention ranks them)."""
+    pins: tuple[PinRecord, ...] = ()
+    expiry: Expiry | None = None
+    tombstone: Tombstone | None = None
+    created_at: AwareDatetime
+    updated_at: AwareDatetime
+    history: tuple[HistoryEntry, ...] = ()
+    traceparent: str | None = None
+    """W3C trace context of the checkpoint's trace (from its first event that carried one):
+    what a later transition (scrub, restore, retention), after any restart, continues and links
+    back to."""
+    tracestate: str | None = None
+
+
+class PinRefused(PermanentError):
+    """A pin on a checkpoint that is deleted or not in the registry: nothing may point at it."""
+
+    code = "pin_refused"
+
+    def __init__(self, checkpoint_id: str, why: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        super().__init__(f"checkpoint {checkpoint_id}: pin refused: {why}")
+
+
+def pin(record: CheckpointRecord | None, event: Envelope[EventData]) -> CheckpointRecord:
+    """Pure: a pin or unpin applied to a record. The lifecycle does not move; the history says
+    who did it and why."""
+    data = event.data
+    assert isinstance(data, CheckpointPinnedV1 | CheckpointUnpinnedV1)
+    if record is None:
+        raise PinRefused(data.checkpoint_id, "not in the registry")
+    others = tuple(p for p in record.pins if p.by != data.by)
+    if isinstance(data, CheckpointPinnedV1):
+        if record.state is CheckpointState.DELETED:
+            raise PinRefused(data.checkpoint_id, "it is deleted")
+        pins = (
+            *others,
+            PinRecord(
+                by=data.by, reason=data.reason, actor=data.actor, at=event.time, event_id=event.id
+            ),
+        )
+        what = f"pinned by {data.by}"
+    else:
+        pins = others
+        what = f"unpinned by {data.by}"
+    entry = HistoryEntry(
+        state=record.state,
+        at=event.time,
+        event_id=event.id,
+        event_type=data.EVENT_TYPE,
+        actor=data.actor,
+        reason=f"{what}: {data.reason}",
+    )
+    return record.model_copy(
+        update={"pins": pins, "updated_at": event.time, "history": (*record.history, entry)}
+    )
+
+
+class OwnershipChange(BaseModel):
+    """One entry of a job's ownership log (R5): who moved it, when, from where, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str
+    from_project: str | None
+    to_project: str
+    actor: str
+    at: AwareDatetime
+    reason: str
+    event_id: str
+
+
+@dataclass(frozen=True)
+class Applied:
+    record: CheckpointRecord | None
+    """The record after this event (also for a duplicate, so follow-ups can be re-published)."""
+    transition: Transition | None
+    duplicate: bool
+    """True when this event id was projected before: nothing changed."""
+    owner: str | None = None
+    """The project owning the event's job after this event."""
+    others_at_uri: tuple[str, ...] = ()
+    """For an event that created a record: other checkpoint ids already registered at its URI
+    (a resubmitted job writing the same path). Both stay distinct; a human is told."""
+
+
+class OwnershipMismatch(PermanentError):
+    """A transfer names a previous owner the job does not have (someone moved it meanwhile)."""
+
+    code = "ownership_mismatch"
+
+    def __init__(self, job_id: str, expected: str | None, actual: str | None) -> None:
+        self.job_id = job_id
+        self.expected = expected
+        self.actual = actual
+        super().__init__(
+            f"job {job_id}: transfer expects owner {expected or '<none>'}, "
+            f"but it is owned by {actual or '<none>'}"
+        )
+
+
+def own(
+    owner: str | None, event: Envelope[EventData], record: CheckpointRecord | None
+) -> OwnershipChange | None:
+    """Pure: the ownership change an event makes to its job, if any.
+
+    A job is claimed by the first checkpoint whose identity names a project; after that only an
+    explicit transfer that names the current owner moves it (no silent re-claim).
+    """
+    data = event.data
+    if isinstance(data, OwnershipTransferredV1):
+        if data.from_project != owner:
+            raise OwnershipMismatch(data.job_id, data.from_project, owner)
+        if data.to_project == owner:
+            return None
+        return OwnershipChange(
+            job_id=data.job_id,
+            from_project=owner,
+            to_project=data.to_project,
+            actor=data.actor,
+            at=event.time,
+            reason=data.reason,
+            event_id=event.id,
+        )
+    project = record.identity.project if record and record.identity else None
+    if owner is None and project is not None:
+        return OwnershipChange(
+            job_id=data.job_id,
+            from_project=None,
+            to_project=project,
+            actor=event.source,
+            at=event.time,
+            reason=f"claimed by checkpoint {record.checkpoint_id if record else '?'}",
+            event_id=event.id,
+        )
+    return None
+
+
+class UnknownTierChosen(PermanentError):
+    code = "unknown_tier"
+
+    def __init__(self, job_id: str, tier: str) -> None:
+        self.job_id = job_id
+        self.tier = tier
+        super().__init__(f"job {job_id}: unknown tier {tier!r} (known: {', '.join(TIERS)})")
+
+
+def tier_record(event: Envelope[EventData]) -> TierRecord:
+    """Pure: the recorded tier choice an event makes (refused for a tier not in the table)."""
+    data = event.data
+    assert isinstance(data, TierChosenV1)
+    if data.tier not in TIERS:
+        raise UnknownTierChosen(data.job_id, data.tier)
+    return TierRecord(
+        job_id=data.job_id,
+        tier=data.tier,
+        actor=data.actor,
+        reason=data.reason,
+        at=event.time,
+        event_id=event.id,
+    )
+
+
+def _field(data: EventData, name: str) -> str | None:
+    # Not getattr(): a missing attribute on a pydantic model is a slow exception path.
+    value = data.__dict__.get(name)
+    return value if isinstance(value, str) else None
+
+
+def checksums_from_checks(checks: Iterable[str]) -> dict[str, str]:
+    """The ``file=algorithm:hex`` entries of a verified event's checks, as file → digest.
+
+    Other checks (``sizes``, ``checksums:xxh3_64``) have no ``=`` or no digest after it. A path
+    may hold ``=`` itself; a digest never does, so the last one separates them.
+    """
+    out: dict[str, str] = {}
+    for check in checks:
+        path, sep, digest = check.rpartition("=")
+        algorithm, colon, hexdigest = digest.partition(":")
+        if sep and path and colon and algorithm and hexdigest:
+            out[path] = digest
+    return out
+
+
+def project(
+    record: CheckpointRecord | None, event: Envelope[EventData]
+) -> tuple[CheckpointRecord | None, Transition | None]:
+    """Pure projection of one checkpoint event onto a record (None: the event moves nothing)."""
+    data = event.data
+    if isinstance(data, CheckpointPinnedV1 | CheckpointUnpinnedV1):
+        return pin(record, event), None
+    target = EVENT_TARGETS.get(data.EVENT_TYPE)
+    checkpoint_id: str = getattr(data, "checkpoint_id", "")
+    if target is None:
+        return record, None
+    current = record.state if record is not None else None
+    if current is None and target not in {
+        CheckpointState.WRITING,
+        CheckpointState.PENDING_VERIFICATION,
+        CheckpointState.WRITE_FAILED,
+    }:
+        # E.g. verified delivered before committed: wait for the earlier event.
+        raise DependencyNotReady(f"{data.EVENT_TYPE} for {checkpoint_id}", "its committed event")
+    step = transition(checkpoint_id, current, target, report=data.EVENT_TYPE not in DECISIONS)
+    if not step.changed:
+        if (
+            record is not None
+            and record.identity is None
+            and isinstance(data, CheckpointCommittedV1)
+            and data.identity is not None
+        ):
+            # The watcher and the writer both announce a commit; the one heard second may be the
+            # one that knows the identity (R4). Bind it; the lifecycle does not move.
+            record = record.model_copy(update={"identity": data.identity})
+        return record, step
+    fields: dict[str, Any] = {}
+    if isinstance(data, CheckpointWritingV1 | CheckpointCommittedV1):
+        fields.update(run_id=data.run_id, format=data.format)
+        if data.step is not None:
+            fields["step"] = data.step
+    if isinstance(data, CheckpointCommittedV1):
+        fields.update(shard_count=data.shard_count, total_bytes=data.total_bytes)
+        if data.metrics:
+            fields["metrics"] = dict(data.metrics)
+        if data.identity is not None:
+            fields["identity"] = data.identity
+    if isinstance(data, CheckpointVerifiedV1):
+        fields["exact_resume"] = data.exact_resume
+        fields["checksums"] = checksums_from_checks(data.checks)
+    if isinstance(data, CheckpointQuarantinedV1) and data.quarantine_uri is not None:
+        fields["quarantine_uri"] = data.quarantine_uri
+    if isinstance(data, CheckpointReleasedV1):
+        fields["quarantine_uri"] = None
+    if event.traceparent is not None and (record is None or record.traceparent is None):
+        fields.update(traceparent=event.traceparent, tracestate=event.tracestate)
+
+    if isinstance(data, CheckpointExpiredV1):
+        fields["expiry"] = Expiry(
+            reason=data.reason,
+            policy=data.policy,
+            tier=data.tier,
+            grace_until=data.grace_until,
+            actor=data.actor or event.source,
+            at=event.time,
+        )
+    if isinstance(data, CheckpointDeletedV1):
+        fields["tombstone"] = Tombstone(
+            reason=data.reason,
+            policy=data.policy,
+            tier=data.tier,
+            actor=data.actor,
+            at=event.time,
+            event_id=event.id,
+            objects_deleted=data.objects_deleted,
+        )
+    entry = HistoryEntry(
+        state=target,
+        at=event.time,
+        event_id=event.id,
+        event_type=data.EVENT_TYPE,
+        actor=_field(data, "actor") or event.source,
+        reason=_field(data, "reason"),
+    )
+    if record is None:
+        new = CheckpointRecord(
+            checkpoint_id=checkpoint_id,
+            job_id=data.job_id,
+            uri=getattr(data, "uri", ""),
+            state=target,
+            created_at=event.time,
+            updated_at=event.time,
+            history=(entry,),
+            **fields,
+        )
+    else:
+        new = record.model_copy(
+            update={
+                **fields,
+                "state": target,
+                "updated_at": event.time,
+                "history": (*record.history, entry),
+            }
+        )
+    return new, step
+
+
+def checkpoint_id_of(event: Envelope[EventData]) -> str:
+    """The checkpoint an event concerns ('' for job-level events such as a tier choice)."""
+    return str(getattr(event.data, "checkpoint_id", ""))
+
+
+@dataclass(frozen=True)
+class BatchScope:
+    """What a registry must read before projecting a batch: its records, owners and URIs."""
+
+    checkpoint_ids: list[str]
+    jobs: list[str]
+    uris: list[str]
+
+
+def batch_scope(events: Sequence[Envelope[EventData]]) -> BatchScope:
+    ids = [i for i in dict.fromkeys(checkpoint_id_of(e) for e in events) if i]
+    jobs = list(dict.fromkeys(e.data.job_id for e in events))
+    uris = list(dict.fromkeys(u for e in events if (u := _field(e.data, "uri"))))
+    return BatchScope(ids, jobs, uris)
+
+
+@dataclass
+class BatchOutcome:
+    """What projecting a batch decided: one result per event, and what to write."""
+
+    results: list[Applied | Exception]
+    fresh: list[str] = field(default_factory=list)
+    """Event ids applied for the first time (to record as applied)."""
+    records: dict[str, CheckpointRecord] = field(default_factory=dict)
+    """Records that changed (checkpoint id → new record)."""
+    changes: list[OwnershipChange] = field(default_factory=list)
+    tiers: list[TierRecord] = field(default_factory=list)
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.fresh or self.records)
+
+
+def project_batch(
+    events: Sequence[Envelope[EventData]],
+    seen: Sequence[bool],
+    records: Mapping[str, CheckpointRecord | None],
+    owners: Mapping[str, str | None],
+    ids_at_uri: Mapping[str, Iterable[str]],
+) -> BatchOutcome:
+    """Project ``events`` in order onto what the registry read for them (`batch_scope`).
+
+    ``seen[i]`` says event i's id was applied before (a duplicate: nothing changes, but the
+    result carries the record, owner and, for a redelivered creator, its URI conflict again so
+    follow-ups can be re-published). An event that raises a `PermanentError` or
+    `TransientError` gets that error as its result; the others still apply.
+    """
+    before = dict(records)
+    current = dict(records)
+    owned = dict(owners)
+    at_uri = {u: set(ids) for u, ids in ids_at_uri.items()}
+    out = BatchOutcome(results=[])
+    for event, was_seen in zip(events, seen, strict=True):
+        cid = checkpoint_id_of(event)
+        job = event.data.job_id
+        if was_seen or event.id in out.fresh:
+            record = current.get(cid)
+            others: tuple[str, ...] = ()
+            if record is not None and record.history[0].event_id == event.id:
+                # Redelivered creator: re-derive its conflict (the publish may be lost).
+                others = tuple(sorted(at_uri.get(record.uri, set()) - {cid}))
+            out.results.append(
+                Applied(record, None, duplicate=True, owner=owned.get(job), others_at_uri=others)
+            )
+            continue
+        try:
+            old = current.get(cid)
+            new, step = project(old, event) if cid else (None, None)
+            change = own(owned.get(job), event, new)
+            if isinstance(event.data, TierChosenV1):
+                out.tiers.append(tier_record(event))
+        except (PermanentError, TransientError) as exc:
+            out.results.append(exc)
+            continue
+        others = ()
+        if cid:
+            current[cid] = new
+            if old is None and new is not None:
+                ids = at_uri.setdefault(new.uri, set())
+                others = tuple(sorted(ids - {cid}))
+                ids.add(cid)
+        if change is not None:
+            out.changes.append(change)
+            owned[job] = change.to_project
+        out.fresh.append(event.id)
+        out.results.append(
+            Applied(new, step, duplicate=False, owner=owned.get(job), others_at_uri=others)
+        )
+    out.records = {
+        cid: new for cid, new in current.items() if new is not None and new is not before.get(cid)
+    }
+    return out

@@ -1,0 +1,18 @@
+"""What the integrity-checker's handlers and scrub depend on: ports, never Redis or NATS classes.
+
+* ``store``: the storage root it verifies and quarantines in (`ObjectStore`);
+* ``publisher``: where verdicts go (`Publisher`, deduplicated on the event id);
+* ``registry``: read only. The handlers ask one checkpoint's record (`CheckpointLookup`: is it
+  decided already, did the registrar apply this release); the scrub lists the valid ones
+  (`CheckpointReader`). The registrar alone writes the registry;
+* ``clock``: injected time (`Clock`).
+"""
+
+from __future__ import annotations
+
+from ckpt_ha.bus.port import Publisher
+from ckpt_ha.core.clock import Clock
+from ckpt_ha.registry.port import CheckpointLookup, CheckpointReader
+from ckpt_ha.storage.port import ObjectStore
+
+__all__ = ["CheckpointLookup", "CheckpointReader", "Clock", "ObjectStore", "Publisher"]

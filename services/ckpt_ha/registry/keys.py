@@ -1,0 +1,110 @@
+"""THE key layout of the checkpoint registry in Redis. Nothing else formats these keys.
+
+All keys live under one prefix, so tests and stacks can share a Redis:
+
+* ``<p>:ckpt:<id>``       JSON `CheckpointRecord` (state, identity, history, pins, tombstone)
+* ``<p>:job:<job>``       sorted set of checkpoint ids by step (-1: no step known)
+* ``<p>:state:<state>``   set of checkpoint ids in that state
+* ``<p>:uri:<uri>``       set of checkpoint ids ever written at that location (display only: a
+  resubmitted job writing the same path gets a new checkpoint id)
+* ``<p>:jobs``            set of job ids
+* ``<p>:applied``         set of event ids already projected (dedupe)
+* ``<p>:owner:<job>``     the project that owns a job's checkpoints (R5)
+* ``<p>:project:<proj>``  set of job ids the project owns
+* ``<p>:owner-log:<job>`` list of ownership changes (JSON `OwnershipChange`), oldest first
+* ``<p>:tier:<job>``      JSON `TierRecord`: the job's latest explicitly chosen tier (R13)
+* ``<p>:tier-log:<job>``  list of tier choices (JSON `TierRecord`), oldest first
+* ``<p>:tier-declared:<job>`` the tier the job's latest ``job.started`` declared
+* ``<p>:reconcile-log``   list of unregistered storage objects deleted by ``reconcile --delete``
+
+The first eleven are a projection of the checkpoint stream (`REBUILT`): a rebuild clears and
+replays them. The declared tiers and the reconcile log are not in the stream and survive a
+rebuild, as does every key under the prefix that another owner keeps there (the restore
+coordinator's state and pins).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ckpt_ha.contracts.checkpoint import CheckpointState
+
+REBUILT = (
+    "ckpt:",
+    "job:",
+    "state:",
+    "uri:",
+    "jobs",
+    "applied",
+    "owner:",
+    "project:",
+    "owner-log:",
+    "tier:",
+    "tier-log:",
+)
+"""Key spaces (after ``<p>:``) that are a projection of the checkpoint stream."""
+
+
+@dataclass(frozen=True)
+class RegistryKeys:
+    """The registry's keys under one prefix."""
+
+    prefix: str
+
+    def _k(self, *parts: str) -> str:
+        return ":".join((self.prefix, *parts))
+
+    def checkpoint(self, checkpoint_id: str) -> str:
+        return self._k("ckpt", checkpoint_id)
+
+    def job(self, job_id: str) -> str:
+        return self._k("job", job_id)
+
+    def state(self, state: CheckpointState | str) -> str:
+        return self._k("state", state.value if isinstance(state, CheckpointState) else state)
+
+    def uri(self, uri: str) -> str:
+        return self._k("uri", uri)
+
+    @property
+    def jobs(self) -> str:
+        return self._k("jobs")
+
+    @property
+    def applied(self) -> str:
+        return self._k("applied")
+
+    def owner(self, job_id: str) -> str:
+        return self._k("owner", job_id)
+
+    def project(self, project: str) -> str:
+        return self._k("project", project)
+
+    def owner_log(self, job_id: str) -> str:
+        return self._k("owner-log", job_id)
+
+    def tier(self, job_id: str) -> str:
+        return self._k("tier", job_id)
+
+    def tier_log(self, job_id: str) -> str:
+        return self._k("tier-log", job_id)
+
+    def tier_declared(self, job_id: str) -> str:
+        return self._k("tier-declared", job_id)
+
+    @property
+    def reconcile_log(self) -> str:
+        return self._k("reconcile-log")
+
+    @property
+    def everything(self) -> str:
+        """SCAN pattern for every key under the prefix (the registry's and its neighbours')."""
+        return f"{self.prefix}:*"
+
+    def is_rebuilt(self, key: str) -> bool:
+        """Whether ``key`` belongs to a key space the checkpoint stream rebuilds."""
+        rest = key.removeprefix(f"{self.prefix}:")
+        if rest == key:
+            return False
+        return any(rest == space if ":" not in space else rest.startswith(space)
+                   for space in REBUILT)  # fmt: skip

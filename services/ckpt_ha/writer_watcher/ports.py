@@ -1,0 +1,54 @@
+"""What the writer-watcher's loop depends on: narrow ports, never a concrete Redis or NATS class.
+
+* ``store``: the storage root it lists (`ObjectStore`), and moves a lost checkpoint's remaining
+  bytes aside in;
+* ``publisher``: where its events go (`Publisher`, deduplicated on the event id);
+* ``registry``: read only, one lookup (`CheckpointLookup`): whether a committed checkpoint that
+  lost files was verified already (then it is corrupt, else the write failed);
+* ``state``: its own memory of what it announced per folder (`WatchStateStore`), so a restart
+  announces nothing twice; the service's own key space (`adapters.RedisWatchState` owns it);
+* ``clock``: injected time (`Clock`).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ckpt_ha.bus.port import Publisher
+from ckpt_ha.core.clock import Clock
+from ckpt_ha.core.errors import TransientError
+from ckpt_ha.registry.port import CheckpointLookup
+from ckpt_ha.storage.port import ObjectStore
+from ckpt_ha.writer_watcher.domain import WatchState
+
+__all__ = [
+    "CheckpointLookup",
+    "Clock",
+    "ObjectStore",
+    "Publisher",
+    "WatchStateStore",
+    "WatchStateUnavailable",
+]
+
+
+class WatchStateUnavailable(TransientError):
+    """The watch state could not be read or written; the pass is retried, nothing decided."""
+
+    code = "watch_state_unavailable"
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+        super().__init__(f"watch state unavailable: {reason}")
+
+
+class WatchStateStore(Protocol):
+    """The watcher's per-folder tracking for one storage root.
+
+    Invariant: what `save` stored, a later `load` (also by a new instance after a restart, on
+    the same root) returns; folders absent from a saved state are gone; another root's state is
+    separate. Failures raise `WatchStateUnavailable`.
+    """
+
+    async def load(self) -> WatchState: ...
+
+    async def save(self, state: WatchState) -> None: ...
