@@ -1,6 +1,8 @@
 """Shared fixtures: the real NATS and Redis, and uniquely named streams, subjects and keys.
 
-A missing service fails the test (never skips): under CI a skip would hide a broken set-up.
+NATS and Redis are found through ``NATS_URL`` / ``REDIS_URL`` (``scripts/test`` exports them,
+pointing at private servers it started when nothing listened on 4222 / 6379). A missing service
+fails the test (never skips): under CI a skip would hide a broken set-up.
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ def _require(url: str, what: str) -> None:
         with socket.create_connection((parsed.hostname, parsed.port), timeout=2):
             return
     except OSError as exc:
-        pytest.fail(f"{what} is required at {url} and is not reachable ({exc}); see .ci/run")
+        pytest.fail(
+            f"{what} is required at {url} and is not reachable ({exc}); run the tests through "
+            "scripts/test, which starts private NATS and Redis when none answer"
+        )
 
 
 @pytest.fixture

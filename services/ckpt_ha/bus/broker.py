@@ -19,27 +19,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import inspect
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
-import nats.errors
-from faststream import AckPolicy, Context
-from faststream._internal.middlewares import BaseMiddleware
+from faststream import AckPolicy, BaseMiddleware, Context
 from faststream.message import StreamMessage
 from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.message import NatsBatchMessage, NatsMessage
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsUserPassword
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import DeliverPolicy, StorageType
 from pydantic import ValidationError
 
+from ckpt_ha.bus import compat
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData, build
 from ckpt_ha.contracts.errors import ContractError
@@ -237,7 +233,7 @@ async def _keep_alive(raws: Sequence[Msg], interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
             for raw in raws:
-                if not raw._ackd:
+                if not raw.is_acked:
                     await raw.in_progress()
 
 
@@ -310,45 +306,11 @@ class _Broker(NatsBroker):
         await super().stop(*args, **kwargs)
 
 
-Fetch = Callable[..., Awaitable[list[Msg]]]
-
-
-def nats_timeouts(fetch: Fetch) -> Fetch:
-    """``fetch`` raising only `nats.errors.TimeoutError` for a timeout, never a bare one.
-
-    nats-py's fetch raises a bare `asyncio.TimeoutError` when its deadline passes between its
-    two pull requests, while faststream's batch loop catches only the nats error. The bare one
-    escapes, faststream restarts the loop, and the messages already gathered for that batch are
-    dropped unacked: JetStream redelivers them only after ``ack_wait``, behind later events, so
-    e.g. a checkpoint's ``committed`` arrives after its ``verified`` and is dead-lettered as an
-    illegal transition. The nats error subclasses the asyncio one, so other callers see no change.
-    """
-
-    @functools.wraps(fetch)
-    async def wrapped(*args: Any, **kwargs: Any) -> list[Msg]:
-        try:
-            return await fetch(*args, **kwargs)
-        except nats.errors.TimeoutError:
-            raise
-        except TimeoutError as exc:
-            raise nats.errors.TimeoutError from exc
-
-    wrapped.ckpt_nats_timeouts = True  # type: ignore[attr-defined]
-    return wrapped
-
-
-def _install_nats_timeouts() -> None:
-    """Idempotent; done when a Bus is built rather than at import (no import-time effects)."""
-    pull = JetStreamContext.PullSubscription
-    if not getattr(pull.fetch, "ckpt_nats_timeouts", False):
-        pull.fetch = nats_timeouts(pull.fetch)  # type: ignore[method-assign,assignment]
-
-
 class Bus:
     """One service's view of the event bus: its broker, its consumers, its publisher."""
 
     def __init__(self, cfg: BusConfig, service: str, catalog: EventCatalog = CATALOG) -> None:
-        _install_nats_timeouts()
+        compat.install_nats_fetch_timeouts()
         self.cfg = cfg
         self.service = service
         self.catalog = catalog
@@ -459,14 +421,7 @@ class Bus:
             on_batch.__name__ = handler.__name__
             if payload is not None:
                 # Documentation only: the decoder yields None; each body is decoded above.
-                batch_type: Any = list[payload] | None
-                sig = inspect.signature(on_batch)
-                on_batch.__signature__ = sig.replace(  # type: ignore[attr-defined]
-                    parameters=[
-                        sig.parameters["message"],
-                        sig.parameters["body"].replace(annotation=batch_type),
-                    ]
-                )
+                compat.document_payload(on_batch, "body", list[payload] | None)
             self.broker.subscriber(
                 filter_subject,
                 stream=self.events,

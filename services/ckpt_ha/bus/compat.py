@@ -1,0 +1,86 @@
+"""Workarounds for upstream bugs and gaps, in one place.
+
+Each one says what the upstream library does wrong, in which version it was seen, and when the
+workaround can go. Each has a test in ``tests/unit/test_compat.py`` that exercises the upstream
+library *without* the workaround and asserts the problem is still there: when an upgrade fixes
+it, that test fails, and the workaround (and its test) should be deleted.
+
+Nothing here runs at import time: a workaround that patches a library is installed by the code
+that needs it (`install_nats_fetch_timeouts` when a `Bus` is built).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import nats.errors
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+__all__ = ["document_payload", "install_nats_fetch_timeouts", "nats_timeouts"]
+
+Fetch = Callable[..., Awaitable[list[Msg]]]
+
+_MARK = "ckpt_nats_timeouts"
+
+
+def nats_timeouts(fetch: Fetch) -> Fetch:
+    """``fetch`` raising only `nats.errors.TimeoutError` for a timeout, never a bare one.
+
+    Upstream (seen in nats-py 2.16.0 with faststream 0.7.8): nats-py's
+    ``PullSubscription.fetch`` with ``batch > 1`` raises a bare `asyncio.TimeoutError` when its
+    deadline passes between its two pull requests (``raise asyncio.TimeoutError`` in
+    ``_fetch_n``), while faststream's batch loop (``BatchPullStreamSubscriber._consume_pull``,
+    which keeps fetching with ever smaller timeouts) catches only the nats error. The bare one
+    escapes, faststream restarts the loop, and the messages already gathered for that batch are
+    dropped unacked: JetStream redelivers them only after ``ack_wait``, behind later events, so
+    e.g. a checkpoint's ``committed`` arrives after its ``verified`` and is dead-lettered as an
+    illegal transition. The nats error subclasses the asyncio one, so other callers see no change.
+
+    Remove when nats-py raises only its own error from fetch, or faststream's batch loop
+    catches the builtin `TimeoutError` (``test_compat`` fails on either).
+    """
+
+    @functools.wraps(fetch)
+    async def wrapped(*args: Any, **kwargs: Any) -> list[Msg]:
+        try:
+            return await fetch(*args, **kwargs)
+        except nats.errors.TimeoutError:
+            raise
+        except TimeoutError as exc:
+            raise nats.errors.TimeoutError from exc
+
+    setattr(wrapped, _MARK, True)
+    return wrapped
+
+
+def install_nats_fetch_timeouts() -> None:
+    """Wrap ``JetStreamContext.PullSubscription.fetch`` with `nats_timeouts`. Idempotent."""
+    pull = JetStreamContext.PullSubscription
+    if not getattr(pull.fetch, _MARK, False):
+        pull.fetch = nats_timeouts(pull.fetch)  # type: ignore[method-assign,assignment]
+
+
+def document_payload(handler: Callable[..., Any], parameter: str, annotation: Any) -> None:
+    """Make faststream's AsyncAPI document show ``annotation`` as the payload of ``handler``.
+
+    Upstream gap (faststream 0.7.8): a subscriber's documented message type comes only from
+    the annotation of its handler's body parameter; ``subscriber()`` has no argument for it.
+    A batch handler whose decoder yields nothing (each body is decoded by the bus) still has to
+    document what one message is, and that type is only known at run time, so the handler's
+    ``__signature__`` is rewritten with ``annotation`` on ``parameter`` (the other parameters
+    and the code are untouched; faststream calls the handler with the same arguments).
+
+    Remove when faststream's ``subscriber()`` takes the documented payload type as an argument.
+    """
+    sig = inspect.signature(handler)
+    params = [
+        p.replace(annotation=annotation) if name == parameter else p
+        for name, p in sig.parameters.items()
+    ]
+    if parameter not in sig.parameters:
+        raise ValueError(f"{handler.__name__} has no parameter {parameter!r}")
+    handler.__signature__ = sig.replace(parameters=params)  # type: ignore[attr-defined]

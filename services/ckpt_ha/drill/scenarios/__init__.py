@@ -1,0 +1,34 @@
+"""The drill scenarios, one module each, in the order ``ckpt-ha drill --scenario all`` runs them.
+
+A scenario module has ``NAME`` (its ``--scenario`` value), ``FAULT`` (the one variable it
+changes), ``EXPECTED_ALERT`` (the page it must raise, or None) and ``async def run(drill)``
+returning its JSON result.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from ckpt_ha.drill.harness import Drill
+from ckpt_ha.drill.scenarios import (
+    corrupt_checkpoint,
+    env_mismatch,
+    node_exit,
+    restart_loop,
+    storage_outage,
+)
+
+_MODULES = (node_exit, storage_outage, corrupt_checkpoint, restart_loop, env_mismatch)
+
+SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
+    m.NAME: m.run for m in _MODULES
+}
+FAULTS: dict[str, str] = {m.NAME: m.FAULT for m in _MODULES}
+"""The one variable each drill changes; everything else is the baseline."""
+EXPECTED_ALERTS: dict[str, str] = {
+    m.NAME: m.EXPECTED_ALERT for m in _MODULES if m.EXPECTED_ALERT is not None
+}
+"""The page each scenario must raise (checked when the stack runs Prometheus)."""
+
+__all__ = ["EXPECTED_ALERTS", "FAULTS", "SCENARIOS"]

@@ -1,0 +1,172 @@
+"""Storage outage: the storage root goes away during a checkpoint write and during a restore."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from ckpt_ha.contracts import Envelope, EventData
+from ckpt_ha.drill.assess import assess_restore
+from ckpt_ha.drill.harness import (
+    Drill,
+    DrillFailed,
+    policy,
+    progress_at_least,
+    resumed_after,
+    valid_count,
+)
+from ckpt_ha.registry.redis_registry import Registry
+
+NAME = "storage-outage"
+FAULT = "the storage root is unavailable during a checkpoint write and a restore"
+"""The one variable this drill changes; everything else is the baseline."""
+EXPECTED_ALERT: str | None = None
+"""The page this drill must raise (checked when the stack runs Prometheus)."""
+
+
+def _fs_root(storage_root: str) -> Path:
+    if "://" in storage_root and not storage_root.startswith("file://"):
+        raise DrillFailed(
+            f"storage-outage takes a filesystem storage root away; this stack uses {storage_root}"
+        )
+    return Path(storage_root.removeprefix("file://"))
+
+
+def _unmount(root: Path) -> Path:
+    """Storage unavailable, as when its volume is unmounted: the root is moved away (the stores
+    answer `StorageUnavailable` and create nothing in its place)."""
+    away = root.with_name(f"{root.name}.outage")
+    os.rename(root, away)
+    return away
+
+
+async def run(drill: Drill) -> dict[str, Any]:
+    """Storage goes away twice: in the middle of a checkpoint write (the job trains on), and
+    while the job is being restored after it died. No fake-complete checkpoint may appear, the
+    interrupted write must be blamed on the infrastructure, the restore must wait for storage
+    within its limits and resume from the last valid checkpoint, and the job must finish."""
+    registry = Registry.from_url(drill.state.redis_url)
+    root = _fs_root(drill.state.storage_root)
+    away: Path | None = None
+    outage_write, outage_restore = 8.0, 5.0  # the write's longer than the stall timeout (5 s)
+    try:
+        drill.launch(
+            policy(),
+            ["--steps", "130", "--checkpoint-every", "10", "--sleep-per-step", "0.1",
+             "--slow-save", "1.5"],
+            {"CKPT_HA_RESTORE_STORAGE_WAIT_S": "30"},
+        )  # fmt: skip
+        valid = await drill.until(lambda: valid_count(drill, registry, 1), "a valid checkpoint")
+        since = datetime.now(UTC)
+
+        async def mid_write() -> str | None:
+            events = await drill.events()
+            writing = [e.data.__dict__.get("checkpoint_id") for e in events
+                       if e.type.endswith("checkpoint.writing.v1") and e.time > since]  # fmt: skip
+            done = {e.data.__dict__.get("checkpoint_id") for e in events
+                    if e.type.endswith("checkpoint.committed.v1")}  # fmt: skip
+            pending = [c for c in writing if c not in done]
+            return pending[-1] if pending else None
+
+        hit = await drill.until(mid_write, "a checkpoint being written", every=0.05)
+        away = _unmount(root)
+        write_fault = drill.fault(f"storage unavailable for {outage_write:g} s during the write "
+                                  f"of {hit}")  # fmt: skip
+        await asyncio.sleep(outage_write)
+        os.rename(away, root)
+        away = None
+        drill.progress("storage back")
+
+        async def failed_write() -> list[Envelope[EventData]] | None:
+            return [e for e in await drill.events() if e.type.endswith("checkpoint.write_failed.v1")
+                    and e.data.__dict__.get("checkpoint_id") == hit] or None  # fmt: skip
+
+        await drill.until(failed_write, "the interrupted write to be declared failed")
+        before = len(await valid_count(drill, registry, 1) or [])
+        valid = await drill.until(lambda: valid_count(drill, registry, before + 1),
+                                  "a new valid checkpoint after the outage")  # fmt: skip
+        # A few steps past it, so the resumed run recomputes steps the first attempt reported.
+        newest = max(r.step or 0 for r in valid)
+        await drill.until(lambda: progress_at_least(drill, newest + 3), "training to go on")
+        restore_fault = await drill.kill_training()
+        away = _unmount(root)
+        drill.fault(f"storage unavailable for {outage_restore:g} s during the restore")
+        await asyncio.sleep(outage_restore)
+        os.rename(away, root)
+        away = None
+        back = datetime.now(UTC)
+        drill.progress("storage back")
+        await drill.until(lambda: resumed_after(drill, restore_fault), "the resume verdict")
+        code = await drill.wait_exit()
+        events = await drill.events()
+        hit_record = await registry.get(hit)
+        records = await drill.records(registry)
+    finally:
+        if away is not None:
+            os.rename(away, root)
+        drill.stop()
+        await registry.close()
+    write_phase = assess_restore("storage-outage/write", [e for e in events
+                                 if e.time < restore_fault], drill.job, write_fault)  # fmt: skip
+    restore_phase = assess_restore("storage-outage/restore", events, drill.job, restore_fault)
+    mine = [e for e in events if e.data.job_id == drill.job]
+
+    def about(kind: str, cid: str | None = None) -> list[Envelope[EventData]]:
+        return [e for e in mine if e.type.endswith(kind)
+                and (cid is None or e.data.__dict__.get("checkpoint_id") == cid)]  # fmt: skip
+
+    write_failed = about("checkpoint.write_failed.v1", hit)
+    faked = about("checkpoint.committed.v1", hit) + about("checkpoint.registered.v1", hit)
+    failed_jobs = [e for e in about("job.failed.v1") if write_fault <= e.time < restore_fault]
+    loaded = [e for e in about("resume.loaded.v1") if e.time >= restore_fault]
+    load_failed = [e for e in about("resume.load_failed.v1") if e.time >= restore_fault]
+    quarantined = about("checkpoint.quarantined.v1")
+    progress_during = [
+        e
+        for e in about("job.progress.v1")
+        if write_fault <= e.time < write_fault + timedelta(seconds=outage_write)
+    ]
+    last_valid = restore_phase.last_valid_checkpoint
+    result = {**restore_phase.to_json(), "scenario": "storage-outage"}
+    result["phases"] = [write_phase.to_json(), restore_phase.to_json()]
+    # The write phase has no restore: its levels are about the restore after the second outage.
+    result["phases"][0]["verdict"] = "n/a"
+    result["interrupted_write"] = {
+        "checkpoint_id": hit,
+        "state": hit_record.state.value if hit_record else None,
+        "write_failed": [{"event_id": e.id, "side": str(e.data.__dict__.get("side")),
+                          "reason": e.data.__dict__.get("reason")} for e in write_failed],
+        "committed_or_registered": [e.id for e in faked],
+    }  # fmt: skip
+    result["restore_wait"] = {
+        "storage_back": back.isoformat(),
+        "loaded": [{"event_id": e.id, "time": e.time.isoformat(), "checkpoint_id":
+                    e.data.__dict__.get("checkpoint_id")} for e in loaded],
+        "load_failed": [e.id for e in load_failed],
+        "quarantined": [e.data.__dict__.get("checkpoint_id") for e in quarantined],
+    }  # fmt: skip
+    result["valid_checkpoints"] = sorted(r.step or 0 for r in records if r.state.value == "valid")
+    result["job"], result["job_exit_code"] = drill.job, code
+    side_ok = any(
+        w["side"] == "infrastructure" for w in result["interrupted_write"]["write_failed"]
+    )
+    checks = {
+        "no fake-complete checkpoint: the interrupted write was never committed or registered":
+            not faked and (hit_record is None or hit_record.state.value != "valid"),
+        "the interrupted write was declared failed on the infrastructure side": side_ok,
+        "the job trained on through the write outage (no failure, progress reported)":
+            not failed_jobs and bool(progress_during),
+        "the restore waited for storage and loaded after it came back":
+            bool(loaded) and loaded[0].time >= back and not load_failed,
+        "the restore used the last valid checkpoint": restore_phase.restored_from == last_valid,
+        "no checkpoint was quarantined because of the outage": not quarantined,
+        "the job finished": code == 0,
+    }  # fmt: skip
+    result["checks"] = checks
+    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
+    ok = restore_phase.verdict == "pass" and all(checks.values())
+    result["verdict"] = "pass" if ok else "fail"
+    return result

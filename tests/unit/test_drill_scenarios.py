@@ -1,0 +1,39 @@
+"""The drill scenarios, one module each: the registry the CLI and `drill.run` read."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from ckpt_ha.cli.main import UsageError, build_parser
+from ckpt_ha.drill import scenarios
+from ckpt_ha.drill.scenarios import EXPECTED_ALERTS, FAULTS, SCENARIOS
+
+
+def test_every_cli_scenario_has_a_module_in_the_order_all_runs_them() -> None:
+    names = ["node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop", "env-mismatch"]
+    assert list(SCENARIOS) == names
+    assert list(FAULTS) == names
+    args = build_parser().parse_args(["drill", "--scenario", "all"])
+    assert args.scenario == "all"
+    for name in names:
+        assert build_parser().parse_args(["drill", "--scenario", name]).scenario == name
+    with pytest.raises(UsageError, match="invalid choice"):
+        build_parser().parse_args(["drill", "--scenario", "no-such-drill"])
+
+
+def test_each_scenario_module_declares_its_name_fault_alert_and_run() -> None:
+    modules = [scenarios.node_exit, scenarios.storage_outage, scenarios.corrupt_checkpoint,
+               scenarios.restart_loop, scenarios.env_mismatch]  # fmt: skip
+    for module in modules:
+        assert SCENARIOS[module.NAME] is module.run
+        assert inspect.iscoroutinefunction(module.run)
+        assert FAULTS[module.NAME] == module.FAULT
+        assert module.FAULT
+        assert module.__doc__
+
+
+def test_pages_expected_per_scenario() -> None:
+    assert EXPECTED_ALERTS == {"corrupt-checkpoint": "CheckpointCorrupt",
+                               "restart-loop": "RestartLoop"}  # fmt: skip
