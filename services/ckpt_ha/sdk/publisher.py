@@ -248,8 +248,11 @@ class ProgressPublisher:
                 user=self.bus.user,
                 password=self.bus.password,
                 connect_timeout=self.bus.timeout_s,
+                # One try now; retrying is this publisher's back-off (nats-py reads 0 attempts
+                # as "retry the first connect forever").
                 allow_reconnect=False,
-                max_reconnect_attempts=0,
+                max_reconnect_attempts=1,
+                reconnect_time_wait=0,
                 error_cb=quiet,
                 name="ckpt-ha-sdk-progress",
             )
