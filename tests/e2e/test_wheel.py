@@ -50,12 +50,14 @@ def _run(
 
 
 def _clean_env(**extra: str) -> dict[str, str]:
-    """The environment without anything that points into the checkout or at a shared stack."""
+    """The environment without anything that points into the checkout or at a shared stack
+    (a Prometheus binary given by ``scripts/test`` is kept: `up` then evaluates the installed
+    alert rules)."""
     drop = ("PYTHONPATH", "VIRTUAL_ENV", "NATS_URL", "REDIS_URL", "PYTHONHOME")
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in drop and not k.startswith(("CKPT_HA_", "OTEL_"))
+        if k not in drop and (k == "CKPT_HA_PROMETHEUS" or not k.startswith(("CKPT_HA_", "OTEL_")))
     }
     return {**env, **extra}
 
@@ -204,6 +206,10 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
     assert {r["name"] for r in rows} >= {"nats", "redis", "registrar", "integrity-checker"}
     assert all(r["healthy"] for r in rows)
     state = json.loads((stack_home / "stack.json").read_text())
+    if os.environ.get("CKPT_HA_PROMETHEUS"):  # as under scripts/test: the alerts are loaded
+        assert "prometheus" in {r["name"] for r in rows}
+        config = json.loads((stack_home / "prometheus" / "prometheus.yml").read_text())
+        assert config["rule_files"] == [files["alerts"]]
 
     # The SDK of this install saves into the stack's storage and announces on its broker; the
     # installed services verify and register the checkpoint.
