@@ -82,3 +82,25 @@ saved = sdk.save({str(tmp_path / "ckpts")!r}, "job-v", 1, {{"w": np.ones(2)}}, r
 assert main(["verify", {str(tmp_path / "ckpts" / "job-v" / "step-00000001")!r}]) == 0
 """
     assert loaded_after(code, tmp_path) == []
+
+
+def test_without_opentelemetry_loaded_a_checkpoint_gets_a_fresh_trace(tmp_path: Path) -> None:
+    code = """
+from ckpt_ha.sdk.protocol import trace_context
+a, b = trace_context(), trace_context()
+assert a != b and a.startswith("00-") and a.endswith("-01") and len(a) == 55, (a, b)
+"""
+    assert loaded_after(code, tmp_path) == []
+
+
+def test_inside_the_training_codes_span_a_checkpoint_joins_its_trace() -> None:
+    """Where the training code traces (OpenTelemetry is loaded), its current span is used."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from ckpt_ha.sdk.protocol import trace_context
+    from ckpt_ha.telemetry import tracing
+
+    with TracerProvider().get_tracer("training").start_as_current_span("step") as span:
+        inside = trace_context()
+    assert tracing.trace_id_of(inside) == format(span.get_span_context().trace_id, "032x")
+    assert not tracing.same_trace(trace_context(), inside)  # outside it: a fresh trace
