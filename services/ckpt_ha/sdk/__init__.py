@@ -16,6 +16,13 @@ down the save still succeeds, and the watcher announces the checkpoint from stor
 `load()` reads a checkpoint back, checking each shard's size and checksum against the manifest
 as it reads, and rebuilds the state (torch tensors when torch is installed, numpy otherwise).
 Nothing is pickled either way.
+
+`progress()` reports a training step without waiting for the bus: one background publisher per
+bus and process sends the reports over one connection (`ckpt_ha.sdk.publisher`).
+
+Importing the SDK loads no server-side library (faststream, redis, boto3, OpenTelemetry, ...):
+boto3 is imported when an ``s3://`` root is opened, OpenTelemetry only if the training code uses
+it already.
 """
 
 from __future__ import annotations
@@ -50,8 +57,10 @@ from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.paths import inside, join
+from ckpt_ha.sdk import publisher as background
 from ckpt_ha.sdk import state as codec
 from ckpt_ha.sdk.protocol import BadContext, Bus, Context, context, trace_context, try_announce
+from ckpt_ha.sdk.publisher import PublisherStats
 from ckpt_ha.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState, UnsupportedState
 from ckpt_ha.storage import ObjectNotFound, ObjectStore, StorageError, open_store
 
@@ -64,14 +73,17 @@ __all__ = [
     "Context",
     "Loaded",
     "NeedsTorch",
+    "PublisherStats",
     "ResumeFailed",
     "Resumed",
     "Saved",
     "UnsupportedState",
     "context",
     "fingerprint",
+    "flush_progress",
     "load",
     "progress",
+    "progress_stats",
     "resume",
     "save",
 ]
@@ -474,15 +486,22 @@ def progress(
 ) -> bool:
     """Report one training step (``job.progress``; with the plan id on a resumed attempt).
 
-    Also writes the step to the runner's progress file, so a failure report carries the last
-    step even when the bus is down. Best effort: returns whether the event was published.
-    Outside a runner it does nothing.
+    Never waits for the bus: the report is queued for this process's background publisher
+    (one connection per bus, opened on the first report) and sent from there; when the queue
+    is full the oldest queued report is dropped, counted (`progress_stats`) and reported in the
+    next published one. Also writes the step to the runner's progress file, so a failure report
+    carries the last step even when the bus is down.
+
+    Returns whether the report was queued without pushing an older one out: False outside a
+    runner (nothing is reported), without a bus, or when the queue was full.
     """
     ctx = ctx if ctx is not None else context()
     if ctx is None:
         return False
     if ctx.progress_file is not None:
         _write_progress(ctx.progress_file, step)
+    if ctx.bus is None:
+        return False
     event = JobProgressV1(
         job_id=ctx.job_id,
         run_id=ctx.run_id,
@@ -494,7 +513,22 @@ def progress(
         plan_id=ctx.plan.plan_id if ctx.plan is not None else None,
     )
     key = f"job.progress|{ctx.job_id}|{ctx.run_id}|{ctx.attempt}|{step}"
-    return try_announce(ctx.bus, event, utc_now(), key)
+    return background.publisher_for(ctx.bus).submit(event, utc_now(), key)
+
+
+def progress_stats(bus: Bus | None = None) -> PublisherStats | None:
+    """What the progress publisher of ``bus`` (default: this attempt's) has published, dropped
+    and still holds; None when it has not been used in this process."""
+    if bus is None:
+        ctx = context()
+        bus = ctx.bus if ctx is not None else None
+    return background.stats_for(bus) if bus is not None else None
+
+
+def flush_progress(timeout_s: float = 5.0) -> bool:
+    """Wait up to ``timeout_s`` until the queued progress reports are published (True if all
+    were). Runs at exit by itself; returns at once while the bus is known to be down."""
+    return background.flush_all(timeout_s)
 
 
 def _write_progress(path: str, step: int) -> None:

@@ -6,8 +6,11 @@ A runner (`ckpt-ha run`, or a Kubernetes / Slurm adapter) launches the training 
 (the plan as JSON) plus ``CKPT_HA_RESTORE_URI`` / ``CKPT_HA_RESTORE_STEP`` / ``CKPT_HA_PLAN_ID``.
 `context()` reads them once; outside a runner it returns None and the SDK behaves as before.
 
-Publishing is best effort: a bus that is down costs one failed connect, then announcements are
-skipped for `Bus.retry_after_s` so a training loop that reports every step is not slowed down.
+Publishing is best effort. A checkpoint's and a resume's announcements (`try_announce`) are
+published before the call returns, on a short-lived connection; a bus that is down costs one
+failed connect, then they are skipped for `Bus.retry_after_s`. Per-step progress reports go
+through one background publisher per bus instead (`ckpt_ha.sdk.publisher`), so a training step
+never waits for the bus.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from ckpt_ha.contracts import EventData, build
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.contracts.subjects import DEFAULT_PREFIX, event_subject
-from ckpt_ha.telemetry import tracing
+from ckpt_ha.telemetry import traceparent as w3c
 
 log = logging.getLogger("ckpt_ha.sdk")
 M = TypeVar("M", ResumePlannedV1, RuntimeEnvironment, Topology)
@@ -72,7 +75,10 @@ class Bus:
     user: str | None = None
     password: str | None = field(default=None, repr=False)
     retry_after_s: float = 30.0
-    """After a failed announcement, skip announcing on this bus for this long."""
+    """After a failed announcement, skip announcing on this bus for this long (and the progress
+    publisher's longest wait between two connect attempts)."""
+    progress_queue: int = 1024
+    """How many progress reports may wait for the bus; beyond that the oldest is dropped."""
 
 
 @dataclass(frozen=True)
@@ -196,18 +202,25 @@ def _run_blocking(make: Callable[[], Coroutine[Any, Any, None]], timeout_s: floa
 def trace_context() -> str:
     """The ``traceparent`` a checkpoint's events carry: the training code's current span when
     it traces with OpenTelemetry, else a fresh trace id (the services' spans then form the trace;
-    the SDK itself records no spans)."""
-    current = tracing.current_traceparent()
-    return current[0] if current is not None else tracing.new_traceparent()
+    the SDK itself records no spans, and imports OpenTelemetry only if the training code has)."""
+    return w3c.current_or_new()
+
+
+def envelope_bytes(
+    data: EventData, time_: datetime, key: str, traceparent: str | None = None
+) -> tuple[bytes, dict[str, str]]:
+    """The SDK's envelope for ``data`` and its NATS headers (JetStream dedupe id, trace)."""
+    envelope = build(data, source=SOURCE, time=time_, key=key, traceparent=traceparent)
+    headers = {"Nats-Msg-Id": envelope.id}
+    if traceparent is not None:
+        headers["traceparent"] = traceparent
+    return envelope.to_bytes(), headers
 
 
 async def _announce(
     bus: Bus, data: EventData, time_: datetime, key: str, traceparent: str | None = None
 ) -> None:
-    envelope = build(data, source=SOURCE, time=time_, key=key, traceparent=traceparent)
-    headers = {"Nats-Msg-Id": envelope.id}
-    if traceparent is not None:
-        headers["traceparent"] = traceparent
+    body, headers = envelope_bytes(data, time_, key, traceparent)
     nc = await nats.connect(
         bus.url,
         user=bus.user,
@@ -219,7 +232,7 @@ async def _announce(
     try:
         await nc.jetstream().publish(
             event_subject(bus.prefix, data.EVENT_TYPE, data.EVENT_VERSION, data.job_id),
-            envelope.to_bytes(),
+            body,
             timeout=bus.timeout_s,
             headers=headers,
         )

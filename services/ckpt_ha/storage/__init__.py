@@ -1,9 +1,14 @@
-"""Checkpoint storage: the ObjectStore port, its filesystem and S3 backends, and `open_store`."""
+"""Checkpoint storage: the ObjectStore port, its filesystem and S3 backends, and `open_store`.
+
+The S3 backend (and boto3 with it) is imported only when it is used: an `s3://` root is opened,
+or `S3Store` / `S3Options` is imported from here. A training process on a filesystem needs no
+boto3 (it is the `s3` extra).
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Unpack
+from typing import TYPE_CHECKING, Any, Unpack
 from urllib.parse import unquote, urlsplit
 
 from ckpt_ha.storage.errors import (
@@ -23,13 +28,16 @@ from ckpt_ha.storage.port import (
     validate_key,
     validate_prefix,
 )
-from ckpt_ha.storage.s3_store import S3Options, S3Store
+
+if TYPE_CHECKING:
+    from ckpt_ha.storage.s3_store import S3Options, S3Store
 
 __all__ = [
     "FsStore",
     "InvalidKey",
     "InvalidMetadata",
     "ListPage",
+    "NeedsS3Extra",
     "ObjectExists",
     "ObjectInfo",
     "ObjectNotFound",
@@ -46,6 +54,38 @@ __all__ = [
 ]
 
 
+class NeedsS3Extra(ImportError):
+    """An `s3://` root was opened where boto3 is not installed."""
+
+    def __init__(self, missing: str) -> None:
+        super().__init__(
+            f"s3:// storage needs {missing}, which is not installed: pip install 'ckpt-ha[s3]'",
+            name=missing,
+        )
+
+
+def _s3_store() -> type[S3Store]:
+    try:
+        from ckpt_ha.storage.s3_store import S3Store
+    except ModuleNotFoundError as exc:
+        if exc.name is None or exc.name.split(".")[0] not in ("boto3", "botocore"):
+            raise
+        raise NeedsS3Extra(exc.name.split(".")[0]) from exc
+    return S3Store
+
+
+def __getattr__(name: str) -> Any:
+    """`S3Store` and `S3Options`, imported on first use (PEP 562)."""
+    if name == "S3Store":
+        return _s3_store()
+    if name == "S3Options":
+        _s3_store()
+        from ckpt_ha.storage.s3_store import S3Options
+
+        return S3Options
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def open_store(uri_root: str, **s3_options: Unpack[S3Options]) -> ObjectStore:
     """The store for `s3://bucket/prefix`, `file:///abs/path` or a plain path.
 
@@ -54,7 +94,7 @@ def open_store(uri_root: str, **s3_options: Unpack[S3Options]) -> ObjectStore:
     """
     parts = urlsplit(uri_root)
     if parts.scheme == "s3":
-        return S3Store(parts.netloc, parts.path, **s3_options)
+        return _s3_store()(parts.netloc, parts.path, **s3_options)
     if parts.scheme not in ("", "file"):
         raise ValueError(f"unsupported storage URI scheme {parts.scheme!r} in {uri_root!r}")
     given = sorted(name for name, value in s3_options.items() if value is not None)

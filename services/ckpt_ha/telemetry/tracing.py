@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +26,9 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+# Re-exported: defined once, in the module the training SDK can import without OpenTelemetry.
+from ckpt_ha.telemetry.traceparent import new_traceparent as new_traceparent
 
 TRACER_NAME = "ckpt_ha"
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -132,15 +134,6 @@ def traceparent_of(ctx: Context | None = None) -> tuple[str, str | None] | None:
 
 def current_traceparent() -> tuple[str, str | None] | None:
     return traceparent_of(None)
-
-
-def new_traceparent() -> str:
-    """A fresh sampled root context, for a process that records no spans itself (the SDK)."""
-    trace_id = secrets.token_hex(16)
-    span_id = secrets.token_hex(8)
-    if int(trace_id, 16) == 0 or int(span_id, 16) == 0:  # pragma: no cover - 2^-64
-        return new_traceparent()
-    return f"00-{trace_id}-{span_id}-01"
 
 
 def trace_id_of(traceparent: str | None) -> str | None:
