@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_ha.cli import actions
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointConflictV1,
@@ -13,6 +12,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointState,
     OwnershipTransferredV1,
 )
+from ckpt_ha.ops import actions
 from ckpt_ha.registrar.domain import follow_ups
 from ckpt_ha.registry.redis_registry import (
     Applied,
