@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ckpt_ha.registry.redis_registry import CheckpointRecord
+if TYPE_CHECKING:
+    from ckpt_ha.registry.redis_registry import CheckpointRecord
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
