@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import pytest
 from pydantic import ValidationError
 
+from ckpt_ha.cli.asyncapi_gen import main as asyncapi_check
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData, build, derive_event_id
 from ckpt_ha.contracts.errors import (
     EventTooLarge,
@@ -22,7 +23,6 @@ from ckpt_ha.contracts.errors import (
 )
 from ckpt_ha.contracts.schema_gen import main as schema_check
 from ckpt_ha.contracts.subjects import event_filter, event_subject, job_from_token, job_token
-from ckpt_ha.runtime.asyncapi_gen import main as asyncapi_check
 
 NOW = datetime(2026, 11, 29, 10, 0, tzinfo=UTC)
 
@@ -214,7 +214,7 @@ def test_committed_json_schemas_match_the_models() -> None:
 
 
 def test_committed_asyncapi_matches_the_service_apps() -> None:
-    assert asyncapi_check(["--check"]) == 0, "run: python -m ckpt_ha.runtime.asyncapi_gen"
+    assert asyncapi_check(["--check"]) == 0, "run: python -m ckpt_ha.cli.asyncapi_gen"
 
 
 @pytest.mark.parametrize("service", ["registrar", "writer-watcher"])

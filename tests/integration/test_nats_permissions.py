@@ -14,11 +14,11 @@ from pydantic import SecretStr
 
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.permissions import CONF, PRINCIPALS, env_password, main, render
+from ckpt_ha.cli.serve import entries
 from ckpt_ha.contracts.subjects import event_subject
 from ckpt_ha.devstack import procs
 from ckpt_ha.registrar.app import Registrar, build
 from ckpt_ha.registrar.settings import RegistrarSettings
-from ckpt_ha.runtime.catalog import entries
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.events import committed, verified

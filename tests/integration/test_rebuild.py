@@ -10,9 +10,9 @@ import pytest
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG
 from ckpt_ha.contracts.subjects import event_subject
+from ckpt_ha.ops.rebuild import rebuild
 from ckpt_ha.registrar.app import build
 from ckpt_ha.registrar.settings import RegistrarSettings
-from ckpt_ha.registry.rebuild import rebuild
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import publish_raw, wait_for
 from tests.support.events import committed, deleted, expired, verified

@@ -17,8 +17,8 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
+from ckpt_ha.ops.rebuild import rebuild
 from ckpt_ha.registrar.app import Registrar
-from ckpt_ha.registry.rebuild import rebuild
 from ckpt_ha.registry.redis_registry import CheckpointRecord
 from ckpt_ha.restore_coordinator.adapters import CoordinatorState, Decision, PlanRecord, Started
 from ckpt_ha.restore_coordinator.domain import Pin

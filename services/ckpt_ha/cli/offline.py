@@ -1,17 +1,17 @@
-"""The offline `ckpt-ha` commands: a verdict from the files alone, no NATS, Redis or services.
+"""The offline `ckpt-ha` commands, `verify` and `latest-valid`: a verdict from the files alone, no
+NATS, Redis or services.
 
 They need only the base install (no `server` extra), so a training image or a laptop with the
-light SDK can still check a checkpoint folder.
+light SDK can still check a checkpoint folder: this module imports nothing server-side.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+
+from ckpt_ha.cli import render
 
 
 def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
@@ -23,7 +23,7 @@ def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
         return 2
     report = verify_path(args.path, args.checksum)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        print(render.dumps(report.to_json()))
     else:
         step = "-" if report.step is None else report.step
         verdict, fmt = report.verdict.value.upper(), report.format.value
@@ -37,42 +37,26 @@ def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
 
 def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     """Exit 0 when a valid checkpoint exists, 1 when none does, 2 for a missing root."""
-    from ckpt_ha.formats import latest_valid
-    from ckpt_ha.storage import FsStore
+    from ckpt_ha.ops.offline import newest_valid
 
     if not args.root.is_dir():
         print(f"ckpt-ha: {args.root}: not a directory", file=sys.stderr)
         return 2
-    chosen, reports = latest_valid(FsStore(args.root))
-    rejected: list[dict[str, Any]] = []
-    for folder, report in reports:
-        if folder == chosen:
-            break
-        rejected.append(
-            {"path": str(args.root / folder), "step": report.step,
-             "verdict": report.verdict.value, "reasons": report.reasons[:5]}
-        )  # fmt: skip
-    chosen_report = dict(reports).get(chosen) if chosen else None
+    found = newest_valid(args.root)
     if args.json:
         doc = {
-            "path": str(args.root / chosen) if chosen else None,
-            "step": chosen_report.step if chosen_report else None,
-            "format": chosen_report.format.value if chosen_report else None,
-            "rejected": rejected,
+            "path": str(found.path) if found.path is not None else None,
+            "step": found.report.step if found.report else None,
+            "format": found.report.format.value if found.report else None,
+            "rejected": [r.to_json() for r in found.rejected],
         }
-        print(json.dumps(doc, indent=2))
+        print(render.dumps(doc))
     else:
-        for r in rejected:
-            why = r["reasons"][0] if r["reasons"] else ""
-            print(f"rejected  {r['path']}  step={r['step']}  {r['verdict']}: {why}")
-        if chosen_report is not None:
-            print(f"LATEST VALID  {args.root / str(chosen)}  step={chosen_report.step}")
+        for r in found.rejected:
+            why = r.report.reasons[0] if r.report.reasons else ""
+            print(f"rejected  {r.path}  step={r.report.step}  {r.report.verdict.value}: {why}")
+        if found.report is not None:
+            print(f"LATEST VALID  {found.path}  step={found.report.step}")
         else:
             print(f"no valid checkpoint under {args.root}")
-    return 0 if chosen else 1
-
-
-COMMANDS: dict[str, Callable[[argparse.Namespace, dict[str, str], Path], int]] = {
-    "verify": cmd_verify,
-    "latest-valid": cmd_latest_valid,
-}
+    return 0 if found.path is not None else 1

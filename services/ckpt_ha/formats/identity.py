@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from datetime import datetime
 
-from ckpt_ha.storage import ObjectStore
+from ckpt_ha.storage.port import ObjectStore
 
 
 def checkpoint_id(folder: str, first_written: datetime) -> str:

@@ -1,68 +1,10 @@
-"""The five services by name: how `ckpt-ha serve NAME` finds a composition root."""
+"""The five services by name: the plain list the local stack starts and `ckpt-ha serve` accepts.
+
+Names only, so that anything may read it without importing a service; which composition root
+each name runs is `ckpt_ha.cli.serve`.
+"""
 
 from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the CLI imports this module for the names alone: keep it light
-    from faststream import FastStream
-
-    from ckpt_ha.runtime.service import Service
-    from ckpt_ha.runtime.settings import ServiceSettings
-
-
-@dataclass(frozen=True)
-class ServiceEntry:
-    name: str
-    settings: type[ServiceSettings]
-    build: Callable[[ServiceSettings], Service]
-    asyncapi_app: Callable[[], FastStream]
-
-
-def entries() -> dict[str, ServiceEntry]:
-    from ckpt_ha.integrity_checker import app as integrity_checker
-    from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
-    from ckpt_ha.registrar import app as registrar
-    from ckpt_ha.registrar.settings import RegistrarSettings
-    from ckpt_ha.restore_coordinator import app as restore_coordinator
-    from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
-    from ckpt_ha.retention_janitor import app as retention_janitor
-    from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
-    from ckpt_ha.writer_watcher import app as writer_watcher
-    from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
-
-    table: list[tuple[str, type[ServiceSettings], Callable[..., Service], Callable[[], FastStream]]]
-    table = [
-        (
-            writer_watcher.NAME,
-            WriterWatcherSettings,
-            writer_watcher.build,
-            writer_watcher.asyncapi_app,
-        ),
-        (
-            integrity_checker.NAME,
-            IntegrityCheckerSettings,
-            integrity_checker.build,
-            integrity_checker.asyncapi_app,
-        ),
-        (registrar.NAME, RegistrarSettings, registrar.build, registrar.asyncapi_app),
-        (
-            restore_coordinator.NAME,
-            RestoreCoordinatorSettings,
-            restore_coordinator.build,
-            restore_coordinator.asyncapi_app,
-        ),
-        (
-            retention_janitor.NAME,
-            RetentionJanitorSettings,
-            retention_janitor.build,
-            retention_janitor.asyncapi_app,
-        ),
-    ]
-    return {name: ServiceEntry(name, s, b, a) for name, s, b, a in table}
-
 
 SERVICE_NAMES = (
     "writer-watcher",

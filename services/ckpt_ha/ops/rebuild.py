@@ -1,5 +1,8 @@
 """Rebuild the registry from the event stream (the registry is only a projection of it).
 
+An operation (not part of the registry package): it reads the bus, which sits above the
+registry in the import layers.
+
 Replays every checkpoint event in stream order through the same projection the live registrar
 uses (any `RegistryWriter`: the Redis adapter, or the in-memory fake in tests). Events the live
 consumer dead-lettered fail here the same way and are skipped;
@@ -13,11 +16,13 @@ from dataclasses import dataclass, field
 
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import read_events
-from ckpt_ha.contracts import Envelope, EventCatalog, EventData
+from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.subjects import aggregate_filter
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.ops.errors import RegistryNotEmpty
 from ckpt_ha.registry.port import RegistryWriter
+from ckpt_ha.registry.redis_registry import Registry
 
 
 @dataclass
@@ -70,3 +75,13 @@ async def rebuild(registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalo
             break
         pending = deferred
     return report
+
+
+async def rebuild_registry(
+    registry: Registry, bus: BusConfig, *, clear: bool, catalog: EventCatalog = CATALOG
+) -> RebuildReport:
+    if await registry.dump():
+        if not clear:
+            raise RegistryNotEmpty
+        await registry.clear()
+    return await rebuild(registry, bus, catalog)

@@ -1,6 +1,6 @@
 """Manual actions on the registry (quarantine, release, ownership transfer, pins, tiers): what
-an operator may do, decided from what the registry holds. Pure: the command publishes what these
-return.
+an operator may do, decided from what the registry holds. Pure: the operations in
+`ckpt_ha.ops.checkpoints`, `.owners` and `.tiers` publish what these return.
 
 Every manual action is an event carrying its actor and reason; the registrar records it in the
 checkpoint's history (or the job's ownership log) with the event's time, so nothing a human did is
@@ -22,10 +22,11 @@ from ckpt_ha.contracts.checkpoint import (
 )
 from ckpt_ha.core.lifecycle import TRANSITIONS
 from ckpt_ha.core.tiers import TIERS, TierChoice
+from ckpt_ha.ops.errors import OperationFailed
 from ckpt_ha.registry.redis_registry import CheckpointRecord
 
 
-class ActionRefused(Exception):
+class ActionRefused(OperationFailed):
     """The registry's state does not allow the action; the message says why and what to do."""
 
 

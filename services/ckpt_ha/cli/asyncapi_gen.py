@@ -1,6 +1,6 @@
 """Generate the committed AsyncAPI documents from the service apps.
 
-``python -m ckpt_ha.runtime.asyncapi_gen [--check]`` writes the package data
+``python -m ckpt_ha.cli.asyncapi_gen [--check]`` writes the package data
 ``ckpt_ha/contracts/asyncapi/<service>.json``; the same documents come from
 ``faststream docs gen --factory ckpt_ha.<svc>.app:asyncapi_app``.
 """
@@ -12,7 +12,7 @@ import sys
 from importlib.resources import files
 from pathlib import Path
 
-from ckpt_ha.runtime.catalog import entries
+from ckpt_ha.cli.serve import entries
 
 ASYNCAPI_DIR = Path(str(files("ckpt_ha.contracts") / "asyncapi"))
 

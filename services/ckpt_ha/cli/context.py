@@ -1,0 +1,138 @@
+"""What every command composes from: the settings (pointed at the local stack unless told
+otherwise), the registry and a publisher for one command, who is acting, and the one place that
+turns an unreachable dependency into a one-line failure.
+
+Commands import what only they need (faststream, boto3) inside their module, so that the
+read-only commands an operator runs at 3 a.m. start fast."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from ckpt_ha.cli.errors import CommandError, Handler
+from ckpt_ha.runtime.settings import ServiceSettings
+
+__all__ = ["CommandError", "Handler"]
+
+if TYPE_CHECKING:
+    from ckpt_ha.bus.broker import Bus
+    from ckpt_ha.contracts import Envelope, EventData
+    from ckpt_ha.registry.redis_registry import Registry
+
+T = TypeVar("T")
+
+
+def settings(env: Mapping[str, str], home: Path) -> ServiceSettings:
+    """Shared settings, pointed at the local stack when NATS_URL / REDIS_URL are not set."""
+    from ckpt_ha.devstack import stack
+
+    overrides: dict[str, Any] = {}
+    state = stack.StackState.load(home)
+    if state is not None:
+        if not env.get("NATS_URL"):
+            overrides["nats_url"] = state.nats_url
+        if not env.get("REDIS_URL"):
+            overrides["redis_url"] = state.redis_url
+        if not env.get("CKPT_HA_STORAGE_ROOT"):
+            overrides["storage_root"] = state.storage_root
+    return ServiceSettings(**overrides)
+
+
+def run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
+    """Run one command's I/O; an unreachable Redis or NATS is one line (exit 1)."""
+    import nats.errors
+    import redis.exceptions
+
+    from ckpt_ha.registry.port import RegistryUnavailable
+
+    try:
+        return asyncio.run(coro())  # type: ignore[arg-type]
+    except (
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        RegistryUnavailable,
+    ) as exc:
+        raise CommandError(f"cannot reach Redis at {settings.redis_url}: {exc}") from None
+    except (nats.errors.NoServersError, nats.errors.TimeoutError, OSError) as exc:
+        raise CommandError(f"cannot reach NATS at {settings.nats_url}: {exc!r}") from None
+
+
+@asynccontextmanager
+async def registry(settings: ServiceSettings) -> AsyncIterator[Registry]:
+    from ckpt_ha.registry.redis_registry import Registry
+
+    reg = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    try:
+        yield reg
+    finally:
+        await reg.close()
+
+
+class LazyPublisher:
+    """The command's `Publisher`: connects to NATS on the first publish only, so an action the
+    registry refuses never needs the broker."""
+
+    def __init__(self, settings: ServiceSettings, service: str) -> None:
+        self._settings = settings
+        self._service = service
+        self._bus: Bus | None = None
+
+    async def _started(self) -> Bus:
+        if self._bus is None:
+            from ckpt_ha.bus.broker import Bus
+
+            bus = Bus(self._settings.bus(), self._service)
+            await bus.broker.start()
+            self._bus = bus
+        return self._bus
+
+    async def publish(self, event: Envelope[EventData]) -> Envelope[EventData]:
+        return await (await self._started()).publish(event)
+
+    async def publish_caused_by(
+        self,
+        cause: Envelope[EventData],
+        datas: Sequence[EventData],
+        *,
+        source: str,
+        time: datetime,
+    ) -> None:
+        bus = await self._started()
+        await bus.publish_caused_by(cause, datas, source=source, time=time)
+
+    async def close(self) -> None:
+        if self._bus is not None:
+            bus, self._bus = self._bus, None
+            await bus.broker.stop()
+
+
+@asynccontextmanager
+async def publisher(
+    settings: ServiceSettings, service: str = "cli"
+) -> AsyncIterator[LazyPublisher]:
+    pub = LazyPublisher(settings, service)
+    try:
+        yield pub
+    finally:
+        await pub.close()
+
+
+def actor(args: argparse.Namespace, env: Mapping[str, str]) -> str:
+    """Who acts: ``--actor``, else $CKPT_HA_ACTOR, else the login name; recorded with the act."""
+    import getpass
+
+    who = args.actor or env.get("CKPT_HA_ACTOR") or env.get("USER") or env.get("LOGNAME")
+    if not who:
+        try:
+            who = getpass.getuser()
+        except (OSError, KeyError):
+            who = None
+    if not who:
+        raise CommandError("who is acting? pass --actor NAME (or set CKPT_HA_ACTOR)")
+    return str(who)

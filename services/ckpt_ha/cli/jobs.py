@@ -1,0 +1,88 @@
+"""`ckpt-ha run` (a training command under the runner: relaunched from the restore-coordinator's
+plan on failure) and `ckpt-ha drill` (a fault injected into a real job, recovery proven)."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from ckpt_ha.cli import context
+from ckpt_ha.cli.context import CommandError
+
+
+def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Run the training command under the embedded adapter (`ckpt_ha.runner`)."""
+    from uuid import uuid4
+
+    from pydantic import ValidationError
+
+    from ckpt_ha.contracts.job import JobPolicy
+    from ckpt_ha.runner.adapter import LocalProcess
+    from ckpt_ha.runner.runner import LaunchFailed, Runner, RunSpec, state_dir
+
+    command = tuple(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+    if not command:
+        raise CommandError("no training command: ckpt-ha run --job J [options] -- COMMAND ...")
+    if shutil.which(command[0]) is None:
+        raise CommandError(f"cannot start {command[0]!r}: not found or not executable")
+    if args.max_attempts is not None and args.max_attempts < 1:
+        raise CommandError("--max-attempts must be >= 1")
+    if args.world_size < 1:
+        raise CommandError("--world-size must be >= 1")
+    policy = JobPolicy(tier=args.tier)
+    if args.policy is not None:
+        try:
+            policy = JobPolicy.model_validate_json(args.policy.read_bytes())
+        except OSError as exc:
+            raise CommandError(f"cannot read --policy {args.policy}: {exc.strerror}") from None
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(document)"
+            raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
+    settings = context.settings(env, home)
+    run_id = args.run_id or f"run-{uuid4().hex[:12]}"
+    spec = RunSpec(
+        job_id=args.job,
+        run_id=run_id,
+        command=command,
+        storage_root=settings.storage_root,
+        state_dir=state_dir(home, args.job, run_id),
+        policy=policy,
+        plan_timeout_s=args.plan_timeout,
+        max_attempts=args.max_attempts,
+        world_size=args.world_size,
+        code_version=args.code_version or env.get("CKPT_HA_CODE_VERSION") or None,
+        image=env.get("CKPT_HA_IMAGE") or None,
+    )
+    runner = Runner(spec, settings.bus(), LocalProcess(), base_env=env)
+    try:
+        return context.run(settings, runner.run)
+    except LaunchFailed as exc:
+        raise CommandError(str(exc)) from None
+
+
+def cmd_drill(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.drill import run as drill
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    result = drill.run(args.scenario, home, env, log, budget_s=args.budget)
+    results = result if isinstance(result, list) else [result]
+    if args.report:
+        from ckpt_ha.drill import report
+
+        folder = Path(args.report)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in report.files(result).items():
+            (folder / name).write_text(text, encoding="utf-8")
+        log(f"report: {folder / 'report.html'} (also report.md, report.json)")
+    if args.json:
+        print(drill.as_json(result))
+    else:
+        print("\n\n".join(drill.as_text(r) for r in results))
+        if args.report:
+            print(f"\nreport: {Path(args.report) / 'report.html'}")
+    return 0 if all(r["verdict"] == "pass" for r in results) else 1

@@ -1,0 +1,61 @@
+"""`ckpt-ha registry rebuild` and `dead-letters`: the registry replaced from the event log, and
+what the services could not process."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ckpt_ha.cli import context, render
+
+
+def cmd_registry_rebuild(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops.rebuild import RebuildReport, rebuild_registry
+
+    settings = context.settings(env, home)
+
+    async def run() -> RebuildReport:
+        async with context.registry(settings) as registry:
+            return await rebuild_registry(registry, settings.bus(), clear=args.clear)
+
+    report = context.run(settings, run)
+    skipped = ", ".join(f"{k}={v}" for k, v in sorted(report.skipped.items())) or "none"
+    print(
+        f"read {report.read} checkpoint events: applied {report.applied}, "
+        f"duplicates {report.duplicates}, skipped {skipped}"
+    )
+    return 0
+
+
+def cmd_dead_letters(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    import nats
+
+    from ckpt_ha.ops import dead_letters
+
+    settings = context.settings(env, home)
+
+    async def read() -> list[dead_letters.DeadLetter]:
+        nc = await nats.connect(settings.nats_url, connect_timeout=3, max_reconnect_attempts=1)
+        try:
+            return await dead_letters.newest(
+                nc.jetstream(), settings.dead_letter_stream, args.limit
+            )
+        finally:
+            await nc.close()
+
+    letters = context.run(settings, read)
+    if args.json:
+        print(render.dumps([d.to_json() for d in letters]))
+    elif not letters:
+        print("no dead letters")
+    else:
+        print(
+            render.table(
+                ["SEQ", "CONSUMER", "CODE", "DELIVERIES", "SUBJECT", "ERROR"],
+                [
+                    (d.seq, d.consumer, d.code, d.deliveries, d.subject, str(d.error)[:80])
+                    for d in letters
+                ],
+            )
+        )
+    return 0

@@ -1,0 +1,154 @@
+"""`ckpt-ha audit`, `reconcile` and `retention plan`: what was removed or kept and why, storage
+the registry does not know, and what the janitor would do now (R6, R11, R13)."""
+
+from __future__ import annotations
+
+import argparse
+from datetime import UTC, datetime
+from pathlib import Path
+
+from ckpt_ha.cli import context, render
+from ckpt_ha.cli.context import CommandError
+
+
+def cmd_audit(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import audit
+
+    settings = context.settings(env, home)
+
+    async def query() -> audit.Audit:
+        async with context.registry(settings) as registry:
+            return await audit.audit(registry, job_id=args.job, checkpoint_id=args.checkpoint)
+
+    found = context.run(settings, query)
+    records, cleaned = found.records, found.cleaned
+    if args.json:
+        doc = {
+            "checkpoints": [
+                {
+                    "checkpoint_id": r.checkpoint_id,
+                    "job_id": r.job_id,
+                    "state": r.state.value,
+                    "uri": r.uri,
+                    "checksums": r.checksums,
+                    "tombstone": r.tombstone.model_dump(mode="json") if r.tombstone else None,
+                    "expiry": r.expiry.model_dump(mode="json") if r.expiry else None,
+                    "pins": [p.model_dump(mode="json") for p in r.pins],
+                    "events": [h.model_dump(mode="json") for h in audit.events(r)],
+                }
+                for r in records
+            ],
+            "unregistered_objects_deleted": cleaned,
+        }
+        print(render.dumps(doc))
+        return 0
+    if not records and not cleaned:
+        print("nothing recorded: no checkpoint was expired, deleted, pinned or quarantined")
+        return 0
+    rows = [
+        (h.at.isoformat(), r.checkpoint_id, r.job_id, h.event_type.removeprefix("checkpoint."),
+         h.actor, h.reason or "")
+        for r in records
+        for h in audit.events(r)
+    ]  # fmt: skip
+    print(render.table(["AT", "CHECKPOINT", "JOB", "ACTION", "ACTOR", "REASON"], sorted(rows)))
+    for r in records:
+        if r.tombstone is None:
+            continue
+        t = r.tombstone
+        print(
+            f"\ntombstone {r.checkpoint_id}: {r.uri} deleted {t.at.isoformat()} by {t.actor}"
+            f" ({t.objects_deleted if t.objects_deleted is not None else '?'} objects);"
+            f" policy {t.policy or '-'}; reason: {t.reason}"
+        )
+        for path, digest in sorted(r.checksums.items()):
+            print(f"  {path}  {digest}")
+    if cleaned:
+        print("\nunregistered storage objects deleted by `ckpt-ha reconcile --delete`:")
+        print(
+            render.table(
+                ["AT", "KEY", "BYTES", "ACTOR", "REASON"],
+                [(c["at"], c["key"], c["size"], c["actor"], c["reason"]) for c in cleaned],
+            )
+        )
+    return 0
+
+
+def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Exit 0: nothing unknown (or all of it deleted); 1: unknown objects remain."""
+    from ckpt_ha.core.clock import utc_now
+    from ckpt_ha.ops import reconcile
+    from ckpt_ha.ops.errors import ListingFailed
+    from ckpt_ha.storage import open_store
+
+    if args.delete and not args.reason:
+        raise CommandError("--delete needs --reason (it is recorded with every deletion)")
+    settings = context.settings(env, home)
+    order = reconcile.Deletion(context.actor(args, env), args.reason) if args.delete else None
+    store = open_store(settings.storage_root)
+
+    async def act() -> reconcile.Reconciliation:
+        async with context.registry(settings) as registry:
+            return await reconcile.reconcile(
+                registry, store, clock=utc_now, min_age_s=args.min_age, delete=order
+            )
+
+    try:
+        result = context.run(settings, act)
+    except ListingFailed as exc:
+        msg = f"listing {settings.storage_root} failed, nothing done: {exc.error}"
+        raise CommandError(msg) from None
+    found = result.unknown
+    if args.json:
+        print(render.dumps({"unknown": [o.to_json() for o in found], "deleted": result.deleted}))
+    elif not found:
+        print(f"every object under {settings.storage_root} belongs to a registered checkpoint")
+    else:
+        print(
+            render.table(
+                ["KEY", "BYTES", "MTIME", "STATUS"],
+                [
+                    (o.key, o.size, o.mtime.isoformat(),
+                     "deleted" if o.deleted
+                     else "unknown" if o.old_enough else "unknown (too young to delete)")
+                    for o in found
+                ],
+            )
+        )  # fmt: skip
+        if args.delete:
+            print(f"deleted {result.deleted} object(s); recorded (see `ckpt-ha audit`)")
+        else:
+            print("unknown to the registry; delete with `ckpt-ha reconcile --delete --reason ...`")
+    return 0 if result.clean else 1
+
+
+def cmd_plan(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import retention
+    from ckpt_ha.retention_janitor.domain import Decision
+
+    settings = context.settings(env, home)
+
+    async def query() -> list[Decision]:
+        async with context.registry(settings) as registry:
+            return await retention.plan(registry, now=datetime.now(UTC), job_id=args.job)
+
+    decisions = context.run(settings, query)
+    if args.json:
+        print(render.dumps([d.to_json() for d in decisions]))
+        return 0
+    shown = decisions if args.all else retention.notable(decisions)
+    if not shown:
+        print("nothing to expire or delete; nothing kept only by a protection")
+        return 0
+    print(
+        render.table(
+            ["JOB", "CHECKPOINT", "STEP", "STATE", "TIER", "ACTION", "PROTECTED BY", "WHY"],
+            [
+                (d.job_id, d.checkpoint_id, "-" if d.step is None else d.step, d.state.value,
+                 d.tier, d.action.value.upper(),
+                 ", ".join(p.describe() for p in d.protected_by) or "-", d.reason)
+                for d in shown
+            ],
+        )
+    )  # fmt: skip
+    return 0

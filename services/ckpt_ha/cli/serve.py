@@ -1,0 +1,77 @@
+"""`ckpt-ha serve NAME`: the five services by name, each with its composition root (settings
+class, app factory) and its AsyncAPI app. The composition side owns this table, so that the
+runtime package never imports a service; the plain names are `ckpt_ha.runtime.catalog`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from faststream import FastStream
+
+    from ckpt_ha.runtime.service import Service
+    from ckpt_ha.runtime.settings import ServiceSettings
+
+
+@dataclass(frozen=True)
+class ServiceEntry:
+    name: str
+    settings: type[ServiceSettings]
+    build: Callable[[ServiceSettings], Service]
+    asyncapi_app: Callable[[], FastStream]
+
+
+def entries() -> dict[str, ServiceEntry]:
+    from ckpt_ha.integrity_checker import app as integrity_checker
+    from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
+    from ckpt_ha.registrar import app as registrar
+    from ckpt_ha.registrar.settings import RegistrarSettings
+    from ckpt_ha.restore_coordinator import app as restore_coordinator
+    from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
+    from ckpt_ha.retention_janitor import app as retention_janitor
+    from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
+    from ckpt_ha.writer_watcher import app as writer_watcher
+    from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
+
+    table: list[tuple[str, type[ServiceSettings], Callable[..., Service], Callable[[], FastStream]]]
+    table = [
+        (
+            writer_watcher.NAME,
+            WriterWatcherSettings,
+            writer_watcher.build,
+            writer_watcher.asyncapi_app,
+        ),
+        (
+            integrity_checker.NAME,
+            IntegrityCheckerSettings,
+            integrity_checker.build,
+            integrity_checker.asyncapi_app,
+        ),
+        (registrar.NAME, RegistrarSettings, registrar.build, registrar.asyncapi_app),
+        (
+            restore_coordinator.NAME,
+            RestoreCoordinatorSettings,
+            restore_coordinator.build,
+            restore_coordinator.asyncapi_app,
+        ),
+        (
+            retention_janitor.NAME,
+            RetentionJanitorSettings,
+            retention_janitor.build,
+            retention_janitor.asyncapi_app,
+        ),
+    ]
+    return {name: ServiceEntry(name, s, b, a) for name, s, b, a in table}
+
+
+def cmd_serve(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    entry = entries()[args.name]
+    settings = entry.settings()
+    svc = entry.build(settings)
+    asyncio.run(svc.run(settings))
+    return 0

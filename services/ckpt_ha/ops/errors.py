@@ -1,0 +1,70 @@
+"""Why an operation could not be carried out. Each error builds its one-line message from its
+typed fields; the message says what to do next. The CLI prints it and exits 1."""
+
+from __future__ import annotations
+
+
+class OperationFailed(Exception):
+    """An operation that did not happen (or did not finish); nothing to retry blindly."""
+
+
+class CheckpointNotFound(OperationFailed):
+    def __init__(self, checkpoint_id: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        super().__init__(f"no checkpoint {checkpoint_id!r} in the registry")
+
+
+class NotRecorded(OperationFailed):
+    """An operator event was published, but the registrar has not projected it in time."""
+
+    def __init__(
+        self, what: str, waited_s: float, advice: str = "", event_id: str | None = None
+    ) -> None:
+        self.waited_s = waited_s
+        self.event_id = event_id
+        message = f"published, but the registrar has not recorded {what} within {waited_s:g} s"
+        message += f" ({advice})" if advice else ""
+        super().__init__(f"{message}; event {event_id}" if event_id is not None else message)
+
+
+class RegistryNotEmpty(OperationFailed):
+    def __init__(self) -> None:
+        super().__init__(
+            "the registry is not empty; stop the registrar and pass --clear to replace it with "
+            "a rebuild from the event stream"
+        )
+
+
+class NothingToAudit(OperationFailed):
+    def __init__(self, checkpoint_id: str) -> None:
+        self.checkpoint_id = checkpoint_id
+        super().__init__(f"nothing to audit for checkpoint {checkpoint_id!r}")
+
+
+class NothingToMeasure(OperationFailed):
+    def __init__(self, job_id: str, why: str) -> None:
+        self.job_id = job_id
+        self.why = why
+        super().__init__(why)
+
+
+class ListingFailed(OperationFailed):
+    """The store could not be listed: nothing was deleted (a partial listing is never read as
+    "absent")."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        super().__init__(f"listing the store failed, nothing done: {error}")
+
+
+class DeletionFailed(OperationFailed):
+    def __init__(self, deleted: int, error: Exception) -> None:
+        self.deleted = deleted
+        self.error = error
+        super().__init__(f"deleted {deleted} object(s), then storage failed: {error}")
+
+
+class NotSettled(OperationFailed):
+    def __init__(self, checkpoint_id: str, waited_s: float) -> None:
+        self.checkpoint_id = checkpoint_id
+        super().__init__(f"checkpoint {checkpoint_id} was not verified within {waited_s:g} s")

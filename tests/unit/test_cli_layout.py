@@ -1,0 +1,103 @@
+"""The CLI as composition root: every parsed command reaches exactly one handler, the runtime
+package imports no service, and nothing in the operations layer prints or parses arguments."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+from pathlib import Path
+
+import ckpt_ha.ops
+from ckpt_ha.cli import render
+from ckpt_ha.cli.main import COMMANDS
+from ckpt_ha.cli.parser import build_parser
+from ckpt_ha.cli.serve import entries
+from ckpt_ha.runtime.catalog import SERVICE_NAMES
+
+SERVICES = Path(__file__).resolve().parents[2] / "services" / "ckpt_ha"
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+def _parsed_commands() -> set[tuple[str, str | None]]:
+    found: set[tuple[str, str | None]] = set()
+    for name, parser in _subcommands(build_parser()).items():
+        if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+            found |= {(name, action) for action in _subcommands(parser)}
+        else:
+            found.add((name, None))
+    return found
+
+
+def test_every_parsed_command_has_one_handler_and_every_handler_a_command() -> None:
+    assert set(COMMANDS) == _parsed_commands()
+    for (command, action), (module, function) in COMMANDS.items():
+        handler = getattr(importlib.import_module(f"ckpt_ha.cli.{module}"), function, None)
+        assert callable(handler), (command, action, module, function)
+
+
+def test_the_serve_table_names_exactly_the_services_the_stack_starts() -> None:
+    assert tuple(entries()) == SERVICE_NAMES
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+SERVICE_PACKAGES = {
+    "ckpt_ha.writer_watcher",
+    "ckpt_ha.integrity_checker",
+    "ckpt_ha.registrar",
+    "ckpt_ha.restore_coordinator",
+    "ckpt_ha.retention_janitor",
+}
+
+
+def test_runtime_imports_no_service_and_drill_and_ops_import_no_cli() -> None:
+    def offenders(package: str, forbidden: set[str]) -> list[str]:
+        return sorted(
+            f"{path.name}: {name}"
+            for path in (SERVICES / package).rglob("*.py")
+            for name in _imports(path)
+            if any(name == f or name.startswith(f + ".") for f in forbidden)
+        )
+
+    assert offenders("runtime", SERVICE_PACKAGES) == []
+    assert offenders("drill", {"ckpt_ha.cli"}) == []
+    assert offenders("ops", {"ckpt_ha.cli", "argparse", "os"}) == []
+
+
+def test_operations_never_print() -> None:
+    ops = Path(ckpt_ha.ops.__file__).parent
+    printing = [
+        p.name
+        for p in ops.glob("*.py")
+        for node in ast.walk(ast.parse(p.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "print"
+    ]
+    assert printing == []
+
+
+def test_tables_align_columns_and_sizes_and_spans_read_well() -> None:
+    assert render.table(["A", "LONG"], [("xyz", 1), ("q", "")]).splitlines() == [
+        "A    LONG",
+        "xyz  1",
+        "q",
+    ]
+    assert [render.size(n) for n in (None, 512, 2048, 3 * 1024**4, 5 * 1024**5)] == [
+        "-", "512 B", "2.0 KiB", "3.0 TiB", "5120.0 TiB",
+    ]  # fmt: skip
+    assert [render.span(s) for s in (90, 600, 7200)] == [
+        "90.0 s", "600 s (10.0 min)", "7200 s (2.00 h)",
+    ]  # fmt: skip
