@@ -57,6 +57,6 @@ async def test_a_registry_rebuild_keeps_what_the_owners_write(
     await state.record_started("job-a", Started(run_id="r", attempt=2, at=T0))
     await state.record_progress("job-a", [point(1)], last=point(1))
     before = sorted([k async for k in r.scan_iter(match=f"{prefix}:*")])
-    assert len(before) == 7
+    assert len(before) == 8
     assert await Registry(r, prefix).clear() == 0
     assert sorted([k async for k in r.scan_iter(match=f"{prefix}:*")]) == before
