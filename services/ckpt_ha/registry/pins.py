@@ -18,6 +18,9 @@ from redis.asyncio.client import Pipeline
 
 from ckpt_ha.core.restore_records import Pin
 
+KEY_SPACE = "pins:"
+"""Every key of this owner starts with ``<prefix>:`` and this (what a registry rebuild keeps)."""
+
 
 def pin_json(p: Pin) -> str:
     return json.dumps(asdict(p), separators=(",", ":"))
@@ -42,7 +45,7 @@ class RedisPins:
         await self._r.aclose()
 
     def _key(self, job: str) -> str:
-        return f"{self._p}:pins:{job}"
+        return f"{self._p}:{KEY_SPACE}{job}"
 
     async def pins(self, job: str) -> list[Pin]:
         """The job's pins, in checkpoint id order."""

@@ -50,6 +50,9 @@ from ckpt_ha.core.restore_records import (
 )
 from ckpt_ha.registry.pins import RedisPins
 
+KEY_SPACE = "coord:"
+"""Every key of this owner starts with ``<prefix>:`` and this (what a registry rebuild keeps)."""
+
 
 def point_json(p: Point) -> str:
     doc = asdict(p)
@@ -120,7 +123,7 @@ class RedisRestores:
             return False
 
     def _k(self, *parts: str | int) -> str:
-        return ":".join((self._p, "coord", *(str(x) for x in parts)))
+        return f"{self._p}:{KEY_SPACE}" + ":".join(str(x) for x in parts)
 
     # --- job.started / job.progress ---
 
