@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterable, Sequence
+from datetime import datetime
 
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor import domain
-from ckpt_ha.retention_janitor.domain import JobView
+from ckpt_ha.retention_janitor.domain import Decision, JobView
 from ckpt_ha.retention_janitor.ports import (
     ObjectStore,
     PinReads,
@@ -44,10 +45,15 @@ async def job_views(
     return views
 
 
-def references_on(registry: Registry) -> tuple[RedisPins, RedisRestores]:
-    """Compatibility for `handlers.dry_run` (the CLI's ``retention plan``): the pin and plan
-    owners on the registry's connection. The composition roots build them on their own."""
-    return RedisPins(registry.r, registry.p), RedisRestores(registry.r, registry.p)
+async def dry_run(
+    registry: Registry, now: datetime, jobs: Iterable[str] | None = None
+) -> list[Decision]:
+    """Compatibility for ``ckpt_ha.cli.commands.cmd_retention_plan`` only, which hands over a
+    `Registry` (imported there as ``retention_janitor.handlers.dry_run``): `handlers.plan_round`
+    with the pin and plan owners on the registry's connection. Remove once the CLI builds the
+    owners (`RedisPins`, `RedisRestores`) itself and calls `plan_round`."""
+    pins, resumes = RedisPins(registry.r, registry.p), RedisRestores(registry.r, registry.p)
+    return domain.plan(await job_views(registry, pins, resumes, jobs), now)
 
 
 def locations(store: ObjectStore, record: CheckpointRecord) -> tuple[str, ...]:

@@ -24,8 +24,9 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointRegisteredV1,
 )
 from ckpt_ha.contracts.job import JobStartedV1
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.registry.redis_registry import CheckpointRecord
 from ckpt_ha.retention_janitor import adapters, domain
+from ckpt_ha.retention_janitor.adapters import dry_run
 from ckpt_ha.retention_janitor.domain import Action, Decision
 from ckpt_ha.retention_janitor.ports import (
     Clock,
@@ -38,6 +39,8 @@ from ckpt_ha.retention_janitor.ports import (
 from ckpt_ha.storage import StorageError, key_for_uri
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import RetentionMetrics
+
+__all__ = ["Janitor", "JanitorHandlers", "RoundResult", "dry_run", "plan_round"]
 
 SOURCE = "ckpt-ha/retention-janitor"
 ACTOR = "retention-janitor"
@@ -66,17 +69,6 @@ async def plan_round(
     `domain.plan` a real round carries out."""
     views = await adapters.job_views(registry, pins, resumes, jobs)
     return domain.plan(views, now)
-
-
-async def dry_run(
-    registry: Registry, now: datetime, jobs: Iterable[str] | None = None
-) -> list[Decision]:
-    """Compatibility for ``ckpt_ha.cli.commands.cmd_retention_plan`` only (it hands over a
-    `Registry`): `plan_round` with the pins and plans read on the registry's connection.
-    Remove once the CLI builds the owners (`RedisPins`, `RedisRestores`) and calls
-    `plan_round`."""
-    pins, resumes = adapters.references_on(registry)
-    return await plan_round(registry, pins, resumes, now, jobs)
 
 
 class Janitor:
