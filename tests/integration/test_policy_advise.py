@@ -1,6 +1,6 @@
 """`ckpt-ha policy advise` (R3) through the real CLI process: explicit numbers, and `--job`
 measured from registry records (written by the real `Registry.apply_many`) and the restore
-coordinator's failure log in Redis (written by the real `CoordinatorState`). Every expected
+coordinator's failure log in Redis (written by its owner, `RedisRestores`). Every expected
 number is worked out here by hand from the documented formulas."""
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointWritingV1,
 )
 from ckpt_ha.core.records import Applied
+from ckpt_ha.core.restore_records import Failure
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.restore_coordinator.adapters import CoordinatorState
-from ckpt_ha.restore_coordinator.domain import Failure
+from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.cli_tools import cli
 
@@ -180,7 +180,7 @@ async def test_job_measured_from_registry_and_coordinator_failures(
         ]
     await _apply(registry, events)
     # One failure at 2000 s, recorded as the restore coordinator records a job.failed.
-    state = CoordinatorState.from_url(settings.redis_url, settings.registry_prefix)
+    state = RedisRestores.from_url(settings.redis_url, settings.registry_prefix)
     try:
         await state.failure_context("job-a", 1, Failure(1, at(2000), "exit:1"), None, 3)
     finally:

@@ -275,10 +275,13 @@ async def test_failure_plans_the_newest_valid_checkpoint(
     assert plan["recompute_seconds"] == pytest.approx(5.0)  # progress at 300 → at 350
     assert plan["pinned"] == [f"{job}-c3", f"{job}-c2"]
     assert plan["failed_run_id"] == "run-1"
-    pins = await coordinator.state.pins(job)
-    assert sorted(p.checkpoint_id for p in pins) == [f"{job}-c2", f"{job}-c3"]
-    raw = await coordinator.state.r.hgetall(f"{settings.registry_prefix}:pins:{job}")
-    assert json.loads(raw[f"{job}-c3"])["reason"] == "restored from"
+    pins = {p.checkpoint_id: p for p in await coordinator.pins.pins(job)}
+    assert sorted(pins) == [f"{job}-c2", f"{job}-c3"]
+    assert pins[f"{job}-c3"].reason == "restored from"
+    assert pins[f"{job}-c2"].reason == "fallback"
+    assert {(p.plan_id, p.restored_step, p.attempt) for p in pins.values()} == {
+        (plan["plan_id"], 300, 2)
+    }
     labels = {"service": "restore-coordinator", "outcome": "planned", "detail": "exact_resume"}
     assert coordinator.metrics.registry.get_sample_value(
         "ckpt_ha_restore_decisions_total", labels
@@ -488,17 +491,17 @@ async def test_newer_valid_checkpoint_after_resume_unpins(
     await producer.publish(started(job))
     await producer.publish(failed(job))
     [plan] = await waiter(settings)("resume.planned", job)
-    assert len(await coordinator.state.pins(job)) == 2
+    assert len(await coordinator.pins.pins(job)) == 2
     await producer.publish(started(job, 2, plan_id=plan["plan_id"]))
     # A late checkpoint of the failed attempt does not release the pins; the resumed one's does.
     await make_valid(registrar, producer, job, f"{job}-late", 310, attempt=1)
     await waiter(settings)("checkpoint.registered", job, checkpoint_id=f"{job}-late")
     await settled(settings, "registered")
-    assert len(await coordinator.state.pins(job)) == 2
+    assert len(await coordinator.pins.pins(job)) == 2
     await make_valid(registrar, producer, job, f"{job}-c4", 400, attempt=2)
 
     async def unpinned() -> bool:
-        return not await coordinator.state.pins(job)
+        return not await coordinator.pins.pins(job)
 
     await wait_for(unpinned, what="pins removed")
 

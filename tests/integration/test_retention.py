@@ -17,11 +17,12 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
+from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.core.restore_records import DecisionRecord, Pin, PlanRecord, Started
 from ckpt_ha.ops.rebuild import rebuild
 from ckpt_ha.registrar.app import Registrar
-from ckpt_ha.registry.redis_registry import CheckpointRecord
-from ckpt_ha.restore_coordinator.adapters import CoordinatorState, Decision, PlanRecord, Started
-from ckpt_ha.restore_coordinator.domain import Pin
+from ckpt_ha.registry.pins import RedisPins
+from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.app import build as build_janitor_app
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
@@ -63,8 +64,12 @@ async def janitor(
     bus = Bus(settings.bus(), "retention-janitor")
     await bus.broker.start()
     metrics = RetentionMetrics(ServiceMetrics("retention-janitor"))
-    yield Janitor(registrar.registry, store, bus, clock, metrics), clock
+    pins = RedisPins.from_url(settings.redis_url, settings.registry_prefix)
+    resumes = RedisRestores.from_url(settings.redis_url, settings.registry_prefix)
+    yield Janitor(registrar.registry, pins, resumes, store, bus, clock, metrics), clock
     await bus.broker.stop()
+    await pins.close()
+    await resumes.close()
 
 
 def env_for(store: FsStore) -> dict[str, str]:
@@ -116,12 +121,12 @@ async def state_of(registrar: Registrar, ckpt: str, state: CheckpointState) -> C
 
 
 async def coordinator_references(settings: ServiceSettings, ids: dict[str, str]) -> None:
-    """The restore-coordinator's own adapter writes what it writes in production: the R15 pin
-    pair, a plan not yet started, and a plan whose resumed attempt is running."""
-    state = CoordinatorState.from_url(settings.redis_url, settings.registry_prefix)
+    """The owner of the coordinator's state writes what the coordinator writes in production:
+    the R15 pin pair, a plan not yet started, and a plan whose resumed attempt is running."""
+    state = RedisRestores.from_url(settings.redis_url, settings.registry_prefix)
     try:
         await state.record_decision(
-            JOB, 1, Decision(events=()),
+            JOB, 1, DecisionRecord(events=()),
             pins=[Pin(ids["fallback"], "fallback", "p-old", 600, 2)],
         )  # fmt: skip
         for plan_id, ckpt, attempt in (("p-plan", ids["plan"], 5), ("p-res", ids["resume"], 4)):
@@ -129,7 +134,7 @@ async def coordinator_references(settings: ServiceSettings, ids: dict[str, str])
                 plan_id=plan_id, job_id=JOB, failed_run_id="r", failed_attempt=attempt - 1,
                 attempt=attempt, checkpoint_id=ckpt, step=1, failed_at=T0,
             )  # fmt: skip
-            await state.record_decision(JOB, attempt - 1, Decision(events=()), plan=plan)
+            await state.record_decision(JOB, attempt - 1, DecisionRecord(events=()), plan=plan)
         await state.record_started(JOB, Started(run_id="r", attempt=4, at=T0, plan_id="p-res"))
     finally:
         await state.close()

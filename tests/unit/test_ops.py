@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointQuarantinedV1, CheckpointState
+from ckpt_ha.core.records import CheckpointRecord, HistoryEntry
 from ckpt_ha.formats import native
 from ckpt_ha.ops import audit, manual, offline, owners, policy
 from ckpt_ha.ops.errors import NothingToMeasure
 from ckpt_ha.ops.reconcile import Reconciliation, UnknownObject
-from ckpt_ha.registry.redis_registry import CheckpointRecord, HistoryEntry
 from ckpt_ha.storage import FsStore
 from tests.support.fakes.publisher import RecordingPublisher
 

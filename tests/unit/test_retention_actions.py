@@ -7,9 +7,9 @@ from datetime import UTC, datetime
 import pytest
 
 from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.core.records import CheckpointRecord, PinRecord, Tombstone
 from ckpt_ha.core.tiers import resolve_tier
 from ckpt_ha.ops import actions
-from ckpt_ha.registry.redis_registry import CheckpointRecord, PinRecord, Tombstone
 
 AT = datetime(2026, 11, 1, tzinfo=UTC)
 

@@ -14,8 +14,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointUnpinnedV1,
     TierChosenV1,
 )
-from ckpt_ha.core.tiers import DEFAULT_TIER, TIERS, KeepBest, Tier, get_tier, resolve_tier
-from ckpt_ha.registry.redis_registry import (
+from ckpt_ha.core.records import (
     CheckpointRecord,
     Expiry,
     PinRecord,
@@ -25,6 +24,7 @@ from ckpt_ha.registry.redis_registry import (
     project,
     tier_record,
 )
+from ckpt_ha.core.tiers import DEFAULT_TIER, TIERS, KeepBest, Tier, get_tier, resolve_tier
 from ckpt_ha.retention_janitor.domain import (
     SETTLE,
     Action,

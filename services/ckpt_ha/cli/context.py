@@ -23,7 +23,9 @@ __all__ = ["CommandError", "Handler"]
 if TYPE_CHECKING:
     from ckpt_ha.bus.broker import Bus
     from ckpt_ha.contracts import Envelope, EventData
+    from ckpt_ha.registry.pins import RedisPins
     from ckpt_ha.registry.redis_registry import Registry
+    from ckpt_ha.registry.restores import RedisRestores
 
 T = TypeVar("T")
 
@@ -72,6 +74,25 @@ async def registry(settings: ServiceSettings) -> AsyncIterator[Registry]:
         yield reg
     finally:
         await reg.close()
+
+
+@asynccontextmanager
+async def restore_owners(
+    settings: ServiceSettings,
+) -> AsyncIterator[tuple[RedisPins, RedisRestores]]:
+    """The owners of the pins and of the restore state (plans, verdicts, failures) for one
+    command, on one connection."""
+    import redis.asyncio as aioredis
+
+    from ckpt_ha.registry.pins import RedisPins
+    from ckpt_ha.registry.restores import RedisRestores
+
+    client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    pins = RedisPins(client, settings.registry_prefix)
+    try:
+        yield pins, RedisRestores(client, settings.registry_prefix, pins=pins)
+    finally:
+        await client.aclose()
 
 
 class LazyPublisher:

@@ -9,8 +9,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ckpt_ha.cli import context, render
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.ops import checkpoints
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.settings import ServiceSettings
 
 Act = Callable[[Registry, context.LazyPublisher, datetime], Awaitable[CheckpointRecord]]

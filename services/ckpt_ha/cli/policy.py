@@ -39,8 +39,11 @@ def cmd_advise(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
         settings = context.settings(env, home)
 
         async def measure() -> tuple[policy.Inputs, list[str]]:
-            async with context.registry(settings) as registry:
-                return await policy.measured(registry, settings.registry_prefix, args.job, given)
+            async with (
+                context.registry(settings) as registry,
+                context.restore_owners(settings) as (_, restores),
+            ):
+                return await policy.measured(registry, restores, args.job, given)
 
         inputs, notes = context.run(settings, measure)
     try:

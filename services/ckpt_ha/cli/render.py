@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ckpt_ha.registry.redis_registry import CheckpointRecord
+    from ckpt_ha.core.records import CheckpointRecord
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

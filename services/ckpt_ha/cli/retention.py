@@ -129,8 +129,13 @@ def cmd_plan(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     settings = context.settings(env, home)
 
     async def query() -> list[Decision]:
-        async with context.registry(settings) as registry:
-            return await retention.plan(registry, now=datetime.now(UTC), job_id=args.job)
+        async with (
+            context.registry(settings) as registry,
+            context.restore_owners(settings) as (pins, restores),
+        ):
+            return await retention.plan(
+                registry, pins, restores, now=datetime.now(UTC), job_id=args.job
+            )
 
     decisions = context.run(settings, query)
     if args.json:

@@ -24,9 +24,10 @@ from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, Envelope, EventData
 from ckpt_ha.contracts.job import JobPolicy, Tolerance
 from ckpt_ha.contracts.subjects import job_token
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.devstack import stack
 from ckpt_ha.drill.assess import assess_restore
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.registry.redis_registry import Registry
 
 T = TypeVar("T")
 

@@ -21,9 +21,9 @@ from ckpt_ha.contracts.checkpoint import (
     TierChosenV1,
 )
 from ckpt_ha.core.lifecycle import TRANSITIONS
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.tiers import TIERS, TierChoice
 from ckpt_ha.ops.errors import OperationFailed
-from ckpt_ha.registry.redis_registry import CheckpointRecord
 
 
 class ActionRefused(OperationFailed):

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.core.records import CheckpointRecord, HistoryEntry
 from ckpt_ha.ops.errors import NothingToAudit
-from ckpt_ha.registry.redis_registry import CheckpointRecord, HistoryEntry, Registry
+from ckpt_ha.registry.redis_registry import Registry
 
 AUDIT_EVENTS = frozenset(
     {

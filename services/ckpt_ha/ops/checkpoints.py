@@ -11,10 +11,11 @@ from datetime import datetime
 from ckpt_ha.bus.port import Publisher
 from ckpt_ha.contracts import EventData
 from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.tiers import TierChoice
 from ckpt_ha.ops import actions, manual
 from ckpt_ha.ops.errors import CheckpointNotFound
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.registry.redis_registry import Registry
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,12 @@ from datetime import datetime
 from ckpt_ha.bus.port import Publisher
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat, CheckpointState
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.ops import manual
 from ckpt_ha.ops.errors import NotSettled
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.storage import ObjectStore
 
 SETTLE_WAIT_S = 15.0

@@ -13,8 +13,9 @@ from uuid import uuid4
 
 from ckpt_ha.bus.port import Publisher
 from ckpt_ha.contracts import EventData, build
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.ops.errors import NotRecorded
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.registry.redis_registry import Registry
 
 T = TypeVar("T")
 

@@ -11,9 +11,10 @@ from typing import Any
 
 from ckpt_ha.bus.port import Publisher
 from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.core.records import CheckpointRecord, OwnershipChange
 from ckpt_ha.ops import actions, manual
 from ckpt_ha.ops.errors import NotRecorded
-from ckpt_ha.registry.redis_registry import CheckpointRecord, OwnershipChange, Registry
+from ckpt_ha.registry.redis_registry import Registry
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
+from typing import Protocol
 
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core import interval
+from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.core.restore_records import Failure
 from ckpt_ha.ops.errors import NothingToMeasure
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.registry.port import CheckpointReader
 
 DEFAULT_PRIOR_MTBF_S = 24 * 3600.0
 
@@ -137,22 +140,17 @@ def measure(
     return inputs, [f"{k}: {v}" for k, v in sources.items()] + notes
 
 
-async def failure_times(registry: Registry, prefix: str, job_id: str) -> list[datetime]:
-    """When each of the job's attempts failed, from the restore coordinator's log (a job.failed
-    heard twice is one entry).
+class FailureLog(Protocol):
+    """The restore coordinator's failure log, read through its owner (`RedisRestores`)."""
 
-    Borrowed: reads the coordinator's key layout through the registry's Redis client. To be
-    replaced by the coordinator state's owner's typed read API."""
-    from ckpt_ha.restore_coordinator.adapters import CoordinatorState, failure_of
-
-    coordinator = CoordinatorState(registry.r, prefix)
-    raws = await registry.r.hgetall(coordinator.k("failures", job_id))
-    return [failure_of(v).at for v in raws.values()]
+    async def failures(self, job: str) -> list[Failure]: ...
 
 
 async def measured(
-    registry: Registry, prefix: str, job_id: str, given: Given
+    registry: CheckpointReader, restores: FailureLog, job_id: str, given: Given
 ) -> tuple[Inputs, list[str]]:
-    """`measure` on what the registry and the coordinator's log hold for ``job_id``."""
+    """`measure` on what the registry and the coordinator's failure log hold for ``job_id``
+    (a job.failed heard twice is one entry there)."""
     records = await registry.by_job(job_id)
-    return measure(job_id, records, await failure_times(registry, prefix, job_id), given)
+    failures = [f.at for f in await restores.failures(job_id)]
+    return measure(job_id, records, failures, given)

@@ -6,13 +6,20 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.retention_janitor.domain import Action, Decision
-from ckpt_ha.retention_janitor.handlers import dry_run
+from ckpt_ha.retention_janitor.handlers import plan_round
+from ckpt_ha.retention_janitor.ports import PinReads, ResumeReads, RetentionRegistry
 
 
-async def plan(registry: Registry, *, now: datetime, job_id: str | None = None) -> list[Decision]:
-    return await dry_run(registry, now, [job_id] if job_id else None)
+async def plan(
+    registry: RetentionRegistry,
+    pins: PinReads,
+    resumes: ResumeReads,
+    *,
+    now: datetime,
+    job_id: str | None = None,
+) -> list[Decision]:
+    return await plan_round(registry, pins, resumes, now, [job_id] if job_id else None)
 
 
 def notable(decisions: Sequence[Decision]) -> list[Decision]:

@@ -8,10 +8,11 @@ from datetime import datetime
 from typing import Any
 
 from ckpt_ha.bus.port import Publisher
+from ckpt_ha.core.records import TierRecord
 from ckpt_ha.core.tiers import TIERS, TierChoice
 from ckpt_ha.ops import actions, manual
 from ckpt_ha.ops.errors import NotRecorded
-from ckpt_ha.registry.redis_registry import Registry, TierRecord
+from ckpt_ha.registry.redis_registry import Registry
 
 
 def table() -> list[dict[str, Any]]:

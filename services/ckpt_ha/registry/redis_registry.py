@@ -32,49 +32,16 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.records import (
     Applied,
     CheckpointRecord,
-    Expiry,
-    HistoryEntry,
     OwnershipChange,
-    OwnershipMismatch,
-    PinRecord,
-    PinRefused,
     TierRecord,
-    Tombstone,
-    UnknownTierChosen,
     batch_scope,
-    checksums_from_checks,
-    own,
-    pin,
-    project,
     project_batch,
-    tier_record,
 )
 from ckpt_ha.core.tiers import TierChoice, resolve_tier
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
-__all__ = [
-    # Re-exported for callers that still import them from here; their home is core.records
-    # (the model) and registry.port (the error).
-    "Applied",
-    "CheckpointRecord",
-    "Expiry",
-    "HistoryEntry",
-    "OwnershipChange",
-    "OwnershipMismatch",
-    "PinRecord",
-    "PinRefused",
-    "Registry",
-    "RegistryUnavailable",
-    "TierRecord",
-    "Tombstone",
-    "UnknownTierChosen",
-    "checksums_from_checks",
-    "own",
-    "pin",
-    "project",
-    "tier_record",
-]
+__all__ = ["Registry", "RegistryUnavailable"]
 
 
 def _strs(values: Iterable[Any]) -> list[str]:

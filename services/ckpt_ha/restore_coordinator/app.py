@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import redis.asyncio as aioredis
 from faststream import FastStream
 
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
-from ckpt_ha.restore_coordinator.adapters import CoordinatorState, RegistryReader
+from ckpt_ha.registry.pins import RedisPins
+from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 from ckpt_ha.runtime.service import Service, new_service
@@ -46,21 +49,27 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
 
 @dataclass(kw_only=True)
 class RestoreCoordinator(Service):
-    state: CoordinatorState
+    state: RedisRestores
+    pins: RedisPins
     handlers: CoordinatorHandlers
 
 
 def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> RestoreCoordinator:
     base = new_service(NAME, settings)
-    state = CoordinatorState.from_url(
-        settings.redis_url,
+    # One Redis client for the process; each key space is reached through its owner.
+    client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    pins = RedisPins(client, settings.registry_prefix)
+    state = RedisRestores(
+        client,
         settings.registry_prefix,
+        pins=pins,
         trajectory_limit=settings.trajectory_limit,
         ttl_s=settings.state_ttl_s,
     )
     handlers = CoordinatorHandlers(
         state,
-        RegistryReader(state.r, settings.registry_prefix),
+        pins,
+        Registry(client, settings.registry_prefix),
         open_store(settings.storage_root),
         base.bus,
         clock,
@@ -75,6 +84,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         checks={"redis": state.ping},
         on_stop=state.close,
         state=state,
+        pins=pins,
         handlers=handlers,
     )
     for consumer, event_type, method, description in CONSUMERS:

@@ -1,4 +1,5 @@
-"""Restore decisions, pure: no I/O, no clock, no Redis.
+"""Restore decisions, pure: no I/O, no clock, no Redis. Each handler fetches, calls one of the
+``decide_*`` functions here (or `continuity`, `to_unpin`, `leftovers`), persists, publishes.
 
 * `compatibility` (R14): the checkpoint's identity against the restore target (what the failed
   attempt's ``job.started`` said it runs on), under the job's declared rules.
@@ -8,24 +9,59 @@
   faults growing → escalate with the runbook's next step.
 * `continuity` (R10): the resumed attempt's progress against the pre-failure trajectory.
 * `leftovers` (R11) and `to_unpin` (R15).
+* `decide_failure` (a plan or an escalation for one failed attempt), `verdict_event`,
+  `quarantine_after_load_failure`, `resumed_start` and `closure`: what the handlers publish.
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import StrEnum
 
+from ckpt_ha.contracts import EventData
 from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
+    CheckpointQuarantinedV1,
     CheckpointState,
     RuntimeEnvironment,
     Topology,
 )
 from ckpt_ha.contracts.job import CompatibilityRule, JobPolicy, Tolerance
-from ckpt_ha.contracts.resume import Comparison, Compatibility, ResumeMode
+from ckpt_ha.contracts.resume import (
+    Comparison,
+    Compatibility,
+    ResumeClosedV1,
+    ResumeDivergedV1,
+    ResumeEscalatedV1,
+    ResumeMode,
+    ResumePlannedV1,
+    ResumeVerifiedV1,
+)
+from ckpt_ha.core.restore_records import (
+    Failure,
+    History,
+    Pin,
+    PlanRecord,
+    Point,
+    Started,
+    Target,
+)
+
+__all__ = [
+    "Candidate",
+    "Failure",
+    "History",
+    "Pin",
+    "PlanRecord",
+    "Point",
+    "Selection",
+    "Started",
+    "Stop",
+    "Target",
+]
 
 PLAN_NAMESPACE = uuid.UUID("3a4f7c52-2f3e-4b8e-9d61-0c6a7b1e5d24")
 
@@ -34,15 +70,6 @@ MISSING = "<none>"
 
 
 # --- R14 compatibility ---------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the restore lands on: the failed attempt's environment, topology and code."""
-
-    environment: RuntimeEnvironment | None = None
-    topology: Topology | None = None
-    code_version: str | None = None
 
 
 def topology_text(topology: Topology | None) -> str | None:
@@ -206,18 +233,6 @@ def plan_id(job_id: str, run_id: str, failed_attempt: int) -> str:
 # --- recompute range (R10) -----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Point:
-    """One progress report."""
-
-    step: int
-    at: datetime
-    attempt: int = 1
-    data_position: int | None = None
-    rng_fingerprint: str | None = None
-    metrics: Mapping[str, float] = field(default_factory=dict)
-
-
 def recompute(
     *,
     checkpoint_step: int,
@@ -275,28 +290,6 @@ class Escalation:
     @property
     def next_step(self) -> str:
         return NEXT_STEPS[self.reason]
-
-
-@dataclass(frozen=True)
-class Failure:
-    attempt: int
-    at: datetime
-    signature: str | None = None
-    infrastructure: bool = False
-
-
-@dataclass(frozen=True)
-class History:
-    """What the coordinator remembers of a job, newest last where ordered."""
-
-    restarts: Sequence[datetime] = ()
-    """When each automatic restore was planned."""
-    failures: Sequence[Failure] = ()
-    """The latest failures in attempt order (the current one included)."""
-    storage_errors: Sequence[datetime] = ()
-    """Infrastructure-side failures (job failures and load failures)."""
-    fallbacks: int = 0
-    """Load failures already answered with an older checkpoint in this chain."""
 
 
 def stop_reason(
@@ -460,16 +453,6 @@ def continuity(
 # --- R15 pins and R11 leftovers ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Pin:
-    checkpoint_id: str
-    reason: str
-    plan_id: str
-    restored_step: int
-    attempt: int
-    """The resumed attempt: its own newer valid checkpoint releases the pin."""
-
-
 def pins_for(plan: str, attempt: int, selection: Selection) -> list[Pin]:
     """The restored-from checkpoint and the previous valid one stay until the resumed attempt
     registers a newer valid checkpoint."""
@@ -517,3 +500,222 @@ def leftovers(
             continue
         out.append(r)
     return out
+
+
+def awaits_load_failure(plan_id: str | None, last: Point | None) -> bool:
+    """A resumed attempt (it has a plan) that failed before any progress most likely failed to
+    load its checkpoint: its ``resume.load_failed`` should decide, so the fallback is planned."""
+    return plan_id is not None and last is None
+
+
+def released_pins(
+    pins: Iterable[Pin], *, state: CheckpointState, step: int, attempt: int | None
+) -> list[str]:
+    """R15: the pins a newly registered checkpoint of the job releases (only a valid one does)."""
+    if state is not CheckpointState.VALID:
+        return []
+    return to_unpin(pins, registered_step=step, registered_attempt=attempt)
+
+
+# --- decisions the handlers carry out ------------------------------------------------------
+
+
+def escalated(job: str, plan: str, stop: Escalation) -> ResumeEscalatedV1:
+    return ResumeEscalatedV1(
+        job_id=job,
+        plan_id=plan,
+        reason=stop.reason,
+        next_step=stop.next_step,
+        detail=stop.detail[:4000],
+    )
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The failure being decided is a load failure of a planned restore."""
+
+    checkpoint_id: str
+    """The checkpoint that failed to load (``fallback_from`` of the next plan)."""
+    previous: int
+    """Fallbacks already taken in this chain (the failed plan's own count)."""
+
+
+@dataclass(frozen=True)
+class FailureDecision:
+    """What to do about one failed attempt: store `plan` and `pins`, publish `events`."""
+
+    plan_id: str
+    events: tuple[EventData, ...]
+    escalation: Escalation | None = None
+    plan: PlanRecord | None = None
+    pins: tuple[Pin, ...] = ()
+    chosen: Candidate | None = None
+    verdict: Verdict | None = None
+    """The compatibility verdict, when a checkpoint was weighed (None: stopped before)."""
+
+    @property
+    def outcome(self) -> tuple[str, str]:
+        """(outcome, detail) as the decision metrics label it."""
+        if self.escalation is not None:
+            return "escalated", self.escalation.reason.value
+        mode = self.verdict.mode if self.verdict is not None else None
+        return "planned", mode.value if mode is not None else ""
+
+
+def decide_failure(
+    *,
+    job: str,
+    attempt: int,
+    started: Started,
+    history: History,
+    selection: Selection,
+    excluded: Iterable[str],
+    last: Point | None,
+    at_chosen_step: Point | None,
+    failed_at: datetime,
+    failed_step: int | None,
+    fallback: Fallback | None = None,
+) -> FailureDecision:
+    """R9, R14, R10, R15 for one failed attempt: escalate on a stop condition, when no valid
+    checkpoint is left or when the newest one cannot be restored automatically; else plan the
+    newest restorable checkpoint (and pin it with the one before it).
+
+    ``at_chosen_step``: the pre-failure progress report at the chosen checkpoint's step, if any
+    (the recompute range starts there, else at the checkpoint's creation)."""
+    pid = plan_id(job, started.run_id, attempt)
+    if fallback is not None:
+        history = replace(history, fallbacks=fallback.previous)
+    stop = stop_reason(history, started.policy, failed_at, load_failed=fallback is not None)
+    if stop is not None:
+        return FailureDecision(pid, (escalated(job, pid, stop),), stop)
+    chosen = selection.chosen
+    if chosen is None or chosen.step is None:
+        detail = "no valid checkpoint left to restore"
+        skipped = sorted(set(excluded))
+        if skipped:
+            detail += f" (excluded after load failures: {', '.join(skipped)})"
+        stop = Escalation(Stop.NO_VALID_CHECKPOINT, detail)
+        return FailureDecision(pid, (escalated(job, pid, stop),), stop)
+    verdict = compatibility(
+        chosen.identity,
+        started.target(),
+        started.policy,
+        training_state=chosen.exact_resume is not False,
+    )
+    if verdict.mode is None:
+        detail = (
+            f"compatibility {verdict.compatibility.value} restoring {chosen.checkpoint_id}: "
+            + "; ".join(verdict.reasons)
+        )
+        stop = Escalation(Stop.COMPATIBILITY_UNKNOWN, detail)
+        return FailureDecision(pid, (escalated(job, pid, stop),), stop, chosen=chosen,
+                               verdict=verdict)  # fmt: skip
+    steps, seconds = recompute(
+        checkpoint_step=chosen.step,
+        checkpoint_at=at_chosen_step.at if at_chosen_step is not None else chosen.created_at,
+        last_progress=last,
+        failed_step=failed_step,
+        failed_at=failed_at,
+    )
+    pins = pins_for(pid, attempt + 1, selection)
+    planned = ResumePlannedV1(
+        job_id=job,
+        plan_id=pid,
+        failed_run_id=started.run_id,
+        attempt=attempt + 1,
+        checkpoint_id=chosen.checkpoint_id,
+        checkpoint_uri=chosen.uri,
+        step=chosen.step,
+        mode=verdict.mode,
+        compatibility=verdict.compatibility,
+        recompute_steps=steps,
+        recompute_seconds=seconds,
+        checkpoint_format=chosen.format,
+        reasons=verdict.reasons,
+        pinned=tuple(p.checkpoint_id for p in pins),
+        expected_step=chosen.step,
+        fallback_from=fallback.checkpoint_id if fallback is not None else None,
+    )
+    plan = PlanRecord(
+        plan_id=pid,
+        job_id=job,
+        failed_run_id=started.run_id,
+        failed_attempt=attempt,
+        attempt=attempt + 1,
+        checkpoint_id=chosen.checkpoint_id,
+        step=chosen.step,
+        fallbacks=fallback.previous + 1 if fallback is not None else 0,
+        failed_at=failed_at,
+        policy=started.policy,
+    )
+    return FailureDecision(
+        pid, (planned,), plan=plan, pins=tuple(pins), chosen=chosen, verdict=verdict
+    )
+
+
+def resumed_start(
+    resumed: Started | None, failed: Started | None, plan: PlanRecord
+) -> Started | None:
+    """The start a load failure is decided under: the resumed attempt's own ``job.started``, else
+    the failed attempt's carried over to the resumed attempt (None: neither heard yet)."""
+    if resumed is not None:
+        return resumed
+    if failed is None:
+        return None
+    return failed.model_copy(update={"attempt": plan.attempt})
+
+
+def quarantine_after_load_failure(
+    job: str, record: Candidate | None, reason: str
+) -> CheckpointQuarantinedV1 | None:
+    """R7: a checkpoint that failed to load is quarantined (never offered again), unless the
+    registry already moved it past valid/corrupt (quarantined, expired, deleted, unknown)."""
+    if record is None or record.state not in (CheckpointState.VALID, CheckpointState.CORRUPT):
+        return None
+    return CheckpointQuarantinedV1(
+        job_id=job,
+        checkpoint_id=record.checkpoint_id,
+        uri=record.uri,
+        reason=f"load failed: {reason}"[:2000],
+    )
+
+
+def watches_continuity(plan: PlanRecord | None, verdict: str | None) -> bool:
+    """A progress report is compared (not recorded as trajectory) while it belongs to a resumed
+    attempt of a known plan that has no verdict yet."""
+    return plan is not None and verdict is None
+
+
+def verdict_event(plan: PlanRecord, run_id: str, result: Continuity) -> EventData | None:
+    """R10: ``resume.verified`` or ``resume.diverged`` for a decided continuity (None: pending)."""
+    if result.verdict == PENDING:
+        return None
+    common: dict[str, object] = {
+        "job_id": plan.job_id,
+        "plan_id": plan.plan_id,
+        "run_id": run_id,
+        "checkpoint_id": plan.checkpoint_id,
+        "step": result.step,
+        "comparisons": result.comparisons,
+    }
+    if result.verdict == VERIFIED:
+        return ResumeVerifiedV1.model_validate(common)
+    return ResumeDivergedV1.model_validate({**common, "reason": result.reason})
+
+
+@dataclass(frozen=True)
+class Closure:
+    events: tuple[EventData, ...]
+    escalation: Escalation | None = None
+
+
+def closure(job: str, plan: str, cleaned: Sequence[str], unreclaimable: Sequence[str]) -> Closure:
+    """R11: ``resume.closed`` with what was cleaned; what could not be escalates (a human
+    reclaims it)."""
+    closed = ResumeClosedV1(
+        job_id=job, plan_id=plan, cleaned=tuple(cleaned), unreclaimable=tuple(unreclaimable)
+    )
+    if not unreclaimable:
+        return Closure((closed,))
+    stop = Escalation(Stop.UNRECLAIMABLE, "; ".join(unreclaimable))
+    return Closure((closed, escalated(job, plan, stop)), stop)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import redis.asyncio as aioredis
 from faststream import FastStream
 
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
 from ckpt_ha.runtime.service import Service, new_service
@@ -31,9 +34,18 @@ class RetentionJanitor(Service):
 
 def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> RetentionJanitor:
     base = new_service(NAME, settings)
-    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
-    store = open_store(settings.storage_root)
-    janitor = Janitor(registry, store, base.bus, clock, RetentionMetrics(base.metrics))
+    # One Redis client for the process; each key space is read through its owner.
+    client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    registry = Registry(client, settings.registry_prefix)
+    janitor = Janitor(
+        registry,
+        RedisPins(client, settings.registry_prefix),
+        RedisRestores(client, settings.registry_prefix),
+        open_store(settings.storage_root),
+        base.bus,
+        clock,
+        RetentionMetrics(base.metrics),
+    )
     svc = RetentionJanitor(
         name=NAME,
         bus=base.bus,

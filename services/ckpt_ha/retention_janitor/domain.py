@@ -25,8 +25,9 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from ckpt_ha.contracts.checkpoint import CheckpointState as S
+from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.core.restore_records import Pin, PlanInProgress
 from ckpt_ha.core.tiers import Tier
-from ckpt_ha.registry.redis_registry import CheckpointRecord
 
 SETTLE = timedelta(minutes=10)
 """No checkpoint expires within this time of its last transition. The watcher and the writer
@@ -109,6 +110,38 @@ class JobView:
 def record_protections(record: CheckpointRecord) -> list[Protection]:
     """Pins held in the record itself (``ckpt-ha pin``)."""
     return [Protection(record.checkpoint_id, ProtectionKind.PIN, p.by) for p in record.pins]
+
+
+def pin_protections(pins: Iterable[Pin]) -> list[Protection]:
+    """R15: the restore-coordinator's pins (a resumed job's restored-from and fallback)."""
+    return [
+        Protection(p.checkpoint_id, ProtectionKind.FALLBACK, f"{p.reason or 'pinned'} for plan "
+                   f"{p.plan_id or '?'}")
+        for p in pins
+    ]  # fmt: skip
+
+
+def plan_protections(plans: Iterable[PlanInProgress]) -> dict[str, list[Protection]]:
+    """Job → what its restore plans without a verdict reference (R6: a restore plan, or a
+    resume in progress once the resumed attempt started)."""
+    out: dict[str, list[Protection]] = {}
+    for p in plans:
+        plan = p.plan
+        if p.resuming:
+            ref = f"attempt {plan.attempt} of plan {plan.plan_id}"
+            found = Protection(plan.checkpoint_id, ProtectionKind.RESUME, ref)
+        else:
+            found = Protection(
+                plan.checkpoint_id, ProtectionKind.RESTORE_PLAN, f"plan {plan.plan_id}"
+            )
+        out.setdefault(plan.job_id, []).append(found)
+    return out
+
+
+def still_deletable(record: CheckpointRecord | None) -> bool:
+    """A planned deletion goes ahead only if the checkpoint is still expired and unpinned (the
+    plan was read a moment ago; a pin or a state change since then wins)."""
+    return record is not None and record.state is S.EXPIRED and not record.pins
 
 
 def last_valid(records: Iterable[CheckpointRecord]) -> CheckpointRecord | None:

@@ -17,22 +17,29 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointDeletedV1,
     CheckpointExpiredV1,
     CheckpointRegisteredV1,
-    CheckpointState,
 )
 from ckpt_ha.contracts.job import JobStartedV1
-from ckpt_ha.core.clock import Clock
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.retention_janitor import adapters, domain
 from ckpt_ha.retention_janitor.domain import Action, Decision
-from ckpt_ha.storage import ObjectStore, StorageError, key_for_uri
+from ckpt_ha.retention_janitor.ports import (
+    Clock,
+    ObjectStore,
+    PinReads,
+    Publisher,
+    ResumeReads,
+    RetentionRegistry,
+)
+from ckpt_ha.storage import StorageError, key_for_uri
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import RetentionMetrics
+
+__all__ = ["Janitor", "JanitorHandlers", "RoundResult", "plan_round"]
 
 SOURCE = "ckpt-ha/retention-janitor"
 ACTOR = "retention-janitor"
@@ -50,25 +57,33 @@ class RoundResult:
     """Checkpoint id → why a planned deletion was not carried out (it changed since)."""
 
 
-async def dry_run(
-    registry: Registry, now: datetime, jobs: Iterable[str] | None = None
+async def plan_round(
+    registry: RetentionRegistry,
+    pins: PinReads,
+    resumes: ResumeReads,
+    now: datetime,
+    jobs: Iterable[str] | None = None,
 ) -> list[Decision]:
     """What a round would do at ``now`` (``ckpt-ha retention plan``): the same read and the same
     `domain.plan` a real round carries out."""
-    views = await adapters.job_views(registry, adapters.ReferenceReader(registry), jobs)
+    views = await adapters.job_views(registry, pins, resumes, jobs)
     return domain.plan(views, now)
 
 
 class Janitor:
     def __init__(
         self,
-        registry: Registry,
+        registry: RetentionRegistry,
+        pins: PinReads,
+        resumes: ResumeReads,
         store: ObjectStore,
-        bus: Bus,
+        bus: Publisher,
         clock: Clock,
         metrics: RetentionMetrics,
     ) -> None:
         self.registry = registry
+        self.pins = pins
+        self.resumes = resumes
         self.store = store
         self.bus = bus
         self.clock = clock
@@ -76,7 +91,7 @@ class Janitor:
         self._lock = asyncio.Lock()
 
     async def dry_run(self, jobs: Iterable[str] | None = None) -> list[Decision]:
-        return await dry_run(self.registry, self.clock(), jobs)
+        return await plan_round(self.registry, self.pins, self.resumes, self.clock(), jobs)
 
     async def run_once(self, jobs: Iterable[str] | None = None) -> RoundResult:
         """One round: plan, then expire and delete exactly what the plan says."""
@@ -125,8 +140,7 @@ class Janitor:
         """Delete one expired checkpoint's bytes, then publish its tombstone. Returns why storage
         failed (the round stops deleting), or None."""
         record = await self.registry.get(d.checkpoint_id)
-        # The plan was read a moment ago; a pin or a state change since then wins.
-        if record is None or record.state is not CheckpointState.EXPIRED or record.pins:
+        if record is None or not domain.still_deletable(record):
             result.skipped[d.checkpoint_id] = "changed since the plan was read"
             return None
         keys = adapters.locations(self.store, record)

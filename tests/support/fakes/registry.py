@@ -42,6 +42,14 @@ class InMemoryRegistry:
         self.down = False
         """Set to make every call raise `RegistryUnavailable` (an outage)."""
 
+    def put(self, *records: CheckpointRecord) -> None:
+        """Records put in directly, as the registrar would have projected them (for the tests of
+        services that only read the registry)."""
+        for r in records:
+            self.records[r.checkpoint_id] = r
+            self.known_jobs.add(r.job_id)
+            self.uris.setdefault(r.uri, set()).add(r.checkpoint_id)
+
     def _reachable(self) -> None:
         if self.down:
             raise RegistryUnavailable("the in-memory registry is down (test)")

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.drill.assess import assess_restore
 from ckpt_ha.drill.harness import Drill, DrillFailed, policy, resumed_after, valid_count
-from ckpt_ha.registry.redis_registry import CheckpointRecord, Registry
+from ckpt_ha.registry.redis_registry import Registry
 
 NAME = "corrupt-checkpoint"
 FAULT = "the newest valid checkpoint's bytes are damaged on storage"

@@ -1,0 +1,140 @@
+"""What the restore path remembers, as plain values: pure, shared by the owner of the
+coordinator's key space (`ckpt_ha.registry.restores`), the owner of the pins
+(`ckpt_ha.registry.pins`), the restore-coordinator's domain and the retention-janitor, which
+reads pins and resumes in progress. No I/O here; every Redis detail lives with the owners.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pydantic import AwareDatetime, BaseModel, ConfigDict
+
+from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
+from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the restore lands on: the failed attempt's environment, topology and code."""
+
+    environment: RuntimeEnvironment | None = None
+    topology: Topology | None = None
+    code_version: str | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One progress report."""
+
+    step: int
+    at: datetime
+    attempt: int = 1
+    data_position: int | None = None
+    rng_fingerprint: str | None = None
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed attempt of a job, as the coordinator logged it (one entry per attempt)."""
+
+    attempt: int
+    at: datetime
+    signature: str | None = None
+    infrastructure: bool = False
+
+
+@dataclass(frozen=True)
+class History:
+    """What the coordinator remembers of a job, newest last where ordered."""
+
+    restarts: Sequence[datetime] = ()
+    """When each automatic restore was planned."""
+    failures: Sequence[Failure] = ()
+    """The latest failures in attempt order (the current one included)."""
+    storage_errors: Sequence[datetime] = ()
+    """Infrastructure-side failures (job failures and load failures)."""
+    fallbacks: int = 0
+    """Load failures already answered with an older checkpoint in this chain."""
+
+
+@dataclass(frozen=True)
+class Pin:
+    """R15: a checkpoint a resumed job may still fall back to; retention never removes it."""
+
+    checkpoint_id: str
+    reason: str
+    plan_id: str
+    restored_step: int
+    attempt: int
+    """The resumed attempt: its own newer valid checkpoint releases the pin."""
+
+
+class Started(BaseModel):
+    """What an attempt's ``job.started`` declared."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    run_id: str
+    attempt: int
+    at: AwareDatetime
+    policy: JobPolicy = JobPolicy()
+    environment: RuntimeEnvironment | None = None
+    topology: Topology | None = None
+    code_version: str | None = None
+    plan_id: str | None = None
+
+    @classmethod
+    def of(cls, data: JobStartedV1, at: datetime) -> Started:
+        return cls(
+            run_id=data.run_id,
+            attempt=data.attempt,
+            at=at,
+            policy=data.policy or JobPolicy(),
+            environment=data.environment,
+            topology=data.topology,
+            code_version=data.code_version,
+            plan_id=data.plan_id,
+        )
+
+    def target(self) -> Target:
+        return Target(self.environment, self.topology, self.code_version)
+
+
+class PlanRecord(BaseModel):
+    """A restore plan: what it restores, for which failed attempt, under which policy."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    plan_id: str
+    job_id: str
+    failed_run_id: str
+    failed_attempt: int
+    attempt: int
+    checkpoint_id: str
+    step: int
+    fallbacks: int = 0
+    failed_at: AwareDatetime
+    policy: JobPolicy = JobPolicy()
+
+
+class DecisionRecord(BaseModel):
+    """The events decided for one failure, stored before they are published."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    events: tuple[str, ...]
+    """Envelope JSON, published in order (re-published as is after a crash: same ids)."""
+    published: bool = False
+
+
+@dataclass(frozen=True)
+class PlanInProgress:
+    """A restore plan without a continuity verdict yet: planned, or its attempt resuming."""
+
+    plan: PlanRecord
+    resuming: bool
+    """The resumed attempt has started (its ``job.started`` named this plan)."""

@@ -1,0 +1,69 @@
+"""The one owner of the R15 pins: ``<p>:pins:<job>``, a hash checkpoint id → JSON `Pin`.
+
+The restore-coordinator pins the checkpoint it restores from and the previous valid one when it
+plans a resume, and releases them once the resumed attempt registers a newer valid checkpoint;
+the retention-janitor reads them and never removes a pinned checkpoint. Nothing else formats
+this key. Pins never expire on their own: a pin that timed out would let retention delete the
+fallback of a resume still in progress. A registry rebuild keeps them (``NOT_REBUILT``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict
+
+import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
+
+from ckpt_ha.core.restore_records import Pin
+
+KEY_SPACE = "pins:"
+"""Every key of this owner starts with ``<prefix>:`` and this (what a registry rebuild keeps)."""
+
+
+def pin_json(p: Pin) -> str:
+    return json.dumps(asdict(p), separators=(",", ":"))
+
+
+def pin_of(raw: str | bytes) -> Pin:
+    return Pin(**json.loads(raw))
+
+
+class RedisPins:
+    """Async Redis adapter for the pins (see the module doc)."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self._r = client
+        self._p = prefix
+
+    @classmethod
+    def from_url(cls, url: str, prefix: str) -> RedisPins:
+        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix)
+
+    async def close(self) -> None:
+        await self._r.aclose()
+
+    def _key(self, job: str) -> str:
+        return f"{self._p}:{KEY_SPACE}{job}"
+
+    async def pins(self, job: str) -> list[Pin]:
+        """The job's pins, in checkpoint id order."""
+        raws = await self._r.hgetall(self._key(job))
+        return sorted((pin_of(v) for v in raws.values()), key=lambda p: p.checkpoint_id)
+
+    async def pin(self, job: str, pins: Sequence[Pin]) -> None:
+        """Add (or replace, by checkpoint id) pins of the job."""
+        if pins:
+            await self._r.hset(self._key(job), mapping={p.checkpoint_id: pin_json(p) for p in pins})
+
+    def stage(self, pipe: Pipeline, job: str, pins: Sequence[Pin]) -> None:
+        """Queue `pin` on a caller's transaction, so a restore decision and the pins it implies
+        are stored together (all or nothing)."""
+        if pins:
+            pipe.hset(self._key(job), mapping={p.checkpoint_id: pin_json(p) for p in pins})
+
+    async def unpin(self, job: str, ids: Sequence[str]) -> None:
+        """Release these checkpoints of the job (unknown ids are ignored)."""
+        if ids:
+            await self._r.hdel(self._key(job), *ids)

@@ -1,0 +1,144 @@
+"""What the restore-coordinator's handlers need from the world, as small `Protocol`s.
+
+The handlers take these, never a concrete Redis, NATS or S3 class: the composition root
+(`app.build`) passes the real adapters (`Registry`, `RedisRestores`, `RedisPins`, an
+`ObjectStore`, the `Bus`), the unit tests in-memory fakes that pass the same contract suites
+(``tests/support/fakes``, ``tests/support/*_contract.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Protocol
+
+from ckpt_ha.bus.port import Publisher
+from ckpt_ha.core.clock import Clock
+from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.core.restore_records import (
+    DecisionRecord,
+    Failure,
+    History,
+    Pin,
+    PlanRecord,
+    Point,
+    Started,
+)
+from ckpt_ha.storage.port import ObjectStore
+
+__all__ = [
+    "CheckpointReads",
+    "Clock",
+    "NewId",
+    "ObjectStore",
+    "PinStore",
+    "Publisher",
+    "RestoreState",
+]
+
+NewId = Callable[[], str]
+"""A fresh unique id (who holds a lease)."""
+
+
+class CheckpointReads(Protocol):
+    """The registry's read side, as far as the coordinator needs it (the registrar writes)."""
+
+    async def get(self, checkpoint_id: str) -> CheckpointRecord | None: ...
+
+    async def by_job(self, job_id: str) -> list[CheckpointRecord]:
+        """A job's checkpoints, newest step first."""
+        ...
+
+    def by_job_pages(
+        self, job_id: str, page_size: int = 64
+    ) -> AsyncIterator[list[CheckpointRecord]]:
+        """The same, ``page_size`` records per round trip."""
+        ...
+
+
+class PinStore(Protocol):
+    """The R15 pins (owner: `ckpt_ha.registry.pins`). Pins are added with a decision
+    (`RestoreState.record_decision`), read and released here."""
+
+    async def pins(self, job: str) -> list[Pin]: ...
+
+    async def unpin(self, job: str, ids: Sequence[str]) -> None:
+        """Release these checkpoints of the job; unknown ids are ignored."""
+        ...
+
+
+class RestoreState(Protocol):
+    """The coordinator's own memory (owner: `ckpt_ha.registry.restores`).
+
+    Invariants both the Redis adapter and the fake keep (``tests/support/restores_contract.py``):
+    one failure per attempt (recording it twice changes nothing); one stored decision per
+    failed attempt, written together with its plan, restart and pins; one verdict per plan
+    (the first wins); a lease is held by one owner until released or expired; the trajectory
+    keeps at most ``trajectory_limit`` steps, dropping the oldest."""
+
+    async def record_started(self, job: str, started: Started) -> None: ...
+
+    async def started(self, job: str, attempt: int) -> Started | None: ...
+
+    async def record_progress(
+        self, job: str, points: Sequence[Point], *, last: Point | None = None
+    ) -> None: ...
+
+    async def point_at(self, job: str, step: int) -> Point | None: ...
+
+    async def last(self, job: str, attempt: int) -> Point | None: ...
+
+    async def trajectory(self, job: str, steps: Iterable[int]) -> dict[int, Point]:
+        """The points at these steps, plus the trajectory's highest step."""
+        ...
+
+    async def observe(self, plan: str, point: Point, keep: int) -> list[Point]:
+        """Append one of a resumed attempt's reports; all kept so far, in arrival order."""
+        ...
+
+    async def set_verdict(self, plan: str, verdict: str) -> bool:
+        """True if this call set the plan's verdict (the first one wins)."""
+        ...
+
+    async def verdict(self, plan: str) -> str | None: ...
+
+    async def failure_context(
+        self, job: str, attempt: int, failure: Failure, storage_key: str | None, same_window: int
+    ) -> tuple[Started | None, Point | None, History, set[str], DecisionRecord | None]:
+        """Record the failure (idempotent), then: the attempt's start, its last progress, the
+        job's history (the latest ``same_window`` failures), its exclusions, and the decision
+        already taken for this failure."""
+        ...
+
+    async def record_storage_error(self, job: str, key: str, at: datetime) -> None: ...
+
+    async def history(self, job: str, attempt: int, same_window: int) -> History: ...
+
+    async def exclude(self, job: str, checkpoint_id: str) -> set[str]:
+        """Never restore this checkpoint again; returns every exclusion of the job so far."""
+        ...
+
+    async def decision(self, job: str, attempt: int) -> DecisionRecord | None: ...
+
+    async def lease(self, job: str, attempt: int, owner: str, ttl_s: float) -> bool:
+        """Take the right to decide this failure for ``ttl_s`` (False: someone holds it)."""
+        ...
+
+    async def release(self, job: str, attempt: int) -> None: ...
+
+    async def record_decision(
+        self,
+        job: str,
+        attempt: int,
+        decision: DecisionRecord,
+        *,
+        plan: PlanRecord | None = None,
+        pins: Sequence[Pin] = (),
+        planned_at: datetime | None = None,
+    ) -> None:
+        """Store the decision with its plan, restart and pins, all or nothing."""
+        ...
+
+    async def mark_published(self, job: str, attempt: int, decision: DecisionRecord) -> None: ...
+
+    async def plan(self, plan_id: str) -> PlanRecord | None: ...

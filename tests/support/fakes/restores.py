@@ -1,0 +1,192 @@
+"""In-memory coordinator state: the fake of `ckpt_ha.registry.restores.RedisRestores` (same
+contract suite, ``tests/support/restores_contract.py``). No expiry of idle state; leases expire
+on the monotonic clock like Redis's ``PX``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from ckpt_ha.core.restore_records import (
+    DecisionRecord,
+    Failure,
+    History,
+    Pin,
+    PlanInProgress,
+    PlanRecord,
+    Point,
+    Started,
+)
+from tests.support.fakes.pins import InMemoryPins
+
+
+@dataclass
+class _Job:
+    trajectory: dict[int, Point] = field(default_factory=dict)
+    failures: dict[int, Failure] = field(default_factory=dict)
+    restarts: dict[str, datetime] = field(default_factory=dict)
+    storage: dict[str, datetime] = field(default_factory=dict)
+    excluded: set[str] = field(default_factory=set)
+
+
+def _by_time(entries: dict[str, datetime]) -> list[datetime]:
+    return [at for _, at in sorted(entries.items(), key=lambda kv: (kv[1], kv[0]))]
+
+
+class InMemoryRestores:
+    def __init__(
+        self,
+        pins: InMemoryPins | None = None,
+        *,
+        trajectory_limit: int = 10_000,
+        history_limit: int = 200,
+    ) -> None:
+        self.pin_store = pins if pins is not None else InMemoryPins()
+        self.trajectory_limit = trajectory_limit
+        self.history_limit = history_limit
+        self.jobs: dict[str, _Job] = {}
+        self.starts: dict[tuple[str, int], Started] = {}
+        self.lasts: dict[tuple[str, int], Point] = {}
+        self.decisions: dict[tuple[str, int], DecisionRecord] = {}
+        self.leases: dict[tuple[str, int], tuple[str, float]] = {}
+        self.plans: dict[str, PlanRecord] = {}
+        self.observed: dict[str, list[Point]] = {}
+        self.verdicts: dict[str, str] = {}
+
+    def _job(self, job: str) -> _Job:
+        return self.jobs.setdefault(job, _Job())
+
+    async def record_started(self, job: str, started: Started) -> None:
+        self.starts[(job, started.attempt)] = started
+
+    async def started(self, job: str, attempt: int) -> Started | None:
+        return self.starts.get((job, attempt))
+
+    async def record_progress(
+        self, job: str, points: Sequence[Point], *, last: Point | None = None
+    ) -> None:
+        if last is not None:
+            self.lasts[(job, last.attempt)] = last
+        if not points:
+            return
+        traj = self._job(job).trajectory
+        traj.update({p.step: p for p in points})
+        for step in sorted(traj)[: max(0, len(traj) - self.trajectory_limit)]:
+            del traj[step]
+
+    async def point_at(self, job: str, step: int) -> Point | None:
+        return self._job(job).trajectory.get(step)
+
+    async def last(self, job: str, attempt: int) -> Point | None:
+        return self.lasts.get((job, attempt))
+
+    async def trajectory(self, job: str, steps: Iterable[int]) -> dict[int, Point]:
+        traj = self._job(job).trajectory
+        out = {s: traj[s] for s in set(steps) if s in traj}
+        if traj:
+            top = max(traj)
+            out[top] = traj[top]
+        return out
+
+    async def observe(self, plan: str, point: Point, keep: int) -> list[Point]:
+        kept = self.observed.setdefault(plan, [])
+        kept.append(point)
+        del kept[keep:]
+        return list(kept)
+
+    async def set_verdict(self, plan: str, verdict: str) -> bool:
+        if plan in self.verdicts:
+            return False
+        self.verdicts[plan] = verdict
+        return True
+
+    async def verdict(self, plan: str) -> str | None:
+        return self.verdicts.get(plan)
+
+    async def failure_context(
+        self, job: str, attempt: int, failure: Failure, storage_key: str | None, same_window: int
+    ) -> tuple[Started | None, Point | None, History, set[str], DecisionRecord | None]:
+        state = self._job(job)
+        state.failures[attempt] = failure
+        state.failures.pop(attempt - self.history_limit, None)
+        if storage_key is not None:
+            state.storage[storage_key] = failure.at
+        return (
+            self.starts.get((job, attempt)),
+            self.lasts.get((job, attempt)),
+            await self.history(job, attempt, same_window),
+            set(state.excluded),
+            self.decisions.get((job, attempt)),
+        )
+
+    async def failures(self, job: str) -> list[Failure]:
+        return [f for _, f in sorted(self._job(job).failures.items())]
+
+    async def record_storage_error(self, job: str, key: str, at: datetime) -> None:
+        self._job(job).storage[key] = at
+
+    async def history(self, job: str, attempt: int, same_window: int) -> History:
+        state = self._job(job)
+        first = max(1, attempt - same_window + 1)
+        return History(
+            restarts=_by_time(state.restarts),
+            failures=[state.failures[a] for a in range(first, attempt + 1) if a in state.failures],
+            storage_errors=_by_time(state.storage),
+        )
+
+    async def exclude(self, job: str, checkpoint_id: str) -> set[str]:
+        state = self._job(job)
+        state.excluded.add(checkpoint_id)
+        return set(state.excluded)
+
+    async def decision(self, job: str, attempt: int) -> DecisionRecord | None:
+        return self.decisions.get((job, attempt))
+
+    async def lease(self, job: str, attempt: int, owner: str, ttl_s: float) -> bool:
+        now = time.monotonic()
+        held = self.leases.get((job, attempt))
+        if held is not None and held[1] > now:
+            return False
+        self.leases[(job, attempt)] = (owner, now + max(0.001, ttl_s))
+        return True
+
+    async def release(self, job: str, attempt: int) -> None:
+        self.leases.pop((job, attempt), None)
+
+    async def record_decision(
+        self,
+        job: str,
+        attempt: int,
+        decision: DecisionRecord,
+        *,
+        plan: PlanRecord | None = None,
+        pins: Sequence[Pin] = (),
+        planned_at: datetime | None = None,
+    ) -> None:
+        self.decisions[(job, attempt)] = decision
+        if plan is not None:
+            self.plans[plan.plan_id] = plan
+            restarts = self._job(job).restarts
+            restarts[plan.plan_id] = planned_at or plan.failed_at
+            ordered = sorted(restarts.items(), key=lambda kv: (kv[1], kv[0]))
+            for plan_id, _ in ordered[: max(0, len(ordered) - self.history_limit)]:
+                del restarts[plan_id]
+        self.pin_store.stage(job, pins)
+
+    async def mark_published(self, job: str, attempt: int, decision: DecisionRecord) -> None:
+        self.decisions[(job, attempt)] = decision.model_copy(update={"published": True})
+
+    async def plan(self, plan_id: str) -> PlanRecord | None:
+        return self.plans.get(plan_id)
+
+    async def plans_in_progress(self) -> list[PlanInProgress]:
+        out = []
+        for plan_id in sorted(self.plans):
+            if plan_id in self.verdicts:
+                continue
+            plan = self.plans[plan_id]
+            started = self.starts.get((plan.job_id, plan.attempt))
+            out.append(PlanInProgress(plan, started is not None and started.plan_id == plan_id))
+        return out

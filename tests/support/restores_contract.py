@@ -1,0 +1,216 @@
+"""The behaviour every store of the restore-coordinator's state must show, written once and run
+against the in-memory fake and the Redis owner (`ckpt_ha.registry.restores.RedisRestores`).
+
+Subclass `RestoresContract` in a `Test*` class and give it a `stores` fixture returning an empty
+``(state, pins)`` pair wired together (the state writes a decision's pins through the pins
+owner), with a trajectory limit of `TRAJECTORY_LIMIT`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from ckpt_ha.contracts.job import JobPolicy
+from ckpt_ha.core.restore_records import (
+    DecisionRecord,
+    Failure,
+    Pin,
+    PlanRecord,
+    Point,
+    Started,
+)
+
+TRAJECTORY_LIMIT = 5
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+
+
+def at(s: float) -> datetime:
+    return T0 + timedelta(seconds=s)
+
+
+def point(step: int, attempt: int = 1, **metrics: float) -> Point:
+    return Point(step, at(step), attempt, step * 64, f"rng-{step}", metrics)
+
+
+def plan(plan_id: str, job: str = "job-a", attempt: int = 2, ckpt: str = "c-300") -> PlanRecord:
+    return PlanRecord(
+        plan_id=plan_id,
+        job_id=job,
+        failed_run_id="run-1",
+        failed_attempt=attempt - 1,
+        attempt=attempt,
+        checkpoint_id=ckpt,
+        step=300,
+        failed_at=at(1000),
+        policy=JobPolicy(max_restarts=7),
+    )
+
+
+class RestoresContract:
+    @pytest.fixture
+    def stores(self) -> tuple[Any, Any]:
+        raise NotImplementedError("backend test classes provide the state and its pins")
+
+    async def test_started_round_trips_per_attempt(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        s = Started(run_id="r", attempt=2, at=T0, policy=JobPolicy(max_restarts=9), plan_id="p")
+        await state.record_started("job-a", s)
+        assert await state.started("job-a", 2) == s
+        assert await state.started("job-a", 1) is None
+        assert await state.started("job-b", 2) is None
+
+    async def test_trajectory_is_bounded_oldest_steps_first(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        points = [point(s, loss=1.0 / s) for s in range(1, 9)]
+        await state.record_progress("job-a", points[:4], last=points[3])
+        await state.record_progress("job-a", points[4:], last=points[7])
+        assert await state.point_at("job-a", 8) == points[7]
+        assert await state.point_at("job-a", 3) is None  # trimmed: only the newest 5 steps stay
+        assert await state.point_at("job-a", 4) == points[3]
+        assert await state.last("job-a", 1) == points[7]
+        assert await state.last("job-a", 2) is None
+        # the asked-for steps it still has, plus its highest step
+        assert await state.trajectory("job-a", [2, 5, 6]) == {
+            5: points[4],
+            6: points[5],
+            8: points[7],
+        }
+        assert await state.trajectory("job-b", [1]) == {}
+
+    async def test_last_progress_alone_leaves_the_trajectory(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        await state.record_progress("job-a", [], last=point(50, attempt=2))
+        assert await state.last("job-a", 2) == point(50, attempt=2)
+        assert await state.trajectory("job-a", [50]) == {}
+
+    async def test_observe_keeps_the_first_reports_in_arrival_order(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, _ = stores
+        assert await state.observe("p", point(302), 2) == [point(302)]
+        assert await state.observe("p", point(301), 2) == [point(302), point(301)]
+        assert await state.observe("p", point(303), 2) == [point(302), point(301)]
+        assert await state.observe("q", point(1), 2) == [point(1)]
+
+    async def test_the_first_verdict_wins(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        assert await state.verdict("p") is None
+        assert await state.set_verdict("p", "verified") is True
+        assert await state.set_verdict("p", "diverged") is False
+        assert await state.verdict("p") == "verified"
+
+    async def test_failure_context_records_once_and_reads_the_window(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, _ = stores
+        s3 = Started(run_id="r", attempt=3, at=T0)
+        await state.record_started("job-a", s3)
+        await state.record_progress("job-a", [], last=point(30, attempt=3))
+        for attempt in (1, 2):
+            await state.failure_context(
+                "job-a", attempt, Failure(attempt, at(attempt), "x"), None, 8
+            )
+        f3 = Failure(3, at(3), "oom", infrastructure=True)
+        for _ in range(2):  # heard twice: one failure
+            started, last, history, excluded, decision = await state.failure_context(
+                "job-a", 3, f3, "failed:3", 2
+            )
+        assert (started, last, excluded, decision) == (s3, point(30, attempt=3), set(), None)
+        assert list(history.failures) == [Failure(2, at(2), "x"), f3]  # the latest 2
+        assert list(history.storage_errors) == [at(3)]
+        assert list(history.restarts) == []
+        assert history.fallbacks == 0
+        assert await state.failures("job-a") == [
+            Failure(1, at(1), "x"),
+            Failure(2, at(2), "x"),
+            f3,
+        ]
+        assert await state.failures("job-b") == []
+
+    async def test_storage_errors_and_history(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        await state.record_storage_error("job-a", "load:p2", at(20))
+        await state.record_storage_error("job-a", "load:p1", at(10))
+        await state.record_storage_error("job-a", "load:p1", at(10))  # same key: one error
+        await state.failure_context("job-a", 1, Failure(1, at(5)), None, 4)
+        history = await state.history("job-a", 2, 4)
+        assert list(history.storage_errors) == [at(10), at(20)]
+        assert list(history.failures) == [Failure(1, at(5))]
+
+    async def test_exclusions_accumulate_per_job(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        assert await state.exclude("job-a", "c1") == {"c1"}
+        assert await state.exclude("job-a", "c2") == {"c1", "c2"}
+        assert await state.exclude("job-b", "c9") == {"c9"}
+        _, _, _, excluded, _ = await state.failure_context("job-a", 1, Failure(1, T0), None, 4)
+        assert excluded == {"c1", "c2"}
+
+    async def test_a_lease_has_one_holder_until_released_or_expired(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, _ = stores
+        assert await state.lease("job-a", 1, "me", 30.0) is True
+        assert await state.lease("job-a", 1, "other", 30.0) is False
+        assert await state.lease("job-a", 2, "other", 30.0) is True
+        await state.release("job-a", 1)
+        assert await state.lease("job-a", 1, "other", 0.05) is True
+        await asyncio.sleep(0.15)
+        assert await state.lease("job-a", 1, "third", 30.0) is True
+
+    async def test_a_decision_is_stored_with_its_plan_restart_and_pins(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, pins = stores
+        decision = DecisionRecord(events=('{"a":1}', '{"b":2}'))
+        pinned = [
+            Pin("c-300", "restored from", "p1", 300, 2),
+            Pin("c-200", "fallback", "p1", 300, 2),
+        ]
+        await state.record_decision(
+            "job-a", 1, decision, plan=plan("p1"), pins=pinned, planned_at=at(900)
+        )
+        assert await state.decision("job-a", 1) == decision
+        assert await state.decision("job-a", 2) is None
+        assert await state.plan("p1") == plan("p1")
+        assert await state.plan("p2") is None
+        assert await pins.pins("job-a") == sorted(pinned, key=lambda p: p.checkpoint_id)
+        history = await state.history("job-a", 1, 4)
+        assert list(history.restarts) == [at(900)]
+        # an escalation: a decision without plan or pins
+        await state.record_decision("job-a", 2, DecisionRecord(events=('{"c":3}',)))
+        assert list((await state.history("job-a", 2, 4)).restarts) == [at(900)]
+        _, _, _, _, found = await state.failure_context("job-a", 2, Failure(2, T0), None, 4)
+        assert found == DecisionRecord(events=('{"c":3}',))
+
+    async def test_mark_published_keeps_the_events(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        decision = DecisionRecord(events=('{"a":1}',))
+        await state.record_decision("job-a", 1, decision)
+        await state.mark_published("job-a", 1, decision)
+        assert await state.decision("job-a", 1) == DecisionRecord(
+            events=('{"a":1}',), published=True
+        )
+
+    async def test_plans_in_progress_skip_decided_ones_and_tell_resuming(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, _ = stores
+        for attempt, plan_id in ((2, "p-done"), (3, "p-planned"), (4, "p-resuming")):
+            await state.record_decision(
+                "job-a", attempt - 1, DecisionRecord(events=()), plan=plan(plan_id, attempt=attempt)
+            )
+        await state.record_decision(
+            "job-b", 1, DecisionRecord(events=()), plan=plan("p-other", job="job-b")
+        )
+        await state.set_verdict("p-done", "verified")
+        await state.record_started(
+            "job-a", Started(run_id="r", attempt=4, at=T0, plan_id="p-resuming")
+        )
+        # an attempt started under another plan does not make this one resuming
+        await state.record_started("job-b", Started(run_id="r", attempt=2, at=T0, plan_id="zzz"))
+        found = {p.plan.plan_id: p.resuming for p in await state.plans_in_progress()}
+        assert found == {"p-planned": False, "p-resuming": True, "p-other": False}

@@ -1,0 +1,404 @@
+"""The restore-coordinator's handlers against in-memory fakes of their ports (no NATS, no Redis):
+plan on failure, duplicates, fallback after a load failure, escalations, continuity verdicts,
+pins released, closure. The same flows run against the real services in
+``tests/integration/test_restore_coordinator.py``."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointFormat,
+    CheckpointIdentity,
+    CheckpointRegisteredV1,
+    CheckpointState,
+    FailureSide,
+    RuntimeEnvironment,
+    Topology,
+)
+from ckpt_ha.contracts.job import (
+    FailureCause,
+    JobFailedV1,
+    JobPolicy,
+    JobProgressV1,
+    JobStartedV1,
+    Tolerance,
+)
+from ckpt_ha.contracts.resume import ResumeLoadFailedV1, ResumeVerifiedV1
+from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers, DecisionInProgress
+from ckpt_ha.storage import FsStore
+from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from tests.support.fakes.pins import InMemoryPins
+from tests.support.fakes.publisher import RecordingPublisher
+from tests.support.fakes.registry import InMemoryRegistry
+from tests.support.fakes.restores import InMemoryRestores
+
+JOB = "job-u"
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+ENV = RuntimeEnvironment(
+    framework="torch", framework_version="2.3.0", python_version="3.11.9", image="trainer:1"
+)
+TOPO = Topology(world_size=2)
+
+
+def record(
+    ckpt: str,
+    step: int,
+    *,
+    state: CheckpointState = CheckpointState.VALID,
+    attempt: int = 1,
+    env: RuntimeEnvironment = ENV,
+    uri: str | None = None,
+) -> CheckpointRecord:
+    return CheckpointRecord(
+        checkpoint_id=ckpt,
+        job_id=JOB,
+        run_id="run-1",
+        step=step,
+        uri=uri or f"file:///nowhere/{JOB}/step-{step}",
+        format=CheckpointFormat.NATIVE,
+        state=state,
+        identity=CheckpointIdentity(
+            job_id=JOB, run_id="run-1", attempt=attempt, environment=env, topology=TOPO,
+            code_version="abc", created_at=T0,
+        ),
+        exact_resume=True,
+        created_at=T0 + timedelta(seconds=step),
+        updated_at=T0 + timedelta(seconds=step),
+    )  # fmt: skip
+
+
+def ev(data: EventData, key: str, seconds: float) -> Envelope[Any]:
+    return build(data, source="test/runner", time=T0 + timedelta(seconds=seconds), key=key)
+
+
+def started(
+    attempt: int = 1,
+    *,
+    policy: JobPolicy | None = None,
+    env: RuntimeEnvironment = ENV,
+    plan_id: str | None = None,
+) -> Envelope[Any]:
+    data = JobStartedV1(
+        job_id=JOB, run_id="run-1", attempt=attempt, policy=policy or JobPolicy(),
+        environment=env, topology=TOPO, code_version="abc", plan_id=plan_id,
+    )  # fmt: skip
+    return ev(data, f"started-{attempt}", 1000 * attempt)
+
+
+def failed(
+    attempt: int = 1, *, key: str = "f", plan_id: str | None = None, sig: str = ""
+) -> Envelope[Any]:
+    data = JobFailedV1(
+        job_id=JOB, run_id="run-1", attempt=attempt, cause=FailureCause.NODE_EXIT, signal=9,
+        signature=sig or f"node_exit:{attempt}", plan_id=plan_id,
+    )  # fmt: skip
+    return ev(data, f"{key}-{attempt}", 1000 * attempt + 500)
+
+
+def progress(
+    step: int, *, attempt: int = 1, plan_id: str | None = None, loss: float | None = None
+) -> Envelope[Any]:
+    data = JobProgressV1(
+        job_id=JOB, run_id="run-1", attempt=attempt, step=step, data_position=step * 64,
+        rng_fingerprint=f"rng-{step}", metrics={"loss": 10.0 / step if loss is None else loss},
+        plan_id=plan_id,
+    )  # fmt: skip
+    return ev(data, f"p-{attempt}-{step}", 1000 * attempt + step / 10)
+
+
+class World:
+    """The handlers wired to fakes, plus what a test looks at."""
+
+    def __init__(self, store: FsStore, *records: CheckpointRecord) -> None:
+        self.registry = InMemoryRegistry()
+        self.registry.put(*records)
+        self.pins = InMemoryPins()
+        self.state = InMemoryRestores(self.pins)
+        self.bus = RecordingPublisher()
+        self.store = store
+        self.service_metrics = ServiceMetrics("restore-coordinator")
+        self.metrics = RestoreMetrics(self.service_metrics)
+        ids = iter(range(1_000_000))
+        self.handlers = CoordinatorHandlers(
+            self.state,
+            self.pins,
+            self.registry,
+            store,
+            self.bus,
+            lambda: T0 + timedelta(hours=1),
+            self.metrics,
+            new_id=lambda: f"owner-{next(ids)}",
+            load_failed_grace_s=0.2,
+        )
+
+    def data(self, event_type: str) -> list[Any]:
+        return [e.data for e in self.bus.of_type(event_type)]
+
+    def decisions(self, outcome: str, detail: str) -> float | None:
+        return self.service_metrics.registry.get_sample_value(
+            "ckpt_ha_restore_decisions_total",
+            {"service": "restore-coordinator", "outcome": outcome, "detail": detail},
+        )
+
+
+def three() -> list[CheckpointRecord]:
+    return [record(f"{JOB}-c{i}", step) for i, step in enumerate((100, 200, 300), start=1)]
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> FsStore:
+    root = tmp_path / "store"
+    root.mkdir()
+    return FsStore(root)
+
+
+@pytest.fixture
+def world(store: FsStore) -> World:
+    return World(store, *three())
+
+
+async def test_a_failure_plans_the_newest_valid_checkpoint_and_pins_the_pair(world: World) -> None:
+    h = world.handlers
+    await h.on_started(started())
+    for step in (300, 320, 350):
+        await h.on_progress(progress(step))
+    await h.on_failed(failed())
+    [plan] = world.data("resume.planned")
+    assert (plan.checkpoint_id, plan.attempt, plan.step, plan.expected_step) == (
+        f"{JOB}-c3", 2, 300, 300,
+    )  # fmt: skip
+    assert (plan.mode, plan.compatibility) == ("exact_resume", "identical")
+    assert plan.recompute_steps == 50
+    assert plan.recompute_seconds == pytest.approx(5.0)  # progress at 300 → at 350
+    assert plan.pinned == (f"{JOB}-c3", f"{JOB}-c2")
+    assert plan.fallback_from is None
+    pins = {p.checkpoint_id: p.reason for p in await world.pins.pins(JOB)}
+    assert pins == {f"{JOB}-c3": "restored from", f"{JOB}-c2": "fallback"}
+    stored = await world.state.plan(plan.plan_id)
+    assert stored is not None
+    assert (stored.checkpoint_id, stored.failed_attempt, stored.attempt) == (f"{JOB}-c3", 1, 2)
+    decision = await world.state.decision(JOB, 1)
+    assert decision is not None
+    assert decision.published
+    assert world.decisions("planned", "exact_resume") == 1.0
+    assert world.state.leases == {}  # released
+
+
+async def test_a_duplicated_failure_republishes_the_same_plan(world: World) -> None:
+    h = world.handlers
+    await h.on_started(started())
+    for copy in range(3):  # new event ids, same failure
+        await h.on_failed(failed(key=f"copy{copy}"))
+    assert len(world.data("resume.planned")) == 1
+    assert world.decisions("planned", "exact_resume") == 1.0
+    assert [f.attempt for f in await world.state.failures(JOB)] == [1]
+
+
+async def test_a_decision_in_progress_elsewhere_is_retried(world: World) -> None:
+    await world.handlers.on_started(started())
+    assert await world.state.lease(JOB, 1, "other-replica", 30.0)
+    with pytest.raises(DecisionInProgress):
+        await world.handlers.on_failed(failed())
+    assert world.bus.events == []
+
+
+async def test_a_failure_before_its_start_waits_for_it(world: World) -> None:
+    from ckpt_ha.core.errors import DependencyNotReady
+
+    with pytest.raises(DependencyNotReady):
+        await world.handlers.on_failed(failed())
+    await world.handlers.on_started(started())
+    await world.handlers.on_failed(failed())
+    assert len(world.data("resume.planned")) == 1
+
+
+async def test_a_load_failure_quarantines_and_falls_back_once(world: World, store: FsStore) -> None:
+    h = world.handlers
+    store.put(f"{JOB}/step-300/shard-0.bin", b"bad")
+    world.registry.put(record(f"{JOB}-c3", 300, uri=store.uri(f"{JOB}/step-300")))
+    await h.on_started(started())
+    await h.on_failed(failed())
+    [first] = world.data("resume.planned")
+    await h.on_started(started(2, plan_id=first.plan_id))
+    load_failed = ResumeLoadFailedV1(
+        job_id=JOB, plan_id=first.plan_id, run_id="run-1", checkpoint_id=first.checkpoint_id,
+        reason="checksum mismatch in shard 0", side=FailureSide.INFRASTRUCTURE,
+    )  # fmt: skip
+    await h.on_load_failed(ev(load_failed, "lf", 2100))
+    [q] = world.data("checkpoint.quarantined")
+    assert (q.checkpoint_id, q.reason) == (f"{JOB}-c3", "load failed: checksum mismatch in shard 0")
+    assert q.quarantine_uri is not None  # the bytes moved aside before the event
+    assert not store.exists(f"{JOB}/step-300/shard-0.bin")
+    plans = world.data("resume.planned")
+    assert [(p.attempt, p.checkpoint_id, p.fallback_from) for p in plans] == [
+        (2, f"{JOB}-c3", None),
+        (3, f"{JOB}-c2", f"{JOB}-c3"),
+    ]
+    fallback = await world.state.plan(plans[1].plan_id)
+    assert fallback is not None
+    assert fallback.fallbacks == 1
+    history = await world.state.history(JOB, 2, 8)
+    assert len(history.storage_errors) == 1  # an infrastructure-side load failure counts
+    # The resumed attempt's own job.failed (no progress) finds the fallback already decided.
+    await h.on_failed(failed(2, plan_id=first.plan_id))
+    assert len(world.data("resume.planned")) == 2
+    assert world.data("resume.escalated") == []
+
+
+async def test_fallbacks_exhausted_escalate(world: World) -> None:
+    h = world.handlers
+    policy = JobPolicy(max_fallbacks=1)
+    await h.on_started(started(policy=policy))
+    await h.on_failed(failed())
+    for n in range(2):
+        [plan] = world.data("resume.planned")[-1:]
+        await h.on_started(started(plan.attempt, policy=policy, plan_id=plan.plan_id))
+        lf = ResumeLoadFailedV1(
+            job_id=JOB, plan_id=plan.plan_id, run_id="run-1", checkpoint_id=plan.checkpoint_id,
+            reason="bad", side=FailureSide.JOB,
+        )  # fmt: skip
+        await h.on_load_failed(ev(lf, f"lf{n}", 2100 + n))
+    [esc] = world.data("resume.escalated")
+    assert esc.reason == "fallbacks_exhausted"
+    assert esc.next_step.startswith("docs/RUNBOOK.md#choose-rollback-version")
+
+
+async def test_a_restart_loop_escalates_and_stops_planning(world: World) -> None:
+    h = world.handlers
+    policy = JobPolicy(max_restarts=2, restart_window_s=3600)
+    for attempt in (1, 2, 3):
+        await h.on_started(started(attempt, policy=policy))
+        await h.on_failed(failed(attempt))
+    assert [p.attempt for p in world.data("resume.planned")] == [2, 3]
+    [esc] = world.data("resume.escalated")
+    assert esc.reason == "restart_loop"
+    assert "2 automatic restores" in esc.detail
+    assert world.decisions("escalated", "restart_loop") == 1.0
+
+
+async def test_no_valid_checkpoint_escalates(store: FsStore) -> None:
+    world = World(store, record(f"{JOB}-w", 100, state=CheckpointState.WRITING))
+    await world.handlers.on_started(started())
+    await world.handlers.on_failed(failed())
+    [esc] = world.data("resume.escalated")
+    assert esc.reason == "no_valid_checkpoint"
+    assert world.data("resume.planned") == []
+    assert await world.pins.pins(JOB) == []
+
+
+async def test_an_unknown_environment_escalates_or_initialises_weights_by_policy(
+    world: World,
+) -> None:
+    new_fw = ENV.model_copy(update={"framework_version": "2.4.0"})
+    await world.handlers.on_started(started(env=new_fw))
+    await world.handlers.on_failed(failed())
+    [esc] = world.data("resume.escalated")
+    assert esc.reason == "compatibility_unknown"
+    assert "framework_version: 2.3.0 -> 2.4.0 (no declared rule)" in esc.detail
+    await world.handlers.on_started(
+        started(2, env=new_fw, policy=JobPolicy(allow_weights_only=True))
+    )
+    await world.handlers.on_failed(failed(2))
+    [plan] = world.data("resume.planned")
+    assert (plan.mode, plan.compatibility) == ("weights_only_init", "unknown")
+
+
+@pytest.mark.parametrize(("off", "verdict"), [(0.0, "resume.verified"), (0.5, "resume.diverged")])
+async def test_continuity_after_resume(world: World, off: float, verdict: str) -> None:
+    h = world.handlers
+    policy = JobPolicy(tolerances=(Tolerance(metric="loss", abs=0.01, rel=0.01),),
+                       continuity_steps=2)  # fmt: skip
+    await h.on_started(started(policy=policy))
+    for step in range(295, 311):
+        await h.on_progress(progress(step))
+    await h.on_failed(failed())
+    [plan] = world.data("resume.planned")
+    await h.on_started(started(2, policy=policy, plan_id=plan.plan_id))
+    for step in (301, 302):
+        await h.on_progress(progress(step, attempt=2, plan_id=plan.plan_id, loss=10.0 / step + off))
+    [found] = world.data(verdict)
+    assert found.plan_id == plan.plan_id
+    assert await world.state.verdict(plan.plan_id) == verdict.split(".")[1]
+    if off:
+        assert found.step == 301
+        assert "step 301: loss" in found.reason
+    else:
+        assert found.step == 302
+        assert all(c.ok for c in found.comparisons)
+    # Once decided, the resumed attempt's reports become the job's trajectory.
+    now_at = await world.state.point_at(JOB, 301)
+    assert now_at is not None
+    assert now_at.attempt == 2
+    # After the verdict, progress is trajectory again and no second verdict comes.
+    await h.on_progress(progress(303, attempt=2, plan_id=plan.plan_id))
+    assert len(world.data(verdict)) == 1
+
+
+async def test_a_newer_valid_checkpoint_of_the_resumed_attempt_unpins(world: World) -> None:
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_failed(failed())
+    assert len(await world.pins.pins(JOB)) == 2
+
+    def registered(ckpt: str, step: int, attempt: int, state: CheckpointState) -> Envelope[Any]:
+        identity = CheckpointIdentity(job_id=JOB, run_id="run-1", attempt=attempt, created_at=T0)
+        data = CheckpointRegisteredV1(
+            job_id=JOB, checkpoint_id=ckpt, uri=f"file:///x/{ckpt}", step=step, state=state,
+            identity=identity,
+        )  # fmt: skip
+        return ev(data, ckpt, 3000)
+
+    await h.on_registered(registered("late", 310, 1, CheckpointState.VALID))  # the failed attempt
+    await h.on_registered(registered("bad", 400, 2, CheckpointState.CORRUPT))  # not valid
+    assert len(await world.pins.pins(JOB)) == 2
+    await h.on_registered(registered("c4", 400, 2, CheckpointState.VALID))
+    assert await world.pins.pins(JOB) == []
+
+
+async def test_closure_deletes_the_failed_attempts_partial_write_and_escalates_the_rest(
+    store: FsStore,
+) -> None:
+    store.put(f"{JOB}/step-400/shard-0.bin", b"partial")
+    store.put(f"{JOB}/step-400/shard-1.bin", b"partial")
+    partial = record(f"{JOB}-p", 400, state=CheckpointState.WRITING,
+                     uri=store.uri(f"{JOB}/step-400"))  # fmt: skip
+    elsewhere = record(f"{JOB}-e", 410, state=CheckpointState.WRITE_FAILED,
+                       uri="s3://other-bucket/x")  # fmt: skip
+    partial = partial.model_copy(update={"created_at": T0 + timedelta(seconds=1200)})
+    elsewhere = elsewhere.model_copy(update={"created_at": T0 + timedelta(seconds=1200)})
+    world = World(store, *three(), partial, elsewhere)
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_failed(failed())
+    [plan] = world.data("resume.planned")
+    verified = ResumeVerifiedV1(
+        job_id=JOB, plan_id=plan.plan_id, run_id="run-1", checkpoint_id=plan.checkpoint_id,
+        step=301,
+    )  # fmt: skip
+    await h.on_verified(ev(verified, "v", 3000))
+    [closed] = world.data("resume.closed")
+    assert closed.cleaned == (partial.uri,)
+    assert closed.unreclaimable == ("s3://other-bucket/x: outside this coordinator's storage root",)
+    assert list(store.list(f"{JOB}/step-400/")) == []
+    [esc] = world.data("resume.escalated")
+    assert esc.reason == "unreclaimable_leftovers"
+
+
+async def test_unknown_plans_are_ignored(world: World) -> None:
+    verified = ResumeVerifiedV1(
+        job_id=JOB, plan_id="nope", run_id="run-1", checkpoint_id="c", step=1
+    )
+    await world.handlers.on_verified(ev(verified, "v", 1))
+    lf = ResumeLoadFailedV1(
+        job_id=JOB, plan_id="nope", run_id="run-1", checkpoint_id="unknown", reason="x"
+    )
+    await world.handlers.on_load_failed(ev(lf, "lf", 1))
+    assert world.bus.events == []
+    assert await world.state.exclude(JOB, "other") == {"unknown", "other"}
