@@ -1,0 +1,275 @@
+"""Save a native checkpoint that ckpt-ha can prove complete, and load one back checking every
+shard (see the package doc for the order of a save)."""
+
+from __future__ import annotations
+
+import logging
+import platform
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from pydantic import ValidationError
+
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointFormat,
+    CheckpointIdentity,
+    CheckpointWritingV1,
+    RuntimeEnvironment,
+    Topology,
+)
+from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.formats import checksum as cs
+from ckpt_ha.formats import native
+from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.formats.paths import inside, join
+from ckpt_ha.sdk import state as codec
+from ckpt_ha.sdk.protocol import Bus, Context, context, trace_context, try_announce
+from ckpt_ha.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState
+from ckpt_ha.storage import ObjectNotFound, ObjectStore, open_store
+
+log = logging.getLogger("ckpt_ha.sdk")
+
+
+class CheckpointExists(Exception):
+    """The target folder already holds files (an earlier attempt, or another run)."""
+
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+        super().__init__(
+            f"{uri} already holds files. A checkpoint's id comes from its folder and its oldest "
+            "file, so writing there again would be confused with the earlier write: save under "
+            "another step, or remove the leftovers first"
+        )
+
+
+class CheckpointUnreadable(Exception):
+    """`load` found the checkpoint incomplete or not matching its manifest."""
+
+    def __init__(self, uri: str, verdict: str, reason: str) -> None:
+        self.uri = uri
+        self.verdict = verdict
+        """``incomplete`` (no manifest) or ``corrupt`` (a shard or the index does not match)."""
+        self.reason = reason
+        super().__init__(f"{uri}: {verdict}: {reason}")
+
+
+@dataclass(frozen=True)
+class Saved:
+    checkpoint_id: str
+    uri: str
+    step: int
+    manifest: native.Manifest
+    announced: bool
+    """False when `committed` could not be published: the writer-watcher will announce it."""
+    announced_writing: bool = False
+
+
+@dataclass(frozen=True)
+class Loaded:
+    state: dict[str, Any]
+    step: int
+    uri: str
+    manifest: native.Manifest
+
+    @property
+    def identity(self) -> CheckpointIdentity | None:
+        return self.manifest.identity
+
+
+def _environment(frameworks: frozenset[str], image: str | None) -> RuntimeEnvironment:
+    libraries = {"numpy": np.__version__}
+    framework: str | None = None
+    version: str | None = None
+    if "torch" in frameworks:
+        from ckpt_ha.sdk import torch_leaves
+
+        framework, version = "torch", torch_leaves.version()
+        libraries["torch"] = version
+    elif "numpy" in frameworks:
+        framework, version = "numpy", np.__version__
+    return RuntimeEnvironment(
+        framework=framework,
+        framework_version=version,
+        python_version=platform.python_version(),
+        image=image,
+        libraries=libraries,
+    )
+
+
+def _put(store: ObjectStore, prefix: str, path: str, data: bytes) -> native.Shard:
+    store.put(join(prefix, path), data)
+    return native.Shard(path=path, size=len(data), checksum=cs.of_bytes(data))
+
+
+def folder_for(job_id: str, step: int, attempt: int = 1) -> str:
+    """Where a checkpoint of ``step`` goes: ``<job>/step-<step>``, and for a later attempt of the
+    run ``<job>/step-<step>-a<attempt>``. A resumed attempt recomputes steps an earlier attempt
+    may have started to save (it was killed mid-write); its checkpoint is a new one, in its own
+    folder, never written over the partial one (which the restore-coordinator cleans up)."""
+    base = f"{job_id}/step-{step:08d}"
+    return base if attempt <= 1 else f"{base}-a{attempt}"
+
+
+def save(
+    storage_root: str | ObjectStore,
+    job_id: str,
+    step: int,
+    state: Mapping[str, object],
+    *,
+    run_id: str | None = None,
+    attempt: int | None = None,
+    project: str | None = None,
+    model_version: str | None = None,
+    code_version: str | None = None,
+    data_snapshot: str | None = None,
+    config_hash: str | None = None,
+    topology: Topology | None = None,
+    image: str | None = None,
+    exact_resume: bool = True,
+    bus: Bus | None = None,
+    clock: Clock = utc_now,
+    ctx: Context | None = None,
+) -> Saved:
+    """Write ``state`` as checkpoint ``<job_id>/step-<step:08d>`` and announce it (best effort).
+
+    ``state`` maps names to a tree of mappings, lists, tuples, JSON scalars and array leaves
+    (bytes, numpy arrays, torch tensors): e.g. ``{"model": model.state_dict(), "optimizer":
+    optimizer.state_dict(), "epoch": 3}``. Unsupported leaves raise `UnsupportedState` before
+    anything is written; a folder that already holds files raises `CheckpointExists`.
+
+    Under a runner (`context()`, or ``ctx``), ``run_id``, ``attempt``, ``code_version``,
+    ``topology``, ``bus`` and the runtime environment default to the attempt's, so the
+    checkpoint's identity matches what the runner reported in ``job.started``.
+    """
+    ctx = ctx if ctx is not None else context()
+    if ctx is not None and ctx.job_id == job_id:
+        run_id = run_id if run_id is not None else ctx.run_id
+        attempt = attempt if attempt is not None else ctx.attempt
+        code_version = code_version if code_version is not None else ctx.code_version
+        topology = topology if topology is not None else ctx.topology
+        bus = bus if bus is not None else ctx.bus
+    if run_id is None:
+        raise ValueError("run_id is required outside a runner (no $CKPT_HA_JOB for this job)")
+    if inside(job_id) != job_id or "/" in job_id:
+        raise ValueError(f"job id {job_id!r} must be one path component")
+    if step < 0:
+        raise ValueError(f"step {step} must be >= 0")
+    store = open_store(storage_root) if isinstance(storage_root, str) else storage_root
+    prefix = folder_for(job_id, step, attempt or 1)
+    uri = store.uri(prefix)
+    encoded = codec.encode(state)
+    now = clock()
+    identity = CheckpointIdentity(
+        job_id=job_id,
+        run_id=run_id,
+        attempt=attempt or 1,
+        project=project,
+        model_version=model_version,
+        code_version=code_version,
+        data_snapshot=data_snapshot,
+        config_hash=config_hash,
+        environment=(
+            ctx.environment
+            if ctx is not None and ctx.job_id == job_id and ctx.environment and image is None
+            else _environment(encoded.frameworks, image)
+        ),
+        topology=topology,
+        created_at=now,
+    )
+    if next(iter(store.list(f"{prefix}/")), None) is not None:
+        raise CheckpointExists(uri)
+
+    # The index is the folder's first file: its mtime, as the store lists it, fixes the id.
+    shards = [_put(store, prefix, INDEX, encoded.index)]
+    checkpoint_id = checkpoint_id_on(store, prefix)
+    writing = CheckpointWritingV1(
+        job_id=job_id,
+        checkpoint_id=checkpoint_id,
+        uri=uri,
+        run_id=run_id,
+        step=step,
+        format=CheckpointFormat.NATIVE,
+    )
+    trace = trace_context()  # one trace for the checkpoint: writing, committed and what follows
+    announced_writing = try_announce(bus, writing, now, traceparent=trace)
+    # One leaf serialised at a time: memory holds one shard's bytes, not the whole state.
+    shards.extend(_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in encoded.leaves)
+    manifest = native.Manifest(
+        step=step,
+        created_at=now,
+        identity=identity,
+        exact_resume=exact_resume,
+        shards=tuple(shards),
+    )
+    store.put_if_absent(join(prefix, native.MANIFEST), manifest.model_dump_json(indent=2).encode())
+    final_id = checkpoint_id_on(store, prefix)
+    if final_id != checkpoint_id:  # a leaf listed older than the index: the clock stepped back
+        log.warning("checkpoint id moved from %s to %s while saving", checkpoint_id, final_id)
+        checkpoint_id = final_id  # what the watcher derives from the finished folder
+    committed = CheckpointCommittedV1(
+        job_id=job_id,
+        checkpoint_id=checkpoint_id,
+        uri=uri,
+        run_id=run_id,
+        step=step,
+        format=CheckpointFormat.NATIVE,
+        identity=identity,
+        shard_count=len(shards),
+        total_bytes=sum(s.size for s in shards),
+    )
+    announced = try_announce(bus, committed, clock(), traceparent=trace)
+    return Saved(checkpoint_id, uri, step, manifest, announced, announced_writing)
+
+
+def load(where: str | ObjectStore, prefix: str = "", *, tensors: Tensors = "auto") -> Loaded:
+    """Read the checkpoint at ``where`` (its folder URI or path, e.g. `Saved.uri` or a registry
+    record's ``uri``; or a store plus ``prefix``), verifying every shard as it is read.
+
+    Torch tensors come back as torch tensors when torch is installed (``tensors="numpy"``
+    forces numpy arrays); numpy arrays as numpy, bytes as bytes, the rest as saved. Raises
+    `CheckpointUnreadable` for a missing manifest or any size/checksum mismatch, and
+    `NeedsTorch` for a tensor dtype numpy cannot hold (bfloat16, float8) without torch.
+    """
+    store = open_store(where) if isinstance(where, str) else where
+    uri = store.uri(join(prefix, native.MANIFEST)).removesuffix(f"/{native.MANIFEST}")
+    try:
+        manifest = native.Manifest.model_validate_json(
+            store.read_bytes(join(prefix, native.MANIFEST))
+        )
+    except ObjectNotFound as exc:
+        raise CheckpointUnreadable(uri, "incomplete", f"{native.MANIFEST} is missing") from exc
+    except ValidationError as exc:
+        raise CheckpointUnreadable(uri, "corrupt", f"{native.MANIFEST}: {exc}") from exc
+    listed = {shard.path: shard for shard in manifest.shards}
+
+    def read(path: str) -> bytes:
+        shard = listed.get(path)
+        if shard is None or inside(path) != path:
+            raise CheckpointUnreadable(uri, "corrupt", f"{path!r} is not a shard of the manifest")
+        try:
+            data = store.read_bytes(join(prefix, path))
+            algorithm, _ = cs.parse(shard.checksum)
+        except ObjectNotFound as exc:
+            raise CheckpointUnreadable(uri, "corrupt", f"{path} is missing") from exc
+        except ValueError as exc:
+            raise CheckpointUnreadable(uri, "corrupt", f"{path}: {exc}") from exc
+        if len(data) != shard.size:
+            reason = f"{path}: {len(data)} bytes, manifest says {shard.size}"
+            raise CheckpointUnreadable(uri, "corrupt", reason)
+        if cs.of_bytes(data, algorithm) != shard.checksum:
+            raise CheckpointUnreadable(uri, "corrupt", f"{path}: checksum mismatch")
+        return data
+
+    try:
+        if INDEX in listed:
+            state = codec.decode(read(INDEX), read, tensors=tensors)
+        else:  # written by native.write directly, or by an SDK before the state index
+            state = codec.decode_plain({path: read(path) for path in listed})
+    except NeedsTorch:
+        raise  # the checkpoint is fine; this process cannot represent it
+    except UnreadableState as exc:
+        raise CheckpointUnreadable(uri, "corrupt", str(exc)) from exc
+    return Loaded(state=state, step=manifest.step, uri=uri, manifest=manifest)

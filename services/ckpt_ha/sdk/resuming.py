@@ -1,0 +1,168 @@
+"""Resume a job from the restore-coordinator's plan: load the planned checkpoint (waiting a
+while for storage that is briefly gone) and report `resume.loaded` or `resume.load_failed`."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ckpt_ha.contracts.checkpoint import (
+    FailureSide,
+)
+from ckpt_ha.contracts.resume import ResumeLoadedV1, ResumeLoadFailedV1, ResumePlannedV1
+from ckpt_ha.core.clock import utc_now
+from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.sdk.checkpoints import CheckpointUnreadable, Loaded, load
+from ckpt_ha.sdk.protocol import Context, context, try_announce
+from ckpt_ha.sdk.state import Tensors
+from ckpt_ha.storage import ObjectStore, StorageError, open_store
+
+log = logging.getLogger("ckpt_ha.sdk")
+
+
+class ResumeFailed(Exception):
+    """The plan's checkpoint could not be verified or loaded: this attempt must not train on.
+
+    ``resume.load_failed`` has been published (best effort), so the restore-coordinator
+    quarantines the checkpoint and plans the previous valid one.
+    """
+
+    def __init__(self, plan: ResumePlannedV1, reason: str) -> None:
+        self.plan = plan
+        self.reason = reason
+        super().__init__(
+            f"cannot resume from checkpoint {plan.checkpoint_id} ({plan.checkpoint_uri}) "
+            f"planned by {plan.plan_id}: {reason}"
+        )
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A checkpoint restored for a plan: the state to continue from, and the plan itself."""
+
+    plan: ResumePlannedV1
+    loaded: Loaded
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return self.loaded.state
+
+    @property
+    def step(self) -> int:
+        return self.loaded.step
+
+
+Describe = Callable[[Mapping[str, Any]], tuple[int | None, str | None]]
+"""From a restored state: (data position, RNG fingerprint), reported in ``resume.loaded``."""
+
+
+def resume(
+    *,
+    describe: Describe | None = None,
+    tensors: Tensors = "auto",
+    ctx: Context | None = None,
+) -> Resumed | None:
+    """Carry out this attempt's resume plan: None on a fresh start (no plan).
+
+    With a plan: load its checkpoint, verifying every shard (`load`), its step and its id
+    against the plan; publish ``resume.loaded`` (with the data position and RNG fingerprint
+    ``describe`` gives) and return the state. If anything does not match or cannot be read,
+    publish ``resume.load_failed`` and raise `ResumeFailed`: never train on from a checkpoint
+    that is not the verified one.
+    """
+    ctx = ctx if ctx is not None else context()
+    if ctx is None or ctx.plan is None:
+        return None
+    plan = ctx.plan
+    started = time.monotonic()
+    try:
+        loaded = _load_waiting_for_storage(plan, ctx, tensors)
+        data_position, rng = describe(loaded.state) if describe is not None else (None, None)
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+        infrastructure = isinstance(exc, CheckpointUnreadable) or (
+            isinstance(exc, StorageError) and exc.transient
+        )
+        side = FailureSide.INFRASTRUCTURE if infrastructure else FailureSide.JOB
+        failed = ResumeLoadFailedV1(
+            job_id=ctx.job_id,
+            plan_id=plan.plan_id,
+            run_id=ctx.run_id,
+            checkpoint_id=plan.checkpoint_id,
+            reason=reason[:2000],
+            side=side,
+        )
+        try_announce(ctx.bus, failed, utc_now(), f"resume.load_failed|{plan.plan_id}", always=True)
+        raise ResumeFailed(plan, reason) from exc
+    loaded_event = ResumeLoadedV1(
+        job_id=ctx.job_id,
+        plan_id=plan.plan_id,
+        run_id=ctx.run_id,
+        checkpoint_id=plan.checkpoint_id,
+        step=loaded.step,
+        attempt=ctx.attempt,
+        data_position=data_position,
+        rng_fingerprint=rng,
+        load_seconds=round(time.monotonic() - started, 6),
+    )
+    try_announce(ctx.bus, loaded_event, utc_now(), f"resume.loaded|{plan.plan_id}", always=True)
+    return Resumed(plan, loaded)
+
+
+RESTORE_STORAGE_WAIT_S = 60.0
+"""Default for ``CKPT_HA_RESTORE_STORAGE_WAIT_S``: how long a restore waits for storage that is
+unavailable (a transient `StorageError`: volume unmounted, endpoint down) before it fails."""
+
+
+def _load_waiting_for_storage(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:
+    """`_load_planned`, retried with backoff while storage is unavailable, within the limit of
+    ``CKPT_HA_RESTORE_STORAGE_WAIT_S``. Anything else (a checksum mismatch, a missing shard) fails
+    at once: waiting cannot repair a damaged checkpoint."""
+    limit = float(os.environ.get("CKPT_HA_RESTORE_STORAGE_WAIT_S", RESTORE_STORAGE_WAIT_S))
+    deadline = time.monotonic() + limit
+    delay = 0.2
+    tries = 1
+    while True:
+        try:
+            return _load_planned(plan, ctx, tensors)
+        except StorageError as exc:
+            if not exc.transient or time.monotonic() + delay > deadline:
+                raise
+            log.warning(
+                "storage unavailable while loading %s (try %d), retrying in %.1fs: %s",
+                plan.checkpoint_id, tries, delay, exc,
+            )  # fmt: skip
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+            tries += 1
+
+
+def _load_planned(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:
+    store: ObjectStore | None = None
+    folder = "/".join(plan.checkpoint_uri.rstrip("/").split("/")[-2:])
+    if ctx.storage_root is not None:
+        candidate = open_store(ctx.storage_root)
+        with contextlib.suppress(ValueError):  # not a key of this store: load by URI
+            if candidate.uri(folder) == plan.checkpoint_uri.rstrip("/"):
+                store = candidate
+    if store is None:
+        loaded = load(plan.checkpoint_uri, tensors=tensors)
+    else:
+        loaded = load(store, folder, tensors=tensors)
+        found = checkpoint_id_on(store, folder)
+        if found != plan.checkpoint_id:
+            raise CheckpointUnreadable(
+                loaded.uri,
+                "replaced",
+                f"the folder now holds checkpoint {found}, not the planned one",
+            )
+    if loaded.step != plan.step:
+        raise CheckpointUnreadable(
+            loaded.uri, "mismatch", f"its manifest says step {loaded.step}, the plan {plan.step}"
+        )
+    return loaded
