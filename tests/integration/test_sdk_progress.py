@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -29,15 +29,6 @@ from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.tcp_gate import TcpGate
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def stream(settings: ServiceSettings) -> AsyncIterator[None]:
-    """The events stream exists (a service would have declared it)."""
-    bus = Bus(settings.bus(), "test-producer")
-    await bus.broker.start()
-    yield
-    await bus.broker.stop()
 
 
 @pytest.fixture(autouse=True)
@@ -68,7 +59,7 @@ def closed_port() -> int:
 
 
 async def test_many_reports_go_out_over_one_connection(
-    settings: ServiceSettings, stream: None, tmp_path: Path
+    settings: ServiceSettings, producer: Bus, tmp_path: Path
 ) -> None:
     bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix)
     ctx = ctx_for(bus, "job-many", tmp_path)
@@ -86,7 +77,7 @@ async def test_many_reports_go_out_over_one_connection(
 
 
 async def test_a_broker_that_does_not_answer_never_holds_a_step(
-    settings: ServiceSettings, stream: None, tmp_path: Path
+    settings: ServiceSettings, producer: Bus, tmp_path: Path
 ) -> None:
     """The connection is held unanswered: the calls return at once, the queue keeps the newest
     reports, and once the broker answers the next report says how many were dropped."""
@@ -152,7 +143,7 @@ def test_with_the_broker_unreachable_calls_return_at_once_and_drops_are_counted(
 
 
 async def test_reports_queued_before_exit_are_published_at_exit(
-    settings: ServiceSettings, stream: None, tmp_path: Path
+    settings: ServiceSettings, producer: Bus, tmp_path: Path
 ) -> None:
     """A training process that returns right after its last report loses none of them."""
     env = {

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import socket
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
@@ -26,15 +25,6 @@ from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.resume_tools import plan_for
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-async def stream(settings: ServiceSettings) -> AsyncIterator[None]:
-    """The events stream exists (a service would have declared it)."""
-    bus = Bus(settings.bus(), "test-producer")
-    await bus.broker.start()
-    yield
-    await bus.broker.stop()
 
 
 async def events(settings: ServiceSettings, event_type: str) -> list[dict[str, object]]:
@@ -119,7 +109,7 @@ def test_save_under_a_runner_records_the_attempts_identity(tmp_path: Path) -> No
 
 
 async def test_resume_loads_the_plan_and_reports_loaded(
-    settings: ServiceSettings, stream: None, tmp_path: Path
+    settings: ServiceSettings, producer: Bus, tmp_path: Path
 ) -> None:
     saved_state = save_one(tmp_path, "job-r", 20)
     plan = plan_for(tmp_path, "job-r", 20)
@@ -147,7 +137,7 @@ async def test_resume_without_a_plan_is_a_fresh_start(
 
 @pytest.mark.parametrize("damage", ["corrupt_shard", "replaced_folder", "missing"])
 async def test_resume_of_an_unverifiable_checkpoint_reports_load_failed_and_raises(
-    settings: ServiceSettings, stream: None, tmp_path: Path, damage: str
+    settings: ServiceSettings, producer: Bus, tmp_path: Path, damage: str
 ) -> None:
     save_one(tmp_path, "job-x", 30)
     plan = plan_for(tmp_path, "job-x", 30)
@@ -182,7 +172,7 @@ async def test_resume_of_an_unverifiable_checkpoint_reports_load_failed_and_rais
 
 
 async def test_progress_reports_steps_with_the_plan_id_and_writes_the_progress_file(
-    settings: ServiceSettings, stream: None, tmp_path: Path
+    settings: ServiceSettings, producer: Bus, tmp_path: Path
 ) -> None:
     save_one(tmp_path, "job-p", 10)
     plan = plan_for(tmp_path, "job-p", 10)
