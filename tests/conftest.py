@@ -11,7 +11,7 @@ import contextlib
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from urllib.parse import urlparse
 
 import nats
@@ -23,6 +23,7 @@ from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.sdk import publisher
 from ckpt_ha.writer_watcher import adapters as watcher_adapters
 
 pytest_plugins = ["tests.support.private_infra"]
@@ -53,6 +54,14 @@ def nats_url() -> str:
 def redis_url() -> str:
     _require(REDIS_URL, "Redis")
     return REDIS_URL
+
+
+@pytest.fixture(autouse=True)
+def _sdk_progress_publishers_closed() -> Iterator[None]:
+    """Each test's SDK progress publishers are flushed and closed when it ends, so what one left
+    queued is reported inside that test rather than at interpreter exit."""
+    yield
+    publisher.close_all()
 
 
 @pytest.fixture
