@@ -124,8 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"testinfra: {line}", file=sys.stderr, flush=True)
 
     if command == "down":
-        for proc in down(home):
-            log(f"stopped {proc.name} (pid {proc.pid})")
+        # Quiet: it runs after pytest's summary, which stays the last line of the test command.
+        down(home)
         return 0
     try:
         exports = up(home, os.environ, log)
