@@ -82,12 +82,11 @@ async def restore_owners(
 ) -> AsyncIterator[tuple[RedisPins, RedisRestores]]:
     """The owners of the pins and of the restore state (plans, verdicts, failures) for one
     command, on one connection."""
-    import redis.asyncio as aioredis
-
+    from ckpt_ha.registry.client import connect
     from ckpt_ha.registry.pins import RedisPins
     from ckpt_ha.registry.restores import RedisRestores
 
-    client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = connect(settings.redis_url)
     pins = RedisPins(client, settings.registry_prefix)
     try:
         yield pins, RedisRestores(client, settings.registry_prefix, pins=pins)

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from ckpt_ha.core.restore_records import Pin
+from ckpt_ha.registry.client import connect
 
 KEY_SPACE = "pins:"
 """Every key of this owner starts with ``<prefix>:`` and this (what a registry rebuild keeps)."""
@@ -39,7 +40,7 @@ class RedisPins:
 
     @classmethod
     def from_url(cls, url: str, prefix: str) -> RedisPins:
-        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix)
+        return cls(connect(url), prefix)
 
     async def close(self) -> None:
         await self._r.aclose()

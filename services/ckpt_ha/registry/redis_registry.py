@@ -38,6 +38,7 @@ from ckpt_ha.core.records import (
     project_batch,
 )
 from ckpt_ha.core.tiers import TierChoice, resolve_tier
+from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
@@ -121,7 +122,7 @@ class Registry:
 
     @classmethod
     def from_url(cls, url: str, prefix: str = "ckpt-ha") -> Registry:
-        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix)
+        return cls(connect(url), prefix)
 
     async def close(self) -> None:
         await self.r.aclose()

@@ -48,6 +48,7 @@ from ckpt_ha.core.restore_records import (
     Point,
     Started,
 )
+from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.pins import RedisPins
 
 KEY_SPACE = "coord:"
@@ -111,7 +112,7 @@ class RedisRestores:
 
     @classmethod
     def from_url(cls, url: str, prefix: str, **kwargs: Any) -> RedisRestores:
-        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix, **kwargs)
+        return cls(connect(url), prefix, **kwargs)
 
     async def close(self) -> None:
         await self._r.aclose()

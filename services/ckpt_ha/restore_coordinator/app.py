@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from faststream import FastStream
 
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
@@ -57,7 +57,7 @@ class RestoreCoordinator(Service):
 def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> RestoreCoordinator:
     base = new_service(NAME, settings)
     # One Redis client for the process; each key space is reached through its owner.
-    client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = connect(settings.redis_url)
     pins = RedisPins(client, settings.registry_prefix)
     state = RedisRestores(
         client,

@@ -22,6 +22,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
 from ckpt_ha.formats import dcp, dcp_metadata, detect, native
 from ckpt_ha.formats.paths import inside
 from ckpt_ha.formats.safetensors import INDEX_SUFFIX
+from ckpt_ha.registry.client import connect
 from ckpt_ha.storage import ObjectInfo, ObjectStore, StorageError, quarantine
 from ckpt_ha.writer_watcher.domain import Evidence, Observation, Tracked, WatchState
 from ckpt_ha.writer_watcher.ports import WatchStateStore, WatchStateUnavailable
@@ -202,7 +203,7 @@ class RedisWatchState:
 
     @classmethod
     def from_url(cls, url: str, prefix: str, root_uri: str) -> RedisWatchState:
-        return cls(aioredis.Redis.from_url(url, decode_responses=True), prefix, root_uri)
+        return cls(connect(url), prefix, root_uri)
 
     async def close(self) -> None:
         await self.r.aclose()

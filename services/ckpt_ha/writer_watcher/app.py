@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import timedelta
 
-import redis.asyncio as aioredis
 from faststream import FastStream
 
 from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
@@ -36,7 +36,7 @@ class WriterWatcher(Service):
 def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatcher:
     base = new_service(NAME, settings)
     store = open_store(settings.storage_root)
-    client = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = connect(settings.redis_url)
     registry = Registry(client, settings.registry_prefix)
     state = adapters.RedisWatchState(client, settings.registry_prefix, store.uri("x"))
     svc = WriterWatcher(
