@@ -1,0 +1,125 @@
+"""ckpt-ha's two small files beside a checkpoint written by a framework (DCP, a Hugging Face
+`Trainer`): who wrote it, and proof that the write finished.
+
+* ``ckpt-ha.identity.json`` (`Intent`) is written **first**, before the framework writes
+  anything, and never rewritten: it binds the folder to job, run, attempt, environment and
+  topology (R4), and says "a ckpt-ha integration is writing here: wait for its commit file".
+  Being the folder's first file, its time fixes the checkpoint id (`formats.identity`).
+* ``ckpt-ha.commit.json`` (`Commit`) is written **last**, atomically, by one process (rank 0)
+  after every rank's files are durable: each file of the checkpoint with its size and checksum,
+  and the step.
+
+Rules every reader applies (the writer-watcher, the integrity-checker, ``ckpt-ha verify``):
+an intent without a commit file is a write in progress (never committed, never corrupt, never
+quarantined; a stall makes it ``write_failed``); a commit file makes its listed files, at their
+listed sizes, the commit evidence, and their checksums the integrity evidence; neither file
+leaves the format's own rules (``.metadata`` for DCP, ``trainer_state.json`` for a Trainer).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ckpt_ha.contracts.checkpoint import CheckpointIdentity
+from ckpt_ha.formats.paths import inside, join
+from ckpt_ha.storage import ObjectNotFound, ObjectStore
+
+INTENT = "ckpt-ha.identity.json"
+COMMIT = "ckpt-ha.commit.json"
+NAMES = frozenset({INTENT, COMMIT})
+MAX_BYTES = 16 * 1024 * 1024
+
+
+class SidecarInvalid(Exception):
+    """A sidecar file exists but is not what ckpt-ha writes (verification judges the folder)."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Intent(_Frozen):
+    schema_version: Literal[1] = 1
+    identity: CheckpointIdentity
+    format: str
+    """What the framework writes into the folder: ``torch_dcp`` or ``hf_trainer``."""
+    step: int | None = Field(default=None, ge=0)
+    world_size: int = Field(default=1, ge=1)
+    """How many processes write into the folder (each rank its own files)."""
+
+
+class FileEvidence(_Frozen):
+    size: int = Field(ge=0)
+    checksum: str
+    """``algorithm:hex`` (see `formats.checksum`)."""
+
+
+class Commit(_Frozen):
+    schema_version: Literal[1] = 1
+    step: int = Field(ge=0)
+    files: dict[str, FileEvidence]
+    """Every file of the checkpoint except the two sidecars, relative to its folder."""
+    exact_resume: bool = True
+    """False when the folder holds weights only (no optimizer/scheduler/RNG state)."""
+    data_position: int | None = Field(default=None, ge=0)
+
+    def paths_inside(self) -> bool:
+        return all(inside(path) == path and path not in NAMES for path in self.files)
+
+
+def encode(doc: Intent | Commit) -> bytes:
+    return doc.model_dump_json(indent=2).encode()
+
+
+def _parse(model: type[Intent] | type[Commit], data: bytes, name: str) -> Intent | Commit:
+    if len(data) > MAX_BYTES:
+        raise SidecarInvalid(f"{name}: larger than {MAX_BYTES} bytes")
+    try:
+        return model.model_validate(json.loads(data))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise SidecarInvalid(f"{name}: not JSON ({exc})") from None
+    except ValidationError as exc:
+        raise SidecarInvalid(f"{name}: {exc.error_count()} invalid field(s): {exc}") from None
+
+
+def parse_intent(data: bytes) -> Intent:
+    doc = _parse(Intent, data, INTENT)
+    assert isinstance(doc, Intent)
+    return doc
+
+
+def parse_commit(data: bytes) -> Commit:
+    doc = _parse(Commit, data, COMMIT)
+    assert isinstance(doc, Commit)
+    if not doc.paths_inside():
+        raise SidecarInvalid(f"{COMMIT}: lists a path outside the checkpoint or a sidecar")
+    return doc
+
+
+def read_intent(store: ObjectStore, prefix: str) -> Intent | None:
+    """The folder's intent, None when it has none; `SidecarInvalid` when it is not readable."""
+    try:
+        return parse_intent(store.read_bytes(join(prefix, INTENT)))
+    except ObjectNotFound:
+        return None
+
+
+def read_commit(store: ObjectStore, prefix: str) -> Commit | None:
+    """The folder's commit file, None when it has none; `SidecarInvalid` when not readable."""
+    try:
+        return parse_commit(store.read_bytes(join(prefix, COMMIT)))
+    except ObjectNotFound:
+        return None
+
+
+def write_intent(store: ObjectStore, prefix: str, intent: Intent) -> None:
+    """Before the framework writes anything (never overwrites: the folder must be new)."""
+    store.put_if_absent(join(prefix, INTENT), encode(intent))
+
+
+def write_commit(store: ObjectStore, prefix: str, commit: Commit) -> None:
+    """Last, once every file listed is durable (`put_if_absent` is atomic on every store)."""
+    store.put_if_absent(join(prefix, COMMIT), encode(commit))
