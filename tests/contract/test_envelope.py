@@ -21,6 +21,7 @@ from ckpt_ha.contracts.errors import (
     UnknownEventType,
     UnsupportedEventVersion,
 )
+from ckpt_ha.contracts.resume import ResumeLoadFailedV1, ResumeLoadFailedV2
 from ckpt_ha.contracts.schema_gen import main as schema_check
 from ckpt_ha.contracts.subjects import event_filter, event_subject, job_from_token, job_token
 
@@ -62,7 +63,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
                        "compatibility": "identical"},
     "resume.loaded": {"plan_id": "p", "run_id": "r2", "checkpoint_id": "c", "step": 3},
     "resume.load_failed": {"plan_id": "p", "run_id": "r2", "checkpoint_id": "c",
-                           "reason": "crc"},
+                           "reason": "crc", "blame": "checkpoint"},
     "resume.verified": {"plan_id": "p", "run_id": "r2", "checkpoint_id": "c", "step": 4,
                         "comparisons": [{"name": "loss", "expected": 0.5, "observed": 0.5,
                                          "ok": True}]},
@@ -73,9 +74,28 @@ SAMPLES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-def test_catalogue_has_every_v1_type() -> None:
+NEWER = {"resume.load_failed": (1, 2)}
+"""Types with more than one version; every other type has only v1."""
+
+
+def test_catalogue_has_every_type_and_version() -> None:
     assert set(CATALOG.types()) == set(SAMPLES)
-    assert all(CATALOG.versions(t) == (1,) for t in SAMPLES)
+    assert all(CATALOG.versions(t) == NEWER.get(t, (1,)) for t in SAMPLES)
+
+
+@pytest.mark.parametrize(
+    ("side", "blame"), [("infrastructure", "attempt"), ("job", "checkpoint"), (None, "checkpoint")]
+)
+def test_a_v1_load_failure_is_upcast_with_the_blame_v1_consumers_gave_it(
+    side: str | None, blame: str
+) -> None:
+    """v1 had no blame: its consumers quarantined on every load failure except storage ones."""
+    data = {"job_id": "j", "plan_id": "p", "run_id": "r", "checkpoint_id": "c", "reason": "x"}
+    v1 = ResumeLoadFailedV1.model_validate({**data, **({"side": side} if side else {})})
+    decoded = CATALOG.decode(build(v1, source="t", time=NOW, key="k").to_bytes())
+    assert isinstance(decoded.data, ResumeLoadFailedV2)
+    assert decoded.data.blame.value == blame
+    assert decoded.type == "ckpt-ha.resume.load_failed.v2"
 
 
 @pytest.mark.parametrize("event_type", sorted(SAMPLES))
@@ -85,7 +105,7 @@ def test_round_trip(event_type: str) -> None:
     event = build(data, source="test", time=NOW, key="k1")
     decoded = CATALOG.decode(event.to_bytes())
     assert decoded == event
-    assert decoded.type == f"ckpt-ha.{event_type}.v1"
+    assert decoded.type == f"ckpt-ha.{event_type}.v{NEWER.get(event_type, (1,))[-1]}"
     assert decoded.specversion == "1.0"
     assert decoded.subject == data.subject_key()
 

@@ -324,6 +324,8 @@ async def test_load_failure_quarantines_and_falls_back(
     await producer.publish(failed(job))
     [first] = await wait("resume.planned", job)
     await producer.publish(started(job, 2, plan_id=first["plan_id"]))
+    # A v1 load failure (an SDK older than v2) is upcast: not infrastructure → it blames the
+    # checkpoint, as v1 consumers treated it.
     await producer.publish(
         _ev(
             ResumeLoadFailedV1(

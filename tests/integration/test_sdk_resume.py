@@ -168,7 +168,27 @@ async def test_resume_of_an_unverifiable_checkpoint_reports_load_failed_and_rais
     assert failed["plan_id"] == plan.plan_id
     assert failed["checkpoint_id"] == plan.checkpoint_id
     assert failed["side"] == "infrastructure"
+    assert failed["blame"] == "checkpoint"  # its bytes are damaged or gone: quarantine it
     assert await events(settings, "resume.loaded") == []
+
+
+async def test_resume_of_a_format_this_loader_does_not_read_blames_the_attempt(
+    settings: ServiceSettings, producer: Bus, tmp_path: Path
+) -> None:
+    """R7: the native loader given a DCP plan says so and blames itself, not the checkpoint
+    (which the coordinator then keeps valid)."""
+    save_one(tmp_path, "job-d", 30)
+    plan = plan_for(tmp_path, "job-d", 30).model_copy(update={"checkpoint_format": "torch_dcp"})
+    ctx = sdk.context(
+        runner_env(settings, tmp_path, "job-d", **{protocol.RESUME_PLAN: plan.model_dump_json()})
+    )
+    with pytest.raises(sdk.ResumeFailed, match="ckpt_ha.sdk.dcp.resume"):
+        sdk.resume(ctx=ctx)
+    [failed] = await wait_for(
+        lambda: events(settings, "resume.load_failed"), what="resume.load_failed"
+    )
+    assert (failed["blame"], failed["side"]) == ("attempt", "job")
+    assert "format torch_dcp" in str(failed["reason"])
 
 
 async def test_progress_reports_steps_with_the_plan_id_and_writes_the_progress_file(

@@ -146,6 +146,8 @@ class RestoresContract:
         assert await state.exclude("job-a", "c1") == {"c1"}
         assert await state.exclude("job-a", "c2") == {"c1", "c2"}
         assert await state.exclude("job-b", "c9") == {"c9"}
+        assert await state.excluded("job-a") == {"c1", "c2"}
+        assert await state.excluded("job-z") == set()
         _, _, _, excluded, _ = await state.failure_context("job-a", 1, Failure(1, T0), None, 4)
         assert excluded == {"c1", "c2"}
 

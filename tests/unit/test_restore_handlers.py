@@ -29,7 +29,7 @@ from ckpt_ha.contracts.job import (
     JobStartedV1,
     Tolerance,
 )
-from ckpt_ha.contracts.resume import ResumeLoadFailedV1, ResumeVerifiedV1
+from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2, ResumeVerifiedV1
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers, DecisionInProgress
 from ckpt_ha.storage import FsStore
@@ -227,9 +227,10 @@ async def test_a_load_failure_quarantines_and_falls_back_once(world: World, stor
     await h.on_failed(failed())
     [first] = world.data("resume.planned")
     await h.on_started(started(2, plan_id=first.plan_id))
-    load_failed = ResumeLoadFailedV1(
+    load_failed = ResumeLoadFailedV2(
         job_id=JOB, plan_id=first.plan_id, run_id="run-1", checkpoint_id=first.checkpoint_id,
         reason="checksum mismatch in shard 0", side=FailureSide.INFRASTRUCTURE,
+        blame=LoadBlame.CHECKPOINT,
     )  # fmt: skip
     await h.on_load_failed(ev(load_failed, "lf", 2100))
     [q] = world.data("checkpoint.quarantined")
@@ -252,6 +253,57 @@ async def test_a_load_failure_quarantines_and_falls_back_once(world: World, stor
     assert world.data("resume.escalated") == []
 
 
+async def test_a_load_failure_blaming_the_attempt_never_quarantines(
+    world: World, store: FsStore
+) -> None:
+    """R7: a loader that cannot read the format is evidence against the attempt: the valid
+    checkpoint keeps its bytes and state, and a human is paged with the reason (no fallback
+    chain that would quarantine every valid checkpoint in turn)."""
+    h = world.handlers
+    store.put(f"{JOB}/step-300/.metadata", b"dcp")
+    world.registry.put(record(f"{JOB}-c3", 300, uri=store.uri(f"{JOB}/step-300")))
+    await h.on_started(started())
+    await h.on_failed(failed())
+    [first] = world.data("resume.planned")
+    await h.on_started(started(2, plan_id=first.plan_id))
+    lf = ResumeLoadFailedV2(
+        job_id=JOB, plan_id=first.plan_id, run_id="run-1", checkpoint_id=first.checkpoint_id,
+        reason="the planned checkpoint is format torch_dcp, which ckpt_ha.sdk.resume() does "
+        "not read", side=FailureSide.JOB, blame=LoadBlame.ATTEMPT,
+    )  # fmt: skip
+    await h.on_load_failed(ev(lf, "lf", 2100))
+    assert world.data("checkpoint.quarantined") == []
+    assert store.exists(f"{JOB}/step-300/.metadata")
+    assert await world.state.excluded(JOB) == set()
+    [esc] = world.data("resume.escalated")
+    assert esc.reason == "attempt_cannot_load"
+    assert "stays valid" in esc.detail
+    assert "torch_dcp" in esc.detail
+    assert esc.next_step.startswith("docs/RUNBOOK.md#prepare-environment")
+    assert len(world.data("resume.planned")) == 1
+
+
+async def test_storage_failing_a_load_plans_the_same_checkpoint_again(world: World) -> None:
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_failed(failed())
+    [first] = world.data("resume.planned")
+    await h.on_started(started(2, plan_id=first.plan_id))
+    lf = ResumeLoadFailedV2(
+        job_id=JOB, plan_id=first.plan_id, run_id="run-1", checkpoint_id=first.checkpoint_id,
+        reason="storage unavailable", side=FailureSide.INFRASTRUCTURE, blame=LoadBlame.ATTEMPT,
+    )  # fmt: skip
+    await h.on_load_failed(ev(lf, "lf", 2100))
+    assert world.data("checkpoint.quarantined") == []
+    plans = world.data("resume.planned")
+    assert [(p.attempt, p.checkpoint_id, p.fallback_from) for p in plans] == [
+        (2, first.checkpoint_id, None),
+        (3, first.checkpoint_id, None),
+    ]
+    history = await world.state.history(JOB, 2, 8)
+    assert len(history.storage_errors) == 1
+
+
 async def test_fallbacks_exhausted_escalate(world: World) -> None:
     h = world.handlers
     policy = JobPolicy(max_fallbacks=1)
@@ -260,9 +312,9 @@ async def test_fallbacks_exhausted_escalate(world: World) -> None:
     for n in range(2):
         [plan] = world.data("resume.planned")[-1:]
         await h.on_started(started(plan.attempt, policy=policy, plan_id=plan.plan_id))
-        lf = ResumeLoadFailedV1(
+        lf = ResumeLoadFailedV2(
             job_id=JOB, plan_id=plan.plan_id, run_id="run-1", checkpoint_id=plan.checkpoint_id,
-            reason="bad", side=FailureSide.JOB,
+            reason="bad", side=FailureSide.JOB, blame=LoadBlame.CHECKPOINT,
         )  # fmt: skip
         await h.on_load_failed(ev(lf, f"lf{n}", 2100 + n))
     [esc] = world.data("resume.escalated")
@@ -396,8 +448,13 @@ async def test_unknown_plans_are_ignored(world: World) -> None:
         job_id=JOB, plan_id="nope", run_id="run-1", checkpoint_id="c", step=1
     )
     await world.handlers.on_verified(ev(verified, "v", 1))
-    lf = ResumeLoadFailedV1(
-        job_id=JOB, plan_id="nope", run_id="run-1", checkpoint_id="unknown", reason="x"
+    lf = ResumeLoadFailedV2(
+        job_id=JOB,
+        plan_id="nope",
+        run_id="run-1",
+        checkpoint_id="unknown",
+        reason="x",
+        blame=LoadBlame.CHECKPOINT,
     )
     await world.handlers.on_load_failed(ev(lf, "lf", 1))
     assert world.bus.events == []

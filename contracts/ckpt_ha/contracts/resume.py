@@ -1,9 +1,11 @@
-"""Resume aggregate: resume.* events (v1), the restore path from plan to verified continuation."""
+"""Resume aggregate: resume.* events (v1; resume.load_failed also v2), the restore path from
+plan to verified continuation."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -91,6 +93,43 @@ class ResumeLoadFailedV1(_ResumeEvent):
     side: FailureSide = FailureSide.UNKNOWN
 
 
+class LoadBlame(StrEnum):
+    """What a failed load is evidence against (R7): only the checkpoint's own bytes failing their
+    checks condemn the checkpoint."""
+
+    CHECKPOINT = "checkpoint"
+    """Its bytes failed their checks (size, checksum, structure): quarantine it, try the one
+    before."""
+    ATTEMPT = "attempt"
+    """The loader does not support the format, a dependency is missing, the environment or the
+    storage failed: the checkpoint stays valid; this attempt could not use it."""
+
+
+class ResumeLoadFailedV2(_ResumeEvent):
+    """v2 says what the failure is evidence against (``blame``): a loader that cannot read a
+    format is not evidence that the checkpoint is bad. v1 events are upcast
+    (`load_failed_v1_to_v2`)."""
+
+    EVENT_TYPE: ClassVar[str] = "resume.load_failed"
+    EVENT_VERSION: ClassVar[int] = 2
+
+    run_id: str
+    checkpoint_id: str
+    reason: str
+    side: FailureSide = FailureSide.UNKNOWN
+    blame: LoadBlame
+    rank: int | None = Field(default=None, ge=0)
+    """The process (rank) whose load failed first, in a multi-rank job."""
+
+
+def load_failed_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A v1 load failure said only which side must act: an infrastructure-side one (storage
+    gone) blames the attempt, anything else the checkpoint, as v1 consumers treated it."""
+    side = data.get("side")
+    blame = LoadBlame.ATTEMPT if side == FailureSide.INFRASTRUCTURE.value else LoadBlame.CHECKPOINT
+    return {**data, "blame": blame.value}
+
+
 class ResumeVerifiedV1(_ResumeEvent):
     EVENT_TYPE: ClassVar[str] = "resume.verified"
     EVENT_VERSION: ClassVar[int] = 1
@@ -137,8 +176,15 @@ RESUME_EVENTS: tuple[type[EventData], ...] = (
     ResumePlannedV1,
     ResumeLoadedV1,
     ResumeLoadFailedV1,
+    ResumeLoadFailedV2,
     ResumeVerifiedV1,
     ResumeDivergedV1,
     ResumeClosedV1,
     ResumeEscalatedV1,
 )
+
+
+UPCASTERS: tuple[tuple[str, int, Callable[[dict[str, Any]], dict[str, Any]]], ...] = (
+    ("resume.load_failed", 1, load_failed_v1_to_v2),
+)
+"""(event type, from version, upcaster) for every resume event with more than one version."""

@@ -24,7 +24,7 @@ from ckpt_ha.contracts.resume import (
     ResumeDivergedV1,
     ResumeEscalatedV1,
     ResumeLoadedV1,
-    ResumeLoadFailedV1,
+    ResumeLoadFailedV2,
     ResumePlannedV1,
     ResumeVerifiedV1,
 )
@@ -158,7 +158,7 @@ def assess_restore(
             )
         plan_id = plan.data.plan_id
         loaded = [e for e in _of(mine, ResumeLoadedV1) if e.data.plan_id == plan_id]
-        failed = [e for e in _of(mine, ResumeLoadFailedV1) if e.data.plan_id == plan_id]
+        failed = [e for e in _of(mine, ResumeLoadFailedV2) if e.data.plan_id == plan_id]
         if loaded:
             ld = loaded[-1]
             levels["loadable"] = Level(

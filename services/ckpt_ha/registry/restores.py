@@ -278,6 +278,9 @@ class RedisRestores:
             _, _, members = await pipe.execute()
         return {_str(x) for x in members}
 
+    async def excluded(self, job: str) -> set[str]:
+        return {_str(x) for x in await self._r.smembers(self._k("excluded", job))}
+
     async def decision(self, job: str, attempt: int) -> DecisionRecord | None:
         raw = await self._r.get(self._k("decision", job, attempt))
         return DecisionRecord.model_validate_json(raw) if raw else None

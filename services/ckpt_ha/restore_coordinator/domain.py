@@ -26,6 +26,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
     CheckpointQuarantinedV1,
     CheckpointState,
+    FailureSide,
     RuntimeEnvironment,
     Topology,
 )
@@ -33,6 +34,7 @@ from ckpt_ha.contracts.job import CompatibilityRule, JobPolicy, Tolerance
 from ckpt_ha.contracts.resume import (
     Comparison,
     Compatibility,
+    LoadBlame,
     ResumeClosedV1,
     ResumeDivergedV1,
     ResumeEscalatedV1,
@@ -269,6 +271,9 @@ class Stop(StrEnum):
     COMPATIBILITY_UNKNOWN = "compatibility_unknown"
     NO_VALID_CHECKPOINT = "no_valid_checkpoint"
     UNRECLAIMABLE = "unreclaimable_leftovers"
+    CANNOT_LOAD = "attempt_cannot_load"
+    """A resumed attempt could not load a valid checkpoint for a reason that blames the attempt
+    (unsupported format, missing dependency, environment): the checkpoint stays valid."""
 
 
 NEXT_STEPS: Mapping[Stop, str] = {
@@ -279,6 +284,7 @@ NEXT_STEPS: Mapping[Stop, str] = {
     Stop.COMPATIBILITY_UNKNOWN: f"{RUNBOOK}#prepare-environment: prepare the restore environment",
     Stop.NO_VALID_CHECKPOINT: f"{RUNBOOK}#choose-rollback-version: choose a rollback version",
     Stop.UNRECLAIMABLE: f"{RUNBOOK}#reclaim-leftovers: reclaim leftovers by hand",
+    Stop.CANNOT_LOAD: f"{RUNBOOK}#prepare-environment: prepare the restore environment",
 }
 
 
@@ -575,17 +581,20 @@ def decide_failure(
     failed_at: datetime,
     failed_step: int | None,
     fallback: Fallback | None = None,
+    stop: Escalation | None = None,
 ) -> FailureDecision:
     """R9, R14, R10, R15 for one failed attempt: escalate on a stop condition, when no valid
     checkpoint is left or when the newest one cannot be restored automatically; else plan the
     newest restorable checkpoint (and pin it with the one before it).
 
     ``at_chosen_step``: the pre-failure progress report at the chosen checkpoint's step, if any
-    (the recompute range starts there, else at the checkpoint's creation)."""
+    (the recompute range starts there, else at the checkpoint's creation). ``stop``: a reason
+    to escalate the caller already has (e.g. `cannot_load`)."""
     pid = plan_id(job, started.run_id, attempt)
     if fallback is not None:
         history = replace(history, fallbacks=fallback.previous)
-    stop = stop_reason(history, started.policy, failed_at, load_failed=fallback is not None)
+    if stop is None:
+        stop = stop_reason(history, started.policy, failed_at, load_failed=fallback is not None)
     if stop is not None:
         return FailureDecision(pid, (escalated(job, pid, stop),), stop)
     chosen = selection.chosen
@@ -653,6 +662,35 @@ def decide_failure(
     )
 
 
+class LoadOutcome(StrEnum):
+    """What a ``resume.load_failed`` leads to (`after_load_failure`)."""
+
+    FALLBACK = "fallback"
+    """The checkpoint is bad: exclude it, quarantine it, plan the one before (R7)."""
+    RETRY = "retry"
+    """Storage failed the attempt: the checkpoint stays a candidate; decide again (the storage
+    stop condition counts these)."""
+    ESCALATE = "escalate"
+    """The attempt cannot load it (format, dependency, environment): a human fixes the attempt;
+    the checkpoint stays valid."""
+
+
+def after_load_failure(blame: LoadBlame, side: FailureSide) -> LoadOutcome:
+    if blame is LoadBlame.CHECKPOINT:
+        return LoadOutcome.FALLBACK
+    if side is FailureSide.INFRASTRUCTURE:
+        return LoadOutcome.RETRY
+    return LoadOutcome.ESCALATE
+
+
+def cannot_load(job: str, plan: PlanRecord, reason: str) -> Escalation:
+    return Escalation(
+        Stop.CANNOT_LOAD,
+        f"attempt {plan.attempt} could not load checkpoint {plan.checkpoint_id} and the failure "
+        f"is the attempt's, not the checkpoint's (it stays valid): {reason}",
+    )
+
+
 def resumed_start(
     resumed: Started | None, failed: Started | None, plan: PlanRecord
 ) -> Started | None:
@@ -666,10 +704,13 @@ def resumed_start(
 
 
 def quarantine_after_load_failure(
-    job: str, record: Candidate | None, reason: str
+    job: str, record: Candidate | None, reason: str, blame: LoadBlame = LoadBlame.CHECKPOINT
 ) -> CheckpointQuarantinedV1 | None:
-    """R7: a checkpoint that failed to load is quarantined (never offered again), unless the
-    registry already moved it past valid/corrupt (quarantined, expired, deleted, unknown)."""
+    """R7: a checkpoint whose bytes failed to load is quarantined (never offered again), unless
+    the registry already moved it past valid/corrupt (quarantined, expired, deleted, unknown).
+    A failure that blames the attempt (its loader, environment or storage) never does."""
+    if blame is not LoadBlame.CHECKPOINT:
+        return None
     if record is None or record.state not in (CheckpointState.VALID, CheckpointState.CORRUPT):
         return None
     return CheckpointQuarantinedV1(

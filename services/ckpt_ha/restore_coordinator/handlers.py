@@ -11,7 +11,12 @@ from datetime import datetime
 from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1, FailureSide
 from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
-from ckpt_ha.contracts.resume import ResumeLoadedV1, ResumeLoadFailedV1, ResumeVerifiedV1
+from ckpt_ha.contracts.resume import (
+    LoadBlame,
+    ResumeLoadedV1,
+    ResumeLoadFailedV2,
+    ResumeVerifiedV1,
+)
 from ckpt_ha.core.errors import DependencyNotReady, TransientError
 from ckpt_ha.core.restore_records import DecisionRecord, History, Point, Started
 from ckpt_ha.restore_coordinator import adapters, domain
@@ -177,16 +182,23 @@ class CoordinatorHandlers:
             seconds=(event.time - plan.failed_at).total_seconds(),
         )
 
-    async def on_load_failed(self, event: Envelope[ResumeLoadFailedV1]) -> None:
+    async def on_load_failed(self, event: Envelope[ResumeLoadFailedV2]) -> None:
+        """R7: a failure that blames the checkpoint excludes and quarantines it and plans the
+        one before; one that blames the attempt leaves the checkpoint valid: storage trouble is
+        decided again (the storage stop condition counts it), anything else escalates."""
         d = event.data
-        excluded = await self.state.exclude(d.job_id, d.checkpoint_id)
+        outcome = domain.after_load_failure(d.blame, d.side)
+        if outcome is domain.LoadOutcome.FALLBACK:
+            excluded = await self.state.exclude(d.job_id, d.checkpoint_id)
+        else:
+            excluded = await self.state.excluded(d.job_id)
         self.metrics.outcome(d.job_id, "load_failed", at=event.time.timestamp())
         if d.side is FailureSide.INFRASTRUCTURE:
             await self.state.record_storage_error(d.job_id, f"load:{d.plan_id}", event.time)
         await self._quarantine(event)
         plan = await self.state.plan(d.plan_id)
         if plan is None:
-            log.warning("load failure for unknown plan %s: quarantined only", d.plan_id)
+            log.warning("load failure for unknown plan %s: nothing planned", d.plan_id)
             return
         decision = await self.state.decision(d.job_id, plan.attempt)
         if decision is not None:
@@ -199,6 +211,7 @@ class CoordinatorHandlers:
         )
         if started is None:
             raise DependencyNotReady(f"load failure of plan {d.plan_id}", "job.started")
+        escalate = outcome is domain.LoadOutcome.ESCALATE
         await self._decide(
             d.job_id,
             plan.attempt,
@@ -208,16 +221,23 @@ class CoordinatorHandlers:
             last=await self.state.last(d.job_id, plan.failed_attempt),
             failed_at=plan.failed_at,
             failed_step=None,
-            fallback=domain.Fallback(d.checkpoint_id, plan.fallbacks),
+            fallback=(
+                domain.Fallback(d.checkpoint_id, plan.fallbacks)
+                if outcome is domain.LoadOutcome.FALLBACK
+                else None
+            ),
+            stop=domain.cannot_load(d.job_id, plan, d.reason) if escalate else None,
         )
 
-    async def _quarantine(self, event: Envelope[ResumeLoadFailedV1]) -> None:
-        """R7: the checkpoint that failed to load is quarantined (bytes moved aside first)."""
+    async def _quarantine(self, event: Envelope[ResumeLoadFailedV2]) -> None:
+        """R7: a checkpoint whose bytes failed to load is quarantined (bytes moved aside first)."""
         d = event.data
+        if d.blame is not LoadBlame.CHECKPOINT:
+            return
         with tracing.span("registry.get", attributes={"db.system": "redis"}):
             record = await self.registry.get(d.checkpoint_id)
         found = adapters.candidate(record) if record is not None else None
-        quarantined = domain.quarantine_after_load_failure(d.job_id, found, d.reason)
+        quarantined = domain.quarantine_after_load_failure(d.job_id, found, d.reason, d.blame)
         if quarantined is not None and found is not None:
             # A transition of the checkpoint: in its own trace, linked to this load failure.
             with tracing.continue_trace(
@@ -242,6 +262,7 @@ class CoordinatorHandlers:
         failed_at: datetime,
         failed_step: int | None,
         fallback: domain.Fallback | None = None,
+        stop: domain.Escalation | None = None,
     ) -> None:
         """One decision per failed attempt (a plan or an escalation), stored, then published.
         The lease keeps a duplicate delivery or a second replica from deciding at the same
@@ -253,7 +274,7 @@ class CoordinatorHandlers:
             if stored is None:
                 stored = await self._decide_now(
                     job, attempt, started, history, excluded, last, failed_at, failed_step,
-                    fallback,
+                    fallback, stop,
                 )  # fmt: skip
             await self._publish_decision(job, attempt, stored)
         finally:
@@ -270,6 +291,7 @@ class CoordinatorHandlers:
         failed_at: datetime,
         failed_step: int | None,
         fallback: domain.Fallback | None,
+        stop: domain.Escalation | None = None,
     ) -> DecisionRecord:
         with tracing.span("registry.select", attributes={"db.system": "redis"}):
             selection = await adapters.selection(self.registry, job, excluded)
@@ -289,6 +311,7 @@ class CoordinatorHandlers:
             failed_at=failed_at,
             failed_step=failed_step,
             fallback=fallback,
+            stop=stop,
         )
         self._trace(job, attempt, decision)
         now = self.clock()

@@ -118,6 +118,10 @@ class RestoreState(Protocol):
         """Never restore this checkpoint again; returns every exclusion of the job so far."""
         ...
 
+    async def excluded(self, job: str) -> set[str]:
+        """Every exclusion of the job so far (adds none)."""
+        ...
+
     async def decision(self, job: str, attempt: int) -> DecisionRecord | None: ...
 
     async def lease(self, job: str, attempt: int, owner: str, ttl_s: float) -> bool:

@@ -1,5 +1,12 @@
 """Resume a job from the restore-coordinator's plan: load the planned checkpoint (waiting a
-while for storage that is briefly gone) and report `resume.loaded` or `resume.load_failed`."""
+while for storage that is briefly gone) and report `resume.loaded` or `resume.load_failed`.
+
+A load failure says what it is evidence against (`classify_failure`, R7): only the checkpoint's
+bytes failing their checks blame the checkpoint (the coordinator quarantines it and plans the
+one before); a loader that does not support the format, a missing dependency, an environment
+error or storage that stayed unreachable blame this attempt and leave the checkpoint valid.
+`report_loaded` / `report_load_failed` are shared by every loader (native here, DCP in
+`ckpt_ha.sdk.dcp`, the Trainer in `ckpt_ha.sdk.hf`)."""
 
 from __future__ import annotations
 
@@ -11,16 +18,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckpt_ha.contracts.checkpoint import (
-    FailureSide,
+from ckpt_ha.contracts.checkpoint import CheckpointFormat, FailureSide
+from ckpt_ha.contracts.resume import (
+    LoadBlame,
+    ResumeLoadedV1,
+    ResumeLoadFailedV2,
+    ResumePlannedV1,
 )
-from ckpt_ha.contracts.resume import ResumeLoadedV1, ResumeLoadFailedV1, ResumePlannedV1
 from ckpt_ha.core.clock import utc_now
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.sdk.checkpoints import CheckpointUnreadable, Loaded, load
 from ckpt_ha.sdk.protocol import Context, context, try_announce
-from ckpt_ha.sdk.state import Tensors
-from ckpt_ha.storage import ObjectStore, StorageError, open_store
+from ckpt_ha.sdk.state import NeedsTorch, Tensors
+from ckpt_ha.storage import ObjectNotFound, ObjectStore, StorageError, open_store
 
 log = logging.getLogger("ckpt_ha.sdk")
 
@@ -28,8 +38,9 @@ log = logging.getLogger("ckpt_ha.sdk")
 class ResumeFailed(Exception):
     """The plan's checkpoint could not be verified or loaded: this attempt must not train on.
 
-    ``resume.load_failed`` has been published (best effort), so the restore-coordinator
-    quarantines the checkpoint and plans the previous valid one.
+    ``resume.load_failed`` has been published (best effort): the restore-coordinator
+    quarantines the checkpoint and plans the previous valid one when the failure blames the
+    checkpoint, and keeps it when it blames the attempt.
     """
 
     def __init__(self, plan: ResumePlannedV1, reason: str) -> None:
@@ -39,6 +50,88 @@ class ResumeFailed(Exception):
             f"cannot resume from checkpoint {plan.checkpoint_id} ({plan.checkpoint_uri}) "
             f"planned by {plan.plan_id}: {reason}"
         )
+
+
+class UnsupportedFormat(Exception):
+    """This loader cannot read the plan's checkpoint format: evidence against the attempt (it
+    used the wrong loader), never against the checkpoint."""
+
+    def __init__(self, fmt: str | None, loader: str, use: str) -> None:
+        self.format = fmt
+        super().__init__(
+            f"the planned checkpoint is format {fmt or 'unknown'}, which {loader} does not "
+            f"read: use {use}"
+        )
+
+
+LOADERS: Mapping[str, str] = {
+    CheckpointFormat.NATIVE.value: "ckpt_ha.sdk.resume()",
+    CheckpointFormat.TORCH_DCP.value: "ckpt_ha.sdk.dcp.resume()",
+    CheckpointFormat.HF_TRAINER.value: "ckpt_ha.sdk.hf (the Trainer's resume_from_checkpoint)",
+}
+"""Which SDK entry point loads each restorable format (what an `UnsupportedFormat` advises)."""
+
+
+def classify_failure(exc: BaseException) -> tuple[LoadBlame, FailureSide]:
+    """What a load failure is evidence against, and who has to act (R2, R7).
+
+    The checkpoint is blamed only when its own bytes failed their checks or are gone
+    (`CheckpointUnreadable`, an object not found): the platform lost or damaged them. An
+    unsupported format, a missing dependency, storage that stayed unreachable and any other
+    error in the loading code blame the attempt.
+    """
+    if isinstance(exc, (CheckpointUnreadable, ObjectNotFound)):
+        return LoadBlame.CHECKPOINT, FailureSide.INFRASTRUCTURE
+    if isinstance(exc, StorageError):
+        return LoadBlame.ATTEMPT, FailureSide.INFRASTRUCTURE
+    return LoadBlame.ATTEMPT, FailureSide.JOB
+
+
+def report_load_failed(
+    ctx: Context,
+    plan: ResumePlannedV1,
+    reason: str,
+    blame: LoadBlame,
+    side: FailureSide,
+    *,
+    rank: int | None = None,
+) -> None:
+    """Publish ``resume.load_failed`` for the plan (once per plan: its event id is the plan's)."""
+    failed = ResumeLoadFailedV2(
+        job_id=ctx.job_id,
+        plan_id=plan.plan_id,
+        run_id=ctx.run_id,
+        checkpoint_id=plan.checkpoint_id,
+        reason=reason[:2000],
+        side=side,
+        blame=blame,
+        rank=rank,
+    )
+    try_announce(ctx.bus, failed, utc_now(), f"resume.load_failed|{plan.plan_id}", always=True)
+
+
+def report_loaded(
+    ctx: Context,
+    plan: ResumePlannedV1,
+    *,
+    step: int,
+    seconds: float,
+    data_position: int | None = None,
+    rng_fingerprint: str | None = None,
+) -> None:
+    """Publish ``resume.loaded`` for the plan (once per plan)."""
+    loaded_event = ResumeLoadedV1(
+        job_id=ctx.job_id,
+        plan_id=plan.plan_id,
+        run_id=ctx.run_id,
+        checkpoint_id=plan.checkpoint_id,
+        step=step,
+        attempt=ctx.attempt,
+        data_position=data_position,
+        rng_fingerprint=rng_fingerprint,
+        load_seconds=round(seconds, 6),
+    )
+    try_announce(ctx.bus, loaded_event, utc_now(), f"resume.loaded|{plan.plan_id}", always=True)
 
 
 @dataclass(frozen=True)
@@ -85,32 +178,19 @@ def resume(
         data_position, rng = describe(loaded.state) if describe is not None else (None, None)
     except Exception as exc:
         reason = str(exc) or type(exc).__name__
-        infrastructure = isinstance(exc, CheckpointUnreadable) or (
-            isinstance(exc, StorageError) and exc.transient
-        )
-        side = FailureSide.INFRASTRUCTURE if infrastructure else FailureSide.JOB
-        failed = ResumeLoadFailedV1(
-            job_id=ctx.job_id,
-            plan_id=plan.plan_id,
-            run_id=ctx.run_id,
-            checkpoint_id=plan.checkpoint_id,
-            reason=reason[:2000],
-            side=side,
-        )
-        try_announce(ctx.bus, failed, utc_now(), f"resume.load_failed|{plan.plan_id}", always=True)
+        if isinstance(exc, NeedsTorch):
+            reason = f"{reason} (this attempt's environment cannot load it)"
+        blame, side = classify_failure(exc)
+        report_load_failed(ctx, plan, reason, blame, side)
         raise ResumeFailed(plan, reason) from exc
-    loaded_event = ResumeLoadedV1(
-        job_id=ctx.job_id,
-        plan_id=plan.plan_id,
-        run_id=ctx.run_id,
-        checkpoint_id=plan.checkpoint_id,
+    report_loaded(
+        ctx,
+        plan,
         step=loaded.step,
-        attempt=ctx.attempt,
+        seconds=time.monotonic() - started,
         data_position=data_position,
         rng_fingerprint=rng,
-        load_seconds=round(time.monotonic() - started, 6),
     )
-    try_announce(ctx.bus, loaded_event, utc_now(), f"resume.loaded|{plan.plan_id}", always=True)
     return Resumed(plan, loaded)
 
 
@@ -143,6 +223,9 @@ def _load_waiting_for_storage(plan: ResumePlannedV1, ctx: Context, tensors: Tens
 
 
 def _load_planned(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:
+    fmt = plan.checkpoint_format
+    if fmt is not None and fmt != CheckpointFormat.NATIVE.value:
+        raise UnsupportedFormat(fmt, "ckpt_ha.sdk.resume()", LOADERS.get(fmt, "its framework"))
     store: ObjectStore | None = None
     folder = "/".join(plan.checkpoint_uri.rstrip("/").split("/")[-2:])
     if ctx.storage_root is not None:

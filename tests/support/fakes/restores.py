@@ -141,6 +141,9 @@ class InMemoryRestores:
         state.excluded.add(checkpoint_id)
         return set(state.excluded)
 
+    async def excluded(self, job: str) -> set[str]:
+        return set(self._job(job).excluded)
+
     async def decision(self, job: str, attempt: int) -> DecisionRecord | None:
         return self.decisions.get((job, attempt))
 
