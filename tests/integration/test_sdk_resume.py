@@ -182,7 +182,7 @@ async def test_resume_of_a_format_this_loader_does_not_read_blames_the_attempt(
     ctx = sdk.context(
         runner_env(settings, tmp_path, "job-d", **{protocol.RESUME_PLAN: plan.model_dump_json()})
     )
-    with pytest.raises(sdk.ResumeFailed, match="ckpt_ha.sdk.dcp.resume"):
+    with pytest.raises(sdk.ResumeFailed, match=r"ckpt_ha\.sdk\.dcp\.resume"):
         sdk.resume(ctx=ctx)
     [failed] = await wait_for(
         lambda: events(settings, "resume.load_failed"), what="resume.load_failed"
