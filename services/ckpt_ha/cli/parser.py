@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     rb = reg_sub.add_parser("rebuild", help="replay the event stream into an empty registry")
     rb.add_argument("--clear", action="store_true", help="delete the current registry first")
 
+    rs = sub.add_parser(
+        "restores",
+        help="a job's restore decisions: plans with their reasons, escalations with the "
+        "differences behind them, load outcomes, continuity",
+    )
+    rs.add_argument("--job", required=True, type=_text)
+    rs.add_argument("--json", action="store_true")
+
     dlq = sub.add_parser("dead-letters", help="list dead-lettered messages and why")
     dlq.add_argument("--limit", type=int, default=50)
     dlq.add_argument("--json", action="store_true")

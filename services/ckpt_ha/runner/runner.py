@@ -294,7 +294,10 @@ class Runner:
             outcome = await self._await_plan(attempt + 1)
             if isinstance(outcome, ResumeEscalatedV1):
                 self.say(f"escalated: {outcome.reason}")
+                if outcome.detail:
+                    self.say(f"why: {outcome.detail}")
                 self.say(f"next step: {outcome.next_step}")
+                self.say(f"every decision for this job: ckpt-ha restores --job {spec.job_id}")
                 return EXIT_ESCALATED
             if outcome is None:
                 if self._stopped_by is not None:
