@@ -46,11 +46,11 @@ def _run_one(scenario: str, home: Path, state: stack.StackState, log: Callable[[
             "timeline": [],
         }
     events = asyncio.run(drill.events())
-    result["baseline"] = evidence.baseline(drill.job_args)
+    result["baseline"] = drill.workload.baseline(drill.job_args)
     result["fault"] = FAULTS[scenario]
     result["elapsed_seconds"] = round(time.monotonic() - drill.started, 2)
     result["curves"] = {
-        "baseline": evidence.baseline_losses(drill.job_args) if drill.job_args else [],
+        "baseline": drill.workload.baseline_losses(drill.job_args) if drill.job_args else [],
         "drill": evidence.drill_losses(drill.runner_log),
     }
     result["marks"] = assess.marks(events, job, drill.faults)
