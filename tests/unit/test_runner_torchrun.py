@@ -30,6 +30,7 @@ from ckpt_ha.runner.torchrun import (
     max_restarts,
     parse_error_file,
     rank_failure,
+    world_size,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "torchrun"
@@ -226,6 +227,28 @@ def test_torchruns_own_restarts_are_read_from_its_command_line(
     command: list[str], env: dict[str, str], restarts: int | None
 ) -> None:
     assert max_restarts(command, env) == restarts
+
+
+@pytest.mark.parametrize(
+    ("command", "env", "size"),
+    [
+        (["python", "train.py"], {}, None),
+        (["torchrun", "train.py"], {}, 1),
+        (["torchrun", "--nproc_per_node", "2", "train.py"], {}, 2),
+        (["torchrun", "--nproc-per-node=4", "--nnodes", "2", "train.py"], {}, 8),
+        (["torchrun", "--nnodes", "1:3", "--nproc_per_node", "2", "train.py"], {}, None),
+        (["torchrun", "--nnodes", "2:2", "--nproc_per_node", "2", "train.py"], {}, 4),
+        (["torchrun", "--nproc_per_node", "auto", "train.py"], {}, None),
+        (["torchrun", "train.py"], {"PET_NPROC_PER_NODE": "3"}, 3),
+        (["python", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+          "t.py", "--nproc_per_node", "9"], {}, 2),
+    ],
+)  # fmt: skip
+def test_torchruns_world_size_is_read_from_its_command_line(
+    command: list[str], env: dict[str, str], size: int | None
+) -> None:
+    """What `ckpt-ha run` records as the topology when --world-size is not given."""
+    assert world_size(command, env) == size
 
 
 def test_a_failure_after_torchruns_own_restarts_says_so() -> None:

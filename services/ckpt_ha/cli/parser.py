@@ -273,7 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="after a failure, how long to wait for the coordinator's plan (default 120)",
     )
     run.add_argument("--max-attempts", type=int, metavar="N", help="stop after N attempts")
-    run.add_argument("--world-size", type=int, default=1, help="recorded topology (default 1)")
+    run.add_argument(
+        "--world-size",
+        type=int,
+        help="recorded topology (default: torchrun's --nproc-per-node x --nnodes, else 1)",
+    )
     run.add_argument("--code-version", type=_text, help="default: $CKPT_HA_CODE_VERSION")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 

@@ -27,6 +27,8 @@ ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 """Where torchrun (its ``@record``-decorated main) writes the root-cause failure as JSON."""
 MAX_RESTARTS_ENV = "PET_MAX_RESTARTS"
 """torchrun reads ``--max-restarts`` from this variable when the option is not given."""
+NPROC_ENV, NNODES_ENV = "PET_NPROC_PER_NODE", "PET_NNODES"
+"""torchrun's environment defaults for ``--nproc-per-node`` and ``--nnodes``."""
 MESSAGE_CHARS = 500
 
 _ROOT_CAUSE = "Root Cause (first observed failure):"
@@ -114,24 +116,49 @@ def parse_error_file(text: str) -> ErrorRecord | None:
     return ErrorRecord(line, code)
 
 
+def _option(args: Sequence[str], names: Sequence[str], default: str | None) -> str | None:
+    """The value of torchrun option ``names`` in ``args`` (its own options, before the script)."""
+    value = default
+    i = 0
+    while i < len(args) and args[i].startswith("-"):  # torchrun's options end at the script
+        name, eq, inline = args[i].partition("=")
+        takes_value = not eq and name not in _FLAGS
+        if name in names:
+            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
+        i += 2 if takes_value else 1
+    return value
+
+
 def max_restarts(command: Sequence[str], env: Mapping[str, str]) -> int | None:
     """torchrun's ``--max-restarts`` for ``command`` (0 when not given), or None when the command
     is not torchrun (``torchrun …`` or ``python -m torch.distributed.run …``)."""
     args = _torchrun_args(command)
     if args is None:
         return None
-    value = env.get(MAX_RESTARTS_ENV)
-    i = 0
-    while i < len(args) and args[i].startswith("-"):  # torchrun's options end at the script
-        name, eq, inline = args[i].partition("=")
-        takes_value = not eq and name not in _FLAGS
-        if name in _MAX_RESTARTS:
-            value = inline if eq else (args[i + 1] if i + 1 < len(args) else None)
-        i += 2 if takes_value else 1
+    value = _option(args, _MAX_RESTARTS, env.get(MAX_RESTARTS_ENV))
     try:
         return max(int(value or 0), 0)
     except ValueError:
         return 0
+
+
+def world_size(command: Sequence[str], env: Mapping[str, str]) -> int | None:
+    """Processes torchrun starts in all: ``--nproc-per-node`` times ``--nnodes`` (1 each when not
+    given); None when the command is not torchrun or either is not a fixed number (``auto``,
+    an elastic ``MIN:MAX`` range): then only the job knows its world size."""
+    args = _torchrun_args(command)
+    if args is None:
+        return None
+    nproc = _option(args, ("--nproc-per-node", "--nproc_per_node"), env.get(NPROC_ENV)) or "1"
+    nnodes = _option(args, ("--nnodes",), env.get(NNODES_ENV)) or "1"
+    low, _, high = nnodes.partition(":")
+    if high and high != low:
+        return None
+    try:
+        total = int(nproc) * int(low)
+    except ValueError:
+        return None
+    return total if total >= 1 else None
 
 
 def _torchrun_args(command: Sequence[str]) -> Sequence[str] | None:
