@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, FailureSide
 from ckpt_ha.contracts.resume import (
@@ -33,6 +33,7 @@ from ckpt_ha.sdk.state import NeedsTorch, Tensors
 from ckpt_ha.storage import ObjectNotFound, ObjectStore, StorageError, open_store
 
 log = logging.getLogger("ckpt_ha.sdk")
+T = TypeVar("T")
 
 
 class ResumeFailed(Exception):
@@ -200,16 +201,21 @@ unavailable (a transient `StorageError`: volume unmounted, endpoint down) before
 
 
 def _load_waiting_for_storage(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:
-    """`_load_planned`, retried with backoff while storage is unavailable, within the limit of
-    ``CKPT_HA_RESTORE_STORAGE_WAIT_S``. Anything else (a checksum mismatch, a missing shard) fails
-    at once: waiting cannot repair a damaged checkpoint."""
+    return waiting_for_storage(plan, lambda: _load_planned(plan, ctx, tensors))
+
+
+def waiting_for_storage(plan: ResumePlannedV1, attempt: Callable[[], T]) -> T:
+    """``attempt()`` (a load or a verification of the plan's checkpoint), retried with backoff
+    while storage is unavailable, within the limit of ``CKPT_HA_RESTORE_STORAGE_WAIT_S``.
+    Anything else (a checksum mismatch, a missing shard) fails at once: waiting cannot repair a
+    damaged checkpoint."""
     limit = float(os.environ.get("CKPT_HA_RESTORE_STORAGE_WAIT_S", RESTORE_STORAGE_WAIT_S))
     deadline = time.monotonic() + limit
     delay = 0.2
     tries = 1
     while True:
         try:
-            return _load_planned(plan, ctx, tensors)
+            return attempt()
         except StorageError as exc:
             if not exc.transient or time.monotonic() + delay > deadline:
                 raise
