@@ -288,8 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenario",
         required=True,
         choices=["node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop",
-                 "env-mismatch", "all"],
-        help="the fault to inject; all: every scenario in turn on one stack",
+                 "env-mismatch", "hf-trainer", "all"],
+        help="the fault to inject; all: every scenario in turn on one stack (the framework "
+        "drills only where the torch and hf extras are installed; the others say so)",
     )  # fmt: skip
     dr.add_argument("--json", action="store_true",
                     help="the evidence as JSON: one object, a list of them for all")  # fmt: skip

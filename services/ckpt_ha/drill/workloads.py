@@ -76,3 +76,43 @@ NUMPY = Workload(
     baseline=_numpy_baseline,
     baseline_losses=_numpy_losses,
 )
+
+
+HF_EXAMPLE = "ckpt_ha.examples.hf_gpt2"
+
+
+def _hf_baseline(job_args: Sequence[str]) -> dict[str, Any]:
+    from importlib import metadata
+
+    from ckpt_ha.examples import hf_gpt2
+
+    cfg = hf_gpt2.parse(list(job_args))
+    versions = {name: metadata.version(name) for name in ("torch", "transformers", "accelerate")}
+    return {
+        "model": f"{HF_EXAMPLE}: GPT-2 from a config (2 layers, 2 heads, width 32, vocab "
+        f"{hf_gpt2.VOCAB}), Hugging Face Trainer (AdamW, linear LR), ckpt-ha's TrainerCallback",
+        "data": f"synthetic tokens, {hf_gpt2.SEQUENCES} x {hf_gpt2.LENGTH}, seed "
+        f"{hf_gpt2.DATA_SEED}, batch {cfg.batch_size}",
+        "config": dataclasses.asdict(cfg),
+        "job_args": list(job_args),
+        "environment": {"python": platform.python_version(), **versions,
+                        "platform": platform.platform()},
+        "resources": {"cpus": os.cpu_count(), "processes": 1, "gpus": 0},
+    }  # fmt: skip
+
+
+def _hf_losses(job_args: Sequence[str]) -> list[list[float]]:
+    from ckpt_ha.examples import hf_gpt2
+
+    cfg = dataclasses.replace(hf_gpt2.parse(list(job_args)), sleep_per_step=0.0, slow_save=0.0)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        losses = hf_gpt2.baseline_losses(cfg)
+    return [[step, loss] for step, loss in losses]
+
+
+HF_TRAINER = Workload(
+    name="hf-trainer",
+    argv=lambda args: [sys.executable, "-m", HF_EXAMPLE, *args],
+    baseline=_hf_baseline,
+    baseline_losses=_hf_losses,
+)

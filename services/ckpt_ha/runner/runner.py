@@ -281,12 +281,14 @@ class Runner:
                 self.say(f"attempt {attempt} succeeded (last step {last_step})")
                 return EXIT_OK
             # Anything heard before this failure is not about it, except a plan for the next
-            # attempt: after a load failure the coordinator plans the fallback while this
-            # attempt is still exiting.
-            early = []
+            # attempt or an escalation: after a load failure the coordinator decides (plans
+            # the fallback, or stops) while this attempt is still exiting. An escalation ends
+            # the run, so none heard earlier can be pending.
+            early: list[EventData] = []
             while not self._inbox.empty():
                 item = self._inbox.get_nowait()
-                if isinstance(item, ResumePlannedV1) and item.attempt == attempt + 1:
+                planned = isinstance(item, ResumePlannedV1) and item.attempt == attempt + 1
+                if planned or isinstance(item, ResumeEscalatedV1):
                     early.append(item)
             for item in early:
                 self._inbox.put_nowait(item)
