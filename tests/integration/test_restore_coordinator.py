@@ -44,6 +44,7 @@ from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore
 from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.cli_tools import cli
 
 pytestmark = pytest.mark.integration
 
@@ -425,6 +426,7 @@ async def test_compatibility_decides_the_mode(
     settings: ServiceSettings,
     policy: JobPolicy,
     outcome: tuple[str, str],
+    tmp_path: Path,
 ) -> None:
     job = "job-compat"
     wait = waiter(settings)
@@ -438,6 +440,12 @@ async def test_compatibility_decides_the_mode(
         assert esc["next_step"].startswith("docs/RUNBOOK.md#prepare-environment")
         await settled(settings, "failed")
         assert not await wait_none(settings, job)
+        # On-call reads the same differences back from the stream, one per line.
+        rc, out, err = await cli(settings, tmp_path, "restores", "--job", job)
+        assert rc == 0, err
+        assert "automatic restore stopped: compatibility_unknown" in out
+        assert "\n" + " " * 35 + "framework_version: 2.3.0 -> 2.4.0 (no declared rule)" in out
+        assert "next step: docs/RUNBOOK.md#prepare-environment" in out
         return
     [plan] = await wait("resume.planned", job)
     assert (plan["mode"], plan["compatibility"]) == outcome

@@ -1,4 +1,5 @@
-"""The embedded adapter with real child processes: exit 0, exit 1, SIGKILL, an OOM kill."""
+"""The embedded adapter with real child processes: exit 0, exit 1, SIGKILL, an OOM kill, and a
+real two-rank torchrun group in which one rank is SIGKILLed or raises."""
 
 from __future__ import annotations
 
@@ -11,11 +12,16 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.contracts.job import FailureCause
-from ckpt_ha.runner.adapter import LocalProcess, memory_events, oom_kills
+from ckpt_ha.runner.adapter import ExitInfo, LocalProcess, memory_events, oom_kills
 from ckpt_ha.runner.domain import classify
+from ckpt_ha.runner.torchrun import ERROR_FILE_ENV
+from tests.support.torch_tools import require_torch
 
 pytestmark = pytest.mark.integration
+
+RANK_FAULT = Path(__file__).resolve().parents[1] / "support" / "torchrun_rank_fault.py"
 
 
 def py(code: str) -> list[str]:
@@ -91,3 +97,34 @@ def test_this_machines_cgroup_counter_is_readable_when_there_is_one() -> None:
     if path is not None:
         assert isinstance(oom_kills(path), int)
     assert oom_kills(None) is None
+
+
+def torchrun(mode: str, error_file: Path) -> ExitInfo:
+    """``torchrun --nproc_per_node 2`` (gloo) in which rank 1 fails as ``mode`` says."""
+    require_torch()
+    adapter = LocalProcess(stderr=io.BytesIO())
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command += ["--nnodes", "1", str(RANK_FAULT), mode]
+    adapter.start(command, {**os.environ, ERROR_FILE_ENV: str(error_file)})
+    return adapter.wait()
+
+
+def test_a_sigkilled_torchrun_rank_is_reported_as_that_ranks_node_exit(tmp_path: Path) -> None:
+    killed = torchrun("kill", tmp_path / "kill.json")
+    assert (killed.exit_code, killed.signal) == (1, None)  # torchrun's own ending
+    assert not (tmp_path / "kill.json").exists()  # a killed rank leaves no error file
+    assert killed.rank is not None
+    assert (killed.rank.rank, killed.rank.signal) == (1, signal.SIGKILL)
+    failure = classify(killed)
+    assert failure is not None
+    assert (failure.cause, failure.side) == (FailureCause.NODE_EXIT, FailureSide.INFRASTRUCTURE)
+    assert failure.detail.startswith("rank 1 (torchrun): killed by SIGKILL")
+
+    raised = torchrun("record", tmp_path / "record.json")
+    assert (tmp_path / "record.json").exists()
+    error = classify(raised)
+    assert error is not None
+    assert (error.cause, error.side, error.exit_code) == (FailureCause.ERROR, FailureSide.JOB, 1)
+    assert "rank 1 (torchrun)" in error.detail
+    assert error.detail.endswith("ValueError: loss is nan at step 18")
+    assert error.signature != failure.signature

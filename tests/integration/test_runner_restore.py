@@ -294,6 +294,34 @@ async def test_an_escalation_stops_the_runner_with_exit_3(
     assert "crash requested at step 3" in err  # the job's own stderr came through
 
 
+async def test_an_escalation_heard_while_the_attempt_exits_stops_the_runner(
+    settings: ServiceSettings, producer: Bus, tmp_path: Path, unique: str
+) -> None:
+    """After a load failure the coordinator may escalate before the attempt has exited (its
+    ``resume.load_failed`` goes out first): the runner must not drop that escalation and wait
+    for a plan that never comes."""
+    job = f"early-{unique}"
+    slow_fail = [sys.executable, "-c", "import sys, time; time.sleep(3); sys.exit(1)"]
+    runner = await start_runner(settings, tmp_path, job, "--plan-timeout", "30", command=slow_fail)
+    pump = asyncio.create_task(runner.pump())
+
+    async def started() -> list[EventData]:
+        return [d for d in await events_of(settings, job) if isinstance(d, JobStartedV1)]
+
+    await wait_for(started, what="job.started")
+    escalated = ResumeEscalatedV1(
+        job_id=job, plan_id=f"plan-{unique}", reason="attempt_cannot_load",
+        next_step="docs/RUNBOOK.md#prepare-environment: prepare the restore environment",
+        detail="attempt 2 could not load checkpoint c (it stays valid): no loader",
+    )  # fmt: skip
+    await producer.publish(build(escalated, source="test/coordinator", time=_now(), key=unique))
+    assert await finish(runner, pump, timeout=20) == 3
+    err = "\n".join(runner.stderr)
+    assert "escalated: attempt_cannot_load" in err
+    assert "why: attempt 2 could not load checkpoint c (it stays valid): no loader" in err
+    assert f"every decision for this job: ckpt-ha restores --job {job}" in err
+
+
 async def test_no_plan_in_time_exits_4(
     settings: ServiceSettings, tmp_path: Path, unique: str
 ) -> None:

@@ -29,6 +29,7 @@ from ckpt_ha.formats.identity import checkpoint_id
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol
 from ckpt_ha.storage import FsStore
+from tests.integration.test_sdk_announce import watcher_pass
 from tests.support.bus_tools import stream_messages
 from tests.support.resume_tools import plan_for
 from tests.support.torch_tools import (
@@ -232,6 +233,19 @@ async def test_save_in_one_process_commits_and_announces_once(
     assert {e["data"]["checkpoint_id"] for e in events} == {saved.checkpoint_id}
     assert saved.announced
     assert saved.announced_writing
+
+
+async def test_the_writer_watcher_derives_the_same_checkpoint(
+    settings: ServiceSettings, producer: Bus, tmp_path: Path
+) -> None:
+    """The SDK's events carry the ids the watcher gives the same facts: when it reports the
+    committed folder too, the stream still holds one writing and one committed."""
+    ctx = sdk.context(runner_env(settings, tmp_path, "job-w"))
+    saved = dcp.save(training_state(torch, step=4), step=4, ctx=ctx)
+    assert await watcher_pass(settings, tmp_path) == {"job-w/step-00000004": saved.checkpoint_id}
+    events = await all_events(settings)
+    assert [e["type"] for e in events] == ["checkpoint.writing", "checkpoint.committed"]
+    assert {e["source"] for e in events} == {"ckpt-ha/sdk"}  # the watcher's copies were dropped
 
 
 def test_a_folder_that_holds_files_is_never_written_into(tmp_path: Path) -> None:

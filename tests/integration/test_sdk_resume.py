@@ -8,7 +8,6 @@ bus is down.
 
 from __future__ import annotations
 
-import json
 import socket
 import time
 from pathlib import Path
@@ -21,32 +20,10 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol
-from tests.support.bus_tools import stream_messages, wait_for
-from tests.support.resume_tools import plan_for
+from tests.support.bus_tools import wait_for
+from tests.support.resume_tools import events, plan_for, runner_env
 
 pytestmark = pytest.mark.integration
-
-
-async def events(settings: ServiceSettings, event_type: str) -> list[dict[str, object]]:
-    out = []
-    for msg in await stream_messages(settings.nats_url, settings.events_stream):
-        doc = json.loads(msg.data)
-        if doc["type"].startswith(f"ckpt-ha.{event_type}.v"):
-            out.append(doc["data"])
-    return out
-
-
-def runner_env(settings: ServiceSettings, root: Path, job: str, **extra: str) -> dict[str, str]:
-    return {
-        protocol.JOB: job,
-        protocol.RUN_ID: "run-1",
-        protocol.ATTEMPT: "2",
-        protocol.STORAGE_ROOT: str(root),
-        protocol.NATS_URL: settings.nats_url,
-        protocol.SUBJECT_PREFIX: settings.subject_prefix,
-        protocol.PROGRESS_FILE: str(root / "progress"),
-        **extra,
-    }
 
 
 def save_one(root: Path, job: str, step: int) -> dict[str, object]:

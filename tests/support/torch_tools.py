@@ -116,3 +116,45 @@ def torch_saved(obj: object) -> bytes:
     buffer = io.BytesIO()
     torch.save(obj, buffer)
     return buffer.getvalue()
+
+
+def tiny_gpt2() -> Any:
+    """A 2-layer GPT-2 (32-wide, 100-token vocabulary) built from a config in code: nothing is
+    downloaded."""
+    torch = require_torch()
+    try:
+        from transformers import GPT2Config, GPT2LMHeadModel
+    except ImportError as exc:
+        pytest.fail(
+            f"transformers is required and not installed ({exc}): run scripts/bootstrap --dev"
+        )
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_embd=32, n_head=2, vocab_size=100, n_positions=32,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return GPT2LMHeadModel(config)
+
+
+def run_trainer(output_dir: Path, *, max_steps: int, save_steps: int) -> None:
+    """A real Hugging Face ``Trainer`` run of `tiny_gpt2` on synthetic token sequences, on the
+    CPU, saving a ``checkpoint-<step>`` folder every ``save_steps`` steps."""
+    torch = require_torch()
+    from transformers import Trainer, TrainingArguments
+
+    tokens = torch.randint(0, 100, (16, 12), generator=torch.Generator().manual_seed(0))
+    data = [{"input_ids": row, "labels": row} for row in tokens]
+    args = TrainingArguments(
+        output_dir=str(output_dir),
+        max_steps=max_steps,
+        save_steps=save_steps,
+        per_device_train_batch_size=4,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+        seed=0,
+        dataloader_num_workers=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        Trainer(model=tiny_gpt2(), args=args, train_dataset=data).train()

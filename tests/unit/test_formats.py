@@ -13,7 +13,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
-from ckpt_ha.formats import native, verify, verify_path
+from ckpt_ha.formats import detect, native, safetensors, verify, verify_path
 from ckpt_ha.formats.report import Verdict
 from ckpt_ha.storage import FsStore, ObjectExists
 from tests.support.torch_tools import write_hf_torch_files
@@ -280,3 +280,58 @@ def test_hf_trainer_damage(tmp_path: Path) -> None:
     report = verify(FsStore(tmp_path / "renamed"), "checkpoint-400")
     assert report.verdict is Verdict.CORRUPT
     assert any("says step 500" in r for r in report.reasons)
+
+
+@pytest.mark.parametrize(
+    ("folder", "names", "expected"),
+    [
+        ("checkpoint-5", {"model.safetensors", "config.json"}, CheckpointFormat.HF_TRAINER),
+        ("final", {"model.safetensors", "optimizer.pt"}, CheckpointFormat.HF_TRAINER),
+        ("final", {"model.safetensors", "rng_state_1.pth"}, CheckpointFormat.HF_TRAINER),
+        ("final", {"model.safetensors", "config.json"}, CheckpointFormat.SAFETENSORS),
+        ("checkpoint-5", {".metadata", "__0_0.distcp"}, CheckpointFormat.TORCH_DCP),
+        ("x", {"ckpt-ha.identity.json", "__0_0.distcp"}, CheckpointFormat.TORCH_DCP),
+        ("x", {"ckpt-ha.identity.json"}, CheckpointFormat.UNKNOWN),
+    ],
+)
+def test_detect(folder: str, names: set[str], expected: CheckpointFormat) -> None:
+    assert detect(names, folder) is expected
+
+
+def test_a_trainer_folder_without_its_state_file_is_never_valid(tmp_path: Path) -> None:
+    # Killed mid-save: the weights are whole, trainer_state.json (written last) never came.
+    folder = tmp_path / "checkpoint-500"
+    write_hf(folder)
+    (folder / "trainer_state.json").unlink()
+    (folder / "optimizer.pt").write_bytes(b"")
+    report = verify_path(folder)
+    assert (report.verdict, report.format) == (Verdict.INCOMPLETE, CheckpointFormat.HF_TRAINER)
+    assert "trainer_state.json is missing" in report.reasons[0]
+    assert report.step == 500  # from the folder name, so latest-valid lists it as rejected
+    loose = tmp_path / "last"  # not named checkpoint-<n>: its Trainer-only files tell
+    write_hf(loose)
+    (loose / "trainer_state.json").unlink()
+    assert verify_path(loose).verdict is Verdict.INCOMPLETE
+
+
+def test_safetensors_shards_without_their_index_are_incomplete(tmp_path: Path) -> None:
+    folder = tmp_path / "final"
+    write_sharded(folder)
+    (folder / "model.safetensors.index.json").unlink()
+    report = verify_path(folder)
+    assert report.verdict is Verdict.INCOMPLETE
+    assert "the index is written after the shards" in report.reasons[0]
+
+
+def test_declared_size_reads_only_the_header(tmp_path: Path) -> None:
+    path = tmp_path / "model.safetensors"
+    write_safetensors(path)
+    data = path.read_bytes()
+    header_end = 8 + struct.unpack("<Q", data[:8])[0]
+    store = FsStore(tmp_path)
+    for cut, expected in [(0, None), (7, None), (header_end - 1, None),
+                          (header_end, len(data)), (len(data) - 1, len(data))]:  # fmt: skip
+        path.write_bytes(data[:cut])
+        assert safetensors.declared_size(store, path.name, cut) == expected, cut
+    path.write_bytes(b"\xff" * 8 + b"{}")  # a length no header can have: judged as it is
+    assert safetensors.declared_size(store, path.name, 10) == 10

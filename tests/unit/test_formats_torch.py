@@ -20,9 +20,10 @@ from typing import Any
 import pytest
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
-from ckpt_ha.formats import dcp_metadata, latest_valid, verify, verify_path
+from ckpt_ha.formats import dcp_metadata, hf_trainer, latest_valid, sidecar, verify, verify_path
 from ckpt_ha.formats.report import Verdict
 from ckpt_ha.storage import FsStore
+from tests.support.sidecar_tools import commit_for, folder_with_sidecars, intent
 from tests.support.torch_tools import (
     ExecPayload,
     Payload,
@@ -371,3 +372,106 @@ def test_extension_codes_and_persistent_ids_are_refused(tmp_path: Path) -> None:
         copyreg.remove_extension("posix", "system", 0xC4)
     with pytest.raises(dcp_metadata.UnsafeMetadata, match="persistent id"):
         dcp_metadata.parse(b"\x80\x02\x8c\x01xQ.")
+
+
+# -- ckpt-ha sidecars beside a DCP checkpoint ------------------------------------------------
+
+
+def test_an_intent_without_a_commit_file_is_incomplete(dcp_folder: Path) -> None:
+    folder_with_sidecars(dcp_folder, 100, commit=False)
+    report = verify_path(dcp_folder)  # DCP's own .metadata is there, complete
+    assert (report.verdict, report.format) == (Verdict.INCOMPLETE, CheckpointFormat.TORCH_DCP)
+    assert report.reasons == [
+        "ckpt-ha.identity.json without ckpt-ha.commit.json: a ckpt-ha integration started "
+        "writing and never committed"
+    ]
+
+
+def test_a_commit_file_gives_step_sizes_and_checksums(dcp_folder: Path) -> None:
+    store = FsStore(dcp_folder)
+    sidecar.write_intent(store, "", intent(step=100))
+    commit = commit_for(store, "", 100, algorithm="sha256", exact_resume=False)
+    sidecar.write_commit(store, "", commit)
+    report = verify_path(dcp_folder)
+    assert report.verdict is Verdict.VALID, report.reasons
+    assert (report.step, report.exact_resume) == (100, False)  # the commit's, not the item's 7
+    assert {"commit-sidecar", "commit-sizes", "commit-checksums"} <= set(report.checks)
+    assert "dcp-metadata:restricted-unpickle" in report.checks  # the format's own checks ran
+    # Comparable with the commit's: the same algorithm, the same digests.
+    assert report.checksums == {path: e.checksum for path, e in commit.files.items()}
+    assert report.bytes_read == sum(e.size for e in commit.files.values())  # each read once
+    assert report.notes == []
+
+
+def _committed_dcp(folder: Path) -> None:
+    folder_with_sidecars(folder, 100)
+
+
+def test_damage_against_the_commit_file(tmp_path: Path) -> None:
+    flipped = write_dcp(tmp_path / "flipped")
+    _committed_dcp(flipped)
+    raw = bytearray((flipped / DATA).read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # DCP's own checks cannot see this one
+    (flipped / DATA).write_bytes(bytes(raw))
+    report = verify_path(flipped)
+    assert report.verdict is Verdict.CORRUPT
+    assert any(
+        r.startswith(f"{DATA}: checksum") and "commit file says" in r for r in report.reasons
+    )
+
+    missing = write_dcp(tmp_path / "missing")
+    _committed_dcp(missing)
+    (missing / DATA).unlink()
+    report = verify_path(missing)
+    assert report.verdict is Verdict.INCOMPLETE
+    assert f"{DATA}: listed in the commit file but missing" in report.reasons
+
+    extra = write_dcp(tmp_path / "extra")
+    _committed_dcp(extra)
+    (extra / "notes.txt").write_text("left by someone")
+    report = verify_path(extra)
+    assert report.verdict is Verdict.VALID, report.reasons
+    assert report.notes == ["1 file(s) not in ckpt-ha.commit.json, not part of the checkpoint: "
+                            "notes.txt"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("content", "verdict"),
+    [
+        (b"{not json", Verdict.CORRUPT),
+        (b'{"schema_version": 1, "step": 1, "files": {"../x": {"size": 1, "checksum": "a"}}}',
+         Verdict.UNSAFE),
+        (b'{"schema_version": 1, "step": 1, "files": {"/etc/passwd": {"size": 1, '
+         b'"checksum": "a"}}}', Verdict.UNSAFE),
+        (b'{"schema_version": 1, "step": 1, "files": {"ckpt-ha.identity.json": {"size": 1, '
+         b'"checksum": "a"}}}', Verdict.CORRUPT),
+    ],
+)  # fmt: skip
+def test_a_bad_commit_file(dcp_folder: Path, content: bytes, verdict: Verdict) -> None:
+    folder_with_sidecars(dcp_folder, 100, commit=False)
+    (dcp_folder / sidecar.COMMIT).write_bytes(content)
+    report = verify_path(dcp_folder)
+    assert report.verdict is verdict, report.reasons
+
+
+def test_an_unreadable_intent_leaves_the_identity_unknown(dcp_folder: Path) -> None:
+    folder_with_sidecars(dcp_folder, 100)
+    (dcp_folder / sidecar.INTENT).write_text('{"schema_version": 2}')
+    report = verify_path(dcp_folder)
+    assert report.verdict is Verdict.VALID, report.reasons
+    assert any("identity is unknown" in n for n in report.notes)
+
+
+def test_torch_files_are_finished_when_their_zip_end_record_lands(tmp_path: Path) -> None:
+    torch = require_torch()
+    store = FsStore(tmp_path)
+    data = torch_saved({"w": torch.ones(300)})
+    for cut in (0, 3, 30, len(data) // 2, len(data) - 23, len(data) - 1):
+        (tmp_path / "a.pt").write_bytes(data[:cut])
+        assert not hf_trainer.torch_file_complete(store, "a.pt", cut), cut
+    (tmp_path / "a.pt").write_bytes(data)
+    assert hf_trainer.torch_file_complete(store, "a.pt", len(data))
+    legacy = io.BytesIO()
+    torch.save({"w": torch.ones(3)}, legacy, _use_new_zipfile_serialization=False)
+    (tmp_path / "b.pt").write_bytes(legacy.getvalue())  # a bare pickle: no end record to wait for
+    assert hf_trainer.torch_file_complete(store, "b.pt", len(legacy.getvalue()))

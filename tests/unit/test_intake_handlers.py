@@ -254,6 +254,7 @@ async def test_an_illegal_transition_is_refused_and_reported_as_a_conflict(
 
 async def test_an_incomplete_write_that_stalls_is_a_failed_write(intake: Intake) -> None:
     intake.store.put("job-1/step-20/rank-0.bin", b"partial")
+    assert await intake.watcher.scan_once() == 0  # tracked: announced once its id is settled
     assert await intake.watcher.scan_once() == 1
     assert intake.publisher.types() == ["checkpoint.writing"]
     intake.now = T0 + STALL - timedelta(seconds=1)

@@ -11,7 +11,7 @@ import pytest
 from ckpt_ha.contracts import EventData
 from ckpt_ha.contracts.checkpoint import CheckpointQuarantinedV1, FailureSide
 from ckpt_ha.core.corruption import condemn
-from ckpt_ha.formats import native, safetensors
+from ckpt_ha.formats import dcp, hf_trainer, native, safetensors, sidecar
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.storage import (
     FsStore,
@@ -49,9 +49,8 @@ def files_in(root: Path) -> list[str]:
 
 
 def test_the_markers_are_the_formats_commit_markers() -> None:
-    assert native.MANIFEST in MARKER_NAMES
+    assert {native.MANIFEST, sidecar.COMMIT, hf_trainer.STATE, dcp.METADATA} <= MARKER_NAMES
     assert safetensors.INDEX_SUFFIX in MARKER_SUFFIXES
-    assert {"trainer_state.json", ".metadata"} <= MARKER_NAMES
     assert is_commit_marker("model.safetensors.index.json")
     assert not is_commit_marker("sub/trainer_state.json")
 

@@ -362,6 +362,54 @@ async def test_an_unknown_environment_escalates_or_initialises_weights_by_policy
     assert (plan.mode, plan.compatibility) == ("weights_only_init", "unknown")
 
 
+def anonymous(ckpt: str, step: int, at_seconds: float) -> CheckpointRecord:
+    """A checkpoint written by plain ``dcp.save``: no identity of its own."""
+    base = record(ckpt, step).model_copy(
+        update={"identity": None, "format": CheckpointFormat.TORCH_DCP, "run_id": "unknown"}
+    )
+    return base.model_copy(update={"created_at": T0 + timedelta(seconds=at_seconds)})
+
+
+async def test_a_checkpoint_without_identity_inherits_its_writers_and_resumes(
+    store: FsStore,
+) -> None:
+    """R14: a DCP checkpoint that appeared while attempt 1 ran is bound to what attempt 1
+    declared; restoring it onto the same environment is an exact resume, not `unknown`."""
+    world = World(store, anonymous(f"{JOB}-d1", 100, 1500))
+    await world.handlers.on_started(started())
+    await world.handlers.on_failed(failed())
+    [plan] = world.data("resume.planned")
+    assert (plan.checkpoint_id, plan.mode, plan.compatibility) == (
+        f"{JOB}-d1",
+        "exact_resume",
+        "identical",
+    )
+    assert "taken from attempt 1's job.started" in plan.reasons[0]
+
+
+async def test_an_inherited_identity_lists_exactly_what_changed(store: FsStore) -> None:
+    """Attempt 1 wrote the checkpoint on torch 2.3.0; attempt 2 (a relaunch on a new image,
+    no plan) runs 2.4.0 and fails: the escalation names that one field and nothing else."""
+    world = World(store, anonymous(f"{JOB}-d1", 100, 1500))
+    await world.handlers.on_started(started())
+    new_fw = ENV.model_copy(update={"framework_version": "2.4.0"})
+    await world.handlers.on_started(started(2, env=new_fw))
+    await world.handlers.on_failed(failed(2))
+    [esc] = world.data("resume.escalated")
+    assert esc.reason == "compatibility_unknown"
+    assert "framework_version: 2.3.0 -> 2.4.0 (no declared rule)" in esc.detail
+    assert "<none>" not in esc.detail  # nothing reported missing that the attempt declared
+
+
+async def test_a_checkpoint_older_than_every_known_start_stays_unknown(store: FsStore) -> None:
+    world = World(store, anonymous(f"{JOB}-d0", 100, -50))
+    await world.handlers.on_started(started())
+    await world.handlers.on_failed(failed())
+    [esc] = world.data("resume.escalated")
+    assert esc.reason == "compatibility_unknown"
+    assert "code_version: <none> -> abc" in esc.detail
+
+
 @pytest.mark.parametrize(("off", "verdict"), [(0.0, "resume.verified"), (0.5, "resume.diverged")])
 async def test_continuity_after_resume(world: World, off: float, verdict: str) -> None:
     h = world.handlers

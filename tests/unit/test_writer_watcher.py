@@ -21,12 +21,13 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointWritingV1,
     FailureSide,
 )
-from ckpt_ha.formats import native
+from ckpt_ha.formats import native, sidecar
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.storage import FsStore
 from ckpt_ha.writer_watcher import adapters, domain
 from ckpt_ha.writer_watcher.domain import Evidence, Observation, WatchState, missing, observe
-from tests.support.torch_tools import Payload, write_dcp
+from tests.support.sidecar_tools import commit_for, intent
+from tests.support.torch_tools import Payload, write_dcp, write_hf_torch_files
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 STALL = timedelta(minutes=5)
@@ -46,10 +47,20 @@ def obs(
     )  # fmt: skip
 
 
+def announced(
+    state: WatchState, observation: Observation, at: datetime = T0
+) -> CheckpointWritingV1:
+    """The first scan tracks a folder; the next one, deriving the same id (its oldest file no
+    longer changes), announces the write."""
+    assert observe(state, [observation], at, STALL) == []
+    [writing] = observe(state, [observation], at, STALL)
+    assert isinstance(writing, CheckpointWritingV1)
+    return writing
+
+
 def test_writing_then_committed_once_complete() -> None:
     state = WatchState()
-    [writing] = observe(state, [obs({"a.bin": 10}, None)], T0, STALL)
-    assert isinstance(writing, CheckpointWritingV1)
+    writing = announced(state, obs({"a.bin": 10}, None))
     # The manifest appeared but a listed shard is still short: not committed.
     partial = obs({"a.bin": 10, "b.bin": 3, "m": 5}, {"a.bin": 10, "b.bin": 7, "m": 5})
     assert observe(state, [partial], T0 + timedelta(seconds=2), STALL) == []
@@ -64,7 +75,7 @@ def test_writing_then_committed_once_complete() -> None:
 def test_stalled_write_fails_and_says_what_is_missing() -> None:
     state = WatchState()
     stuck = obs({"a.bin": 10}, None)
-    observe(state, [stuck], T0, STALL)
+    announced(state, stuck)
     assert observe(state, [stuck], T0 + timedelta(minutes=4), STALL) == []
     [failed] = observe(state, [stuck], T0 + timedelta(minutes=6), STALL)
     assert isinstance(failed, CheckpointWriteFailedV1)
@@ -75,7 +86,7 @@ def test_stalled_write_fails_and_says_what_is_missing() -> None:
 def test_a_write_stalled_while_storage_failed_is_the_platforms() -> None:
     state = WatchState()
     stuck = obs({"a.bin": 10}, None)
-    observe(state, [stuck], T0, STALL)
+    announced(state, stuck)
     later = T0 + STALL + timedelta(seconds=1)
     trouble = (T0 + timedelta(minutes=2), "503 Slow Down")
     [failed] = observe(state, [stuck], later, STALL, None, trouble)
@@ -88,7 +99,7 @@ def test_a_write_stalled_while_storage_failed_is_the_platforms() -> None:
 def test_storage_trouble_before_the_last_progress_does_not_excuse_a_stall() -> None:
     state = WatchState()
     stuck = obs({"a.bin": 10}, None)
-    observe(state, [stuck], T0, STALL)
+    announced(state, stuck)
     trouble = (T0 - timedelta(minutes=1), "timeout")
     [failed] = observe(state, [stuck], T0 + STALL + timedelta(seconds=1), STALL, None, trouble)
     assert isinstance(failed, CheckpointWriteFailedV1)
@@ -100,7 +111,7 @@ def test_a_write_noticed_only_after_an_outage_is_still_the_platforms() -> None:
     # so the first scan to see that file came after the outage. The write made no progress while
     # storage was failing: the stall is the platform's, not the job's.
     state = WatchState()
-    observe(state, [obs({"a.bin": 10}, None)], T0, STALL)
+    announced(state, obs({"a.bin": 10}, None))
     landed = replace(obs({"a.bin": 10, "b.bin": 4}, None), last_written=T0 + timedelta(minutes=1))
     trouble = (T0 + timedelta(minutes=2), "root missing (volume not mounted?)")
     noticed = T0 + timedelta(minutes=3)
@@ -156,6 +167,41 @@ def test_writer_and_watcher_derive_the_same_id(tmp_path: Path) -> None:
     assert committed.subject_key() == checkpoint_id_on(store, "job-1/step-3")
 
 
+def test_a_write_is_announced_once_its_oldest_file_stops_changing() -> None:
+    # A library writing its first file in place moves that file's time, hence the id.
+    state = WatchState()
+    for second in range(3):
+        growing = obs({"a.bin": 10 * (second + 1)}, None, first=T0 + timedelta(seconds=second))
+        assert observe(state, [growing], T0 + timedelta(seconds=second), STALL) == []
+    second_file = obs({"a.bin": 30, "b.bin": 1}, None, first=T0 + timedelta(seconds=2))
+    [writing] = observe(state, [second_file], T0 + timedelta(seconds=3), STALL)
+    assert isinstance(writing, CheckpointWritingV1)
+    required = {"a.bin": 30, "b.bin": 5}
+    done = obs(dict(required), required, first=T0 + timedelta(seconds=2))
+    [committed] = observe(state, [done], T0 + timedelta(seconds=4), STALL)
+    assert committed.subject_key() == writing.checkpoint_id
+
+
+def test_a_folder_rewritten_before_its_commit_fails_the_announced_write() -> None:
+    state = WatchState()
+    first = announced(state, obs({"a.bin": 10}, None))
+    again = obs({"a.bin": 3}, None, first=T0 + timedelta(minutes=1))
+    [failed] = observe(state, [again], T0 + timedelta(minutes=1), STALL)
+    assert isinstance(failed, CheckpointWriteFailedV1)
+    assert failed.checkpoint_id == first.checkpoint_id
+    assert "rewritten before it was committed" in failed.reason
+    [writing] = observe(state, [again], T0 + timedelta(minutes=1, seconds=2), STALL)
+    assert isinstance(writing, CheckpointWritingV1)
+    assert writing.checkpoint_id != first.checkpoint_id
+
+
+def test_unfinished_files_are_gaps_whatever_the_sizes_say() -> None:
+    evidence = Evidence(CheckpointFormat.SAFETENSORS, {"a": 5}, pending=("b (header)",))
+    assert missing(evidence, {"a": 5, "b": 9}) == ["b (header)"]
+    awaiting = Evidence(CheckpointFormat.HF_TRAINER, None, pending=("trainer_state.json",))
+    assert missing(awaiting, {}) == ["commit marker", "trainer_state.json"]
+
+
 def test_minimum_sizes_count_a_longer_file_as_present() -> None:
     evidence = Evidence(
         CheckpointFormat.TORCH_DCP,
@@ -191,8 +237,7 @@ def test_dcp_commits_only_when_every_data_file_holds_its_entries(tmp_path: Path)
 
     (folder / "__0_0.distcp").write_bytes(data[:-1])  # .metadata there, a data file short
     state = WatchState()
-    [writing] = observe(state, [_dcp_observation(store)], T0, STALL)
-    assert isinstance(writing, CheckpointWritingV1)
+    announced(state, _dcp_observation(store))
     (folder / "__0_0.distcp").unlink()  # .metadata there, a data file missing
     assert observe(state, [_dcp_observation(store)], T0 + timedelta(seconds=2), STALL) == []
     (folder / "__0_0.distcp").write_bytes(data)
@@ -273,7 +318,7 @@ def test_the_registry_is_asked_only_about_committed_folders_with_gaps() -> None:
 
 def test_a_folder_removed_while_written_failed_and_a_committed_one_is_forgotten() -> None:
     state = WatchState()
-    [writing] = observe(state, [obs({"a.bin": 10}, None)], T0, STALL)
+    writing = announced(state, obs({"a.bin": 10}, None))
     [failed] = observe(state, [], T0 + timedelta(seconds=2), STALL)
     assert isinstance(failed, CheckpointWriteFailedV1)
     assert failed.checkpoint_id == writing.checkpoint_id
@@ -348,3 +393,126 @@ def test_tracked_entries_round_trip_through_json() -> None:
     state, _ = committed_state({"a.bin": 10, "m": 5})
     [tracked] = state.folders.values()
     assert adapters.tracked_from_json(adapters.tracked_to_json(tracked)) == tracked
+
+
+# -- commit evidence read from files the real libraries wrote ----------------------------------
+
+
+def _only(store: FsStore) -> Observation:
+    [found] = list(adapters.scan(store))
+    return found
+
+
+def _save_safetensors(path: Path) -> bytes:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file({"w": np.ones((64, 16), dtype=np.float32), "b": np.zeros(3, np.int64)}, str(path))
+    return path.read_bytes()
+
+
+def test_a_safetensors_file_counts_complete_only_at_its_declared_size(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    path = tmp_path / "job-1" / "weights" / "model.safetensors"
+    data = _save_safetensors(path)
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    for cut, gap in [(5, "header not all written"), (header_end - 1, "header not all written"),
+                     (header_end + 10, f"want {len(data)} bytes")]:  # fmt: skip
+        path.write_bytes(data[:cut])
+        found = _only(store)
+        assert found.evidence.format is CheckpointFormat.SAFETENSORS
+        assert any(gap in g for g in missing(found.evidence, found.files)), cut
+    path.write_bytes(data)
+    found = _only(store)
+    assert found.evidence.required == {"model.safetensors": len(data)}
+    assert missing(found.evidence, found.files) == []
+
+
+def test_safetensors_shards_without_their_index_are_a_save_in_progress(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    folder = tmp_path / "job-1" / "final"
+    one = _save_safetensors(folder / "model-00001-of-00002.safetensors")
+    found = _only(store)
+    assert found.evidence.required is None
+    assert "written after the shards" in " ".join(missing(found.evidence, found.files))
+    index = {"weight_map": {"w": "model-00001-of-00002.safetensors",
+                            "x": "model-00002-of-00002.safetensors"}}  # fmt: skip
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    found = _only(store)
+    assert missing(found.evidence, found.files) == [
+        "model-00002-of-00002.safetensors (not written yet)"
+    ]
+    (folder / "model-00002-of-00002.safetensors").write_bytes(one)
+    assert missing(_only(store).evidence, _only(store).files) == []
+
+
+def test_a_trainer_folder_commits_on_its_state_file_only(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    folder = tmp_path / "job-hf" / "checkpoint-5"
+    _save_safetensors(folder / "model.safetensors")  # complete weights: not yet a checkpoint
+    found = _only(store)
+    assert (found.evidence.format, found.evidence.required) == (CheckpointFormat.HF_TRAINER, None)
+    write_hf_torch_files(folder)
+    optimizer = (folder / "optimizer.pt").read_bytes()
+    state = json.dumps({"global_step": 5, "log_history": []}, indent=2) + "\n"
+    (folder / "trainer_state.json").write_text(state[:-5])  # still being written
+    assert _only(store).evidence.required is None
+    (folder / "trainer_state.json").write_text(state)
+    (folder / "optimizer.pt").write_bytes(optimizer[:-30])  # a rank still writing its file
+    found = _only(store)
+    assert missing(found.evidence, found.files) == ["optimizer.pt (no zip end record yet)"]
+    (folder / "optimizer.pt").write_bytes(optimizer)
+    found = _only(store)
+    assert (found.evidence.step, missing(found.evidence, found.files)) == (5, [])
+    [committed] = observe(WatchState(), [found], T0, STALL)
+    assert isinstance(committed, CheckpointCommittedV1)
+    assert (committed.format, committed.step) == (CheckpointFormat.HF_TRAINER, 5)
+
+
+def test_trainer_only_files_make_a_trainer_folder_whatever_its_name(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    folder = tmp_path / "job-hf" / "last"
+    _save_safetensors(folder / "model.safetensors")
+    (folder / "optimizer.pt").write_bytes(b"")
+    found = _only(store)
+    assert (found.evidence.format, found.evidence.required) == (CheckpointFormat.HF_TRAINER, None)
+
+
+def test_sidecars_decide_before_the_format(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    prefix = "job-dcp/step-50"
+    sidecar.write_intent(store, prefix, intent(step=50))
+    write_dcp(tmp_path / prefix)  # .metadata is there: DCP alone would call this committed
+    found = _only(store)
+    assert found.evidence.format is CheckpointFormat.TORCH_DCP
+    assert found.evidence.required is None
+    assert found.evidence.identity == intent().identity
+    assert any(sidecar.COMMIT in g for g in missing(found.evidence, found.files))
+
+    commit = commit_for(store, prefix, 50)
+    sidecar.write_commit(store, prefix, commit)
+    found = _only(store)
+    assert found.evidence.required == {
+        **{path: e.size for path, e in commit.files.items()},
+        sidecar.COMMIT: found.files[sidecar.COMMIT],
+    }
+    [committed] = observe(WatchState(), [found], T0, STALL)
+    assert isinstance(committed, CheckpointCommittedV1)
+    assert (committed.step, committed.format) == (50, CheckpointFormat.TORCH_DCP)
+    assert committed.identity == intent().identity
+    assert committed.run_id == "run-1"
+
+
+def test_unreadable_sidecars(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    store.put("job-1/a/ckpt-ha.identity.json", b"{not json")
+    store.put("job-1/a/__0_0.distcp", b"x")
+    store.put("job-1/a/.metadata", b"x")
+    store.put("job-1/b/ckpt-ha.identity.json", sidecar.encode(intent()))
+    store.put("job-1/b/ckpt-ha.commit.json", b'{"schema_version":9}')
+    found = {o.folder: o.evidence for o in adapters.scan(store)}
+    # An intent, readable or not, says a commit file will follow.
+    assert found["job-1/a"].required is None
+    # A commit file that cannot be read is still the commit marker: verification judges it.
+    assert found["job-1/b"].required == {sidecar.COMMIT: 20}

@@ -29,7 +29,10 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         raise CommandError(f"cannot start {command[0]!r}: not found or not executable")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise CommandError("--max-attempts must be >= 1")
-    if args.world_size < 1:
+    from ckpt_ha.runner import torchrun
+
+    world_size = args.world_size or torchrun.world_size(command, env) or 1
+    if world_size < 1:
         raise CommandError("--world-size must be >= 1")
     policy = JobPolicy(tier=args.tier)
     if args.policy is not None:
@@ -52,7 +55,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         policy=policy,
         plan_timeout_s=args.plan_timeout,
         max_attempts=args.max_attempts,
-        world_size=args.world_size,
+        world_size=world_size,
         code_version=args.code_version or env.get("CKPT_HA_CODE_VERSION") or None,
         image=env.get("CKPT_HA_IMAGE") or None,
     )
@@ -85,4 +88,7 @@ def cmd_drill(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         print("\n\n".join(drill.as_text(r) for r in results))
         if args.report:
             print(f"\nreport: {Path(args.report) / 'report.html'}")
-    return 0 if all(r["verdict"] == "pass" for r in results) else 1
+    # Under `all`, a drill this installation cannot run says so in its result and fails nothing;
+    # asked for by name, not running it is a failure.
+    fine = ("pass", drill.NOT_RUN) if args.scenario == "all" else ("pass",)
+    return 0 if all(r["verdict"] in fine for r in results) else 1

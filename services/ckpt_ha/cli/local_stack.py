@@ -43,6 +43,11 @@ def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
         print(render.dumps([r.__dict__ for r in rows]))
     else:
         print(_status_table(state))
+        print(f"\nstorage root: {state.storage_root}")
+        print(
+            "  a job J's checkpoints go in <storage root>/J/<one folder per checkpoint>, e.g. a "
+            "Hugging Face Trainer's output_dir=<storage root>/J"
+        )
     return 0 if all(r.healthy for r in rows) else 1
 
 

@@ -51,6 +51,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("retention", "plan"): ("retention", "cmd_plan"),
     ("registry", "rebuild"): ("maintenance", "cmd_registry_rebuild"),
     ("dead-letters", None): ("maintenance", "cmd_dead_letters"),
+    ("restores", None): ("restores", "cmd_restores"),
     ("run", None): ("jobs", "cmd_run"),
     ("drill", None): ("jobs", "cmd_drill"),
 }

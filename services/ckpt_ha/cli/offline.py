@@ -30,6 +30,8 @@ def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
         print(f"{verdict}  {args.path}  format={fmt}  step={step}")
         for reason in report.reasons:
             print(f"  - {reason}")
+        for note in report.notes:
+            print(f"  note: {note}")
         if report.ok:
             print(f"  checks: {', '.join(report.checks)}; {report.bytes_read} bytes read")
     return 0 if report.ok else 1
@@ -56,7 +58,9 @@ def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) 
             why = r.report.reasons[0] if r.report.reasons else ""
             print(f"rejected  {r.path}  step={r.report.step}  {r.report.verdict.value}: {why}")
         if found.report is not None:
-            print(f"LATEST VALID  {found.path}  step={found.report.step}")
+            weights_only = "  (weights only: not an exact resume)"
+            label = weights_only if found.report.exact_resume is False else ""
+            print(f"LATEST VALID  {found.path}  step={found.report.step}{label}")
         else:
             print(f"no valid checkpoint under {args.root}")
     return 0 if found.path is not None else 1

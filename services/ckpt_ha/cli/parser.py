@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     rb = reg_sub.add_parser("rebuild", help="replay the event stream into an empty registry")
     rb.add_argument("--clear", action="store_true", help="delete the current registry first")
 
+    rs = sub.add_parser(
+        "restores",
+        help="a job's restore decisions: plans with their reasons, escalations with the "
+        "differences behind them, load outcomes, continuity",
+    )
+    rs.add_argument("--job", required=True, type=_text)
+    rs.add_argument("--json", action="store_true")
+
     dlq = sub.add_parser("dead-letters", help="list dead-lettered messages and why")
     dlq.add_argument("--limit", type=int, default=50)
     dlq.add_argument("--json", action="store_true")
@@ -265,7 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="after a failure, how long to wait for the coordinator's plan (default 120)",
     )
     run.add_argument("--max-attempts", type=int, metavar="N", help="stop after N attempts")
-    run.add_argument("--world-size", type=int, default=1, help="recorded topology (default 1)")
+    run.add_argument(
+        "--world-size",
+        type=int,
+        help="recorded topology (default: torchrun's --nproc-per-node x --nnodes, else 1)",
+    )
     run.add_argument("--code-version", type=_text, help="default: $CKPT_HA_CODE_VERSION")
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
@@ -276,8 +288,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenario",
         required=True,
         choices=["node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop",
-                 "env-mismatch", "all"],
-        help="the fault to inject; all: every scenario in turn on one stack",
+                 "env-mismatch", "hf-trainer", "all"],
+        help="the fault to inject; all: every scenario in turn on one stack (the framework "
+        "drills only where the torch and hf extras are installed; the others say so)",
     )  # fmt: skip
     dr.add_argument("--json", action="store_true",
                     help="the evidence as JSON: one object, a list of them for all")  # fmt: skip

@@ -1,59 +1,15 @@
-"""Evidence every drill records besides its own checks: the fixed baseline (model, data,
-config, environment, resources), the loss curves of the reference run and of the drill's job,
-the job's metrics after the drill, and the alerts the stack's Prometheus fired."""
+"""Evidence every drill records besides its own checks: the drill job's loss curve, the job's
+metrics after the drill, and the alerts the stack's Prometheus fired. (The fixed baseline and
+its reference curve come from the drill's workload, `ckpt_ha.drill.workloads`.)"""
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import io
 import json
-import os
-import platform
-import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from ckpt_ha.devstack import stack
-from ckpt_ha.drill.harness import EXAMPLE
-
-
-def baseline(job_args: Sequence[str]) -> dict[str, Any]:
-    """What every drill keeps fixed: model, data, config, environment and resources."""
-    import numpy as np
-
-    from ckpt_ha.examples import numpy_mlp
-
-    cfg, _ = numpy_mlp.parse(list(job_args))
-    return {
-        "model": f"{EXAMPLE}: MLP {numpy_mlp.FEATURES}-{numpy_mlp.HIDDEN}-1 (tanh, dropout "
-        f"{cfg.dropout}), Adam, warm-up then cosine LR",
-        "data": f"synthetic regression set, {numpy_mlp.SAMPLES} x {numpy_mlp.FEATURES}, "
-        f"dataset seed {numpy_mlp.DATASET_SEED}, batch {cfg.batch_size}",
-        "config": dataclasses.asdict(cfg),
-        "job_args": list(job_args),
-        "environment": {"python": platform.python_version(), "numpy": np.__version__,
-                        "platform": platform.platform()},
-        "resources": {"cpus": os.cpu_count(), "processes": 1, "gpus": 0},
-    }  # fmt: skip
-
-
-def baseline_losses(job_args: Sequence[str]) -> list[list[float]]:
-    """The uninterrupted run of the same job with the same seed, in-process: (step, loss)."""
-    from ckpt_ha import sdk
-    from ckpt_ha.examples import numpy_mlp
-
-    cfg, _ = numpy_mlp.parse(list(job_args))
-    # Checkpoints, sleeps and crashes change no loss: the reference run does without them.
-    cfg = dataclasses.replace(
-        cfg, checkpoint_every=cfg.steps + 1, sleep_per_step=0.0, slow_save=0.0,
-        crash_at_step=None, crash_after_resume=False,
-    )  # fmt: skip
-    with tempfile.TemporaryDirectory() as root, contextlib.redirect_stdout(io.StringIO()):
-        losses = numpy_mlp.train(cfg, sdk.Context("baseline", "baseline", 1, root, None))
-    return [[step, loss] for step, loss in losses]
 
 
 def drill_losses(runner_log: Path | None) -> list[list[float]]:

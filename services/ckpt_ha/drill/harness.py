@@ -8,6 +8,7 @@ is decided in `ckpt_ha.drill.assess`, purely.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -27,11 +28,11 @@ from ckpt_ha.contracts.subjects import job_token
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.devstack import stack
 from ckpt_ha.drill.assess import assess_restore
+from ckpt_ha.drill.workloads import NUMPY, Workload
 from ckpt_ha.registry.redis_registry import Registry
 
 T = TypeVar("T")
 
-EXAMPLE = "ckpt_ha.examples.numpy_mlp"
 DRILL_ENV = {
     # A drill is short: a stalled write is declared failed quickly, scrubs stay out of the way.
     "CKPT_HA_STALL_TIMEOUT_S": "5",
@@ -55,6 +56,7 @@ class Drill:
     runner_log: Path | None = None
     scenario: str = ""
     job_args: list[str] = field(default_factory=list)
+    workload: Workload = NUMPY
     faults: list[tuple[str, datetime]] = field(default_factory=list)
     """Every fault injected, with the moment it took effect (the report marks them)."""
 
@@ -114,17 +116,24 @@ class Drill:
 
     # -- the job ---------------------------------------------------------------------------
 
-    def launch(self, policy: JobPolicy, job_args: list[str], env: Mapping[str, str]) -> None:
+    def launch(
+        self,
+        policy: JobPolicy,
+        job_args: list[str],
+        env: Mapping[str, str],
+        workload: Workload = NUMPY,
+    ) -> None:
         folder = self.home / "drills" / self.job
         folder.mkdir(parents=True, exist_ok=True)
         policy_file = folder / "policy.json"
         policy_file.write_text(policy.model_dump_json(indent=2))
         self.runner_log = folder / "runner.log"
         self.job_args = list(job_args)
+        self.workload = workload
         argv = [
             sys.executable, "-m", "ckpt_ha.cli.main", "run", "--job", self.job,
             "--policy", str(policy_file), "--plan-timeout", "60", "--",
-            sys.executable, "-m", EXAMPLE, *job_args,
+            *workload.argv(job_args),
         ]  # fmt: skip
         full_env = {
             **os.environ,
@@ -149,6 +158,29 @@ class Drill:
         except (OSError, ValueError):
             return None
         return pids[0] if pids else None
+
+    def rank_pids(self) -> list[int]:
+        """The training processes a launcher started (torchrun's ranks), oldest first; the
+        training process itself when it is no launcher."""
+        top = self.training_pid()
+        if top is None:
+            return []
+        found: list[int] = []
+        for children in Path(f"/proc/{top}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                found += [int(p) for p in children.read_text().split()]
+        return sorted(found) or [top]
+
+    async def kill_rank(self, index: int) -> datetime:
+        """SIGKILL one rank of a multi-process job (by launch order)."""
+
+        async def ranks() -> list[int] | None:
+            pids = self.rank_pids()
+            return pids if len(pids) > index else None
+
+        pid = (await self.until(ranks, f"rank {index}'s process"))[index]
+        os.kill(pid, signal.SIGKILL)
+        return self.fault(f"SIGKILL rank {index} (pid {pid})")
 
     async def kill_training(self) -> datetime:
         pid = await self.until(lambda: as_awaitable(self.training_pid()), "the training process")

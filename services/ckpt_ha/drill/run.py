@@ -20,7 +20,7 @@ from ckpt_ha.devstack import stack
 from ckpt_ha.drill import assess, evidence
 from ckpt_ha.drill.assess import Assessment
 from ckpt_ha.drill.harness import DRILL_ENV, Drill, DrillFailed
-from ckpt_ha.drill.scenarios import EXPECTED_ALERTS, FAULTS, SCENARIOS
+from ckpt_ha.drill.scenarios import EXPECTED_ALERTS, FAULTS, SCENARIOS, missing_packages
 
 
 def _run_one(scenario: str, home: Path, state: stack.StackState, log: Callable[[str], None],
@@ -46,11 +46,11 @@ def _run_one(scenario: str, home: Path, state: stack.StackState, log: Callable[[
             "timeline": [],
         }
     events = asyncio.run(drill.events())
-    result["baseline"] = evidence.baseline(drill.job_args)
+    result["baseline"] = drill.workload.baseline(drill.job_args)
     result["fault"] = FAULTS[scenario]
     result["elapsed_seconds"] = round(time.monotonic() - drill.started, 2)
     result["curves"] = {
-        "baseline": evidence.baseline_losses(drill.job_args) if drill.job_args else [],
+        "baseline": drill.workload.baseline_losses(drill.job_args) if drill.job_args else [],
         "drill": evidence.drill_losses(drill.runner_log),
     }
     result["marks"] = assess.marks(events, job, drill.faults)
@@ -79,12 +79,32 @@ def run(scenario: str, home: Path, env: Mapping[str, str], log: Callable[[str], 
         log(f"starting the embedded stack under {home}")
         state = stack.up(home, {**env, **DRILL_ENV})
     if scenario != "all":
-        return _run_one(scenario, home, state, log, budget_s, "")
+        return _run_or_say_why(scenario, home, state, log, budget_s, "")
     names = list(SCENARIOS)
     return [
-        _run_one(name, home, state, log, budget_s, f"{i}/{len(names)} ")
+        _run_or_say_why(name, home, state, log, budget_s, f"{i}/{len(names)} ")
         for i, name in enumerate(names, 1)
     ]
+
+
+NOT_RUN = "not_run"
+"""The verdict of a drill this installation cannot run (its framework is not installed)."""
+
+
+def _run_or_say_why(scenario: str, home: Path, state: stack.StackState,
+                    log: Callable[[str], None], budget_s: float,
+                    number: str) -> dict[str, Any]:  # fmt: skip
+    missing = missing_packages(scenario)
+    if not missing:
+        return _run_one(scenario, home, state, log, budget_s, number)
+    why = (
+        f"not run: its training job needs {', '.join(missing)}, which this installation lacks "
+        "(install the torch and hf extras: scripts/bootstrap --frameworks, or "
+        "pip install 'ckpt-ha[torch,hf]')"
+    )
+    log(f"[{number}{scenario}] {why}")
+    return {"scenario": scenario, "verdict": NOT_RUN, "job": None, "fault": FAULTS[scenario],
+            "reasons": [why], "levels": {}, "timeline": []}  # fmt: skip
 
 
 def as_json(result: Mapping[str, Any] | Sequence[Mapping[str, Any]]) -> str:

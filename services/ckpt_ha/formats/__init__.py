@@ -2,9 +2,11 @@
 services and by `ckpt-ha verify`.
 
 Recognised and verified: the native ckpt-ha manifest, safetensors (single and sharded),
-Hugging Face Trainer folders and PyTorch Distributed Checkpoint (DCP) folders. Pickled content
-is never unpickled unrestricted: DCP metadata goes through a restricted unpickler (`dcp`), and
-torch files are loaded only with ``weights_only=True`` when torch is installed (`torch_load`).
+Hugging Face Trainer folders and PyTorch Distributed Checkpoint (DCP) folders, and the identity
+and commit sidecars ckpt-ha's framework integrations write beside the last two (`sidecar`).
+Pickled content is never unpickled unrestricted: DCP metadata goes through a restricted
+unpickler (`dcp`), and torch files are loaded only with ``weights_only=True`` when torch is
+installed (`torch_load`).
 """
 
 from __future__ import annotations
@@ -12,28 +14,39 @@ from __future__ import annotations
 from pathlib import Path
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
-from ckpt_ha.formats import dcp, hf_trainer, native, safetensors
+from ckpt_ha.formats import dcp, hf_trainer, native, safetensors, sidecar
 from ckpt_ha.formats.checksum import DEFAULT_ALGORITHM
+from ckpt_ha.formats.paths import folder_name
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import FsStore, ObjectStore, StorageError
 
 __all__ = ["Report", "Verdict", "detect", "latest_valid", "verify", "verify_path"]
 
 
-def _top_level(store: ObjectStore, prefix: str) -> set[str]:
+def _listing(store: ObjectStore, prefix: str) -> set[str]:
+    """Every file under the folder, relative to it."""
     base = f"{prefix.rstrip('/')}/" if prefix else ""
-    names = set()
-    for info in store.list(base):
-        names.add(info.key[len(base) :].split("/", 1)[0])
-    return names
+    return {info.key[len(base) :] for info in store.list(base)}
 
 
-def detect(names: set[str]) -> CheckpointFormat:
+def _top_level(files: set[str]) -> set[str]:
+    return {name.split("/", 1)[0] for name in files}
+
+
+def detect(names: set[str], folder: str = "") -> CheckpointFormat:
+    """The layout of a folder named ``folder`` whose top-level entries are ``names``.
+
+    ckpt-ha's sidecars say nothing about the layout: it is the framework's beside them. A
+    folder that looks like a Hugging Face Trainer's (named ``checkpoint-<n>``, or holding a
+    file only the Trainer writes) is one, whatever weights it holds: it is never judged as bare
+    safetensors, whose commit rule (the file's own size) says nothing about the Trainer's save.
+    """
+    names = names - sidecar.NAMES
     if native.MANIFEST in names:
         return CheckpointFormat.NATIVE
-    if ".metadata" in names or any(n.endswith(".distcp") for n in names):
+    if dcp.METADATA in names or any(n.endswith(dcp.DATA_SUFFIX) for n in names):
         return CheckpointFormat.TORCH_DCP
-    if "trainer_state.json" in names:
+    if hf_trainer.is_trainer_folder(folder, names):
         return CheckpointFormat.HF_TRAINER
     if any(n.endswith((".safetensors", safetensors.INDEX_SUFFIX)) for n in names):
         return CheckpointFormat.SAFETENSORS
@@ -43,50 +56,75 @@ def detect(names: set[str]) -> CheckpointFormat:
 def verify(store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM) -> Report:
     """Verify the checkpoint folder at ``prefix``.
 
-    Permanent storage errors become a verdict; a transient one (`StorageUnavailable`) is raised,
-    because an outage says nothing about the checkpoint.
+    A folder with ckpt-ha's sidecars is judged by them first (`formats.sidecar`), and by its
+    format's own checks as well. Permanent storage errors become a verdict; a transient one
+    (`StorageUnavailable`) is raised, because an outage says nothing about the checkpoint.
     """
-    names = _top_level(store, prefix)
-    fmt = detect(names)
+    files = _listing(store, prefix)
+    names = _top_level(files)
+    fmt = detect(names, folder_name(store, prefix))
     try:
-        if fmt is CheckpointFormat.NATIVE:
-            return native.verify(store, prefix)
-        if fmt is CheckpointFormat.SAFETENSORS:
-            return _verify_safetensors_folder(store, prefix, names, algorithm)
-        if fmt is CheckpointFormat.HF_TRAINER:
-            return hf_trainer.verify(store, prefix, names, algorithm)
-        if fmt is CheckpointFormat.TORCH_DCP:
-            return dcp.verify(store, prefix, names, algorithm)
+        if names & sidecar.NAMES:
+            return _verify_sidecars(store, prefix, files, fmt, algorithm)
+        return _verify_format(store, prefix, names, fmt, algorithm)
     except StorageError as exc:
         if exc.transient:
             raise  # an outage is not a verdict on the checkpoint: the caller retries
         report = Report(format=fmt)
         report.fail(Verdict.INCOMPLETE, f"storage error while verifying: {exc}")
         return report
+
+
+def _verify_format(
+    store: ObjectStore, prefix: str, names: set[str], fmt: CheckpointFormat, algorithm: str
+) -> Report:
+    if fmt is CheckpointFormat.NATIVE:
+        return native.verify(store, prefix)
+    if fmt is CheckpointFormat.SAFETENSORS:
+        return safetensors.verify_folder(store, prefix, names, algorithm)
+    if fmt is CheckpointFormat.HF_TRAINER:
+        return hf_trainer.verify(store, prefix, names, algorithm)
+    if fmt is CheckpointFormat.TORCH_DCP:
+        return dcp.verify(store, prefix, names, algorithm)
     report = Report(format=fmt)
-    if fmt is CheckpointFormat.UNKNOWN:
-        report.fail(Verdict.UNKNOWN, "no recognised checkpoint layout")
-    else:
-        report.fail(Verdict.UNKNOWN, f"{fmt.value} layout recognised; its checks are not built yet")
+    report.fail(Verdict.UNKNOWN, "no recognised checkpoint layout")
     return report
 
 
-def _verify_safetensors_folder(
-    store: ObjectStore, prefix: str, names: set[str], algorithm: str
+def _verify_sidecars(
+    store: ObjectStore, prefix: str, files: set[str], fmt: CheckpointFormat, algorithm: str
 ) -> Report:
-    indexes = sorted(n for n in names if n.endswith(safetensors.INDEX_SUFFIX))
-    if len(indexes) > 1:
-        report = Report(format=CheckpointFormat.SAFETENSORS)
-        report.fail(Verdict.CORRUPT, f"several index files: {indexes}")
+    """An intent without a commit file is a write that never committed; a commit file adds its
+    sizes, checksums, step and exact-resume flag to the format's own checks."""
+    names = _top_level(files) - sidecar.NAMES
+    notes: list[str] = []
+    try:
+        intent = sidecar.read_intent(store, prefix)
+    except sidecar.SidecarInvalid as exc:
+        intent = None
+        notes.append(f"{exc}: the checkpoint's identity is unknown")
+    if intent is not None and intent.format in set(CheckpointFormat):
+        fmt = CheckpointFormat(intent.format)
+    report = Report(format=fmt, notes=notes)
+    if sidecar.COMMIT not in files:
+        report.fail(
+            Verdict.INCOMPLETE,
+            f"{sidecar.INTENT} without {sidecar.COMMIT}: a ckpt-ha integration started writing "
+            "and never committed",
+        )
         return report
-    if indexes:
-        return safetensors.verify_sharded(store, prefix, indexes[0], algorithm)
-    report = Report(format=CheckpointFormat.SAFETENSORS)
-    for name in sorted(n for n in names if n.endswith(".safetensors")):
-        key = f"{prefix.rstrip('/')}/{name}" if prefix else name
-        safetensors.verify_file(store, key, name, report, algorithm)
-    if report.ok:
-        report.checks += ["safetensors-header", "checksums-recorded"]
+    try:
+        commit = sidecar.read_commit(store, prefix)
+    except sidecar.SidecarInvalid as exc:
+        verdict = Verdict.UNSAFE if isinstance(exc, sidecar.SidecarUnsafe) else Verdict.CORRUPT
+        report.fail(verdict, str(exc))
+        return report
+    if commit is None:
+        report.fail(Verdict.INCOMPLETE, f"{sidecar.COMMIT} vanished while it was read")
+        return report
+    report = _verify_format(store, prefix, names, fmt, commit.algorithm() or algorithm)
+    report.notes += notes
+    sidecar.check(store, prefix, commit, files, report)
     return report
 
 
@@ -121,7 +159,7 @@ def latest_valid(
     step come last. Returns the chosen folder (or None) and every candidate checked, newest
     first, with its report: those before the chosen one say why they were rejected.
     """
-    folders = sorted(_top_level(store, ""))
+    folders = sorted(_top_level(_listing(store, "")))
     reports = [(folder, verify(store, folder, algorithm)) for folder in folders]
     reports.sort(key=lambda fr: (fr[1].step is not None, fr[1].step or 0, fr[0]), reverse=True)
     chosen = next((folder for folder, report in reports if report.ok), None)

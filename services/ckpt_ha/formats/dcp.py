@@ -29,13 +29,12 @@ import io
 import re
 import zipfile
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import unquote
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import dcp_metadata, torch_load
 from ckpt_ha.formats.dcp_metadata import DcpMetadata, MalformedMetadata, UnsafeMetadata
-from ckpt_ha.formats.paths import inside, join
+from ckpt_ha.formats.paths import folder_name, inside, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 
@@ -209,9 +208,3 @@ def _saved_int(data: bytes) -> int | None:
     except (zipfile.BadZipFile, UnsafeMetadata, MalformedMetadata, OSError, EOFError):
         return None
     return value if type(value) is int and value >= 0 else None
-
-
-def folder_name(store: ObjectStore, prefix: str) -> str:
-    """The checkpoint folder's own name, also when the store is rooted at it (prefix "")."""
-    uri = store.uri(join(prefix, METADATA))
-    return unquote(uri.rsplit("/", 2)[-2]) if uri.count("/") >= 2 else ""

@@ -1,24 +1,33 @@
 """Hugging Face Trainer ``checkpoint-<step>/`` folders, checked without unpickling anything.
 
-What the Trainer writes: ``config.json``, the weights (``model.safetensors``, a sharded
-``model.safetensors.index.json``, or ``pytorch_model.bin``), ``trainer_state.json`` (whose
-``global_step`` is the step), and for an exact resume ``optimizer.pt``, ``scheduler.pt`` and
-``rng_state*.pth``. Without optimizer and scheduler state the folder is valid as weights only,
-and the report says so. ``.pt``/``.bin``/``.pth`` files (and a bare ``pytorch_model.bin``) are
-checked for size and container magic and checksummed; when torch is installed they are also
-loaded with ``torch.load(weights_only=True)`` (never without: a pickle runs code), so a file
-needing a global outside torch's allow-list is unsafe. report.checks says which ran:
-``torch-load:weights_only`` or ``torch-magic-only``.
+What ``Trainer._save_checkpoint`` writes (transformers 4.x-5.x), in this order, in place (no
+temp folder, no rename): the weights through ``save_pretrained`` (``config.json``,
+``generation_config.json``, ``model.safetensors`` or its shards then their index, or
+``pytorch_model.bin``) and ``training_args.bin``; then ``optimizer.pt``, ``scheduler.pt``
+(``scaler.pt``), ``rng_state.pth`` (``rng_state_<rank>.pth`` per rank when distributed); and
+**last** ``trainer_state.json``, whose ``global_step`` is the step. So a folder that looks like
+a Trainer's (`is_trainer_folder`) without a readable ``trainer_state.json`` is a save that has
+not finished (or never will): incomplete, never valid as bare safetensors.
+
+Without optimizer, scheduler or RNG state the folder is valid as weights only (not an exact
+resume), and the report says so. ``.pt``/``.bin``/``.pth`` files (and a bare
+``pytorch_model.bin``) are checked for size and container magic and checksummed; when torch is
+installed they are also loaded with ``torch.load(weights_only=True)`` (never without: a pickle
+runs code), so a file needing a global outside torch's allow-list is unsafe. report.checks says
+which ran: ``torch-load:weights_only`` or ``torch-magic-only``.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import struct
+from collections.abc import Iterable
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import safetensors, torch_load
-from ckpt_ha.formats.paths import join
+from ckpt_ha.formats.paths import folder_name, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 
@@ -27,6 +36,60 @@ ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default container since PyTorch 1.6
 PICKLE_MAGIC = b"\x80"  # the legacy format: a bare pickle stream
 RESUME_STATE = ("optimizer.pt", "scheduler.pt")
 WEIGHTS_BIN = "pytorch_model.bin"
+STATE = "trainer_state.json"
+"""Written last by ``Trainer._save_checkpoint``: the Trainer's commit marker."""
+TRAINER_ONLY = frozenset({*RESUME_STATE, "scaler.pt", "training_args.bin", STATE})
+"""Files only a Trainer's save writes (besides ``rng_state*.pth``)."""
+CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d+")
+ZIP_END = b"PK\x05\x06"
+ZIP64_LOCATOR = b"PK\x06\x07"
+ZIP_END_BYTES = 22
+ZIP64_LOCATOR_BYTES = 20
+
+
+def is_rng_state(name: str) -> bool:
+    return name.startswith("rng_state") and name.endswith(".pth")
+
+
+def is_trainer_folder(folder: str, names: Iterable[str]) -> bool:
+    """Named ``checkpoint-<n>``, or holding a file only a Trainer's save writes."""
+    return CHECKPOINT_FOLDER.fullmatch(folder) is not None or any(
+        name in TRAINER_ONLY or is_rng_state(name) for name in names
+    )
+
+
+def global_step(data: bytes) -> int | None:
+    """The non-negative integer ``global_step`` of a ``trainer_state.json``, else None (also
+    while the file is still being written: it is not JSON before its last brace)."""
+    try:
+        doc = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    step = doc.get("global_step") if isinstance(doc, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+
+
+def torch_file_complete(store: ObjectStore, key: str, size: int) -> bool:
+    """Whether a ``torch.save`` file is finished: its zip container's end record (written last,
+    after the central directory) closes the file. A file that is no zip container (a legacy
+    bare pickle, or not a torch file at all) has no such record: it counts as finished at any
+    size, and verification judges it."""
+    head = store.read_bytes(key, offset=0, length=min(size, 4))
+    if len(head) < 4:
+        return False
+    if not head.startswith(ZIP_MAGIC):
+        return True
+    if size < ZIP_END_BYTES:
+        return False
+    end = store.read_bytes(key, offset=size - ZIP_END_BYTES, length=ZIP_END_BYTES)
+    if not end.startswith(ZIP_END):
+        return False
+    cd_size, cd_offset, comment = struct.unpack("<IIH", end[12:])
+    if comment == 0 and cd_offset + cd_size == size - ZIP_END_BYTES:
+        return True
+    # zip64 (torch always writes it): its locator sits right before the end record
+    locator = size - ZIP_END_BYTES - ZIP64_LOCATOR_BYTES
+    return locator >= 0 and store.read_bytes(key, offset=locator, length=4) == ZIP64_LOCATOR
 
 
 def _json(store: ObjectStore, key: str, name: str, report: Report) -> object:
@@ -87,47 +150,53 @@ def verify(
     store: ObjectStore, prefix: str, names: set[str], algorithm: str = cs.DEFAULT_ALGORITHM
 ) -> Report:
     report = Report(format=CheckpointFormat.HF_TRAINER)
-    state = _json(store, join(prefix, "trainer_state.json"), "trainer_state.json", report)
+    folder = folder_name(store, prefix)
+    named = folder.removeprefix("checkpoint-") if CHECKPOINT_FOLDER.fullmatch(folder) else None
+    if STATE not in names:
+        # The step the folder's name gives, so that `latest_valid` lists it where it belongs.
+        report.step = int(named) if named is not None else None
+        present = sorted(n for n in names if n in TRAINER_ONLY or is_rng_state(n))
+        report.fail(
+            Verdict.INCOMPLETE,
+            f"{STATE} is missing: the Trainer writes it last, so this save never finished"
+            + (f" (has {', '.join(present)})" if present else ""),
+        )
+        return report
+    state = _json(store, join(prefix, STATE), STATE, report)
     step = state.get("global_step") if isinstance(state, dict) else None
     if state is not None and not (isinstance(step, int) and step >= 0):
-        report.fail(Verdict.CORRUPT, "trainer_state.json: no non-negative integer global_step")
+        report.fail(Verdict.CORRUPT, f"{STATE}: no non-negative integer global_step")
     report.step = step if isinstance(step, int) else None
-    folder = prefix.rstrip("/").rsplit("/", 1)[-1]
-    named = folder.removeprefix("checkpoint-") if folder.startswith("checkpoint-") else None
     if named is not None and report.step is not None and named != str(report.step):
-        report.fail(
-            Verdict.CORRUPT, f"folder {folder} but trainer_state.json says step {report.step}"
-        )
+        report.fail(Verdict.CORRUPT, f"folder {folder} but {STATE} says step {report.step}")
     config = _json(store, join(prefix, "config.json"), "config.json", report)
     if config is not None and not isinstance(config, dict):
         report.fail(Verdict.CORRUPT, "config.json: not a JSON object")
 
     torch_files: list[str] = []
-    if "model.safetensors.index.json" in names:
-        sharded = safetensors.verify_sharded(
-            store, prefix, "model.safetensors.index.json", algorithm
-        )
-        for reason in sharded.reasons:
-            report.fail(sharded.verdict, reason)
-        report.checksums.update(sharded.checksums)
-        report.bytes_read += sharded.bytes_read
-    elif "model.safetensors" in names:
-        safetensors.verify_file(
-            store, join(prefix, "model.safetensors"), "model.safetensors", report, algorithm
-        )
+    if any(n.endswith((".safetensors", safetensors.INDEX_SUFFIX)) for n in names):
+        weights = safetensors.verify_folder(store, prefix, names, algorithm)
+        for reason in weights.reasons:
+            report.fail(weights.verdict, reason)
+        report.checksums.update(weights.checksums)
+        report.bytes_read += weights.bytes_read
     elif WEIGHTS_BIN in names:
         torch_files.append(WEIGHTS_BIN)
     else:
         report.fail(Verdict.INCOMPLETE, "no model weights (model.safetensors, pytorch_model.bin)")
 
-    resume_files = [n for n in names if n in RESUME_STATE or n.startswith("rng_state")]
-    torch_files += sorted(resume_files)
+    rng = sorted(n for n in names if is_rng_state(n))
+    torch_files += [n for n in RESUME_STATE if n in names] + rng
     loaded = [_torch_file(store, prefix, name, report, algorithm) for name in torch_files]
-    report.exact_resume = all(n in names for n in RESUME_STATE)
+    absent = [n for n in RESUME_STATE if n not in names] + ([] if rng else ["rng_state*.pth"])
+    report.exact_resume = not absent
     if report.ok:
         report.checks += ["trainer-state", "config", "weights", "checksums-recorded"]
         if torch_files:
             report.checks.append(torch_check_label(loaded))
-        if not report.exact_resume:
-            report.checks.append("weights-only: no optimizer/scheduler state, not an exact resume")
+        if absent:
+            report.checks.append(
+                f"weights-only: no {', '.join(absent)} (optimizer/scheduler/RNG state), "
+                "not an exact resume"
+            )
     return report

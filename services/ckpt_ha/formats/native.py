@@ -9,19 +9,17 @@ without one is never complete.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
 from ckpt_ha.formats import checksum as cs
+from ckpt_ha.formats import listed
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.formats.report import Report, Verdict
-from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
+from ckpt_ha.storage import ObjectNotFound, ObjectStore
 
 MANIFEST = "ckpt-ha.manifest.json"
 MANIFEST_FORMAT = "ckpt-ha/manifest/v1"
@@ -107,59 +105,9 @@ def verify(store: ObjectStore, prefix: str, report: Report | None = None) -> Rep
     report.step = manifest.step
     report.exact_resume = manifest.exact_resume
     report.checks.append("manifest")
-    # Shards are read and hashed on several threads (file reads and xxh3/sha256 release the
-    # GIL), so verification keeps up with storage; results are applied in manifest order.
-    workers = max(1, min(len(manifest.shards), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for check in pool.map(lambda shard: _check_shard(store, prefix, shard), manifest.shards):
-            check.apply(report)
+    files = [listed.Listed(shard.path, shard.size, shard.checksum) for shard in manifest.shards]
+    for check in listed.check_all(store, prefix, files, "manifest"):
+        check.apply(report)
     if report.ok:
         report.checks += ["sizes", "checksums"]
     return report
-
-
-@dataclass(frozen=True)
-class _ShardCheck:
-    path: str
-    failure: tuple[Verdict, str] | None = None
-    digest: str | None = None
-    read: int = 0
-
-    def apply(self, report: Report) -> None:
-        report.bytes_read += self.read
-        if self.digest is not None:
-            report.checksums[self.path] = self.digest
-        if self.failure is not None:
-            report.fail(*self.failure)
-
-
-def _check_shard(store: ObjectStore, prefix: str, shard: Shard) -> _ShardCheck:
-    path = inside(shard.path)
-    if path is None:
-        return _ShardCheck(
-            shard.path, (Verdict.UNSAFE, f"manifest names {shard.path!r}, outside the checkpoint")
-        )
-    try:
-        algorithm, _ = cs.parse(shard.checksum)
-    except ValueError as exc:
-        return _ShardCheck(path, (Verdict.CORRUPT, f"{path}: {exc}"))
-    key = join(prefix, path)
-    try:
-        size = store.stat(key).size
-        if size != shard.size:
-            return _ShardCheck(
-                path, (Verdict.CORRUPT, f"{path}: size {size}, manifest says {shard.size}")
-            )
-        digest, read = cs.checksum(store, key, algorithm)
-    except ObjectNotFound:
-        return _ShardCheck(
-            path, (Verdict.INCOMPLETE, f"{path}: listed in the manifest but missing")
-        )
-    except InvalidKey:
-        return _ShardCheck(
-            path, (Verdict.UNSAFE, f"{path}: resolves outside the checkpoint (symlink?)")
-        )
-    if digest != shard.checksum:
-        failure = (Verdict.CORRUPT, f"{path}: checksum {digest}, manifest says {shard.checksum}")
-        return _ShardCheck(path, failure, digest, read)
-    return _ShardCheck(path, None, digest, read)

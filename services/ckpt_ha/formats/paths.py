@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from pathlib import PurePosixPath
+from urllib.parse import unquote
+
+from ckpt_ha.storage.port import ObjectStore
 
 
 def inside(relative: object) -> str | None:
@@ -17,3 +20,9 @@ def inside(relative: object) -> str | None:
 
 def join(prefix: str, relative: str) -> str:
     return f"{prefix.rstrip('/')}/{relative}" if prefix else relative
+
+
+def folder_name(store: ObjectStore, prefix: str) -> str:
+    """The checkpoint folder's own name, also when the store is rooted at it (prefix "")."""
+    uri = store.uri(join(prefix, "x"))
+    return unquote(uri.rsplit("/", 2)[-2]) if uri.count("/") >= 2 else ""

@@ -36,6 +36,8 @@ class Report:
     """Checks that ran and passed, e.g. ``sizes``, ``checksums:xxh3_64``, ``safetensors-header``."""
     bytes_read: int = 0
     exact_resume: bool | None = None
+    notes: list[str] = field(default_factory=list)
+    """Findings that change no verdict but a human should see (files no commit file lists)."""
 
     def fail(self, verdict: Verdict, reason: str) -> None:
         """Record a failed check; the report keeps the most severe verdict."""
@@ -57,4 +59,5 @@ class Report:
             "checksums": self.checksums,
             "bytes_read": self.bytes_read,
             "exact_resume": self.exact_resume,
+            "notes": self.notes,
         }

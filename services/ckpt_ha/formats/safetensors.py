@@ -4,12 +4,20 @@ Layout: 8-byte little-endian header length N, N bytes of UTF-8 JSON, then the da
 tensor's ``data_offsets`` must lie in the data area, match dtype x shape, and the tensors must
 tile the data area exactly. The file carries no checksum: the one computed here becomes the
 reference later checks compare against.
+
+How the library writes (``serialize_to_file``, safetensors 0.4-0.8): in place, no temp file and
+no rename, in order: the 8-byte length, the header, then each tensor's bytes. A file is
+therefore complete exactly when it is ``8 + N + the largest data_offsets end`` bytes long
+(`declared_size`), and nothing else tells. A sharded set (transformers' ``save_pretrained``)
+writes every ``<name>-NNNNN-of-NNNNN.safetensors`` shard first and the index last: shards
+without their index are a save in progress, never a complete checkpoint.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import struct
 from typing import Any
 
@@ -22,6 +30,8 @@ from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 INDEX_SUFFIX = ".safetensors.index.json"
+SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}\.safetensors")
+"""How transformers names the shards of a sharded save (the index names them too)."""
 
 DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1,
@@ -29,6 +39,39 @@ DTYPE_BYTES = {
     "I32": 4, "U32": 4, "F32": 4,
     "I64": 8, "U64": 8, "F64": 8,
 }  # fmt: skip
+
+
+def declared_size(store: ObjectStore, key: str, size: int) -> int | None:
+    """The file's full size by its own header: 8 + header length + its last tensor's end.
+
+    Reads the 8-byte length and the header only (bounded by `MAX_HEADER_BYTES`). None while
+    the length or the header is not all there yet (the writer is still at it). A header that is
+    all there but unreadable gives ``size``: more bytes will not make it valid, and verification
+    says why.
+    """
+    if size < 8:
+        return None
+    (header_len,) = struct.unpack("<Q", store.read_bytes(key, offset=0, length=8))
+    if header_len > MAX_HEADER_BYTES:
+        return size
+    if 8 + header_len > size:
+        return None
+    try:
+        header = json.loads(store.read_bytes(key, offset=8, length=header_len).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return size
+    if not isinstance(header, dict):
+        return size
+    ends: list[int] = [
+        spec["data_offsets"][1]
+        for name, spec in header.items()
+        if name != "__metadata__"
+        and isinstance(spec, dict)
+        and isinstance(spec.get("data_offsets"), list)
+        and len(spec["data_offsets"]) == 2
+        and isinstance(spec["data_offsets"][1], int)
+    ]
+    return 8 + int(header_len) + max(ends, default=0)
 
 
 def verify_file(
@@ -161,4 +204,31 @@ def verify_sharded(
             )
     if report.ok:
         report.checks += ["safetensors-index", "safetensors-header", "checksums-recorded"]
+    return report
+
+
+def verify_folder(
+    store: ObjectStore, prefix: str, names: set[str], algorithm: str = cs.DEFAULT_ALGORITHM
+) -> Report:
+    """A folder of safetensors files: its index and shards, else every ``*.safetensors``."""
+    report = Report(format=CheckpointFormat.SAFETENSORS)
+    indexes = sorted(n for n in names if n.endswith(INDEX_SUFFIX))
+    if len(indexes) > 1:
+        report.fail(Verdict.CORRUPT, f"several index files: {indexes}")
+        return report
+    if indexes:
+        return verify_sharded(store, prefix, indexes[0], algorithm)
+    files = sorted(n for n in names if n.endswith(".safetensors"))
+    shards = [n for n in files if SHARD_NAME.fullmatch(n)]
+    if shards:
+        report.fail(
+            Verdict.INCOMPLETE,
+            f"{shards[0]} is a shard of a sharded save but no *{INDEX_SUFFIX} names it: "
+            "the index is written after the shards, so the save never finished",
+        )
+        return report
+    for name in files:
+        verify_file(store, join(prefix, name), name, report, algorithm)
+    if report.ok:
+        report.checks += ["safetensors-header", "checksums-recorded"]
     return report

@@ -24,7 +24,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ckpt_ha.contracts.checkpoint import CheckpointIdentity
+from ckpt_ha.formats import checksum as cs
+from ckpt_ha.formats import listed
 from ckpt_ha.formats.paths import inside, join
+from ckpt_ha.formats.report import Report
 from ckpt_ha.storage import ObjectNotFound, ObjectStore
 
 INTENT = "ckpt-ha.identity.json"
@@ -35,6 +38,10 @@ MAX_BYTES = 16 * 1024 * 1024
 
 class SidecarInvalid(Exception):
     """A sidecar file exists but is not what ckpt-ha writes (verification judges the folder)."""
+
+
+class SidecarUnsafe(SidecarInvalid):
+    """A commit file names a path outside the checkpoint: hostile, never followed."""
 
 
 class _Frozen(BaseModel):
@@ -69,6 +76,11 @@ class Commit(_Frozen):
     def paths_inside(self) -> bool:
         return all(inside(path) == path and path not in NAMES for path in self.files)
 
+    def algorithm(self) -> str | None:
+        """The one checksum algorithm every file is listed with, None if mixed or unknown."""
+        found = {evidence.checksum.partition(":")[0] for evidence in self.files.values()}
+        return found.pop() if len(found) == 1 and found <= set(cs.ALGORITHMS) else None
+
 
 def encode(doc: Intent | Commit) -> bytes:
     return doc.model_dump_json(indent=2).encode()
@@ -94,8 +106,11 @@ def parse_intent(data: bytes) -> Intent:
 def parse_commit(data: bytes) -> Commit:
     doc = _parse(Commit, data, COMMIT)
     assert isinstance(doc, Commit)
+    outside = sorted(path for path in doc.files if inside(path) is None)
+    if outside:
+        raise SidecarUnsafe(f"{COMMIT}: lists {outside[0]!r}, outside the checkpoint")
     if not doc.paths_inside():
-        raise SidecarInvalid(f"{COMMIT}: lists a path outside the checkpoint or a sidecar")
+        raise SidecarInvalid(f"{COMMIT}: lists a sidecar or a path not in normal form")
     return doc
 
 
@@ -123,3 +138,28 @@ def write_intent(store: ObjectStore, prefix: str, intent: Intent) -> None:
 def write_commit(store: ObjectStore, prefix: str, commit: Commit) -> None:
     """Last, once every file listed is durable (`put_if_absent` is atomic on every store)."""
     store.put_if_absent(join(prefix, COMMIT), encode(commit))
+
+
+def check(
+    store: ObjectStore, prefix: str, commit: Commit, present: set[str], report: Report
+) -> None:
+    """The commit's integrity evidence, on top of the format's own checks already in ``report``:
+    every listed file present at its size and checksum; files present but not listed are noted.
+
+    A digest the format's checks computed in the listed algorithm is compared, not recomputed,
+    so each file is read once; the report keeps the digests in the commit's algorithms.
+    """
+    files = [listed.Listed(path, e.size, e.checksum) for path, e in sorted(commit.files.items())]
+    known = {path: report.checksums.pop(path) for path in commit.files if path in report.checksums}
+    for result in listed.check_all(store, prefix, files, "commit file", known):
+        result.apply(report)
+    unlisted = sorted(present - set(commit.files) - NAMES)
+    if unlisted:
+        report.notes.append(
+            f"{len(unlisted)} file(s) not in {COMMIT}, not part of the checkpoint: "
+            + ", ".join(unlisted[:10])
+        )
+    report.step = commit.step
+    report.exact_resume = commit.exact_resume and report.exact_resume is not False
+    if report.ok:
+        report.checks += ["commit-sidecar", "commit-sizes", "commit-checksums"]

@@ -206,6 +206,53 @@ class Candidate:
     traceparent: str | None = None
     """The checkpoint's trace context (from the registry): a restore continues its trace."""
     tracestate: str | None = None
+    inherited_from: int | None = None
+    """The attempt whose ``job.started`` filled in identity the checkpoint does not carry
+    (`with_inherited_identity`), if any."""
+
+
+INHERITED = ("environment", "topology", "code_version")
+"""What a checkpoint without its own identity takes from the attempt that was running when it
+appeared: what that attempt declared it runs on at ``job.started``."""
+
+
+def writer_attempt(candidate: Candidate, starts: Sequence[Started]) -> Started | None:
+    """The attempt that wrote ``candidate``: the one its identity names (same run and attempt),
+    else, for a checkpoint with no identity, the newest attempt started before it appeared."""
+    identity = candidate.identity
+    if identity is not None:
+        return next(
+            (s for s in starts if (s.run_id, s.attempt) == (identity.run_id, identity.attempt)),
+            None,
+        )
+    if candidate.created_at is None:
+        return None
+    before = [s for s in starts if s.at <= candidate.created_at]
+    return max(before, key=lambda s: (s.at, s.attempt), default=None)
+
+
+def with_inherited_identity(candidate: Candidate, job: str, starts: Sequence[Started]) -> Candidate:
+    """R14 for checkpoints written by plain ``dcp.save`` or a Trainer without ckpt-ha's callback:
+    what they do not record (environment, topology, code version) is what the attempt that
+    wrote them declared at ``job.started``, bound by job, run, attempt and time. Fields the
+    checkpoint records itself are never overridden; nothing known → unchanged."""
+    identity = candidate.identity
+    if identity is not None and all(getattr(identity, f) is not None for f in INHERITED):
+        return candidate
+    writer = writer_attempt(candidate, starts)
+    if writer is None:
+        return candidate
+    base = identity or CheckpointIdentity(
+        job_id=job, run_id=writer.run_id, attempt=writer.attempt, created_at=candidate.created_at
+    )
+    filled = base.model_copy(
+        update={
+            "environment": base.environment or writer.environment,
+            "topology": base.topology or writer.topology,
+            "code_version": base.code_version or writer.code_version,
+        }
+    )
+    return replace(candidate, identity=filled, inherited_from=writer.attempt)
 
 
 @dataclass(frozen=True)
@@ -611,6 +658,12 @@ def decide_failure(
         started.policy,
         training_state=chosen.exact_resume is not False,
     )
+    if chosen.inherited_from is not None:
+        note = (
+            f"identity the checkpoint does not record taken from attempt {chosen.inherited_from}'s "
+            "job.started (the attempt that wrote it)"
+        )
+        verdict = replace(verdict, reasons=(note, *verdict.reasons))
     if verdict.mode is None:
         detail = (
             f"compatibility {verdict.compatibility.value} restoring {chosen.checkpoint_id}: "

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
+from dataclasses import replace
 from datetime import datetime
 
 from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
@@ -36,6 +37,8 @@ from ckpt_ha.telemetry.metrics import RestoreMetrics
 SOURCE = "ckpt-ha/restore-coordinator"
 HISTORY_WINDOW = 64
 """Failures read back per decision (the same-failure stop condition looks at the latest ones)."""
+INHERIT_WINDOW = 16
+"""Attempts looked back at for the one that wrote a checkpoint without its own identity."""
 log = logging.getLogger("ckpt_ha.restore_coordinator")
 
 
@@ -280,6 +283,19 @@ class CoordinatorHandlers:
         finally:
             await self.state.release(job, attempt)
 
+    async def _starts(self, job: str, attempt: int, chosen: domain.Candidate) -> list[Started]:
+        """The job's recent ``job.started`` records, read only when the chosen checkpoint lacks
+        identity the compatibility check needs (one read per attempt, newest first)."""
+        identity = chosen.identity
+        if identity is not None and all(getattr(identity, f) for f in domain.INHERITED):
+            return []
+        found = []
+        for n in range(attempt, max(0, attempt - INHERIT_WINDOW), -1):
+            started = await self.state.started(job, n)
+            if started is not None:
+                found.append(started)
+        return found
+
     async def _decide_now(
         self,
         job: str,
@@ -295,6 +311,10 @@ class CoordinatorHandlers:
     ) -> DecisionRecord:
         with tracing.span("registry.select", attributes={"db.system": "redis"}):
             selection = await adapters.selection(self.registry, job, excluded)
+        if selection.chosen is not None:
+            starts = await self._starts(job, attempt, selection.chosen)
+            inherited = domain.with_inherited_identity(selection.chosen, job, starts)
+            selection = replace(selection, chosen=inherited)
         chosen = selection.chosen
         at_step = None
         if chosen is not None and chosen.step is not None:

@@ -3,23 +3,39 @@
 `SchedulerAdapter` is the port; `LocalProcess` is the embedded default (a child process on this
 machine). A Kubernetes or Slurm adapter implements the same three calls: ``start`` creates the
 Job / submits the batch step with the given environment, ``wait`` blocks until it ended and says
-how (exit code, signal, OOM kill, last error line), ``kill`` forwards a signal to it.
+how (exit code, signal, OOM kill, last error line, and for a torchrun group the rank that
+failed), ``kill`` forwards a signal to it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal as signals
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from ckpt_ha.runner.torchrun import (
+    ERROR_FILE_ENV,
+    ErrorRecord,
+    RankFailure,
+    parse_error_file,
+    rank_failure,
+)
+
+log = logging.getLogger("ckpt_ha.runner")
 LAST_LINE_CHARS = 500
+STDERR_TAIL_LINES = 200
+"""Enough of the end of stderr to hold torchrun's root-cause section (it is printed last)."""
+ERROR_FILE_BYTES = 1 << 20
+"""A larger error file is not torchrun's (its tracebacks are kilobytes): it is ignored."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +49,8 @@ class ExitInfo:
     """The kernel's OOM killer ended a process of the attempt (cgroup ``oom_kill`` grew)."""
     last_error_line: str = ""
     """The last non-empty line the command wrote on stderr (for the failure signature)."""
+    rank: RankFailure | None = None
+    """The command was a torchrun group and this rank's failure ended it."""
 
     @property
     def succeeded(self) -> bool:
@@ -87,8 +105,9 @@ class LocalProcess:
     """The embedded adapter: the command as a child process of the runner.
 
     The child gets its own session, so a Ctrl-C in the terminal reaches it once, through the
-    runner's forwarding, not twice. Its stderr is copied through line by line (the last one is
-    kept for the failure signature); stdout is inherited untouched.
+    runner's forwarding, not twice. Its stderr is copied through line by line (the last lines
+    are kept for the failure signature and torchrun's root-cause section); stdout is inherited
+    untouched. When ``env`` names a torchrun error file, a failed attempt's file is read.
     """
 
     def __init__(self, memory_events_file: Path | None = None, stderr: IO[bytes] | None = None):
@@ -96,7 +115,8 @@ class LocalProcess:
         self._stderr = stderr if stderr is not None else sys.stderr.buffer
         self._proc: subprocess.Popen[bytes] | None = None
         self._copier: threading.Thread | None = None
-        self._last_line = ""
+        self._tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self._error_file: str | None = None
         self._oom_before: int | None = None
 
     @property
@@ -105,7 +125,8 @@ class LocalProcess:
 
     def start(self, command: Sequence[str], env: Mapping[str, str]) -> str:
         self._oom_before = oom_kills(self._events)
-        self._last_line = ""
+        self._tail.clear()
+        self._error_file = env.get(ERROR_FILE_ENV) or None
         self._proc = subprocess.Popen(
             list(command), env=dict(env), stderr=subprocess.PIPE, start_new_session=True
         )
@@ -123,7 +144,7 @@ class LocalProcess:
                 pass  # our own stderr is gone; keep draining so the child never blocks
             text = raw.decode(errors="replace").strip()
             if text:
-                self._last_line = text[-LAST_LINE_CHARS:]
+                self._tail.append(text[-LAST_LINE_CHARS:])
         stream.close()
 
     def wait(self) -> ExitInfo:
@@ -134,12 +155,38 @@ class LocalProcess:
             self._copier.join(timeout=5)
         after = oom_kills(self._events)
         grew = after is not None and self._oom_before is not None and after > self._oom_before
+        last = self._tail[-1] if self._tail else ""
         if code < 0:
-            return ExitInfo(None, -code, grew, self._last_line)
-        return ExitInfo(code, None, grew, self._last_line)
+            return ExitInfo(None, -code, grew, last)
+        rank = None
+        if code != 0:
+            rank = rank_failure(tuple(self._tail), read_error_file(self._error_file))
+        return ExitInfo(code, None, grew, last, rank)
 
     def kill(self, sig: int = signals.SIGTERM) -> None:
         proc = self._proc
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, sig)
+
+
+def read_error_file(path: str | None) -> ErrorRecord | None:
+    """A torchrun error file's report of the failed rank; None when there is none, or (logged)
+    when it cannot be read, is larger than `ERROR_FILE_BYTES` or holds no such report."""
+    if path is None:
+        return None
+    try:
+        with open(path, "rb") as stream:
+            data = stream.read(ERROR_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        log.warning("ignoring the torchrun error file %s: %s", path, exc.strerror or exc)
+        return None
+    if len(data) > ERROR_FILE_BYTES:
+        log.warning("ignoring the torchrun error file %s: over %d bytes", path, ERROR_FILE_BYTES)
+        return None
+    recorded = parse_error_file(data.decode(errors="replace"))
+    if recorded is None:  # also a plain command's own ``@record`` report: not worth a warning
+        log.info("ignoring the torchrun error file %s: no failed rank's report in it", path)
+    return recorded

@@ -6,9 +6,13 @@
 * a signal the runner itself forwarded (SIGTERM/SIGINT to the runner) → ``preempted``;
 * any other signal or a non-zero exit → ``error`` (the job's side).
 
+When the command is a torchrun group and a rank failed, the rank's exit code or signal and its
+own error line decide instead of torchrun's (torchrun exits 1 with the same banner whatever
+happened); ``detail`` names the rank.
+
 The signature (R9: the same failure repeating is a stop condition) is the cause, the exit code
-or signal and the last stderr line with its numbers blanked, so "OOM at step 1234" and "OOM at
-step 1240" count as the same failure.
+or signal and the last stderr line (a failed rank's own error line) with its numbers blanked,
+so "OOM at step 1234" and "OOM at step 1240" count as the same failure.
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ class Failure:
     side: FailureSide
     detail: str
     signature: str
+    exit_code: int | None
+    """The exit code that decided (a failed torchrun rank's, else the command's)."""
+    signal: int | None
 
 
 def signal_name(sig: int) -> str:
@@ -40,33 +47,43 @@ def signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
-def classify(info: ExitInfo, *, forwarded: int | None = None) -> Failure | None:
+def classify(
+    info: ExitInfo, *, forwarded: int | None = None, elastic_restarts: int = 0
+) -> Failure | None:
     """None for a success; otherwise the failure to report. ``forwarded``: a signal the runner
-    passed on to the attempt because it was itself asked to stop."""
+    passed on to the attempt because it was itself asked to stop. ``elastic_restarts``:
+    torchrun's ``--max-restarts``, all used up when it reports a failed rank."""
     if info.succeeded and forwarded is None:
         return None
-    line = info.last_error_line
+    rank = info.rank if forwarded is None and info.signal is None else None
+    code, sig = (rank.exit_code, rank.signal) if rank else (info.exit_code, info.signal)
+    line = rank.message if rank else info.last_error_line
     if forwarded is not None:
         cause, side = FailureCause.PREEMPTED, FailureSide.INFRASTRUCTURE
         detail = f"stopped: the runner got {signal_name(forwarded)} and passed it on"
-    elif info.signal == signals.SIGKILL and info.oom_killed:
+    elif sig == signals.SIGKILL and info.oom_killed:
         cause, side = FailureCause.OOM, FailureSide.JOB
         detail = "killed by the kernel's OOM killer (the cgroup's oom_kill counter grew)"
-    elif info.signal == signals.SIGKILL:
+    elif sig == signals.SIGKILL:
         cause, side = FailureCause.NODE_EXIT, FailureSide.INFRASTRUCTURE
         detail = "killed by SIGKILL (node, scheduler or operator; no OOM kill recorded)"
-    elif info.signal is not None:
+    elif sig is not None:
         cause, side = FailureCause.ERROR, FailureSide.JOB
-        detail = f"killed by {signal_name(info.signal)}"
+        detail = f"killed by {signal_name(sig)}"
     else:
         cause, side = FailureCause.ERROR, FailureSide.JOB
-        detail = f"exit code {info.exit_code}"
+        detail = f"exit code {code}"
+    if rank is not None:
+        who = f"rank {rank.rank}" if rank.rank is not None else "a rank"
+        detail = f"{who} (torchrun): {detail}; torchrun ended the group and exited {info.exit_code}"
+        if elastic_restarts > 0:
+            detail += f" after using its --max-restarts {elastic_restarts}"
     if line:
-        detail = f"{detail}; last stderr line: {line}"
-    return Failure(cause, side, detail, signature(cause, info))
+        detail = f"{detail}; {'the rank' if rank else 'last stderr line'}: {line}"
+    return Failure(cause, side, detail, signature(cause, code, sig, line), code, sig)
 
 
-def signature(cause: FailureCause, info: ExitInfo) -> str:
-    shape = _NUMBERS.sub("#", info.last_error_line)
-    text = f"{cause.value}|{info.exit_code}|{info.signal}|{shape}"
+def signature(cause: FailureCause, exit_code: int | None, sig: int | None, line: str) -> str:
+    shape = _NUMBERS.sub("#", line)
+    text = f"{cause.value}|{exit_code}|{sig}|{shape}"
     return f"{cause.value}:{hashlib.sha256(text.encode()).hexdigest()[:16]}"

@@ -9,6 +9,10 @@ restore-coordinator: ``resume.planned`` for the next attempt → relaunch with t
 ``--plan-timeout`` → exit 4. SIGTERM / SIGINT are passed on to the attempt, then the runner
 exits 128 + the signal.
 
+A torchrun command gets a per-attempt ``TORCHELASTIC_ERROR_FILE`` so that a failed rank's cause
+reaches ``job.failed`` (`ckpt_ha.runner.torchrun`). When torchrun restarts its ranks itself
+(``--max-restarts`` > 0) the runner only sees, reports and acts on torchrun's final exit.
+
 The runner listens with a plain NATS subscription, opened before the attempt starts, so a plan
 published while the failure is being reported is not missed.
 """
@@ -39,6 +43,7 @@ from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1, JobSucce
 from ckpt_ha.contracts.resume import ResumeEscalatedV1, ResumePlannedV1
 from ckpt_ha.contracts.subjects import event_subject, job_token
 from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.runner import torchrun
 from ckpt_ha.runner.adapter import ExitInfo, SchedulerAdapter
 from ckpt_ha.runner.domain import classify
 from ckpt_ha.sdk import protocol
@@ -81,6 +86,10 @@ class RunSpec:
     def progress_file(self) -> Path:
         return self.state_dir / "progress"
 
+    def error_file(self, attempt: int) -> Path:
+        """Where torchrun writes the failed rank's error for this attempt."""
+        return self.state_dir / f"torchrun-error-{attempt}.json"
+
 
 def runtime_environment(image: str | None) -> RuntimeEnvironment:
     """This machine as a restore target: Python, numpy and torch (when installed), the image.
@@ -111,7 +120,8 @@ def child_env(
     environment: RuntimeEnvironment,
     plan: ResumePlannedV1 | None,
 ) -> dict[str, str]:
-    """The attempt's environment: ``base`` plus the protocol variables (stale plan ones removed)."""
+    """The attempt's environment: ``base`` plus the protocol variables (stale plan ones removed)
+    and the attempt's torchrun error file."""
     env = {
         k: v
         for k, v in base.items()
@@ -130,6 +140,7 @@ def child_env(
             protocol.EVENTS_STREAM: bus.events_stream,
             protocol.ENVIRONMENT: environment.model_dump_json(),
             protocol.TOPOLOGY: Topology(world_size=spec.world_size).model_dump_json(),
+            torchrun.ERROR_FILE_ENV: str(spec.error_file(attempt)),
         }
     )
     if spec.code_version is not None:
@@ -163,6 +174,7 @@ class Runner:
         self.out = out
         self.clock = clock
         self.environment = runtime_environment(spec.image)
+        self.elastic_restarts = torchrun.max_restarts(spec.command, self.base_env)
         self._inbox: asyncio.Queue[EventData] = asyncio.Queue()
         self._stopped_by: int | None = None
         self._stop = asyncio.Event()
@@ -233,6 +245,11 @@ class Runner:
     async def _attempts(self, bus: Bus) -> int:
         spec = self.spec
         attempt, plan = 1, None
+        if self.elastic_restarts:
+            self.say(
+                f"torchrun restarts its ranks itself (--max-restarts {self.elastic_restarts}); "
+                "ckpt-ha reports a failure and relaunches only when torchrun gives up"
+            )
         while True:
             if self._stopped_by is not None:  # asked to stop before this attempt started
                 return 128 + self._stopped_by
@@ -253,7 +270,9 @@ class Runner:
             await self._publish(bus, started, f"job.started|{key}")
             info = await self._one_attempt(attempt, plan)
             last_step = self._last_step()
-            failure = classify(info, forwarded=self._stopped_by)
+            failure = classify(
+                info, forwarded=self._stopped_by, elastic_restarts=self.elastic_restarts or 0
+            )
             if failure is None:
                 done = JobSucceededV1(
                     job_id=spec.job_id, run_id=spec.run_id, attempt=attempt, last_step=last_step
@@ -262,12 +281,14 @@ class Runner:
                 self.say(f"attempt {attempt} succeeded (last step {last_step})")
                 return EXIT_OK
             # Anything heard before this failure is not about it, except a plan for the next
-            # attempt: after a load failure the coordinator plans the fallback while this
-            # attempt is still exiting.
-            early = []
+            # attempt or an escalation: after a load failure the coordinator decides (plans
+            # the fallback, or stops) while this attempt is still exiting. An escalation ends
+            # the run, so none heard earlier can be pending.
+            early: list[EventData] = []
             while not self._inbox.empty():
                 item = self._inbox.get_nowait()
-                if isinstance(item, ResumePlannedV1) and item.attempt == attempt + 1:
+                planned = isinstance(item, ResumePlannedV1) and item.attempt == attempt + 1
+                if planned or isinstance(item, ResumeEscalatedV1):
                     early.append(item)
             for item in early:
                 self._inbox.put_nowait(item)
@@ -276,8 +297,8 @@ class Runner:
                 run_id=spec.run_id,
                 attempt=attempt,
                 cause=failure.cause,
-                exit_code=info.exit_code,
-                signal=info.signal,
+                exit_code=failure.exit_code,
+                signal=failure.signal,
                 last_step=last_step,
                 detail=failure.detail[:2000],
                 signature=failure.signature,
@@ -294,7 +315,10 @@ class Runner:
             outcome = await self._await_plan(attempt + 1)
             if isinstance(outcome, ResumeEscalatedV1):
                 self.say(f"escalated: {outcome.reason}")
+                if outcome.detail:
+                    self.say(f"why: {outcome.detail}")
                 self.say(f"next step: {outcome.next_step}")
+                self.say(f"every decision for this job: ckpt-ha restores --job {spec.job_id}")
                 return EXIT_ESCALATED
             if outcome is None:
                 if self._stopped_by is not None:
@@ -314,6 +338,7 @@ class Runner:
         spec = self.spec
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         spec.progress_file.unlink(missing_ok=True)
+        spec.error_file(attempt).unlink(missing_ok=True)
         env = child_env(self.base_env, spec, self.cfg, attempt, self.environment, plan)
         try:
             handle = self.adapter.start(spec.command, env)

@@ -25,6 +25,10 @@ Nothing is pickled either way.
 `progress()` reports a training step without waiting for the bus: one background publisher per
 bus and process sends the reports over one connection (`ckpt_ha.sdk.publisher`).
 
+`ckpt_ha.sdk.hf` (the ``hf`` extra, imported by itself, never from here) does the same for a
+Hugging Face `Trainer`: a callback that writes ckpt-ha's identity and commit files beside each
+save, and a resume through the Trainer's own loader.
+
 Importing the SDK loads no server-side library (faststream, redis, boto3, OpenTelemetry, ...):
 boto3 is imported when an ``s3://`` root is opened, OpenTelemetry only if the training code uses
 it already.

@@ -201,9 +201,10 @@ unavailable (a transient `StorageError`: volume unmounted, endpoint down) before
 
 
 def waiting_for_storage(plan: ResumePlannedV1, attempt: Callable[[], T]) -> T:
-    """``attempt()``, retried with backoff while storage is unavailable, within the limit of
-    ``CKPT_HA_RESTORE_STORAGE_WAIT_S``. Anything else (a checksum mismatch, a missing shard) fails
-    at once: waiting cannot repair a damaged checkpoint."""
+    """``attempt()`` (a load or a verification of the plan's checkpoint), retried with backoff
+    while storage is unavailable, within the limit of ``CKPT_HA_RESTORE_STORAGE_WAIT_S``.
+    Anything else (a checksum mismatch, a missing shard) fails at once: waiting cannot repair a
+    damaged checkpoint."""
     limit = float(os.environ.get("CKPT_HA_RESTORE_STORAGE_WAIT_S", RESTORE_STORAGE_WAIT_S))
     deadline = time.monotonic() + limit
     delay = 0.2

@@ -29,10 +29,12 @@ from ckpt_ha.storage.port import ObjectInfo, ObjectStore, validate_key
 
 TOP = "quarantine"
 
-# Names as in ckpt_ha.formats (native.MANIFEST, safetensors.INDEX_SUFFIX, the HF Trainer
-# and torch DCP markers); kept here so storage does not depend on formats, and a unit test keeps
-# the two in step.
-MARKER_NAMES = frozenset({"ckpt-ha.manifest.json", "trainer_state.json", ".metadata"})
+# Names as in ckpt_ha.formats (native.MANIFEST, sidecar.COMMIT, safetensors.INDEX_SUFFIX, the
+# HF Trainer and torch DCP markers); kept here so storage does not depend on formats, and a unit
+# test keeps the two in step.
+MARKER_NAMES = frozenset(
+    {"ckpt-ha.manifest.json", "ckpt-ha.commit.json", "trainer_state.json", ".metadata"}
+)
 MARKER_SUFFIXES = (".safetensors.index.json",)
 
 

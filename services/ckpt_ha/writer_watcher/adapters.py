@@ -9,31 +9,27 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
-from pydantic import ValidationError
 from redis.exceptions import RedisError
 
-from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
-from ckpt_ha.formats import dcp, dcp_metadata, detect, native
-from ckpt_ha.formats.paths import inside
-from ckpt_ha.formats.safetensors import INDEX_SUFFIX
 from ckpt_ha.registry.client import connect
-from ckpt_ha.storage import ObjectInfo, ObjectStore, StorageError, quarantine
-from ckpt_ha.writer_watcher.domain import Evidence, Observation, Tracked, WatchState
+from ckpt_ha.storage import ObjectInfo, ObjectStore, quarantine
+from ckpt_ha.writer_watcher import evidence
+from ckpt_ha.writer_watcher.domain import Observation, Tracked, WatchState
 from ckpt_ha.writer_watcher.ports import WatchStateStore, WatchStateUnavailable
 
 SKIP_TOP = {quarantine.TOP}  # quarantined checkpoints' bytes, moved aside
 log = logging.getLogger("ckpt_ha.writer_watcher")
-MAX_MARKER_BYTES = 16 * 1024 * 1024
 
 
 def scan(store: ObjectStore) -> Iterator[Observation]:
-    """Every ``<job>/<folder>`` under the root that holds files, with its commit evidence."""
+    """Every ``<job>/<folder>`` under the root that holds files, with its commit evidence
+    (`evidence.read`)."""
     groups: dict[str, dict[str, ObjectInfo]] = {}
     for info in store.list(""):
         parts = info.key.split("/", 2)
@@ -48,95 +44,8 @@ def scan(store: ObjectStore) -> Iterator[Observation]:
             files=files,
             first_written=min(i.mtime for i in infos.values()),
             last_written=max(i.mtime for i in infos.values()),
-            evidence=evidence(store, folder, files),
+            evidence=evidence.read(store, folder, files),
         )
-
-
-def _read_json(store: ObjectStore, key: str, size: int) -> object:
-    if size > MAX_MARKER_BYTES:
-        return None
-    try:
-        return json.loads(store.read_bytes(key))
-    except (StorageError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return None
-
-
-def _identity(doc: object) -> CheckpointIdentity | None:
-    """The manifest's identity block if it is a valid one; verification judges the rest."""
-    if not isinstance(doc, dict):
-        return None
-    try:
-        return CheckpointIdentity.model_validate(doc)
-    except ValidationError:
-        return None
-
-
-def evidence(store: ObjectStore, folder: str, files: Mapping[str, int]) -> Evidence:
-    """What must exist for this folder to count as committed, per its format."""
-    top = {p.split("/", 1)[0] for p in files}
-    fmt = detect(top)
-    if fmt is CheckpointFormat.NATIVE:
-        doc = _read_json(store, f"{folder}/{native.MANIFEST}", files[native.MANIFEST])
-        shards = doc.get("shards") if isinstance(doc, dict) else None
-        if not isinstance(shards, list):
-            # A manifest that cannot be read is still the commit marker: verification judges it.
-            return Evidence(fmt, {native.MANIFEST: files[native.MANIFEST]})
-        required = {native.MANIFEST: files[native.MANIFEST]}
-        for shard in shards:
-            path = inside(shard.get("path")) if isinstance(shard, dict) else None
-            size = shard.get("size") if isinstance(shard, dict) else None
-            if path is not None and isinstance(size, int):
-                required[path] = size
-        step = doc.get("step") if isinstance(doc, dict) else None
-        identity = doc.get("identity") if isinstance(doc, dict) else None
-        run_id = identity.get("run_id") if isinstance(identity, dict) else None
-        return Evidence(
-            fmt,
-            required,
-            step=step if isinstance(step, int) else None,
-            run_id=run_id if isinstance(run_id, str) else None,
-            identity=_identity(identity),
-        )
-    if fmt is CheckpointFormat.SAFETENSORS:
-        indexes = [p for p in files if p.endswith(INDEX_SUFFIX)]
-        if indexes:
-            doc = _read_json(store, f"{folder}/{indexes[0]}", files[indexes[0]])
-            weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
-            shards = set(weight_map.values()) if isinstance(weight_map, dict) else set()
-            required = {indexes[0]: files[indexes[0]]}
-            required.update({s: files.get(s, -1) for s in shards if isinstance(s, str)})
-            return Evidence(fmt, required)
-        return Evidence(fmt, dict(files))
-    if fmt is CheckpointFormat.HF_TRAINER:
-        doc = _read_json(store, f"{folder}/trainer_state.json", files["trainer_state.json"])
-        step = doc.get("global_step") if isinstance(doc, dict) else None
-        return Evidence(fmt, dict(files), step=step if isinstance(step, int) else None)
-    if fmt is CheckpointFormat.TORCH_DCP and dcp.METADATA in files:
-        return _dcp_evidence(store, folder, files)
-    return Evidence(fmt, None)
-
-
-def _dcp_evidence(store: ObjectStore, folder: str, files: Mapping[str, int]) -> Evidence:
-    """``.metadata`` plus every data file its storage entries name, each at least as long as
-    the furthest entry in it (DCP records offset+length, not file sizes)."""
-    marker = {dcp.METADATA: files[dcp.METADATA]}
-    fmt = CheckpointFormat.TORCH_DCP
-    if files[dcp.METADATA] > dcp_metadata.MAX_METADATA_BYTES:
-        return Evidence(fmt, marker)
-    try:
-        metadata = dcp_metadata.parse(store.read_bytes(f"{folder}/{dcp.METADATA}"))
-    except (StorageError, dcp_metadata.UnsafeMetadata, dcp_metadata.MalformedMetadata):
-        # An unreadable or hostile .metadata is still the commit marker: verification judges it.
-        return Evidence(fmt, marker)
-    needed = metadata.needed_sizes(inside)
-    step = None
-    if all(files.get(path, -1) >= size for path, size in needed.items()):
-        # Only once the data is all there: the step may live in a data file.
-        try:
-            step, _ = dcp.recorded_step(store, folder, metadata)
-        except StorageError:
-            step = None
-    return Evidence(fmt, {**needed, **marker}, step=step, at_least=frozenset(needed))
 
 
 def tracked_to_json(tracked: Tracked) -> str:

@@ -3,12 +3,17 @@
 A checkpoint folder is ``<job>/<folder>/…`` under a storage root. Each scan gives, per folder,
 the files it holds (path → size) and the newest modification time. From that alone:
 
-* a folder seen for the first time, without complete commit evidence → `checkpoint.writing`;
+* a folder without complete commit evidence → `checkpoint.writing`, once its id is settled:
+  two scans in a row derive the same id, so the oldest file is no longer being written (a
+  library writing in place moves that file's time, hence the id, with every write; announcing
+  each passing id would leave writes that never end);
 * complete commit evidence (the format's marker file, and every file it lists present at its
-  declared size, or at least that size where the format records only offset+length) →
-  `checkpoint.committed`; a file appearing is never enough;
+  declared size, or at least that size where the format records only offset+length, and no
+  file the format shows as unfinished) → `checkpoint.committed`; a file appearing is never
+  enough (what each format's evidence is: `writer_watcher.evidence`);
 * no change for longer than the stall timeout while incomplete → `checkpoint.write_failed`
-  (job-side: the writer stopped); a folder removed before it was committed → write_failed too;
+  (job-side: the writer stopped); a folder removed, or rewritten (its oldest file changed),
+  before it was committed → write_failed too;
 * a listed file that disappears after commit depends on what the registry already decided
   (the handler looks it up and passes it in, see `needs_registry`): not yet verified →
   `write_failed`; already valid → `corrupt` + `quarantined` (the platform lost bytes of a good
@@ -17,8 +22,9 @@ the files it holds (path → size) and the newest modification time. From that a
 
 The checkpoint id comes from the folder and the time its first file was written, so a job that
 is resubmitted and writes the same path again gets a new id and is never confused with the
-earlier run. Job and run ids come from the manifest's identity block when there is a valid one
-(the folder name is display only, R4), else from the folder.
+earlier run. Job and run ids come from the identity the checkpoint declares (the native
+manifest's identity block, a ckpt-ha intent sidecar) when there is a valid one (the folder name
+is display only, R4), else from the folder.
 
 The state is plain data, so the handler can persist it between restarts: a restarted watcher
 that loads it announces nothing it announced before.
@@ -58,7 +64,11 @@ class Evidence:
     """Paths whose required size is a lower bound, not exact: formats such as DCP record
     offset+length of what each file must hold, never the file's size."""
     identity: CheckpointIdentity | None = None
-    """The manifest's identity block, when it has a valid one (native manifests)."""
+    """The identity the checkpoint declares, when valid (native manifest, ckpt-ha intent)."""
+    pending: tuple[str, ...] = ()
+    """What the format shows is not finished, whatever the sizes say (a safetensors header not
+    all written, a shard its index names that is not there; with ``required`` None, the marker
+    awaited): each is a gap."""
 
 
 @dataclass(frozen=True)
@@ -100,8 +110,8 @@ UNVERIFIED = frozenset({None, CheckpointState.WRITING, CheckpointState.PENDING_V
 def missing(evidence: Evidence, files: Mapping[str, int]) -> list[str]:
     """Files the evidence requires that are absent, of another size, or short of a minimum."""
     if evidence.required is None:
-        return ["commit marker"]
-    gaps = []
+        return ["commit marker", *evidence.pending]
+    gaps = list(evidence.pending)
     for path, size in sorted(evidence.required.items()):
         have = files.get(path)
         if path in evidence.at_least:
@@ -220,7 +230,11 @@ def observe(
         signature = tuple(sorted(obs.files.items()))
         known = state.folders.get(obs.folder)
         cid = checkpoint_id(obs.folder, obs.first_written)
+        settled = known is not None and known.checkpoint_id == cid
         if known is None or known.checkpoint_id != cid:  # new, or rewritten from scratch
+            if known is not None and known.phase == "writing":
+                reason = "rewritten before it was committed (its oldest file changed)"
+                events.append(_failed(obs.folder, known.checkpoint_id, obs.uri, reason))
             known = Tracked(cid, first_seen=now, last_change=now, signature=signature, uri=obs.uri)
         elif known.signature != signature:
             known = replace(known, last_change=now, signature=signature)
@@ -232,7 +246,7 @@ def observe(
         elif known.phase == "committed" and obs.evidence.required is not None:
             events.extend(lost_after_commit(obs, cid, gaps, registered.get(cid)))
             known = replace(known, phase="failed")
-        elif known.phase == "new":
+        elif known.phase == "new" and settled:
             events.append(
                 CheckpointWritingV1(
                     job_id=job,
@@ -283,13 +297,13 @@ def _forget_vanished(state: WatchState, present: set[str]) -> list[EventData]:
     for folder in sorted(set(state.folders) - present):
         known = state.folders.pop(folder)
         if known.phase == "writing" and known.uri:
-            events.append(
-                CheckpointWriteFailedV1(
-                    job_id=_folder_job(folder),
-                    checkpoint_id=known.checkpoint_id,
-                    uri=known.uri,
-                    reason="folder removed before it was committed",
-                    side=FailureSide.JOB,
-                )
-            )
+            reason = "folder removed before it was committed"
+            events.append(_failed(folder, known.checkpoint_id, known.uri, reason))
     return events
+
+
+def _failed(folder: str, cid: str, uri: str, reason: str) -> CheckpointWriteFailedV1:
+    """An announced write that will never commit: its writer removed or rewrote the folder."""
+    return CheckpointWriteFailedV1(
+        job_id=_folder_job(folder), checkpoint_id=cid, uri=uri, reason=reason, side=FailureSide.JOB
+    )

@@ -1,12 +1,14 @@
 """The drill scenarios, one module each, in the order ``ckpt-ha drill --scenario all`` runs them.
 
 A scenario module has ``NAME`` (its ``--scenario`` value), ``FAULT`` (the one variable it
-changes), ``EXPECTED_ALERT`` (the page it must raise, or None) and ``async def run(drill)``
-returning its JSON result.
+changes), ``EXPECTED_ALERT`` (the page it must raise, or None), optionally ``REQUIRES`` (the
+Python packages its training job needs: the framework drills need the torch / hf extras) and
+``async def run(drill)`` returning its JSON result.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -14,12 +16,13 @@ from ckpt_ha.drill.harness import Drill
 from ckpt_ha.drill.scenarios import (
     corrupt_checkpoint,
     env_mismatch,
+    hf_trainer,
     node_exit,
     restart_loop,
     storage_outage,
 )
 
-_MODULES = (node_exit, storage_outage, corrupt_checkpoint, restart_loop, env_mismatch)
+_MODULES = (node_exit, storage_outage, corrupt_checkpoint, restart_loop, env_mismatch, hf_trainer)
 
 SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
     m.NAME: m.run for m in _MODULES
@@ -30,5 +33,13 @@ EXPECTED_ALERTS: dict[str, str] = {
     m.NAME: m.EXPECTED_ALERT for m in _MODULES if m.EXPECTED_ALERT is not None
 }
 """The page each scenario must raise (checked when the stack runs Prometheus)."""
+REQUIRES: dict[str, tuple[str, ...]] = {m.NAME: getattr(m, "REQUIRES", ()) for m in _MODULES}
+"""Python packages a scenario's training job needs beyond the base install (an extra)."""
 
-__all__ = ["EXPECTED_ALERTS", "FAULTS", "SCENARIOS"]
+
+def missing_packages(scenario: str) -> list[str]:
+    """What this installation lacks to run ``scenario`` (empty: it can run)."""
+    return [name for name in REQUIRES[scenario] if importlib.util.find_spec(name) is None]
+
+
+__all__ = ["EXPECTED_ALERTS", "FAULTS", "REQUIRES", "SCENARIOS", "missing_packages"]

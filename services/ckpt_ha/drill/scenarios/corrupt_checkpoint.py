@@ -51,7 +51,7 @@ async def run(drill: Drill) -> dict[str, Any]:
         await registry.close()
     phase = assess_restore("corrupt-checkpoint", events, drill.job, fault)
     result = phase.to_json()
-    load_failed = [e for e in events if e.type.endswith("resume.load_failed.v1")
+    load_failed = [e for e in events if ".resume.load_failed.v" in e.type
                    and e.data.__dict__.get("checkpoint_id") == newest.checkpoint_id]  # fmt: skip
     result["damaged_checkpoint"] = newest.checkpoint_id
     result["damaged_state"] = damaged.state.value if damaged else None

@@ -115,18 +115,18 @@ async def run(drill: Drill) -> dict[str, Any]:
     mine = [e for e in events if e.data.job_id == drill.job]
 
     def about(kind: str, cid: str | None = None) -> list[Envelope[EventData]]:
-        return [e for e in mine if e.type.endswith(kind)
+        return [e for e in mine if e.type.startswith(f"ckpt-ha.{kind}.v")
                 and (cid is None or e.data.__dict__.get("checkpoint_id") == cid)]  # fmt: skip
 
-    write_failed = about("checkpoint.write_failed.v1", hit)
-    faked = about("checkpoint.committed.v1", hit) + about("checkpoint.registered.v1", hit)
-    failed_jobs = [e for e in about("job.failed.v1") if write_fault <= e.time < restore_fault]
-    loaded = [e for e in about("resume.loaded.v1") if e.time >= restore_fault]
-    load_failed = [e for e in about("resume.load_failed.v1") if e.time >= restore_fault]
-    quarantined = about("checkpoint.quarantined.v1")
+    write_failed = about("checkpoint.write_failed", hit)
+    faked = about("checkpoint.committed", hit) + about("checkpoint.registered", hit)
+    failed_jobs = [e for e in about("job.failed") if write_fault <= e.time < restore_fault]
+    loaded = [e for e in about("resume.loaded") if e.time >= restore_fault]
+    load_failed = [e for e in about("resume.load_failed") if e.time >= restore_fault]
+    quarantined = about("checkpoint.quarantined")
     progress_during = [
         e
-        for e in about("job.progress.v1")
+        for e in about("job.progress")
         if write_fault <= e.time < write_fault + timedelta(seconds=outage_write)
     ]
     last_valid = restore_phase.last_valid_checkpoint

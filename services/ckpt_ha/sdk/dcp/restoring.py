@@ -23,7 +23,7 @@ from ckpt_ha.formats import dcp_metadata, detect, sidecar, torch_load
 from ckpt_ha.formats.dcp import METADATA, recorded_step
 from ckpt_ha.formats.dcp_metadata import DcpMetadata, MalformedMetadata, UnsafeMetadata
 from ckpt_ha.formats.paths import inside, join
-from ckpt_ha.formats.sidecar import Commit, FileEvidence, SidecarInvalid
+from ckpt_ha.formats.sidecar import Commit, FileEvidence, SidecarInvalid, SidecarUnsafe
 from ckpt_ha.sdk.checkpoints import CheckpointUnreadable
 from ckpt_ha.sdk.dcp.files import NeedsFilesystemRoot, written_by
 from ckpt_ha.sdk.dcp.group import Group
@@ -203,6 +203,8 @@ def _check_share(plan: ResumePlannedV1, ctx: Context, group: Group) -> _Checked:
             raise UnsupportedFormat(found.value, LOADER, LOADERS.get(found.value, "its framework"))
     try:
         commit = sidecar.read_commit(where.store, where.prefix)
+    except SidecarUnsafe as exc:
+        raise CheckpointUnreadable(where.uri, "unsafe", str(exc)) from exc
     except SidecarInvalid as exc:
         raise CheckpointUnreadable(where.uri, "corrupt", str(exc)) from exc
     data, metadata = _read_metadata(where, commit)

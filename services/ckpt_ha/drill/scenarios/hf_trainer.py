@@ -1,0 +1,86 @@
+"""Hugging Face Trainer killed mid-save: a real `Trainer` (ckpt-ha's callback) is SIGKILLed
+after writing a checkpoint's weights and before its optimizer state."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from ckpt_ha.drill.assess import assess_restore
+from ckpt_ha.drill.harness import Drill, policy, resumed_after, valid_count
+from ckpt_ha.drill.workloads import HF_TRAINER
+from ckpt_ha.registry.redis_registry import Registry
+
+NAME = "hf-trainer"
+FAULT = "a Hugging Face Trainer is SIGKILLed in the middle of saving a checkpoint"
+"""The one variable this drill changes; everything else is the baseline."""
+EXPECTED_ALERT: str | None = None
+"""The page this drill must raise (checked when the stack runs Prometheus)."""
+REQUIRES = ("torch", "transformers", "accelerate")
+"""Python packages the drill's job needs (the ``hf`` extra)."""
+
+
+async def run(drill: Drill) -> dict[str, Any]:
+    """Kill the Trainer while it saves checkpoint-20 (weights written, optimizer state not):
+    that folder must never be committed or registered, and the job must resume from the newest
+    complete checkpoint through the Trainer's own loader and continue as the baseline did."""
+    registry = Registry.from_url(drill.state.redis_url)
+    try:
+        drill.launch(
+            policy(),
+            ["--steps", "30", "--save-steps", "10", "--sleep-per-step", "0.05",
+             "--slow-save", "3"],
+            {},
+            HF_TRAINER,
+        )  # fmt: skip
+        await drill.until(lambda: valid_count(drill, registry, 1), "a valid checkpoint")
+
+        async def mid_save() -> str | None:
+            """A checkpoint of this attempt being written (announced, not committed) whose
+            weights are on storage already."""
+            events = await drill.events()
+            writing = {e.data.__dict__.get("checkpoint_id"): e.data.__dict__.get("uri")
+                       for e in events if ".checkpoint.writing.v" in e.type}  # fmt: skip
+            done = {e.data.__dict__.get("checkpoint_id") for e in events
+                    if ".checkpoint.committed.v" in e.type}  # fmt: skip
+            for cid, uri in writing.items():
+                folder = str(uri or "").removeprefix("file://")
+                weights = Path(folder, "model.safetensors")
+                if cid not in done and await asyncio.to_thread(weights.exists):
+                    return str(cid)
+            return None
+
+        partial = await drill.until(mid_save, "a checkpoint half written", every=0.1)
+        fault = await drill.kill_training()
+        await drill.until(lambda: resumed_after(drill, fault), "the resume verdict")
+        code = await drill.wait_exit()
+        events = await drill.events()
+        partial_record = await registry.get(partial)
+    finally:
+        drill.stop()
+        await registry.close()
+    phase = assess_restore(NAME, events, drill.job, fault)
+    result = phase.to_json()
+    kinds = (".checkpoint.committed.v", ".checkpoint.registered.v")
+    faked = [e.id for e in events if e.data.__dict__.get("checkpoint_id") == partial
+             and any(kind in e.type for kind in kinds)]  # fmt: skip
+    result["partial_checkpoint"] = {
+        "checkpoint_id": partial,
+        "state": partial_record.state.value if partial_record else None,
+        "committed_or_registered": faked,
+    }
+    result["job"], result["job_exit_code"] = drill.job, code
+    checks = {
+        "the half-written checkpoint was never committed or registered": not faked,
+        "the half-written checkpoint ended write_failed": partial_record is not None
+        and partial_record.state.value == "write_failed",
+        "the restore used the newest complete checkpoint": phase.restored_from
+        == phase.last_valid_checkpoint
+        and phase.last_valid_checkpoint is not None,
+        "the job finished": code == 0,
+    }
+    result["checks"] = checks
+    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
+    result["verdict"] = "pass" if phase.verdict == "pass" and all(checks.values()) else "fail"
+    return result

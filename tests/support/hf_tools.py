@@ -1,0 +1,90 @@
+"""A real Hugging Face `Trainer` on CPU, small enough for tests: a 2-layer GPT-2 built from a
+config in code and synthetic tokens made in code (nothing is downloaded), deterministic for a
+fixed seed (dropout included: the Trainer saves and restores the RNG state).
+
+Run as a module, it is a training process under a runner (the ``CKPT_HA_*`` environment) that
+stops to sleep right after ckpt-ha wrote the intent of the checkpoint at ``pause_step``: a test
+SIGKILLs it there, as a job killed while saving::
+
+    python -m tests.support.hf_tools <output_dir> <pause_step>
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import torch
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    Trainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+
+from ckpt_ha.sdk import hf
+
+MAX_STEPS, SAVE_STEPS, BATCH = 6, 2, 4
+
+
+class TokenData(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """64 sequences of 16 random token ids (fixed generator), each its own label."""
+
+    def __init__(self) -> None:
+        generator = torch.Generator().manual_seed(1234)
+        self.tokens = torch.randint(0, 100, (64, 16), generator=generator)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
+
+
+def tiny_trainer(
+    output_dir: str, callbacks: list[TrainerCallback] | None = None, *, n_embd: int = 32
+) -> Trainer:
+    """A Trainer of `MAX_STEPS` steps saving every `SAVE_STEPS`, logging every step."""
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2, n_head=2, n_embd=n_embd, vocab_size=100, n_positions=32,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    args = TrainingArguments(
+        output_dir=output_dir,
+        max_steps=MAX_STEPS,
+        save_steps=SAVE_STEPS,
+        logging_steps=1,
+        per_device_train_batch_size=BATCH,
+        learning_rate=1e-3,
+        seed=0,
+        use_cpu=True,
+        report_to=[],
+        disable_tqdm=True,
+    )
+    return Trainer(
+        model=GPT2LMHeadModel(config), args=args, train_dataset=TokenData(), callbacks=callbacks
+    )
+
+
+class PauseAfterIntent(TrainerCallback):
+    """Sleeps in ``on_step_end`` of ``step``: after `hf.CkptHaCallback` (added before it) wrote
+    the intent, before the Trainer writes anything."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        if state.global_step == self.step and control.should_save:
+            time.sleep(120)
+
+
+if __name__ == "__main__":
+    out, pause = sys.argv[1], int(sys.argv[2])
+    hf.train(tiny_trainer(out, [hf.CkptHaCallback(), PauseAfterIntent(pause)]))
