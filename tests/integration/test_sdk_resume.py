@@ -85,6 +85,29 @@ def test_save_under_a_runner_records_the_attempts_identity(tmp_path: Path) -> No
     assert identity.topology == Topology(world_size=2)
 
 
+@pytest.mark.parametrize(("rank", "whole_state"), [(1, False), (1, True), (0, False)])
+def test_save_in_a_multi_rank_job_never_writes_a_partial_checkpoint(
+    tmp_path: Path, rank: int, whole_state: bool
+) -> None:
+    """One rank's part saved natively would be registered as the whole checkpoint."""
+    env = {protocol.JOB: "job-m", protocol.RANK: str(rank), protocol.WORLD_SIZE: "2"}
+    ctx = sdk.context(env)
+    with pytest.raises(sdk.PartialSave, match=r"ckpt_ha\.sdk\.dcp\.save"):
+        sdk.save(str(tmp_path), "job-m", 5, {"x": np.zeros(2)}, ctx=ctx, whole_state=whole_state)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_rank_zero_saves_a_state_it_says_is_whole(tmp_path: Path) -> None:
+    """DDP replicas: rank 0 holds the whole state and may save it natively."""
+    ctx = sdk.context({protocol.JOB: "job-w", protocol.RANK: "0", protocol.WORLD_SIZE: "2"})
+    assert ctx is not None
+    assert (ctx.rank, ctx.world_size) == (0, 2)
+    saved = sdk.save(str(tmp_path), "job-w", 5, {"x": np.ones(2)}, ctx=ctx, whole_state=True)
+    assert sdk.load(saved.uri).step == 5
+    with pytest.raises(sdk.BadContext, match="RANK"):
+        sdk.context({protocol.JOB: "job-w", protocol.RANK: "2", protocol.WORLD_SIZE: "2"})
+
+
 async def test_resume_loads_the_plan_and_reports_loaded(
     settings: ServiceSettings, producer: Bus, tmp_path: Path
 ) -> None:

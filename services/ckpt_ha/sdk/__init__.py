@@ -13,6 +13,11 @@ Both announcements carry the event ids the watcher gives the same facts, so when
 save, JetStream and the registry keep one of each. Announcing is best effort: if the bus is
 down the save still succeeds, and the watcher announces the checkpoint from storage.
 
+In a runner's multi-process job (``WORLD_SIZE`` > 1) `save` refuses to write one rank's part
+as if it were the whole state (`PartialSave`): every rank saves through `ckpt_ha.sdk.dcp`
+(PyTorch Distributed Checkpoint: each rank its own shards, rank 0 commits once all are durable;
+``from ckpt_ha.sdk import dcp``, which needs the ``torch`` extra and is never imported here).
+
 `load()` reads a checkpoint back, checking each shard's size and checksum against the manifest
 as it reads, and rebuilds the state (torch tensors when torch is installed, numpy otherwise).
 Nothing is pickled either way.
@@ -35,6 +40,7 @@ from ckpt_ha.sdk.checkpoints import (
     CheckpointExists,
     CheckpointUnreadable,
     Loaded,
+    PartialSave,
     Saved,
     folder_for,
     load,
@@ -55,6 +61,7 @@ __all__ = [
     "Context",
     "Loaded",
     "NeedsTorch",
+    "PartialSave",
     "PublisherStats",
     "ResumeFailed",
     "Resumed",

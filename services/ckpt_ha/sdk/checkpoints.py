@@ -7,6 +7,7 @@ import logging
 import platform
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -79,6 +80,25 @@ class Loaded:
         return self.manifest.identity
 
 
+class PartialSave(Exception):
+    """`save` was called in a multi-process job, where one process holds only part of the state.
+
+    A native checkpoint is one process's state: saved from one rank of a job of several, it
+    would be registered as a valid checkpoint holding only that rank's part.
+    """
+
+    def __init__(self, rank: int, world_size: int) -> None:
+        self.rank = rank
+        self.world_size = world_size
+        super().__init__(
+            f"this job runs {world_size} processes (this is rank {rank}) and sdk.save writes one "
+            "process's state, which would register a checkpoint holding only part of the job's. "
+            "Save with ckpt_ha.sdk.dcp.save on every rank (each writes its own shards, rank 0 "
+            "commits once all are durable); or, when rank 0 holds the whole state (DDP "
+            "replicas), call sdk.save on rank 0 only, with whole_state=True"
+        )
+
+
 def _environment(frameworks: frozenset[str], image: str | None) -> RuntimeEnvironment:
     libraries = {"numpy": np.__version__}
     framework: str | None = None
@@ -97,6 +117,80 @@ def _environment(frameworks: frozenset[str], image: str | None) -> RuntimeEnviro
         image=image,
         libraries=libraries,
     )
+
+
+@dataclass(frozen=True)
+class Writer:
+    """Who writes a checkpoint: the arguments given, else the runner's context when it is this
+    job's, so the checkpoint's identity compares identical with what the runner reported in
+    ``job.started`` (`writer_for`). Shared by `save` and `ckpt_ha.sdk.dcp`."""
+
+    job_id: str
+    run_id: str
+    attempt: int
+    code_version: str | None
+    topology: Topology | None
+    bus: Bus | None
+    environment: RuntimeEnvironment | None
+    """The runner's (``job.started``); None outside a runner."""
+
+    def identity(
+        self,
+        *,
+        frameworks: frozenset[str],
+        image: str | None,
+        created_at: datetime,
+        project: str | None = None,
+        model_version: str | None = None,
+        data_snapshot: str | None = None,
+        config_hash: str | None = None,
+    ) -> CheckpointIdentity:
+        """The runner's environment when there is one (and no ``image`` overrides it), else this
+        process's: Python, numpy and the frameworks the state holds."""
+        environment = (
+            self.environment
+            if self.environment is not None and image is None
+            else _environment(frameworks, image)
+        )
+        return CheckpointIdentity(
+            job_id=self.job_id,
+            run_id=self.run_id,
+            attempt=self.attempt,
+            project=project,
+            model_version=model_version,
+            code_version=self.code_version,
+            data_snapshot=data_snapshot,
+            config_hash=config_hash,
+            environment=environment,
+            topology=self.topology,
+            created_at=created_at,
+        )
+
+
+def writer_for(
+    job_id: str,
+    ctx: Context | None,
+    *,
+    run_id: str | None = None,
+    attempt: int | None = None,
+    code_version: str | None = None,
+    topology: Topology | None = None,
+    bus: Bus | None = None,
+) -> Writer:
+    """Resolve who writes: explicit arguments first, then ``ctx`` when it is ``job_id``'s."""
+    environment = None
+    if ctx is not None and ctx.job_id == job_id:
+        run_id = run_id if run_id is not None else ctx.run_id
+        attempt = attempt if attempt is not None else ctx.attempt
+        code_version = code_version if code_version is not None else ctx.code_version
+        topology = topology if topology is not None else ctx.topology
+        bus = bus if bus is not None else ctx.bus
+        environment = ctx.environment
+    if run_id is None:
+        raise ValueError("run_id is required outside a runner (no $CKPT_HA_JOB for this job)")
+    if inside(job_id) != job_id or "/" in job_id:
+        raise ValueError(f"job id {job_id!r} must be one path component")
+    return Writer(job_id, run_id, attempt or 1, code_version, topology, bus, environment)
 
 
 def _put(store: ObjectStore, prefix: str, path: str, data: bytes) -> native.Shard:
@@ -132,6 +226,7 @@ def save(
     bus: Bus | None = None,
     clock: Clock = utc_now,
     ctx: Context | None = None,
+    whole_state: bool = False,
 ) -> Saved:
     """Write ``state`` as checkpoint ``<job_id>/step-<step:08d>`` and announce it (best effort).
 
@@ -143,41 +238,40 @@ def save(
     Under a runner (`context()`, or ``ctx``), ``run_id``, ``attempt``, ``code_version``,
     ``topology``, ``bus`` and the runtime environment default to the attempt's, so the
     checkpoint's identity matches what the runner reported in ``job.started``.
+
+    In a runner's multi-process job (``WORLD_SIZE`` > 1) one process holds only part of the
+    state: `PartialSave` is raised, except on rank 0 when the caller says its state is the
+    whole job's (``whole_state=True``, e.g. DDP replicas). Save each rank's part with
+    `ckpt_ha.sdk.dcp.save`.
     """
     ctx = ctx if ctx is not None else context()
-    if ctx is not None and ctx.job_id == job_id:
-        run_id = run_id if run_id is not None else ctx.run_id
-        attempt = attempt if attempt is not None else ctx.attempt
-        code_version = code_version if code_version is not None else ctx.code_version
-        topology = topology if topology is not None else ctx.topology
-        bus = bus if bus is not None else ctx.bus
-    if run_id is None:
-        raise ValueError("run_id is required outside a runner (no $CKPT_HA_JOB for this job)")
-    if inside(job_id) != job_id or "/" in job_id:
-        raise ValueError(f"job id {job_id!r} must be one path component")
+    if ctx is not None and ctx.world_size > 1 and (ctx.rank != 0 or not whole_state):
+        raise PartialSave(ctx.rank, ctx.world_size)
+    writer = writer_for(
+        job_id,
+        ctx,
+        run_id=run_id,
+        attempt=attempt,
+        code_version=code_version,
+        topology=topology,
+        bus=bus,
+    )
+    run_id, bus = writer.run_id, writer.bus
     if step < 0:
         raise ValueError(f"step {step} must be >= 0")
     store = open_store(storage_root) if isinstance(storage_root, str) else storage_root
-    prefix = folder_for(job_id, step, attempt or 1)
+    prefix = folder_for(job_id, step, writer.attempt)
     uri = store.uri(prefix)
     encoded = codec.encode(state)
     now = clock()
-    identity = CheckpointIdentity(
-        job_id=job_id,
-        run_id=run_id,
-        attempt=attempt or 1,
+    identity = writer.identity(
+        frameworks=encoded.frameworks,
+        image=image,
+        created_at=now,
         project=project,
         model_version=model_version,
-        code_version=code_version,
         data_snapshot=data_snapshot,
         config_hash=config_hash,
-        environment=(
-            ctx.environment
-            if ctx is not None and ctx.job_id == job_id and ctx.environment and image is None
-            else _environment(encoded.frameworks, image)
-        ),
-        topology=topology,
-        created_at=now,
     )
     if next(iter(store.list(f"{prefix}/")), None) is not None:
         raise CheckpointExists(uri)

@@ -4,7 +4,8 @@ A runner (`ckpt-ha run`, or a Kubernetes / Slurm adapter) launches the training 
 ``CKPT_HA_JOB``, ``CKPT_HA_RUN_ID``, ``CKPT_HA_ATTEMPT``, ``CKPT_HA_STORAGE_ROOT``, ``NATS_URL``,
 ``CKPT_HA_SUBJECT_PREFIX`` and, on a relaunch after ``resume.planned``, ``CKPT_HA_RESUME_PLAN``
 (the plan as JSON) plus ``CKPT_HA_RESTORE_URI`` / ``CKPT_HA_RESTORE_STEP`` / ``CKPT_HA_PLAN_ID``.
-`context()` reads them once; outside a runner it returns None and the SDK behaves as before.
+`context()` reads them once, with the launcher's ``RANK`` / ``WORLD_SIZE`` (torchrun's); outside
+a runner it returns None and the SDK behaves as before.
 
 Publishing is best effort. A checkpoint's and a resume's announcements (`try_announce`) are
 published before the call returns, on a short-lived connection; a bus that is down costs one
@@ -50,6 +51,7 @@ RESUME_PLAN, RESTORE_URI = "CKPT_HA_RESUME_PLAN", "CKPT_HA_RESTORE_URI"
 RESTORE_STEP, PLAN_ID = "CKPT_HA_RESTORE_STEP", "CKPT_HA_PLAN_ID"
 ENVIRONMENT, TOPOLOGY = "CKPT_HA_ENVIRONMENT", "CKPT_HA_TOPOLOGY"
 CODE_VERSION = "CKPT_HA_CODE_VERSION"
+RANK, WORLD_SIZE = "RANK", "WORLD_SIZE"  # set by torchrun (and most launchers) for each process
 
 
 class BadContext(ValueError):
@@ -98,6 +100,10 @@ class Context:
     """What the runner reported in ``job.started``; checkpoints record the same."""
     topology: Topology | None = None
     code_version: str | None = None
+    rank: int = 0
+    """This process's rank in a multi-process job (``RANK``); 0 for a single process."""
+    world_size: int = 1
+    """How many processes the job runs (``WORLD_SIZE``); each saves through `ckpt_ha.sdk.dcp`."""
 
 
 def context(env: Mapping[str, str] | None = None) -> Context | None:
@@ -106,10 +112,10 @@ def context(env: Mapping[str, str] | None = None) -> Context | None:
     job = env.get(JOB)
     if not job:
         return None
-    try:
-        attempt = int(env.get(ATTEMPT, "1"))
-    except ValueError:
-        raise BadContext(ATTEMPT, f"{env[ATTEMPT]!r} is not a number") from None
+    attempt = _number(env, ATTEMPT, 1)
+    rank, world_size = _number(env, RANK, 0), _number(env, WORLD_SIZE, 1)
+    if not 0 <= rank < max(world_size, 1):
+        raise BadContext(RANK, f"{rank} is not a rank of a world of {world_size}")
     url = env.get(NATS_URL)
     bus = (
         Bus(
@@ -132,7 +138,17 @@ def context(env: Mapping[str, str] | None = None) -> Context | None:
         environment=_parsed(env, ENVIRONMENT, RuntimeEnvironment),
         topology=_parsed(env, TOPOLOGY, Topology),
         code_version=env.get(CODE_VERSION) or None,
+        rank=rank,
+        world_size=world_size,
     )
+
+
+def _number(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name) or str(default)
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadContext(name, f"{raw!r} is not a number") from None
 
 
 def _parsed(env: Mapping[str, str], name: str, model: type[M]) -> M | None:

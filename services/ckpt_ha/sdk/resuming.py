@@ -175,7 +175,7 @@ def resume(
     plan = ctx.plan
     started = time.monotonic()
     try:
-        loaded = _load_waiting_for_storage(plan, ctx, tensors)
+        loaded = waiting_for_storage(plan, lambda: _load_planned(plan, ctx, tensors))
         data_position, rng = describe(loaded.state) if describe is not None else (None, None)
     except Exception as exc:
         reason = str(exc) or type(exc).__name__
@@ -198,10 +198,6 @@ def resume(
 RESTORE_STORAGE_WAIT_S = 60.0
 """Default for ``CKPT_HA_RESTORE_STORAGE_WAIT_S``: how long a restore waits for storage that is
 unavailable (a transient `StorageError`: volume unmounted, endpoint down) before it fails."""
-
-
-def _load_waiting_for_storage(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:
-    return waiting_for_storage(plan, lambda: _load_planned(plan, ctx, tensors))
 
 
 def waiting_for_storage(plan: ResumePlannedV1, attempt: Callable[[], T]) -> T:
@@ -228,30 +224,51 @@ def waiting_for_storage(plan: ResumePlannedV1, attempt: Callable[[], T]) -> T:
             tries += 1
 
 
+@dataclass(frozen=True)
+class PlannedFolder:
+    """Where a plan's checkpoint is: a store and the folder's key in it."""
+
+    store: ObjectStore
+    prefix: str
+    """The folder's key in ``store``; "" when the store is rooted at the folder itself."""
+    uri: str
+    under_root: bool
+    """True when the folder is a key of the runner's storage root: its checkpoint id can then be
+    derived and compared with the plan's (`check_planned`)."""
+
+
+def locate(plan: ResumePlannedV1, ctx: Context) -> PlannedFolder:
+    """The plan's folder under the runner's storage root when it is there, else a store opened
+    on the plan's URI (rooted at the folder)."""
+    uri = plan.checkpoint_uri.rstrip("/")
+    folder = "/".join(uri.split("/")[-2:])
+    if ctx.storage_root is not None:
+        candidate = open_store(ctx.storage_root)
+        with contextlib.suppress(ValueError):  # not a key of this store: open it by URI
+            if candidate.uri(folder) == uri:
+                return PlannedFolder(candidate, folder, uri, under_root=True)
+    return PlannedFolder(open_store(uri), "", uri, under_root=False)
+
+
+def check_planned(where: PlannedFolder, plan: ResumePlannedV1, step: int | None) -> None:
+    """The folder still holds the planned checkpoint (its id, when it can be derived) at the
+    planned step (when the checkpoint records one); `CheckpointUnreadable` otherwise."""
+    if where.under_root:
+        found = checkpoint_id_on(where.store, where.prefix)
+        if found != plan.checkpoint_id:
+            reason = f"the folder now holds checkpoint {found}, not the planned one"
+            raise CheckpointUnreadable(where.uri, "replaced", reason)
+    if step is not None and step != plan.step:
+        raise CheckpointUnreadable(
+            where.uri, "mismatch", f"the checkpoint says step {step}, the plan {plan.step}"
+        )
+
+
 def _load_planned(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:
     fmt = plan.checkpoint_format
     if fmt is not None and fmt != CheckpointFormat.NATIVE.value:
         raise UnsupportedFormat(fmt, "ckpt_ha.sdk.resume()", LOADERS.get(fmt, "its framework"))
-    store: ObjectStore | None = None
-    folder = "/".join(plan.checkpoint_uri.rstrip("/").split("/")[-2:])
-    if ctx.storage_root is not None:
-        candidate = open_store(ctx.storage_root)
-        with contextlib.suppress(ValueError):  # not a key of this store: load by URI
-            if candidate.uri(folder) == plan.checkpoint_uri.rstrip("/"):
-                store = candidate
-    if store is None:
-        loaded = load(plan.checkpoint_uri, tensors=tensors)
-    else:
-        loaded = load(store, folder, tensors=tensors)
-        found = checkpoint_id_on(store, folder)
-        if found != plan.checkpoint_id:
-            raise CheckpointUnreadable(
-                loaded.uri,
-                "replaced",
-                f"the folder now holds checkpoint {found}, not the planned one",
-            )
-    if loaded.step != plan.step:
-        raise CheckpointUnreadable(
-            loaded.uri, "mismatch", f"its manifest says step {loaded.step}, the plan {plan.step}"
-        )
+    where = locate(plan, ctx)
+    loaded = load(where.store, where.prefix, tensors=tensors)
+    check_planned(where, plan, loaded.step)
     return loaded
