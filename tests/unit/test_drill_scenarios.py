@@ -14,7 +14,7 @@ from ckpt_ha.drill.scenarios import EXPECTED_ALERTS, FAULTS, SCENARIOS
 
 def test_every_cli_scenario_has_a_module_in_the_order_all_runs_them() -> None:
     names = ["node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop", "env-mismatch",
-             "hf-trainer"]  # fmt: skip
+             "torchrun-dcp", "hf-trainer"]  # fmt: skip
     assert list(SCENARIOS) == names
     assert list(FAULTS) == names
     args = build_parser().parse_args(["drill", "--scenario", "all"])

@@ -288,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenario",
         required=True,
         choices=["node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop",
-                 "env-mismatch", "hf-trainer", "all"],
+                 "env-mismatch", "torchrun-dcp", "hf-trainer", "all"],
         help="the fault to inject; all: every scenario in turn on one stack (the framework "
         "drills only where the torch and hf extras are installed; the others say so)",
     )  # fmt: skip

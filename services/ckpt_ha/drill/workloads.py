@@ -116,3 +116,46 @@ HF_TRAINER = Workload(
     baseline=_hf_baseline,
     baseline_losses=_hf_losses,
 )
+
+
+DCP_EXAMPLE = "ckpt_ha.examples.torch_dcp"
+RANKS = 2
+
+
+def _dcp_baseline(job_args: Sequence[str]) -> dict[str, Any]:
+    from importlib import metadata
+
+    from ckpt_ha.examples import torch_dcp
+
+    cfg = torch_dcp.parse(list(job_args))
+    return {
+        "model": f"{DCP_EXAMPLE}: MLP {torch_dcp.FEATURES}-{torch_dcp.HIDDEN}-1 (tanh), Adam, "
+        f"data parallel over {RANKS} ranks (gloo all_reduce), PyTorch DCP checkpoints through "
+        "ckpt_ha.sdk.dcp",
+        "data": f"synthetic regression set, {torch_dcp.SAMPLES} x {torch_dcp.FEATURES}, "
+        f"seed {torch_dcp.DATA_SEED}, global batch {cfg.batch_size}",
+        "config": dataclasses.asdict(cfg),
+        "job_args": list(job_args),
+        "environment": {"python": platform.python_version(), "torch": metadata.version("torch"),
+                        "launcher": f"torchrun --standalone --nproc_per_node {RANKS}",
+                        "platform": platform.platform()},
+        "resources": {"cpus": os.cpu_count(), "processes": RANKS, "gpus": 0},
+    }  # fmt: skip
+
+
+def _dcp_losses(job_args: Sequence[str]) -> list[list[float]]:
+    from ckpt_ha.examples import torch_dcp
+
+    cfg = torch_dcp.parse(list(job_args))
+    return [[step, loss] for step, loss in torch_dcp.baseline_losses(cfg)]
+
+
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc_per_node", str(RANKS)]  # fmt: skip
+TORCHRUN_DCP = Workload(
+    name="torchrun-dcp",
+    argv=lambda args: [*TORCHRUN, "-m", DCP_EXAMPLE, *args],
+    baseline=_dcp_baseline,
+    baseline_losses=_dcp_losses,
+    processes=RANKS,
+)

@@ -20,9 +20,13 @@ from ckpt_ha.drill.scenarios import (
     node_exit,
     restart_loop,
     storage_outage,
+    torchrun_dcp,
 )
 
-_MODULES = (node_exit, storage_outage, corrupt_checkpoint, restart_loop, env_mismatch, hf_trainer)
+_MODULES = (
+    node_exit, storage_outage, corrupt_checkpoint, restart_loop, env_mismatch, torchrun_dcp,
+    hf_trainer,
+)  # fmt: skip
 
 SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
     m.NAME: m.run for m in _MODULES
