@@ -187,6 +187,44 @@ def test_a_changed_environment_is_unknown_and_not_resumed(home: Path) -> None:
     assert planned == []
 
 
+def test_torchrun_dcp_loses_a_rank_mid_training_and_mid_save_and_resumes_exactly(
+    home: Path,
+) -> None:
+    """R7/R10 on a real multi-rank job: torchrun with 2 gloo ranks, PyTorch DCP through
+    ckpt_ha.sdk.dcp. The rank's own cause is reported, every rank loads the same checkpoint and
+    the recomputed steps match the pre-failure run bit for bit."""
+    result = drill(home, "torchrun-dcp")
+    first, mid_save = result["phases"]
+    for phase in (first, mid_save):
+        assert_restored(phase)
+        assert phase["restored_from"] == phase["last_valid_checkpoint"]
+        comparisons = phase["levels"]["continued"]["evidence"]["comparisons"]
+        losses = [c for c in comparisons if c["name"].endswith(": loss")]
+        assert losses, comparisons
+        assert all(c["ok"] and c["tolerance"] == 0 for c in losses)
+    assert [f["cause"] for f in result["failures"]] == ["node_exit", "node_exit"]
+    assert all("rank 1" in f["detail"] for f in result["failures"])
+    assert result["partial_checkpoint"]["committed_or_registered"] == []
+    assert result["partial_checkpoint"]["state"] == "write_failed"
+    # The report carries the loss curve of the drill against the uninterrupted baseline.
+    assert result["curves"]["baseline"]
+    assert result["curves"]["drill"]
+    assert result["baseline"]["resources"]["processes"] == 2
+
+
+def test_a_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
+    home: Path,
+) -> None:
+    result = drill(home, "hf-trainer")
+    assert_restored(result)
+    assert result["partial_checkpoint"]["committed_or_registered"] == []
+    assert result["partial_checkpoint"]["state"] == "write_failed"
+    assert result["restored_from"] == result["last_valid_checkpoint"]
+    assert result["curves"]["baseline"]
+    assert result["curves"]["drill"]
+    assert "transformers" in result["baseline"]["environment"]
+
+
 async def _events(nats_url: str, job: str) -> list[Any]:
     events, _ = await read_events(
         BusConfig(url=nats_url), CATALOG, f"ckpt.ev.*.*.*.{job_token(job)}", idle_timeout=2
