@@ -26,23 +26,10 @@ from transformers import (
     TrainingArguments,
 )
 
+from ckpt_ha.examples.hf_gpt2 import TokenData
 from ckpt_ha.sdk import hf
 
 MAX_STEPS, SAVE_STEPS, BATCH = 6, 2, 4
-
-
-class TokenData(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
-    """64 sequences of 16 random token ids (fixed generator), each its own label."""
-
-    def __init__(self) -> None:
-        generator = torch.Generator().manual_seed(1234)
-        self.tokens = torch.randint(0, 100, (64, 16), generator=generator)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
 
 
 def tiny_trainer(
@@ -67,7 +54,7 @@ def tiny_trainer(
         disable_tqdm=True,
     )
     return Trainer(
-        model=GPT2LMHeadModel(config), args=args, train_dataset=TokenData(), callbacks=callbacks
+        model=GPT2LMHeadModel(config), args=args, train_dataset=TokenData(64), callbacks=callbacks
     )
 
 

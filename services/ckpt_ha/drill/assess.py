@@ -308,3 +308,14 @@ def manual_actions(events: Sequence[Envelope[EventData]], job_id: str) -> list[d
         for e in events
         if e.data.job_id == job_id and e.source in MANUAL_SOURCES
     ]
+
+
+def partial_checkpoint(
+    events: Sequence[Envelope[EventData]], checkpoint_id: str, state: str | None
+) -> dict[str, Any]:
+    """What became of a checkpoint a fault interrupted mid-write: its registry state and any
+    ``committed`` / ``registered`` event for it (there must be none: R1)."""
+    kinds = (".checkpoint.committed.v", ".checkpoint.registered.v")
+    faked = [e.id for e in events if e.data.__dict__.get("checkpoint_id") == checkpoint_id
+             and any(kind in e.type for kind in kinds)]  # fmt: skip
+    return {"checkpoint_id": checkpoint_id, "state": state, "committed_or_registered": faked}

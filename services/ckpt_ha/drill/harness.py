@@ -240,6 +240,20 @@ async def resumed_after(drill: Drill, fault: datetime) -> list[Envelope[EventDat
     return done or None
 
 
+async def uncommitted_writes(drill: Drill, since: datetime | None = None) -> dict[str, Path]:
+    """Checkpoints announced ``writing`` (after ``since``) and not committed: id → local folder."""
+    events = await drill.events()
+    done = {e.data.__dict__.get("checkpoint_id") for e in events
+            if ".checkpoint.committed.v" in e.type}  # fmt: skip
+    return {
+        str(e.data.__dict__["checkpoint_id"]): Path(str(e.data.__dict__.get("uri") or "")
+                                                    .removeprefix("file://"))
+        for e in events
+        if ".checkpoint.writing.v" in e.type and (since is None or e.time > since)
+        and e.data.__dict__.get("checkpoint_id") not in done
+    }  # fmt: skip
+
+
 async def escalated(drill: Drill) -> list[Envelope[EventData]] | None:
     events = await drill.events()
     return [e for e in events if e.type.endswith("resume.escalated.v1")] or None

@@ -55,9 +55,9 @@ class Config:
 class TokenData(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
     """Fixed synthetic sequences (the same for every seed, run and attempt), each its own label."""
 
-    def __init__(self) -> None:
+    def __init__(self, sequences: int = SEQUENCES) -> None:
         generator = torch.Generator().manual_seed(DATA_SEED)
-        self.tokens = torch.randint(0, VOCAB, (SEQUENCES, LENGTH), generator=generator)
+        self.tokens = torch.randint(0, VOCAB, (sequences, LENGTH), generator=generator)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -66,12 +66,15 @@ class TokenData(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
         return {"input_ids": self.tokens[i], "labels": self.tokens[i]}
 
 
-class PrintLoss(TrainerCallback):
-    """One JSON line per logged step on process zero; optionally slow every step down."""
+class LossLog(TrainerCallback):
+    """Keeps (step, loss) of every logged step and, on process zero, prints it as one JSON line;
+    optionally slows every step down."""
 
-    def __init__(self, attempt: int, sleep_per_step: float) -> None:
+    def __init__(self, attempt: int, sleep_per_step: float = 0.0, *, echo: bool = True) -> None:
         self.attempt = attempt
         self.sleep_per_step = sleep_per_step
+        self.echo = echo
+        self.losses: list[tuple[int, float]] = []
 
     def on_log(
         self,
@@ -83,12 +86,11 @@ class PrintLoss(TrainerCallback):
     ) -> None:
         if not state.is_world_process_zero or not logs or "loss" not in logs:
             return
-        line = {
-            "step": state.global_step,
-            "loss": float(logs["loss"]).hex(),
-            "attempt": self.attempt,
-        }
-        print(json.dumps(line), flush=True)
+        loss = float(logs["loss"])
+        self.losses.append((state.global_step, loss))
+        if self.echo:
+            line = {"step": state.global_step, "loss": loss.hex(), "attempt": self.attempt}
+            print(json.dumps(line), flush=True)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
@@ -135,30 +137,12 @@ def trainer(
     return built
 
 
-class _Collect(TrainerCallback):
-    """Collects (step, loss) in-process (the baseline run prints nothing)."""
-
-    def __init__(self) -> None:
-        self.losses: list[tuple[int, float]] = []
-
-    def on_log(
-        self,
-        args: TrainingArguments,
-        state: TrainerState,
-        control: TrainerControl,
-        logs: dict[str, float] | None = None,
-        **_: Any,
-    ) -> None:
-        if logs and "loss" in logs:
-            self.losses.append((state.global_step, float(logs["loss"])))
-
-
 def baseline_losses(cfg: Config) -> list[tuple[int, float]]:
     """The same job uninterrupted, without ckpt-ha, saves or sleeps: its (step, loss)."""
-    collect = _Collect()
+    log = LossLog(attempt=0, echo=False)
     with tempfile.TemporaryDirectory() as out:
-        trainer(cfg, out, [collect], save=False).train()
-    return collect.losses
+        trainer(cfg, out, [log], save=False).train()
+    return log.losses
 
 
 def parse(argv: Sequence[str] | None) -> Config:
@@ -184,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("hf_gpt2: run it under `ckpt-ha run --job J -- ...`", file=sys.stderr)
         return 2
     print(f"hf_gpt2: {json.dumps(asdict(cfg))}", file=sys.stderr)
-    callbacks = [hf.CkptHaCallback(), PrintLoss(ctx.attempt, cfg.sleep_per_step)]
+    callbacks = [hf.CkptHaCallback(), LossLog(ctx.attempt, cfg.sleep_per_step)]
     hf.train(trainer(cfg, hf.output_dir(ctx), callbacks), ctx=ctx)
     sdk.flush_progress()
     return 0

@@ -4,11 +4,16 @@ after writing a checkpoint's weights and before its optimizer state."""
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 from typing import Any
 
-from ckpt_ha.drill.assess import assess_restore
-from ckpt_ha.drill.harness import Drill, policy, resumed_after, valid_count
+from ckpt_ha.drill.assess import assess_restore, partial_checkpoint
+from ckpt_ha.drill.harness import (
+    Drill,
+    policy,
+    resumed_after,
+    uncommitted_writes,
+    valid_count,
+)
 from ckpt_ha.drill.workloads import HF_TRAINER
 from ckpt_ha.registry.redis_registry import Registry
 
@@ -37,18 +42,10 @@ async def run(drill: Drill) -> dict[str, Any]:
         await drill.until(lambda: valid_count(drill, registry, 1), "a valid checkpoint")
 
         async def mid_save() -> str | None:
-            """A checkpoint of this attempt being written (announced, not committed) whose
-            weights are on storage already."""
-            events = await drill.events()
-            writing = {e.data.__dict__.get("checkpoint_id"): e.data.__dict__.get("uri")
-                       for e in events if ".checkpoint.writing.v" in e.type}  # fmt: skip
-            done = {e.data.__dict__.get("checkpoint_id") for e in events
-                    if ".checkpoint.committed.v" in e.type}  # fmt: skip
-            for cid, uri in writing.items():
-                folder = str(uri or "").removeprefix("file://")
-                weights = Path(folder, "model.safetensors")
-                if cid not in done and await asyncio.to_thread(weights.exists):
-                    return str(cid)
+            """A checkpoint being written whose weights are on storage already."""
+            for cid, folder in (await uncommitted_writes(drill)).items():
+                if await asyncio.to_thread((folder / "model.safetensors").exists):
+                    return cid
             return None
 
         partial = await drill.until(mid_save, "a checkpoint half written", every=0.1)
@@ -62,19 +59,13 @@ async def run(drill: Drill) -> dict[str, Any]:
         await registry.close()
     phase = assess_restore(NAME, events, drill.job, fault)
     result = phase.to_json()
-    kinds = (".checkpoint.committed.v", ".checkpoint.registered.v")
-    faked = [e.id for e in events if e.data.__dict__.get("checkpoint_id") == partial
-             and any(kind in e.type for kind in kinds)]  # fmt: skip
-    result["partial_checkpoint"] = {
-        "checkpoint_id": partial,
-        "state": partial_record.state.value if partial_record else None,
-        "committed_or_registered": faked,
-    }
+    state = partial_record.state.value if partial_record else None
+    result["partial_checkpoint"] = partial_checkpoint(events, partial, state)
+    faked = result["partial_checkpoint"]["committed_or_registered"]
     result["job"], result["job_exit_code"] = drill.job, code
     checks = {
         "the half-written checkpoint was never committed or registered": not faked,
-        "the half-written checkpoint ended write_failed": partial_record is not None
-        and partial_record.state.value == "write_failed",
+        "the half-written checkpoint ended write_failed": state == "write_failed",
         "the restore used the newest complete checkpoint": phase.restored_from
         == phase.last_valid_checkpoint
         and phase.last_valid_checkpoint is not None,

@@ -5,7 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from ckpt_ha.drill.assess import assess_restore
-from ckpt_ha.drill.harness import Drill, policy, progress_at_least, resumed_after, valid_count
+from ckpt_ha.drill.harness import (
+    Drill,
+    policy,
+    progress_at_least,
+    resumed_after,
+    uncommitted_writes,
+    valid_count,
+)
 from ckpt_ha.registry.redis_registry import Registry
 
 NAME = "node-exit"
@@ -36,12 +43,7 @@ async def run(drill: Drill) -> dict[str, Any]:
 
         # Second fault: in the middle of a checkpoint write (writing announced, not committed).
         async def mid_write() -> bool | None:
-            events = await drill.events()
-            writing = {e.data.__dict__.get("checkpoint_id") for e in events
-                       if e.type.endswith("checkpoint.writing.v1") and e.time > fault}  # fmt: skip
-            done = {e.data.__dict__.get("checkpoint_id") for e in events
-                    if e.type.endswith("checkpoint.committed.v1")}  # fmt: skip
-            return bool(writing - done) or None
+            return bool(await uncommitted_writes(drill, fault)) or None
 
         await drill.until(mid_write, "a checkpoint being written", every=0.05)
         second = await drill.kill_training()

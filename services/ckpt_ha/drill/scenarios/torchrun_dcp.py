@@ -7,8 +7,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from ckpt_ha.drill.assess import assess_restore
-from ckpt_ha.drill.harness import Drill, policy, progress_at_least, resumed_after, valid_count
+from ckpt_ha.drill.assess import assess_restore, partial_checkpoint
+from ckpt_ha.drill.harness import (
+    Drill,
+    policy,
+    progress_at_least,
+    resumed_after,
+    uncommitted_writes,
+    valid_count,
+)
 from ckpt_ha.drill.workloads import TORCHRUN_DCP
 from ckpt_ha.registry.redis_registry import Registry
 
@@ -48,17 +55,10 @@ async def run(drill: Drill) -> dict[str, Any]:
         async def mid_save() -> str | None:
             """A checkpoint announced after the fault whose ranks' data files are all written
             but which is not committed yet."""
-            events = await drill.events()
-            writing = {e.data.__dict__.get("checkpoint_id"): e.data.__dict__.get("uri")
-                       for e in events
-                       if ".checkpoint.writing.v" in e.type and e.time > fault}  # fmt: skip
-            done = {e.data.__dict__.get("checkpoint_id") for e in events
-                    if ".checkpoint.committed.v" in e.type}  # fmt: skip
-            for cid, uri in writing.items():
-                folder = Path(str(uri or "").removeprefix("file://"))
+            for cid, folder in (await uncommitted_writes(drill, fault)).items():
                 shards = await asyncio.to_thread(_shards, folder)
-                if cid not in done and len(shards) >= TORCHRUN_DCP.processes:
-                    return str(cid)
+                if len(shards) >= TORCHRUN_DCP.processes:
+                    return cid
             return None
 
         partial = await drill.until(mid_save, "a checkpoint half written", every=0.1)
@@ -80,14 +80,9 @@ async def run(drill: Drill) -> dict[str, Any]:
          "signal": f.__dict__.get("signal"), "detail": f.__dict__.get("detail")}
         for f in failures
     ]  # fmt: skip
-    kinds = (".checkpoint.committed.v", ".checkpoint.registered.v")
-    faked = [e.id for e in events if e.data.__dict__.get("checkpoint_id") == partial
-             and any(kind in e.type for kind in kinds)]  # fmt: skip
-    result["partial_checkpoint"] = {
-        "checkpoint_id": partial,
-        "state": partial_record.state.value if partial_record else None,
-        "committed_or_registered": faked,
-    }
+    state = partial_record.state.value if partial_record else None
+    result["partial_checkpoint"] = partial_checkpoint(events, partial, state)
+    faked = result["partial_checkpoint"]["committed_or_registered"]
     result["job"], result["job_exit_code"] = drill.job, code
     signatures = {f.__dict__.get("signature") for f in failures}
     checks = {
