@@ -29,7 +29,7 @@ from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.contracts.subjects import job_token
 from ckpt_ha.devstack.stack import StackState
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
 LEVELS = ("generated", "verified", "registered", "loadable", "continued")
 

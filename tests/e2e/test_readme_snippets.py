@@ -24,7 +24,7 @@ from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages
 from tests.support.cli_tools import stack_env
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).parents[2]
 SNIPPET = re.compile(
