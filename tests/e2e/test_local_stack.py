@@ -115,7 +115,10 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
         "nats", "redis", "writer-watcher", "integrity-checker", "registrar",
         "restore-coordinator", "retention-janitor", *with_prometheus,
     ]  # fmt: skip
-    assert cli(stack_home, "status").returncode == 0
+    status = cli(stack_home, "status")
+    assert status.returncode == 0
+    # Where a job's checkpoints go, so a Trainer's output_dir can be pointed there.
+    assert f"storage root: {state.storage_root}" in status.stdout
 
     # First slice: a committed checkpoint is recorded, verified on storage, and registered
     # valid; a corrupt one ends quarantined. Four processes take part.
