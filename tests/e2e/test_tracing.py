@@ -99,19 +99,31 @@ class CorruptingStore(FsStore):
         return super().put(key, data, metadata=metadata)
 
 
+VERIFIED_SPANS = frozenset(
+    {("ckpt-ha-integrity-checker", "checkpoint.verify"),
+     ("ckpt-ha-registrar", "registrar checkpoint.verified")}
+)  # fmt: skip
+"""The spans a verified checkpoint's trace must hold besides the watcher's."""
+
+
 def about(spans: list[ReceivedSpan], checkpoint_id: str) -> list[ReceivedSpan]:
     return [s for s in spans if s.attributes.get("ckpt_ha.checkpoint_id") == checkpoint_id]
 
 
-def one_trace(spans: list[ReceivedSpan], checkpoint_id: str) -> list[ReceivedSpan] | None:
-    """Every span of the one trace holding this checkpoint's spans from all three services."""
+def one_trace(
+    spans: list[ReceivedSpan], checkpoint_id: str, need: frozenset[tuple[str, str]] = frozenset()
+) -> list[ReceivedSpan] | None:
+    """Every span of the one trace holding this checkpoint's spans from all three services, once
+    the spans ``need`` names ((service, span name)) have arrived too: each service exports in
+    batches, so one service's spans can arrive in several."""
     mine = about(spans, checkpoint_id)
     trace_ids = {s.trace_id for s in mine}
     if len(trace_ids) != 1:
         return None
     (trace_id,) = trace_ids
     trace = [s for s in spans if s.trace_id == trace_id]
-    return trace if {s.service for s in trace} >= NAMES else None
+    complete = {s.service for s in trace} >= NAMES and {(s.service, s.name) for s in trace} >= need
+    return trace if complete else None
 
 
 async def test_one_trace_per_checkpoint_across_processes(
@@ -142,7 +154,7 @@ async def test_one_trace_per_checkpoint_across_processes(
 
         trace = await asyncio.to_thread(
             receiver.wait_for,
-            lambda spans: one_trace(spans, good.checkpoint_id),
+            lambda spans: one_trace(spans, good.checkpoint_id, VERIFIED_SPANS),
             30,
             "one trace with spans of all three services",
         )
