@@ -216,6 +216,12 @@ INHERITED = ("environment", "topology", "code_version")
 appeared: what that attempt declared it runs on at ``job.started``."""
 
 
+def lacks_identity(candidate: Candidate) -> bool:
+    """The checkpoint records no identity, or not all of what a restore is checked against."""
+    identity = candidate.identity
+    return identity is None or any(getattr(identity, f) is None for f in INHERITED)
+
+
 def writer_attempt(candidate: Candidate, starts: Sequence[Started]) -> Started | None:
     """The attempt that wrote ``candidate``: the one its identity names (same run and attempt),
     else, for a checkpoint with no identity, the newest attempt started before it appeared."""
@@ -236,9 +242,9 @@ def with_inherited_identity(candidate: Candidate, job: str, starts: Sequence[Sta
     what they do not record (environment, topology, code version) is what the attempt that
     wrote them declared at ``job.started``, bound by job, run, attempt and time. Fields the
     checkpoint records itself are never overridden; nothing known → unchanged."""
-    identity = candidate.identity
-    if identity is not None and all(getattr(identity, f) is not None for f in INHERITED):
+    if not lacks_identity(candidate):
         return candidate
+    identity = candidate.identity
     writer = writer_attempt(candidate, starts)
     if writer is None:
         return candidate

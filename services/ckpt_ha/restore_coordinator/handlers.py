@@ -286,8 +286,7 @@ class CoordinatorHandlers:
     async def _starts(self, job: str, attempt: int, chosen: domain.Candidate) -> list[Started]:
         """The job's recent ``job.started`` records, read only when the chosen checkpoint lacks
         identity the compatibility check needs (one read per attempt, newest first)."""
-        identity = chosen.identity
-        if identity is not None and all(getattr(identity, f) for f in domain.INHERITED):
+        if not domain.lacks_identity(chosen):
             return []
         found = []
         for n in range(attempt, max(0, attempt - INHERIT_WINDOW), -1):

@@ -3,11 +3,13 @@ shard (see the package doc for the order of a save)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import platform
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from importlib import metadata
 from typing import Any
 
 import numpy as np
@@ -99,15 +101,22 @@ class PartialSave(Exception):
         )
 
 
-def _environment(frameworks: frozenset[str], image: str | None) -> RuntimeEnvironment:
-    libraries = {"numpy": np.__version__}
+def process_environment(
+    frameworks: frozenset[str], image: str | None, libraries: Sequence[str] = ()
+) -> RuntimeEnvironment:
+    """This process as a checkpoint records it outside a runner: Python, numpy, the frameworks
+    the state holds, and the installed versions of ``libraries`` (distribution names)."""
+    versions = {"numpy": np.__version__}
+    for name in libraries:
+        with contextlib.suppress(metadata.PackageNotFoundError):
+            versions[name] = metadata.version(name)
     framework: str | None = None
     version: str | None = None
     if "torch" in frameworks:
         from ckpt_ha.sdk import torch_leaves
 
         framework, version = "torch", torch_leaves.version()
-        libraries["torch"] = version
+        versions["torch"] = version
     elif "numpy" in frameworks:
         framework, version = "numpy", np.__version__
     return RuntimeEnvironment(
@@ -115,7 +124,7 @@ def _environment(frameworks: frozenset[str], image: str | None) -> RuntimeEnviro
         framework_version=version,
         python_version=platform.python_version(),
         image=image,
-        libraries=libraries,
+        libraries=versions,
     )
 
 
@@ -150,7 +159,7 @@ class Writer:
         environment = (
             self.environment
             if self.environment is not None and image is None
-            else _environment(frameworks, image)
+            else process_environment(frameworks, image)
         )
         return CheckpointIdentity(
             job_id=self.job_id,

@@ -53,12 +53,9 @@ import hashlib
 import json
 import logging
 import math
-import os
-import platform
 import shutil
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -74,7 +71,6 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
     CheckpointWritingV1,
     FailureSide,
-    RuntimeEnvironment,
     Topology,
 )
 from ckpt_ha.contracts.resume import LoadBlame, ResumeMode, ResumePlannedV1
@@ -83,7 +79,7 @@ from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import hf_trainer, sidecar
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.paths import inside
-from ckpt_ha.sdk.checkpoints import CheckpointUnreadable
+from ckpt_ha.sdk.checkpoints import CheckpointUnreadable, process_environment
 from ckpt_ha.sdk.progress import progress
 from ckpt_ha.sdk.protocol import Context, context, trace_context, try_announce
 from ckpt_ha.sdk.resuming import (
@@ -96,7 +92,10 @@ from ckpt_ha.sdk.resuming import (
     waiting_for_storage,
 )
 from ckpt_ha.storage import FsStore
+from ckpt_ha.storage.fs_store import fsync
 
+TORCH = frozenset({"torch"})
+"""What a Trainer checkpoint holds: torch state (the environment records torch's version)."""
 log = logging.getLogger("ckpt_ha.sdk")
 
 HF = CheckpointFormat.HF_TRAINER
@@ -159,22 +158,6 @@ def _local(uri_or_path: str) -> Path:
     )
 
 
-def _environment() -> RuntimeEnvironment:
-    """This process as the runner would describe it (used outside a runner's ``job.started``)."""
-    libraries: dict[str, str] = {}
-    for name in ("torch", "transformers", "accelerate"):
-        try:
-            libraries[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
-    return RuntimeEnvironment(
-        framework="torch",
-        framework_version=libraries.get("torch"),
-        python_version=platform.python_version(),
-        libraries=libraries,
-    )
-
-
 def config_hash(model: object, args: TrainingArguments) -> str:
     """``sha256:<hex>`` of the model config (without `VOLATILE_CONFIG`), the parameters' dtype
     and `MATH_ARGUMENTS`."""
@@ -208,14 +191,6 @@ def _barrier(args: TrainingArguments) -> None:
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
     if args.world_size > 1 and distributed:
         torch.distributed.barrier()
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -385,7 +360,11 @@ class CkptHaCallback(TrainerCallback):
             code_version=ctx.code_version,
             data_snapshot=self.data_snapshot,
             config_hash=config_hash(model, args),
-            environment=ctx.environment if ctx.environment is not None else _environment(),
+            environment=(
+                ctx.environment
+                if ctx.environment is not None
+                else process_environment(TORCH, None, ("transformers", "accelerate"))
+            ),
             topology=(
                 ctx.topology if ctx.topology is not None else Topology(world_size=args.world_size)
             ),
@@ -435,7 +414,7 @@ class CkptHaCallback(TrainerCallback):
             name = info.key[len(base) :]
             if name in sidecar.NAMES:
                 continue
-            _fsync(store.root / info.key)  # durable before the commit that vouches for it
+            fsync(store.root / info.key)  # durable before the commit that vouches for it
             digest, size = cs.checksum(store, info.key)
             files[name] = sidecar.FileEvidence(size=size, checksum=digest)
         rng = (

@@ -116,8 +116,9 @@ def _sidecar(path: Path, version: str) -> Path:
     return path.with_name(f".{path.name}.{version}{_META_SUFFIX}")
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+def fsync(path: Path) -> None:
+    """Make a file, or a folder's entries, durable (nearly free when it already is)."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
@@ -306,9 +307,9 @@ class FsStore(ObjectStore):
         _sidecar(src, version).unlink(missing_ok=True)
         if previous is not None and previous != version:
             _sidecar(dst, previous).unlink(missing_ok=True)
-        _fsync_dir(dst.parent)
+        fsync(dst.parent)
         with contextlib.suppress(FileNotFoundError):  # pruned meanwhile: nothing to sync
-            _fsync_dir(src.parent)
+            fsync(src.parent)
         self._prune_empty_dirs(src.parent)
         return _info(dst_key, st, metadata)
 
@@ -325,7 +326,7 @@ class FsStore(ObjectStore):
             path.unlink(missing_ok=True)
             if S_ISREG(st.st_mode):
                 _sidecar(path, _version(st)).unlink(missing_ok=True)
-            _fsync_dir(path.parent)
+            fsync(path.parent)
             self._prune_empty_dirs(path.parent)
 
     def uri(self, key: str) -> str:
@@ -405,7 +406,7 @@ class FsStore(ObjectStore):
                     raise
             finally:
                 tmp.unlink(missing_ok=True)
-            _fsync_dir(path.parent)
+            fsync(path.parent)
             if previous is not None and previous != version:
                 _sidecar(path, previous).unlink(missing_ok=True)
         return _info(key, st, checked)
@@ -417,7 +418,7 @@ class FsStore(ObjectStore):
             out.write(json.dumps(metadata, sort_keys=True).encode())
             out.flush()
             os.fsync(out.fileno())
-        _fsync_dir(path.parent)
+        fsync(path.parent)
 
     @staticmethod
     def _current_version(path: Path) -> str | None:

@@ -3,9 +3,7 @@ named after the rank that wrote it."""
 
 from __future__ import annotations
 
-import os
 import re
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from ckpt_ha.formats.dcp import DATA_SUFFIX
@@ -41,12 +39,3 @@ def written_by(name: str) -> int | None:
     (``__<rank>_<n>.distcp``); None for any other name."""
     match = _WRITTEN_BY.match(name)
     return int(match.group(1)) if match is not None else None
-
-
-def fsync(path: Path) -> None:
-    """Make a file (or a folder's entries) durable; nearly free when it already is."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

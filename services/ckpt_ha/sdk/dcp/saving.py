@@ -39,10 +39,11 @@ from ckpt_ha.formats.sidecar import Commit, FileEvidence
 from ckpt_ha.sdk.checkpoints import CheckpointExists, Writer, folder_for
 from ckpt_ha.sdk.checkpoints import writer_for as resolve_writer
 from ckpt_ha.sdk.dcp.checksumming import ChecksummingFileSystem
-from ckpt_ha.sdk.dcp.files import filesystem_store, fsync, written_by
+from ckpt_ha.sdk.dcp.files import filesystem_store, written_by
 from ckpt_ha.sdk.dcp.group import Group
 from ckpt_ha.sdk.protocol import Bus, Context, context, trace_context, try_announce
 from ckpt_ha.storage import FsStore, ObjectExists, ObjectStore
+from ckpt_ha.storage.fs_store import fsync
 
 log = logging.getLogger("ckpt_ha.sdk")
 
