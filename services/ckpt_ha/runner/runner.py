@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, TextIO
 import nats
 from nats.aio.msg import Msg
 
+from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
-from ckpt_ha.contracts import CATALOG, EventData, build
+from ckpt_ha.contracts import CATALOG, EventData, build, signing
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.errors import ContractError
 from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1, JobSucceededV1
@@ -46,6 +47,7 @@ from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.runner import torchrun
 from ckpt_ha.runner.adapter import ExitInfo, SchedulerAdapter
 from ckpt_ha.runner.domain import classify
+from ckpt_ha.runtime.settings import SIGNING_KEY_ENV
 from ckpt_ha.sdk import protocol
 
 if TYPE_CHECKING:
@@ -127,6 +129,8 @@ def child_env(
         for k, v in base.items()
         if k
         not in (protocol.RESUME_PLAN, protocol.RESTORE_URI, protocol.RESTORE_STEP, protocol.PLAN_ID)
+        # The master signing key never reaches a training process: it gets its job's key only.
+        and not k.startswith(SIGNING_KEY_ENV)
     }
     env.update(
         {
@@ -145,6 +149,8 @@ def child_env(
     )
     if spec.code_version is not None:
         env[protocol.CODE_VERSION] = spec.code_version
+    if bus.signing_keys:
+        env[protocol.JOB_KEY] = signing.job_key(bus.signing_keys[0], spec.job_id).hex()
     if bus.user is not None:
         env[protocol.NATS_USER] = bus.user
         env[protocol.NATS_PASSWORD] = bus.password or ""
@@ -233,7 +239,7 @@ class Runner:
 
     async def _on_msg(self, msg: Msg) -> None:
         try:
-            envelope = CATALOG.decode(msg.data)
+            envelope = admit(self.cfg, CATALOG, msg.data, msg.subject, msg.headers)
         except ContractError as exc:
             log.warning("ignoring an undecodable message on %s: %s", msg.subject, exc)
             return

@@ -9,6 +9,19 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.contracts import signing
+
+SIGNING_KEY_ENV = "CKPT_HA_SIGNING_KEY"
+"""The master signing key's variables (``..._FILE``, ``..._PREVIOUS`` too): never passed on to
+a training process (`ckpt_ha.contracts.signing`)."""
+
+
+class MissingSigningKey(ValueError):
+    def __init__(self) -> None:
+        super().__init__(
+            f"no job-signing key: set ${SIGNING_KEY_ENV}_FILE (or ${SIGNING_KEY_ENV}) to the "
+            "deployment's master key (hex); services refuse to run without one"
+        )
 
 
 class ServiceSettings(BaseSettings):
@@ -42,6 +55,33 @@ class ServiceSettings(BaseSettings):
     """How often each durable consumer's pending/ack-pending counts are read for /metrics."""
     metrics_forget_after_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """A job idle this long leaves the per-job metric series (bounds their cardinality)."""
+    signing_key: SecretStr | None = None
+    """The master key job signatures derive from (hex); or from ``signing_key_file``."""
+    signing_key_file: Path | None = None
+    signing_key_previous: SecretStr | None = None
+    """During a rotation: the old master key, still accepted for verification (never signs)."""
+    unsigned_before_seq: int = Field(default=0, ge=0)
+    """Upgrading a stream written before signing: its events below this sequence need none."""
+
+    def signing_keys(self) -> tuple[bytes, ...]:
+        """The master keys, the signing one first; raises ValueError on a malformed one."""
+        texts: list[str] = []
+        if self.signing_key is not None:
+            texts.append(self.signing_key.get_secret_value())
+        elif self.signing_key_file is not None:
+            try:
+                texts.append(self.signing_key_file.read_text())
+            except OSError as exc:
+                raise ValueError(f"cannot read the signing key file: {exc.strerror}") from None
+        if self.signing_key_previous is not None:
+            texts.append(self.signing_key_previous.get_secret_value())
+        return tuple(signing.parse_master(t) for t in texts)
+
+    def require_signing_keys(self) -> tuple[bytes, ...]:
+        keys = self.signing_keys()
+        if not keys:
+            raise MissingSigningKey
+        return keys
 
     def bus(self) -> BusConfig:
         return BusConfig(
@@ -56,4 +96,6 @@ class ServiceSettings(BaseSettings):
             backoff_s=self.backoff_s,
             fetch_batch=self.fetch_batch,
             graceful_timeout_s=self.graceful_timeout_s,
+            signing_keys=self.signing_keys(),
+            unsigned_before_seq=self.unsigned_before_seq,
         )
