@@ -223,6 +223,22 @@ async def test_no_job_or_service_principal_may_change_or_purge_a_stream(
         await ops.close()
 
 
+@pytest.mark.parametrize(
+    "event_type", ["checkpoint.verified", "checkpoint.expired", "checkpoint.deleted",
+                   "checkpoint.pinned", "checkpoint.registered", "resume.planned", "job.failed"]
+)  # fmt: skip
+async def test_a_job_cannot_publish_what_services_or_operators_decide(
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess, event_type: str
+) -> None:
+    nc = await nats_as(secured_nats, "job")
+    try:
+        subject = event_subject(settings.subject_prefix, event_type, 1, "job-x")
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await nc.jetstream().publish(subject, b"{}", timeout=1)
+    finally:
+        await nc.close()
+
+
 async def test_a_job_sees_no_other_jobs_events(
     settings: ServiceSettings, secured_nats: procs.ManagedProcess
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import shutil
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Mapping
@@ -119,6 +120,8 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         "REDIS_URL": redis_url,
         "CKPT_HA_STORAGE_ROOT": storage_root,
     }
+    if any(name not in running for name in SERVICE_NAMES):
+        provision_streams(home, service_env)
     for name in SERVICE_NAMES:
         components[name] = running.get(name) or start_service(name, home, service_env)
         record(nats_url, redis_url)
@@ -131,6 +134,21 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         )
         record(nats_url, redis_url)
     return record(nats_url, redis_url)
+
+
+def provision_streams(home: Path, env: Mapping[str, str]) -> None:
+    """The operator's step before any service starts: `ckpt-ha streams provision` (services only
+    check the streams). Raises `ProcessStartFailed` with its message when it fails."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ckpt_ha.cli.main", "streams", "provision"],
+        env={**env, "CKPT_HA_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise procs.ProcessStartFailed("streams", "provisioning failed", out.stderr.strip())
 
 
 ALERT_RULES = asset("observability", "alerts.yml")
