@@ -4,8 +4,9 @@ An operation (not part of the registry package): it reads the bus, which sits ab
 registry in the import layers.
 
 Replays every checkpoint event in stream order through the same projection the live registrar
-uses (any `RegistryWriter`: the Redis adapter, or the in-memory fake in tests). Events the live
-consumer dead-lettered fail here the same way and are skipped;
+uses (any `RegistryWriter`: the Redis adapter, or the in-memory fake in tests), after the same
+intake check (a location its job does not own is refused). Events the live consumer
+dead-lettered fail here the same way and are skipped;
 an event that arrived before the one it depends on (which the live consumer nak'ed and retried)
 is deferred and retried after the rest, as redelivery did.
 """
@@ -18,8 +19,8 @@ from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.subjects import aggregate_filter
-from ckpt_ha.core.errors import DependencyNotReady
-from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.core.errors import DependencyNotReady, PermanentError
+from ckpt_ha.core.locations import KeyOf, intake_refusal
 from ckpt_ha.ops.errors import RegistryNotEmpty
 from ckpt_ha.registry.port import RegistryWriter
 from ckpt_ha.registry.redis_registry import Registry
@@ -51,9 +52,14 @@ async def read_checkpoint_events(
     return events
 
 
-async def rebuild(registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalog) -> RebuildReport:
+async def rebuild(
+    registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalog, key_of: KeyOf
+) -> RebuildReport:
+    """``key_of``: a location's key in the storage root, as the live registrar had it (an event
+    naming a location its job does not own is refused here as it was there)."""
     report = RebuildReport()
     pending = await read_checkpoint_events(cfg, catalog, report)
+    pending = [e for e in pending if not _refused(e, key_of, report)]
     while pending:
         deferred: list[Envelope[EventData]] = []
         for event in pending:
@@ -62,7 +68,7 @@ async def rebuild(registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalo
             except DependencyNotReady:
                 deferred.append(event)
                 continue
-            except IllegalTransition as exc:
+            except PermanentError as exc:
                 report.skip(exc.code)
                 continue
             if result.duplicate:
@@ -77,11 +83,23 @@ async def rebuild(registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalo
     return report
 
 
+def _refused(event: Envelope[EventData], key_of: KeyOf, report: RebuildReport) -> bool:
+    refused = intake_refusal(event.data, key_of)
+    if refused is not None:
+        report.skip(refused.code)
+    return refused is not None
+
+
 async def rebuild_registry(
-    registry: Registry, bus: BusConfig, *, clear: bool, catalog: EventCatalog = CATALOG
+    registry: Registry,
+    bus: BusConfig,
+    key_of: KeyOf,
+    *,
+    clear: bool,
+    catalog: EventCatalog = CATALOG,
 ) -> RebuildReport:
     if await registry.dump():
         if not clear:
             raise RegistryNotEmpty
         await registry.clear()
-    return await rebuild(registry, bus, catalog)
+    return await rebuild(registry, bus, catalog, key_of)

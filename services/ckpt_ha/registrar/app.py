@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from faststream import FastStream
 from redis.exceptions import RedisError
@@ -15,6 +16,7 @@ from ckpt_ha.registrar.handlers import RegistrarHandlers
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.service import Service, new_service
+from ckpt_ha.storage import key_for_uri, open_store
 from ckpt_ha.telemetry.metrics import LifecycleMetrics
 
 NAME = "registrar"
@@ -51,7 +53,10 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         lifecycle.seed(valid, writing)
 
     svc.on_start = seed_metrics
-    handlers = RegistrarHandlers(registry, svc.bus, svc.metrics, clock, lifecycle)
+    store = open_store(settings.storage_root)  # never read: it only names locations
+    handlers = RegistrarHandlers(
+        registry, svc.bus, svc.metrics, clock, lifecycle, key_of=partial(key_for_uri, store)
+    )
     svc.bus.batch_consumer(
         "checkpoints",
         aggregate_filter(svc.bus.cfg.prefix, "checkpoint"),
