@@ -25,6 +25,7 @@ from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import publisher
 from ckpt_ha.writer_watcher import adapters as watcher_adapters
+from tests.support.events import DATA_ROOT
 
 pytest_plugins = ["tests.support.private_infra"]
 
@@ -71,7 +72,9 @@ def unique() -> str:
 
 @pytest.fixture
 async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[ServiceSettings]:
-    """Settings with a private subject prefix, streams and registry prefix; cleaned up after."""
+    """Settings with a private subject prefix, streams and registry prefix; cleaned up after.
+    The storage root is where `tests.support.events` puts its locations; a test that writes
+    real bytes overrides it with its own root."""
     s = ServiceSettings(
         NATS_URL=nats_url,
         REDIS_URL=redis_url,
@@ -84,6 +87,7 @@ async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[
         backoff_s=(0.2, 0.2, 0.2),
         fetch_batch=32,
         graceful_timeout_s=3.0,
+        storage_root=DATA_ROOT,
     )
     yield s
     nc = await nats.connect(nats_url)

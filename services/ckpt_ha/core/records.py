@@ -313,6 +313,11 @@ def job_mismatch(record: CheckpointRecord | None, data: EventData) -> JobMismatc
     """Why an event (``data``) may not touch ``record`` for job reasons (None: it may): it names
     another job than the record's, or it is a commit declaring another job's identity."""
     checkpoint_id = str(getattr(data, "checkpoint_id", ""))
+    changes = data.EVENT_TYPE in EVENT_TARGETS or isinstance(
+        data, CheckpointPinnedV1 | CheckpointUnpinnedV1
+    )
+    if not changes:  # a report (registered, conflict) moves no record: nothing to refuse
+        return None
     if record is not None and data.job_id != record.job_id:
         return JobMismatch(
             data.job_id, checkpoint_id, data.EVENT_TYPE, "the checkpoint belongs to another job"
