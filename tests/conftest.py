@@ -28,6 +28,7 @@ from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import publisher
 from ckpt_ha.writer_watcher import adapters as watcher_adapters
 from tests.support.bus_tools import SIGNING_KEY
+from tests.support.events import DATA_ROOT
 
 pytest_plugins = ["tests.support.private_infra"]
 
@@ -74,7 +75,9 @@ def unique() -> str:
 
 @pytest.fixture
 async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[ServiceSettings]:
-    """Settings with a private subject prefix, streams and registry prefix; cleaned up after."""
+    """Settings with a private subject prefix, streams and registry prefix; cleaned up after.
+    The storage root is where `tests.support.events` puts its locations; a test that writes
+    real bytes overrides it with its own root."""
     s = ServiceSettings(
         NATS_URL=nats_url,
         REDIS_URL=redis_url,
@@ -88,6 +91,7 @@ async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[
         fetch_batch=32,
         graceful_timeout_s=3.0,
         signing_key=SecretStr(SIGNING_KEY),
+        storage_root=DATA_ROOT,
     )
     nc = await nats.connect(nats_url)
     await streams.provision(nc.jetstream(), s.bus())  # as the operator would, before services

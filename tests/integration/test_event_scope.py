@@ -7,6 +7,8 @@ nothing else is affected: the good events around it are all applied.
 
 from __future__ import annotations
 
+from functools import partial
+
 import nats
 import pytest
 
@@ -15,15 +17,21 @@ from ckpt_ha.bus.permissions import PRINCIPALS
 from ckpt_ha.contracts import signing
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.subjects import event_subject
+from ckpt_ha.core.locations import KeyOf
 from ckpt_ha.ops.errors import StreamIncomplete
 from ckpt_ha.ops.rebuild import rebuild_registry
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import key_for_uri, open_store
 from tests.support.bus_tools import job_key, publish_raw, stream_messages, wait_for
 from tests.support.events import committed, expired, verified
 
 pytestmark = pytest.mark.integration
+
+
+def key_of(settings: ServiceSettings) -> KeyOf:
+    return partial(key_for_uri, open_store(settings.storage_root))
 
 
 def subject(settings: ServiceSettings, event_type: str, job: str, version: int = 1) -> str:
@@ -123,7 +131,7 @@ async def test_a_rebuild_refuses_what_the_live_consumer_refused(
 
     fresh = Registry.from_url(settings.redis_url, f"{settings.registry_prefix}:rebuilt")
     try:
-        report = await rebuild_registry(fresh, settings.bus(), clear=False)
+        report = await rebuild_registry(fresh, settings.bus(), key_of(settings), clear=False)
         assert report.skipped == {"forged": 1}
         assert [await _state(fresh, c) for c in ("r1", "r2")] == live
     finally:
@@ -159,7 +167,7 @@ async def test_a_rebuild_fails_loudly_on_a_stream_that_lost_its_first_events(
     try:
         await registry.apply(committed("kept"))
         with pytest.raises(StreamIncomplete, match="starts at sequence 2, not 1"):
-            await rebuild_registry(registry, settings.bus(), clear=True)
+            await rebuild_registry(registry, settings.bus(), key_of(settings), clear=True)
         assert await _state(registry, "kept") is CheckpointState.PENDING_VERIFICATION  # not cleared
     finally:
         await registry.close()

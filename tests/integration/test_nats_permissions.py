@@ -88,11 +88,15 @@ def as_user(settings: ServiceSettings, url: str, user: str) -> ServiceSettings:
 
 @pytest.fixture
 async def confined_registrar(
-    settings: ServiceSettings, secured_nats: procs.ManagedProcess
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess, tmp_path: Path
 ) -> AsyncIterator[Registrar]:
+    """The registrar as its own user; its storage root is the test's (a location must be its
+    job's there)."""
     s = as_user(settings, secured_nats.url, "registrar")
     svc = build(
-        RegistrarSettings.model_validate({**s.model_dump(), "nats_password": "pw-registrar"})
+        RegistrarSettings.model_validate(
+            {**s.model_dump(), "nats_password": "pw-registrar", "storage_root": str(tmp_path)}
+        )
     )
     await svc.bus.broker.start()
     yield svc
@@ -110,7 +114,7 @@ async def test_services_work_within_their_permissions_and_not_beyond(
     await watcher.broker.start()
     await checker.broker.start()
     try:
-        await watcher.publish(committed("p1"))
+        await watcher.publish(committed("p1", uri=confined_registrar.store.uri("job-1/s-1")))
         await checker.publish(verified("p1"))
 
         async def valid() -> bool:

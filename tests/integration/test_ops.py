@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import nats
@@ -28,7 +29,7 @@ from ckpt_ha.ops.errors import (
 from ckpt_ha.ops.rebuild import rebuild_registry
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.settings import ServiceSettings
-from ckpt_ha.storage import FsStore
+from ckpt_ha.storage import FsStore, key_for_uri, open_store
 from tests.support.events import T0, committed, verified
 from tests.support.fakes.projecting_publisher import ProjectingPublisher
 from tests.support.fakes.publisher import RecordingPublisher
@@ -233,9 +234,10 @@ async def test_rebuild_refuses_a_full_registry_unless_cleared(
     await producer.publish(verified("c1", key="c1"))
     await valid(registry, "c1")
     before = await registry.get("c1")
+    key_of = partial(key_for_uri, open_store(settings.storage_root))
     with pytest.raises(RegistryNotEmpty, match="pass --clear"):
-        await rebuild_registry(registry, settings.bus(), clear=False)
-    report = await rebuild_registry(registry, settings.bus(), clear=True)
+        await rebuild_registry(registry, settings.bus(), key_of, clear=False)
+    report = await rebuild_registry(registry, settings.bus(), key_of, clear=True)
     assert (report.read, report.applied, report.duplicates) == (2, 2, 0)
     after = await registry.get("c1")
     assert after is not None

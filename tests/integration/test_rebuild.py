@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import nats
 import pytest
@@ -14,6 +15,7 @@ from ckpt_ha.ops.rebuild import rebuild
 from ckpt_ha.registrar.app import build
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import key_for_uri
 from tests.support.bus_tools import publish_raw, wait_for
 from tests.support.events import committed, deleted, expired, verified
 
@@ -44,6 +46,8 @@ async def test_rebuild_reproduces_identical_records(settings: ServiceSettings) -
         await producer.publish(expired("a0", job="job-a"))
         await producer.publish(deleted("a0", job="job-a"))
         await producer.publish(committed("a0", job="job-a", key="again"))  # illegal
+        # Another job's location: refused at intake, live and in the rebuild alike.
+        await producer.publish(committed("evil", job="evil", uri="file:///data/job-a/step-10"))
         subject = event_subject(settings.subject_prefix, "checkpoint.committed", 1, "job-a")
         await publish_raw(settings.nats_url, subject, b"garbage")
         dup = committed("a1", job="job-a", step=20)
@@ -67,11 +71,13 @@ async def test_rebuild_reproduces_identical_records(settings: ServiceSettings) -
     assert await svc.registry.clear() > 0
     assert await svc.registry.dump() == {}
 
-    report = await rebuild(svc.registry, settings.bus(), CATALOG)
+    report = await rebuild(svc.registry, settings.bus(), CATALOG, partial(key_for_uri, svc.store))
     rebuilt = await svc.registry.dump()
     await svc.registry.close()
 
     assert json.dumps(rebuilt, sort_keys=True) == json.dumps(live, sort_keys=True)
     assert report.skipped.get("illegal_transition") == 1
+    assert report.skipped.get("location_not_owned") == 1
+    assert svc.registry.keys.checkpoint("evil") not in rebuilt
     assert report.skipped.get("malformed") == 1
     assert report.duplicates >= 1

@@ -4,7 +4,6 @@ and closure."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -57,11 +56,18 @@ CKPT_T = NOW - timedelta(hours=1)
 
 
 @pytest.fixture
-def coord_settings(settings: ServiceSettings, tmp_path: Path) -> RestoreCoordinatorSettings:
+def settings(settings: ServiceSettings, tmp_path: Path) -> ServiceSettings:
+    """One storage root for the registrar and the coordinator (a location must be its job's
+    in the registrar's root, and the coordinator cleans up in the same)."""
+    (tmp_path / "store").mkdir()
+    return settings.model_copy(update={"storage_root": str(tmp_path / "store")})
+
+
+@pytest.fixture
+def coord_settings(settings: ServiceSettings) -> RestoreCoordinatorSettings:
     return RestoreCoordinatorSettings.model_validate(
         {
             **settings.model_dump(),
-            "storage_root": str(tmp_path / "store"),
             "load_failed_grace_s": 2.0,
             "lease_ttl_s": 5.0,
         }
@@ -189,8 +195,9 @@ async def make_valid(
     *,
     env: RuntimeEnvironment = ENV,
     attempt: int = 1,
+    folder: str | None = None,
 ) -> None:
-    uri = f"file:///nowhere/{job}/step-{step}"
+    uri = registrar.store.uri(folder or f"{job}/step-{step}")
     identity = CheckpointIdentity(
         job_id=job,
         run_id="run-1",
@@ -526,7 +533,6 @@ async def test_closure_deletes_the_failed_attempts_partial_checkpoint(
     job = "job-close"
     wait = waiter(settings)
     root = Path(coord_settings.storage_root)
-    await asyncio.to_thread(root.mkdir, parents=True)
     store = FsStore(root)
     store.put(f"{job}/step-400/shard-0.bin", b"partial")
     store.put(f"{job}/step-400/shard-1.bin", b"partial")
@@ -561,3 +567,58 @@ async def test_closure_deletes_the_failed_attempts_partial_checkpoint(
     assert closed["unreclaimable"] == []
     assert list(store.list(f"{job}/step-400/")) == []
     assert store.exists(f"{job}/step-400/shard-0.bin") is False
+
+
+async def test_closure_never_deletes_the_bytes_of_a_live_checkpoint(
+    coordinator: RestoreCoordinator,
+    coord_settings: RestoreCoordinatorSettings,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    """Two partial writes of the failed attempt: one holds a live checkpoint's folder inside
+    it (its own files go, that folder stays), the other is at the same location as a live
+    checkpoint (nothing goes: its bytes cannot be told apart; a human is told)."""
+    job = "job-share"
+    wait = waiter(settings)
+    store = FsStore(Path(coord_settings.storage_root))
+    for folder in (f"{job}/step-400", f"{job}/step-400/inner", f"{job}/step-500"):
+        store.put(f"{folder}/shard-0.bin", b"bytes of " + folder.encode())
+    await three_checkpoints(registrar, producer, job)
+    await make_valid(registrar, producer, job, "inner", 50, folder=f"{job}/step-400/inner")
+    await make_valid(registrar, producer, job, "same", 60, folder=f"{job}/step-500")
+    for n, step in enumerate((400, 500)):
+        writing = CheckpointWritingV1(
+            job_id=job, checkpoint_id=f"{job}-partial-{step}", uri=store.uri(f"{job}/step-{step}"),
+            run_id="run-1", step=step,
+        )  # fmt: skip
+        await producer.publish(
+            build(writing, source="test/watcher", time=NOW + timedelta(seconds=120), key=f"w{n}")
+        )
+    for step in (400, 500):
+        await wait_for(
+            lambda s=step: registrar.registry.get(f"{job}-partial-{s}"), what=f"partial {step}"
+        )
+    kept = {k: store.read_bytes(k) for k in (f"{job}/step-400/inner/shard-0.bin",
+                                               f"{job}/step-500/shard-0.bin")}  # fmt: skip
+    await producer.publish(started(job))
+    await producer.publish(progress(job, 300))
+    await producer.publish(progress(job, 301))
+    await settled(settings, "started", "progress")
+    await producer.publish(failed(job))
+    [plan] = await wait("resume.planned", job)
+    await producer.publish(started(job, 2, plan_id=plan["plan_id"]))
+    await producer.publish(progress(job, 301, attempt=2, plan_id=plan["plan_id"]))
+    [closed] = await wait("resume.closed", job)
+    [cleaned] = closed["cleaned"]
+    assert cleaned.startswith(store.uri(f"{job}/step-400"))
+    assert f"{job}/step-400/inner (checkpoint inner)" in cleaned
+    [left] = closed["unreclaimable"]
+    assert left.startswith(store.uri(f"{job}/step-500"))
+    assert "live checkpoint same is at the same location" in left
+    assert not store.exists(f"{job}/step-400/shard-0.bin")
+    assert {k: store.read_bytes(k) for k in kept} == kept
+    for ckpt in ("inner", "same"):
+        found = await registrar.registry.get(ckpt)
+        assert found is not None
+        assert found.state is CheckpointState.VALID

@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ from ckpt_ha.retention_janitor.app import build as build_janitor_app
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
-from ckpt_ha.storage import FsStore
+from ckpt_ha.storage import FsStore, key_for_uri
 from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
@@ -53,6 +54,13 @@ def store(tmp_path: Path) -> FsStore:
     root = tmp_path / "storage"
     root.mkdir()
     return FsStore(root)
+
+
+@pytest.fixture
+def settings(settings: ServiceSettings, store: FsStore) -> ServiceSettings:
+    """The registrar's storage root is the store the test writes (a location must be its
+    job's in that root)."""
+    return settings.model_copy(update={"storage_root": str(store.root)})
 
 
 @pytest.fixture
@@ -306,7 +314,9 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
     # Pins, expiries and tombstones are part of the event stream: a rebuild reproduces them.
     before = await registrar.registry.dump()
     await registrar.registry.clear()
-    await rebuild(registrar.registry, settings.bus(), CATALOG)
+    await rebuild(
+        registrar.registry, settings.bus(), CATALOG, partial(key_for_uri, registrar.store)
+    )
     assert await registrar.registry.dump() == before
 
 

@@ -167,13 +167,21 @@ async def test_a_restarted_watcher_announces_nothing_twice(
     assert await second.watcher.scan_once() == 0
 
 
-async def test_the_watcher_binds_the_manifest_identity(stack: Stack) -> None:
+async def test_the_watcher_binds_the_manifest_identity_of_the_folders_job_only(
+    stack: Stack,
+) -> None:
+    """The folder's job owns what lies in it: its own identity is bound; a manifest naming
+    another job claims nothing (the checkpoint stays the folder job's, without that identity)."""
     await stack.start(stack.watcher())
     identity = CheckpointIdentity(job_id="job-owner", run_id="run-3", project="vision")
-    cid = write(stack.store, "job-folder/step-4", 4, identity=identity)
+    cid = write(stack.store, "job-owner/step-4", 4, identity=identity)
     record = await stack.wait_state(cid, S.VALID)
     assert record.identity == identity
     assert record.run_id == "run-3"
+    claimed = write(stack.store, "job-folder/step-4", 4, identity=identity)
+    record = await stack.wait_state(claimed, S.VALID)
+    assert (record.job_id, record.identity) == ("job-folder", None)
+    assert [r.checkpoint_id for r in await stack.registrar.registry.by_job("job-owner")] == [cid]
 
 
 async def test_a_late_duplicate_committed_is_not_verified_again(

@@ -16,6 +16,10 @@ from ckpt_ha.contracts.checkpoint import (
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
+DATA_ROOT = "/data"
+"""The storage root these events' locations lie in (``file:///data/<job>/step-<n>``): the test
+settings' storage root, so a real registrar takes them (a location must be its job's)."""
+
 
 def committed(
     ckpt: str,
@@ -35,7 +39,7 @@ def committed(
         CheckpointCommittedV1(
             job_id=job,
             checkpoint_id=ckpt,
-            uri=uri or f"file:///data/{job}/step-{step}",
+            uri=uri or f"file://{DATA_ROOT}/{job}/step-{step}",
             run_id="run-1",
             step=step,
             format=CheckpointFormat.NATIVE,
@@ -55,7 +59,7 @@ def verified(ckpt: str, job: str = "job-1", step: int = 100, key: str = "k") -> 
         CheckpointVerifiedV1(
             job_id=job,
             checkpoint_id=ckpt,
-            uri=f"file:///data/{job}/step-{step}",
+            uri=f"file://{DATA_ROOT}/{job}/step-{step}",
             checks=("manifest", "sizes", "crc32c"),
         ),
         source="test/checker",

@@ -107,6 +107,33 @@ def test_symlink_leaving_the_checkpoint_is_unsafe(tmp_path: Path) -> None:
     assert verify_path(folder).verdict is Verdict.UNSAFE
 
 
+def test_a_shard_linked_into_another_checkpoint_is_unsafe_from_the_storage_root_too(
+    tmp_path: Path,
+) -> None:
+    """The services verify a folder through the storage root's store: a shard linked into
+    another job's checkpoint stays inside that root, and is still unsafe (as `verify_path`)."""
+    victim = write_native(tmp_path / "victim")
+    evil = write_native(tmp_path / "evil")
+    target = evil / "model" / "rank-1.bin"
+    target.unlink()
+    target.symlink_to(victim / "model" / "rank-1.bin")
+    root = FsStore(tmp_path)
+    report = verify(root, "evil/step-100")
+    assert report.verdict is Verdict.UNSAFE
+    assert "outside" in report.reasons[0]
+    assert verify_path(evil).verdict is Verdict.UNSAFE
+    assert verify(root, "victim/step-100").ok
+
+
+def test_a_checkpoint_folder_reached_through_a_symlink_is_unsafe(tmp_path: Path) -> None:
+    victim = write_native(tmp_path / "victim")
+    (tmp_path / "evil").mkdir()
+    (tmp_path / "evil" / "step-100").symlink_to(victim)
+    report = verify(FsStore(tmp_path), "evil/step-100")
+    assert report.verdict is Verdict.UNSAFE
+    assert "reached through a symlink" in report.reasons[0]
+
+
 @pytest.mark.parametrize(
     "content",
     [b"", b"\xff\xfe not utf-8", b"{not json", b"[" * 200_000 + b"]" * 200_000, b'{"step": -1}'],

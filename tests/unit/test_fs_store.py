@@ -177,6 +177,19 @@ def test_symlinks_inside_the_root_are_readable_but_not_listed(store: FsStore, ro
     assert store.read_bytes("latest.pt") == b"weights"
 
 
+def test_a_listing_never_follows_a_symlink_on_the_way_to_its_prefix(
+    store: FsStore, root: Path
+) -> None:
+    """Listing "latest/" (a link to another folder) lists nothing, as the walk from the root
+    does: a caller that lists, then moves or deletes what it listed, never reaches the files of
+    the folder the link points to."""
+    store.put("step-1/model.pt", b"weights")
+    (root / "latest").symlink_to(root / "step-1")
+    assert keys_of(store, "latest/") == []
+    assert keys_of(store, "latest/sub/") == []
+    assert keys_of(store, "step-1/") == ["step-1/model.pt"]
+
+
 def test_a_missing_root_is_unavailable_and_never_created(tmp_path: Path) -> None:
     root = tmp_path / "unmounted"
     store = FsStore(root)

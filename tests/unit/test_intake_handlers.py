@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -31,7 +32,7 @@ from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.registrar.handlers import RegistrarHandlers
-from ckpt_ha.storage import FsStore
+from ckpt_ha.storage import FsStore, key_for_uri
 from ckpt_ha.telemetry.metrics import ScrubMetrics, ServiceMetrics
 from ckpt_ha.writer_watcher.handlers import Watcher
 from ckpt_ha.writer_watcher.ports import WatchStateUnavailable
@@ -65,6 +66,7 @@ class Intake:
             self.publisher,
             ServiceMetrics("registrar", CollectorRegistry()),
             self.clock,
+            key_of=partial(key_for_uri, self.store),
         )
         self.checker = IntegrityHandlers(
             self.store, self.publisher, self.clock, "xxh3_64", self.registry

@@ -29,6 +29,8 @@ from ckpt_ha.storage.quarantine import (
     restore,
 )
 from ckpt_ha.storage.quarantine_move import isolate
+from tests.support.events import committed
+from tests.support.fakes.registry import InMemoryRegistry
 from tests.support.store_contract import keys_of
 
 T = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -136,7 +138,7 @@ def condemned(store: FsStore) -> list[EventData]:
 async def test_isolate_moves_first_and_says_where(tmp_path: Path) -> None:
     store = FsStore(tmp_path)
     native.write(store, "job-1/step-5", {"a.bin": b"a"}, step=5, created_at=T)
-    corrupt, quarantined = await isolate(store, condemned(store))
+    corrupt, quarantined = await isolate(store, condemned(store), InMemoryRegistry())
     assert isinstance(quarantined, CheckpointQuarantinedV1)
     assert quarantined.quarantine_uri == store.uri("quarantine/job-1/c1")
     assert corrupt == condemned(store)[0]
@@ -150,10 +152,12 @@ async def test_isolate_retries_an_outage_and_quarantines_in_place_on_a_refusal(
     store = FailingMoves(tmp_path, outage)
     native.write(store, "job-1/step-5", {"a.bin": b"a"}, step=5, created_at=T)
     with pytest.raises(StorageUnavailable):
-        await isolate(store, condemned(store))  # the handler naks; the move resumes next time
+        await isolate(
+            store, condemned(store), InMemoryRegistry()
+        )  # the handler naks; the move resumes next time
 
     store.error = StorageError(reason="permission denied", backend="fs")
-    _, quarantined = await isolate(store, condemned(store))
+    _, quarantined = await isolate(store, condemned(store), InMemoryRegistry())
     assert isinstance(quarantined, CheckpointQuarantinedV1)
     assert quarantined.quarantine_uri is None  # tagged all the same
     assert len(keys_of(store, "job-1/")) == 2
@@ -162,4 +166,39 @@ async def test_isolate_retries_an_outage_and_quarantines_in_place_on_a_refusal(
 async def test_isolate_leaves_other_stores_and_other_events_alone(tmp_path: Path) -> None:
     store = FsStore(tmp_path)
     elsewhere = [d.model_copy(update={"uri": "s3://other/job-1/step-5"}) for d in condemned(store)]
-    assert await isolate(store, elsewhere) == elsewhere
+    assert await isolate(store, elsewhere, InMemoryRegistry()) == elsewhere
+
+
+async def test_isolate_never_moves_a_folder_holding_another_live_records_bytes(
+    tmp_path: Path,
+) -> None:
+    """A checkpoint whose folder holds another live checkpoint (nested, or at the same path) is
+    tagged quarantined in place: moving it would carry the other's bytes into quarantine."""
+    store = FsStore(tmp_path)
+    native.write(store, "job-1/step-5", {"a.bin": b"a"}, step=5, created_at=T)
+    native.write(store, "job-1/step-5/inner", {"b.bin": b"b"}, step=6, created_at=T)
+    registry = InMemoryRegistry()
+    await registry.apply(committed("inner", job="job-1", uri=store.uri("job-1/step-5/inner")))
+    before = files_in(tmp_path)
+    _, quarantined = await isolate(store, condemned(store), registry)
+    assert isinstance(quarantined, CheckpointQuarantinedV1)
+    assert quarantined.quarantine_uri is None
+    assert files_in(tmp_path) == before
+
+    registry = InMemoryRegistry()
+    await registry.apply(committed("same", job="job-1", uri=store.uri("job-1/step-5")))
+    _, quarantined = await isolate(store, condemned(store), registry)
+    assert quarantined.quarantine_uri is None  # type: ignore[union-attr]
+    assert files_in(tmp_path) == before
+
+
+async def test_isolate_never_moves_a_location_its_job_does_not_own(tmp_path: Path) -> None:
+    store = FsStore(tmp_path)
+    native.write(store, "victim/step-5", {"a.bin": b"a"}, step=5, created_at=T)
+    before = files_in(tmp_path)
+    condemned_elsewhere = [
+        d.model_copy(update={"uri": store.uri("victim/step-5")}) for d in condemned(store)
+    ]
+    _, quarantined = await isolate(store, condemned_elsewhere, InMemoryRegistry())
+    assert quarantined.quarantine_uri is None  # type: ignore[union-attr]
+    assert files_in(tmp_path) == before

@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_ha.contracts import build
-from ckpt_ha.contracts.checkpoint import CheckpointState, CheckpointVerifiedV1
+from ckpt_ha.contracts import EventData, build
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointConflictV1,
+    CheckpointCorruptV1,
+    CheckpointDeletedV1,
+    CheckpointExpiredV1,
+    CheckpointFormat,
+    CheckpointPinnedV1,
+    CheckpointQuarantinedV1,
+    CheckpointReleasedV1,
+    CheckpointState,
+    CheckpointUnpinnedV1,
+    CheckpointVerifiedV1,
+    CheckpointWriteFailedV1,
+    CheckpointWritingV1,
+)
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.lifecycle import IllegalTransition
-from ckpt_ha.core.records import project
+from ckpt_ha.core.locations import JobMismatch
+from ckpt_ha.core.records import project, project_batch
 from tests.support.events import T0, committed, deleted, expired, verified
 
 
@@ -67,3 +83,65 @@ def test_verified_records_the_checksums_a_scrub_compares_against() -> None:
     assert record is not None
     assert record.checksums == {"a.bin": "xxh3_64:00ff", "b/c.bin": "sha256:abcd"}
     assert project(None, committed("c2"))[0].checksums == {}  # type: ignore[union-attr]
+
+
+# --- records belong to their job ----------------------------------------------------------------
+
+
+def _about(ckpt: str, job: str) -> list[EventData]:
+    """Every checkpoint event that changes a record, for ``job`` about checkpoint ``ckpt``."""
+    base = {"job_id": job, "checkpoint_id": ckpt, "uri": f"file:///data/{job}/step-100"}
+    return [
+        CheckpointWritingV1(**base, run_id="r"),
+        CheckpointCommittedV1(**base, run_id="r", step=100, format=CheckpointFormat.NATIVE),
+        CheckpointWriteFailedV1(**base, reason="r"),
+        CheckpointVerifiedV1(**base, checks=("sizes",)),
+        CheckpointCorruptV1(**base, reason="r"),
+        CheckpointQuarantinedV1(**base, reason="r"),
+        CheckpointReleasedV1(**base, reason="r", actor="mallory"),
+        CheckpointExpiredV1(**base, reason="r", policy="p"),
+        CheckpointDeletedV1(**base, reason="r", actor="mallory"),
+        CheckpointPinnedV1(**base, by="eval", reason="r", actor="mallory"),
+        CheckpointUnpinnedV1(**base, by="eval", reason="r", actor="mallory"),
+    ]
+
+
+@pytest.mark.parametrize("state", [CheckpointState.PENDING_VERIFICATION, CheckpointState.VALID])
+def test_an_event_of_another_job_changes_nothing_of_a_record(state: CheckpointState) -> None:
+    events = [committed("a1", job="job-a")]
+    if state is CheckpointState.VALID:
+        events.append(verified("a1", job="job-a"))
+    record = None
+    for event in events:
+        record, _ = project(record, event)
+    assert record is not None
+    for n, data in enumerate(_about("a1", "job-b")):
+        event = build(data, source="test/mallory", time=T0, key=f"m{n}")
+        with pytest.raises(JobMismatch) as refused:
+            project(record, event)
+        assert (refused.value.code, refused.value.job_id) == ("job_mismatch", "job-b")
+        outcome = project_batch([event], [False], {"a1": record}, {}, {})
+        assert isinstance(outcome.results[0], JobMismatch)
+        assert (outcome.fresh, outcome.records) == ([], {})  # nothing written
+
+
+def test_a_report_about_another_jobs_checkpoint_is_no_refusal() -> None:
+    """The registrar's own conflict names the refused event's job: consuming it must not
+    refuse (and report) again."""
+    record, _ = project(None, committed("a1", job="job-a"))
+    conflict = build(
+        CheckpointConflictV1(job_id="job-b", checkpoint_id="a1", uri="file:///x", reason="r"),
+        source="ckpt-ha/registrar", time=T0, key="c",
+    )  # fmt: skip
+    assert project(record, conflict) == (record, None)
+
+
+def test_a_commit_declaring_another_jobs_identity_is_refused() -> None:
+    event = committed("b1", job="job-b", project="vision")
+    assert isinstance(event.data, CheckpointCommittedV1)
+    assert event.data.identity is not None
+    claim = event.data.model_copy(
+        update={"identity": event.data.identity.model_copy(update={"job_id": "job-a"})}
+    )
+    with pytest.raises(JobMismatch, match="identity names job 'job-a'"):
+        project(None, build(claim, source="test", time=T0, key="k"))

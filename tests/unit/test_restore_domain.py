@@ -476,3 +476,22 @@ def test_leftovers_are_the_failed_attempts_partial_checkpoints() -> None:
     ]
     found = domain.leftovers(rows, run_id="r", attempt=1, failed_at=T0 + timedelta(minutes=1))
     assert [c.checkpoint_id for c in found] == ["writing", "failed"]
+
+
+def test_a_jobs_event_acts_only_on_its_own_checkpoint_and_plan() -> None:
+    assert domain.foreign("job-a", "c1", "resume.load_failed") is None
+    assert domain.foreign("job-a", "c1", "x", record_job="job-a", plan_job="job-a") is None
+    for kwargs in ({"record_job": "job-b"}, {"plan_job": "job-b"}):
+        refused = domain.foreign("job-a", "c1", "resume.load_failed", **kwargs)
+        assert refused is not None
+        assert (refused.code, refused.job_id, refused.checkpoint_id) == (
+            "job_mismatch",
+            "job-a",
+            "c1",
+        )
+    plan = domain.PlanRecord(
+        plan_id="p", job_id="job-b", failed_run_id="r", failed_attempt=1, attempt=2,
+        checkpoint_id="c1", step=1, failed_at=datetime(2026, 1, 1, tzinfo=UTC),
+    )  # fmt: skip
+    assert domain.own_plan(plan, "job-b") == plan
+    assert domain.own_plan(plan, "job-a") is None

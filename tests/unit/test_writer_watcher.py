@@ -350,15 +350,31 @@ def test_committed_carries_the_manifest_identity() -> None:
     assert state.notes == []
 
 
-def test_the_manifest_job_wins_over_the_folder_and_that_is_noted() -> None:
+def test_the_folders_job_wins_over_a_manifest_naming_another_and_that_is_noted() -> None:
+    """The folder belongs to its job: a manifest naming another job claims nothing (its
+    identity is not announced), a human is told."""
     state = WatchState()
     [committed] = observe(state, [with_identity(identity(job="job-real"))], T0, STALL)
     assert isinstance(committed, CheckpointCommittedV1)
-    assert committed.job_id == "job-real"
-    assert committed.checkpoint_id.startswith("job-1-")  # the id still names where it was found
+    assert (committed.job_id, committed.identity, committed.run_id) == ("job-1", None, "run-1")
+    assert committed.checkpoint_id.startswith("job-1-")
     [note] = state.notes
     assert "'job-real'" in note
     assert "'job-1'" in note
+
+
+@pytest.mark.parametrize("top", ["has space", "quarantine"])
+def test_a_folder_that_is_no_jobs_is_never_announced_and_noted_once(top: str) -> None:
+    required = {"m": 5}
+    found = replace(obs(dict(required), required), folder=f"{top}/step-10")
+    found = replace(found, evidence=replace(found.evidence, identity=identity(job="job-1")))
+    state = WatchState()
+    assert observe(state, [found], T0, STALL) == []
+    assert observe(state, [found], T0 + timedelta(seconds=1), STALL) == []
+    [note] = state.notes
+    assert "not under a job's own folder" in note
+    assert observe(state, [], T0 + timedelta(seconds=2), STALL) == []  # forgotten, silently
+    assert state.folders == {}
 
 
 def test_an_identity_that_cannot_name_a_job_falls_back_to_the_folder() -> None:

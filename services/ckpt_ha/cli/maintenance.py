@@ -4,6 +4,7 @@ log, what the services could not process, and the streams themselves (operator o
 from __future__ import annotations
 
 import argparse
+from functools import partial
 from pathlib import Path
 
 from ckpt_ha.cli import context, render
@@ -11,12 +12,14 @@ from ckpt_ha.cli import context, render
 
 def cmd_registry_rebuild(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     from ckpt_ha.ops.rebuild import RebuildReport, rebuild_registry
+    from ckpt_ha.storage import key_for_uri, open_store
 
     settings = context.settings(env, home)
+    key_of = partial(key_for_uri, open_store(settings.storage_root))
 
     async def run() -> RebuildReport:
         async with context.registry(settings) as registry:
-            return await rebuild_registry(registry, settings.bus(), clear=args.clear)
+            return await rebuild_registry(registry, settings.bus(), key_of, clear=args.clear)
 
     report = context.run(settings, run)
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(report.skipped.items())) or "none"

@@ -37,6 +37,7 @@ from ckpt_ha.contracts.checkpoint import (
 )
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError, TransientError
 from ckpt_ha.core.lifecycle import DECISIONS, EVENT_TARGETS, Transition, transition
+from ckpt_ha.core.locations import JobMismatch
 from ckpt_ha.core.tiers import TIERS
 
 
@@ -308,11 +309,45 @@ def checksums_from_checks(checks: Iterable[str]) -> dict[str, str]:
     return out
 
 
+def job_mismatch(record: CheckpointRecord | None, data: EventData) -> JobMismatch | None:
+    """Why an event (``data``) may not touch ``record`` for job reasons (None: it may): it names
+    another job than the record's, or it is a commit declaring another job's identity."""
+    checkpoint_id = str(getattr(data, "checkpoint_id", ""))
+    changes = data.EVENT_TYPE in EVENT_TARGETS or isinstance(
+        data, CheckpointPinnedV1 | CheckpointUnpinnedV1
+    )
+    if not changes:  # a report (registered, conflict) moves no record: nothing to refuse
+        return None
+    if record is not None and data.job_id != record.job_id:
+        return JobMismatch(
+            data.job_id, checkpoint_id, data.EVENT_TYPE, "the checkpoint belongs to another job"
+        )
+    if (
+        isinstance(data, CheckpointCommittedV1)
+        and data.identity is not None
+        and data.identity.job_id != data.job_id
+    ):
+        return JobMismatch(
+            data.job_id,
+            checkpoint_id,
+            data.EVENT_TYPE,
+            f"its identity names job {data.identity.job_id!r}",
+        )
+    return None
+
+
 def project(
     record: CheckpointRecord | None, event: Envelope[EventData]
 ) -> tuple[CheckpointRecord | None, Transition | None]:
-    """Pure projection of one checkpoint event onto a record (None: the event moves nothing)."""
+    """Pure projection of one checkpoint event onto a record (None: the event moves nothing).
+
+    A record belongs to its job: an event naming another job than the record's, or a commit
+    declaring the identity of another job, is refused (`JobMismatch`) and changes nothing.
+    """
     data = event.data
+    refused = job_mismatch(record, data)
+    if refused is not None:
+        raise refused
     if isinstance(data, CheckpointPinnedV1 | CheckpointUnpinnedV1):
         return pin(record, event), None
     target = EVENT_TARGETS.get(data.EVENT_TYPE)

@@ -16,9 +16,9 @@ from pathlib import Path
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import dcp, hf_trainer, native, safetensors, sidecar
 from ckpt_ha.formats.checksum import DEFAULT_ALGORITHM
-from ckpt_ha.formats.paths import folder_name
+from ckpt_ha.formats.paths import confine, folder_name
 from ckpt_ha.formats.report import Report, Verdict
-from ckpt_ha.storage import FsStore, ObjectStore, StorageError
+from ckpt_ha.storage import FsStore, InvalidKey, ObjectStore, StorageError
 
 __all__ = ["Report", "Verdict", "detect", "latest_valid", "verify", "verify_path"]
 
@@ -59,7 +59,14 @@ def verify(store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM) 
     A folder with ckpt-ha's sidecars is judged by them first (`formats.sidecar`), and by its
     format's own checks as well. Permanent storage errors become a verdict; a transient one
     (`StorageUnavailable`) is raised, because an outage says nothing about the checkpoint.
+    Nothing is read outside the folder (`paths.confine`): a file linked out of it is unsafe.
     """
+    try:
+        store, prefix = confine(store, prefix)
+    except InvalidKey as exc:
+        report = Report(format=CheckpointFormat.UNKNOWN)
+        report.fail(Verdict.UNSAFE, f"{exc.reason}: refusing to read it")
+        return report
     files = _listing(store, prefix)
     names = _top_level(files)
     fmt = detect(names, folder_name(store, prefix))

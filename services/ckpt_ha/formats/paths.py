@@ -1,10 +1,13 @@
-"""Paths named inside a checkpoint (manifests, index files) must stay inside it."""
+"""Paths named inside a checkpoint (manifests, index files) must stay inside it, and so must
+every file read through it (`confine`)."""
 
 from __future__ import annotations
 
 from pathlib import PurePosixPath
 from urllib.parse import unquote
 
+from ckpt_ha.storage.errors import InvalidKey
+from ckpt_ha.storage.fs_store import FsStore
 from ckpt_ha.storage.port import ObjectStore
 
 
@@ -26,3 +29,21 @@ def folder_name(store: ObjectStore, prefix: str) -> str:
     """The checkpoint folder's own name, also when the store is rooted at it (prefix "")."""
     uri = store.uri(join(prefix, "x"))
     return unquote(uri.rsplit("/", 2)[-2]) if uri.count("/") >= 2 else ""
+
+
+def confine(store: ObjectStore, prefix: str) -> tuple[ObjectStore, str]:
+    """The store and prefix to read the checkpoint folder at ``prefix`` through, so that nothing
+    read leaves that folder: on a filesystem, a store rooted at the folder itself. A symlink
+    out of the folder (into another job's checkpoint, say) is then refused (`InvalidKey`, which
+    the readers report as unsafe) as it is by ``ckpt-ha verify``, instead of being followed
+    anywhere under the storage root. A folder reached through a symlink raises `InvalidKey`.
+    Object stores have no links: they are returned as they are.
+    """
+    if not prefix or not isinstance(store, FsStore):
+        return store, prefix
+    folder = store.root / prefix
+    if folder.resolve() != folder:
+        raise InvalidKey(prefix, reason="the checkpoint folder is reached through a symlink")
+    if not folder.is_dir():  # nothing there (yet): read as before, it lists empty
+        return store, prefix
+    return FsStore(folder), ""

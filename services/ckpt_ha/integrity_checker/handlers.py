@@ -17,11 +17,14 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointReleasedV1,
 )
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
+from ckpt_ha.core.locations import LocationNotOwned, plan_removal
+from ckpt_ha.core.records import CheckpointRecord, job_mismatch
 from ckpt_ha.formats import verify
 from ckpt_ha.formats.report import Report
 from ckpt_ha.integrity_checker import domain
-from ckpt_ha.integrity_checker.ports import CheckpointLookup, Clock, ObjectStore, Publisher
+from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
 from ckpt_ha.storage import key_for_uri
+from ckpt_ha.storage.owned import job_neighbours, owned_key, owned_quarantine_key
 from ckpt_ha.storage.quarantine import restore
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
@@ -46,7 +49,7 @@ class IntegrityHandlers:
         publisher: Publisher,
         clock: Clock,
         algorithm: str,
-        registry: CheckpointLookup,
+        registry: CheckpointReader,
         metrics: VerifyMetrics | None = None,
     ) -> None:
         self.store = store
@@ -57,12 +60,15 @@ class IntegrityHandlers:
         self.metrics = metrics
 
     async def on_committed(self, event: Envelope[CheckpointCommittedV1]) -> None:
-        key = key_for_uri(self.store, event.data.uri)
-        if key is None:
-            raise OutsideStorageRoot(event.data.uri)
+        """Verify a commit, only at a location its job owns and for a record (if any) of its
+        job: anything else is refused unread (`LocationNotOwned`, `JobMismatch`)."""
+        key = self._owned(event.data.job_id, event.data.checkpoint_id, event.data.uri)
         tracing.annotate(**tracing.event_attributes(event))
         with tracing.span("registry.get", attributes={"db.system": "redis"}):
             record = await self.registry.get(event.data.checkpoint_id)
+        refused = job_mismatch(record, event.data)
+        if refused is not None:
+            raise refused
         if not domain.should_verify(record.state if record is not None else None):
             tracing.annotate(
                 **{"ckpt_ha.decision": "skip", "ckpt_ha.state": record and record.state}
@@ -72,6 +78,11 @@ class IntegrityHandlers:
         report = await self._verify(key)
         datas = await self._decide(domain.outcome(event.data, report))
         await self.publisher.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+
+    def _owned(self, job_id: str, checkpoint_id: str, uri: str) -> str:
+        if key_for_uri(self.store, uri) is None:
+            raise OutsideStorageRoot(uri)
+        return owned_key(self.store, job_id, checkpoint_id, uri)
 
     async def _verify(self, key: str) -> Report:
         """Read the shards and check them: blocking I/O, off the event loop (in-progress acks
@@ -107,16 +118,21 @@ class IntegrityHandlers:
         else:
             tracing.annotate(**{"ckpt_ha.decision": "verified"})
         with tracing.span("checkpoint.isolate"):
-            return await isolate(self.store, decided)
+            return await isolate(self.store, decided, self.registry)
 
     async def on_released(self, event: Envelope[CheckpointReleasedV1]) -> None:
         """A human released a quarantined checkpoint: put its bytes back where they were written
-        and verify it again. It is valid only if the checks pass this time."""
+        and verify it again. It is valid only if the checks pass this time.
+
+        The bytes go back only to the record's own location, of the release's job, and only
+        when no other live record's bytes are there (else they would be verified as this
+        checkpoint's): anything else is refused (`JobMismatch`, `LocationNotOwned`)."""
         data = event.data
-        key = key_for_uri(self.store, data.uri)
-        if key is None:
-            raise OutsideStorageRoot(data.uri)
+        self._owned(data.job_id, data.checkpoint_id, data.uri)
         record = await self.registry.get(data.checkpoint_id)
+        refused = job_mismatch(record, event.data)
+        if refused is not None:
+            raise refused
         step = domain.release_decision(event.id, data, record)
         if step == "wait":
             raise DependencyNotReady(f"release of {data.checkpoint_id}", "the registrar")
@@ -125,11 +141,27 @@ class IntegrityHandlers:
                 "release of %s: nothing to do (%s)", data.checkpoint_id, record and record.state
             )
             return
+        assert record is not None  # "verify" is decided only on the record this release moved
+        key = await self._release_target(record)
         if data.quarantine_uri is not None:
-            qkey = key_for_uri(self.store, data.quarantine_uri)
-            if qkey is None:
+            if key_for_uri(self.store, data.quarantine_uri) is None:
                 raise OutsideStorageRoot(data.quarantine_uri)
+            qkey = owned_quarantine_key(
+                self.store, data.job_id, data.checkpoint_id, data.quarantine_uri
+            )
             await asyncio.to_thread(restore, self.store, qkey, key)
         report = await self._verify(key)
         datas = await self._decide(domain.outcome(data, report))
         await self.publisher.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+
+    async def _release_target(self, record: CheckpointRecord) -> str:
+        """Where a released checkpoint's bytes go back: its own location, if no other live
+        record of its job has bytes there, around it or inside it."""
+        key = self._owned(record.job_id, record.checkpoint_id, record.uri)
+        others = await job_neighbours(
+            self.store, self.registry, record.job_id, [record.checkpoint_id]
+        )
+        removal = plan_removal(key, others)
+        if not removal.whole:
+            raise LocationNotOwned(record.job_id, record.checkpoint_id, record.uri, removal.note())
+        return key

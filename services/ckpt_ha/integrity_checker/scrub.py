@@ -17,11 +17,13 @@ from dataclasses import dataclass
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.errors import TransientError
+from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import verify
 from ckpt_ha.integrity_checker import domain
 from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
 from ckpt_ha.storage import StorageError, key_for_uri
+from ckpt_ha.storage.owned import owned_key
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import ScrubMetrics
@@ -94,9 +96,14 @@ class Scrubber:
         return ScrubRound(scrubbed, corrupt, complete=False)
 
     async def _scrub(self, record: CheckpointRecord) -> int | None:
-        """1 if found corrupt (and reported), 0 if intact, None if not this store's."""
-        key = key_for_uri(self.store, record.uri)
-        if key is None:
+        """1 if found corrupt (and reported), 0 if intact, None if not this store's or not at a
+        location its job owns (never read: a record registered before ownership was checked)."""
+        if key_for_uri(self.store, record.uri) is None:
+            return None
+        try:
+            key = owned_key(self.store, record.job_id, record.checkpoint_id, record.uri)
+        except LocationNotOwned as exc:
+            log.warning("scrub: not reading %s: %s", record.checkpoint_id, exc)
             return None
         with tracing.span(
             "scrub.verify",
@@ -130,7 +137,7 @@ class Scrubber:
         ):
             reason = getattr(datas[0], "reason", "scrub found the checkpoint corrupt")
             tracing.fail(str(reason), code="checkpoint_corrupt")
-            for data in await isolate(self.store, datas):
+            for data in await isolate(self.store, datas, self.registry):
                 await self.publisher.publish(
                     build(data, source=SOURCE, time=self.clock(), key=cause)
                 )

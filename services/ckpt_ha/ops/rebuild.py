@@ -5,8 +5,9 @@ registry in the import layers.
 
 Refuses (`StreamIncomplete`) a stream that no longer starts at sequence 1. Replays every
 checkpoint event in stream order through the same projection the live registrar
-uses (any `RegistryWriter`: the Redis adapter, or the in-memory fake in tests). Events the live
-consumer dead-lettered fail here the same way and are skipped;
+uses (any `RegistryWriter`: the Redis adapter, or the in-memory fake in tests), after the same
+intake check (a location its job does not own is refused). Events the live consumer
+dead-lettered fail here the same way and are skipped;
 an event that arrived before the one it depends on (which the live consumer nak'ed and retried)
 is deferred and retried after the rest, as redelivery did.
 """
@@ -22,8 +23,8 @@ from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.subjects import aggregate_filter
-from ckpt_ha.core.errors import DependencyNotReady
-from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.core.errors import DependencyNotReady, PermanentError
+from ckpt_ha.core.locations import KeyOf, intake_refusal
 from ckpt_ha.ops.errors import RegistryNotEmpty, StreamIncomplete
 from ckpt_ha.registry.port import RegistryWriter
 from ckpt_ha.registry.redis_registry import Registry
@@ -55,11 +56,16 @@ async def read_checkpoint_events(
     return events
 
 
-async def rebuild(registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalog) -> RebuildReport:
-    """Replay the whole event stream; `StreamIncomplete` when its first events are gone."""
+async def rebuild(
+    registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalog, key_of: KeyOf
+) -> RebuildReport:
+    """``key_of``: a location's key in the storage root, as the live registrar had it (an event
+    naming a location its job does not own is refused here as it was there). Refuses
+    (`StreamIncomplete`) a stream whose first events are gone."""
     await require_complete_stream(cfg)
     report = RebuildReport()
     pending = await read_checkpoint_events(cfg, catalog, report)
+    pending = [e for e in pending if not _refused(e, key_of, report)]
     while pending:
         deferred: list[Envelope[EventData]] = []
         for event in pending:
@@ -68,7 +74,7 @@ async def rebuild(registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalo
             except DependencyNotReady:
                 deferred.append(event)
                 continue
-            except IllegalTransition as exc:
+            except PermanentError as exc:
                 report.skip(exc.code)
                 continue
             if result.duplicate:
@@ -95,12 +101,24 @@ async def require_complete_stream(cfg: BusConfig) -> None:
         await nc.close()
 
 
+def _refused(event: Envelope[EventData], key_of: KeyOf, report: RebuildReport) -> bool:
+    refused = intake_refusal(event.data, key_of)
+    if refused is not None:
+        report.skip(refused.code)
+    return refused is not None
+
+
 async def rebuild_registry(
-    registry: Registry, bus: BusConfig, *, clear: bool, catalog: EventCatalog = CATALOG
+    registry: Registry,
+    bus: BusConfig,
+    key_of: KeyOf,
+    *,
+    clear: bool,
+    catalog: EventCatalog = CATALOG,
 ) -> RebuildReport:
     await require_complete_stream(bus)  # before anything is cleared
     if await registry.dump():
         if not clear:
             raise RegistryNotEmpty
         await registry.clear()
-    return await rebuild(registry, bus, catalog)
+    return await rebuild(registry, bus, catalog, key_of)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import partial
 
 from faststream import FastStream
 from redis.exceptions import RedisError
@@ -15,6 +16,7 @@ from ckpt_ha.registrar.handlers import RegistrarHandlers
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.service import Service, new_service
+from ckpt_ha.storage import ObjectStore, key_for_uri, open_store
 from ckpt_ha.telemetry.metrics import LifecycleMetrics
 
 NAME = "registrar"
@@ -24,12 +26,15 @@ log = logging.getLogger("ckpt_ha.registrar")
 @dataclass(kw_only=True)
 class Registrar(Service):
     registry: Registry
+    store: ObjectStore
+    """The storage root, never read: it names locations (a location must be its job's)."""
 
 
 def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
     """Wire the registrar; nothing connects until the app starts."""
     base = new_service(NAME, settings)
     registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    store = open_store(settings.storage_root)
     svc = Registrar(
         name=NAME,
         bus=base.bus,
@@ -37,6 +42,7 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         checks={"redis": registry.ping},
         on_stop=registry.close,
         registry=registry,
+        store=store,
     )
     lifecycle = LifecycleMetrics(svc.metrics, forget_after_s=settings.metrics_forget_after_s)
 
@@ -51,7 +57,9 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         lifecycle.seed(valid, writing)
 
     svc.on_start = seed_metrics
-    handlers = RegistrarHandlers(registry, svc.bus, svc.metrics, clock, lifecycle)
+    handlers = RegistrarHandlers(
+        registry, svc.bus, svc.metrics, clock, lifecycle, key_of=partial(key_for_uri, store)
+    )
     svc.bus.batch_consumer(
         "checkpoints",
         aggregate_filter(svc.bus.cfg.prefix, "checkpoint"),

@@ -16,6 +16,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointVerifiedV1,
 )
 from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.core.locations import JobMismatch, KeyOf, LocationNotOwned, intake_refusal
 from ckpt_ha.core.records import Applied, CheckpointRecord
 
 
@@ -81,11 +82,26 @@ def follow_ups(
     return out
 
 
-def conflict(event: Envelope[EventData], error: IllegalTransition) -> CheckpointConflictV1:
-    """An illegal transition is reported as a conflict for humans, besides being dead-lettered."""
+REPORTED = (IllegalTransition, LocationNotOwned, JobMismatch)
+"""Refusals a human is told about (a `conflict`), besides the event being dead-lettered with
+the error's code: an illegal transition, a location the job does not own, an event about
+another job's record."""
+
+
+def refusal(event: Envelope[EventData], key_of: KeyOf) -> LocationNotOwned | None:
+    """Refused at intake, before the registry sees it: an event that would register a location
+    its job does not own (`ckpt_ha.core.locations.intake_refusal`)."""
+    return intake_refusal(event.data, key_of)
+
+
+def conflict(
+    event: Envelope[EventData], error: IllegalTransition | LocationNotOwned | JobMismatch
+) -> CheckpointConflictV1:
+    """A refused event is reported as a conflict for humans, besides being dead-lettered. It is
+    published for the event's own job, and names no other job."""
     return CheckpointConflictV1(
         job_id=event.data.job_id,
-        checkpoint_id=error.checkpoint_id,
-        uri=str(getattr(event.data, "uri", "")),
-        reason=f"{event.data.EVENT_TYPE} ({event.id}): {error}",
+        checkpoint_id=error.checkpoint_id or str(getattr(event.data, "checkpoint_id", "-")),
+        uri=str(getattr(event.data, "uri", "")) or "-",
+        reason=f"{event.data.EVENT_TYPE} ({event.id}): {error}"[:4000],
     )

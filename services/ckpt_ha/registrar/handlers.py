@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointCorruptV1, CheckpointQuarantinedV1
-from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.core.locations import KeyOf
 from ckpt_ha.core.records import Applied
 from ckpt_ha.registrar import domain
 from ckpt_ha.registrar.ports import Clock, Publisher, RegistrarRegistry
@@ -26,7 +26,11 @@ class RegistrarHandlers:
         metrics: ServiceMetrics,
         clock: Clock,
         lifecycle: LifecycleMetrics | None = None,
+        *,
+        key_of: KeyOf,
     ) -> None:
+        self.key_of = key_of
+        """A location's key in the storage root: whose it is decides what may be registered."""
         self.registry = registry
         self.publisher = publisher
         self.metrics = metrics
@@ -36,13 +40,17 @@ class RegistrarHandlers:
     async def on_checkpoint_events(
         self, events: list[Envelope[EventData]]
     ) -> list[BaseException | None]:
-        """Project a batch in stream order; report each event's own outcome."""
+        """Project a batch in stream order; report each event's own outcome. An event naming a
+        location its job does not own is refused before the registry sees it."""
         outcomes: list[BaseException | None] = []
+        refused = [domain.refusal(event, self.key_of) for event in events]
+        taken = [event for event, why in zip(events, refused, strict=True) if why is None]
         with tracing.span(
             "registry.apply_many",
-            attributes={"db.system": "redis", "ckpt_ha.batch_size": len(events)},
+            attributes={"db.system": "redis", "ckpt_ha.batch_size": len(taken)},
         ):
-            results = await self.registry.apply_many(events)
+            applied = iter(await self.registry.apply_many(taken) if taken else [])
+        results = [why if why is not None else next(applied) for why in refused]
         for event, result in zip(events, results, strict=True):
             # One span per event in the checkpoint's trace (the batch's own span is a root
             # linking all of them): what the registry decided for this event.
@@ -60,8 +68,8 @@ class RegistrarHandlers:
         self, event: Envelope[EventData], result: Applied | Exception
     ) -> BaseException | None:
         try:
-            if isinstance(result, IllegalTransition):
-                tracing.fail(str(result), code="illegal_transition")
+            if isinstance(result, domain.REPORTED):
+                tracing.fail(str(result), code=result.code)
                 await self._publish(event, [domain.conflict(event, result)])
             if isinstance(result, Exception):
                 tracing.annotate(**{"ckpt_ha.error": repr(result)[:500]})

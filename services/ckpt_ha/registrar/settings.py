@@ -4,4 +4,5 @@ from ckpt_ha.runtime.settings import ServiceSettings
 
 
 class RegistrarSettings(ServiceSettings):
-    """The registrar needs only the shared settings (bus, Redis, registry prefix)."""
+    """The registrar needs only the shared settings (bus, Redis, registry prefix, and the
+    storage root: a location's place in it decides which job may register it)."""

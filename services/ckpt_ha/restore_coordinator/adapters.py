@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Sequence
 
+from ckpt_ha.core.locations import LocationNotOwned, plan_removal
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator.domain import Candidate, Selection, select
 from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore
 from ckpt_ha.storage import StorageError, key_for_uri
+from ckpt_ha.storage.owned import neighbours, owned_key, remove
 
 __all__ = ["candidate", "reclaim", "selection"]
 
@@ -52,30 +54,42 @@ async def selection(reads: CheckpointReads, job: str, excluded: Iterable[str]) -
     return select(seen, skip)
 
 
-def delete_folder(store: ObjectStore, key: str) -> int:
-    """Every object under ``key/``; returns how many were deleted (blocking I/O)."""
-    keys = [info.key for info in store.list(key.rstrip("/") + "/")]
-    for k in keys:
-        store.delete(k)
-    return len(keys)
+async def reclaim(
+    store: ObjectStore,
+    job: str,
+    leftovers: Sequence[Candidate],
+    records: Iterable[CheckpointRecord],
+) -> tuple[list[str], list[str]]:
+    """R11: delete each leftover's location; (cleaned, unreclaimable with why).
 
-
-async def reclaim(store: ObjectStore, uris: Sequence[str]) -> tuple[list[str], list[str]]:
-    """R11: delete each location; (cleaned, unreclaimable with why). A transient storage error
-    propagates (the event is retried); a permanent one makes the location unreclaimable."""
+    Only a location the job owns, and never another live record's bytes (``records``: the
+    job's records): the folders of other live checkpoints inside it are kept (said in the
+    cleaned entry), and a leftover at the same location as a live checkpoint, or inside one,
+    is not deleted at all (unreclaimable: its bytes cannot be told from that checkpoint's). A
+    transient storage error propagates (the event is retried); a permanent one makes the
+    location unreclaimable."""
+    others = neighbours(store, records, [c.checkpoint_id for c in leftovers])
     cleaned: list[str] = []
     unreclaimable: list[str] = []
-    for uri in uris:
-        key = key_for_uri(store, uri)
-        if key is None:
-            unreclaimable.append(f"{uri}: outside this coordinator's storage root")
+    for c in leftovers:
+        if key_for_uri(store, c.uri) is None:
+            unreclaimable.append(f"{c.uri}: outside this coordinator's storage root")
             continue
         try:
-            await asyncio.to_thread(delete_folder, store, key)
+            key = owned_key(store, job, c.checkpoint_id, c.uri)
+        except LocationNotOwned as exc:
+            unreclaimable.append(f"{c.uri}: not deleted: {exc.why}")
+            continue
+        removal = plan_removal(key, others)
+        if removal.blocked_by is not None:
+            unreclaimable.append(f"{c.uri}: not deleted: {removal.note()}")
+            continue
+        try:
+            await asyncio.to_thread(remove, store, [removal])
         except StorageError as exc:
             if exc.transient:
                 raise
-            unreclaimable.append(f"{uri}: {exc}")
+            unreclaimable.append(f"{c.uri}: {exc}")
             continue
-        cleaned.append(uri)
+        cleaned.append(f"{c.uri} ({removal.note()})" if removal.spared else c.uri)
     return cleaned, unreclaimable

@@ -42,6 +42,7 @@ from ckpt_ha.contracts.resume import (
     ResumePlannedV1,
     ResumeVerifiedV1,
 )
+from ckpt_ha.core.locations import JobMismatch
 from ckpt_ha.core.restore_records import (
     Failure,
     History,
@@ -760,6 +761,30 @@ def resumed_start(
     if failed is None:
         return None
     return failed.model_copy(update={"attempt": plan.attempt})
+
+
+def foreign(
+    job: str,
+    checkpoint_id: str,
+    what: str,
+    *,
+    record_job: str | None = None,
+    plan_job: str | None = None,
+) -> JobMismatch | None:
+    """A job's event acts only on its own checkpoints and plans: one that names another job's
+    checkpoint (``record_job``) or plan (``plan_job``) is refused and changes nothing (None:
+    nothing against it; an unknown checkpoint or plan is not another job's)."""
+    if record_job is not None and record_job != job:
+        return JobMismatch(job, checkpoint_id, what, "the checkpoint belongs to another job")
+    if plan_job is not None and plan_job != job:
+        return JobMismatch(job, checkpoint_id, what, "the restore plan belongs to another job")
+    return None
+
+
+def own_plan(plan: PlanRecord | None, job: str) -> PlanRecord | None:
+    """``plan`` when it is ``job``'s (a progress report naming another job's plan is read as
+    naming none: it never feeds that plan's continuity verdict)."""
+    return plan if plan is not None and plan.job_id == job else None
 
 
 def quarantine_after_load_failure(

@@ -19,6 +19,7 @@ from ckpt_ha.contracts.resume import (
     ResumeVerifiedV1,
 )
 from ckpt_ha.core.errors import DependencyNotReady, TransientError
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.restore_records import DecisionRecord, History, Point, Started
 from ckpt_ha.restore_coordinator import adapters, domain
 from ckpt_ha.restore_coordinator.ports import (
@@ -101,7 +102,7 @@ class CoordinatorHandlers:
             metrics=d.metrics,
         )
         self.metrics.last_progress.set_max(d.job_id, value=event.time.timestamp())
-        plan = await self.state.plan(d.plan_id) if d.plan_id else None
+        plan = domain.own_plan(await self.state.plan(d.plan_id), d.job_id) if d.plan_id else None
         verdict = await self.state.verdict(plan.plan_id) if plan is not None else None
         if plan is None or not domain.watches_continuity(plan, verdict):
             await self.state.record_progress(d.job_id, [point], last=point)
@@ -175,7 +176,7 @@ class CoordinatorHandlers:
     async def on_loaded(self, event: Envelope[ResumeLoadedV1]) -> None:
         """Resume metrics only: failure → the resumed job loaded its checkpoint."""
         d = event.data
-        plan = await self.state.plan(d.plan_id)
+        plan = domain.own_plan(await self.state.plan(d.plan_id), d.job_id)
         if plan is None:
             return
         self.metrics.outcome(
@@ -188,8 +189,23 @@ class CoordinatorHandlers:
     async def on_load_failed(self, event: Envelope[ResumeLoadFailedV2]) -> None:
         """R7: a failure that blames the checkpoint excludes and quarantines it and plans the
         one before; one that blames the attempt leaves the checkpoint valid: storage trouble is
-        decided again (the storage stop condition counts it), anything else escalates."""
+        decided again (the storage stop condition counts it), anything else escalates.
+
+        Only for the job's own checkpoint and plan: a load failure naming another job's is
+        refused (`JobMismatch`) before anything is excluded, quarantined or planned."""
         d = event.data
+        with tracing.span("registry.get", attributes={"db.system": "redis"}):
+            record = await self.registry.get(d.checkpoint_id)
+        plan = await self.state.plan(d.plan_id)
+        refused = domain.foreign(
+            d.job_id,
+            d.checkpoint_id,
+            event.event_type,
+            record_job=record.job_id if record is not None else None,
+            plan_job=plan.job_id if plan is not None else None,
+        )
+        if refused is not None:
+            raise refused
         outcome = domain.after_load_failure(d.blame, d.side)
         if outcome is domain.LoadOutcome.FALLBACK:
             excluded = await self.state.exclude(d.job_id, d.checkpoint_id)
@@ -198,8 +214,7 @@ class CoordinatorHandlers:
         self.metrics.outcome(d.job_id, "load_failed", at=event.time.timestamp())
         if d.side is FailureSide.INFRASTRUCTURE:
             await self.state.record_storage_error(d.job_id, f"load:{d.plan_id}", event.time)
-        await self._quarantine(event)
-        plan = await self.state.plan(d.plan_id)
+        await self._quarantine(event, record)
         if plan is None:
             log.warning("load failure for unknown plan %s: nothing planned", d.plan_id)
             return
@@ -232,13 +247,13 @@ class CoordinatorHandlers:
             stop=domain.cannot_load(d.job_id, plan, d.reason) if escalate else None,
         )
 
-    async def _quarantine(self, event: Envelope[ResumeLoadFailedV2]) -> None:
+    async def _quarantine(
+        self, event: Envelope[ResumeLoadFailedV2], record: CheckpointRecord | None
+    ) -> None:
         """R7: a checkpoint whose bytes failed to load is quarantined (bytes moved aside first)."""
         d = event.data
         if d.blame is not LoadBlame.CHECKPOINT:
             return
-        with tracing.span("registry.get", attributes={"db.system": "redis"}):
-            record = await self.registry.get(d.checkpoint_id)
         found = adapters.candidate(record) if record is not None else None
         quarantined = domain.quarantine_after_load_failure(d.job_id, found, d.reason, d.blame)
         if quarantined is not None and found is not None:
@@ -250,7 +265,7 @@ class CoordinatorHandlers:
                 attributes=tracing.event_attributes(event),
             ):
                 tracing.fail(quarantined.reason, code="load_failed")
-                datas = await isolate(self.store, [quarantined])
+                datas = await isolate(self.store, [quarantined], self.registry)
                 await self.bus.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
 
     async def _decide(
@@ -408,6 +423,9 @@ class CoordinatorHandlers:
         if plan is None:
             log.warning("resume.verified for unknown plan %s: nothing to close", d.plan_id)
             return
+        refused = domain.foreign(d.job_id, d.checkpoint_id, event.event_type, plan_job=plan.job_id)
+        if refused is not None:
+            raise refused
         records = await self.registry.by_job(d.job_id)
         left = domain.leftovers(
             [adapters.candidate(r) for r in records],
@@ -415,7 +433,7 @@ class CoordinatorHandlers:
             attempt=plan.failed_attempt,
             failed_at=plan.failed_at,
         )
-        cleaned, unreclaimable = await adapters.reclaim(self.store, [c.uri for c in left])
+        cleaned, unreclaimable = await adapters.reclaim(self.store, d.job_id, left, records)
         for outcome, items in (("cleaned", cleaned), ("unreclaimable", unreclaimable)):
             self.metrics.reclaimed.labels(self.metrics.service, outcome).inc(len(items))
         await self.state.release(d.job_id, plan.failed_attempt)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterable, Sequence
 
+from ckpt_ha.core.locations import Removal, plan_removal
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.retention_janitor import domain
 from ckpt_ha.retention_janitor.domain import JobView
@@ -19,7 +20,8 @@ from ckpt_ha.retention_janitor.ports import (
     ResumeReads,
     RetentionRegistry,
 )
-from ckpt_ha.storage import StorageUnavailable, key_for_uri
+from ckpt_ha.storage import key_for_uri
+from ckpt_ha.storage.owned import Removed, neighbours, record_keys, remove
 
 
 async def job_views(
@@ -43,35 +45,25 @@ async def job_views(
 
 
 def locations(store: ObjectStore, record: CheckpointRecord) -> tuple[str, ...]:
-    """Where a record's bytes are: its own location and, if moved there, its quarantine copy."""
+    """Where a record's bytes are: its own location and, if moved there, its quarantine copy
+    (what `ckpt-ha reconcile` counts as known)."""
     uris = [record.uri, *([record.quarantine_uri] if record.quarantine_uri else [])]
     return tuple(k for u in uris if (k := key_for_uri(store, u)))
 
 
-def objects_under(store: ObjectStore, keys: Sequence[str]) -> list[str]:
-    """Every object at or under the given locations. A listing error propagates: an incomplete
-    listing is never read as "absent"."""
-    found: list[str] = []
-    for key in keys:
-        found += [o.key for o in store.list(key) if o.key == key or o.key.startswith(key + "/")]
-    return found
+async def removals(
+    store: ObjectStore, registry: RetentionRegistry, record: CheckpointRecord
+) -> list[Removal]:
+    """How to delete a record's bytes (its location and its quarantine copy, each checked to be
+    its job's: `LocationNotOwned` else) without touching another live record's: the job's other
+    checkpoints at, around or inside each location are kept."""
+    keys = record_keys(store, record)
+    others = neighbours(store, await registry.by_job(record.job_id), [record.checkpoint_id])
+    return [plan_removal(key, others) for key in keys]
 
 
-def delete_objects(store: ObjectStore, keys: Sequence[str]) -> int:
-    """Delete every object at or under ``keys``; then list again: they must really be gone."""
-    found = objects_under(store, keys)
-    for key in found:
-        store.delete(key)
-    left = objects_under(store, keys)
-    if left:
-        raise StorageUnavailable(
-            reason=f"{len(left)} object(s) still listed after delete", backend="janitor"
-        )
-    return len(found)
-
-
-async def to_thread_delete(store: ObjectStore, keys: Sequence[str]) -> int:
-    return await asyncio.to_thread(delete_objects, store, keys)
+async def to_thread_remove(store: ObjectStore, plan: Sequence[Removal]) -> Removed:
+    return await asyncio.to_thread(remove, store, plan)
 
 
 def all_keys(store: ObjectStore) -> list[str]:

@@ -144,6 +144,12 @@ def still_deletable(record: CheckpointRecord | None) -> bool:
     return record is not None and record.state is S.EXPIRED and not record.pins
 
 
+def tombstone_reason(reason: str, kept: Sequence[str]) -> str:
+    """The deletion's reason, and what of its bytes was kept because they are another live
+    checkpoint's (R6: the tombstone says what was deleted and what was not, and why)."""
+    return "; ".join((reason, *kept))
+
+
 def last_valid(records: Iterable[CheckpointRecord]) -> CheckpointRecord | None:
     """The job's newest valid checkpoint by step: never deleted by policy."""
     valid = [r for r in records if r.state is S.VALID and r.step is not None]

@@ -24,6 +24,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointRegisteredV1,
 )
 from ckpt_ha.contracts.job import JobStartedV1
+from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.retention_janitor import adapters, domain
 from ckpt_ha.retention_janitor.domain import Action, Decision
@@ -143,13 +144,20 @@ class Janitor:
         if record is None or not domain.still_deletable(record):
             result.skipped[d.checkpoint_id] = "changed since the plan was read"
             return None
-        keys = adapters.locations(self.store, record)
         if key_for_uri(self.store, record.uri) is None:
             # Never "deleted" while bytes may remain somewhere this janitor cannot reach.
             result.failed[d.checkpoint_id] = f"{record.uri} is outside this janitor's storage root"
             return None
         try:
-            n = await adapters.to_thread_delete(self.store, keys)
+            removals = await adapters.removals(self.store, self.registry, record)
+        except LocationNotOwned as exc:
+            # Never delete where the record's job does not own the bytes (a record registered
+            # before ownership was checked): a human decides.
+            result.skipped[d.checkpoint_id] = str(exc)
+            log.warning("not deleting %s: %s", d.checkpoint_id, exc)
+            return None
+        try:
+            removed = await adapters.to_thread_remove(self.store, removals)
         except StorageError as exc:
             result.failed[d.checkpoint_id] = str(exc)
             return str(exc)
@@ -157,11 +165,11 @@ class Janitor:
             job_id=d.job_id,
             checkpoint_id=d.checkpoint_id,
             uri=d.uri,
-            reason=d.reason,
+            reason=domain.tombstone_reason(d.reason, removed.notes),
             actor=ACTOR,
             policy=d.policy,
             tier=d.tier,
-            objects_deleted=n,
+            objects_deleted=removed.deleted,
         )
         with self._in_trace("retention.delete", record, d):
             await self._publish(data, key=f"delete:{d.checkpoint_id}")

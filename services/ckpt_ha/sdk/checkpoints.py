@@ -24,6 +24,7 @@ from ckpt_ha.contracts.checkpoint import (
     Topology,
 )
 from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.core.locations import job_folder
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
@@ -197,8 +198,11 @@ def writer_for(
         environment = ctx.environment
     if run_id is None:
         raise ValueError("run_id is required outside a runner (no $CKPT_HA_JOB for this job)")
-    if inside(job_id) != job_id or "/" in job_id:
-        raise ValueError(f"job id {job_id!r} must be one path component")
+    if job_folder(job_id) != job_id:
+        raise ValueError(
+            f"job id {job_id!r} must be one path component (the job's own folder: no '/', "
+            "whitespace, '.' or '..', not a reserved name)"
+        )
     return Writer(job_id, run_id, attempt or 1, code_version, topology, bus, environment)
 
 

@@ -75,10 +75,10 @@ from ckpt_ha.contracts.checkpoint import (
 )
 from ckpt_ha.contracts.resume import LoadBlame, ResumeMode, ResumePlannedV1
 from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.core.locations import job_folder
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import hf_trainer, sidecar
 from ckpt_ha.formats.identity import checkpoint_id_on
-from ckpt_ha.formats.paths import inside
 from ckpt_ha.sdk.checkpoints import CheckpointUnreadable, process_environment
 from ckpt_ha.sdk.progress import progress
 from ckpt_ha.sdk.protocol import Context, context, trace_context, try_announce
@@ -139,8 +139,11 @@ def output_dir(
             "no storage root or job: outside a runner (no $CKPT_HA_STORAGE_ROOT / $CKPT_HA_JOB) "
             "pass root= and job= explicitly"
         )
-    if inside(job) != job or "/" in job:
-        raise ValueError(f"job id {job!r} must be one path component")
+    if job_folder(job) != job:
+        raise ValueError(
+            f"job id {job!r} must be one path component (the job's own folder: no '/', "
+            "whitespace, '.' or '..', not a reserved name)"
+        )
     return str(_local(root) / job)
 
 

@@ -15,7 +15,8 @@ keys that would collide with those names are rejected.
 The root must already exist and is never created: a missing root is usually an unmounted
 volume, and writing into the bare mountpoint would hide checkpoints, so it is reported as
 StorageUnavailable. Symlinks are not followed while listing (a `latest` link is a pointer, not
-an object); a key whose resolved path leaves the root is an InvalidKey.
+an object), also not on the way to a listed prefix; a key whose resolved path leaves the root is
+an InvalidKey.
 """
 
 from __future__ import annotations
@@ -443,6 +444,10 @@ class FsStore(ObjectStore):
         if start:
             self._require_inside(self._root / start, prefix)
         self._require_root()
+        if start and (self._root / start).resolve() != self._root / start:
+            # Reached through a symlink: not followed here either, as in a walk from the root
+            # (listing, then moving or deleting, "a/" must never reach another folder's files).
+            return iter(())
         return self._walk_dir(start, prefix, after)
 
     def _walk_dir(self, directory: str, prefix: str, after: str) -> Iterator[ObjectInfo]:

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import contextlib
 
+from ckpt_ha.core.locations import QUARANTINE
 from ckpt_ha.storage.errors import InvalidKey, ObjectNotFound
 from ckpt_ha.storage.port import ObjectInfo, ObjectStore, validate_key
 
-TOP = "quarantine"
+TOP = QUARANTINE
 
 # Names as in ckpt_ha.formats (native.MANIFEST, sidecar.COMMIT, safetensors.INDEX_SUFFIX, the
 # HF Trainer and torch DCP markers); kept here so storage does not depend on formats, and a unit

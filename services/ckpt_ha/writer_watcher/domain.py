@@ -22,9 +22,13 @@ the files it holds (path → size) and the newest modification time. From that a
 
 The checkpoint id comes from the folder and the time its first file was written, so a job that
 is resubmitted and writes the same path again gets a new id and is never confused with the
-earlier run. Job and run ids come from the identity the checkpoint declares (the native
-manifest's identity block, a ckpt-ha intent sidecar) when there is a valid one (the folder name
-is display only, R4), else from the folder.
+earlier run. The job is the one whose folder holds the checkpoint: a job owns its folder under
+the storage root (`ckpt_ha.core.locations`), so what a manifest claims cannot move a checkpoint
+into another job. The run id, and the rest of the identity (R4), come from the identity the
+checkpoint declares (the native manifest's identity block, a ckpt-ha intent sidecar) when there
+is a valid one of the folder's job; an identity naming another job is a note for a human, never
+a claim, and is not announced. A folder that is no job's (its first component is not a job
+folder) is not announced at all.
 
 The state is plain data, so the handler can persist it between restarts: a restarted watcher
 that loads it announces nothing it announced before.
@@ -49,6 +53,7 @@ from ckpt_ha.contracts.checkpoint import (
 )
 from ckpt_ha.contracts.envelope import EventData
 from ckpt_ha.core.corruption import condemn
+from ckpt_ha.core.locations import folder_job
 from ckpt_ha.formats.identity import checkpoint_id
 
 
@@ -89,7 +94,7 @@ class Tracked:
     last_change: datetime
     signature: tuple[tuple[str, int], ...]
     phase: str = "new"
-    """new → writing → committed | failed."""
+    """new → writing → committed | failed; or ignored (no job's folder)."""
     uri: str = ""
     traceparent: str | None = None
     """Trace context of the first event announced for this checkpoint: later ones (committed
@@ -102,6 +107,9 @@ class WatchState:
     notes: list[str] = field(default_factory=list)
     """Things a human should know that are not events (the handler logs and clears them)."""
 
+
+IGNORED = "ignored"
+"""The phase of a folder that is no job's: remembered only so its note is written once."""
 
 UNVERIFIED = frozenset({None, CheckpointState.WRITING, CheckpointState.PENDING_VERIFICATION})
 """Registry states in which lost files mean the write failed (nothing was verified yet)."""
@@ -143,29 +151,37 @@ def _folder_job(folder: str) -> str:
     return folder.split("/", 1)[0]
 
 
-def _usable(identity: CheckpointIdentity | None, folder: str, notes: list[str]) -> bool:
-    """An identity whose job id cannot name an event's job (spaces, too long) is not used."""
-    if identity is None:
-        return False
+def owner(folder: str) -> str | None:
+    """The job whose folder holds ``folder`` (None: no job's, so nothing is announced): a job
+    folder (`ckpt_ha.core.locations.folder_job`) whose name is also a valid job id."""
+    job = folder_job(folder)
+    if job is None:
+        return None
     try:
-        EventData(job_id=identity.job_id)
+        EventData(job_id=job)
     except ValidationError:
-        notes.append(f"{folder}: manifest identity job id {identity.job_id!r} is not usable as "
-                     "a job id; using the folder's")  # fmt: skip
-        return False
-    return True
+        return None
+    return job
+
+
+def _identity(obs: Observation, job: str, notes: list[str]) -> CheckpointIdentity | None:
+    """The identity the checkpoint declares, if it is of the folder's job; another job's is a
+    note, never a claim (the folder's job owns what lies in it)."""
+    identity = obs.evidence.identity
+    if identity is not None and identity.job_id != job:
+        notes.append(
+            f"{obs.folder}: manifest identity names job {identity.job_id!r}, but the checkpoint "
+            f"lies in job {job!r}'s folder; announced as {job!r}'s without that identity"
+        )
+        return None
+    return identity
 
 
 def _committed(obs: Observation, cid: str, notes: list[str]) -> CheckpointCommittedV1:
     job = _folder_job(obs.folder)
-    identity = obs.evidence.identity if _usable(obs.evidence.identity, obs.folder, notes) else None
-    if identity is not None and identity.job_id != job:
-        notes.append(
-            f"{obs.folder}: manifest identity names job {identity.job_id!r}, the folder "
-            f"{job!r}; using the manifest's (the folder name is display only)"
-        )
+    identity = _identity(obs, job, notes)
     return CheckpointCommittedV1(
-        job_id=identity.job_id if identity is not None else job,
+        job_id=job,
         checkpoint_id=cid,
         uri=obs.uri,
         run_id=identity.run_id if identity is not None else (obs.evidence.run_id or "unknown"),
@@ -226,10 +242,18 @@ def observe(
     registered = registry or {}
     events: list[EventData] = []
     for obs in seen:
-        job = _folder_job(obs.folder)
+        job = owner(obs.folder)
         signature = tuple(sorted(obs.files.items()))
         known = state.folders.get(obs.folder)
         cid = checkpoint_id(obs.folder, obs.first_written)
+        if job is None:
+            if known is None:
+                state.notes.append(
+                    f"{obs.folder}: not under a job's own folder (its first component is no "
+                    "usable job id); not announced"
+                )
+            state.folders[obs.folder] = Tracked(cid, now, now, signature, phase=IGNORED)
+            continue
         settled = known is not None and known.checkpoint_id == cid
         if known is None or known.checkpoint_id != cid:  # new, or rewritten from scratch
             if known is not None and known.phase == "writing":

@@ -21,10 +21,10 @@ from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.writer_watcher import adapters, domain, notify
 from ckpt_ha.writer_watcher.ports import (
-    CheckpointLookup,
     Clock,
     ObjectStore,
     Publisher,
+    WatcherRegistry,
     WatchStateStore,
 )
 
@@ -40,7 +40,7 @@ class Watcher:
         clock: Clock,
         stall_after: timedelta,
         state_store: WatchStateStore,
-        registry: CheckpointLookup,
+        registry: WatcherRegistry,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -71,7 +71,7 @@ class Watcher:
             log.warning("%s", note)
         # A checkpoint quarantined here has its remaining bytes moved aside first.
         with tracing.span("storage.isolate") if events else contextlib.nullcontext():
-            isolated = await isolate(self.store, events)
+            isolated = await isolate(self.store, events, self.registry)
         folders = {t.checkpoint_id: f for f, t in state.folders.items()}
         for data in isolated:
             key = f"{data.EVENT_TYPE}|{data.subject_key()}"

@@ -3,8 +3,9 @@
 * ``store``: the storage root it lists (`ObjectStore`), and moves a lost checkpoint's remaining
   bytes aside in;
 * ``publisher``: where its events go (`Publisher`, deduplicated on the event id);
-* ``registry``: read only, one lookup (`CheckpointLookup`): whether a committed checkpoint that
-  lost files was verified already (then it is corrupt, else the write failed);
+* ``registry``: read only (`WatcherRegistry`): whether a committed checkpoint that lost files
+  was verified already (then it is corrupt, else the write failed), and where the job's other
+  checkpoints lie (a quarantine never moves their bytes);
 * ``state``: its own memory of what it announced per folder (`WatchStateStore`), so a restart
   announces nothing twice; the service's own key space (`adapters.RedisWatchState` owns it);
 * ``clock``: injected time (`Clock`).
@@ -18,17 +19,22 @@ from ckpt_ha.bus.port import Publisher
 from ckpt_ha.core.clock import Clock
 from ckpt_ha.core.errors import TransientError
 from ckpt_ha.registry.port import CheckpointLookup
+from ckpt_ha.storage.owned import JobRecords
 from ckpt_ha.storage.port import ObjectStore
 from ckpt_ha.writer_watcher.domain import WatchState
 
 __all__ = [
-    "CheckpointLookup",
     "Clock",
     "ObjectStore",
     "Publisher",
     "WatchStateStore",
     "WatchStateUnavailable",
+    "WatcherRegistry",
 ]
+
+
+class WatcherRegistry(CheckpointLookup, JobRecords, Protocol):
+    """One checkpoint's record, and a job's records."""
 
 
 class WatchStateUnavailable(TransientError):
