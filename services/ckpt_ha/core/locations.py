@@ -1,4 +1,4 @@
-"""Who owns a storage location, and what removing one may touch (R21). Pure.
+"""Who owns a storage location, and what removing one may touch. Pure.
 
 A job owns one folder under the storage root, ``<root>/<job folder>/``: the job folder is the
 job id when that id is one safe path component (`job_folder`); a job whose id is not one owns
