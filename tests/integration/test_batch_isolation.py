@@ -8,7 +8,6 @@ redelivered until ``max_deliver``, and every good event in it was dead-lettered 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 
@@ -40,15 +39,10 @@ async def _dead_letters(settings: ServiceSettings) -> list[dict[str, str]]:
     ]
 
 
-@pytest.fixture
-async def streams(producer: Bus) -> AsyncIterator[Bus]:
-    """The streams exist (a started bus declares them) before anything is published."""
-    yield producer
-
-
 async def test_a_huge_number_is_dead_lettered_alone_and_the_batch_registers(
-    settings: ServiceSettings, streams: Bus
+    settings: ServiceSettings, producer: Bus
 ) -> None:
+    # ``producer`` started: the streams exist before anything is published.
     subject = event_subject(settings.subject_prefix, "checkpoint.committed", 1, "job-1")
     # Published before the registrar starts, so the 31 arrive in one fetched batch (fetch 32).
     for i in range(GOOD):
@@ -90,7 +84,7 @@ async def _settled(bus: Bus) -> bool:
 
 
 async def test_a_handler_failing_for_the_batch_is_retried_one_event_at_a_time(
-    settings: ServiceSettings, streams: Bus
+    settings: ServiceSettings, producer: Bus
 ) -> None:
     """A handler that raises for any batch holding one poison event: every other event of
     that batch is still handled and acked; only the poison one is retried and, after
@@ -108,9 +102,9 @@ async def test_a_handler_failing_for_the_batch_is_retried_one_event_at_a_time(
 
     consumer.watch_max_deliveries()  # as every service does: a delivery lost in a pull counts
     for i in range(10):
-        await streams.publish(committed(f"c{i}", step=i, key=f"k{i}"))
+        await producer.publish(committed(f"c{i}", step=i, key=f"k{i}"))
         if i == 4:
-            await streams.publish(committed("poison", key="poison"))
+            await producer.publish(committed("poison", key="poison"))
     await consumer.broker.start()
     try:
         await wait_for(lambda: _async(len(handled) >= 10), timeout=20, what="10 events handled")

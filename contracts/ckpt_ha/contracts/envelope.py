@@ -29,7 +29,6 @@ import pydantic_core
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
 from ckpt_ha.contracts.bounds import Label
-
 from ckpt_ha.contracts.errors import (
     EventTooLarge,
     MalformedEvent,

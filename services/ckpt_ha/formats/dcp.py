@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import dcp_metadata, torch_load
+from ckpt_ha.formats import dcp_metadata, jsondoc, torch_load
 from ckpt_ha.formats.dcp_metadata import DcpMetadata, MalformedMetadata, UnsafeMetadata
 from ckpt_ha.formats.paths import folder_name, inside, join
 from ckpt_ha.formats.report import Report, Verdict
@@ -41,7 +41,8 @@ from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 METADATA = ".metadata"
 DATA_SUFFIX = ".distcp"
 MAX_STEP_ITEM_BYTES = 1024 * 1024
-_TRAILING_DIGITS = re.compile(r"(\d+)$")
+_TRAILING_DIGITS = re.compile(r"(?<!\d)(\d{1,15})$")
+"""At most 15 digits: a step an event can carry (below 2**53), never a 5,000-digit name."""
 
 
 def read_metadata(store: ObjectStore, prefix: str, report: Report) -> DcpMetadata | None:
@@ -207,4 +208,4 @@ def _saved_int(data: bytes) -> int | None:
             value = dcp_metadata.restricted_loads(archive.read(member), {})
     except (zipfile.BadZipFile, UnsafeMetadata, MalformedMetadata, OSError, EOFError):
         return None
-    return value if type(value) is int and value >= 0 else None
+    return jsondoc.count(value)

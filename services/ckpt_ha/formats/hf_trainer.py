@@ -19,19 +19,18 @@ which ran: ``torch-load:weights_only`` or ``torch-magic-only``.
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from collections.abc import Iterable
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import safetensors, torch_load
+from ckpt_ha.formats import jsondoc, limits, safetensors, torch_load
 from ckpt_ha.formats.paths import folder_name, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 
-MAX_JSON_BYTES = 64 * 1024 * 1024
+MAX_JSON_BYTES = limits.MAX_TRAINER_JSON_BYTES
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default container since PyTorch 1.6
 PICKLE_MAGIC = b"\x80"  # the legacy format: a bare pickle stream
 RESUME_STATE = ("optimizer.pt", "scheduler.pt")
@@ -40,7 +39,8 @@ STATE = "trainer_state.json"
 """Written last by ``Trainer._save_checkpoint``: the Trainer's commit marker."""
 TRAINER_ONLY = frozenset({*RESUME_STATE, "scaler.pt", "training_args.bin", STATE})
 """Files only a Trainer's save writes (besides ``rng_state*.pth``)."""
-CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d+")
+CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d{1,15}")
+"""At most 15 digits: a step an event can carry (below 2**53)."""
 ZIP_END = b"PK\x05\x06"
 ZIP64_LOCATOR = b"PK\x06\x07"
 ZIP_END_BYTES = 22
@@ -59,14 +59,13 @@ def is_trainer_folder(folder: str, names: Iterable[str]) -> bool:
 
 
 def global_step(data: bytes) -> int | None:
-    """The non-negative integer ``global_step`` of a ``trainer_state.json``, else None (also
-    while the file is still being written: it is not JSON before its last brace)."""
+    """The ``global_step`` of a ``trainer_state.json`` (an integer in 0 .. 2**53-1), else None
+    (also while the file is still being written: it is not JSON before its last brace)."""
     try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        doc = jsondoc.parse(data)
+    except jsondoc.JsonInvalid:
         return None
-    step = doc.get("global_step") if isinstance(doc, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+    return jsondoc.count(doc.get("global_step")) if isinstance(doc, dict) else None
 
 
 def torch_file_complete(store: ObjectStore, key: str, size: int) -> bool:
@@ -97,10 +96,10 @@ def _json(store: ObjectStore, key: str, name: str, report: Report) -> object:
         if store.stat(key).size > MAX_JSON_BYTES:
             report.fail(Verdict.CORRUPT, f"{name}: larger than {MAX_JSON_BYTES} bytes")
             return None
-        return json.loads(store.read_bytes(key).decode("utf-8"))
+        return jsondoc.parse(store.read_bytes(key))
     except ObjectNotFound:
         report.fail(Verdict.INCOMPLETE, f"{name}: missing")
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except jsondoc.JsonInvalid as exc:
         report.fail(Verdict.CORRUPT, f"{name}: not UTF-8 JSON ({exc})")
     return None
 
@@ -163,10 +162,10 @@ def verify(
         )
         return report
     state = _json(store, join(prefix, STATE), STATE, report)
-    step = state.get("global_step") if isinstance(state, dict) else None
-    if state is not None and not (isinstance(step, int) and step >= 0):
-        report.fail(Verdict.CORRUPT, f"{STATE}: no non-negative integer global_step")
-    report.step = step if isinstance(step, int) else None
+    step = jsondoc.count(state.get("global_step")) if isinstance(state, dict) else None
+    if state is not None and step is None:
+        report.fail(Verdict.CORRUPT, f"{STATE}: no integer global_step in 0 .. 2**53-1")
+    report.step = step
     if named is not None and report.step is not None and named != str(report.step):
         report.fail(Verdict.CORRUPT, f"folder {folder} but {STATE} says step {report.step}")
     config = _json(store, join(prefix, "config.json"), "config.json", report)
