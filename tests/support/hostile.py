@@ -69,28 +69,32 @@ def _sidecars(folder: Path, step: int = 10) -> Path:
     return folder
 
 
+def _manifest(folder: Path) -> Path:
+    return write_native(folder, job="job-evil") / native.MANIFEST
+
+
 def manifest_huge_step(folder: Path) -> None:
-    _replace(write_native(folder, job="job-evil") / native.MANIFEST, '"step": 10', f'"step": {HUGE}')
+    _replace(_manifest(folder), '"step": 10', f'"step": {HUGE}')
 
 
 def manifest_huge_size(folder: Path) -> None:
-    _replace(write_native(folder, job="job-evil") / native.MANIFEST, '"size": 4096', f'"size": {HUGE}')
+    _replace(_manifest(folder), '"size": 4096', f'"size": {HUGE}')
 
 
 def manifest_deep(folder: Path) -> None:
-    (write_native(folder, job="job-evil") / native.MANIFEST).write_text(DEEP)
+    _manifest(folder).write_text(DEEP)
 
 
 def manifest_step_past_2_53(folder: Path) -> None:
-    _replace(write_native(folder, job="job-evil") / native.MANIFEST, '"step": 10', f'"step": {2**64}')
+    _replace(_manifest(folder), '"step": 10', f'"step": {2**64}')
 
 
 def manifest_huge_float(folder: Path) -> None:
-    _replace(write_native(folder, job="job-evil") / native.MANIFEST, '"step": 10', f'"step": 1{"0" * 5000}.5')
+    _replace(_manifest(folder), '"step": 10', f'"step": 1{"0" * 5000}.5')
 
 
 def manifest_long_run_id(folder: Path) -> None:
-    _replace(write_native(folder, job="job-evil") / native.MANIFEST, '"run-1"', f'"{"r" * 1_000_000}"')
+    _replace(_manifest(folder), '"run-1"', f'"{"r" * 1_000_000}"')
 
 
 def commit_huge_step(folder: Path) -> None:
@@ -108,9 +112,7 @@ def intent_huge_attempt(folder: Path) -> None:
 
 
 def trainer_state_huge_step(folder: Path) -> None:
-    (_trainer(folder) / "trainer_state.json").write_text(
-        f'{{"global_step": {HUGE}}}'
-    )
+    (_trainer(folder) / "trainer_state.json").write_text(f'{{"global_step": {HUGE}}}')
 
 
 def trainer_state_deep(folder: Path) -> None:
@@ -140,21 +142,28 @@ def safetensors_huge_shape(folder: Path) -> None:
 def safetensors_many_bad_tensors(folder: Path) -> None:
     """100,000 bad tensors: a reason for each would make a verdict no event can carry."""
     folder.mkdir(parents=True)
-    header = {f"t{i}": {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]} for i in range(100_000)}
+    bad = {"dtype": "F32", "shape": [1], "data_offsets": [0, 8]}
+    header = {f"t{i}": bad for i in range(100_000)}
     (folder / "model.safetensors").write_bytes(_safetensors_bytes(header, b"\x00" * 4))
 
 
-def index_huge(folder: Path) -> None:
+SHARD = "model-00001-of-00001.safetensors"
+
+
+def _shard(folder: Path) -> Path:
     folder.mkdir(parents=True)
-    save_file({"w": np.zeros(4, dtype=np.float32)}, str(folder / "model-00001-of-00001.safetensors"))
-    index = f'{{"metadata": {{"total_size": {HUGE}}}, "weight_map": {{"w": "model-00001-of-00001.safetensors"}}}}'
-    (folder / "model.safetensors.index.json").write_text(index)
+    save_file({"w": np.zeros(4, dtype=np.float32)}, str(folder / SHARD))
+    return folder / "model.safetensors.index.json"
+
+
+def index_huge(folder: Path) -> None:
+    weight_map = json.dumps({"w": SHARD})
+    index = f'{{"metadata": {{"total_size": {HUGE}}}, "weight_map": {weight_map}}}'
+    _shard(folder).write_text(index)
 
 
 def index_deep(folder: Path) -> None:
-    folder.mkdir(parents=True)
-    save_file({"w": np.zeros(4, dtype=np.float32)}, str(folder / "model-00001-of-00001.safetensors"))
-    (folder / "model.safetensors.index.json").write_text(DEEP)
+    _shard(folder).write_text(DEEP)
 
 
 CASES: dict[str, Callable[[Path], None]] = {
