@@ -11,10 +11,12 @@ not finished (or never will): incomplete, never valid as bare safetensors.
 
 Without optimizer, scheduler or RNG state the folder is valid as weights only (not an exact
 resume), and the report says so. ``.pt``/``.bin``/``.pth`` files (and a bare
-``pytorch_model.bin``) are checked for size and container magic and checksummed; when torch is
-installed they are also loaded with ``torch.load(weights_only=True)`` (never without: a pickle
-runs code), so a file needing a global outside torch's allow-list is unsafe. report.checks says
-which ran: ``torch-load:weights_only`` or ``torch-magic-only``.
+``pytorch_model.bin``) are checked for container magic and checksummed, and their pickle is
+always read by the restricted unpickler (`torch_pickle`: only the zip's ``data.pkl``, so at any
+file size): a global outside torch's weights-only allow-list makes the file unsafe. When torch
+is installed, files up to `limits.MAX_LOAD_BYTES` are also loaded with
+``torch.load(weights_only=True)`` (never without: a pickle runs code). report.checks says what
+ran: ``torch-pickle:restricted`` always, and ``torch-load:weights_only`` or why not.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from collections.abc import Iterable
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import jsondoc, limits, safetensors, torch_load
+from ckpt_ha.formats import jsondoc, limits, safetensors, torch_load, torch_pickle
 from ckpt_ha.formats.paths import folder_name, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
@@ -107,7 +109,9 @@ def _json(store: ObjectStore, key: str, name: str, report: Report) -> object:
 def torch_file(
     store: ObjectStore, key: str, name: str, report: Report, algorithm: str = cs.DEFAULT_ALGORITHM
 ) -> bool:
-    """Check one torch-pickled file; True when it was loaded with weights_only=True."""
+    """Check one torch-pickled file: its pickle always (restricted, any size), and a load with
+    weights_only=True when torch is installed and the file is at most `limits.MAX_LOAD_BYTES`;
+    True when that load ran."""
     try:
         size = store.stat(key).size
     except InvalidKey:
@@ -123,9 +127,13 @@ def torch_file(
     digest, read = cs.checksum(store, key, algorithm)
     report.bytes_read += read
     report.checksums[name] = digest
+    rng = is_rng_state(name.rsplit("/", 1)[-1])
+    failure = torch_pickle.check(store, key, name, length=size, numpy_rng=rng)
+    if failure is not None:
+        report.fail(*failure)
+        return False
     if torch_load.torch_module() is None or size > torch_load.MAX_LOAD_BYTES:
         return False
-    rng = name.rsplit("/", 1)[-1].startswith("rng_state")
     failure = torch_load.check(store.read_bytes(key), name, numpy_rng=rng)
     if failure is not None:
         report.fail(*failure)
@@ -136,13 +144,18 @@ def _torch_file(store: ObjectStore, prefix: str, name: str, report: Report, algo
     return torch_file(store, join(prefix, name), name, report, algorithm)
 
 
-def torch_check_label(loaded: list[bool]) -> str:
-    """``torch-load:weights_only`` when every torch file was loaded, else ``torch-magic-only``."""
+def torch_check_labels(loaded: list[bool]) -> list[str]:
+    """``torch-pickle:restricted`` (every torch file's pickle, always), then
+    ``torch-load:weights_only`` when every file was also loaded, else why not."""
+    labels = ["torch-pickle:restricted"]
     if all(loaded):
-        return "torch-load:weights_only"
-    if torch_load.torch_module() is None:
-        return "torch-magic-only (torch not installed)"
-    return f"torch-magic-only for {loaded.count(False)} file(s) over the load size limit"
+        labels.append("torch-load:weights_only")
+    elif torch_load.torch_module() is None:
+        labels.append("torch-load:not-run (torch not installed)")
+    else:
+        over = loaded.count(False)
+        labels.append(f"torch-load:not-run for {over} file(s) over {limits.MAX_LOAD_BYTES} bytes")
+    return labels
 
 
 def verify(
@@ -192,7 +205,7 @@ def verify(
     if report.ok:
         report.checks += ["trainer-state", "config", "weights", "checksums-recorded"]
         if torch_files:
-            report.checks.append(torch_check_label(loaded))
+            report.checks += torch_check_labels(loaded)
         if absent:
             report.checks.append(
                 f"weights-only: no {', '.join(absent)} (optimizer/scheduler/RNG state), "
