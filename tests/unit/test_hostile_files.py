@@ -93,3 +93,13 @@ def test_the_cli_prints_a_verdict_not_a_traceback(tmp_path: Path, case: str) -> 
     first = result.stdout.splitlines()[0]
     assert first.startswith(("CORRUPT  ", "INCOMPLETE  ")), first
     assert f"{folder}" in first
+
+
+def test_a_state_index_with_a_huge_number_is_unreadable_not_a_crash() -> None:
+    """`sdk.load` decodes the state index a checkpoint's manifest vouches for: a writer that
+    put a 5,000-digit number in it gets `UnreadableState`, like any other bad index."""
+    from ckpt_ha.sdk import state
+
+    index = f'{{"format": "{state.INDEX_FORMAT}", "root": {"9" * 5000}}}'.encode()
+    with pytest.raises(state.UnreadableState, match="not valid JSON"):
+        state.decode(index, lambda path: b"")
