@@ -165,3 +165,21 @@ async def test_reports_queued_before_exit_are_published_at_exit(
     assert done.returncode == 0, done.stderr
     reports = await wait_for(lambda: progress_events(settings, 50), what="50 job.progress")
     assert sorted(r["step"] for r in reports) == list(range(1, 51))
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+async def test_a_non_finite_metric_is_refused_before_anything_is_written_or_sent(
+    settings: ServiceSettings, producer: Bus, tmp_path: Path, bad: float
+) -> None:
+    """JSON has no NaN: such a report would be dead-lettered by every consumer. It is refused
+    in the training process, naming the metric, and nothing of it is written or published."""
+    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix)
+    ctx = ctx_for(bus, "job-nan", tmp_path)
+    with pytest.raises(ValueError, match=r"metric 'loss' is (nan|inf|-inf): .*finite numbers only"):
+        sdk.progress(3, metrics={"acc": 0.5, "loss": bad}, ctx=ctx)
+    assert not (tmp_path / "p").exists()
+    assert sdk.progress(4, metrics={"acc": 0.5}, ctx=ctx)  # the next good report goes out
+    assert sdk.flush_progress(10)
+    [report] = await wait_for(lambda: progress_events(settings, 1), what="the good report")
+    assert report["step"] == 4
+    assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []

@@ -158,3 +158,40 @@ def run_trainer(output_dir: Path, *, max_steps: int, save_steps: int) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         Trainer(model=tiny_gpt2(), args=args, train_dataset=data).train()
+
+
+def write_large_torch_file(path: Path, obj: object, size: int) -> None:
+    """A ``torch.save`` zip of ``obj`` whose tensor data is padded to ``size`` bytes with a hole
+    (a sparse file: cheap to make at any size). Its ``data.pkl`` is torch's own for ``obj``;
+    the first storage member holds the hole."""
+    import struct
+    import zipfile
+    import zlib
+
+    small = zipfile.ZipFile(io.BytesIO(torch_saved(obj)))
+    members = [(i.filename, small.read(i)) for i in small.infolist()]
+    storage = next(name for name, _ in members if "/data/" in name)
+    hole = size - sum(len(data) + 200 for _, data in members)
+    zeros, crc, left = bytes(64 * 1024 * 1024), 0, hole
+    while left > 0:
+        crc = zlib.crc32(zeros[: min(left, len(zeros))], crc)
+        left -= len(zeros)
+    central = b""
+    with path.open("wb") as out:
+        for name, data in members:
+            raw = name.encode()
+            length = hole if name == storage else len(data)
+            check = crc if name == storage else zlib.crc32(data)
+            fields = (20, 0, 0, 0, 0, check, length, length, len(raw), 0)
+            offset = out.tell()
+            out.write(b"PK\x03\x04" + struct.pack("<HHHHHIIIHH", *fields) + raw)
+            if name == storage:
+                out.seek(hole, os.SEEK_CUR)
+            else:
+                out.write(data)
+            entry = struct.pack("<HHHHHHIIIHHHHHII", 20, *fields, 0, 0, 0, 0, offset)
+            central += b"PK\x01\x02" + entry + raw
+        start = out.tell()
+        out.write(central)
+        end = struct.pack("<HHHHIIH", 0, 0, len(members), len(members), len(central), start, 0)
+        out.write(b"PK\x05\x06" + end)

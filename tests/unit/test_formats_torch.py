@@ -164,7 +164,7 @@ def test_dcp_hostile_bytes_item_is_unsafe(tmp_path: Path) -> None:
     folder = write_dcp(tmp_path / "step-1", state)
     report = verify_path(folder)
     assert report.verdict is Verdict.UNSAFE
-    assert any("'evil'" in r and "weights_only" in r for r in report.reasons)
+    assert any("'evil'" in r and "global posix.system" in r for r in report.reasons)
     assert not marker.exists()
 
 
@@ -279,7 +279,9 @@ def test_hf_trainer_hostile_optimizer_is_unsafe_and_never_runs(tmp_path: Path) -
     report = verify_path(folder)
     assert report.verdict is Verdict.UNSAFE
     assert any(
-        "optimizer.pt: refused by torch.load(weights_only=True)" in r for r in report.reasons
+        "optimizer.pt: refused by the restricted unpickler: pickle asks for global posix.system"
+        in r
+        for r in report.reasons
     )
     assert not marker.exists()
 
@@ -312,18 +314,26 @@ def test_bare_pytorch_model_bin(tmp_path: Path) -> None:
     assert not marker.exists()
 
 
-def test_without_torch_the_report_says_magic_only(
+def test_without_torch_the_pickles_are_still_checked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """torch is optional: absent, the structural checks still run and the report says so."""
+    """torch is optional: absent, every pickle is still read by the restricted unpickler (a
+    hostile one is unsafe), only the extra weights-only load does not run, and the report says
+    so."""
     from ckpt_ha.formats import torch_load
 
+    torch = require_torch()
     write_hf_folder(tmp_path / "checkpoint-500")
     write_dcp(tmp_path / "step-3", step=None)
+    hostile = tmp_path / "hostile" / "checkpoint-500"
+    write_hf_folder(hostile)
+    state = torch.load(hostile / "optimizer.pt", weights_only=True)
+    (hostile / "optimizer.pt").write_bytes(torch_saved({**state, "x": Payload(tmp_path / "m")}))
     monkeypatch.setattr(torch_load, "torch_module", lambda: None)
     hf = verify_path(tmp_path / "checkpoint-500")
     assert hf.verdict is Verdict.VALID, hf.reasons
-    assert "torch-magic-only (torch not installed)" in hf.checks
+    assert {"torch-pickle:restricted", "torch-load:not-run (torch not installed)"} <= set(hf.checks)
+    assert verify_path(hostile).verdict is Verdict.UNSAFE
     dcp = verify_path(tmp_path / "step-3")
     assert dcp.verdict is Verdict.VALID, dcp.reasons
     assert "dcp-bytes:not-loaded (torch not installed)" in dcp.checks
@@ -366,7 +376,8 @@ def test_extension_codes_and_persistent_ids_are_refused(tmp_path: Path) -> None:
 
     copyreg.add_extension("posix", "system", 0xC4)
     try:
-        with pytest.raises(dcp_metadata.UnsafeMetadata, match=r"posix\.system"):
+        # Refused before the extension registry is even asked what code 0xC4 names.
+        with pytest.raises(dcp_metadata.UnsafeMetadata, match="extension code"):
             dcp_metadata.parse(b"\x80\x02\x82\xc4\x8c\x04true\x85R.")
     finally:
         copyreg.remove_extension("posix", "system", 0xC4)

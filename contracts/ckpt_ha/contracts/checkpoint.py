@@ -7,6 +7,17 @@ from typing import ClassVar
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
+from ckpt_ha.contracts.bounds import (
+    Attempt,
+    Count,
+    Label,
+    Libraries,
+    Metrics,
+    Name,
+    Text,
+    Uri,
+    WorldSize,
+)
 from ckpt_ha.contracts.envelope import Envelope, EventData
 
 
@@ -46,30 +57,30 @@ class _Frozen(BaseModel):
 class Topology(_Frozen):
     """Parallel layout the checkpoint was written with; a restore onto another is not exact."""
 
-    world_size: int = Field(ge=1)
-    tensor_parallel: int = Field(default=1, ge=1)
-    pipeline_parallel: int = Field(default=1, ge=1)
-    data_parallel: int | None = Field(default=None, ge=1)
+    world_size: WorldSize
+    tensor_parallel: WorldSize = 1
+    pipeline_parallel: WorldSize = 1
+    data_parallel: WorldSize | None = None
 
 
 class RuntimeEnvironment(_Frozen):
-    framework: str | None = None
-    framework_version: str | None = None
-    python_version: str | None = None
-    image: str | None = None
-    libraries: dict[str, str] = Field(default_factory=dict)
+    framework: Label | None = None
+    framework_version: Label | None = None
+    python_version: Label | None = None
+    image: Label | None = None
+    libraries: Libraries = Field(default_factory=dict)
 
 
 class CheckpointIdentity(_Frozen):
     """What a checkpoint is bound to (R4). The storage path is display only, never identity."""
 
-    job_id: str
-    run_id: str
-    attempt: int = Field(default=1, ge=1)
-    model_version: str | None = None
-    code_version: str | None = None
-    data_snapshot: str | None = None
-    config_hash: str | None = None
+    job_id: Label
+    run_id: Label
+    attempt: Attempt = 1
+    model_version: Label | None = None
+    code_version: Label | None = None
+    data_snapshot: Label | None = None
+    config_hash: Label | None = None
     environment: RuntimeEnvironment | None = None
     topology: Topology | None = None
     created_at: AwareDatetime | None = None
@@ -78,8 +89,8 @@ class CheckpointIdentity(_Frozen):
 
 
 class _CheckpointEvent(EventData):
-    checkpoint_id: str = Field(min_length=1, max_length=200)
-    uri: str = Field(min_length=1, max_length=2048)
+    checkpoint_id: Name = Field(min_length=1)
+    uri: Uri
 
     def subject_key(self) -> str:
         return self.checkpoint_id
@@ -91,8 +102,8 @@ class CheckpointWritingV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.writing"
     EVENT_VERSION: ClassVar[int] = 1
 
-    run_id: str
-    step: int | None = Field(default=None, ge=0)
+    run_id: Label
+    step: Count | None = None
     format: CheckpointFormat = CheckpointFormat.UNKNOWN
 
 
@@ -102,13 +113,13 @@ class CheckpointCommittedV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.committed"
     EVENT_VERSION: ClassVar[int] = 1
 
-    run_id: str
-    step: int = Field(ge=0)
+    run_id: Label
+    step: Count
     format: CheckpointFormat
     identity: CheckpointIdentity | None = None
-    shard_count: int = Field(default=0, ge=0)
-    total_bytes: int = Field(default=0, ge=0)
-    metrics: dict[str, float] = Field(default_factory=dict)
+    shard_count: Count = 0
+    total_bytes: Count = 0
+    metrics: Metrics = Field(default_factory=dict)
     """Evaluation metrics at this step (e.g. ``val_loss``): what a tier's keep-best rule ranks."""
 
 
@@ -118,7 +129,7 @@ class CheckpointWriteFailedV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.write_failed"
     EVENT_VERSION: ClassVar[int] = 1
 
-    reason: str
+    reason: Text
     side: FailureSide = FailureSide.UNKNOWN
 
 
@@ -128,19 +139,19 @@ class CheckpointVerifiedV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.verified"
     EVENT_VERSION: ClassVar[int] = 1
 
-    checks: tuple[str, ...] = ()
+    checks: tuple[Text, ...] = ()
     exact_resume: bool = True
     """False when only weights are present (no optimizer/scheduler state)."""
-    bytes_verified: int = Field(default=0, ge=0)
+    bytes_verified: Count = 0
 
 
 class CheckpointCorruptV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.corrupt"
     EVENT_VERSION: ClassVar[int] = 1
 
-    reason: str
+    reason: Text
     side: FailureSide = FailureSide.UNKNOWN
-    findings: tuple[str, ...] = ()
+    findings: tuple[Text, ...] = ()
 
 
 class CheckpointRegisteredV1(_CheckpointEvent):
@@ -149,13 +160,13 @@ class CheckpointRegisteredV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.registered"
     EVENT_VERSION: ClassVar[int] = 1
 
-    step: int = Field(ge=0)
+    step: Count
     state: CheckpointState = CheckpointState.VALID
     identity: CheckpointIdentity | None = None
     """What the checkpoint is bound to (R4), as the registry holds it."""
-    project: str | None = None
+    project: Name | None = None
     """The owning project (R5) at registration time."""
-    tier: str | None = None
+    tier: Name | None = None
     """The job's protection tier (R13) at registration time."""
 
 
@@ -163,9 +174,9 @@ class CheckpointQuarantinedV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.quarantined"
     EVENT_VERSION: ClassVar[int] = 1
 
-    reason: str
-    quarantine_uri: str | None = None
-    actor: str | None = None
+    reason: Text
+    quarantine_uri: Uri | None = None
+    actor: Name | None = None
     """Who quarantined it by hand (``ckpt-ha quarantine``); None when a service did."""
 
 
@@ -176,9 +187,9 @@ class CheckpointReleasedV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.released"
     EVENT_VERSION: ClassVar[int] = 1
 
-    reason: str = Field(min_length=1)
-    actor: str = Field(min_length=1)
-    quarantine_uri: str | None = None
+    reason: Text = Field(min_length=1)
+    actor: Name = Field(min_length=1)
+    quarantine_uri: Uri | None = None
     """Where the bytes lie in quarantine, if they were moved there."""
 
 
@@ -188,11 +199,11 @@ class OwnershipTransferredV1(EventData):
     EVENT_TYPE: ClassVar[str] = "checkpoint.ownership_transferred"
     EVENT_VERSION: ClassVar[int] = 1
 
-    from_project: str | None = None
+    from_project: Name | None = None
     """The owner the actor saw; the transfer is refused if the job has another owner now."""
     to_project: str = Field(min_length=1, max_length=200)
-    reason: str = Field(min_length=1)
-    actor: str = Field(min_length=1)
+    reason: Text = Field(min_length=1)
+    actor: Name = Field(min_length=1)
 
 
 class CheckpointConflictV1(_CheckpointEvent):
@@ -201,8 +212,8 @@ class CheckpointConflictV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.conflict"
     EVENT_VERSION: ClassVar[int] = 1
 
-    reason: str
-    existing_checkpoint_id: str | None = None
+    reason: Text
+    existing_checkpoint_id: Name | None = None
 
 
 class CheckpointExpiredV1(_CheckpointEvent):
@@ -212,12 +223,12 @@ class CheckpointExpiredV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.expired"
     EVENT_VERSION: ClassVar[int] = 1
 
-    reason: str
-    policy: str
+    reason: Text
+    policy: Label
     grace_until: AwareDatetime | None = None
-    tier: str | None = None
+    tier: Name | None = None
     """The protection tier (R13) whose retention expired it."""
-    actor: str | None = None
+    actor: Name | None = None
 
 
 class CheckpointDeletedV1(_CheckpointEvent):
@@ -226,12 +237,12 @@ class CheckpointDeletedV1(_CheckpointEvent):
     EVENT_TYPE: ClassVar[str] = "checkpoint.deleted"
     EVENT_VERSION: ClassVar[int] = 1
 
-    reason: str
-    actor: str
-    policy: str | None = None
-    tier: str | None = None
+    reason: Text
+    actor: Name
+    policy: Label | None = None
+    tier: Name | None = None
     """The protection tier (R13) whose retention deleted it."""
-    objects_deleted: int | None = Field(default=None, ge=0)
+    objects_deleted: Count | None = None
     """How many storage objects were removed (0: they were already gone)."""
 
 
@@ -244,8 +255,8 @@ class CheckpointPinnedV1(_CheckpointEvent):
 
     by: str = Field(min_length=1, max_length=200)
     """Who holds the pin, e.g. ``eval:mmlu`` or ``model:candidate-3``; one pin per holder."""
-    reason: str = Field(min_length=1)
-    actor: str = Field(min_length=1)
+    reason: Text = Field(min_length=1)
+    actor: Name = Field(min_length=1)
 
 
 class CheckpointUnpinnedV1(_CheckpointEvent):
@@ -255,8 +266,8 @@ class CheckpointUnpinnedV1(_CheckpointEvent):
     EVENT_VERSION: ClassVar[int] = 1
 
     by: str = Field(min_length=1, max_length=200)
-    reason: str = Field(min_length=1)
-    actor: str = Field(min_length=1)
+    reason: Text = Field(min_length=1)
+    actor: Name = Field(min_length=1)
 
 
 class TierChosenV1(EventData):
@@ -267,8 +278,8 @@ class TierChosenV1(EventData):
     EVENT_VERSION: ClassVar[int] = 1
 
     tier: str = Field(min_length=1, max_length=64)
-    reason: str = Field(min_length=1)
-    actor: str = Field(min_length=1)
+    reason: Text = Field(min_length=1)
+    actor: Name = Field(min_length=1)
 
 
 CHECKPOINT_EVENTS: tuple[type[EventData], ...] = (

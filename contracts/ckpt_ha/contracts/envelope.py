@@ -7,19 +7,28 @@ The envelope uses CloudEvents 1.0 attribute names (``id``, ``source``, ``type``,
 ``type`` carries the version: ``ckpt-ha.checkpoint.committed.v1``. A compatible change (a new
 optional field) keeps the version; a breaking change is a new version registered with an upcaster
 from the previous one, and consumers keep decoding both into the newest model.
+
+Every value is bounded (`ckpt_ha.contracts.bounds`: integers within 2**53-1, finite floats,
+strings and mappings of bounded size), and decoding is bounded too: at most `MAX_EVENT_BYTES`,
+JSON nested at most 200 levels deep (the parser's own limit), integers of at most 4,300 digits
+before validation narrows them. Any bytes outside that are a `ContractError`, never another
+exception, so a consumer dead-letters the one bad message and handles its neighbours. The
+bounds were added to the v1 events without a new version: the values they refuse were never
+decodable end to end (see `bounds`).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
+import pydantic_core
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
 
+from ckpt_ha.contracts.bounds import Label
 from ckpt_ha.contracts.errors import (
     EventTooLarge,
     MalformedEvent,
@@ -80,7 +89,7 @@ class Envelope(BaseModel, Generic[D]):
     traceparent: str | None = Field(
         default=None, pattern=r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$"
     )
-    tracestate: str | None = None
+    tracestate: Label | None = None
     data: D
 
     @property
@@ -188,8 +197,10 @@ class EventCatalog:
     def _decode_general(self, raw: bytes) -> tuple[Envelope[EventData], int]:
         """The envelope (upcast to the newest version) and the version it was published as."""
         try:
-            doc = json.loads(raw)
-        except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+            # ValueError covers every refusal: not UTF-8, not JSON, NaN/Infinity, nesting deeper
+            # than 200 levels, an integer of more than 4,300 digits.
+            doc = pydantic_core.from_json(raw, allow_inf_nan=False)
+        except (ValueError, RecursionError) as exc:
             raise MalformedEvent(f"not JSON: {exc}") from None
         if not isinstance(doc, dict):
             raise MalformedEvent("an event must be a JSON object")
@@ -212,7 +223,10 @@ class EventCatalog:
             up = self._upcasters.get((event_type, step))
             if up is None:
                 raise UnsupportedEventVersion(event_type, version, known)
-            data = up(data)
+            try:
+                data = up(data)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise MalformedEvent(f"cannot upcast v{step}: {exc!r}") from None
         model = self._models[(event_type, known[-1])]
         try:
             event = Envelope[model].model_validate(  # type: ignore[valid-type]

@@ -9,6 +9,17 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ckpt_ha.contracts.bounds import (
+    Attempt,
+    Count,
+    FiniteFloat,
+    Label,
+    Name,
+    Rank,
+    Seconds,
+    Text,
+    Uri,
+)
 from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.contracts.envelope import EventData
 
@@ -32,15 +43,15 @@ class Comparison(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    name: str
-    expected: float | str | None
-    observed: float | str | None
-    tolerance: float = 0.0
+    name: Label
+    expected: FiniteFloat | Label | None
+    observed: FiniteFloat | Label | None
+    tolerance: FiniteFloat = 0.0
     ok: bool
 
 
 class _ResumeEvent(EventData):
-    plan_id: str = Field(min_length=1, max_length=200)
+    plan_id: Name = Field(min_length=1)
 
     def subject_key(self) -> str:
         return self.plan_id
@@ -50,23 +61,23 @@ class ResumePlannedV1(_ResumeEvent):
     EVENT_TYPE: ClassVar[str] = "resume.planned"
     EVENT_VERSION: ClassVar[int] = 1
 
-    failed_run_id: str
-    attempt: int = Field(ge=1)
-    checkpoint_id: str
-    checkpoint_uri: str
-    step: int = Field(ge=0)
+    failed_run_id: Label
+    attempt: Attempt
+    checkpoint_id: Name
+    checkpoint_uri: Uri
+    step: Count
     mode: ResumeMode
     compatibility: Compatibility
-    recompute_steps: int = Field(default=0, ge=0)
-    recompute_seconds: float = Field(default=0.0, ge=0)
-    fallback_from: str | None = None
+    recompute_steps: Count = 0
+    recompute_seconds: Seconds = 0.0
+    fallback_from: Name | None = None
     """Checkpoint id that failed to load, when this plan is the fallback."""
-    checkpoint_format: str | None = None
-    reasons: tuple[str, ...] = ()
+    checkpoint_format: Label | None = None
+    reasons: tuple[Text, ...] = ()
     """Why this mode and compatibility (the differences found, the rule that allowed them)."""
-    pinned: tuple[str, ...] = ()
+    pinned: tuple[Name, ...] = ()
     """Checkpoint ids kept as fallback until the resumed job registers a new valid one (R15)."""
-    expected_step: int | None = Field(default=None, ge=0)
+    expected_step: Count | None = None
     """The step the resumed job must report first (the checkpoint's step)."""
 
 
@@ -74,22 +85,22 @@ class ResumeLoadedV1(_ResumeEvent):
     EVENT_TYPE: ClassVar[str] = "resume.loaded"
     EVENT_VERSION: ClassVar[int] = 1
 
-    run_id: str
-    checkpoint_id: str
-    step: int = Field(ge=0)
-    attempt: int | None = Field(default=None, ge=1)
-    data_position: int | None = Field(default=None, ge=0)
-    rng_fingerprint: str | None = None
-    load_seconds: float | None = Field(default=None, ge=0)
+    run_id: Label
+    checkpoint_id: Name
+    step: Count
+    attempt: Attempt | None = None
+    data_position: Count | None = None
+    rng_fingerprint: Label | None = None
+    load_seconds: Seconds | None = None
 
 
 class ResumeLoadFailedV1(_ResumeEvent):
     EVENT_TYPE: ClassVar[str] = "resume.load_failed"
     EVENT_VERSION: ClassVar[int] = 1
 
-    run_id: str
-    checkpoint_id: str
-    reason: str
+    run_id: Label
+    checkpoint_id: Name
+    reason: Text
     side: FailureSide = FailureSide.UNKNOWN
 
 
@@ -113,12 +124,12 @@ class ResumeLoadFailedV2(_ResumeEvent):
     EVENT_TYPE: ClassVar[str] = "resume.load_failed"
     EVENT_VERSION: ClassVar[int] = 2
 
-    run_id: str
-    checkpoint_id: str
-    reason: str
+    run_id: Label
+    checkpoint_id: Name
+    reason: Text
     side: FailureSide = FailureSide.UNKNOWN
     blame: LoadBlame
-    rank: int | None = Field(default=None, ge=0)
+    rank: Rank | None = None
     """The process (rank) whose load failed first, in a multi-rank job."""
 
 
@@ -134,9 +145,9 @@ class ResumeVerifiedV1(_ResumeEvent):
     EVENT_TYPE: ClassVar[str] = "resume.verified"
     EVENT_VERSION: ClassVar[int] = 1
 
-    run_id: str
-    checkpoint_id: str
-    step: int = Field(ge=0)
+    run_id: Label
+    checkpoint_id: Name
+    step: Count
     comparisons: tuple[Comparison, ...] = ()
 
 
@@ -144,11 +155,11 @@ class ResumeDivergedV1(_ResumeEvent):
     EVENT_TYPE: ClassVar[str] = "resume.diverged"
     EVENT_VERSION: ClassVar[int] = 1
 
-    run_id: str
-    checkpoint_id: str
-    step: int = Field(ge=0)
+    run_id: Label
+    checkpoint_id: Name
+    step: Count
     comparisons: tuple[Comparison, ...] = ()
-    reason: str
+    reason: Text
 
 
 class ResumeClosedV1(_ResumeEvent):
@@ -157,8 +168,8 @@ class ResumeClosedV1(_ResumeEvent):
     EVENT_TYPE: ClassVar[str] = "resume.closed"
     EVENT_VERSION: ClassVar[int] = 1
 
-    cleaned: tuple[str, ...] = ()
-    unreclaimable: tuple[str, ...] = ()
+    cleaned: tuple[Text, ...] = ()
+    unreclaimable: tuple[Text, ...] = ()
 
 
 class ResumeEscalatedV1(_ResumeEvent):
@@ -167,9 +178,9 @@ class ResumeEscalatedV1(_ResumeEvent):
     EVENT_TYPE: ClassVar[str] = "resume.escalated"
     EVENT_VERSION: ClassVar[int] = 1
 
-    reason: str
-    next_step: str
-    detail: str = ""
+    reason: Text
+    next_step: Text
+    detail: Text = ""
 
 
 RESUME_EVENTS: tuple[type[EventData], ...] = (

@@ -236,6 +236,31 @@ BatchHandler = Callable[[list[Envelope[EventData]]], Awaitable[Sequence[BaseExce
 """Handles a fetched batch in stream order; returns one result per event (None = success)."""
 
 
+async def _isolated(
+    handler: BatchHandler, events: list[Envelope[EventData]]
+) -> Sequence[BaseException | None]:
+    """The handler's result for each event. When the handler fails for the batch as a whole
+    (one event it cannot take, or an outage), each event is handled again on its own, in
+    stream order, so the one that fails is settled by its own error and never takes its
+    neighbours with it (an outage then fails each, and each is nak'ed)."""
+    if not events:
+        return []
+    try:
+        return await handler(events)
+    except Exception as exc:  # noqa: BLE001 - isolate below
+        if len(events) == 1:
+            return [exc]
+        log.warning("batch of %s failed (%r); handling its events one by one", len(events), exc)
+    results: list[BaseException | None] = []
+    for event in events:
+        try:
+            [result] = await handler([event])
+        except Exception as exc:  # noqa: BLE001 - this event's own failure
+            result = exc
+        results.append(result)
+    return results
+
+
 class _BatchPipeline:
     """Handles a consumer's batches one after another, in fetch order, on one worker task.
 
@@ -410,8 +435,10 @@ class Bus:
 
         For projections that gain from doing one round trip per batch instead of per message.
         Bytes that do not decode are dead-lettered before the handler sees the batch; every
-        other message is settled (ack / nak / dead letter) by its own result. ``payload`` is
-        the type of one message, for the AsyncAPI document only.
+        other message is settled (ack / nak / dead letter) by its own result. A handler that
+        raises for the whole batch gets its events again one at a time (`_isolated`), so one
+        bad event never fails its neighbours. ``payload`` is the type of one message, for the
+        AsyncAPI document only.
         """
         durable = self.durable_name(consumer)
         self.consumers.append(durable)
@@ -460,11 +487,7 @@ class Bus:
                     decoded.append(raw)
                 except ContractError as exc:
                     await self.dead_letters.settle(raw, exc, consumer)
-            results: Sequence[BaseException | None]
-            try:
-                results = await handler(events) if events else []
-            except Exception as exc:  # noqa: BLE001 - the whole batch failed: settle each
-                results = [exc] * len(events)
+            results = await _isolated(handler, events)
             for raw, result in zip(decoded, results, strict=True):
                 await self.dead_letters.settle(raw, result, consumer)
         finally:

@@ -4,9 +4,10 @@ services and by `ckpt-ha verify`.
 Recognised and verified: the native ckpt-ha manifest, safetensors (single and sharded),
 Hugging Face Trainer folders and PyTorch Distributed Checkpoint (DCP) folders, and the identity
 and commit sidecars ckpt-ha's framework integrations write beside the last two (`sidecar`).
-Pickled content is never unpickled unrestricted: DCP metadata goes through a restricted
-unpickler (`dcp`), and torch files are loaded only with ``weights_only=True`` when torch is
-installed (`torch_load`).
+Pickled content is never unpickled unrestricted: DCP metadata and the pickle of every torch
+file go through a restricted, bounded unpickler (`restricted_pickle`, `dcp_metadata`,
+`torch_pickle`), and torch files are additionally loaded only with ``weights_only=True`` when
+torch is installed (`torch_load`). Every parsing limit is in `limits`.
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ def verify_path(path: Path, algorithm: str = DEFAULT_ALGORITHM) -> Report:
         report = Report(format=CheckpointFormat.HF_TRAINER)
         loaded = hf_trainer.torch_file(store, path.name, path.name, report, algorithm)
         if report.ok:
-            label = hf_trainer.torch_check_label([loaded])
-            report.checks += ["weights", "checksums-recorded", label]
+            labels = hf_trainer.torch_check_labels([loaded])
+            report.checks += ["weights", "checksums-recorded", *labels]
         return report
     report = Report(format=CheckpointFormat.UNKNOWN)
     report.fail(Verdict.UNKNOWN, f"{path.name}: not a recognised checkpoint file")

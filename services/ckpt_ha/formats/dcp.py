@@ -13,9 +13,11 @@ Checks, all without torch and without running the pickle (see `dcp_metadata`):
 * every data file is checksummed (the reference for later checks; DCP keeps none).
 
 Tensors are stored as ``torch.save`` archives inside the data files, so an entry's length is not
-dtype x shape and is checked against the file size only. When torch is installed, every "bytes"
-item is also loaded with ``torch.load(weights_only=True)``: DCP's own loader unpickles these
-without restriction, so one with a hostile pickle makes the checkpoint unsafe.
+dtype x shape and is checked against the file size only. DCP's own loader unpickles "bytes"
+items without restriction, so every one has its pickle read by the restricted unpickler
+(`torch_pickle`: only the item's ``data.pkl``, at any size), and one with a hostile pickle makes
+the checkpoint unsafe; when torch is installed, items up to `limits.MAX_LOAD_BYTES` are also
+loaded with ``torch.load(weights_only=True)``.
 
 Step: DCP has no step field. The step is a top-level ``step`` bytes item holding a plain int
 (read from its ``torch.save`` archive with a restricted unpickler that allows no globals at
@@ -32,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import dcp_metadata, torch_load
+from ckpt_ha.formats import dcp_metadata, jsondoc, torch_load, torch_pickle
 from ckpt_ha.formats.dcp_metadata import DcpMetadata, MalformedMetadata, UnsafeMetadata
 from ckpt_ha.formats.paths import folder_name, inside, join
 from ckpt_ha.formats.report import Report, Verdict
@@ -41,7 +43,8 @@ from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 METADATA = ".metadata"
 DATA_SUFFIX = ".distcp"
 MAX_STEP_ITEM_BYTES = 1024 * 1024
-_TRAILING_DIGITS = re.compile(r"(\d+)$")
+_TRAILING_DIGITS = re.compile(r"(?<!\d)(\d{1,15})$")
+"""At most 15 digits: a step an event can carry (below 2**53), never a 5,000-digit name."""
 
 
 def read_metadata(store: ObjectStore, prefix: str, report: Report) -> DcpMetadata | None:
@@ -153,14 +156,27 @@ def _checksum(
 def _check_bytes_items(
     store: ObjectStore, prefix: str, metadata: DcpMetadata, report: Report
 ) -> str:
-    """DCP's loader unpickles "bytes" items unrestricted: load each with weights_only=True."""
+    """DCP's loader unpickles "bytes" items unrestricted: each item's pickle is read by the
+    restricted unpickler, always; then loaded with weights_only=True where torch can."""
+    kinds = {fqn: item.kind for fqn, item in metadata.items.items()}
+    items = [e for e in metadata.storage if kinds.get(e.fqn) == "bytes"]
+    for entry in items:
+        path = inside(entry.relative_path) or ""
+        failure = torch_pickle.check(
+            store,
+            join(prefix, path),
+            f"{path}: item {entry.fqn!r}",
+            offset=entry.offset,
+            length=entry.length,
+        )
+        if failure is not None:
+            report.fail(*failure)
+    if not report.ok:
+        return "dcp-bytes:restricted-unpickle"
     if torch_load.torch_module() is None:
         return "dcp-bytes:not-loaded (torch not installed)"
-    kinds = {fqn: item.kind for fqn, item in metadata.items.items()}
     skipped = 0
-    for entry in metadata.storage:
-        if kinds.get(entry.fqn) != "bytes":
-            continue
+    for entry in items:
         if entry.length > torch_load.MAX_LOAD_BYTES:
             skipped += 1
             continue
@@ -207,4 +223,4 @@ def _saved_int(data: bytes) -> int | None:
             value = dcp_metadata.restricted_loads(archive.read(member), {})
     except (zipfile.BadZipFile, UnsafeMetadata, MalformedMetadata, OSError, EOFError):
         return None
-    return value if type(value) is int and value >= 0 else None
+    return jsondoc.count(value)

@@ -1,7 +1,8 @@
 """Reading a PyTorch DCP ``.metadata`` pickle without torch and without running its code.
 
 PyTorch's own reader unpickles ``.metadata`` unrestricted, so a hostile file runs code on load.
-Here a restricted `pickle.Unpickler` resolves ONLY the globals the DCP writer emits (found by
+Here a restricted unpickler (`restricted_pickle`: it also bounds the opcodes, the memory and the
+memo a pickle may use) resolves ONLY the globals the DCP writer emits (found by
 disassembling real torch 2.13 checkpoints with pickletools), each to a plain stand-in defined
 below: the metadata dataclasses (``Metadata``, ``TensorStorageMetadata``,
 ``BytesStorageMetadata``, ``ChunkStorageMetadata``, ``TensorProperties``, ``MetadataIndex``,
@@ -15,25 +16,19 @@ fields. Pure: bytes in, plain data out.
 
 from __future__ import annotations
 
-import io
-import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-MAX_METADATA_BYTES = 64 * 1024 * 1024
+from ckpt_ha.formats import limits, restricted_pickle
+
+MAX_METADATA_BYTES = limits.MAX_METADATA_BYTES
 
 
-class UnsafeMetadata(Exception):
-    """The pickle asks for something a DCP writer never emits: treat it as hostile."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        super().__init__(f"pickle asks for {what}, which DCP metadata never holds")
-
-
-class MalformedMetadata(Exception):
-    """Not a pickle, or a pickle that does not have the shape of DCP metadata."""
+UnsafeMetadata = restricted_pickle.UnsafePickle
+"""The pickle asks for something a DCP writer never emits: treat it as hostile."""
+MalformedMetadata = restricted_pickle.MalformedPickle
+"""Not a pickle, past a limit, or a pickle that does not have the shape of DCP metadata."""
 
 
 # -- stand-ins -------------------------------------------------------------------------------
@@ -161,9 +156,13 @@ _MEM_FORMAT_ENCODING = {0: "contiguous_format", 1: "channels_last", 2: "preserve
 
 
 def _size(dims: object = ()) -> tuple[int, ...]:
-    if not isinstance(dims, tuple | list) or not all(
-        type(d) is int and d >= 0
-        for d in dims  # bool is not a dimension
+    if (
+        not isinstance(dims, tuple | list)
+        or len(dims) > limits.MAX_TENSOR_DIMS
+        or not all(
+            type(d) is int and d >= 0
+            for d in dims  # bool is not a dimension
+        )
     ):
         raise MalformedMetadata("torch.Size of something other than non-negative ints")
     return tuple(dims)
@@ -184,7 +183,15 @@ def _mem_format_encoding(value: object) -> Named:
 def _path(*parts: object) -> str:
     if not all(isinstance(p, str) for p in parts):
         raise MalformedMetadata("path of something other than strings")
+    if sum(len(str(p)) + 1 for p in parts) > _MAX_PATH:
+        raise MalformedMetadata(f"a path longer than {_MAX_PATH} characters")
     return "/".join(str(p) for p in parts)
+
+
+_MAX_PATH = 4096
+"""A stand-in builds nothing larger than its inputs by much: the unpickler's memory estimate
+(`restricted_pickle`) prices each call once, so a path rebuilt from one memoized string a
+million times must not be a million copies of it."""
 
 
 def _ordered_dict(items: object = ()) -> dict[object, object]:
@@ -219,38 +226,10 @@ ALLOWED: dict[tuple[str, str], object] = {
 }
 
 
-class RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only the globals in ``allowed``; anything else is `UnsafeMetadata`.
-
-    Every way a pickle names a callable (GLOBAL, STACK_GLOBAL, INST, OBJ, the EXT opcodes) goes
-    through `find_class`, and persistent ids are refused, so nothing outside ``allowed`` can be
-    reached, let alone called by REDUCE/NEWOBJ/BUILD.
-    """
-
-    def __init__(self, data: bytes, allowed: dict[tuple[str, str], object]) -> None:
-        super().__init__(io.BytesIO(data))
-        self._allowed = allowed
-
-    def find_class(self, module: str, name: str) -> Any:
-        try:
-            return self._allowed[(module, name)]
-        except KeyError:
-            raise UnsafeMetadata(f"global {module}.{name}") from None
-
-    def persistent_load(self, pid: object) -> object:
-        raise UnsafeMetadata("a persistent id (external object)")
-
-
 def restricted_loads(data: bytes, allowed: dict[tuple[str, str], object]) -> object:
-    """Unpickle with only ``allowed`` globals; `UnsafeMetadata` or `MalformedMetadata` else."""
-    try:
-        return RestrictedUnpickler(data, allowed).load()
-    except (UnsafeMetadata, MalformedMetadata):
-        raise
-    # The unpickler fails on hostile bytes with many exception types (UnpicklingError, EOFError,
-    # ValueError, TypeError, KeyError for a bad memo, MemoryError, ...): all mean "not readable".
-    except Exception as exc:  # noqa: BLE001
-        raise MalformedMetadata(f"not a readable pickle ({type(exc).__name__})") from None
+    """Unpickle with only ``allowed`` globals, within the limits (`restricted_pickle`);
+    `UnsafeMetadata` or `MalformedMetadata` else."""
+    return restricted_pickle.restricted_loads(data, allowed)
 
 
 # -- the plain result ------------------------------------------------------------------------

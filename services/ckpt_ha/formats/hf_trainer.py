@@ -11,27 +11,28 @@ not finished (or never will): incomplete, never valid as bare safetensors.
 
 Without optimizer, scheduler or RNG state the folder is valid as weights only (not an exact
 resume), and the report says so. ``.pt``/``.bin``/``.pth`` files (and a bare
-``pytorch_model.bin``) are checked for size and container magic and checksummed; when torch is
-installed they are also loaded with ``torch.load(weights_only=True)`` (never without: a pickle
-runs code), so a file needing a global outside torch's allow-list is unsafe. report.checks says
-which ran: ``torch-load:weights_only`` or ``torch-magic-only``.
+``pytorch_model.bin``) are checked for container magic and checksummed, and their pickle is
+always read by the restricted unpickler (`torch_pickle`: only the zip's ``data.pkl``, so at any
+file size): a global outside torch's weights-only allow-list makes the file unsafe. When torch
+is installed, files up to `limits.MAX_LOAD_BYTES` are also loaded with
+``torch.load(weights_only=True)`` (never without: a pickle runs code). report.checks says what
+ran: ``torch-pickle:restricted`` always, and ``torch-load:weights_only`` or why not.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import struct
 from collections.abc import Iterable
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import safetensors, torch_load
+from ckpt_ha.formats import jsondoc, limits, safetensors, torch_load, torch_pickle
 from ckpt_ha.formats.paths import folder_name, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 
-MAX_JSON_BYTES = 64 * 1024 * 1024
+MAX_JSON_BYTES = limits.MAX_TRAINER_JSON_BYTES
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default container since PyTorch 1.6
 PICKLE_MAGIC = b"\x80"  # the legacy format: a bare pickle stream
 RESUME_STATE = ("optimizer.pt", "scheduler.pt")
@@ -40,7 +41,8 @@ STATE = "trainer_state.json"
 """Written last by ``Trainer._save_checkpoint``: the Trainer's commit marker."""
 TRAINER_ONLY = frozenset({*RESUME_STATE, "scaler.pt", "training_args.bin", STATE})
 """Files only a Trainer's save writes (besides ``rng_state*.pth``)."""
-CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d+")
+CHECKPOINT_FOLDER = re.compile(r"checkpoint-\d{1,15}")
+"""At most 15 digits: a step an event can carry (below 2**53)."""
 ZIP_END = b"PK\x05\x06"
 ZIP64_LOCATOR = b"PK\x06\x07"
 ZIP_END_BYTES = 22
@@ -59,14 +61,13 @@ def is_trainer_folder(folder: str, names: Iterable[str]) -> bool:
 
 
 def global_step(data: bytes) -> int | None:
-    """The non-negative integer ``global_step`` of a ``trainer_state.json``, else None (also
-    while the file is still being written: it is not JSON before its last brace)."""
+    """The ``global_step`` of a ``trainer_state.json`` (an integer in 0 .. 2**53-1), else None
+    (also while the file is still being written: it is not JSON before its last brace)."""
     try:
-        doc = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        doc = jsondoc.parse(data)
+    except jsondoc.JsonInvalid:
         return None
-    step = doc.get("global_step") if isinstance(doc, dict) else None
-    return step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
+    return jsondoc.count(doc.get("global_step")) if isinstance(doc, dict) else None
 
 
 def torch_file_complete(store: ObjectStore, key: str, size: int) -> bool:
@@ -97,10 +98,10 @@ def _json(store: ObjectStore, key: str, name: str, report: Report) -> object:
         if store.stat(key).size > MAX_JSON_BYTES:
             report.fail(Verdict.CORRUPT, f"{name}: larger than {MAX_JSON_BYTES} bytes")
             return None
-        return json.loads(store.read_bytes(key).decode("utf-8"))
+        return jsondoc.parse(store.read_bytes(key))
     except ObjectNotFound:
         report.fail(Verdict.INCOMPLETE, f"{name}: missing")
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except jsondoc.JsonInvalid as exc:
         report.fail(Verdict.CORRUPT, f"{name}: not UTF-8 JSON ({exc})")
     return None
 
@@ -108,7 +109,9 @@ def _json(store: ObjectStore, key: str, name: str, report: Report) -> object:
 def torch_file(
     store: ObjectStore, key: str, name: str, report: Report, algorithm: str = cs.DEFAULT_ALGORITHM
 ) -> bool:
-    """Check one torch-pickled file; True when it was loaded with weights_only=True."""
+    """Check one torch-pickled file: its pickle always (restricted, any size), and a load with
+    weights_only=True when torch is installed and the file is at most `limits.MAX_LOAD_BYTES`;
+    True when that load ran."""
     try:
         size = store.stat(key).size
     except InvalidKey:
@@ -124,9 +127,13 @@ def torch_file(
     digest, read = cs.checksum(store, key, algorithm)
     report.bytes_read += read
     report.checksums[name] = digest
+    rng = is_rng_state(name.rsplit("/", 1)[-1])
+    failure = torch_pickle.check(store, key, name, length=size, numpy_rng=rng)
+    if failure is not None:
+        report.fail(*failure)
+        return False
     if torch_load.torch_module() is None or size > torch_load.MAX_LOAD_BYTES:
         return False
-    rng = name.rsplit("/", 1)[-1].startswith("rng_state")
     failure = torch_load.check(store.read_bytes(key), name, numpy_rng=rng)
     if failure is not None:
         report.fail(*failure)
@@ -137,13 +144,18 @@ def _torch_file(store: ObjectStore, prefix: str, name: str, report: Report, algo
     return torch_file(store, join(prefix, name), name, report, algorithm)
 
 
-def torch_check_label(loaded: list[bool]) -> str:
-    """``torch-load:weights_only`` when every torch file was loaded, else ``torch-magic-only``."""
+def torch_check_labels(loaded: list[bool]) -> list[str]:
+    """``torch-pickle:restricted`` (every torch file's pickle, always), then
+    ``torch-load:weights_only`` when every file was also loaded, else why not."""
+    labels = ["torch-pickle:restricted"]
     if all(loaded):
-        return "torch-load:weights_only"
-    if torch_load.torch_module() is None:
-        return "torch-magic-only (torch not installed)"
-    return f"torch-magic-only for {loaded.count(False)} file(s) over the load size limit"
+        labels.append("torch-load:weights_only")
+    elif torch_load.torch_module() is None:
+        labels.append("torch-load:not-run (torch not installed)")
+    else:
+        over = loaded.count(False)
+        labels.append(f"torch-load:not-run for {over} file(s) over {limits.MAX_LOAD_BYTES} bytes")
+    return labels
 
 
 def verify(
@@ -163,10 +175,10 @@ def verify(
         )
         return report
     state = _json(store, join(prefix, STATE), STATE, report)
-    step = state.get("global_step") if isinstance(state, dict) else None
-    if state is not None and not (isinstance(step, int) and step >= 0):
-        report.fail(Verdict.CORRUPT, f"{STATE}: no non-negative integer global_step")
-    report.step = step if isinstance(step, int) else None
+    step = jsondoc.count(state.get("global_step")) if isinstance(state, dict) else None
+    if state is not None and step is None:
+        report.fail(Verdict.CORRUPT, f"{STATE}: no integer global_step in 0 .. 2**53-1")
+    report.step = step
     if named is not None and report.step is not None and named != str(report.step):
         report.fail(Verdict.CORRUPT, f"folder {folder} but {STATE} says step {report.step}")
     config = _json(store, join(prefix, "config.json"), "config.json", report)
@@ -193,7 +205,7 @@ def verify(
     if report.ok:
         report.checks += ["trainer-state", "config", "weights", "checksums-recorded"]
         if torch_files:
-            report.checks.append(torch_check_label(loaded))
+            report.checks += torch_check_labels(loaded)
         if absent:
             report.checks.append(
                 f"weights-only: no {', '.join(absent)} (optimizer/scheduler/RNG state), "

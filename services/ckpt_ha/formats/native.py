@@ -8,37 +8,37 @@ without one is never complete.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ckpt_ha.contracts.bounds import Count
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import listed
+from ckpt_ha.formats import jsondoc, limits, listed
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import ObjectNotFound, ObjectStore
 
 MANIFEST = "ckpt-ha.manifest.json"
 MANIFEST_FORMAT = "ckpt-ha/manifest/v1"
-MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+MAX_MANIFEST_BYTES = limits.MAX_MANIFEST_BYTES
 
 
 class Shard(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     path: str = Field(min_length=1, max_length=1024)
-    size: int = Field(ge=0)
+    size: Count
     checksum: str = Field(min_length=3, max_length=200)
 
 
 class Manifest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    format: str = MANIFEST_FORMAT
-    step: int = Field(ge=0)
+    format: str = Field(default=MANIFEST_FORMAT, max_length=200)
+    step: Count
     created_at: datetime
     identity: CheckpointIdentity | None = None
     exact_resume: bool = True
@@ -92,8 +92,8 @@ def verify(store: ObjectStore, prefix: str, report: Report | None = None) -> Rep
         )
         return report
     try:
-        manifest = Manifest.model_validate(json.loads(store.read_bytes(key)))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        manifest = Manifest.model_validate(jsondoc.parse(store.read_bytes(key)))
+    except jsondoc.JsonInvalid as exc:
         report.fail(Verdict.CORRUPT, f"{MANIFEST} is not valid JSON: {exc}")
         return report
     except ValidationError as exc:

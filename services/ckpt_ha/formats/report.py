@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
+from ckpt_ha.formats import limits
 
 
 class Verdict(StrEnum):
@@ -40,9 +41,19 @@ class Report:
     """Findings that change no verdict but a human should see (files no commit file lists)."""
 
     def fail(self, verdict: Verdict, reason: str) -> None:
-        """Record a failed check; the report keeps the most severe verdict."""
+        """Record a failed check; the report keeps the most severe verdict.
+
+        At most `limits.MAX_REASONS` reasons are kept, then one saying more were found, each
+        cut at `limits.MAX_REASON_CHARS` characters: a hostile file cannot make the verdict
+        (and the event carrying it) grow without bound."""
         if _SEVERITY.index(verdict) > _SEVERITY.index(self.verdict):
             self.verdict = verdict
+        if len(self.reasons) > limits.MAX_REASONS:
+            return
+        if len(self.reasons) == limits.MAX_REASONS:
+            reason = f"more failed checks not listed (limit {limits.MAX_REASONS})"
+        elif len(reason) > limits.MAX_REASON_CHARS:
+            reason = f"{reason[: limits.MAX_REASON_CHARS - 3]}..."
         self.reasons.append(reason)
 
     @property

@@ -15,7 +15,6 @@ without their index are a save in progress, never a complete checkpoint.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import struct
@@ -23,12 +22,13 @@ from typing import Any
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
+from ckpt_ha.formats import jsondoc, limits
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 
-MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
-MAX_INDEX_BYTES = 64 * 1024 * 1024
+MAX_HEADER_BYTES = limits.MAX_SAFETENSORS_HEADER_BYTES  # the safetensors library's own limit
+MAX_INDEX_BYTES = limits.MAX_INDEX_BYTES
 INDEX_SUFFIX = ".safetensors.index.json"
 SHARD_NAME = re.compile(r".+-\d{5}-of-\d{5}\.safetensors")
 """How transformers names the shards of a sharded save (the index names them too)."""
@@ -57,20 +57,20 @@ def declared_size(store: ObjectStore, key: str, size: int) -> int | None:
     if 8 + header_len > size:
         return None
     try:
-        header = json.loads(store.read_bytes(key, offset=8, length=header_len).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        header = jsondoc.parse(store.read_bytes(key, offset=8, length=header_len))
+    except jsondoc.JsonInvalid:
         return size
     if not isinstance(header, dict):
         return size
-    ends: list[int] = [
-        spec["data_offsets"][1]
-        for name, spec in header.items()
-        if name != "__metadata__"
-        and isinstance(spec, dict)
-        and isinstance(spec.get("data_offsets"), list)
-        and len(spec["data_offsets"]) == 2
-        and isinstance(spec["data_offsets"][1], int)
-    ]
+    ends: list[int] = []
+    for name, spec in header.items():
+        offsets = spec.get("data_offsets") if isinstance(spec, dict) else None
+        if name == "__metadata__" or not isinstance(offsets, list) or len(offsets) != 2:
+            continue
+        end = jsondoc.count(offsets[1])
+        if end is None:
+            return size  # an end no file can reach: verification says why
+        ends.append(end)
     return 8 + int(header_len) + max(ends, default=0)
 
 
@@ -101,8 +101,8 @@ def verify_file(
         )
         return report, set()
     try:
-        header = json.loads(store.read_bytes(key, offset=8, length=header_len).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        header = jsondoc.parse(store.read_bytes(key, offset=8, length=header_len))
+    except jsondoc.JsonInvalid as exc:
         report.fail(Verdict.CORRUPT, f"{name}: header is not UTF-8 JSON ({exc})")
         return report, set()
     if not isinstance(header, dict):
@@ -152,14 +152,18 @@ def _tensor_problem(spec: object, data_len: int) -> str | None:
     dtype, shape, offsets = spec.get("dtype"), spec.get("shape"), spec.get("data_offsets")
     if dtype not in DTYPE_BYTES:
         return f"unknown dtype {dtype!r}"
-    if not isinstance(shape, list) or not all(isinstance(d, int) and d >= 0 for d in shape):
-        return f"bad shape {shape!r}"
+    if (
+        not isinstance(shape, list)
+        or len(shape) > limits.MAX_TENSOR_DIMS
+        or not all(jsondoc.count(d) is not None for d in shape)
+    ):
+        return f"bad shape {_short(shape)}"
     if (
         not isinstance(offsets, list)
         or len(offsets) != 2
-        or not all(isinstance(o, int) for o in offsets)
+        or not all(jsondoc.count(o) is not None for o in offsets)
     ):
-        return f"bad data_offsets {offsets!r}"
+        return f"bad data_offsets {_short(offsets)}"
     begin, end = offsets
     if not 0 <= begin <= end <= data_len:
         return f"data_offsets {offsets} outside the {data_len}-byte data area"
@@ -167,6 +171,12 @@ def _tensor_problem(spec: object, data_len: int) -> str | None:
     if end - begin != expected:
         return f"{end - begin} bytes for {dtype} x {shape} (expected {expected})"
     return None
+
+
+def _short(value: object) -> str:
+    """A value from a header, cut short: the header may hold megabytes in one field."""
+    text = repr(value)
+    return text if len(text) <= 100 else f"{text[:100]}..."
 
 
 def verify_sharded(
@@ -179,8 +189,8 @@ def verify_sharded(
         report.fail(Verdict.CORRUPT, f"{index_name}: larger than {MAX_INDEX_BYTES} bytes")
         return report
     try:
-        index = json.loads(store.read_bytes(key).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        index = jsondoc.parse(store.read_bytes(key))
+    except jsondoc.JsonInvalid as exc:
         report.fail(Verdict.CORRUPT, f"{index_name}: not UTF-8 JSON ({exc})")
         return report
     weight_map = index.get("weight_map") if isinstance(index, dict) else None

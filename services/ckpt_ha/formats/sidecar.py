@@ -18,14 +18,14 @@ leaves the format's own rules (``.metadata`` for DCP, ``trainer_state.json`` for
 
 from __future__ import annotations
 
-import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ckpt_ha.contracts.bounds import Count, WorldSize
 from ckpt_ha.contracts.checkpoint import CheckpointIdentity
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import listed
+from ckpt_ha.formats import jsondoc, limits, listed
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.formats.report import Report
 from ckpt_ha.storage import ObjectNotFound, ObjectStore
@@ -33,7 +33,7 @@ from ckpt_ha.storage import ObjectNotFound, ObjectStore
 INTENT = "ckpt-ha.identity.json"
 COMMIT = "ckpt-ha.commit.json"
 NAMES = frozenset({INTENT, COMMIT})
-MAX_BYTES = 16 * 1024 * 1024
+MAX_BYTES = limits.MAX_SIDECAR_BYTES
 
 
 class SidecarInvalid(Exception):
@@ -51,27 +51,27 @@ class _Frozen(BaseModel):
 class Intent(_Frozen):
     schema_version: Literal[1] = 1
     identity: CheckpointIdentity
-    format: str
+    format: str = Field(max_length=200)
     """What the framework writes into the folder: ``torch_dcp`` or ``hf_trainer``."""
-    step: int | None = Field(default=None, ge=0)
-    world_size: int = Field(default=1, ge=1)
+    step: Count | None = None
+    world_size: WorldSize = 1
     """How many processes write into the folder (each rank its own files)."""
 
 
 class FileEvidence(_Frozen):
-    size: int = Field(ge=0)
-    checksum: str
+    size: Count
+    checksum: str = Field(max_length=200)
     """``algorithm:hex`` (see `formats.checksum`)."""
 
 
 class Commit(_Frozen):
     schema_version: Literal[1] = 1
-    step: int = Field(ge=0)
+    step: Count
     files: dict[str, FileEvidence]
     """Every file of the checkpoint except the two sidecars, relative to its folder."""
     exact_resume: bool = True
     """False when the folder holds weights only (no optimizer/scheduler/RNG state)."""
-    data_position: int | None = Field(default=None, ge=0)
+    data_position: Count | None = None
 
     def paths_inside(self) -> bool:
         return all(inside(path) == path and path not in NAMES for path in self.files)
@@ -90,8 +90,8 @@ def _parse(model: type[Intent] | type[Commit], data: bytes, name: str) -> Intent
     if len(data) > MAX_BYTES:
         raise SidecarInvalid(f"{name}: larger than {MAX_BYTES} bytes")
     try:
-        return model.model_validate(json.loads(data))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        return model.model_validate(jsondoc.parse(data))
+    except jsondoc.JsonInvalid as exc:
         raise SidecarInvalid(f"{name}: not JSON ({exc})") from None
     except ValidationError as exc:
         raise SidecarInvalid(f"{name}: {exc.error_count()} invalid field(s): {exc}") from None
@@ -116,16 +116,23 @@ def parse_commit(data: bytes) -> Commit:
 
 def read_intent(store: ObjectStore, prefix: str) -> Intent | None:
     """The folder's intent, None when it has none; `SidecarInvalid` when it is not readable."""
-    try:
-        return parse_intent(store.read_bytes(join(prefix, INTENT)))
-    except ObjectNotFound:
-        return None
+    data = _read(store, join(prefix, INTENT), INTENT)
+    return None if data is None else parse_intent(data)
 
 
 def read_commit(store: ObjectStore, prefix: str) -> Commit | None:
     """The folder's commit file, None when it has none; `SidecarInvalid` when not readable."""
+    data = _read(store, join(prefix, COMMIT), COMMIT)
+    return None if data is None else parse_commit(data)
+
+
+def _read(store: ObjectStore, key: str, name: str) -> bytes | None:
+    """The sidecar's bytes, None when absent; never more than `MAX_BYTES` read."""
     try:
-        return parse_commit(store.read_bytes(join(prefix, COMMIT)))
+        size = store.stat(key).size
+        if size > MAX_BYTES:
+            raise SidecarInvalid(f"{name}: {size} bytes, larger than {MAX_BYTES}")
+        return store.read_bytes(key)
     except ObjectNotFound:
         return None
 

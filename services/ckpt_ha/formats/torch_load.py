@@ -16,10 +16,11 @@ import pickle
 from types import ModuleType
 from typing import Any
 
+from ckpt_ha.formats import limits
 from ckpt_ha.formats.report import Verdict
 
-MAX_LOAD_BYTES = 1024 * 1024 * 1024
-"""Larger files are not loaded (memory); they keep the structural checks only."""
+MAX_LOAD_BYTES = limits.MAX_LOAD_BYTES
+"""Larger files are not loaded (memory); their pickle is still checked (`torch_pickle`)."""
 
 # How torch's weights-only unpickler words a refusal of content (as opposed to unreadable bytes).
 _UNSAFE_MARKERS = (

@@ -50,6 +50,7 @@ per-device batch x gradient accumulation x world size.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
 import math
@@ -65,6 +66,7 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer_utils import TrainOutput
 
 from ckpt_ha import formats
+from ckpt_ha.contracts.bounds import MAX_METRICS, MAX_NAME
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointFormat,
@@ -306,12 +308,14 @@ class CkptHaCallback(TrainerCallback):
     ) -> None:
         if self.ctx is None or not state.is_world_process_zero:
             return
-        metrics = {
-            name: float(value)
+        # What a report can carry (finite numbers, bounded names and count): a Trainer's logs
+        # are not ours to refuse, so the rest is left out rather than failing the step.
+        metrics = dict(itertools.islice((
+            (name, float(value))
             for name, value in (logs or {}).items()
             if isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value)
-        }  # fmt: skip
+            and math.isfinite(value) and len(name) <= MAX_NAME
+        ), MAX_METRICS))  # fmt: skip
         step = state.global_step
         progress(step, data_position=samples_seen(args, state, step), metrics=metrics, ctx=self.ctx)
 

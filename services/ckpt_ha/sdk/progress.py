@@ -6,11 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 from collections.abc import Mapping
 
 import numpy as np
 
+from ckpt_ha.contracts.bounds import MAX_METRICS, MAX_NAME, MAX_SAFE_INT
 from ckpt_ha.contracts.job import JobProgressV1
 from ckpt_ha.core.clock import utc_now
 from ckpt_ha.sdk import publisher as background
@@ -38,7 +40,15 @@ def progress(
 
     Returns whether the report was queued without pushing an older one out: False outside a
     runner (nothing is reported), without a bus, or when the queue was full.
+
+    Raises ValueError, before anything is written or queued, for a metric that is not a finite
+    number (NaN, Infinity: JSON cannot carry them, and a report every consumer refuses would
+    only be dead-lettered) and for a step or data position outside 0 .. 2**53-1.
     """
+    values = finite_metrics(metrics)
+    for name, value in (("step", step), ("data_position", data_position)):
+        if value is not None and not 0 <= value <= MAX_SAFE_INT:
+            raise ValueError(f"{name} {value} is outside 0 .. 2**53-1")
     ctx = ctx if ctx is not None else context()
     if ctx is None:
         return False
@@ -53,11 +63,37 @@ def progress(
         step=step,
         data_position=data_position,
         rng_fingerprint=rng_fingerprint,
-        metrics={k: float(v) for k, v in (metrics or {}).items()},
+        metrics=values,
         plan_id=ctx.plan.plan_id if ctx.plan is not None else None,
     )
     key = f"job.progress|{ctx.job_id}|{ctx.run_id}|{ctx.attempt}|{step}"
     return background.publisher_for(ctx.bus).submit(event, utc_now(), key)
+
+
+def finite_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
+    """``metrics`` as floats; ValueError naming the first one that is not a finite number, or
+    when there are more (or longer names) than an event carries (`ckpt_ha.contracts.bounds`).
+
+    A training loop that may see a NaN loss filters it itself (as the Hugging Face callback
+    does): ckpt-ha never guesses what a NaN should be reported as.
+    """
+    values: dict[str, float] = {}
+    for name, value in (metrics or {}).items():
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"metric {name!r} is {value!r}, not a number") from None
+        if not math.isfinite(number):
+            raise ValueError(
+                f"metric {name!r} is {number}: progress reports carry finite numbers only "
+                "(JSON has no NaN or Infinity); leave it out or report it as a finite value"
+            )
+        if len(name) > MAX_NAME:
+            raise ValueError(f"metric name {name[:40]!r}... is longer than {MAX_NAME} characters")
+        values[name] = number
+    if len(values) > MAX_METRICS:
+        raise ValueError(f"{len(values)} metrics; a progress report carries at most {MAX_METRICS}")
+    return values
 
 
 def progress_stats(bus: Bus | None = None) -> PublisherStats | None:

@@ -242,51 +242,76 @@ def observe(
     registered = registry or {}
     events: list[EventData] = []
     for obs in seen:
-        job = owner(obs.folder)
-        signature = tuple(sorted(obs.files.items()))
-        known = state.folders.get(obs.folder)
-        cid = checkpoint_id(obs.folder, obs.first_written)
-        if job is None:
-            if known is None:
-                state.notes.append(
-                    f"{obs.folder}: not under a job's own folder (its first component is no "
-                    "usable job id); not announced"
-                )
-            state.folders[obs.folder] = Tracked(cid, now, now, signature, phase=IGNORED)
-            continue
-        settled = known is not None and known.checkpoint_id == cid
-        if known is None or known.checkpoint_id != cid:  # new, or rewritten from scratch
-            if known is not None and known.phase == "writing":
-                reason = "rewritten before it was committed (its oldest file changed)"
-                events.append(_failed(obs.folder, known.checkpoint_id, obs.uri, reason))
-            known = Tracked(cid, first_seen=now, last_change=now, signature=signature, uri=obs.uri)
-        elif known.signature != signature:
-            known = replace(known, last_change=now, signature=signature)
-        gaps = missing(obs.evidence, obs.files)
-        if not gaps:
-            if known.phase != "committed":
-                events.append(_committed(obs, cid, state.notes))
-                known = replace(known, phase="committed")
-        elif known.phase == "committed" and obs.evidence.required is not None:
-            events.extend(lost_after_commit(obs, cid, gaps, registered.get(cid)))
-            known = replace(known, phase="failed")
-        elif known.phase == "new" and settled:
-            events.append(
-                CheckpointWritingV1(
-                    job_id=job,
-                    checkpoint_id=cid,
-                    uri=obs.uri,
-                    run_id=obs.evidence.run_id or "unknown",
-                    format=obs.evidence.format,
-                )
+        # One folder whose content no event can carry (a value past the contract's bounds)
+        # is noted and keeps its state; every other folder is still decided.
+        try:
+            decided, known = _observe_one(state, obs, now, stall_after, registered, storage_trouble)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            state.notes.append(
+                f"{obs.folder}: no event can describe it ({where}: {first['msg']}); "
+                "left as it was, decided again on the next scan"
             )
-            known = replace(known, phase="writing")
-        elif known.phase == "writing" and now - known.last_change > stall_after:
-            events.append(_stalled(obs, cid, gaps, stall_after, known, storage_trouble))
-            known = replace(known, phase="failed")
+            continue
+        events.extend(decided)
         state.folders[obs.folder] = known
     events.extend(_forget_vanished(state, {obs.folder for obs in seen}))
     return events
+
+
+def _observe_one(
+    state: WatchState,
+    obs: Observation,
+    now: datetime,
+    stall_after: timedelta,
+    registered: Mapping[str, CheckpointState | None],
+    storage_trouble: tuple[datetime, str] | None,
+) -> tuple[list[EventData], Tracked]:
+    """One folder's events and its new tracking; raises before changing anything."""
+    events: list[EventData] = []
+    job = owner(obs.folder)
+    signature = tuple(sorted(obs.files.items()))
+    known = state.folders.get(obs.folder)
+    cid = checkpoint_id(obs.folder, obs.first_written)
+    if job is None:
+        if known is None:
+            state.notes.append(
+                f"{obs.folder}: not under a job's own folder (its first component is no "
+                "usable job id); not announced"
+            )
+        return events, Tracked(cid, now, now, signature, phase=IGNORED)
+    settled = known is not None and known.checkpoint_id == cid
+    if known is None or known.checkpoint_id != cid:  # new, or rewritten from scratch
+        if known is not None and known.phase == "writing":
+            reason = "rewritten before it was committed (its oldest file changed)"
+            events.append(_failed(obs.folder, known.checkpoint_id, obs.uri, reason))
+        known = Tracked(cid, first_seen=now, last_change=now, signature=signature, uri=obs.uri)
+    elif known.signature != signature:
+        known = replace(known, last_change=now, signature=signature)
+    gaps = missing(obs.evidence, obs.files)
+    if not gaps:
+        if known.phase != "committed":
+            events.append(_committed(obs, cid, state.notes))
+            known = replace(known, phase="committed")
+    elif known.phase == "committed" and obs.evidence.required is not None:
+        events.extend(lost_after_commit(obs, cid, gaps, registered.get(cid)))
+        known = replace(known, phase="failed")
+    elif known.phase == "new" and settled:
+        events.append(
+            CheckpointWritingV1(
+                job_id=job,
+                checkpoint_id=cid,
+                uri=obs.uri,
+                run_id=obs.evidence.run_id or "unknown",
+                format=obs.evidence.format,
+            )
+        )
+        known = replace(known, phase="writing")
+    elif known.phase == "writing" and now - known.last_change > stall_after:
+        events.append(_stalled(obs, cid, gaps, stall_after, known, storage_trouble))
+        known = replace(known, phase="failed")
+    return events, known
 
 
 def _stalled(

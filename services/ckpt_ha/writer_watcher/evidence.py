@@ -26,18 +26,30 @@ between the listing and its read leaves the folder uncommitted until the next sc
 
 from __future__ import annotations
 
-import json
+import logging
 from collections.abc import Mapping
 
 from pydantic import ValidationError
 
+from ckpt_ha.contracts.bounds import MAX_LABEL
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
-from ckpt_ha.formats import dcp, dcp_metadata, detect, hf_trainer, native, safetensors, sidecar
+from ckpt_ha.formats import (
+    dcp,
+    dcp_metadata,
+    detect,
+    hf_trainer,
+    jsondoc,
+    limits,
+    native,
+    safetensors,
+    sidecar,
+)
 from ckpt_ha.formats.paths import inside
 from ckpt_ha.storage import ObjectNotFound, ObjectStore, StorageError
 from ckpt_ha.writer_watcher.domain import Evidence
 
-MAX_MARKER_BYTES = 16 * 1024 * 1024
+MAX_MARKER_BYTES = limits.MAX_MARKER_BYTES
+log = logging.getLogger("ckpt_ha.writer_watcher")
 CHANGED = "a file changed while it was read"
 
 
@@ -49,6 +61,14 @@ def read(store: ObjectStore, folder: str, files: Mapping[str, int]) -> Evidence:
     except ObjectNotFound:
         # A file went away between the listing and its read: the next scan decides.
         return Evidence(fmt, None, pending=(CHANGED,))
+    except StorageError:
+        raise  # an outage: the whole pass is retried, it decides nothing
+    except Exception as exc:  # noqa: BLE001 - one folder's content must never blind the scan
+        # Not committed on evidence nobody could read: it stays awaited, and a write that
+        # never gets readable evidence is reported failed after the stall timeout, with this.
+        log.warning("%s: commit evidence unreadable: %r", folder, exc)
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return Evidence(fmt, None, pending=(f"readable commit evidence (unreadable: {why})",))
 
 
 def _read(
@@ -109,8 +129,8 @@ def _torch_finished(store: ObjectStore, key: str, size: int) -> bool:
 def _json(store: ObjectStore, key: str, size: int) -> object:
     data = _bytes(store, key, size)
     try:
-        return None if data is None else json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None if data is None else jsondoc.parse(data)
+    except jsondoc.JsonInvalid:
         return None
 
 
@@ -172,17 +192,16 @@ def _native(store: ObjectStore, folder: str, files: Mapping[str, int]) -> Eviden
     required = dict(marker)
     for shard in shards:
         path = inside(shard.get("path")) if isinstance(shard, dict) else None
-        size = shard.get("size") if isinstance(shard, dict) else None
-        if path is not None and isinstance(size, int):
+        size = jsondoc.count(shard.get("size")) if isinstance(shard, dict) else None
+        if path is not None and size is not None:
             required[path] = size
-    step = doc.get("step")
     identity = doc.get("identity")
     run_id = identity.get("run_id") if isinstance(identity, dict) else None
     return Evidence(
         fmt,
         required,
-        step=step if isinstance(step, int) else None,
-        run_id=run_id if isinstance(run_id, str) else None,
+        step=jsondoc.count(doc.get("step")),
+        run_id=run_id if isinstance(run_id, str) and len(run_id) <= MAX_LABEL else None,
         identity=_identity(identity),
     )
 
