@@ -4,7 +4,7 @@ A checkpoint folder is input from a training job, so each reader is bounded in t
 reads, the memory it builds and the time it spends; input past a limit is a verdict
 (``corrupt``, ``incomplete`` or ``unsafe`` with a reason naming the limit), never an exception
 and never a size above which a safety check is skipped. The event contracts have their own
-bounds (`ckpt_ha.contracts.bounds`); ``docs/limits-parsing.md`` lists both.
+bounds (`ckpt_ha.contracts.bounds`); ``docs/SECURITY.md`` lists both.
 
 JSON files (every one goes through `jsondoc.parse`)
 
