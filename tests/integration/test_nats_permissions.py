@@ -157,7 +157,10 @@ async def test_the_sdk_announces_as_the_runner_user(
     from ckpt_ha import sdk
 
     bus = sdk.Bus(
-        secured_nats.url, prefix=settings.subject_prefix, user="runner", password="pw-runner"
+        secured_nats.url,
+        prefix=settings.subject_prefix,
+        user="runner",
+        password=SecretStr("pw-runner"),
     )
     saved = await asyncio.to_thread(
         sdk.save, str(tmp_path), "job-r", 1, {"w": b"x" * 10}, run_id="r", bus=bus

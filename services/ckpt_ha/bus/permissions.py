@@ -63,6 +63,10 @@ PRINCIPALS: tuple[Principal, ...] = (
 )  # fmt: skip
 
 
+def users() -> tuple[str, ...]:
+    return (*(p.user for p in PRINCIPALS), "operator")
+
+
 def env_password(user: str) -> str:
     return "$CKPT_HA_NATS_PASSWORD_" + user.upper().replace("-", "_")
 

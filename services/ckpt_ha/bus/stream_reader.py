@@ -23,7 +23,7 @@ async def read_events(
     """Every decodable event on ``subject_filter`` now in the stream, in order, and how many
     messages were read (undecodable ones are reported by error code to ``on_undecodable``)."""
     nc = await nats.connect(
-        cfg.url, user=cfg.user, password=cfg.password, connect_timeout=5, max_reconnect_attempts=2
+        cfg.url, **cfg.connect_options(), connect_timeout=5, max_reconnect_attempts=2
     )
     events: list[Envelope[EventData]] = []
     read = 0

@@ -245,8 +245,7 @@ class ProgressPublisher:
         try:
             nc = await nats.connect(
                 self.bus.url,
-                user=self.bus.user,
-                password=self.bus.password,
+                **self.bus.connect_options(),
                 connect_timeout=self.bus.timeout_s,
                 # One try now; retrying is this publisher's back-off (nats-py reads 0 attempts
                 # as "retry the first connect forever").
