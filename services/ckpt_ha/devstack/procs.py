@@ -18,9 +18,11 @@ import fcntl
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
+import subprocess
 import sysconfig
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +43,7 @@ __all__ = [
     "nats_server_binary",
     "pause",
     "redis_server_binary",
+    "redis_server_version",
     "resume",
     "start_nats",
     "start_process",
@@ -189,6 +192,18 @@ def redis_server_binary() -> Path:
         candidates += [Path(d) / "bin" / "redis-server" for d in spec.submodule_search_locations]
     candidates.append(Path(sysconfig.get_path("scripts")) / "redis-server")
     return _checked_binary("redis-server", candidates)
+
+
+def redis_server_version(binary: Path | None = None) -> tuple[int, int]:
+    """(major, minor) of ``binary`` (default `redis_server_binary`), from ``--version``."""
+    path = binary if binary is not None else redis_server_binary()
+    out = subprocess.run(
+        [str(path), "--version"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+    found = re.search(r"v=(\d+)\.(\d+)", out)
+    if found is None:
+        raise ProcsError(f"cannot tell the version of {path} from {out.strip()!r}")
+    return int(found[1]), int(found[2])
 
 
 def free_port() -> int:

@@ -306,6 +306,7 @@ def _start_redis(home: Path, env: Mapping[str, str], keep: StackSecrets) -> Mana
     text = acl.render(
         lambda user: keep.read(keep.redis(user)),
         prefix=env.get("CKPT_HA_REGISTRY_PREFIX") or acl.DEFAULT_PREFIX,
+        read_only_keys=procs.redis_server_version() >= (7, 0),
     )
     probe = keep.read(keep.redis(OPERATOR)).get_secret_value()
     return procs.start_redis(home, acl=text, login=(OPERATOR, probe))

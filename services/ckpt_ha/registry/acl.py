@@ -16,9 +16,10 @@ renders its own with
     python -m ckpt_ha.registry.acl render --passwords-from-env > /etc/ckpt-ha/redis/users.acl
 
 reading ``CKPT_HA_REDIS_PASSWORD_<USER>`` (or ``..._FILE``) for each user and writing only the
-SHA-256 of each password (``#<hex>``). Redis before 7 has no read-only key patterns, so a user
-that reads one key space and writes another may write both; SCAN names keys of every space
-(it takes no key), which is why only the retention-janitor and operators have it.
+SHA-256 of each password (``#<hex>``). A key space a user only reads is granted read-only
+(``%R~``, Redis 7); ``--redis-6`` renders for Redis 6.2 (the embedded stack's), which has no
+read-only patterns, so there a user may write what it reads. SCAN names keys of every space (it
+takes no key), which is why only the retention-janitor and operators have it.
 """
 
 from __future__ import annotations
@@ -71,8 +72,9 @@ def key_spaces(prefix: str) -> dict[str, str]:
     }
 
 
-CONNECT = ("ping", "client|setinfo")
-"""Health checks, and the client library naming itself on connect."""
+CONNECT = ("ping",)
+"""Health checks. (`client.connect` turns off the client's CLIENT SETINFO on connect: Redis
+before 7.2 has no such subcommand to grant.)"""
 PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush")
 """What the registry's compare-and-set script runs (`redis_registry._WRITE_LUA`)."""
 
@@ -80,40 +82,42 @@ PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush")
 @dataclass(frozen=True)
 class RedisUser:
     user: str
-    keys: tuple[str, ...]
-    """Names of `key_spaces` this user may touch."""
+    writes: tuple[str, ...]
+    """Names of `key_spaces` this user writes (and reads)."""
+    reads: tuple[str, ...]
+    """Names of `key_spaces` this user only reads."""
     commands: tuple[str, ...]
     """Commands (``command|subcommand``) its code issues; everything else is refused."""
 
 
 USERS: tuple[RedisUser, ...] = (
     # Watch state per storage root; reads a record to tell a failed write from a lost file.
-    RedisUser("writer-watcher", ("checkpoints", "watcher-state"),
+    RedisUser("writer-watcher", ("watcher-state",), ("checkpoints",),
               (*CONNECT, "get", "hgetall", "hset", "hdel", "multi", "exec", "discard")),
     # Reads records (verify, scrub); never writes the registry.
-    RedisUser("integrity-checker", ("checkpoints", "state-index"),
+    RedisUser("integrity-checker", (), ("checkpoints", "state-index"),
               (*CONNECT, "get", "mget", "smembers")),
     # Projects every checkpoint event: the compare-and-set script and the reads before it.
     RedisUser("registrar", ("checkpoints", "job-index", "state-index", "uri-index", "jobs",
-                            "applied", "owners", "projects", "owner-log", "tiers", "tier-log",
-                            "tier-declared"),
+                            "applied", "owners", "projects", "owner-log", "tiers", "tier-log"),
+              ("tier-declared",),
               (*CONNECT, "mget", "smembers", "smismember", "evalsha", "script|load",
                *PROJECTION)),
     # Its own memory and the pins; reads a job's records to choose a restore.
-    RedisUser("restore-coordinator", ("restore-state", "pins", "checkpoints", "job-index"),
+    RedisUser("restore-coordinator", ("restore-state", "pins"), ("checkpoints", "job-index"),
               (*CONNECT, "get", "set", "mget", "del", "expire", "hset", "hget", "hmget",
                "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
                "zremrangebyrank", "sadd", "smembers", "rpush", "ltrim", "lrange", "multi",
                "exec", "discard")),
     # Reads jobs, records, tiers, pins and plans in progress; records the declared tier.
-    RedisUser("retention-janitor", ("jobs", "job-index", "checkpoints", "tiers", "tier-declared",
-                                    "pins", "restore-plans", "restore-verdicts",
-                                    "restore-starts"),
+    RedisUser("retention-janitor", ("tier-declared",),
+              ("jobs", "job-index", "checkpoints", "tiers", "pins", "restore-plans",
+               "restore-verdicts", "restore-starts"),
               (*CONNECT, "get", "set", "del", "mget", "smembers", "zrevrange", "hgetall",
                "scan")),
     # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
     # audits, manual actions), no server administration.
-    RedisUser("operator", ("everything",),
+    RedisUser("operator", ("everything",), (),
               (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire", "hset", "hget",
                "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange", "zrevrange", "sadd",
                "srem", "smembers", "sismember", "smismember", "rpush", "lrange", "evalsha",
@@ -139,15 +143,19 @@ def password_hash(password: SecretStr) -> str:
 def render(
     passwords: Callable[[str], SecretStr | None] = lambda user: None,
     prefix: str = DEFAULT_PREFIX,
+    *,
+    read_only_keys: bool = True,
 ) -> str:
     """The ACL file: ``default`` off, then one line per user. A user whose password is None
-    gets none (it cannot log in until one is set)."""
+    gets none (it cannot log in until one is set). ``read_only_keys=False`` for Redis 6."""
     spaces = key_spaces(prefix)
     lines = ["user default off resetchannels resetkeys -@all"]
     for u in USERS:
         password = passwords(u.user)
         secret = [password_hash(password)] if password is not None else []
-        keys = [f"~{spaces[name]}" for name in u.keys]
+        read = "%R~" if read_only_keys else "~"
+        keys = [f"~{spaces[name]}" for name in u.writes]
+        keys += [f"{read}{spaces[name]}" for name in u.reads]
         cmds = [f"+{c}" for c in u.commands]
         lines.append(" ".join(["user", u.user, "on", *secret, "resetchannels", "resetkeys",
                                *keys, "-@all", *cmds]))  # fmt: skip
@@ -168,7 +176,7 @@ def passwords_from(env: Mapping[str, str]) -> Callable[[str], SecretStr]:
 
 USAGE = (
     "usage: python -m ckpt_ha.registry.acl [--check]\n"
-    "       python -m ckpt_ha.registry.acl render --passwords-from-env [--prefix P]"
+    "       python -m ckpt_ha.registry.acl render --passwords-from-env [--prefix P] [--redis-6]"
 )
 
 
@@ -176,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["render"]:
         rest = args[1:]
+        redis_6 = "--redis-6" in rest
+        rest = [a for a in rest if a != "--redis-6"]
         prefix = DEFAULT_PREFIX
         if "--prefix" in rest:
             at = rest.index("--prefix")
@@ -185,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             print(USAGE, file=sys.stderr)
             return 2
         try:
-            sys.stdout.write(render(passwords_from(os.environ), prefix))
+            text = render(passwords_from(os.environ), prefix, read_only_keys=not redis_6)
+            sys.stdout.write(text)
         except credentials.CredentialsError as exc:
             print(f"ckpt_ha.registry.acl: {exc}", file=sys.stderr)
             return 1

@@ -10,6 +10,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from pydantic import SecretStr
+from redis.maint_notifications import MaintNotificationsConfig
 
 from ckpt_ha import credentials
 
@@ -38,7 +39,12 @@ def connect(where: str | RedisConfig) -> aioredis.Redis:
     """A client for a URL (``redis://`` / ``rediss://`` / ``unix://``) or a `RedisConfig`,
     returning ``str``."""
     cfg = where if isinstance(where, RedisConfig) else RedisConfig(where)
-    options: dict[str, Any] = {"decode_responses": True}
+    # No CLIENT command on connect (SETINFO, MAINT_NOTIFICATIONS): no ACL user is granted one.
+    options: dict[str, Any] = {
+        "decode_responses": True,
+        "driver_info": None,
+        "maint_notifications_config": MaintNotificationsConfig(enabled=False),
+    }
     if cfg.user is not None:
         options["username"] = cfg.user
     if cfg.password is not None:
