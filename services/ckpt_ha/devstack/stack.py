@@ -294,10 +294,12 @@ def _start_nats(home: Path, env: Mapping[str, str], keep: StackSecrets) -> Manag
         permissions.env_password(user).removeprefix("$"): keep.read(keep.nats(user))
         for user in permissions.users()
     }
+    # nats-server parses a variable's value as a config value (a password starting with a
+    # digit would be read as a number): quoted, it is the string itself.
     return procs.start_nats(
         home,
         config_extra=conf,
-        env={name: secret.get_secret_value() for name, secret in passwords.items()},
+        env={name: json.dumps(secret.get_secret_value()) for name, secret in passwords.items()},
     )
 
 
