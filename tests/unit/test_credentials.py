@@ -157,3 +157,32 @@ def test_a_missing_password_file_is_one_line_from_the_cli(
         f"ckpt-ha: $CKPT_HA_REDIS_PASSWORD_FILE: cannot read {tmp_path / 'missing'}: "
         "No such file or directory\n"
     )
+
+
+def test_status_shows_component_urls_without_passwords(tmp_path: Path) -> None:
+    from ckpt_ha.devstack import stack
+    from ckpt_ha.devstack.procs import ManagedProcess
+
+    proc = ManagedProcess(
+        name="redis", pid=2**22 + 1, port=1, url=f"redis://op:{SECRET}@h:1/0", log_path=tmp_path
+    )
+    state = stack.StackState(tmp_path, "", "", str(tmp_path), (proc,))
+    [row] = stack.status(state)
+    assert row.url == "redis://op:***@h:1/0"
+
+
+def test_the_sdk_logs_its_bus_without_the_password(caplog: pytest.LogCaptureFixture) -> None:
+    import time
+
+    from ckpt_ha.sdk import publisher
+
+    bus = sdk.Bus(f"nats://job:{SECRET}@127.0.0.1:9", timeout_s=0.2, retry_after_s=0.1)
+    ctx = protocol.Context(job_id="j", run_id="r", attempt=1, storage_root=None, bus=bus)
+    with caplog.at_level(logging.DEBUG, logger="ckpt_ha.sdk"):
+        sdk.progress(10, metrics={"loss": 1.0}, ctx=ctx)
+        deadline = time.monotonic() + 10
+        while "cannot reach NATS" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+        publisher.close_all()
+    assert "cannot reach NATS at nats://job:***@127.0.0.1:9" in caplog.text
+    assert SECRET not in caplog.text

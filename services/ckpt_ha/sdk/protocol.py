@@ -89,6 +89,11 @@ class Bus:
         if self.ca_file and credentials.scheme(self.url) != "tls":
             raise credentials.PlaintextWithCa(NATS_CA_FILE, self.url, "tls")
 
+    @property
+    def shown_url(self) -> str:
+        """The URL for logs (a password in it replaced)."""
+        return credentials.redact_url(self.url)
+
     def connect_options(self) -> dict[str, Any]:
         """User, password and TLS context for ``nats.connect``."""
         tls = (

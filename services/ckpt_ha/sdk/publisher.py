@@ -179,7 +179,7 @@ class ProgressPublisher:
             log.warning(
                 "job.progress: %d report(s) not published so far on %s (%d dropped from the "
                 "full queue of %d, %d failed)",
-                after, self.bus.url, self._dropped, self.capacity, self._failed,
+                after, self.bus.shown_url, self._dropped, self.capacity, self._failed,
             )  # fmt: skip
 
     # --- the publisher thread -------------------------------------------------------------
@@ -240,7 +240,7 @@ class ProgressPublisher:
 
     async def _connect(self) -> Any:
         async def quiet(exc: Exception) -> None:
-            log.debug("progress publisher on %s: %r", self.bus.url, exc)
+            log.debug("progress publisher on %s: %r", self.bus.shown_url, exc)
 
         try:
             nc = await nats.connect(
@@ -263,7 +263,7 @@ class ProgressPublisher:
                 self._settled.notify_all()
             (log.warning if first else log.debug)(
                 "job.progress: cannot reach NATS at %s (%r); reports queue meanwhile",
-                self.bus.url, exc,
+                self.bus.shown_url, exc,
             )  # fmt: skip
             return None
         with self._lock:
