@@ -48,7 +48,8 @@ def settings_of(kind: type[S], env: Mapping[str, str], home: Path, principal: st
     state = stack.StackState.load(home)
     if state is not None:
         logins = stack.login_settings(state, principal)
-        overrides["signing_key"] = logins["signing_key"]
+        if not (env.get("NATS_URL") and env.get("REDIS_URL")):
+            overrides["signing_key"] = logins["signing_key"]  # the stack's own
         if not env.get("NATS_URL"):
             overrides["nats_url"] = state.nats_url
             overrides |= {k: v for k, v in logins.items() if "nats" in k}
