@@ -17,7 +17,9 @@ from urllib.parse import urlparse
 import nats
 import pytest
 import redis.asyncio as aioredis
+from pydantic import SecretStr
 
+from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registrar.app import build as build_registrar
@@ -25,6 +27,7 @@ from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import publisher
 from ckpt_ha.writer_watcher import adapters as watcher_adapters
+from tests.support.bus_tools import SIGNING_KEY
 
 pytest_plugins = ["tests.support.private_infra"]
 
@@ -84,7 +87,11 @@ async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[
         backoff_s=(0.2, 0.2, 0.2),
         fetch_batch=32,
         graceful_timeout_s=3.0,
+        signing_key=SecretStr(SIGNING_KEY),
     )
+    nc = await nats.connect(nats_url)
+    await streams.provision(nc.jetstream(), s.bus())  # as the operator would, before services
+    await nc.close()
     yield s
     nc = await nats.connect(nats_url)
     js = nc.jetstream()

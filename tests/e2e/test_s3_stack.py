@@ -29,7 +29,7 @@ from ckpt_ha.devstack.stack import start_service
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import ObjectInfo, S3Store
-from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.bus_tools import job_key, stream_messages, wait_for
 from tests.support.cli_tools import stack_env
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
 
@@ -125,7 +125,7 @@ async def test_good_checkpoint_registered_corrupt_one_quarantined_on_s3(
     registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
     weights = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)
     state = {"weights": weights, "optimizer": {"step": 1, "lr": 3e-4}, "rng": b"\x07" * 32}
-    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix)
+    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-s3"))
 
     async def record(checkpoint_id: str) -> CheckpointRecord | None:
         return await registry.get(checkpoint_id)

@@ -21,7 +21,7 @@ from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore
-from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.bus_tools import job_key, stream_messages, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -179,7 +179,7 @@ async def test_sdk_save_is_announced_verified_and_registered(
     saved = await asyncio.to_thread(
         sdk.save, root, "job-s", 7, {"weights": weights, "optimizer.bin": b"adam" * 100},
         run_id="run-9", code_version="abc123",
-        bus=sdk.Bus(settings.nats_url, prefix=settings.subject_prefix),
+        bus=sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-s")),
     )  # fmt: skip
     assert saved.announced
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator, Iterator
@@ -11,15 +13,17 @@ import nats
 import pytest
 from pydantic import SecretStr
 
+from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.permissions import PRINCIPALS, main, render
+from ckpt_ha.bus.streams import StreamMisconfigured
 from ckpt_ha.cli.serve import entries
 from ckpt_ha.contracts.subjects import event_subject
 from ckpt_ha.devstack import procs
 from ckpt_ha.registrar.app import Registrar, build
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
-from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.bus_tools import job_key, stream_messages, wait_for
 from tests.support.events import committed, verified
 
 pytestmark = pytest.mark.integration
@@ -48,6 +52,13 @@ def secured_nats(tmp_path: Path, settings: ServiceSettings) -> Iterator[procs.Ma
         dlq_stream=settings.dead_letter_stream,
     )
     proc = procs.start_nats(tmp_path, config_extra=conf)
+
+    async def provision() -> None:  # the operator's step, before any service starts
+        nc = await nats.connect(f"nats://operator:pw-operator@{proc.url.removeprefix('nats://')}")
+        await streams.provision(nc.jetstream(), settings.bus())
+        await nc.close()
+
+    asyncio.run(provision())
     yield proc
     procs.stop(proc)
 
@@ -128,21 +139,20 @@ async def test_wrong_password_is_refused(secured_nats: procs.ManagedProcess) -> 
         )
 
 
-async def test_the_sdk_announces_as_the_runner_user(
+async def test_the_sdk_announces_as_the_job_user(
     settings: ServiceSettings,
     secured_nats: procs.ManagedProcess,
     confined_registrar: Registrar,
     tmp_path: Path,
 ) -> None:
-    import asyncio
-
     from ckpt_ha import sdk
 
     bus = sdk.Bus(
         secured_nats.url,
         prefix=settings.subject_prefix,
-        user="runner",
-        password=SecretStr("pw-runner"),
+        user="job",
+        password=SecretStr("pw-job"),
+        job_key=job_key("job-r"),
     )
     saved = await asyncio.to_thread(
         sdk.save, str(tmp_path), "job-r", 1, {"w": b"x" * 10}, run_id="r", bus=bus
@@ -154,15 +164,112 @@ async def test_the_sdk_announces_as_the_runner_user(
         states = [h.state.value for h in rec.history] if rec is not None else []
         return states if len(states) >= 2 else []
 
-    history = await wait_for(both, what="the runner's announcements in the registry")
+    history = await wait_for(both, what="the job's announcements in the registry")
     assert history == ["writing", "pending_verification"]
+
+
+async def nats_as(proc: procs.ManagedProcess, user: str) -> nats.aio.client.Client:
+    host = proc.url.removeprefix("nats://")
+    return await nats.connect(
+        f"nats://{user}:pw-{user}@{host}", max_reconnect_attempts=0, allow_reconnect=False
+    )
+
+
+@pytest.mark.parametrize("user", ["job", "runner", "registrar", "retention-janitor"])
+async def test_no_job_or_service_principal_may_change_or_purge_a_stream(
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess, user: str
+) -> None:
+    """``max_msgs=1`` amounts to a purge: a job's or a service's credentials can do neither."""
+    nc = await nats_as(secured_nats, user)
+    js = nc.jetstream(timeout=1)
+    try:
+        info = await js.stream_info(settings.events_stream)  # reading the config is allowed
+        assert info.config.deny_purge
+        assert info.config.deny_delete
+        changed = dataclasses.replace(info.config, max_msgs=1)
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.update_stream(changed)
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.purge_stream(settings.events_stream)
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.delete_stream(settings.events_stream)
+    finally:
+        await nc.close()
+    ops = await nats_as(secured_nats, "operator")
+    try:
+        info = await ops.jetstream().stream_info(settings.events_stream)
+        assert (info.config.max_msgs, info.config.deny_purge) == (-1, True)
+        # Not even the operator purges: the permission is not granted and the stream denies it.
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await ops.jetstream(timeout=1).purge_stream(settings.events_stream)
+    finally:
+        await ops.close()
+
+
+@pytest.mark.parametrize(
+    "event_type", ["checkpoint.verified", "checkpoint.expired", "checkpoint.deleted",
+                   "checkpoint.pinned", "checkpoint.registered", "resume.planned", "job.failed"]
+)  # fmt: skip
+async def test_a_job_cannot_publish_what_services_or_operators_decide(
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess, event_type: str
+) -> None:
+    nc = await nats_as(secured_nats, "job")
+    try:
+        subject = event_subject(settings.subject_prefix, event_type, 1, "job-x")
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await nc.jetstream().publish(subject, b"{}", timeout=1)
+    finally:
+        await nc.close()
+
+
+async def test_a_job_sees_no_other_jobs_events(
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess
+) -> None:
+    """Plans name checkpoints: the ``job`` principal may subscribe to nothing but its replies."""
+    errors: list[Exception] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(exc)
+
+    host = secured_nats.url.removeprefix("nats://")
+    nc = await nats.connect(
+        f"nats://job:pw-job@{host}", error_cb=on_error, max_reconnect_attempts=0
+    )
+    try:
+        await nc.subscribe(f"{settings.subject_prefix}.ev.resume.planned.*.*")
+        await nc.flush()
+        await wait_for(lambda: asyncio.sleep(0, errors), what="a permissions violation")
+    finally:
+        await nc.close()
+    assert "permissions violation" in str(errors[0]).lower()
+
+
+async def test_a_service_refuses_a_stream_it_did_not_provision_and_changes_nothing(
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess
+) -> None:
+    ops = await nats_as(secured_nats, "operator")
+    try:
+        js = ops.jetstream()
+        info = await js.stream_info(settings.events_stream)
+        # NATS itself refuses to lift deny_purge / deny_delete once set ...
+        with pytest.raises(nats.js.errors.ServerError, match="can not cancel deny purge"):
+            await js.update_stream(dataclasses.replace(info.config, deny_purge=False))
+        # ... but an age limit would drop old events: the registrar refuses such a stream.
+        await js.update_stream(dataclasses.replace(info.config, max_age=3600))
+        registrar = Bus(as_user(settings, secured_nats.url, "registrar").bus(), "registrar")
+        with pytest.raises(StreamMisconfigured, match="max_age is 3600"):
+            await registrar.broker.start()
+        await registrar.broker.stop()
+        assert (await js.stream_info(settings.events_stream)).config.max_age == 3600
+    finally:
+        await ops.close()
 
 
 async def test_the_runner_and_its_job_work_as_the_runner_user(
     settings: ServiceSettings, secured_nats: procs.ManagedProcess, tmp_path: Path
 ) -> None:
     """`ckpt-ha run` publishes job.* and follows its plans as ``runner``; the job's SDK reports
-    progress with the credentials the runner hands it; the coordinator's escalation reaches it."""
+    progress as ``job``, the login the runner hands it; the coordinator's escalation reaches it."""
     import asyncio
     import io
     import sys
@@ -198,6 +305,7 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
         as_user(settings, secured_nats.url, "runner").bus(),
         LocalProcess(stderr=io.BytesIO()),
         base_env=env,
+        job_bus=as_user(settings, secured_nats.url, "job").bus(),
         out=out,
     )
     running = asyncio.create_task(runner.run())

@@ -248,9 +248,6 @@ async def test_dead_letters_are_read_from_the_stream_headers(settings: ServiceSe
     try:
         js = nc.jetstream()
         assert await dead_letters.newest(js, settings.dead_letter_stream, 10) == []
-        await js.add_stream(
-            name=settings.dead_letter_stream, subjects=[f"{settings.subject_prefix}.dlq.>"]
-        )
         for i in range(3):
             headers = {
                 "Ckpt-Consumer": "registrar--checkpoints",

@@ -30,7 +30,7 @@ from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol
 from ckpt_ha.storage import FsStore
 from tests.integration.test_sdk_announce import watcher_pass
-from tests.support.bus_tools import stream_messages
+from tests.support.bus_tools import job_key, stream_messages
 from tests.support.resume_tools import plan_for
 from tests.support.torch_tools import (
     ExecPayload,
@@ -76,6 +76,7 @@ def runner_env(settings: ServiceSettings, root: Path, job: str, **extra: str) ->
         protocol.STORAGE_ROOT: str(root),
         protocol.NATS_URL: settings.nats_url,
         protocol.SUBJECT_PREFIX: settings.subject_prefix,
+        protocol.JOB_KEY: job_key(job).hex(),
         **extra,
     }
 

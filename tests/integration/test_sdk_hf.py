@@ -23,10 +23,11 @@ from pathlib import Path
 import nats
 import pytest
 import torch
+from pydantic import SecretStr
 from transformers import Trainer
 
 from ckpt_ha import formats, sdk
-from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus import streams
 from ckpt_ha.contracts.checkpoint import CheckpointIdentity, Topology
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import sidecar
@@ -36,7 +37,7 @@ from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import hf, protocol
 from ckpt_ha.storage import FsStore
 from tests.conftest import NATS_URL
-from tests.support.bus_tools import wait_for
+from tests.support.bus_tools import SIGNING_KEY, wait_for
 from tests.support.hf_tools import BATCH, tiny_trainer
 from tests.support.resume_tools import bits, events, plan_for, runner_env
 
@@ -56,12 +57,13 @@ def bus_settings() -> Iterator[ServiceSettings]:
         subject_prefix=f"t{unique}",
         events_stream=f"EV_{unique}",
         dead_letter_stream=f"DLQ_{unique}",
+        signing_key=SecretStr(SIGNING_KEY),
     )
 
     async def declare() -> None:
-        bus = Bus(settings.bus(), "test-hf")
-        await bus.broker.start()
-        await bus.broker.stop()
+        nc = await nats.connect(settings.nats_url)
+        await streams.provision(nc.jetstream(), settings.bus())
+        await nc.close()
 
     async def delete() -> None:
         nc = await nats.connect(settings.nats_url)

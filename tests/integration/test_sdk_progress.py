@@ -25,7 +25,7 @@ from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol, publisher
-from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.bus_tools import job_key, stream_messages, wait_for
 from tests.support.tcp_gate import TcpGate
 
 pytestmark = pytest.mark.integration
@@ -61,7 +61,7 @@ def closed_port() -> int:
 async def test_many_reports_go_out_over_one_connection(
     settings: ServiceSettings, producer: Bus, tmp_path: Path
 ) -> None:
-    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix)
+    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-many"))
     ctx = ctx_for(bus, "job-many", tmp_path)
     for step in range(1, 201):
         assert sdk.progress(step, metrics={"loss": 1 / step}, ctx=ctx)

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import nats
 from nats.aio.msg import Msg
+
+from ckpt_ha.contracts import signing
+from ckpt_ha.contracts.subjects import job_from_token
 
 T = TypeVar("T")
 
@@ -27,12 +31,40 @@ async def wait_for(
         await asyncio.sleep(0.05)
 
 
+SIGNING_KEY = secrets.token_hex(32)
+"""This test session's master key for job signatures (the `settings` fixture's)."""
+
+
+def job_signed(subject: str, data: bytes, headers: dict[str, str] | None = None) -> dict[str, str]:
+    """``headers`` plus the signature the subject's job would make (`ckpt_ha.contracts.signing`)
+    when the subject is an event subject; unchanged otherwise."""
+    out = dict(headers or {})
+    tokens = subject.split(".")
+    if len(tokens) == 6:
+        key = signing.job_key(bytes.fromhex(SIGNING_KEY), job_from_token(tokens[5]))
+        out[signing.HEADER] = signing.signature(key, subject, data)
+    return out
+
+
+def job_key(job_id: str) -> bytes:
+    """The key the runner would hand ``job_id``'s training process (``CKPT_HA_JOB_KEY``)."""
+    return signing.job_key(bytes.fromhex(SIGNING_KEY), job_id)
+
+
 async def publish_raw(
-    url: str, subject: str, data: bytes, headers: dict[str, str] | None = None
+    url: str,
+    subject: str,
+    data: bytes,
+    headers: dict[str, str] | None = None,
+    *,
+    sign: bool = True,
 ) -> None:
+    """Publish bytes as they are; signed as their job would sign them unless ``sign=False``."""
     nc = await nats.connect(url)
     try:
-        await nc.jetstream().publish(subject, data, headers=headers)
+        await nc.jetstream().publish(
+            subject, data, headers=job_signed(subject, data, headers) if sign else headers
+        )
     finally:
         await nc.close()
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ckpt_ha.runtime.settings import ServiceSettings
+from tests.support.bus_tools import SIGNING_KEY
 
 
 def stack_env(settings: ServiceSettings) -> dict[str, str]:
@@ -20,6 +21,7 @@ def stack_env(settings: ServiceSettings) -> dict[str, str]:
         "CKPT_HA_EVENTS_STREAM": settings.events_stream,
         "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
         "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
+        "CKPT_HA_SIGNING_KEY": SIGNING_KEY,
     }
 
 

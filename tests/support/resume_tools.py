@@ -13,7 +13,7 @@ from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol
 from ckpt_ha.storage import FsStore
-from tests.support.bus_tools import stream_messages
+from tests.support.bus_tools import job_key, stream_messages
 
 
 def plan_for(
@@ -55,6 +55,7 @@ def runner_env(settings: ServiceSettings, root: Path, job: str, **extra: str) ->
         protocol.NATS_URL: settings.nats_url,
         protocol.SUBJECT_PREFIX: settings.subject_prefix,
         protocol.PROGRESS_FILE: str(root / "progress"),
+        protocol.JOB_KEY: job_key(job).hex(),
         **extra,
     }
 

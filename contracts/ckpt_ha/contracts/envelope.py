@@ -23,9 +23,11 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationErro
 from ckpt_ha.contracts.errors import (
     EventTooLarge,
     MalformedEvent,
+    SubjectMismatch,
     UnknownEventType,
     UnsupportedEventVersion,
 )
+from ckpt_ha.contracts.subjects import EventAddress
 
 TYPE_PREFIX = "ckpt-ha"
 MAX_EVENT_BYTES = 256 * 1024
@@ -165,8 +167,11 @@ class EventCatalog:
     def models(self) -> Mapping[tuple[str, int], type[EventData]]:
         return dict(self._models)
 
-    def decode(self, raw: bytes) -> Envelope[EventData]:
+    def decode(self, raw: bytes, address: EventAddress | None = None) -> Envelope[EventData]:
         """Bytes → envelope with the newest model for its type, upcasting older versions.
+
+        With ``address`` (what the subject the bytes arrived on says), the body must agree with
+        it: same type, same version as published, same job; else `SubjectMismatch`.
 
         Raises a `ContractError` subclass, never anything else, for any bad input.
         """
@@ -174,7 +179,14 @@ class EventCatalog:
             raise EventTooLarge(len(raw), self.max_bytes)
         fast = self._decode_current(raw)
         if fast is not None:
+            _check_address(address, fast.event_type, fast.version, fast.data.job_id)
             return fast
+        event, published_version = self._decode_general(raw)
+        _check_address(address, event.event_type, published_version, event.data.job_id)
+        return event
+
+    def _decode_general(self, raw: bytes) -> tuple[Envelope[EventData], int]:
+        """The envelope (upcast to the newest version) and the version it was published as."""
         try:
             doc = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
@@ -203,11 +215,12 @@ class EventCatalog:
             data = up(data)
         model = self._models[(event_type, known[-1])]
         try:
-            return Envelope[model].model_validate(  # type: ignore[valid-type]
+            event = Envelope[model].model_validate(  # type: ignore[valid-type]
                 {**doc, "type": model.type_name(), "data": data}
             )
         except ValidationError as exc:
             raise MalformedEvent(_summarise(exc)) from None
+        return event, version
 
     def _decode_current(self, raw: bytes) -> Envelope[EventData] | None:
         """One-pass parse for the common case: an event of the newest version.
@@ -234,6 +247,15 @@ class EventCatalog:
 
 
 _TYPE_PEEK = re.compile(rb'"type"\s*:\s*"([^"\\]{1,100})"')
+
+
+def _check_address(address: EventAddress | None, event_type: str, version: int, job: str) -> None:
+    if address is None:
+        return
+    said = f"{address.event_type} v{address.version} for job {address.job_id!r}"
+    body = f"{event_type} v{version} for job {job!r}"
+    if (address.event_type, address.version, address.job_id) != (event_type, version, job):
+        raise SubjectMismatch(f"the subject says {said}, the body {body}")
 
 
 def _summarise(exc: ValidationError) -> str:

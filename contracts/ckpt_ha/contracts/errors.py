@@ -54,3 +54,24 @@ class EventTooLarge(ContractError):
         self.size = size
         self.limit = limit
         super().__init__(f"payload of {size} bytes exceeds the limit of {limit} bytes")
+
+
+class SubjectMismatch(ContractError):
+    """The body says another type, version or job than the subject it was published on.
+
+    Publish permissions are granted per subject; a body that disagrees with its subject would
+    let a principal speak outside its grant, so it is refused, never interpreted."""
+
+    code = "subject_mismatch"
+
+
+class UnsignedEvent(ContractError):
+    """An event a training job may publish arrived without its job's signature."""
+
+    code = "unsigned"
+
+
+class ForgedEvent(ContractError):
+    """An event's job signature does not verify: it was not published with that job's key."""
+
+    code = "forged"

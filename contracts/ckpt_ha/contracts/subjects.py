@@ -9,6 +9,7 @@ characters NATS reserves (``.``, ``*``, ``>``, whitespace), so they are escaped 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 DEFAULT_PREFIX = "ckpt"
 EVENTS = "ev"
@@ -41,6 +42,35 @@ def job_from_token(token: str) -> str:
 def event_subject(prefix: str, event_type: str, version: int, job_id: str) -> str:
     """Subject one event is published on, e.g. ``ckpt.ev.checkpoint.committed.v1.job-7``."""
     return f"{prefix}.{EVENTS}.{event_type}.v{version}.{job_token(job_id)}"
+
+
+@dataclass(frozen=True)
+class EventAddress:
+    """What an event subject says about the event it carries: type, version and job."""
+
+    event_type: str
+    version: int
+    job_id: str
+
+
+_VERSION_TOKEN = re.compile(r"^v([1-9][0-9]{0,3})$")
+
+
+def parse_event_subject(prefix: str, subject: str) -> EventAddress | None:
+    """Invert `event_subject`; None when ``subject`` is not an event subject under ``prefix``."""
+    tokens = subject.split(".")
+    if len(tokens) != 6 or tokens[0] != prefix or tokens[1] != EVENTS:
+        return None
+    version = _VERSION_TOKEN.match(tokens[4])
+    if version is None:
+        return None
+    try:
+        job = job_from_token(tokens[5])
+    except (ValueError, UnicodeDecodeError):
+        return None
+    if job_token(job) != tokens[5]:
+        return None  # not the one canonical spelling of a job id: refuse, never guess
+    return EventAddress(f"{tokens[2]}.{tokens[3]}", int(version.group(1)), job)
 
 
 def event_filter(prefix: str, event_type: str | None = None, version: int | None = None) -> str:

@@ -32,10 +32,11 @@ from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsSecurity, NatsUserPassword
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy as JsAckPolicy
-from nats.js.api import DeliverPolicy, StorageType
+from nats.js.api import DeliverPolicy
 from pydantic import ValidationError
 
-from ckpt_ha.bus import compat
+from ckpt_ha.bus import compat, streams
+from ckpt_ha.bus.admission import admit, signed_headers, subject_of
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData, build
 from ckpt_ha.contracts.errors import ContractError
@@ -43,7 +44,6 @@ from ckpt_ha.contracts.subjects import (
     dead_letter_filter,
     dead_letter_subject,
     event_filter,
-    event_subject,
 )
 from ckpt_ha.core.errors import PermanentError
 from ckpt_ha.credentials import reveal
@@ -55,25 +55,13 @@ ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 
 
 def events_stream(cfg: BusConfig) -> JStream:
-    """The event log: file storage, no age limit (the registry is rebuilt from it)."""
-    return JStream(
-        cfg.events_stream,
-        subjects=[event_filter(cfg.prefix)],
-        storage=StorageType.FILE,
-        duplicate_window=cfg.duplicate_window_s,
-        max_msg_size=cfg.max_event_bytes,
-        declare=True,
-    )
+    """The event log, as this process refers to it: never declared here (`ckpt_ha.bus.streams`
+    provisions it under the operator principal; the broker checks it at start)."""
+    return JStream(cfg.events_stream, subjects=[event_filter(cfg.prefix)], declare=False)
 
 
 def dead_letter_stream(cfg: BusConfig) -> JStream:
-    return JStream(
-        cfg.dead_letter_stream,
-        subjects=[dead_letter_filter(cfg.prefix)],
-        storage=StorageType.FILE,
-        duplicate_window=cfg.duplicate_window_s,
-        declare=True,
-    )
+    return JStream(cfg.dead_letter_stream, subjects=[dead_letter_filter(cfg.prefix)], declare=False)
 
 
 class DeadLetters:
@@ -294,12 +282,22 @@ class _BatchPipeline:
 
 
 class _Broker(NatsBroker):
-    """NatsBroker that lets batch pipelines finish before it stops consuming and disconnects."""
+    """NatsBroker that checks the streams before it consumes or publishes anything (refusing a
+    wrong one, never rewriting it), and lets batch pipelines finish before it stops consuming
+    and disconnects."""
 
-    def __init__(self, pipelines: list[_BatchPipeline], *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, cfg: BusConfig, pipelines: list[_BatchPipeline], *args: Any, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
+        self._ckpt_cfg = cfg
         self._ckpt_pipelines = pipelines
         self._ckpt_graceful = float(kwargs.get("graceful_timeout") or 15.0)
+
+    async def start(self) -> None:
+        await self.connect()
+        await streams.check(self.connection.jetstream(), self._ckpt_cfg)
+        await super().start()
 
     async def stop(self, *args: Any, **kwargs: Any) -> None:
         for pipeline in self._ckpt_pipelines:
@@ -326,6 +324,7 @@ class Bus:
         self.dead_letters = DeadLetters(cfg, service)
         self._pipelines: list[_BatchPipeline] = []
         self.broker = _Broker(
+            cfg,
             self._pipelines,
             cfg.url,
             security=_security(cfg),
@@ -341,7 +340,7 @@ class Bus:
         self.dead_letters.bind(self.broker)
         self.events = events_stream(cfg)
         self.consumers: list[str] = []
-        # Publishers declare both streams at start, so a publish-only process works too.
+        # Publishers name both streams (declared by the operator's provisioning, not here).
         self.broker.publisher(event_filter(cfg.prefix), stream=self.events, include_in_schema=False)
         self.broker.publisher(
             dead_letter_filter(cfg.prefix),
@@ -384,7 +383,15 @@ class Bus:
         self.consumers.append(durable)
 
         async def decode(msg: StreamMessage[Any]) -> Envelope[EventData]:
-            return self.catalog.decode(msg.body)
+            raw: Msg = msg.raw_message
+            return admit(
+                self.cfg,
+                self.catalog,
+                raw.data,
+                raw.subject,
+                raw.headers,
+                raw.metadata.sequence.stream,
+            )
 
         return self.broker.subscriber(
             filter_subject,
@@ -453,7 +460,10 @@ class Bus:
             decoded: list[Msg] = []
             for raw in raws:
                 try:
-                    events.append(self.catalog.decode(raw.data))
+                    seq = raw.metadata.sequence.stream
+                    events.append(
+                        admit(self.cfg, self.catalog, raw.data, raw.subject, raw.headers, seq)
+                    )
                     decoded.append(raw)
                 except ContractError as exc:
                     await self.dead_letters.settle(raw, exc, consumer)
@@ -500,7 +510,7 @@ class Bus:
         of the current span (a new trace when there is none); an envelope without a
         ``traceparent`` gets this span's. Returns the envelope as published.
         """
-        subject = event_subject(self.cfg.prefix, event.event_type, event.version, event.data.job_id)
+        subject = subject_of(self.cfg, event)
         parent = tracing.context_of(event.traceparent, event.tracestate)
         with tracing.tracer().start_as_current_span(
             f"publish {event.event_type}",
@@ -515,10 +525,11 @@ class Bus:
             headers = {"Nats-Msg-Id": event.id}
             if event.traceparent:
                 headers["traceparent"] = event.traceparent
+            body = event.to_bytes()
             await self.broker.publish(
-                event.to_bytes(),
+                body,
                 subject,
-                headers=headers,
+                headers=signed_headers(self.cfg, event, body, headers),
                 stream=self.cfg.events_stream,
                 timeout=self.cfg.publish_timeout_s,
             )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 import nats
 from nats.js.api import DeliverPolicy
 
+from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.errors import ContractError
@@ -21,7 +22,8 @@ async def read_events(
     on_undecodable: Callable[[str], None] | None = None,
 ) -> tuple[list[Envelope[EventData]], int]:
     """Every decodable event on ``subject_filter`` now in the stream, in order, and how many
-    messages were read (undecodable ones are reported by error code to ``on_undecodable``)."""
+    messages were read (refused ones, by the same `admit` as the live consumers, are reported by
+    error code to ``on_undecodable``)."""
     nc = await nats.connect(
         cfg.url, **cfg.connect_options(), connect_timeout=5, max_reconnect_attempts=2
     )
@@ -46,7 +48,8 @@ async def read_events(
                     break  # nothing matches, or the stream ended
                 read += 1
                 try:
-                    events.append(catalog.decode(msg.data))
+                    seq = msg.metadata.sequence.stream
+                    events.append(admit(cfg, catalog, msg.data, msg.subject, msg.headers, seq))
                 except ContractError as exc:
                     if on_undecodable is not None:
                         on_undecodable(exc.code)

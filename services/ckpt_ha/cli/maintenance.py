@@ -1,5 +1,5 @@
-"""`ckpt-ha registry rebuild` and `dead-letters`: the registry replaced from the event log, and
-what the services could not process."""
+"""`ckpt-ha registry rebuild`, `dead-letters` and `streams`: the registry replaced from the event
+log, what the services could not process, and the streams themselves (operator only)."""
 
 from __future__ import annotations
 
@@ -61,4 +61,22 @@ def cmd_dead_letters(args: argparse.Namespace, env: dict[str, str], home: Path) 
                 ],
             )
         )
+    return 0
+
+
+def cmd_streams_provision(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops.streams import provision_streams
+
+    settings = context.settings(env, home)
+    for line in context.run(settings, lambda: provision_streams(settings.bus())):
+        print(line)
+    return 0
+
+
+def cmd_streams_check(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops.streams import check_streams
+
+    settings = context.settings(env, home)
+    context.run(settings, lambda: check_streams(settings.bus()))
+    print(f"{settings.events_stream} and {settings.dead_letter_stream}: as required")
     return 0

@@ -109,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     rb = reg_sub.add_parser("rebuild", help="replay the event stream into an empty registry")
     rb.add_argument("--clear", action="store_true", help="delete the current registry first")
 
+    sm = sub.add_parser("streams", help="the event and dead-letter streams (operator only)")
+    sm_sub = sm.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    sm_sub.add_parser(
+        "provision", help="create the streams or bring them to the required configuration"
+    )
+    sm_sub.add_parser("check", help="exit 0 only if both streams are configured as required")
+
     rs = sub.add_parser(
         "restores",
         help="a job's restore decisions: plans with their reasons, escalations with the "

@@ -70,8 +70,19 @@ def entries() -> dict[str, ServiceEntry]:
 
 
 def cmd_serve(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.bus.streams import StreamMisconfigured
+    from ckpt_ha.cli.errors import CommandError
+
     entry = entries()[args.name]
-    settings = entry.settings()
-    svc = entry.build(settings)
-    asyncio.run(svc.run(settings))
+    try:
+        settings = entry.settings()
+        # Without a job-signing key any job's credentials could speak for every job: refuse.
+        settings.require_signing_keys()
+        svc = entry.build(settings)
+    except ValueError as exc:  # settings that fail validation, a missing signing key
+        raise CommandError(f"{args.name}: {exc}") from None
+    try:
+        asyncio.run(svc.run(settings))
+    except StreamMisconfigured as exc:
+        raise CommandError(f"{args.name}: {exc}") from None
     return 0

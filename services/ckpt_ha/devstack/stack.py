@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import sys
 import urllib.request
 from collections.abc import Mapping
@@ -266,6 +267,8 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         "CKPT_HA_STORAGE_ROOT": storage_root,
     }
     state = record(nats_url, redis_url)
+    if any(name not in running for name in SERVICE_NAMES):
+        provision_streams(home, {**service_env, **login_env(state, OPERATOR)})
     for name in SERVICE_NAMES:
         components[name] = running.get(name) or start_service(
             name, home, {**service_env, **login_env(state, name)}
@@ -312,6 +315,21 @@ def _start_redis(home: Path, env: Mapping[str, str], keep: StackSecrets) -> Mana
     )
     probe = keep.read(keep.redis(OPERATOR)).get_secret_value()
     return procs.start_redis(home, acl=text, login=(OPERATOR, probe))
+
+
+def provision_streams(home: Path, env: Mapping[str, str]) -> None:
+    """The operator's step before any service starts: `ckpt-ha streams provision` (services only
+    check the streams). Raises `ProcessStartFailed` with its message when it fails."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ckpt_ha.cli.main", "streams", "provision"],
+        env={**env, "CKPT_HA_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise procs.ProcessStartFailed("streams", "provisioning failed", out.stderr.strip())
 
 
 ALERT_RULES = asset("observability", "alerts.yml")

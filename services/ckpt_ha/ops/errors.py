@@ -35,6 +35,10 @@ class RegistryNotEmpty(OperationFailed):
         )
 
 
+class StreamIncomplete(OperationFailed):
+    """The event stream lost its first events; a rebuild would silently forget checkpoints."""
+
+
 class NothingToAudit(OperationFailed):
     def __init__(self, checkpoint_id: str) -> None:
         self.checkpoint_id = checkpoint_id

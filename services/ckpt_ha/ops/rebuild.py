@@ -3,7 +3,8 @@
 An operation (not part of the registry package): it reads the bus, which sits above the
 registry in the import layers.
 
-Replays every checkpoint event in stream order through the same projection the live registrar
+Refuses (`StreamIncomplete`) a stream that no longer starts at sequence 1. Replays every
+checkpoint event in stream order through the same projection the live registrar
 uses (any `RegistryWriter`: the Redis adapter, or the in-memory fake in tests). Events the live
 consumer dead-lettered fail here the same way and are skipped;
 an event that arrived before the one it depends on (which the live consumer nak'ed and retried)
@@ -14,13 +15,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import nats
+
+from ckpt_ha.bus import streams
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.subjects import aggregate_filter
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.lifecycle import IllegalTransition
-from ckpt_ha.ops.errors import RegistryNotEmpty
+from ckpt_ha.ops.errors import RegistryNotEmpty, StreamIncomplete
 from ckpt_ha.registry.port import RegistryWriter
 from ckpt_ha.registry.redis_registry import Registry
 
@@ -52,6 +56,8 @@ async def read_checkpoint_events(
 
 
 async def rebuild(registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalog) -> RebuildReport:
+    """Replay the whole event stream; `StreamIncomplete` when its first events are gone."""
+    await require_complete_stream(cfg)
     report = RebuildReport()
     pending = await read_checkpoint_events(cfg, catalog, report)
     while pending:
@@ -77,9 +83,22 @@ async def rebuild(registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalo
     return report
 
 
+async def require_complete_stream(cfg: BusConfig) -> None:
+    nc = await nats.connect(
+        cfg.url, user=cfg.user, password=cfg.password, connect_timeout=5, max_reconnect_attempts=1
+    )
+    try:
+        await streams.require_complete(nc.jetstream(), cfg)
+    except streams.StreamTruncated as exc:
+        raise StreamIncomplete(str(exc)) from None
+    finally:
+        await nc.close()
+
+
 async def rebuild_registry(
     registry: Registry, bus: BusConfig, *, clear: bool, catalog: EventCatalog = CATALOG
 ) -> RebuildReport:
+    await require_complete_stream(bus)  # before anything is cleared
     if await registry.dump():
         if not clear:
             raise RegistryNotEmpty

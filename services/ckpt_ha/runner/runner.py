@@ -35,8 +35,9 @@ from typing import TYPE_CHECKING, TextIO
 import nats
 from nats.aio.msg import Msg
 
+from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
-from ckpt_ha.contracts import CATALOG, EventData, build
+from ckpt_ha.contracts import CATALOG, EventData, build, signing
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.errors import ContractError
 from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1, JobSucceededV1
@@ -47,6 +48,7 @@ from ckpt_ha.credentials import reveal
 from ckpt_ha.runner import torchrun
 from ckpt_ha.runner.adapter import ExitInfo, SchedulerAdapter
 from ckpt_ha.runner.domain import classify
+from ckpt_ha.runtime.settings import SIGNING_KEY_ENV
 from ckpt_ha.sdk import protocol
 
 if TYPE_CHECKING:
@@ -132,10 +134,11 @@ def child_env(
 ) -> dict[str, str]:
     """The attempt's environment: ``base`` plus the protocol variables (stale plan ones removed)
     and the attempt's torchrun error file. ``bus`` is the bus as the training process uses it:
-    its own NATS user (``job``), never the runner's."""
+    its own NATS user (``job``), never the runner's; the master signing key never reaches it
+    either (it gets its job's key only)."""
     stale = (protocol.RESUME_PLAN, protocol.RESTORE_URI, protocol.RESTORE_STEP, protocol.PLAN_ID)
-    env = {k: v for k, v in base.items() if k not in stale and k.removesuffix("_FILE") not in
-           NOT_FOR_THE_JOB}  # fmt: skip
+    env = {k: v for k, v in base.items() if k not in stale and not k.startswith(SIGNING_KEY_ENV)
+           and k.removesuffix("_FILE") not in NOT_FOR_THE_JOB}  # fmt: skip
     env.update(
         {
             protocol.JOB: spec.job_id,
@@ -153,6 +156,8 @@ def child_env(
     )
     if spec.code_version is not None:
         env[protocol.CODE_VERSION] = spec.code_version
+    if bus.signing_keys:
+        env[protocol.JOB_KEY] = signing.job_key(bus.signing_keys[0], spec.job_id).hex()
     if bus.user is not None:
         env[protocol.NATS_USER] = bus.user
         env[protocol.NATS_PASSWORD] = reveal(bus.password) or ""
@@ -245,7 +250,7 @@ class Runner:
 
     async def _on_msg(self, msg: Msg) -> None:
         try:
-            envelope = CATALOG.decode(msg.data)
+            envelope = admit(self.cfg, CATALOG, msg.data, msg.subject, msg.headers)
         except ContractError as exc:
             log.warning("ignoring an undecodable message on %s: %s", msg.subject, exc)
             return

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from pydantic import SecretStr
 
 from ckpt_ha.bus.config import BusConfig
@@ -20,13 +22,6 @@ class RunnerSettings(ServiceSettings):
         then get the runner's, as on a NATS without a ``job`` user)."""
         if self.job_nats_user is None:
             return None
-        own = self.bus()
-        return BusConfig(
-            url=own.url,
-            user=self.job_nats_user,
-            password=self.job_nats_password,
-            ca_file=own.ca_file,
-            prefix=own.prefix,
-            events_stream=own.events_stream,
-            dead_letter_stream=own.dead_letter_stream,
+        return dataclasses.replace(
+            self.bus(), user=self.job_nats_user, password=self.job_nats_password
         )

@@ -17,6 +17,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from ckpt_ha import credentials
 from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.contracts import signing
 from ckpt_ha.registry.client import RedisConfig
 
 
@@ -41,6 +42,19 @@ class SecretSources(PydanticBaseSettingsSource):
         return found
 
 
+SIGNING_KEY_ENV = "CKPT_HA_SIGNING_KEY"
+"""The master signing key's variables (``..._FILE``, ``..._PREVIOUS`` too): never passed on to
+a training process (`ckpt_ha.contracts.signing`)."""
+
+
+class MissingSigningKey(ValueError):
+    def __init__(self) -> None:
+        super().__init__(
+            f"no job-signing key: set ${SIGNING_KEY_ENV}_FILE (or ${SIGNING_KEY_ENV}) to the "
+            "deployment's master key (hex); services refuse to run without one"
+        )
+
+
 class ServiceSettings(BaseSettings):
     """Environment variables are ``CKPT_HA_<FIELD>``; NATS_URL and REDIS_URL are also read plain."""
 
@@ -62,8 +76,6 @@ class ServiceSettings(BaseSettings):
     redis_password: SecretStr | None = None
     redis_ca_file: str | None = None
     """CA bundle for a ``rediss://`` REDIS_URL (else the system's trust store)."""
-    signing_key: SecretStr | None = None
-    """The master key events are signed with."""
     subject_prefix: str = Field(default="ckpt", pattern=r"^[A-Za-z0-9_-]+$")
     events_stream: str = Field(default="CKPT_EVENTS", pattern=r"^[A-Za-z0-9_-]+$")
     dead_letter_stream: str = Field(default="CKPT_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
@@ -81,6 +93,28 @@ class ServiceSettings(BaseSettings):
     """How often each durable consumer's pending/ack-pending counts are read for /metrics."""
     metrics_forget_after_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """A job idle this long leaves the per-job metric series (bounds their cardinality)."""
+    signing_key: SecretStr | None = None
+    """The master key job signatures derive from (hex; ``CKPT_HA_SIGNING_KEY_FILE`` names a file
+    holding it, read like every secret)."""
+    signing_key_previous: SecretStr | None = None
+    """During a rotation: the old master key, still accepted for verification (never signs)."""
+    unsigned_before_seq: int = Field(default=0, ge=0)
+    """Upgrading a stream written before signing: its events below this sequence need none."""
+
+    def signing_keys(self) -> tuple[bytes, ...]:
+        """The master keys, the signing one first; raises ValueError on a malformed one."""
+        texts: list[str] = []
+        if self.signing_key is not None:
+            texts.append(self.signing_key.get_secret_value())
+        if self.signing_key_previous is not None:
+            texts.append(self.signing_key_previous.get_secret_value())
+        return tuple(signing.parse_master(t) for t in texts)
+
+    def require_signing_keys(self) -> tuple[bytes, ...]:
+        keys = self.signing_keys()
+        if not keys:
+            raise MissingSigningKey
+        return keys
 
     @classmethod
     def settings_customise_sources(
@@ -121,4 +155,6 @@ class ServiceSettings(BaseSettings):
             backoff_s=self.backoff_s,
             fetch_batch=self.fetch_batch,
             graceful_timeout_s=self.graceful_timeout_s,
+            signing_keys=self.signing_keys(),
+            unsigned_before_seq=self.unsigned_before_seq,
         )

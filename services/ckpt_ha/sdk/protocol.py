@@ -32,7 +32,7 @@ import nats.errors
 from pydantic import SecretStr, ValidationError
 
 from ckpt_ha import credentials
-from ckpt_ha.contracts import EventData, build
+from ckpt_ha.contracts import EventData, build, signing
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.contracts.subjects import DEFAULT_PREFIX, event_subject
@@ -53,6 +53,8 @@ RESUME_PLAN, RESTORE_URI = "CKPT_HA_RESUME_PLAN", "CKPT_HA_RESTORE_URI"
 RESTORE_STEP, PLAN_ID = "CKPT_HA_RESTORE_STEP", "CKPT_HA_PLAN_ID"
 ENVIRONMENT, TOPOLOGY = "CKPT_HA_ENVIRONMENT", "CKPT_HA_TOPOLOGY"
 CODE_VERSION = "CKPT_HA_CODE_VERSION"
+JOB_KEY = "CKPT_HA_JOB_KEY"
+"""This job's signing key (hex), derived by the runner: the SDK signs its job's events with it."""
 RANK, WORLD_SIZE = "RANK", "WORLD_SIZE"  # set by torchrun (and most launchers) for each process
 
 
@@ -84,6 +86,9 @@ class Bus:
     publisher's longest wait between two connect attempts)."""
     progress_queue: int = 1024
     """How many progress reports may wait for the bus; beyond that the oldest is dropped."""
+    job_key: bytes | None = field(default=None, repr=False)
+    """The job's signing key (`ckpt_ha.contracts.signing`): the services refuse a job's
+    ``checkpoint.writing`` / ``committed``, ``job.progress`` and ``resume.*`` without it."""
 
     def __post_init__(self) -> None:
         if self.ca_file and credentials.scheme(self.url) != "tls":
@@ -146,6 +151,7 @@ def context(env: Mapping[str, str] | None = None) -> Context | None:
                 user=env.get(NATS_USER) or None,
                 password=credentials.read_secret(env, NATS_PASSWORD),
                 ca_file=env.get(NATS_CA_FILE) or None,
+                job_key=_job_key(env),
             )
             if url
             else None
@@ -166,6 +172,16 @@ def context(env: Mapping[str, str] | None = None) -> Context | None:
         rank=rank,
         world_size=world_size,
     )
+
+
+def _job_key(env: Mapping[str, str]) -> bytes | None:
+    raw = env.get(JOB_KEY)
+    if not raw:
+        return None
+    try:
+        return bytes.fromhex(raw)
+    except ValueError:
+        raise BadContext(JOB_KEY, "not hex digits") from None
 
 
 def _number(env: Mapping[str, str], name: str, default: int) -> int:
@@ -248,20 +264,25 @@ def trace_context() -> str:
 
 
 def envelope_bytes(
-    data: EventData, time_: datetime, key: str, traceparent: str | None = None
-) -> tuple[bytes, dict[str, str]]:
-    """The SDK's envelope for ``data`` and its NATS headers (JetStream dedupe id, trace)."""
+    bus: Bus, data: EventData, time_: datetime, key: str, traceparent: str | None = None
+) -> tuple[str, bytes, dict[str, str]]:
+    """Subject, body and NATS headers (JetStream dedupe id, trace, the job's signature when
+    the runner gave this process its job key) of the SDK's envelope for ``data``."""
     envelope = build(data, source=SOURCE, time=time_, key=key, traceparent=traceparent)
+    subject = event_subject(bus.prefix, data.EVENT_TYPE, data.EVENT_VERSION, data.job_id)
+    body = envelope.to_bytes()
     headers = {"Nats-Msg-Id": envelope.id}
     if traceparent is not None:
         headers["traceparent"] = traceparent
-    return envelope.to_bytes(), headers
+    if bus.job_key is not None:
+        headers[signing.HEADER] = signing.signature(bus.job_key, subject, body)
+    return subject, body, headers
 
 
 async def _announce(
     bus: Bus, data: EventData, time_: datetime, key: str, traceparent: str | None = None
 ) -> None:
-    body, headers = envelope_bytes(data, time_, key, traceparent)
+    subject, body, headers = envelope_bytes(bus, data, time_, key, traceparent)
     nc = await nats.connect(
         bus.url,
         **bus.connect_options(),
@@ -271,7 +292,7 @@ async def _announce(
     )
     try:
         await nc.jetstream().publish(
-            event_subject(bus.prefix, data.EVENT_TYPE, data.EVENT_VERSION, data.job_id),
+            subject,
             body,
             timeout=bus.timeout_s,
             headers=headers,

@@ -34,7 +34,6 @@ import nats
 import nats.errors
 
 from ckpt_ha.contracts.job import JobProgressV1
-from ckpt_ha.contracts.subjects import event_subject
 from ckpt_ha.sdk.protocol import Bus, envelope_bytes
 
 log = logging.getLogger("ckpt_ha.sdk")
@@ -278,8 +277,7 @@ class ProgressPublisher:
             self._in_flight = True
             lost = self._dropped + self._failed
         data = report.data.model_copy(update={"dropped_reports": lost}) if lost else report.data
-        body, headers = envelope_bytes(data, report.time, report.key)
-        subject = event_subject(self.bus.prefix, data.EVENT_TYPE, data.EVENT_VERSION, data.job_id)
+        subject, body, headers = envelope_bytes(self.bus, data, report.time, report.key)
         ok = True
         try:
             await nc.jetstream().publish(subject, body, timeout=self.bus.timeout_s, headers=headers)
