@@ -8,6 +8,7 @@ is (the machine's own: Redis 7 on this project's machines) and fails, never skip
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import socket
 import ssl
@@ -21,6 +22,7 @@ import pytest
 from pydantic import SecretStr
 from redis.exceptions import NoPermissionError
 
+from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import read_events
@@ -71,15 +73,16 @@ async def test_a_service_bus_talks_to_nats_over_tls_with_its_ca(
     tls_nats: procs.ManagedProcess, tls: TlsFiles, settings: ServiceSettings
 ) -> None:
     assert tls_nats.url.startswith("tls://")
-    cfg = BusConfig(
+    cfg = dataclasses.replace(
+        settings.bus(),
         url=tls_nats.url,
         user="registrar",
         password=SecretStr("pw"),
         ca_file=str(tls.ca),
-        prefix=settings.subject_prefix,
-        events_stream=settings.events_stream,
-        dead_letter_stream=settings.dead_letter_stream,
     )
+    nc = await nats.connect(cfg.url, **cfg.connect_options())  # as the operator, before services
+    await streams.provision(nc.jetstream(), cfg)
+    await nc.close()
     bus = Bus(cfg, "registrar")
     await bus.broker.start()
     try:

@@ -20,6 +20,7 @@ from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol
 
 SECRET = "s3cr3t-value-that-must-not-leak"
+SIGNING_KEY = "5ec7e7" * 11
 
 
 def test_a_secret_comes_from_the_variable_or_from_its_file(tmp_path: Path) -> None:
@@ -62,22 +63,25 @@ def test_urls_are_shown_without_their_password(url: str, shown: str) -> None:
 def test_service_settings_read_every_secret_from_a_file_and_hide_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    for name in ("NATS_PASSWORD", "REDIS_PASSWORD", "SIGNING_KEY"):
+    for name in ("NATS_PASSWORD", "REDIS_PASSWORD"):
         path = tmp_path / name
         path.write_text(f"{SECRET}-{name}\n")
         monkeypatch.setenv(f"CKPT_HA_{name}_FILE", str(path))
+    (tmp_path / "signing.key").write_text(SIGNING_KEY + "\n")
+    monkeypatch.setenv("CKPT_HA_SIGNING_KEY_FILE", str(tmp_path / "signing.key"))
     monkeypatch.setenv("CKPT_HA_REDIS_USER", "registrar")
     monkeypatch.setenv("REDIS_URL", f"redis://u:{SECRET}@127.0.0.1:1/0")
     s = ServiceSettings()
     assert s.nats_password == SecretStr(f"{SECRET}-NATS_PASSWORD")
     assert s.redis_password == SecretStr(f"{SECRET}-REDIS_PASSWORD")
-    assert s.signing_key == SecretStr(f"{SECRET}-SIGNING_KEY")
+    assert s.signing_key == SecretStr(SIGNING_KEY)
+    assert s.bus().signing_keys == (bytes.fromhex(SIGNING_KEY),)
     redis_cfg, bus_cfg = s.redis(), s.bus()
     assert redis_cfg.user == "registrar"
     with caplog.at_level(logging.DEBUG):
         logging.getLogger("test").info("settings %r %s %r %r", s, s, redis_cfg, bus_cfg)
     shown = [repr(s), str(s), repr(redis_cfg), repr(bus_cfg), caplog.text, redis_cfg.shown_url]
-    assert all(f"{SECRET}-" not in text for text in shown)
+    assert all(f"{SECRET}-" not in text and SIGNING_KEY not in text for text in shown)
     assert redis_cfg.shown_url == "redis://u:***@127.0.0.1:1/0"
 
 
