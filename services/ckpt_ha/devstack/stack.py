@@ -34,6 +34,7 @@ from ckpt_ha import credentials
 from ckpt_ha.assets import asset
 from ckpt_ha.bus import permissions
 from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.contracts import signing
 from ckpt_ha.contracts.subjects import DEFAULT_PREFIX
 from ckpt_ha.devstack import procs
 from ckpt_ha.devstack.procs import ManagedProcess
@@ -186,11 +187,14 @@ def login_settings(state: StackState, principal: str) -> dict[str, str | SecretS
 
 
 def bus_config(state: StackState, principal: str = OPERATOR) -> BusConfig:
-    """This stack's NATS as ``principal`` (drills and tests read and publish as ``operator``)."""
+    """This stack's NATS as ``principal`` (drills and tests read and publish as ``operator``),
+    with the stack's signing key (held by the services, the runner and operators)."""
     keep = state.secrets
+    master = signing.parse_master(keep.read(keep.signing_key).get_secret_value())
     if not state.nats_secured:
-        return BusConfig(url=state.nats_url)
-    return BusConfig(url=state.nats_url, user=principal, password=keep.read(keep.nats(principal)))
+        return BusConfig(url=state.nats_url, signing_keys=(master,))
+    password = keep.read(keep.nats(principal))
+    return BusConfig(url=state.nats_url, user=principal, password=password, signing_keys=(master,))
 
 
 def redis_config(state: StackState, principal: str = OPERATOR) -> RedisConfig:
