@@ -213,7 +213,7 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
     # The SDK of this install saves into the stack's storage and announces on its broker; the
     # installed services verify and register the checkpoint.
     # As a training process under a runner: the stack's NATS lets in the job user only.
-    job = stack.job_user()
+    job = stack.JOB
     password = str(stack.StackSecrets.of(stack_home).nats(job))
     root = Path(state["storage_root"])
     saved = _save_and_load(server_venv, root, "wheel-job", state["nats_url"], job, password)

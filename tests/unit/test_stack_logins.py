@@ -68,8 +68,8 @@ def test_the_cli_is_the_operator_and_the_runner_hands_the_job_login_on(
     assert (runner.nats_user, runner.redis_user) == ("runner", None)
     job = runner.job_bus()
     assert job is not None
-    assert job.user == stack.job_user()
-    assert job.password == state.secrets.read(state.secrets.nats(stack.job_user()))
+    assert job.user == stack.JOB
+    assert job.password == state.secrets.read(state.secrets.nats(stack.JOB))
 
 
 def test_a_broker_given_by_url_keeps_the_environments_credentials(

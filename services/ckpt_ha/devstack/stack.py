@@ -44,13 +44,8 @@ from ckpt_ha.runtime.catalog import SERVICE_NAMES
 
 STATE_FILE = "stack.json"
 SECRETS = "secrets"
-OPERATOR, RUNNER = "operator", "runner"
-
-
-def job_user() -> str:
-    """The NATS user training processes connect as: ``job``; the runner's own while the
-    permission table has no ``job`` principal yet."""
-    return "job" if "job" in permissions.users() else RUNNER
+OPERATOR, RUNNER, JOB = "operator", "runner", "job"
+"""NATS users of the CLI, of `ckpt-ha run`, of the training processes the runner starts."""
 
 
 @dataclass(frozen=True)
@@ -157,8 +152,7 @@ def logins(state: StackState, principal: str) -> dict[str, str | Path]:
     if state.nats_secured:
         found |= {"nats_user": principal, "nats_password": keep.nats(principal)}
         if principal == RUNNER:
-            job = job_user()
-            found |= {"job_nats_user": job, "job_nats_password": keep.nats(job)}
+            found |= {"job_nats_user": JOB, "job_nats_password": keep.nats(JOB)}
     if state.redis_secured and principal in acl.users():
         found |= {"redis_user": principal, "redis_password": keep.redis(principal)}
     return found
