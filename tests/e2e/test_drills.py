@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 
 from ckpt_ha.bus.broker import Bus
-from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, build
 from ckpt_ha.contracts.job import JobFailedV1
 from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.contracts.subjects import job_token
+from ckpt_ha.devstack import stack
 from ckpt_ha.devstack.stack import StackState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -225,15 +225,16 @@ def test_a_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     assert "transformers" in result["baseline"]["environment"]
 
 
-async def _events(nats_url: str, job: str) -> list[Any]:
+async def _events(state: StackState, job: str) -> list[Any]:
     events, _ = await read_events(
-        BusConfig(url=nats_url), CATALOG, f"ckpt.ev.*.*.*.{job_token(job)}", idle_timeout=2
+        stack.bus_config(state), CATALOG, f"ckpt.ev.*.*.*.{job_token(job)}", idle_timeout=2
     )
     return events
 
 
-async def _republish(nats_url: str, failed: JobFailedV1, copies: int) -> None:
-    bus = Bus(BusConfig(url=nats_url), "e2e-scheduler")
+async def _republish(state: StackState, failed: JobFailedV1, copies: int) -> None:
+    # A scheduler reporting one failure several times: it publishes as the runner does.
+    bus = Bus(stack.bus_config(state, stack.RUNNER), "e2e-scheduler")
     await bus.broker.start()
     try:
         for i in range(copies):  # a scheduler that reports one failure several times
@@ -248,15 +249,15 @@ def test_duplicated_job_failed_gives_one_plan(home: Path) -> None:
     drills = sorted(p.name for p in (home / "drills").iterdir() if "node-exit" in p.name)
     assert drills, "the node-exit drill ran first"
     job = drills[-1]
-    events = asyncio.run(_events(state.nats_url, job))
+    events = asyncio.run(_events(state, job))
     failed = [e.data for e in events if isinstance(e.data, JobFailedV1)]
     plans_before = [e.data for e in events if isinstance(e.data, ResumePlannedV1)]
     assert failed
-    asyncio.run(_republish(state.nats_url, failed[0], copies=3))
+    asyncio.run(_republish(state, failed[0], copies=3))
 
     async def settle() -> list[Any]:
         await asyncio.sleep(5)  # the coordinator has had every chance to plan again
-        return await _events(state.nats_url, job)
+        return await _events(state, job)
 
     after = asyncio.run(settle())
     duplicates = [e for e in after if isinstance(e.data, JobFailedV1)]

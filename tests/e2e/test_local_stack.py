@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 import redis
+from pydantic import SecretStr
 
 from ckpt_ha.bus.broker import Bus
-from ckpt_ha.bus.config import BusConfig
-from ckpt_ha.contracts import build
+from ckpt_ha.contracts import build, signing
 from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
-from ckpt_ha.devstack import procs
+from ckpt_ha.devstack import procs, stack
 from ckpt_ha.devstack.stack import StackState, _prometheus_binary
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
@@ -69,8 +69,8 @@ def committed(state: StackState, i: int, *, corrupt: bool = False) -> Checkpoint
     )
 
 
-async def publish(nats_url: str, datas: list[CheckpointCommittedV1]) -> None:
-    bus = Bus(BusConfig(url=nats_url), "e2e-test")
+async def publish(state: StackState, datas: list[CheckpointCommittedV1]) -> None:
+    bus = Bus(stack.bus_config(state), "e2e-test")
     await bus.broker.start()
     try:
         for data in datas:
@@ -119,10 +119,11 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     assert status.returncode == 0
     # Where a job's checkpoints go, so a Trainer's output_dir can be pointed there.
     assert f"storage root: {state.storage_root}" in status.stdout
+    secrets_before = await assert_authentication_is_on(stack_home, state)
 
     # First slice: a committed checkpoint is recorded, verified on storage, and registered
     # valid; a corrupt one ends quarantined. Four processes take part.
-    await publish(state.nats_url, [committed(state, 1), committed(state, 0, corrupt=True)])
+    await publish(state, [committed(state, 1), committed(state, 0, corrupt=True)])
     records = wait_listed(stack_home, 2, states={"valid", "quarantined"})
     assert {r["step"]: r["state"] for r in records} == {1: "valid", 0: "quarantined"}
     ids = {r["step"]: str(r["checkpoint_id"]) for r in records}
@@ -134,7 +135,7 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
 
     # SIGTERM the registrar while a burst is in flight: nothing is lost once it is back.
     registrar = next(p for p in state.processes if p.name == "registrar")
-    await publish(state.nats_url, [committed(state, i) for i in range(2, 302)])
+    await publish(state, [committed(state, i) for i in range(2, 302)])
     procs.stop(registrar, timeout=30)
     assert not procs.is_alive(registrar)
     assert cli(stack_home, "status").returncode == 1  # the registrar is down: not healthy
@@ -161,9 +162,12 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     assert cli(stack_home, "up").returncode == 0
     before_rebuild = listed(stack_home)
     assert len(before_rebuild) == 302
+    # The same credentials after down / up, and still no secret in any log or status output.
+    assert stack_secrets(stack_home) == secrets_before
+    assert_no_secret_shown(stack_home, secrets_before, cli(stack_home, "status").stdout)
 
     # Operators see what was refused, and can rebuild the registry from the stream.
-    await publish_raw_bytes(state_after_up(stack_home).nats_url, b"{broken")
+    await publish_raw_bytes(state_after_up(stack_home), b"{broken")
     letters = wait_dead_letters(stack_home, 2)
     assert {(d["consumer"], d["code"]) for d in letters} == {
         ("registrar--checkpoints", "malformed"),
@@ -185,18 +189,91 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     assert summary(listed(stack_home)) == summary(before_rebuild)
 
 
+def stack_secrets(home: Path) -> dict[str, str]:
+    folder = stack.StackSecrets.of(home).folder
+    assert folder.stat().st_mode & 0o777 == 0o700
+    found = {}
+    for path in sorted(folder.iterdir()):
+        assert path.stat().st_mode & 0o777 == 0o600, path
+        found[path.name] = path.read_text().strip()
+    return found
+
+
+def assert_no_secret_shown(home: Path, secrets: dict[str, str], *outputs: str) -> None:
+    shown = [*outputs, *(p.read_text(errors="replace") for p in (home / "logs").iterdir())]
+    shown += [(home / "stack.json").read_text(), (home / "redis" / "users.acl").read_text()]
+    shown += [(home / "nats" / "nats.conf").read_text()]
+    for name, secret in secrets.items():
+        assert all(secret not in text for text in shown), f"{name} is shown"
+
+
+def environments(state: StackState, names: tuple[str, ...]) -> dict[str, list[bytes]]:
+    """The environment variables of the stack's processes of these names."""
+    return {
+        p.name: Path(f"/proc/{p.pid}/environ").read_bytes().split(b"\0")
+        for p in state.processes
+        if p.name in names
+    }
+
+
+async def assert_authentication_is_on(home: Path, state: StackState) -> dict[str, str]:
+    """The embedded NATS and Redis refuse a connection without credentials (and a wrong
+    password); each service logged in as itself; no secret shows anywhere."""
+    import nats
+    import nats.errors
+
+    from ckpt_ha.registry.client import RedisConfig, connect
+
+    secrets = stack_secrets(home)
+    assert {"signing.key", "nats-operator.password", "redis-registrar.password"} <= set(secrets)
+    assert len(bytes.fromhex(secrets["signing.key"])) == 32
+    once = {"connect_timeout": 2, "allow_reconnect": False, "max_reconnect_attempts": 1}
+    for options in ({}, {"user": "operator", "password": "wrong"}):
+        with pytest.raises((nats.errors.Error, OSError)):
+            await nats.connect(state.nats_url, **options, **once)  # type: ignore[arg-type]
+    anonymous = redis.Redis.from_url(state.redis_url, socket_connect_timeout=2)
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        anonymous.ping()
+    anonymous.close()
+    # A service's own Redis user can read a record but not write one.
+    checker = connect(stack.redis_config(state, "integrity-checker"))
+    try:
+        assert await checker.get("ckpt-ha:ckpt:none") is None
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await checker.set("ckpt-ha:ckpt:none", "{}")
+    finally:
+        await checker.aclose()
+    wrong = connect(RedisConfig(state.redis_url, "operator", SecretStr("wrong")))
+    with pytest.raises(redis.exceptions.AuthenticationError):
+        await wrong.ping()
+    await wrong.aclose()
+    for name, variables in environments(state, ("registrar", "writer-watcher")).items():
+        assert f"CKPT_HA_NATS_USER={name}".encode() in variables
+        assert f"CKPT_HA_REDIS_USER={name}".encode() in variables
+        assert b"CKPT_HA_SIGNING_KEY_FILE=" + str(home / "secrets" / "signing.key").encode() in (
+            variables
+        )
+    assert_no_secret_shown(home, secrets)
+    return secrets
+
+
 def state_after_up(home: Path) -> StackState:
     state = StackState.load(home)
     assert state is not None
     return state
 
 
-async def publish_raw_bytes(nats_url: str, data: bytes) -> None:
+async def publish_raw_bytes(state: StackState, data: bytes) -> None:
     import nats
 
-    nc = await nats.connect(nats_url)
+    cfg = stack.bus_config(state)
+    subject = "ckpt.ev.checkpoint.committed.v1.e2e-job"
+    # Signed by its job (the signature holds; the payload is what is broken).
+    key = signing.job_key(cfg.signing_keys[0], "e2e-job")
+    headers = {signing.HEADER: signing.signature(key, subject, data)}
+    nc = await nats.connect(cfg.url, **cfg.connect_options())
     try:
-        await nc.jetstream().publish("ckpt.ev.checkpoint.committed.v1.e2e-job", data)
+        await nc.jetstream().publish(subject, data, headers=headers)
     finally:
         await nc.close()
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from ckpt_ha.devstack import stack
 from ckpt_ha.devstack.stack import StackState
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
@@ -87,8 +88,8 @@ def drill(home: Path, scenario: str) -> dict[str, Any]:
     return result
 
 
-async def step_of(redis_url: str, checkpoint_id: str) -> int | None:
-    registry = Registry.from_url(redis_url)
+async def step_of(state: StackState, checkpoint_id: str) -> int | None:
+    registry = Registry.from_url(stack.redis_config(state))
     try:
         record = await registry.get(checkpoint_id)
     finally:
@@ -100,7 +101,7 @@ async def step_of(redis_url: str, checkpoint_id: str) -> int | None:
 def test_a_corrupt_checkpoint_pages_with_its_job_and_step(setup: Setup) -> None:
     result = drill(setup.home, "corrupt-checkpoint")
     job, damaged = result["job"], result["damaged_checkpoint"]
-    step = asyncio.run(step_of(setup.state.redis_url, damaged))
+    step = asyncio.run(step_of(setup.state, damaged))
 
     page = setup.hook.wait_for(
         "/page",

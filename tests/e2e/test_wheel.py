@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_ha.devstack import stack
 from tests.support import packaging
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -118,8 +119,10 @@ import json, sys
 import numpy as np
 from ckpt_ha import sdk
 
-root, job, nats_url = sys.argv[1], sys.argv[2], sys.argv[3] or None
-bus = sdk.Bus(nats_url, timeout_s=5) if nats_url else None
+from ckpt_ha.credentials import read_secret_file
+root, job, nats_url, user, password_file = sys.argv[1:6]
+password = read_secret_file(password_file) if password_file else None
+bus = sdk.Bus(nats_url, timeout_s=5, user=user or None, password=password) if nats_url else None
 state = {"model": {"w": np.arange(6, dtype=np.float32)}, "epoch": 2, "blob": b"raw"}
 saved = sdk.save(root, job, 7, state, run_id="run-1", bus=bus)
 back = sdk.load(saved.uri)
@@ -135,10 +138,12 @@ print(json.dumps({
 """
 
 
-def _save_and_load(venv: Venv, root: Path, job: str, nats_url: str = "") -> dict[str, object]:
+def _save_and_load(
+    venv: Venv, root: Path, job: str, nats_url: str = "", user: str = "", password_file: str = ""
+) -> dict[str, object]:
     script = venv.work / "save_and_load.py"
     script.write_text(SAVE_AND_LOAD)
-    done = venv.run(str(venv.python), str(script), str(root), job, nats_url)
+    done = venv.run(str(venv.python), str(script), str(root), job, nats_url, user, password_file)
     assert done.returncode == 0, done.stderr
     out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return out
@@ -156,6 +161,7 @@ print(json.dumps({
     "alerts_is_file": asset("observability", "alerts.yml").is_file(),
     "nats_conf_is_file": asset("nats", "nats-server.conf").is_file(),
     "permissions_is_file": asset("nats", "permissions.conf").is_file(),
+    "redis_acl_is_file": asset("redis", "users.acl").is_file(),
     "schemas": sorted(p.name for p in schemas.iterdir() if p.name.endswith(".json")),
     "schemas_dir": str(schemas),
 }))
@@ -183,6 +189,7 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
     assert files["alerts_is_file"]
     assert files["nats_conf_is_file"]
     assert files["permissions_is_file"]
+    assert files["redis_acl_is_file"]
     assert files["schemas_dir"].startswith(site)
     assert "job.progress.v1.json" in files["schemas"]
     assert files["schemas"] == sorted(
@@ -205,7 +212,11 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
 
     # The SDK of this install saves into the stack's storage and announces on its broker; the
     # installed services verify and register the checkpoint.
-    saved = _save_and_load(server_venv, Path(state["storage_root"]), "wheel-job", state["nats_url"])
+    # As a training process under a runner: the stack's NATS lets in the job user only.
+    job = stack.JOB
+    password = str(stack.StackSecrets.of(stack_home).nats(job))
+    root = Path(state["storage_root"])
+    saved = _save_and_load(server_venv, root, "wheel-job", state["nats_url"], job, password)
     assert str(saved["sdk_file"]).startswith(site)
     assert saved["announced"] is True
     folder = Path(state["storage_root"]) / "wheel-job" / "step-00000007"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydantic import SecretStr
 
 from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
@@ -56,7 +57,9 @@ def test_context_reads_the_runner_protocol(tmp_path: Path) -> None:
     ctx = sdk.context(env)
     assert ctx is not None
     assert (ctx.job_id, ctx.run_id, ctx.attempt, ctx.plan) == ("job-c", "r9", 3, plan)
-    assert ctx.bus == sdk.Bus("nats://example:4222", prefix="px", user="runner", password="secret")
+    assert ctx.bus == sdk.Bus(
+        "nats://example:4222", prefix="px", user="runner", password=SecretStr("secret")
+    )
     assert "secret" not in repr(ctx.bus)
     assert ctx.topology == Topology(world_size=4)
     assert ctx.code_version == "abc123"

@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from ckpt_ha import sdk
 from ckpt_ha.bus.config import BusConfig
@@ -74,7 +75,7 @@ def test_the_attempts_environment_carries_the_protocol_and_drops_a_stale_plan(
     from ckpt_ha.sdk import protocol
 
     spec = RunSpec("job-e", "run-e", ("train",), "/data/ckpt", tmp_path, code_version="c1")
-    bus = BusConfig(url="nats://n:4222", user="runner", password="pw", prefix="px")
+    bus = BusConfig(url="nats://n:4222", user="runner", password=SecretStr("pw"), prefix="px")
     environment = RuntimeEnvironment(python_version="3.11.7")
     base = {"PATH": "/bin", protocol.RESUME_PLAN: "{stale}", protocol.PLAN_ID: "old"}
     first = child_env(base, spec, bus, 1, environment, None)
@@ -89,7 +90,7 @@ def test_the_attempts_environment_carries_the_protocol_and_drops_a_stale_plan(
         1,
         "/data/ckpt",
     )
-    assert ctx.bus == sdk.Bus("nats://n:4222", prefix="px", user="runner", password="pw")
+    assert ctx.bus == sdk.Bus("nats://n:4222", prefix="px", user="runner", password=SecretStr("pw"))
     assert (ctx.environment, ctx.topology, ctx.code_version) == (
         environment,
         Topology(world_size=1),

@@ -3,7 +3,8 @@ same way in a source checkout and in an installed wheel.
 
 * ``observability/``: alert rules (and their promtool tests), Grafana dashboards, Prometheus and
   Alertmanager examples — the top-level ``observability/`` folder of the repository;
-* ``nats/``: the NATS server config and the rendered permissions — ``deploy/nats/``.
+* ``nats/``: the NATS server config and the rendered permissions — ``deploy/nats/``;
+* ``redis/``: the Redis server config and the rendered ACL users — ``deploy/redis/``.
 
 In the repository both are links to those top-level folders, so there is one copy of each file;
 the wheel carries the files themselves.

@@ -29,7 +29,7 @@ from faststream.message import StreamMessage
 from faststream.nats import ConsumerConfig, JStream, NatsBroker, PullSub
 from faststream.nats.message import NatsBatchMessage, NatsMessage
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
-from faststream.nats.security import NatsUserPassword
+from faststream.nats.security import NatsSecurity, NatsUserPassword
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import DeliverPolicy
@@ -46,6 +46,7 @@ from ckpt_ha.contracts.subjects import (
     event_filter,
 )
 from ckpt_ha.core.errors import PermanentError
+from ckpt_ha.credentials import reveal
 from ckpt_ha.telemetry import tracing
 
 log = logging.getLogger("ckpt_ha.bus")
@@ -329,6 +330,14 @@ class _Broker(NatsBroker):
         await super().stop(*args, **kwargs)
 
 
+def _security(cfg: BusConfig) -> NatsSecurity | None:
+    """Who the broker logs in as and the TLS context it verifies the server with."""
+    tls = cfg.tls()
+    if cfg.user is not None:
+        return NatsUserPassword(cfg.user, reveal(cfg.password) or "", ssl_context=tls)
+    return NatsSecurity(ssl_context=tls) if tls is not None else None
+
+
 class Bus:
     """One service's view of the event bus: its broker, its consumers, its publisher."""
 
@@ -343,9 +352,7 @@ class Bus:
             cfg,
             self._pipelines,
             cfg.url,
-            security=(
-                NatsUserPassword(cfg.user, cfg.password or "") if cfg.user is not None else None
-            ),
+            security=_security(cfg),
             # Telemetry outermost: the consume span is current while DeadLetters settles, and
             # every publish (follow-ups, dead letters) carries the trace in its headers.
             middlewares=[

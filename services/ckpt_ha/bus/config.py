@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import SecretStr
+
+from ckpt_ha import credentials
 
 
 @dataclass(frozen=True)
 class BusConfig:
     url: str = "nats://127.0.0.1:4222"
     user: str | None = None
-    password: str | None = None
+    password: SecretStr | None = field(default=None, repr=False)
+    ca_file: str | None = None
+    """PEM CA bundle the server's certificate is verified against (a ``tls://`` URL)."""
     prefix: str = "ckpt"
     events_stream: str = "CKPT_EVENTS"
     dead_letter_stream: str = "CKPT_DLQ"
@@ -33,6 +41,30 @@ class BusConfig:
     """Events stored before this stream sequence predate signing: accepted without a signature
     (set once, when upgrading a stream written by an older release; 0 = every event signed)."""
 
+    def __post_init__(self) -> None:
+        if self.ca_file and credentials.scheme(self.url) != "tls":
+            raise credentials.PlaintextWithCa("CKPT_HA_NATS_CA_FILE", self.url, "tls")
+
     def backoff(self, delivered: int) -> float:
         """Nak delay after the ``delivered``-th failed delivery."""
         return self.backoff_s[min(max(delivered, 1), len(self.backoff_s)) - 1]
+
+    def tls(self) -> ssl.SSLContext | None:
+        """The client TLS context for a ``tls://`` URL (None: plain NATS)."""
+        if credentials.scheme(self.url) != "tls":
+            return None
+        return credentials.client_tls(self.ca_file, "CKPT_HA_NATS_CA_FILE")
+
+    def connect_options(self) -> dict[str, Any]:
+        """Who we are and how the connection is secured, for ``nats.connect``: every direct
+        connection (runner, stream reader, CLI) takes these, as the services' brokers do."""
+        return {
+            "user": self.user,
+            "password": credentials.reveal(self.password),
+            "tls": self.tls(),
+        }
+
+    @property
+    def shown_url(self) -> str:
+        """The URL for logs and messages (a password in it replaced)."""
+        return credentials.redact_url(self.url)

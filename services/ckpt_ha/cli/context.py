@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ckpt_ha.cli.errors import CommandError, Handler
+from ckpt_ha.credentials import redact_url
 from ckpt_ha.runtime.settings import ServiceSettings
 
 __all__ = ["CommandError", "Handler"]
@@ -28,22 +29,36 @@ if TYPE_CHECKING:
     from ckpt_ha.registry.restores import RedisRestores
 
 T = TypeVar("T")
+S = TypeVar("S", bound=ServiceSettings)
 
 
-def settings(env: Mapping[str, str], home: Path) -> ServiceSettings:
-    """Shared settings, pointed at the local stack when NATS_URL / REDIS_URL are not set."""
+def settings(env: Mapping[str, str], home: Path, principal: str = "operator") -> ServiceSettings:
+    """`settings_of` the shared settings."""
+    return settings_of(ServiceSettings, env, home, principal)
+
+
+def settings_of(kind: type[S], env: Mapping[str, str], home: Path, principal: str) -> S:
+    """Settings of ``kind``, pointed at the local stack when NATS_URL / REDIS_URL are not set, and
+    then logged in to the stack's NATS and Redis as ``principal`` (the CLI is ``operator``,
+    `ckpt-ha run` the ``runner``) with the credentials under $CKPT_HA_HOME/secrets/. A NATS or
+    Redis named by NATS_URL / REDIS_URL is used with the credentials of the environment."""
     from ckpt_ha.devstack import stack
 
     overrides: dict[str, Any] = {}
     state = stack.StackState.load(home)
     if state is not None:
+        logins = stack.login_settings(state, principal)
+        if not (env.get("NATS_URL") and env.get("REDIS_URL")):
+            overrides["signing_key"] = logins["signing_key"]  # the stack's own
         if not env.get("NATS_URL"):
             overrides["nats_url"] = state.nats_url
+            overrides |= {k: v for k, v in logins.items() if "nats" in k}
         if not env.get("REDIS_URL"):
             overrides["redis_url"] = state.redis_url
+            overrides |= {k: v for k, v in logins.items() if k.startswith("redis")}
         if not env.get("CKPT_HA_STORAGE_ROOT"):
             overrides["storage_root"] = state.storage_root
-    return ServiceSettings(**overrides)
+    return kind(**overrides)
 
 
 def run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
@@ -60,16 +75,24 @@ def run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
         redis.exceptions.TimeoutError,
         RegistryUnavailable,
     ) as exc:
-        raise CommandError(f"cannot reach Redis at {settings.redis_url}: {exc}") from None
+        raise CommandError(
+            f"cannot reach Redis at {redact_url(settings.redis_url)}: {exc}"
+        ) from None
+    except redis.exceptions.NoPermissionError as exc:
+        raise CommandError(
+            f"Redis at {redact_url(settings.redis_url)} refused {settings.redis_user}: {exc}"
+        ) from None
     except (nats.errors.NoServersError, nats.errors.TimeoutError, OSError) as exc:
-        raise CommandError(f"cannot reach NATS at {settings.nats_url}: {exc!r}") from None
+        raise CommandError(
+            f"cannot reach NATS at {redact_url(settings.nats_url)}: {exc!r}"
+        ) from None
 
 
 @asynccontextmanager
 async def registry(settings: ServiceSettings) -> AsyncIterator[Registry]:
     from ckpt_ha.registry.redis_registry import Registry
 
-    reg = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    reg = Registry.from_url(settings.redis(), settings.registry_prefix)
     try:
         yield reg
     finally:
@@ -86,7 +109,7 @@ async def restore_owners(
     from ckpt_ha.registry.pins import RedisPins
     from ckpt_ha.registry.restores import RedisRestores
 
-    client = connect(settings.redis_url)
+    client = connect(settings.redis())
     pins = RedisPins(client, settings.registry_prefix)
     try:
         yield pins, RedisRestores(client, settings.registry_prefix, pins=pins)

@@ -21,6 +21,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     from ckpt_ha.contracts.job import JobPolicy
     from ckpt_ha.runner.adapter import LocalProcess
     from ckpt_ha.runner.runner import LaunchFailed, Runner, RunSpec, state_dir
+    from ckpt_ha.runner.settings import RunnerSettings
 
     command = tuple(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     if not command:
@@ -44,7 +45,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "(document)"
             raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
-    settings = context.settings(env, home)
+    settings = context.settings_of(RunnerSettings, env, home, "runner")
     run_id = args.run_id or f"run-{uuid4().hex[:12]}"
     spec = RunSpec(
         job_id=args.job,
@@ -59,7 +60,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         code_version=args.code_version or env.get("CKPT_HA_CODE_VERSION") or None,
         image=env.get("CKPT_HA_IMAGE") or None,
     )
-    runner = Runner(spec, settings.bus(), LocalProcess(), base_env=env)
+    runner = Runner(spec, settings.bus(), LocalProcess(), base_env=env, job_bus=settings.job_bus())
     try:
         return context.run(settings, runner.run)
     except LaunchFailed as exc:

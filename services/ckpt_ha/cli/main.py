@@ -76,13 +76,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=env.get("CKPT_HA_LOG_LEVEL", "INFO" if args.command == "serve" else "WARNING"),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    from ckpt_ha.credentials import CredentialsError
     from ckpt_ha.ops.errors import OperationFailed
 
     module, function = COMMANDS[(args.command, getattr(args, "action", None))]
     try:
         handler = cast(Handler, getattr(importlib.import_module(f"ckpt_ha.cli.{module}"), function))
         return handler(args, env, _home(env))
-    except (CommandError, OperationFailed) as exc:
+    except (CommandError, OperationFailed, CredentialsError) as exc:
         print(f"ckpt-ha: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except ModuleNotFoundError as exc:

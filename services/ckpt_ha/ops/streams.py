@@ -16,7 +16,7 @@ class StreamsRefused(OperationFailed):
 async def provision_streams(cfg: BusConfig) -> list[str]:
     """Create or update both streams; one line per stream saying what was done."""
     nc = await nats.connect(
-        cfg.url, user=cfg.user, password=cfg.password, connect_timeout=5, max_reconnect_attempts=1
+        cfg.url, **cfg.connect_options(), connect_timeout=5, max_reconnect_attempts=1
     )
     try:
         return await streams.provision(nc.jetstream(), cfg)
@@ -28,7 +28,7 @@ async def provision_streams(cfg: BusConfig) -> list[str]:
 
 async def check_streams(cfg: BusConfig) -> None:
     nc = await nats.connect(
-        cfg.url, user=cfg.user, password=cfg.password, connect_timeout=5, max_reconnect_attempts=1
+        cfg.url, **cfg.connect_options(), connect_timeout=5, max_reconnect_attempts=1
     )
     try:
         await streams.check(nc.jetstream(), cfg)

@@ -33,7 +33,7 @@ class Registrar(Service):
 def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
     """Wire the registrar; nothing connects until the app starts."""
     base = new_service(NAME, settings)
-    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    registry = Registry.from_url(settings.redis(), settings.registry_prefix)
     store = open_store(settings.storage_root)
     svc = Registrar(
         name=NAME,

@@ -17,10 +17,15 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
 from ckpt_ha.core.restore_records import Pin
-from ckpt_ha.registry.client import connect
+from ckpt_ha.registry.client import RedisConfig, connect
 
 KEY_SPACE = "pins:"
 """Every key of this owner starts with ``<prefix>:`` and this (what a registry rebuild keeps)."""
+
+
+def key(prefix: str, job: str) -> str:
+    """The hash of a job's pins (``*`` for the job makes a pattern)."""
+    return f"{prefix}:{KEY_SPACE}{job}"
 
 
 def pin_json(p: Pin) -> str:
@@ -39,14 +44,14 @@ class RedisPins:
         self._p = prefix
 
     @classmethod
-    def from_url(cls, url: str, prefix: str) -> RedisPins:
-        return cls(connect(url), prefix)
+    def from_url(cls, where: str | RedisConfig, prefix: str) -> RedisPins:
+        return cls(connect(where), prefix)
 
     async def close(self) -> None:
         await self._r.aclose()
 
     def _key(self, job: str) -> str:
-        return f"{self._p}:{KEY_SPACE}{job}"
+        return key(self._p, job)
 
     async def pins(self, job: str) -> list[Pin]:
         """The job's pins, in checkpoint id order."""

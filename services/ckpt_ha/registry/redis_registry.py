@@ -38,7 +38,7 @@ from ckpt_ha.core.records import (
     project_batch,
 )
 from ckpt_ha.core.tiers import TierChoice, resolve_tier
-from ckpt_ha.registry.client import connect
+from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
@@ -121,8 +121,8 @@ class Registry:
         self._write_script = client.register_script(_WRITE_LUA)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str = "ckpt-ha") -> Registry:
-        return cls(connect(url), prefix)
+    def from_url(cls, where: str | RedisConfig, prefix: str = "ckpt-ha") -> Registry:
+        return cls(connect(where), prefix)
 
     async def close(self) -> None:
         await self.r.aclose()

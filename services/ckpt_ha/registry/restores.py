@@ -48,11 +48,16 @@ from ckpt_ha.core.restore_records import (
     Point,
     Started,
 )
-from ckpt_ha.registry.client import connect
+from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.registry.pins import RedisPins
 
 KEY_SPACE = "coord:"
 """Every key of this owner starts with ``<prefix>:`` and this (what a registry rebuild keeps)."""
+
+
+def key(prefix: str, *parts: str | int) -> str:
+    """The key ``<prefix>:coord:<parts joined by ':'>`` (a ``*`` part makes a pattern)."""
+    return f"{prefix}:{KEY_SPACE}" + ":".join(str(x) for x in parts)
 
 
 def point_json(p: Point) -> str:
@@ -111,8 +116,8 @@ class RedisRestores:
         self.ttl_s = ttl_s
 
     @classmethod
-    def from_url(cls, url: str, prefix: str, **kwargs: Any) -> RedisRestores:
-        return cls(connect(url), prefix, **kwargs)
+    def from_url(cls, where: str | RedisConfig, prefix: str, **kwargs: Any) -> RedisRestores:
+        return cls(connect(where), prefix, **kwargs)
 
     async def close(self) -> None:
         await self._r.aclose()
@@ -124,7 +129,7 @@ class RedisRestores:
             return False
 
     def _k(self, *parts: str | int) -> str:
-        return f"{self._p}:{KEY_SPACE}" + ":".join(str(x) for x in parts)
+        return key(self._p, *parts)
 
     # --- job.started / job.progress ---
 

@@ -57,7 +57,7 @@ class RestoreCoordinator(Service):
 def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> RestoreCoordinator:
     base = new_service(NAME, settings)
     # One Redis client for the process; each key space is reached through its owner.
-    client = connect(settings.redis_url)
+    client = connect(settings.redis())
     pins = RedisPins(client, settings.registry_prefix)
     state = RedisRestores(
         client,

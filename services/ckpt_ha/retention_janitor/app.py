@@ -35,7 +35,7 @@ class RetentionJanitor(Service):
 def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> RetentionJanitor:
     base = new_service(NAME, settings)
     # One Redis client for the process; each key space is read through its owner.
-    client = connect(settings.redis_url)
+    client = connect(settings.redis())
     registry = Registry(client, settings.registry_prefix)
     janitor = Janitor(
         registry,

@@ -44,6 +44,7 @@ from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1, JobSucce
 from ckpt_ha.contracts.resume import ResumeEscalatedV1, ResumePlannedV1
 from ckpt_ha.contracts.subjects import event_subject, job_token
 from ckpt_ha.core.clock import Clock, utc_now
+from ckpt_ha.credentials import reveal
 from ckpt_ha.runner import torchrun
 from ckpt_ha.runner.adapter import ExitInfo, SchedulerAdapter
 from ckpt_ha.runner.domain import classify
@@ -58,6 +59,15 @@ SOURCE = "ckpt-ha/runner"
 EXIT_OK, EXIT_FAILED, EXIT_ESCALATED, EXIT_NO_PLAN = 0, 1, 3, 4
 ATTEMPT_FILE = "attempt.json"
 """In the run's state folder: the running attempt's number and scheduler handle (its pid)."""
+
+
+NOT_FOR_THE_JOB = frozenset({
+    protocol.NATS_USER, protocol.NATS_PASSWORD, protocol.NATS_CA_FILE,
+    "CKPT_HA_REDIS_USER", "CKPT_HA_REDIS_PASSWORD", "CKPT_HA_SIGNING_KEY",
+    "CKPT_HA_JOB_NATS_USER", "CKPT_HA_JOB_NATS_PASSWORD",
+})  # fmt: skip
+"""The runner's own credentials (and their ``_FILE`` forms): never inherited by the training
+process, which gets exactly its own (`child_env`)."""
 
 
 class LaunchFailed(Exception):
@@ -123,15 +133,12 @@ def child_env(
     plan: ResumePlannedV1 | None,
 ) -> dict[str, str]:
     """The attempt's environment: ``base`` plus the protocol variables (stale plan ones removed)
-    and the attempt's torchrun error file."""
-    env = {
-        k: v
-        for k, v in base.items()
-        if k
-        not in (protocol.RESUME_PLAN, protocol.RESTORE_URI, protocol.RESTORE_STEP, protocol.PLAN_ID)
-        # The master signing key never reaches a training process: it gets its job's key only.
-        and not k.startswith(SIGNING_KEY_ENV)
-    }
+    and the attempt's torchrun error file. ``bus`` is the bus as the training process uses it:
+    its own NATS user (``job``), never the runner's; the master signing key never reaches it
+    either (it gets its job's key only)."""
+    stale = (protocol.RESUME_PLAN, protocol.RESTORE_URI, protocol.RESTORE_STEP, protocol.PLAN_ID)
+    env = {k: v for k, v in base.items() if k not in stale and not k.startswith(SIGNING_KEY_ENV)
+           and k.removesuffix("_FILE") not in NOT_FOR_THE_JOB}  # fmt: skip
     env.update(
         {
             protocol.JOB: spec.job_id,
@@ -153,7 +160,9 @@ def child_env(
         env[protocol.JOB_KEY] = signing.job_key(bus.signing_keys[0], spec.job_id).hex()
     if bus.user is not None:
         env[protocol.NATS_USER] = bus.user
-        env[protocol.NATS_PASSWORD] = bus.password or ""
+        env[protocol.NATS_PASSWORD] = reveal(bus.password) or ""
+    if bus.ca_file:
+        env[protocol.NATS_CA_FILE] = bus.ca_file
     if plan is not None:
         env[protocol.RESUME_PLAN] = plan.model_dump_json()
         env[protocol.RESTORE_URI] = plan.checkpoint_uri
@@ -170,11 +179,15 @@ class Runner:
         adapter: SchedulerAdapter,
         *,
         base_env: Mapping[str, str],
+        job_bus: BusConfig | None = None,
         out: TextIO = sys.stderr,
         clock: Clock = utc_now,
     ) -> None:
         self.spec = spec
         self.cfg = bus
+        self.job_cfg = job_bus if job_bus is not None else bus
+        """What the training process connects with; the runner's own credentials when no job
+        credentials are configured (a NATS without a ``job`` user)."""
         self.adapter = adapter
         self.base_env = dict(base_env)
         self.out = out
@@ -196,8 +209,7 @@ class Runner:
         # kept for the run then reconnects through blips while the training runs.
         probe = await nats.connect(
             self.cfg.url,
-            user=self.cfg.user,
-            password=self.cfg.password,
+            **self.cfg.connect_options(),
             connect_timeout=5,
             allow_reconnect=False,
             max_reconnect_attempts=1,
@@ -207,8 +219,7 @@ class Runner:
         await probe.close()
         nc = await nats.connect(
             self.cfg.url,
-            user=self.cfg.user,
-            password=self.cfg.password,
+            **self.cfg.connect_options(),
             connect_timeout=5,
             name=f"ckpt-ha-runner-{self.spec.job_id}",
             error_cb=_log_error,
@@ -345,7 +356,7 @@ class Runner:
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         spec.progress_file.unlink(missing_ok=True)
         spec.error_file(attempt).unlink(missing_ok=True)
-        env = child_env(self.base_env, spec, self.cfg, attempt, self.environment, plan)
+        env = child_env(self.base_env, spec, self.job_cfg, attempt, self.environment, plan)
         try:
             handle = self.adapter.start(spec.command, env)
         except OSError as exc:

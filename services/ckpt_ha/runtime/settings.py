@@ -1,15 +1,46 @@
 """Settings every service shares. Each service subclasses `ServiceSettings` once and builds it in
-its entry point; nothing else reads the environment."""
+its entry point; nothing else reads the environment.
+
+Every secret is a ``SecretStr`` field, read from ``CKPT_HA_<FIELD>`` or from the file named by
+``CKPT_HA_<FIELD>_FILE`` (`credentials.read_secret`, for every such field of every subclass)."""
 
 from __future__ import annotations
 
+import os
+import typing
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from ckpt_ha import credentials
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import signing
+from ckpt_ha.registry.client import RedisConfig
+
+
+def _is_secret(annotation: Any) -> bool:
+    return annotation is SecretStr or SecretStr in typing.get_args(annotation)
+
+
+class SecretSources(PydanticBaseSettingsSource):
+    """Each ``SecretStr`` field from ``<prefix><FIELD>`` or ``<prefix><FIELD>_FILE``."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        name = (str(self.config.get("env_prefix") or "") + field_name).upper()
+        return credentials.read_secret(os.environ, name), name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found: dict[str, Any] = {}
+        for field_name, field in self.settings_cls.model_fields.items():
+            if _is_secret(field.annotation):
+                value, _, _ = self.get_field_value(field, field_name)
+                if value is not None:
+                    found[field_name] = value
+        return found
+
 
 SIGNING_KEY_ENV = "CKPT_HA_SIGNING_KEY"
 """The master signing key's variables (``..._FILE``, ``..._PREVIOUS`` too): never passed on to
@@ -37,7 +68,14 @@ class ServiceSettings(BaseSettings):
     )
     nats_user: str | None = None
     nats_password: SecretStr | None = None
+    nats_ca_file: str | None = None
+    """CA bundle for a ``tls://`` NATS_URL (else the system's trust store)."""
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
+    redis_user: str | None = None
+    """This process's Redis ACL user (deploy/redis/users.acl); None: the default user."""
+    redis_password: SecretStr | None = None
+    redis_ca_file: str | None = None
+    """CA bundle for a ``rediss://`` REDIS_URL (else the system's trust store)."""
     subject_prefix: str = Field(default="ckpt", pattern=r"^[A-Za-z0-9_-]+$")
     events_stream: str = Field(default="CKPT_EVENTS", pattern=r"^[A-Za-z0-9_-]+$")
     dead_letter_stream: str = Field(default="CKPT_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
@@ -56,8 +94,8 @@ class ServiceSettings(BaseSettings):
     metrics_forget_after_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """A job idle this long leaves the per-job metric series (bounds their cardinality)."""
     signing_key: SecretStr | None = None
-    """The master key job signatures derive from (hex); or from ``signing_key_file``."""
-    signing_key_file: Path | None = None
+    """The master key job signatures derive from (hex; ``CKPT_HA_SIGNING_KEY_FILE`` names a file
+    holding it, read like every secret)."""
     signing_key_previous: SecretStr | None = None
     """During a rotation: the old master key, still accepted for verification (never signs)."""
     unsigned_before_seq: int = Field(default=0, ge=0)
@@ -68,11 +106,6 @@ class ServiceSettings(BaseSettings):
         texts: list[str] = []
         if self.signing_key is not None:
             texts.append(self.signing_key.get_secret_value())
-        elif self.signing_key_file is not None:
-            try:
-                texts.append(self.signing_key_file.read_text())
-            except OSError as exc:
-                raise ValueError(f"cannot read the signing key file: {exc.strerror}") from None
         if self.signing_key_previous is not None:
             texts.append(self.signing_key_previous.get_secret_value())
         return tuple(signing.parse_master(t) for t in texts)
@@ -83,11 +116,37 @@ class ServiceSettings(BaseSettings):
             raise MissingSigningKey
         return keys
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (
+            init_settings,
+            SecretSources(settings_cls),
+            env_settings,
+            dotenv_settings,
+            file_secret_settings,
+        )
+
+    def redis(self) -> RedisConfig:
+        return RedisConfig(
+            url=self.redis_url,
+            user=self.redis_user,
+            password=self.redis_password,
+            ca_file=self.redis_ca_file,
+        )
+
     def bus(self) -> BusConfig:
         return BusConfig(
             url=self.nats_url,
             user=self.nats_user,
-            password=self.nats_password.get_secret_value() if self.nats_password else None,
+            password=self.nats_password,
+            ca_file=self.nats_ca_file,
             prefix=self.subject_prefix,
             events_stream=self.events_stream,
             dead_letter_stream=self.dead_letter_stream,

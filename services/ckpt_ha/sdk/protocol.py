@@ -29,8 +29,9 @@ from typing import Any, TypeVar
 
 import nats
 import nats.errors
-from pydantic import ValidationError
+from pydantic import SecretStr, ValidationError
 
+from ckpt_ha import credentials
 from ckpt_ha.contracts import EventData, build, signing
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.resume import ResumePlannedV1
@@ -46,7 +47,8 @@ JOB, RUN_ID, ATTEMPT = "CKPT_HA_JOB", "CKPT_HA_RUN_ID", "CKPT_HA_ATTEMPT"
 STORAGE_ROOT, PROGRESS_FILE = "CKPT_HA_STORAGE_ROOT", "CKPT_HA_PROGRESS_FILE"
 NATS_URL, SUBJECT_PREFIX = "NATS_URL", "CKPT_HA_SUBJECT_PREFIX"
 EVENTS_STREAM = "CKPT_HA_EVENTS_STREAM"
-NATS_USER, NATS_PASSWORD = "CKPT_HA_NATS_USER", "CKPT_HA_NATS_PASSWORD"
+NATS_USER, NATS_PASSWORD = "CKPT_HA_NATS_USER", "CKPT_HA_NATS_PASSWORD"  # or ..._PASSWORD_FILE
+NATS_CA_FILE = "CKPT_HA_NATS_CA_FILE"
 RESUME_PLAN, RESTORE_URI = "CKPT_HA_RESUME_PLAN", "CKPT_HA_RESTORE_URI"
 RESTORE_STEP, PLAN_ID = "CKPT_HA_RESTORE_STEP", "CKPT_HA_PLAN_ID"
 ENVIRONMENT, TOPOLOGY = "CKPT_HA_ENVIRONMENT", "CKPT_HA_TOPOLOGY"
@@ -68,16 +70,17 @@ class BadContext(ValueError):
 class Bus:
     """Where to announce: a NATS URL plus the subject prefix (defaults match the services).
 
-    Where NATS requires authentication, the SDK connects as the ``runner`` user of
-    deploy/nats/permissions.conf (allowed to publish ``checkpoint.writing`` / ``committed``,
-    ``job.progress`` and ``resume.loaded`` / ``load_failed``).
+    Where NATS requires authentication, the SDK connects as the user its runner gave it (the
+    ``job`` user of deploy/nats/permissions.conf); a ``tls://`` URL is verified against
+    ``ca_file`` (else the system's trust store).
     """
 
     url: str
     prefix: str = DEFAULT_PREFIX
     timeout_s: float = 5.0
     user: str | None = None
-    password: str | None = field(default=None, repr=False)
+    password: SecretStr | None = field(default=None, repr=False)
+    ca_file: str | None = None
     retry_after_s: float = 30.0
     """After a failed announcement, skip announcing on this bus for this long (and the progress
     publisher's longest wait between two connect attempts)."""
@@ -86,6 +89,24 @@ class Bus:
     job_key: bytes | None = field(default=None, repr=False)
     """The job's signing key (`ckpt_ha.contracts.signing`): the services refuse a job's
     ``checkpoint.writing`` / ``committed``, ``job.progress`` and ``resume.*`` without it."""
+
+    def __post_init__(self) -> None:
+        if self.ca_file and credentials.scheme(self.url) != "tls":
+            raise credentials.PlaintextWithCa(NATS_CA_FILE, self.url, "tls")
+
+    @property
+    def shown_url(self) -> str:
+        """The URL for logs (a password in it replaced)."""
+        return credentials.redact_url(self.url)
+
+    def connect_options(self) -> dict[str, Any]:
+        """User, password and TLS context for ``nats.connect``."""
+        tls = (
+            credentials.client_tls(self.ca_file, NATS_CA_FILE)
+            if credentials.scheme(self.url) == "tls"
+            else None
+        )
+        return {"user": self.user, "password": credentials.reveal(self.password), "tls": tls}
 
 
 @dataclass(frozen=True)
@@ -122,17 +143,21 @@ def context(env: Mapping[str, str] | None = None) -> Context | None:
     if not 0 <= rank < max(world_size, 1):
         raise BadContext(RANK, f"{rank} is not a rank of a world of {world_size}")
     url = env.get(NATS_URL)
-    bus = (
-        Bus(
-            url,
-            prefix=env.get(SUBJECT_PREFIX) or DEFAULT_PREFIX,
-            user=env.get(NATS_USER) or None,
-            password=env.get(NATS_PASSWORD) or None,
-            job_key=_job_key(env),
+    try:
+        bus = (
+            Bus(
+                url,
+                prefix=env.get(SUBJECT_PREFIX) or DEFAULT_PREFIX,
+                user=env.get(NATS_USER) or None,
+                password=credentials.read_secret(env, NATS_PASSWORD),
+                ca_file=env.get(NATS_CA_FILE) or None,
+                job_key=_job_key(env),
+            )
+            if url
+            else None
         )
-        if url
-        else None
-    )
+    except credentials.CredentialsError as exc:
+        raise BadContext(exc.name, exc.reason) from None
     return Context(
         job_id=job,
         run_id=env.get(RUN_ID) or job,
@@ -260,8 +285,7 @@ async def _announce(
     subject, body, headers = envelope_bytes(bus, data, time_, key, traceparent)
     nc = await nats.connect(
         bus.url,
-        user=bus.user,
-        password=bus.password,
+        **bus.connect_options(),
         connect_timeout=bus.timeout_s,
         max_reconnect_attempts=1,
         allow_reconnect=False,

@@ -178,7 +178,7 @@ class ProgressPublisher:
             log.warning(
                 "job.progress: %d report(s) not published so far on %s (%d dropped from the "
                 "full queue of %d, %d failed)",
-                after, self.bus.url, self._dropped, self.capacity, self._failed,
+                after, self.bus.shown_url, self._dropped, self.capacity, self._failed,
             )  # fmt: skip
 
     # --- the publisher thread -------------------------------------------------------------
@@ -239,13 +239,12 @@ class ProgressPublisher:
 
     async def _connect(self) -> Any:
         async def quiet(exc: Exception) -> None:
-            log.debug("progress publisher on %s: %r", self.bus.url, exc)
+            log.debug("progress publisher on %s: %r", self.bus.shown_url, exc)
 
         try:
             nc = await nats.connect(
                 self.bus.url,
-                user=self.bus.user,
-                password=self.bus.password,
+                **self.bus.connect_options(),
                 connect_timeout=self.bus.timeout_s,
                 # One try now; retrying is this publisher's back-off (nats-py reads 0 attempts
                 # as "retry the first connect forever").
@@ -263,7 +262,7 @@ class ProgressPublisher:
                 self._settled.notify_all()
             (log.warning if first else log.debug)(
                 "job.progress: cannot reach NATS at %s (%r); reports queue meanwhile",
-                self.bus.url, exc,
+                self.bus.shown_url, exc,
             )  # fmt: skip
             return None
         with self._lock:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from ckpt_ha.registry.client import connect
+from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.storage import ObjectInfo, ObjectStore, quarantine
 from ckpt_ha.writer_watcher import evidence
 from ckpt_ha.writer_watcher.domain import Observation, Tracked, WatchState
@@ -111,8 +111,8 @@ class RedisWatchState:
         self._saved: dict[str, Tracked] = {}
 
     @classmethod
-    def from_url(cls, url: str, prefix: str, root_uri: str) -> RedisWatchState:
-        return cls(connect(url), prefix, root_uri)
+    def from_url(cls, where: str | RedisConfig, prefix: str, root_uri: str) -> RedisWatchState:
+        return cls(connect(where), prefix, root_uri)
 
     async def close(self) -> None:
         await self.r.aclose()

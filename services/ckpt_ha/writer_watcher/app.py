@@ -36,7 +36,7 @@ class WriterWatcher(Service):
 def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatcher:
     base = new_service(NAME, settings)
     store = open_store(settings.storage_root)
-    client = connect(settings.redis_url)
+    client = connect(settings.redis())
     registry = Registry(client, settings.registry_prefix)
     state = adapters.RedisWatchState(client, settings.registry_prefix, store.uri("x"))
     svc = WriterWatcher(

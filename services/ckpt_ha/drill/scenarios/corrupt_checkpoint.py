@@ -8,7 +8,6 @@ from typing import Any
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.drill.assess import assess_restore
 from ckpt_ha.drill.harness import Drill, DrillFailed, policy, resumed_after, valid_count
-from ckpt_ha.registry.redis_registry import Registry
 
 NAME = "corrupt-checkpoint"
 FAULT = "the newest valid checkpoint's bytes are damaged on storage"
@@ -30,7 +29,7 @@ def _newest_shard(storage_root: str, record: CheckpointRecord) -> Path:
 async def run(drill: Drill) -> dict[str, Any]:
     """The newest valid checkpoint is damaged on storage after it was registered; the job then
     dies. The restore must catch the damage at load, quarantine it, and fall back."""
-    registry = Registry.from_url(drill.state.redis_url)
+    registry = drill.registry()
     try:
         drill.launch(policy(), ["--steps", "60", "--checkpoint-every", "10",
                                  "--sleep-per-step", "0.05"], {})  # fmt: skip

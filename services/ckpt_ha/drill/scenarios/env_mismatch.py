@@ -7,7 +7,6 @@ from typing import Any
 
 from ckpt_ha.contracts.job import JobPolicy
 from ckpt_ha.drill.harness import Drill, escalated, expect_escalation, valid_count
-from ckpt_ha.registry.redis_registry import Registry
 
 NAME = "env-mismatch"
 FAULT = "the checkpoints record another framework version than the restore target"
@@ -19,7 +18,7 @@ EXPECTED_ALERT: str | None = None
 async def run(drill: Drill) -> dict[str, Any]:
     """The checkpoints were written with another framework version than the restore target
     runs: compatibility is unknown, nothing is resumed automatically."""
-    registry = Registry.from_url(drill.state.redis_url)
+    registry = drill.registry()
     try:
         drill.launch(
             JobPolicy(tier="drill"),

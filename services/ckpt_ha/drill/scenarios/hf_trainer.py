@@ -15,7 +15,6 @@ from ckpt_ha.drill.harness import (
     valid_count,
 )
 from ckpt_ha.drill.workloads import HF_TRAINER
-from ckpt_ha.registry.redis_registry import Registry
 
 NAME = "hf-trainer"
 FAULT = "a Hugging Face Trainer is SIGKILLed in the middle of saving a checkpoint"
@@ -30,7 +29,7 @@ async def run(drill: Drill) -> dict[str, Any]:
     """Kill the Trainer while it saves checkpoint-20 (weights written, optimizer state not):
     that folder must never be committed or registered, and the job must resume from the newest
     complete checkpoint through the Trainer's own loader and continue as the baseline did."""
-    registry = Registry.from_url(drill.state.redis_url)
+    registry = drill.registry()
     try:
         drill.launch(
             policy(),

@@ -13,7 +13,6 @@ from ckpt_ha.drill.harness import (
     uncommitted_writes,
     valid_count,
 )
-from ckpt_ha.registry.redis_registry import Registry
 
 NAME = "node-exit"
 FAULT = "the training process is SIGKILLed, once mid-training and once mid-write"
@@ -25,7 +24,7 @@ EXPECTED_ALERT: str | None = None
 async def run(drill: Drill) -> dict[str, Any]:
     """SIGKILL the training process mid-training, and once more in the middle of writing a
     checkpoint; both times the system must restore the last valid checkpoint and continue."""
-    registry = Registry.from_url(drill.state.redis_url)
+    registry = drill.registry()
     try:
         drill.launch(
             policy(),

@@ -7,7 +7,6 @@ from typing import Any
 
 from ckpt_ha.contracts.job import JobPolicy
 from ckpt_ha.drill.harness import Drill, escalated, expect_escalation, valid_count
-from ckpt_ha.registry.redis_registry import Registry
 
 NAME = "restart-loop"
 FAULT = "the job crashes right after every resume"
@@ -18,7 +17,7 @@ EXPECTED_ALERT: str | None = "RestartLoop"
 
 async def run(drill: Drill) -> dict[str, Any]:
     """The job crashes right after every resume: automatic retries must stop and escalate."""
-    registry = Registry.from_url(drill.state.redis_url)
+    registry = drill.registry()
     try:
         drill.launch(
             JobPolicy(tier="drill", max_restarts=2, max_same_failure=3),

@@ -18,7 +18,6 @@ from ckpt_ha.drill.harness import (
     resumed_after,
     valid_count,
 )
-from ckpt_ha.registry.redis_registry import Registry
 
 NAME = "storage-outage"
 FAULT = "the storage root is unavailable during a checkpoint write and a restore"
@@ -48,7 +47,7 @@ async def run(drill: Drill) -> dict[str, Any]:
     while the job is being restored after it died. No fake-complete checkpoint may appear, the
     interrupted write must be blamed on the infrastructure, the restore must wait for storage
     within its limits and resume from the last valid checkpoint, and the job must finish."""
-    registry = Registry.from_url(drill.state.redis_url)
+    registry = drill.registry()
     root = _fs_root(drill.state.storage_root)
     away: Path | None = None
     outage_write, outage_restore = 8.0, 5.0  # the write's longer than the stall timeout (5 s)

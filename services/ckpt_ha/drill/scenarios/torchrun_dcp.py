@@ -17,7 +17,6 @@ from ckpt_ha.drill.harness import (
     valid_count,
 )
 from ckpt_ha.drill.workloads import TORCHRUN_DCP
-from ckpt_ha.registry.redis_registry import Registry
 
 NAME = "torchrun-dcp"
 FAULT = "one rank of a 2-rank torchrun job is SIGKILLed, once mid-training and once mid-save"
@@ -37,7 +36,7 @@ async def run(drill: Drill) -> dict[str, Any]:
     cause, every rank of the relaunch loads the planned checkpoint and the run continues
     exactly. Then kill rank 1 while a checkpoint is half written: it is never committed, and the
     relaunch resumes from the newest complete one."""
-    registry = Registry.from_url(drill.state.redis_url)
+    registry = drill.registry()
     try:
         drill.launch(
             policy(),

@@ -1,0 +1,218 @@
+"""Who may run which Redis command on which keys: one table, rendered into ``deploy/redis/``.
+
+Each service logs in to Redis as its own ACL user (settings ``redis_user`` and
+``redis_password``) and may run only the commands its code issues, on only the key spaces it
+reads or writes (the owners in `ckpt_ha.registry.keys`, `restores`, `pins` and the
+writer-watcher's state). The registry's compare-and-set is a Lua script (EVALSHA, SCRIPT LOAD
+when the server lost it): Redis checks every ``redis.call`` inside it against the caller's ACL
+too, so the registrar is granted the commands the script runs. The ``default`` user is off: a
+connection that does not log in can do nothing.
+
+Passwords are never in the committed file (an ACL file cannot read the environment, and allows
+no comments): ``python -m ckpt_ha.registry.acl [--check]`` writes (checks) the committed
+``deploy/redis/users.acl``, whose users have no password and so cannot log in; a deployment
+renders its own with
+
+    python -m ckpt_ha.registry.acl render --passwords-from-env > /etc/ckpt-ha/redis/users.acl
+
+reading ``CKPT_HA_REDIS_PASSWORD_<USER>`` (or ``..._FILE``) for each user and writing only the
+SHA-256 of each password (``#<hex>``). A key space a user only reads is granted read-only
+(``%R~``, Redis 7); ``--redis-6`` renders for Redis 6.2 (the embedded stack's), which has no
+read-only patterns, so there a user may write what it reads. SCAN names keys of every space (it
+takes no key), which is why only the retention-janitor and operators have it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from ckpt_ha import credentials
+from ckpt_ha.assets import asset
+from ckpt_ha.registry import pins, restores
+from ckpt_ha.registry.keys import RegistryKeys
+
+CONF = asset("redis", "users.acl")
+"""Shipped as package data; in a checkout it is ``deploy/redis/users.acl``."""
+DEFAULT_PREFIX = "ckpt-ha"
+
+
+def key_spaces(prefix: str) -> dict[str, str]:
+    """Every key space by name, as the ACL key pattern its owner formats for ``prefix``."""
+    k = RegistryKeys(prefix)
+    return {
+        "checkpoints": k.checkpoint("*"),
+        "job-index": k.job("*"),
+        "state-index": k.state("*"),
+        "uri-index": k.uri("*"),
+        "jobs": k.jobs,
+        "applied": k.applied,
+        "owners": k.owner("*"),
+        "projects": k.project("*"),
+        "owner-log": k.owner_log("*"),
+        "tiers": k.tier("*"),
+        "tier-log": k.tier_log("*"),
+        "tier-declared": k.tier_declared("*"),
+        "reconcile-log": k.reconcile_log,
+        "restore-state": restores.key(prefix, "*"),
+        "restore-plans": restores.key(prefix, "plan", "*"),
+        "restore-verdicts": restores.key(prefix, "verdict", "*"),
+        "restore-starts": restores.key(prefix, "started", "*"),
+        "pins": pins.key(prefix, "*"),
+        # Owned by ckpt_ha.writer_watcher.adapters.state_keys (a service: not importable from
+        # here); tests/unit/test_redis_acl.py checks this stays equal to it.
+        "watcher-state": f"{prefix}-watcher:*",
+        "everything": k.everything,
+    }
+
+
+CONNECT = ("ping",)
+"""Health checks. (`client.connect` turns off the client's CLIENT SETINFO on connect: Redis
+before 7.2 has no such subcommand to grant.)"""
+PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush")
+"""What the registry's compare-and-set script runs (`redis_registry._WRITE_LUA`)."""
+
+
+@dataclass(frozen=True)
+class RedisUser:
+    user: str
+    writes: tuple[str, ...]
+    """Names of `key_spaces` this user writes (and reads)."""
+    reads: tuple[str, ...]
+    """Names of `key_spaces` this user only reads."""
+    commands: tuple[str, ...]
+    """Commands (``command|subcommand``) its code issues; everything else is refused."""
+
+
+USERS: tuple[RedisUser, ...] = (
+    # Watch state per storage root; reads a record to tell a failed write from a lost file.
+    RedisUser("writer-watcher", ("watcher-state",), ("checkpoints",),
+              (*CONNECT, "get", "hgetall", "hset", "hdel", "multi", "exec", "discard")),
+    # Reads records (verify, scrub); never writes the registry.
+    RedisUser("integrity-checker", (), ("checkpoints", "state-index"),
+              (*CONNECT, "get", "mget", "smembers")),
+    # Projects every checkpoint event: the compare-and-set script and the reads before it.
+    RedisUser("registrar", ("checkpoints", "job-index", "state-index", "uri-index", "jobs",
+                            "applied", "owners", "projects", "owner-log", "tiers", "tier-log"),
+              ("tier-declared",),
+              (*CONNECT, "mget", "smembers", "smismember", "evalsha", "script|load",
+               *PROJECTION)),
+    # Its own memory and the pins; reads a job's records to choose a restore.
+    RedisUser("restore-coordinator", ("restore-state", "pins"), ("checkpoints", "job-index"),
+              (*CONNECT, "get", "set", "mget", "del", "expire", "hset", "hget", "hmget",
+               "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
+               "zremrangebyrank", "sadd", "smembers", "rpush", "ltrim", "lrange", "multi",
+               "exec", "discard")),
+    # Reads jobs, records, tiers, pins and plans in progress; records the declared tier.
+    RedisUser("retention-janitor", ("tier-declared",),
+              ("jobs", "job-index", "checkpoints", "tiers", "pins", "restore-plans",
+               "restore-verdicts", "restore-starts"),
+              (*CONNECT, "get", "set", "del", "mget", "smembers", "zrevrange", "hgetall",
+               "scan")),
+    # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
+    # audits, manual actions), no server administration.
+    RedisUser("operator", ("everything",), (),
+              (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire", "hset", "hget",
+               "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange", "zrevrange", "sadd",
+               "srem", "smembers", "sismember", "smismember", "rpush", "lrange", "evalsha",
+               "script|load", "multi", "exec", "discard")),
+)  # fmt: skip
+
+
+def users() -> tuple[str, ...]:
+    """Every Redis user a deployment needs a password for."""
+    return tuple(u.user for u in USERS)
+
+
+def env_password(user: str) -> str:
+    """The variable a user's password is read from (or its ``_FILE`` form)."""
+    return "CKPT_HA_REDIS_PASSWORD_" + user.upper().replace("-", "_")
+
+
+def password_hash(password: SecretStr) -> str:
+    """The ``#<sha256 hex>`` form Redis stores and accepts in an ACL file."""
+    return "#" + hashlib.sha256(password.get_secret_value().encode()).hexdigest()
+
+
+def render(
+    passwords: Callable[[str], SecretStr | None] = lambda user: None,
+    prefix: str = DEFAULT_PREFIX,
+    *,
+    read_only_keys: bool = True,
+) -> str:
+    """The ACL file: ``default`` off, then one line per user. A user whose password is None
+    gets none (it cannot log in until one is set). ``read_only_keys=False`` for Redis 6."""
+    spaces = key_spaces(prefix)
+    lines = ["user default off resetchannels resetkeys -@all"]
+    for u in USERS:
+        password = passwords(u.user)
+        secret = [password_hash(password)] if password is not None else []
+        read = "%R~" if read_only_keys else "~"
+        keys = [f"~{spaces[name]}" for name in u.writes]
+        keys += [f"{read}{spaces[name]}" for name in u.reads]
+        cmds = [f"+{c}" for c in u.commands]
+        lines.append(" ".join(["user", u.user, "on", *secret, "resetchannels", "resetkeys",
+                               *keys, "-@all", *cmds]))  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def passwords_from(env: Mapping[str, str]) -> Callable[[str], SecretStr]:
+    """Each user's password from ``env`` (`credentials.read_secret`); one missing is an error."""
+
+    def password(user: str) -> SecretStr:
+        found = credentials.read_secret(env, env_password(user))
+        if found is None:
+            raise credentials.CredentialsError(env_password(user), f"no password for {user}")
+        return found
+
+    return password
+
+
+USAGE = (
+    "usage: python -m ckpt_ha.registry.acl [--check]\n"
+    "       python -m ckpt_ha.registry.acl render --passwords-from-env [--prefix P] [--redis-6]"
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["render"]:
+        rest = args[1:]
+        redis_6 = "--redis-6" in rest
+        rest = [a for a in rest if a != "--redis-6"]
+        prefix = DEFAULT_PREFIX
+        if "--prefix" in rest:
+            at = rest.index("--prefix")
+            prefix = rest[at + 1] if at + 1 < len(rest) else ""
+            del rest[at : at + 2]
+        if rest != ["--passwords-from-env"] or not prefix:
+            print(USAGE, file=sys.stderr)
+            return 2
+        try:
+            text = render(passwords_from(os.environ), prefix, read_only_keys=not redis_6)
+            sys.stdout.write(text)
+        except credentials.CredentialsError as exc:
+            print(f"ckpt_ha.registry.acl: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args not in ([], ["--check"]):
+        print(USAGE, file=sys.stderr)
+        return 2
+    text = render()
+    if args == ["--check"]:
+        if not CONF.is_file() or CONF.read_text() != text:
+            print(f"{CONF} drifted from ckpt_ha/registry/acl.py", file=sys.stderr)
+            return 1
+        return 0
+    Path(str(CONF)).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
