@@ -120,7 +120,7 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
     services: list[Service] = [
         watcher, checker, janitor,
         build_registrar(RegistrarSettings.model_validate(
-            settings_for(settings, acl_redis, "registrar"))),
+            settings_for(settings, acl_redis, "registrar", **common))),
         build_coordinator(RestoreCoordinatorSettings.model_validate(
             settings_for(settings, acl_redis, "restore-coordinator", **common))),
     ]  # fmt: skip
@@ -143,6 +143,31 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
             return len(records) == 2 and all(r.state is CheckpointState.VALID for r in records)
 
         await wait_for(both_valid, timeout=30, what="the watched checkpoints to become valid")
+
+        # The quarantine path: a complete but damaged checkpoint appears (written aside, one
+        # shard's bytes changed, moved in whole); the checker finds it corrupt and moves it to
+        # quarantine, which first reads the job's other live records (job index, ZREVRANGE).
+        aside = tmp_path / "aside"
+        aside.mkdir()
+        await asyncio.to_thread(
+            sdk.save, str(aside), job, 30, {"w": np.full(16, 30, dtype=np.float32)},
+            run_id="run-1", code_version="abc",
+        )  # fmt: skip
+        folder = aside / job / "step-00000030"
+        files = [f for f in folder.rglob("*") if f.is_file()]
+        shard = max(files, key=lambda f: f.stat().st_size)
+        shard.write_bytes(bytes(b ^ 0xFF for b in shard.read_bytes()))
+        folder.rename(root / job / folder.name)
+
+        async def quarantined() -> bool:
+            records = await operator.by_job(job)
+            return any(
+                r.uri.endswith(folder.name) and r.state is CheckpointState.QUARANTINED
+                for r in records
+            )
+
+        await wait_for(quarantined, timeout=30, what="the damaged checkpoint quarantined")
+        assert not (root / job / folder.name).exists()  # moved under quarantine/
 
         # The coordinator's path: an attempt starts, reports progress, fails; a decision follows.
         policy = JobPolicy(max_restarts=3, tier="standard")

@@ -92,11 +92,13 @@ class RedisUser:
 
 USERS: tuple[RedisUser, ...] = (
     # Watch state per storage root; reads a record to tell a failed write from a lost file.
-    RedisUser("writer-watcher", ("watcher-state",), ("checkpoints",),
-              (*CONNECT, "get", "hgetall", "hset", "hdel", "multi", "exec", "discard")),
+    # Both quarantine: a move first reads the job's other live records (storage.owned).
+    RedisUser("writer-watcher", ("watcher-state",), ("checkpoints", "job-index"),
+              (*CONNECT, "get", "mget", "zrevrange", "hgetall", "hset", "hdel", "multi", "exec",
+               "discard")),
     # Reads records (verify, scrub); never writes the registry.
-    RedisUser("integrity-checker", (), ("checkpoints", "state-index"),
-              (*CONNECT, "get", "mget", "smembers")),
+    RedisUser("integrity-checker", (), ("checkpoints", "state-index", "job-index"),
+              (*CONNECT, "get", "mget", "smembers", "zrevrange")),
     # Projects every checkpoint event: the compare-and-set script and the reads before it.
     RedisUser("registrar", ("checkpoints", "job-index", "state-index", "uri-index", "jobs",
                             "applied", "owners", "projects", "owner-log", "tiers", "tier-log"),
