@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from ckpt_ha.contracts import signing
 from ckpt_ha.devstack import stack
 from tests.support import packaging
 
@@ -120,9 +121,13 @@ import numpy as np
 from ckpt_ha import sdk
 
 from ckpt_ha.credentials import read_secret_file
-root, job, nats_url, user, password_file = sys.argv[1:6]
+root, job, nats_url, user, password_file, job_key = sys.argv[1:7]
 password = read_secret_file(password_file) if password_file else None
-bus = sdk.Bus(nats_url, timeout_s=5, user=user or None, password=password) if nats_url else None
+key = bytes.fromhex(job_key) if job_key else None
+bus = (
+    sdk.Bus(nats_url, timeout_s=5, user=user or None, password=password, job_key=key)
+    if nats_url else None
+)
 state = {"model": {"w": np.arange(6, dtype=np.float32)}, "epoch": 2, "blob": b"raw"}
 saved = sdk.save(root, job, 7, state, run_id="run-1", bus=bus)
 back = sdk.load(saved.uri)
@@ -139,11 +144,19 @@ print(json.dumps({
 
 
 def _save_and_load(
-    venv: Venv, root: Path, job: str, nats_url: str = "", user: str = "", password_file: str = ""
+    venv: Venv,
+    root: Path,
+    job: str,
+    nats_url: str = "",
+    user: str = "",
+    password_file: str = "",
+    job_key: str = "",
 ) -> dict[str, object]:
     script = venv.work / "save_and_load.py"
     script.write_text(SAVE_AND_LOAD)
-    done = venv.run(str(venv.python), str(script), str(root), job, nats_url, user, password_file)
+    done = venv.run(
+        str(venv.python), str(script), str(root), job, nats_url, user, password_file, job_key
+    )
     assert done.returncode == 0, done.stderr
     out: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
     return out
@@ -216,7 +229,11 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
     job = stack.JOB
     password = str(stack.StackSecrets.of(stack_home).nats(job))
     root = Path(state["storage_root"])
-    saved = _save_and_load(server_venv, root, "wheel-job", state["nats_url"], job, password)
+    # ... signing with the key its runner would derive for it from the stack's master key.
+    secrets = stack.StackSecrets.of(stack_home)
+    master = signing.parse_master(secrets.signing_key.read_text())
+    key = signing.job_key(master, "wheel-job").hex()
+    saved = _save_and_load(server_venv, root, "wheel-job", state["nats_url"], job, password, key)
     assert str(saved["sdk_file"]).startswith(site)
     assert saved["announced"] is True
     folder = Path(state["storage_root"]) / "wheel-job" / "step-00000007"

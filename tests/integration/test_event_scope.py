@@ -13,6 +13,7 @@ import nats
 import pytest
 
 from ckpt_ha.bus import streams
+from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.permissions import PRINCIPALS
 from ckpt_ha.contracts import signing
 from ckpt_ha.contracts.checkpoint import CheckpointState
@@ -180,3 +181,19 @@ def test_signed_types_are_exactly_what_jobs_and_their_runners_may_publish() -> N
         if p.user == "job":
             assert p.watches == ()
             assert p.consumers == ()
+
+
+async def test_nobody_without_the_jobs_key_can_pre_empt_its_announcement(
+    registrar: Registrar, producer: Bus, settings: ServiceSettings
+) -> None:
+    """JetStream drops a message whose id it has seen: a forger who publishes first under the
+    id a job's announcement will carry must not suppress it."""
+    event = committed("pre1", job="job-p")
+    subj = subject(settings, event.event_type, "job-p")
+    await publish_raw(settings.nats_url, subj, b"garbage", {"Nats-Msg-Id": event.id}, sign=False)
+    await producer.publish(event)  # signed by a holder of the master key, as the watcher does
+    await wait_for(
+        lambda: _is(registrar, "pre1", CheckpointState.PENDING_VERIFICATION),
+        what="the real announcement applied",
+    )
+    assert await dead_letter_codes(settings, 1) == ["unsigned"]

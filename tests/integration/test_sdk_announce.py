@@ -26,7 +26,7 @@ from ckpt_ha.storage import FsStore, ObjectInfo, S3Store
 from ckpt_ha.writer_watcher import adapters
 from ckpt_ha.writer_watcher.app import build as build_watcher
 from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
-from tests.support.bus_tools import stream_messages
+from tests.support.bus_tools import job_key, stream_messages
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
 
 pytestmark = pytest.mark.integration
@@ -89,8 +89,8 @@ class PausingStore(FsStore):
 async def test_writing_precedes_the_shards_and_both_sources_agree(
     settings: ServiceSettings, tmp_path: Path
 ) -> None:
-    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix)
-    assert await watcher_pass(settings, tmp_path) == {}  # declares the streams, sees nothing
+    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-a"))
+    assert await watcher_pass(settings, tmp_path) == {}  # the streams are there, nothing seen
 
     async def probe() -> tuple[list[str], dict[str, str]]:
         # Runs in the SDK's thread, after the index is written and before any leaf is.
@@ -132,7 +132,7 @@ async def test_the_sdk_puts_writing_and_committed_in_one_trace(
     """Both announcements carry one W3C trace context, in the envelope and the NATS header, so
     everything the services do about the checkpoint joins that trace; and the watcher reporting
     the same save afterwards publishes nothing new (same ids) and keeps that trace in its state."""
-    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix)
+    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-t"))
     assert await watcher_pass(settings, tmp_path) == {}
     saved = await asyncio.to_thread(
         sdk.save, FsStore(tmp_path), "job-t", 3, {"w": b"x" * 64}, run_id="r", bus=bus

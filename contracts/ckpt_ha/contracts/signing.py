@@ -11,7 +11,9 @@ job holds:
   derives it and hands it to the training process in ``CKPT_HA_JOB_KEY`` (hex), so the process
   can sign for its own job and for no other;
 * the signature is ``v1=`` + hex ``HMAC-SHA256(job key, subject 0x0A body)`` over the exact bytes
-  published: it binds the body to its subject (type, version, job token) as well.
+  published: it binds the body to its subject (type, version, job token) as well;
+* the JetStream dedupe id of a signed event is keyed too (`message_id`), so nobody without the
+  job's key can pre-empt a job's announcement by publishing first under its id.
 
 Consumers verify with every master key they hold (the current one first, the previous one during
 a rotation). An unsigned or wrongly signed event of a signed type is refused
@@ -29,6 +31,7 @@ from ckpt_ha.contracts.errors import ForgedEvent, UnsignedEvent
 HEADER = "Ckpt-Signature"
 SCHEME = "v1"
 _KEY_LABEL = b"ckpt-ha/job-key/v1\x00"
+_MSG_ID_LABEL = b"ckpt-ha/msg-id/v1\x00"
 
 SIGNED_TYPES: frozenset[str] = frozenset(
     {
@@ -59,6 +62,18 @@ def signature(key: bytes, subject: str, body: bytes) -> str:
     """The ``Ckpt-Signature`` header value for ``body`` published on ``subject``."""
     mac = hmac.new(key, subject.encode() + b"\n" + body, hashlib.sha256).hexdigest()
     return f"{SCHEME}={mac}"
+
+
+def message_id(key: bytes, event_id: str) -> str:
+    """The ``Nats-Msg-Id`` of an event signed with ``key`` (a job's key).
+
+    JetStream drops a second message with an id it saw within its duplicate window. Were the id
+    the event id alone (derived from public facts), anyone could publish garbage under the id a
+    job's real announcement will have and so suppress it. With a keyed part only the job's key
+    holders can make it; and since it depends on the event id only, the SDK's announcement and
+    the writer-watcher's report of the same checkpoint still share it (one of them is stored)."""
+    mac = hmac.new(key, _MSG_ID_LABEL + event_id.encode(), hashlib.sha256).hexdigest()
+    return f"{event_id}:{mac[:16]}"
 
 
 def verify(

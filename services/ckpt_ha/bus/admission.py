@@ -40,12 +40,13 @@ def admit(
 def signed_headers(
     cfg: BusConfig, event: Envelope[EventData], body: bytes, headers: dict[str, str]
 ) -> dict[str, str]:
-    """``headers`` plus the job signature when ``event`` is of a signed type and this process
-    holds a master key (services, runners, the operator CLI)."""
+    """``headers`` plus the job signature (and the keyed dedupe id) when ``event`` is of a
+    signed type and this process holds a master key (services, runners, the operator CLI)."""
     if event.event_type in signing.SIGNED_TYPES and cfg.signing_keys:
         subject = subject_of(cfg, event)
         key = signing.job_key(cfg.signing_keys[0], event.data.job_id)
         headers[signing.HEADER] = signing.signature(key, subject, body)
+        headers["Nats-Msg-Id"] = signing.message_id(key, event.id)
     return headers
 
 

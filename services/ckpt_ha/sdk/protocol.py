@@ -276,6 +276,7 @@ def envelope_bytes(
         headers["traceparent"] = traceparent
     if bus.job_key is not None:
         headers[signing.HEADER] = signing.signature(bus.job_key, subject, body)
+        headers["Nats-Msg-Id"] = signing.message_id(bus.job_key, envelope.id)
     return subject, body, headers
 
 
