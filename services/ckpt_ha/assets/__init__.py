@@ -12,10 +12,24 @@ the wheel carries the files themselves.
 
 from __future__ import annotations
 
+import sys
 from importlib.resources import files
 from importlib.resources.abc import Traversable
+from pathlib import Path
 
 
 def asset(*parts: str) -> Traversable:
     """One shipped file or folder, e.g. ``asset("observability", "alerts.yml")``."""
     return files(__name__).joinpath(*parts)
+
+
+def write_or_check(conf: Traversable, text: str, source: str, *, check: bool) -> int:
+    """Write a rendered config asset (exit code 0), or with ``check`` say whether the committed
+    one still equals ``text`` (1 and a line naming ``source``, the table it is rendered from)."""
+    if check:
+        if not conf.is_file() or conf.read_text() != text:
+            print(f"{conf} drifted from {source}", file=sys.stderr)
+            return 1
+        return 0
+    Path(str(conf)).write_text(text)
+    return 0

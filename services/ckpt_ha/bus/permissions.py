@@ -19,9 +19,8 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from ckpt_ha.assets import asset
+from ckpt_ha.assets import asset, write_or_check
 from ckpt_ha.contracts.subjects import DEAD_LETTERS, DEFAULT_PREFIX, EVENTS
 
 CONF = asset("nats", "permissions.conf")
@@ -172,14 +171,7 @@ def render(
 
 def main(argv: list[str] | None = None) -> int:
     check = "--check" in (argv if argv is not None else sys.argv[1:])
-    text = render()
-    if check:
-        if not CONF.is_file() or CONF.read_text() != text:
-            print(f"{CONF} drifted from ckpt_ha/bus/permissions.py", file=sys.stderr)
-            return 1
-        return 0
-    Path(str(CONF)).write_text(text)
-    return 0
+    return write_or_check(CONF, render(), "ckpt_ha/bus/permissions.py", check=check)
 
 
 if __name__ == "__main__":

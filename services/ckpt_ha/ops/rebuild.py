@@ -16,16 +16,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import nats
-
-from ckpt_ha.bus import streams
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.subjects import aggregate_filter
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
 from ckpt_ha.core.locations import KeyOf, intake_refusal
-from ckpt_ha.ops.errors import RegistryNotEmpty, StreamIncomplete
+from ckpt_ha.ops.errors import RegistryNotEmpty
+from ckpt_ha.ops.streams import require_complete_stream
 from ckpt_ha.registry.port import RegistryWriter
 from ckpt_ha.registry.redis_registry import Registry
 
@@ -87,18 +85,6 @@ async def rebuild(
             break
         pending = deferred
     return report
-
-
-async def require_complete_stream(cfg: BusConfig) -> None:
-    nc = await nats.connect(
-        cfg.url, **cfg.connect_options(), connect_timeout=5, max_reconnect_attempts=1
-    )
-    try:
-        await streams.require_complete(nc.jetstream(), cfg)
-    except streams.StreamTruncated as exc:
-        raise StreamIncomplete(str(exc)) from None
-    finally:
-        await nc.close()
 
 
 def _refused(event: Envelope[EventData], key_of: KeyOf, report: RebuildReport) -> bool:

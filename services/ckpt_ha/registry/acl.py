@@ -29,12 +29,11 @@ import os
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 
 from pydantic import SecretStr
 
 from ckpt_ha import credentials
-from ckpt_ha.assets import asset
+from ckpt_ha.assets import asset, write_or_check
 from ckpt_ha.registry import pins, restores
 from ckpt_ha.registry.keys import RegistryKeys
 
@@ -206,14 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     if args not in ([], ["--check"]):
         print(USAGE, file=sys.stderr)
         return 2
-    text = render()
-    if args == ["--check"]:
-        if not CONF.is_file() or CONF.read_text() != text:
-            print(f"{CONF} drifted from ckpt_ha/registry/acl.py", file=sys.stderr)
-            return 1
-        return 0
-    Path(str(CONF)).write_text(text)
-    return 0
+    return write_or_check(CONF, render(), "ckpt_ha/registry/acl.py", check=args == ["--check"])
 
 
 if __name__ == "__main__":
