@@ -200,6 +200,9 @@ def main() -> None:
         scenario_truncated(report)
         scenario_async(report)
         assert sidecar.COMMIT in report["async"]["files_after"]
+        # Both ranks done before either tears gloo down: a rank that destroys its process
+        # group while the other still has gloo work in flight can abort the other's process.
+        dist.barrier()
     finally:
         (out / f"rank-{rank}.json").write_text(json.dumps(report, indent=2))
         dist.destroy_process_group()

@@ -171,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"torch_dcp: {json.dumps(asdict(cfg))}", file=sys.stderr)
         train(cfg, ctx)
         sdk.flush_progress()
+        dist.barrier()  # both ranks done before either tears gloo down
     except sdk.ResumeFailed as exc:
         print(f"torch_dcp: {exc}", file=sys.stderr)
         return 1
