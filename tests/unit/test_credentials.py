@@ -175,6 +175,20 @@ def test_status_shows_component_urls_without_passwords(tmp_path: Path) -> None:
     assert row.url == "redis://op:***@h:1/0"
 
 
+def test_the_stack_state_file_is_the_owners_alone(tmp_path: Path) -> None:
+    """A URL given with a password in it is kept in stack.json as given: owner-only."""
+    from ckpt_ha.devstack import stack
+
+    state = stack.StackState(tmp_path, f"nats://op:{SECRET}@h:1", "", str(tmp_path), ())
+    (tmp_path / stack.STATE_FILE).write_text("{}")  # an older, world-readable one is replaced
+    (tmp_path / stack.STATE_FILE).chmod(0o644)
+    state.save()
+    assert (tmp_path / stack.STATE_FILE).stat().st_mode & 0o777 == 0o600
+    loaded = stack.StackState.load(tmp_path)
+    assert loaded is not None
+    assert loaded.nats_url == state.nats_url
+
+
 def test_the_sdk_logs_its_bus_without_the_password(caplog: pytest.LogCaptureFixture) -> None:
     import time
 

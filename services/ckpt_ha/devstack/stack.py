@@ -137,9 +137,14 @@ class StackState:
         )
 
     def save(self) -> None:
+        """Written readable by the owner only: a ``NATS_URL`` / ``REDIS_URL`` given with a
+        password in it is kept here as given (the CLI reconnects with it)."""
         self.home.mkdir(parents=True, exist_ok=True)
         tmp = self.home / f"{STATE_FILE}.tmp"
-        tmp.write_text(self.to_json())
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.to_json())
         tmp.replace(self.home / STATE_FILE)
 
 
