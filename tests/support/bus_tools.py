@@ -12,7 +12,7 @@ import nats
 from nats.aio.msg import Msg
 
 from ckpt_ha.contracts import signing
-from ckpt_ha.contracts.subjects import job_from_token
+from ckpt_ha.contracts.subjects import parse_event_subject
 
 T = TypeVar("T")
 
@@ -39,10 +39,9 @@ def job_signed(subject: str, data: bytes, headers: dict[str, str] | None = None)
     """``headers`` plus the signature the subject's job would make (`ckpt_ha.contracts.signing`)
     when the subject is an event subject; unchanged otherwise."""
     out = dict(headers or {})
-    tokens = subject.split(".")
-    if len(tokens) == 6:
-        key = signing.job_key(bytes.fromhex(SIGNING_KEY), job_from_token(tokens[5]))
-        out[signing.HEADER] = signing.signature(key, subject, data)
+    address = parse_event_subject(subject.split(".", 1)[0], subject)
+    if address is not None:
+        out[signing.HEADER] = signing.signature(job_key(address.job_id), subject, data)
     return out
 
 

@@ -69,6 +69,30 @@ def test_the_signature_ignores_numbers_but_not_the_failure() -> None:
     assert same != sig(1, "NaN loss at step 1200")
 
 
+def test_the_training_process_gets_its_jobs_key_and_never_the_master_key(tmp_path: Path) -> None:
+    from ckpt_ha.contracts import signing
+    from ckpt_ha.sdk import protocol
+
+    master = bytes(range(32))
+    spec = RunSpec("job-k", "run-k", ("train",), "/data/ckpt", tmp_path)
+    bus = BusConfig(url="nats://n:4222", prefix="px", signing_keys=(master,))
+    base = {
+        "PATH": "/bin",
+        "CKPT_HA_SIGNING_KEY": master.hex(),
+        "CKPT_HA_SIGNING_KEY_FILE": "/run/secrets/signing.key",
+        "CKPT_HA_SIGNING_KEY_PREVIOUS": "00" * 32,
+        "CKPT_HA_NATS_PASSWORD_FILE": "/run/secrets/runner.password",
+    }
+    env = child_env(base, spec, bus, 1, RuntimeEnvironment(), None)
+    assert not [k for k in env if k.startswith("CKPT_HA_SIGNING_KEY")]
+    assert "CKPT_HA_NATS_PASSWORD_FILE" not in env
+    assert env[protocol.JOB_KEY] == signing.job_key(master, "job-k").hex()
+    ctx = sdk.context(env)
+    assert ctx is not None
+    assert ctx.bus is not None
+    assert ctx.bus.job_key == signing.job_key(master, "job-k")
+
+
 def test_the_attempts_environment_carries_the_protocol_and_drops_a_stale_plan(
     tmp_path: Path,
 ) -> None:

@@ -74,7 +74,7 @@ OPERATOR = "operator"
 OPERATOR_PUBLISHES: tuple[str, ...] = (
     "checkpoint.quarantined", "checkpoint.released", "checkpoint.pinned",
     "checkpoint.unpinned", "checkpoint.tier_chosen", "checkpoint.ownership_transferred",
-    # `ckpt-ha demo` and re-publishing a dead letter after a fix: signed like a job's own.
+    # `ckpt-ha demo` writes one checkpoint and announces it, signed like a job's own.
     "checkpoint.committed",
 )  # fmt: skip
 """What a human does by hand through the CLI, each act recorded with its actor."""

@@ -12,7 +12,6 @@ events, and a rebuild from it would silently forget checkpoints.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
@@ -51,14 +50,6 @@ class StreamTruncated(PermanentError):
             f"events 1..{first_seq - 1} were purged or removed, so a rebuild from it would "
             "silently lose checkpoints; restore the stream from a backup first"
         )
-
-
-@dataclass(frozen=True)
-class Expected:
-    """One setting a stream must have, with the reason an operator reads when it differs."""
-
-    field: str
-    value: Any
 
 
 def desired(cfg: BusConfig) -> list[StreamConfig]:

@@ -61,6 +61,12 @@ async def rebuild(
     naming a location its job does not own is refused here as it was there). Refuses
     (`StreamIncomplete`) a stream whose first events are gone."""
     await require_complete_stream(cfg)
+    return await _replay(registry, cfg, catalog, key_of)
+
+
+async def _replay(
+    registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalog, key_of: KeyOf
+) -> RebuildReport:
     report = RebuildReport()
     pending = await read_checkpoint_events(cfg, catalog, report)
     pending = [e for e in pending if not _refused(e, key_of, report)]
@@ -107,4 +113,4 @@ async def rebuild_registry(
         if not clear:
             raise RegistryNotEmpty
         await registry.clear()
-    return await rebuild(registry, bus, catalog, key_of)
+    return await _replay(registry, bus, catalog, key_of)

@@ -63,7 +63,7 @@ ATTEMPT_FILE = "attempt.json"
 
 NOT_FOR_THE_JOB = frozenset({
     protocol.NATS_USER, protocol.NATS_PASSWORD, protocol.NATS_CA_FILE,
-    "CKPT_HA_REDIS_USER", "CKPT_HA_REDIS_PASSWORD", "CKPT_HA_SIGNING_KEY",
+    "CKPT_HA_REDIS_USER", "CKPT_HA_REDIS_PASSWORD",
     "CKPT_HA_JOB_NATS_USER", "CKPT_HA_JOB_NATS_PASSWORD",
 })  # fmt: skip
 """The runner's own credentials (and their ``_FILE`` forms): never inherited by the training
