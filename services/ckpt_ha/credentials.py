@@ -16,6 +16,7 @@ from __future__ import annotations
 import ssl
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
@@ -92,6 +93,21 @@ class PlaintextWithCa(CredentialsError):
 def scheme(url: str) -> str:
     """The URL's scheme, lower case ("" when it has none)."""
     return url.split("://", 1)[0].lower() if "://" in url else ""
+
+
+def nats_tls(url: str, ca_file: str | None) -> ssl.SSLContext | None:
+    """The client TLS context for a ``tls://`` NATS URL (None: plain NATS)."""
+    if scheme(url) != "tls":
+        return None
+    return client_tls(ca_file, "CKPT_HA_NATS_CA_FILE")
+
+
+def nats_options(
+    url: str, user: str | None, password: SecretStr | None, ca_file: str | None
+) -> dict[str, Any]:
+    """Who we are and how the connection is secured, as ``nats.connect`` takes them: every
+    direct connection (services' tools, runner, CLI, SDK) builds them here."""
+    return {"user": user, "password": reveal(password), "tls": nats_tls(url, ca_file)}
 
 
 def client_tls(ca_file: str | None, name: str = "CA file") -> ssl.SSLContext:

@@ -51,18 +51,12 @@ class BusConfig:
 
     def tls(self) -> ssl.SSLContext | None:
         """The client TLS context for a ``tls://`` URL (None: plain NATS)."""
-        if credentials.scheme(self.url) != "tls":
-            return None
-        return credentials.client_tls(self.ca_file, "CKPT_HA_NATS_CA_FILE")
+        return credentials.nats_tls(self.url, self.ca_file)
 
     def connect_options(self) -> dict[str, Any]:
         """Who we are and how the connection is secured, for ``nats.connect``: every direct
         connection (runner, stream reader, CLI) takes these, as the services' brokers do."""
-        return {
-            "user": self.user,
-            "password": credentials.reveal(self.password),
-            "tls": self.tls(),
-        }
+        return credentials.nats_options(self.url, self.user, self.password, self.ca_file)
 
     @property
     def shown_url(self) -> str:

@@ -101,12 +101,7 @@ class Bus:
 
     def connect_options(self) -> dict[str, Any]:
         """User, password and TLS context for ``nats.connect``."""
-        tls = (
-            credentials.client_tls(self.ca_file, NATS_CA_FILE)
-            if credentials.scheme(self.url) == "tls"
-            else None
-        )
-        return {"user": self.user, "password": credentials.reveal(self.password), "tls": tls}
+        return credentials.nats_options(self.url, self.user, self.password, self.ca_file)
 
 
 @dataclass(frozen=True)
