@@ -76,6 +76,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         RestoreMetrics(base.metrics, forget_after_s=settings.metrics_forget_after_s),
         lease_ttl_s=settings.lease_ttl_s,
         load_failed_grace_s=settings.load_failed_grace_s,
+        verification_grace_s=settings.verification_grace_s,
     )
     svc = RestoreCoordinator(
         name=NAME,

@@ -267,18 +267,46 @@ class Selection:
     chosen: Candidate | None
     previous: Candidate | None
     """The next older valid checkpoint: kept pinned as fallback (R15)."""
+    verifying: Candidate | None = None
+    """The newest checkpoint newer than ``chosen`` still pending verification, if any: committed
+    with its evidence, not yet checked (`verification_to_await`)."""
 
 
 def select(newest_first: Iterable[Candidate], excluded: Iterable[str] = ()) -> Selection:
-    """The newest valid checkpoint not excluded (failed to load before), and the one after it."""
+    """The newest valid checkpoint not excluded (failed to load before), the one after it, and
+    the newest one still being verified above them."""
     skip = set(excluded)
     picked: list[Candidate] = []
+    verifying: Candidate | None = None
     for c in newest_first:
-        if c.state is CheckpointState.VALID and c.checkpoint_id not in skip and c.step is not None:
+        if c.checkpoint_id in skip or c.step is None:
+            continue
+        if c.state is CheckpointState.PENDING_VERIFICATION and not picked and verifying is None:
+            verifying = c
+        if c.state is CheckpointState.VALID:
             picked.append(c)
             if len(picked) == 2:
                 break
-    return Selection(picked[0] if picked else None, picked[1] if len(picked) > 1 else None)
+    return Selection(
+        picked[0] if picked else None, picked[1] if len(picked) > 1 else None, verifying
+    )
+
+
+def verification_to_await(
+    selection: Selection, failed_at: datetime, now: datetime, grace_s: float
+) -> Candidate | None:
+    """The checkpoint a fresh failure should wait for before it is decided, if any.
+
+    A job that crashes right after a save leaves its newest checkpoints committed but not yet
+    verified: deciding at once restores an older one (more to recompute) or, when none is valid
+    yet, escalates `no_valid_checkpoint` although a good checkpoint is seconds from valid. Until
+    ``grace_s`` after the failure, the newest one pending verification (newer than the chosen
+    one) is waited for; after it, the failure is decided with what is valid then."""
+    if selection.verifying is None:
+        return None
+    if (now - failed_at).total_seconds() >= grace_s:
+        return None
+    return selection.verifying
 
 
 def plan_id(job_id: str, run_id: str, failed_attempt: int) -> str:

@@ -73,6 +73,7 @@ class CoordinatorHandlers:
         new_id: NewId = _new_id,
         lease_ttl_s: float = 30.0,
         load_failed_grace_s: float = 3.0,
+        verification_grace_s: float = 40.0,
     ) -> None:
         self.state = state
         self.pins = pins
@@ -84,6 +85,7 @@ class CoordinatorHandlers:
         self.new_id = new_id
         self.lease_ttl_s = lease_ttl_s
         self.load_failed_grace_s = load_failed_grace_s
+        self.verification_grace_s = verification_grace_s
 
     # --- job.started / job.progress ---
 
@@ -325,6 +327,16 @@ class CoordinatorHandlers:
     ) -> DecisionRecord:
         with tracing.span("registry.select", attributes={"db.system": "redis"}):
             selection = await adapters.selection(self.registry, job, excluded)
+        fresh = fallback is None and stop is None
+        if fresh and domain.stop_reason(history, started.policy, failed_at) is None:
+            awaited = domain.verification_to_await(
+                selection, failed_at, self.clock(), self.verification_grace_s
+            )
+            if awaited is not None:  # nak'ed and decided again after the bus's backoff
+                raise DependencyNotReady(
+                    f"job.failed of {job} attempt {attempt}",
+                    f"the verification of {awaited.checkpoint_id} (step {awaited.step})",
+                )
         if selection.chosen is not None:
             starts = await self._starts(job, attempt, selection.chosen)
             inherited = domain.with_inherited_identity(selection.chosen, job, starts)
