@@ -148,6 +148,14 @@ class ServiceMetrics:
             ["service", "consumer", "code"],
             registry=self.registry,
         )
+        self.parked = Counter(
+            "ckpt_ha_parked_messages_total",
+            "Deliveries of events of a version newer than this service knows, parked (nak'ed "
+            "with the park delay) for a consumer that knows it: a rolling upgrade in progress, "
+            "or a producer upgraded before its consumers.",
+            ["service", "consumer", "event"],
+            registry=self.registry,
+        )
         self.consumer_pending = Gauge(
             "ckpt_ha_consumer_pending_messages",
             "Messages in the stream not yet delivered to this durable consumer (JetStream "
@@ -179,6 +187,9 @@ class ServiceMetrics:
 
     def dead_letter(self, consumer: str, code: str) -> None:
         self.dead_letters.labels(self.service, consumer, code).inc()
+
+    def park(self, consumer: str, event: str) -> None:
+        self.parked.labels(self.service, consumer, event).inc()
 
 
 class ScrubMetrics:
