@@ -44,7 +44,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from ckpt_ha.bus import compat, delivery, streams
+from ckpt_ha.bus import compat, delivery, letters, streams
 from ckpt_ha.bus.admission import admit, signed_headers, subject_of
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData, build
@@ -227,16 +227,16 @@ class DeadLetters:
         """Store the original bytes and headers with the reason; deduped per (seq, consumer)."""
         if self._broker is None:
             raise RuntimeError("DeadLetters used before bind()")
-        headers = {k: v for k, v in (raw.headers or {}).items() if k != "Nats-Msg-Id"}
+        headers = letters.original_headers(raw.headers)
         headers.update(
             {
                 "Nats-Msg-Id": f"dlq:{self.cfg.events_stream}:{stream_seq}:{consumer}",
-                "Ckpt-Error-Code": code,
-                "Ckpt-Error": error[:2000],
-                "Ckpt-Delivery-Count": str(delivered),
-                "Ckpt-Consumer": consumer,
-                "Ckpt-Stream-Seq": str(stream_seq),
-                "Ckpt-Original-Subject": raw.subject,
+                letters.ERROR_CODE: code,
+                letters.ERROR: error[:2000],
+                letters.DELIVERY_COUNT: str(delivered),
+                letters.CONSUMER: consumer,
+                letters.STREAM_SEQ: str(stream_seq),
+                letters.ORIGINAL_SUBJECT: raw.subject,
             }
         )
         await self._broker.publish(
