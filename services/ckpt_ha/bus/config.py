@@ -27,7 +27,12 @@ class BusConfig:
     """Replicas `ckpt_ha.bus.streams.provision` gives the streams (services check at least this)."""
     ack_wait_s: float = 30.0
     max_deliver: int = 5
+    """Deliveries a message gets before it is dead-lettered, enforced by the bus
+    (`ckpt_ha.bus.broker.DeadLetters`); JetStream's own cap is unlimited so parking works."""
     backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
+    park_delay_s: float = 300.0
+    """How long an event of a version newer than the consumer knows waits before it is offered
+    again (`ckpt_ha.bus.delivery`): a rolling upgrade's new consumers take it meanwhile."""
     fetch_batch: int = 64
     fetch_timeout_s: float = 1.0
     batch_linger_s: float = 0.1

@@ -1,13 +1,24 @@
-"""`ckpt-ha registry rebuild`, `dead-letters` and `streams`: the registry replaced from the event
-log, what the services could not process, and the streams themselves (operator only)."""
+"""`ckpt-ha registry rebuild`, `dead-letters` (and their replay) and `streams`: the registry
+replaced from the event log, what the services could not process, and the streams themselves
+(operator only)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, render
+from ckpt_ha.core.clock import utc_now
+
+if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
+    from ckpt_ha.ops.dead_letters import DeadLetter
+    from ckpt_ha.runtime.settings import ServiceSettings
 
 
 def cmd_registry_rebuild(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
@@ -31,23 +42,13 @@ def cmd_registry_rebuild(args: argparse.Namespace, env: dict[str, str], home: Pa
 
 
 def cmd_dead_letters(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    import nats
-
     from ckpt_ha.ops import dead_letters
 
     settings = context.settings(env, home)
 
     async def read() -> list[dead_letters.DeadLetter]:
-        cfg = settings.bus()
-        nc = await nats.connect(
-            cfg.url, **cfg.connect_options(), connect_timeout=3, max_reconnect_attempts=1
-        )
-        try:
-            return await dead_letters.newest(
-                nc.jetstream(), settings.dead_letter_stream, args.limit
-            )
-        finally:
-            await nc.close()
+        async with _jetstream(settings) as js:
+            return await dead_letters.newest(js, settings.dead_letter_stream, args.limit)
 
     letters = context.run(settings, read)
     if args.json:
@@ -55,16 +56,68 @@ def cmd_dead_letters(args: argparse.Namespace, env: dict[str, str], home: Path) 
     elif not letters:
         print("no dead letters")
     else:
-        print(
-            render.table(
-                ["SEQ", "CONSUMER", "CODE", "DELIVERIES", "SUBJECT", "ERROR"],
-                [
-                    (d.seq, d.consumer, d.code, d.deliveries, d.subject, str(d.error)[:80])
-                    for d in letters
-                ],
+        print(_letters_table(letters))
+    return 0
+
+
+def cmd_dead_letters_replay(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import dead_letters
+
+    settings = context.settings(env, home)
+    who = context.actor(args, env)
+    selection = dead_letters.Selection(code=args.reason, since=args.since, consumer=args.consumer)
+
+    async def replay() -> dead_letters.ReplayReport:
+        async with _jetstream(settings) as js:
+            return await dead_letters.replay(
+                js, settings.bus(), selection, actor=who, now=utc_now(), dry_run=args.dry_run
             )
+
+    report = context.run(settings, replay)
+    if args.json:
+        print(render.dumps(report.to_json()))
+        return 0
+    verb = "would replay" if report.dry_run else "replayed"
+    if report.replayed:
+        print(f"{verb} {len(report.replayed)} dead letter(s):")
+        print(_letters_table(report.replayed))
+    else:
+        print("nothing to replay")
+    if report.already:
+        print(f"already replayed before: {len(report.already)} (each is published once)")
+    if report.never:
+        codes = ", ".join(sorted({str(d.code) for d in report.never}))
+        print(
+            f"never replayed: {len(report.never)} ({codes}): refusals of who may say what, "
+            "see docs/RUNBOOK.md#dead-letters"
         )
     return 0
+
+
+def _letters_table(letters: Sequence[DeadLetter]) -> str:
+    rows = [
+        (d.seq, d.consumer, d.code, d.deliveries, d.subject, d.replayed_as or "-", str(d.error))
+        for d in letters
+    ]
+    return render.table(
+        ["SEQ", "CONSUMER", "CODE", "DELIVERIES", "SUBJECT", "REPLAYED AS", "ERROR"],
+        [(*row[:-1], row[-1][:80]) for row in rows],
+    )
+
+
+@asynccontextmanager
+async def _jetstream(settings: ServiceSettings) -> AsyncIterator[JetStreamContext]:
+    """JetStream on a connection of its own, as the settings' principal."""
+    import nats
+
+    cfg = settings.bus()
+    nc = await nats.connect(
+        cfg.url, **cfg.connect_options(), connect_timeout=3, max_reconnect_attempts=1
+    )
+    try:
+        yield nc.jetstream()
+    finally:
+        await nc.close()
 
 
 def cmd_streams_provision(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:

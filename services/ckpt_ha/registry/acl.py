@@ -90,11 +90,12 @@ class RedisUser:
 
 
 USERS: tuple[RedisUser, ...] = (
-    # Watch state per storage root; reads a record to tell a failed write from a lost file.
+    # Watch state per storage root; reads a record to tell a failed write from a lost file,
+    # and the writing records (state index) to re-drive them past their deadline.
     # Both quarantine: a move first reads the job's other live records (storage.owned).
-    RedisUser("writer-watcher", ("watcher-state",), ("checkpoints", "job-index"),
-              (*CONNECT, "get", "mget", "zrevrange", "hgetall", "hset", "hdel", "multi", "exec",
-               "discard")),
+    RedisUser("writer-watcher", ("watcher-state",), ("checkpoints", "state-index", "job-index"),
+              (*CONNECT, "get", "mget", "smembers", "zrevrange", "hgetall", "hset", "hdel",
+               "multi", "exec", "discard")),
     # Reads records (verify, scrub); never writes the registry.
     RedisUser("integrity-checker", (), ("checkpoints", "state-index", "job-index"),
               (*CONNECT, "get", "mget", "smembers", "zrevrange")),

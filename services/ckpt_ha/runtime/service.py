@@ -94,4 +94,5 @@ def new_service(name: str, settings: ServiceSettings) -> Service:
     bus.broker.add_middleware(faststream_metrics(metrics))
     bus.dead_letters.on_outcome = metrics.message
     bus.dead_letters.on_dead_letter = metrics.dead_letter
+    bus.dead_letters.on_park = metrics.park
     return Service(name=name, bus=bus, metrics=metrics)

@@ -87,6 +87,9 @@ class ServiceSettings(BaseSettings):
     ack_wait_s: float = Field(default=30.0, gt=0)
     max_deliver: int = Field(default=5, ge=2, le=100)
     backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
+    park_delay_s: float = Field(default=300.0, gt=0)
+    """An event of a version newer than this service knows is offered again after this long
+    (parked for a newer consumer during a rolling upgrade, never dead-lettered for it)."""
     fetch_batch: int = Field(default=64, ge=1, le=1024)
     graceful_timeout_s: float = Field(default=20.0, gt=0)
     consumer_info_interval_s: float = Field(default=10.0, gt=0)
@@ -153,6 +156,7 @@ class ServiceSettings(BaseSettings):
             ack_wait_s=self.ack_wait_s,
             max_deliver=self.max_deliver,
             backoff_s=self.backoff_s,
+            park_delay_s=self.park_delay_s,
             fetch_batch=self.fetch_batch,
             graceful_timeout_s=self.graceful_timeout_s,
             signing_keys=self.signing_keys(),
