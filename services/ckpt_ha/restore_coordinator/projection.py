@@ -28,9 +28,11 @@ resume.verified / .diverged   the verdict (set before the event was published; r
                               the progress reports sets the same one)
 ============================  ==========================================================
 
-Not here: leases (who decides a failure right now: transient) and the side effects of the
-handlers (publishing, quarantine moves, closure's deletions, metrics): a replay must not repeat
-them, and their outcomes are events of their own.
+Not here: leases (who decides a failure right now: transient), the note that a stored
+decision's events were published (`RestoreState.mark_published`: a replay stores every decision
+as published, having read it from the stream), and the side effects of the handlers
+(publishing, quarantine moves, closure's deletions, metrics): a replay must not repeat them, and
+their outcomes are events of their own.
 """
 
 from __future__ import annotations
