@@ -7,7 +7,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from ckpt_ha.contracts.bounds import (
     Attempt,
@@ -22,6 +22,7 @@ from ckpt_ha.contracts.bounds import (
 )
 from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.contracts.envelope import EventData
+from ckpt_ha.contracts.job import JobPolicy
 
 
 class ResumeMode(StrEnum):
@@ -79,6 +80,17 @@ class ResumePlannedV1(_ResumeEvent):
     """Checkpoint ids kept as fallback until the resumed job registers a new valid one (R15)."""
     expected_step: Count | None = None
     """The step the resumed job must report first (the checkpoint's step)."""
+    failed_at: AwareDatetime | None = None
+    """When the failure this plan answers happened (for a fallback: the failure that started
+    the chain). The restart-loop window counts plans from it. None: an older coordinator."""
+    fallbacks: Count | None = None
+    """Load failures answered with an older checkpoint in this chain, this plan included (0: a
+    plan after a job failure). None: an older coordinator."""
+    policy: JobPolicy | None = None
+    """The policy the plan was decided under (the resumed attempt's continuity is checked
+    against its tolerances). With ``failed_at`` and ``fallbacks``, the plan carries everything
+    the coordinator remembers of it, so a registry rebuilt from the stream restores it exactly.
+    None: an older coordinator."""
 
 
 class ResumeLoadedV1(_ResumeEvent):
@@ -181,6 +193,10 @@ class ResumeEscalatedV1(_ResumeEvent):
     reason: Text
     next_step: Text
     detail: Text = ""
+    attempt: Attempt | None = None
+    """The failed attempt this escalation decides (automatic restores stop there). None: an
+    escalation that is not the decision about a failure (leftovers a verified resume could not
+    reclaim), or an older coordinator."""
 
 
 RESUME_EVENTS: tuple[type[EventData], ...] = (

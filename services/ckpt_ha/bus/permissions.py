@@ -59,7 +59,7 @@ PRINCIPALS: tuple[Principal, ...] = (
                                       "resume.escalated", "resume.closed",
                                       "checkpoint.quarantined"),
               consumers=("started", "progress", "failed", "load-failed", "registered",
-                         "verified", "loaded")),
+                         "verified", "loaded", "succeeded")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
               consumers=("registered", "started")),
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.

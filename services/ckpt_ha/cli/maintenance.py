@@ -23,20 +23,30 @@ if TYPE_CHECKING:
 
 def cmd_registry_rebuild(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     from ckpt_ha.ops.rebuild import RebuildReport, rebuild_registry
+    from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
     from ckpt_ha.storage import key_for_uri, open_store
 
-    settings = context.settings(env, home)
+    # The coordinator's settings: its state is replayed trimmed and expiring as it keeps it.
+    settings = context.settings_of(RestoreCoordinatorSettings, env, home, "operator")
     key_of = partial(key_for_uri, open_store(settings.storage_root))
 
     async def run() -> RebuildReport:
         async with context.registry(settings) as registry:
-            return await rebuild_registry(registry, settings.bus(), key_of, clear=args.clear)
+            return await rebuild_registry(
+                registry,
+                settings.bus(),
+                key_of,
+                clear=args.clear,
+                trajectory_limit=settings.trajectory_limit,
+                state_ttl_s=settings.state_ttl_s,
+            )
 
     report = context.run(settings, run)
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(report.skipped.items())) or "none"
     print(
-        f"read {report.read} checkpoint events: applied {report.applied}, "
-        f"duplicates {report.duplicates}, skipped {skipped}"
+        f"read {report.read} events: checkpoint events applied {report.applied}, "
+        f"duplicates {report.duplicates}; job and resume events replayed {report.replayed}; "
+        f"skipped {skipped}"
     )
     return 0
 

@@ -137,8 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     reg = sub.add_parser("registry", help="registry maintenance")
     reg_sub = reg.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    rb = reg_sub.add_parser("rebuild", help="replay the event stream into an empty registry")
-    rb.add_argument("--clear", action="store_true", help="delete the current registry first")
+    rb = reg_sub.add_parser(
+        "rebuild",
+        help="replay the event stream into an empty registry: checkpoint records, declared "
+        "tiers, the restore-coordinator's state and pins",
+    )
+    rb.add_argument(
+        "--clear",
+        action="store_true",
+        help="first delete everything the rebuild restores (the reconcile log is kept)",
+    )
 
     sm = sub.add_parser("streams", help="the event and dead-letter streams (operator only)")
     sm_sub = sm.add_subparsers(dest="action", required=True, parser_class=_Parser)

@@ -118,12 +118,14 @@ USERS: tuple[RedisUser, ...] = (
               (*CONNECT, "get", "set", "del", "mget", "smembers", "zrevrange", "hgetall",
                "scan")),
     # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
-    # audits, manual actions), no server administration.
+    # audits, manual actions), no server administration. A rebuild writes the coordinator's
+    # state as the coordinator does (trimming included) and sets its expiry (pexpireat).
     RedisUser("operator", ("everything",), (),
-              (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire", "hset", "hget",
-               "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange", "zrevrange", "sadd",
-               "srem", "smembers", "sismember", "smismember", "rpush", "lrange", "evalsha",
-               "script|load", "multi", "exec", "discard")),
+              (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire", "pexpireat",
+               "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
+               "zrevrange", "zpopmin", "zremrangebyrank", "sadd", "srem", "smembers",
+               "sismember", "smismember", "rpush", "ltrim", "lrange", "evalsha", "script|load",
+               "multi", "exec", "discard")),
 )  # fmt: skip
 
 

@@ -43,6 +43,8 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
      "Cleans the failed attempt's leftovers after a verified resume (R11)."),
     ("loaded", "resume.loaded", "on_loaded",
      "Measures the time from a failure to the resumed job's loaded checkpoint (metrics)."),
+    ("succeeded", "job.succeeded", "on_succeeded",
+     "Ends the run: its start records may expire like the rest of its state."),
 )  # fmt: skip
 """(consumer, event type, handler method, description)."""
 

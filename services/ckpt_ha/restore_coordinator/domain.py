@@ -51,6 +51,7 @@ from ckpt_ha.core.restore_records import (
     Point,
     Started,
     Target,
+    planned_pins,
 )
 
 __all__ = [
@@ -608,13 +609,17 @@ def released_pins(
 # --- decisions the handlers carry out ------------------------------------------------------
 
 
-def escalated(job: str, plan: str, stop: Escalation) -> ResumeEscalatedV1:
+def escalated(
+    job: str, plan: str, stop: Escalation, attempt: int | None = None
+) -> ResumeEscalatedV1:
+    """``attempt``: the failed attempt this escalation decides (None: not a failure decision)."""
     return ResumeEscalatedV1(
         job_id=job,
         plan_id=plan,
         reason=stop.reason,
         next_step=stop.next_step,
         detail=stop.detail[:4000],
+        attempt=attempt,
     )
 
 
@@ -678,7 +683,7 @@ def decide_failure(
     if stop is None:
         stop = stop_reason(history, started.policy, failed_at, load_failed=fallback is not None)
     if stop is not None:
-        return FailureDecision(pid, (escalated(job, pid, stop),), stop)
+        return FailureDecision(pid, (escalated(job, pid, stop, attempt),), stop)
     chosen = selection.chosen
     if chosen is None or chosen.step is None:
         detail = "no valid checkpoint left to restore"
@@ -686,7 +691,7 @@ def decide_failure(
         if skipped:
             detail += f" (excluded after load failures: {', '.join(skipped)})"
         stop = Escalation(Stop.NO_VALID_CHECKPOINT, detail)
-        return FailureDecision(pid, (escalated(job, pid, stop),), stop)
+        return FailureDecision(pid, (escalated(job, pid, stop, attempt),), stop)
     verdict = compatibility(
         chosen.identity,
         started.target(),
@@ -705,7 +710,7 @@ def decide_failure(
             + "; ".join(verdict.reasons)
         )
         stop = Escalation(Stop.COMPATIBILITY_UNKNOWN, detail)
-        return FailureDecision(pid, (escalated(job, pid, stop),), stop, chosen=chosen,
+        return FailureDecision(pid, (escalated(job, pid, stop, attempt),), stop, chosen=chosen,
                                verdict=verdict)  # fmt: skip
     steps, seconds = recompute(
         checkpoint_step=chosen.step,
@@ -732,21 +737,17 @@ def decide_failure(
         pinned=tuple(p.checkpoint_id for p in pins),
         expected_step=chosen.step,
         fallback_from=fallback.checkpoint_id if fallback is not None else None,
-    )
-    plan = PlanRecord(
-        plan_id=pid,
-        job_id=job,
-        failed_run_id=started.run_id,
-        failed_attempt=attempt,
-        attempt=attempt + 1,
-        checkpoint_id=chosen.checkpoint_id,
-        step=chosen.step,
-        fallbacks=fallback.previous + 1 if fallback is not None else 0,
         failed_at=failed_at,
+        fallbacks=fallback.previous + 1 if fallback is not None else 0,
         policy=started.policy,
     )
     return FailureDecision(
-        pid, (planned,), plan=plan, pins=tuple(pins), chosen=chosen, verdict=verdict
+        pid,
+        (planned,),
+        plan=PlanRecord.of(planned),
+        pins=tuple(planned_pins(planned)),
+        chosen=chosen,
+        verdict=verdict,
     )
 
 
