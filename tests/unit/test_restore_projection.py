@@ -32,10 +32,10 @@ from ckpt_ha.contracts.job import (
 from ckpt_ha.contracts.resume import (
     Compatibility,
     LoadBlame,
-    ResumeEscalatedV1,
+    ResumeEscalatedV2,
     ResumeLoadFailedV2,
     ResumeMode,
-    ResumePlannedV1,
+    ResumePlannedV2,
 )
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.restore_records import Failure, PlanRecord, Started
@@ -205,7 +205,7 @@ async def test_a_pinned_plan_of_an_older_coordinator_is_recovered_from_the_state
     await state.failure_context(JOB, 1, Failure(1, failed_at, "sig"), None, 1)
 
     def old_plan(attempt: int, ckpt: str, step: int, **extra: Any) -> Envelope[Any]:
-        data = ResumePlannedV1(
+        data = ResumePlannedV2(
             job_id=JOB, plan_id=domain.plan_id(JOB, "run-1", attempt - 1),
             failed_run_id="run-1", attempt=attempt, checkpoint_id=ckpt,
             checkpoint_uri=f"file:///nowhere/{ckpt}", step=step, mode=ResumeMode.EXACT,
@@ -232,7 +232,7 @@ async def test_an_escalation_that_names_no_attempt_is_no_decision() -> None:
     """Leftovers a verified resume could not reclaim escalate, but decide no failure."""
     state = InMemoryRestores()
     projection = RestoreProjection(state, state.pin_store, InMemoryRegistry())
-    data = ResumeEscalatedV1(job_id=JOB, plan_id="p1", reason="unreclaimable_leftovers",
+    data = ResumeEscalatedV2(job_id=JOB, plan_id="p1", reason="unreclaimable_leftovers",
                              next_step="docs/RUNBOOK.md#reclaim-leftovers")  # fmt: skip
     assert await projection.decided([build(data, source="t", time=T0, key="k")],
                                     published=True) is None  # fmt: skip

@@ -82,6 +82,12 @@ def event_filter(prefix: str, event_type: str | None = None, version: int | None
     return f"{prefix}.{EVENTS}.{event_type}.{ver}.*"
 
 
+def job_event_filter(prefix: str, event_type: str, job_id: str) -> str:
+    """Filter subject for one event type of one job, every version (a watcher of its own job's
+    events keeps hearing them when a producer moves to a newer version)."""
+    return f"{prefix}.{EVENTS}.{event_type}.*.{job_token(job_id)}"
+
+
 def aggregate_filter(prefix: str, aggregate: str) -> str:
     """Filter subject for every event of one aggregate (``checkpoint``, ``job``, ``resume``)."""
     return f"{prefix}.{EVENTS}.{aggregate}.>"

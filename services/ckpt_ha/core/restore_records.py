@@ -14,7 +14,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
-from ckpt_ha.contracts.resume import ResumePlannedV1
+from ckpt_ha.contracts.resume import ResumePlannedV2
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ class Pin:
     """The resumed attempt: its own newer valid checkpoint releases the pin."""
 
 
-def planned_pins(data: ResumePlannedV1) -> list[Pin]:
+def planned_pins(data: ResumePlannedV2) -> list[Pin]:
     """R15: the pins a plan implies (its ``pinned``): the checkpoint it restores from and the
     previous valid one, until the resumed attempt registers a newer valid checkpoint."""
     return [
@@ -139,7 +139,7 @@ class PlanRecord(BaseModel):
     @classmethod
     def of(
         cls,
-        data: ResumePlannedV1,
+        data: ResumePlannedV2,
         *,
         failed_at: datetime | None = None,
         fallbacks: int = 0,

@@ -37,9 +37,9 @@ from ckpt_ha.contracts.resume import (
     LoadBlame,
     ResumeClosedV1,
     ResumeDivergedV1,
-    ResumeEscalatedV1,
+    ResumeEscalatedV2,
     ResumeMode,
-    ResumePlannedV1,
+    ResumePlannedV2,
     ResumeVerifiedV1,
 )
 from ckpt_ha.core.locations import JobMismatch
@@ -611,9 +611,9 @@ def released_pins(
 
 def escalated(
     job: str, plan: str, stop: Escalation, attempt: int | None = None
-) -> ResumeEscalatedV1:
+) -> ResumeEscalatedV2:
     """``attempt``: the failed attempt this escalation decides (None: not a failure decision)."""
-    return ResumeEscalatedV1(
+    return ResumeEscalatedV2(
         job_id=job,
         plan_id=plan,
         reason=stop.reason,
@@ -720,7 +720,7 @@ def decide_failure(
         failed_at=failed_at,
     )
     pins = pins_for(pid, attempt + 1, selection)
-    planned = ResumePlannedV1(
+    planned = ResumePlannedV2(
         job_id=job,
         plan_id=pid,
         failed_run_id=started.run_id,

@@ -53,9 +53,9 @@ from ckpt_ha.contracts.job import (
 )
 from ckpt_ha.contracts.resume import (
     ResumeDivergedV1,
-    ResumeEscalatedV1,
+    ResumeEscalatedV2,
     ResumeLoadFailedV2,
-    ResumePlannedV1,
+    ResumePlannedV2,
     ResumeVerifiedV1,
 )
 from ckpt_ha.core.records import CheckpointRecord
@@ -121,7 +121,7 @@ class RestoreProjection:
             await self.succeeded(cast(Envelope[JobSucceededV1], event))
         elif isinstance(data, ResumeLoadFailedV2):
             await self.load_failed(cast(Envelope[ResumeLoadFailedV2], event))
-        elif isinstance(data, ResumePlannedV1 | ResumeEscalatedV1):
+        elif isinstance(data, ResumePlannedV2 | ResumeEscalatedV2):
             await self.decided([event], published=True)
         elif isinstance(data, CheckpointRegisteredV1):
             await self.registered(cast(Envelope[CheckpointRegisteredV1], event))
@@ -218,7 +218,7 @@ class RestoreProjection:
         run. None: ``events`` hold no decision (an escalation of leftovers after a verified
         resume, or one of an older coordinator that did not name the attempt)."""
         decision = next(
-            (e for e in events if isinstance(e.data, ResumePlannedV1 | ResumeEscalatedV1)), None
+            (e for e in events if isinstance(e.data, ResumePlannedV2 | ResumeEscalatedV2)), None
         )
         if decision is None:
             return None
@@ -226,7 +226,7 @@ class RestoreProjection:
         stored = DecisionRecord(
             events=tuple(e.model_dump_json() for e in events), published=published
         )
-        if isinstance(data, ResumePlannedV1):
+        if isinstance(data, ResumePlannedV2):
             plan = await self._plan_of(data, decision.time)
             await self.state.record_decision(
                 data.job_id,
@@ -237,14 +237,14 @@ class RestoreProjection:
                 planned_at=plan.failed_at,
             )
             return stored
-        escalation = cast(ResumeEscalatedV1, data)
+        escalation = cast(ResumeEscalatedV2, data)
         if escalation.attempt is None:
             return None
         await self.state.record_decision(escalation.job_id, escalation.attempt, stored)
         await self.state.end_run(escalation.job_id, escalation.attempt)
         return stored
 
-    async def _plan_of(self, data: ResumePlannedV1, at: datetime) -> PlanRecord:
+    async def _plan_of(self, data: ResumePlannedV2, at: datetime) -> PlanRecord:
         """The plan record the event states. An event of an older coordinator lacks the failure
         time, the fallback count and the policy: they are recovered as that coordinator had
         them where the state allows (the failed attempt's start and failure, the plan it fell
