@@ -25,7 +25,7 @@ async def read_events(
     messages were read (refused ones, by the same `admit` as the live consumers, are reported by
     error code to ``on_undecodable``)."""
     nc = await nats.connect(
-        cfg.url, **cfg.connect_options(), connect_timeout=5, max_reconnect_attempts=2
+        cfg.url, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
     )
     events: list[Envelope[EventData]] = []
     read = 0

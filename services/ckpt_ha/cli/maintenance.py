@@ -40,7 +40,7 @@ def cmd_dead_letters(args: argparse.Namespace, env: dict[str, str], home: Path) 
     async def read() -> list[dead_letters.DeadLetter]:
         cfg = settings.bus()
         nc = await nats.connect(
-            cfg.url, **cfg.connect_options(), connect_timeout=3, max_reconnect_attempts=1
+            cfg.url, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
         )
         try:
             return await dead_letters.newest(

@@ -7,7 +7,6 @@ Fetch (storage listing, watch state, the registry's state of the checkpoints tha
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -16,7 +15,7 @@ from datetime import datetime, timedelta
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.errors import TransientError
-from ckpt_ha.storage import StorageError
+from ckpt_ha.storage import StorageError, bounded
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.writer_watcher import adapters, domain, notify
@@ -58,7 +57,7 @@ class Watcher:
         """One pass; returns how many events were published."""
         if self.state is None:
             self.state = await self.state_store.load()
-        observations = await asyncio.to_thread(lambda: list(adapters.scan(self.store)))
+        observations = await bounded.call(lambda: list(adapters.scan(self.store)))
         # Decide on a copy; keep it only once every event is published, so a failed publish
         # is decided (and, with its deterministic id, deduplicated) again on the next pass.
         state = domain.WatchState(dict(self.state.folders))
