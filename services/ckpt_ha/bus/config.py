@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -13,6 +14,12 @@ from ckpt_ha.bus.reconnect import ReconnectBackoff
 
 SHORT_RECONNECT_ATTEMPTS = 2
 """Attempts after the first that a short-lived connection makes before it gives up."""
+
+log = logging.getLogger("ckpt_ha.bus")
+
+
+async def _quiet(exc: Exception) -> None:
+    log.debug("NATS connection attempt failed: %r", exc)
 
 
 @dataclass(frozen=True)
@@ -102,7 +109,8 @@ class BusConfig:
         if lasting:
             backoff = ReconnectBackoff(self.reconnect_wait_s, self.reconnect_wait_max_s)
             return policy | {"max_reconnect_attempts": -1, "reconnect_to_server_handler": backoff}
-        return policy | {"max_reconnect_attempts": SHORT_RECONNECT_ATTEMPTS}
+        # Each failed attempt is logged at debug only: the command's one line says it all.
+        return policy | {"max_reconnect_attempts": SHORT_RECONNECT_ATTEMPTS, "error_cb": _quiet}
 
     @property
     def shown_url(self) -> str:

@@ -42,7 +42,7 @@ class StorageTimeout(StorageUnavailable):
         self.what = what
         self.timeout_s = timeout_s
         self.stuck = stuck
-        busy = f"; {stuck} storage calls still running past their bound" if stuck else ""
+        busy = f"; {stuck} storage call(s) still running past their bound" if stuck else ""
         super().__init__(
             reason=f"{what} did not return within {timeout_s:g}s (storage hung?){busy}",
             backend="storage",
