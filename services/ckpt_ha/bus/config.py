@@ -60,8 +60,8 @@ class BusConfig:
     reconnect_wait_max_s: float = 30.0
     """Longest wait between two reconnect attempts (a long-lived process never stops trying)."""
     ping_interval_s: float = 10.0
-    """A connection whose server misses two pings in a row is treated as lost (a frozen broker
-    is noticed in about three intervals, not nats-py's default four minutes)."""
+    """A connection whose server leaves two pings unanswered is treated as lost: a frozen
+    broker is noticed within three intervals (30 s), not nats-py's default six minutes."""
     signing_keys: tuple[bytes, ...] = field(default=(), repr=False)
     """Master keys for job signatures (`ckpt_ha.contracts.signing`): the first signs what this
     process publishes for a job; all of them verify (the previous one during a rotation)."""
