@@ -5,7 +5,10 @@ Every service builds one `Bus` (its broker, publisher and consumers) and registe
 
 * every publish sets ``Nats-Msg-Id`` to the event's deterministic id (JetStream dedupes retries);
 * consumers are durable pull consumers with explicit acks and ``ack_wait``; a handler that runs
-  long sends in-progress acks automatically;
+  long sends in-progress acks automatically, up to its deadline (``handler_deadline_s``), where
+  it is cancelled and its message nak'ed (`ckpt_ha.bus.deadline`);
+* a service's connection waits for NATS at start and comes back after any outage, however
+  long (`ckpt_ha.bus.reconnect`); every JetStream call and publish has a timeout;
 * faststream's own ack logic is off (`AckPolicy.MANUAL`); `DeadLetters` decides instead:
   success → ack; `TransientError` or an unexpected exception → nak with backoff, and on the last
   allowed delivery (``max_deliver``) → dead-letter; a payload that fails validation, an unknown
@@ -47,6 +50,8 @@ from pydantic import ValidationError
 from ckpt_ha.bus import compat, delivery, letters, streams
 from ckpt_ha.bus.admission import admit, signed_headers, subject_of
 from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.bus.deadline import HandlerDeadlineExceeded, keep_alive_task, within_deadline
+from ckpt_ha.bus.reconnect import ReconnectBackoff
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData, build
 from ckpt_ha.contracts.errors import ContractError, UnsupportedEventVersion
 from ckpt_ha.contracts.subjects import (
@@ -287,11 +292,12 @@ class _DeadLetterScope(BaseMiddleware):
         consumer: str,
     ) -> Any:
         raw = msg.raw_message
+        cfg = self.letters.cfg
         if await self.letters.past_cap(raw, consumer):
             return None
-        heartbeat = asyncio.create_task(_keep_alive([raw], self.letters.cfg.ack_wait_s / 3))
+        heartbeat = keep_alive_task([raw], cfg.ack_wait_s, cfg.handler_deadline_s)
         try:
-            result = await call_next(msg)
+            result = await within_deadline(call_next(msg), cfg.handler_deadline_s)
         except Exception as exc:  # noqa: BLE001 - every failure must end in ack, nak or dead letter
             await self.letters.settle(raw, exc, consumer)
             return None
@@ -299,16 +305,6 @@ class _DeadLetterScope(BaseMiddleware):
             heartbeat.cancel()
         await self.letters.settle(raw, None, consumer)
         return result
-
-
-async def _keep_alive(raws: Sequence[Msg], interval: float) -> None:
-    """In-progress acks while a handler runs longer than a fraction of ``ack_wait``."""
-    with contextlib.suppress(asyncio.CancelledError):
-        while True:
-            await asyncio.sleep(interval)
-            for raw in raws:
-                if not raw.is_acked:
-                    await raw.in_progress()
 
 
 Handler = Callable[..., Awaitable[None]]
@@ -412,8 +408,9 @@ class _Broker(NatsBroker):
 
     async def start(self) -> None:
         await self.connect()
-        await streams.check(self.connection.jetstream(), self._ckpt_cfg)
-        await uncap_durables(self.connection.jetstream(), self._ckpt_cfg, self._ckpt_durables)
+        js = self.connection.jetstream(timeout=self._ckpt_cfg.request_timeout_s)
+        await streams.check(js, self._ckpt_cfg)
+        await uncap_durables(js, self._ckpt_cfg, self._ckpt_durables)
         await super().start()
 
     async def stop(self, *args: Any, **kwargs: Any) -> None:
@@ -450,7 +447,18 @@ def _security(cfg: BusConfig) -> NatsSecurity | None:
 class Bus:
     """One service's view of the event bus: its broker, its consumers, its publisher."""
 
-    def __init__(self, cfg: BusConfig, service: str, catalog: EventCatalog = CATALOG) -> None:
+    def __init__(
+        self,
+        cfg: BusConfig,
+        service: str,
+        catalog: EventCatalog = CATALOG,
+        *,
+        lasting: bool = False,
+    ) -> None:
+        """``lasting``: this process runs for long (a service, the runner), so its broker
+        waits for NATS at start and reconnects forever after a lost connection; otherwise (a
+        command, a test's publisher) a few attempts, then `nats.errors.NoServersError`
+        (`BusConfig.connection_policy`)."""
         compat.install_nats_fetch_timeouts()
         self.cfg = cfg
         self.service = service
@@ -458,12 +466,16 @@ class Bus:
         self.dead_letters = DeadLetters(cfg, service, catalog)
         self._pipelines: list[_BatchPipeline] = []
         self.consumers: list[str] = []
+        policy = cfg.connection_policy(lasting=lasting)
+        self.reconnects: ReconnectBackoff | None = policy.get("reconnect_to_server_handler")
+        """The backoff a lasting bus reconnects with (it counts its attempts)."""
         self.broker = _Broker(
             cfg,
             self._pipelines,
             self.consumers,
             cfg.url,
             security=_security(cfg),
+            **policy,
             # Telemetry outermost: the consume span is current while DeadLetters settles, and
             # every publish (follow-ups, dead letters) carries the trace in its headers.
             middlewares=[
@@ -486,7 +498,7 @@ class Bus:
     async def consumer_info(self) -> list[tuple[str, int, int, int]]:
         """(durable, num_pending, num_ack_pending, num_redelivered) of each of this bus's
         consumers, read from JetStream."""
-        js = self.broker.connection.jetstream()
+        js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
         found: list[tuple[str, int, int, int]] = []
         for durable in self.consumers:
             info = await js.consumer_info(self.cfg.events_stream, durable)
@@ -592,7 +604,8 @@ class Bus:
         return register
 
     async def _consume_batch(self, raws: list[Msg], handler: BatchHandler, consumer: str) -> None:
-        heartbeat = asyncio.create_task(_keep_alive(raws, self.cfg.ack_wait_s / 3))
+        deadline = self.cfg.handler_deadline_s
+        heartbeat = keep_alive_task(raws, self.cfg.ack_wait_s, deadline)
         try:
             events: list[Envelope[EventData]] = []
             decoded: list[Msg] = []
@@ -607,7 +620,11 @@ class Bus:
                     decoded.append(raw)
                 except ContractError as exc:
                     await self.dead_letters.settle(raw, exc, consumer)
-            results = await _isolated(handler, events)
+            results: Sequence[BaseException | None]
+            try:
+                results = await within_deadline(_isolated(handler, events), deadline)
+            except HandlerDeadlineExceeded as exc:
+                results = [exc] * len(events)  # none settled yet: every one is nak'ed
             for raw, result in zip(decoded, results, strict=True):
                 await self.dead_letters.settle(raw, result, consumer)
         finally:
@@ -622,7 +639,7 @@ class Bus:
     async def _on_max_deliveries(self, advisory: dict[str, Any]) -> None:
         seq = int(advisory["stream_seq"])
         consumer = str(advisory["consumer"])
-        js = self.broker.connection.jetstream()
+        js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
         stored = await js.get_msg(self.cfg.events_stream, seq)
         raw = Msg(
             self.broker.connection,

@@ -122,10 +122,10 @@ async def _jetstream(settings: ServiceSettings) -> AsyncIterator[JetStreamContex
 
     cfg = settings.bus()
     nc = await nats.connect(
-        cfg.url, **cfg.connect_options(), connect_timeout=3, max_reconnect_attempts=1
+        cfg.url, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
     )
     try:
-        yield nc.jetstream()
+        yield nc.jetstream(timeout=cfg.request_timeout_s)
     finally:
         await nc.close()
 

@@ -6,7 +6,6 @@ checkpoint's bytes aside) → publish. Every dependency is a port (`integrity_ch
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
@@ -24,7 +23,7 @@ from ckpt_ha.formats import verify
 from ckpt_ha.formats.report import Report
 from ckpt_ha.integrity_checker import domain
 from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
-from ckpt_ha.storage import key_for_uri
+from ckpt_ha.storage import bounded, key_for_uri
 from ckpt_ha.storage.owned import job_neighbours, owned_key, owned_quarantine_key
 from ckpt_ha.storage.quarantine import quarantine_key, restore
 from ckpt_ha.storage.quarantine_move import isolate
@@ -93,7 +92,7 @@ class IntegrityHandlers:
             attributes={"ckpt_ha.storage_key": key, "ckpt_ha.checksum": self.algorithm},
         ) as current:
             started = time.perf_counter()
-            report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+            report = await bounded.call(verify, self.store, key, self.algorithm)
             if self.metrics is not None:
                 self.metrics.observe(
                     report.format, report.verdict, time.perf_counter() - started, report.bytes_read
@@ -150,7 +149,7 @@ class IntegrityHandlers:
             qkey = owned_quarantine_key(
                 self.store, data.job_id, data.checkpoint_id, data.quarantine_uri
             )
-            await asyncio.to_thread(restore, self.store, qkey, key)
+            await bounded.call(restore, self.store, qkey, key)
         report = await self._verify(key)
         datas = await self._decide(domain.outcome(data, report))
         await self.publisher.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
@@ -178,7 +177,7 @@ class IntegrityHandlers:
             if overdue.released:
                 key = await self._release_target(record)
                 qkey = quarantine_key(record.job_id, record.checkpoint_id)
-                await asyncio.to_thread(restore, self.store, qkey, key)
+                await bounded.call(restore, self.store, qkey, key)
             else:
                 key = self._owned(record.job_id, record.checkpoint_id, record.uri)
             report = await self._verify(key)

@@ -206,13 +206,13 @@ class Runner:
     async def run(self) -> int:
         from ckpt_ha.bus.broker import Bus  # faststream: only when a run really starts
 
-        bus = Bus(self.cfg, "runner")
-        # Fail fast (one line, nothing started) when NATS is not there at all; the connection
-        # kept for the run then reconnects through blips while the training runs.
+        bus = Bus(self.cfg, "runner", lasting=True)
+        # Fail fast (one line, nothing started) when NATS is not there at all; the connections
+        # kept for the run then reconnect, however long NATS is away, while the training runs.
         probe = await nats.connect(
             self.cfg.url,
             **self.cfg.connect_options(),
-            connect_timeout=5,
+            connect_timeout=self.cfg.connect_timeout_s,
             allow_reconnect=False,
             max_reconnect_attempts=1,
             reconnect_time_wait=0.1,
@@ -222,7 +222,7 @@ class Runner:
         nc = await nats.connect(
             self.cfg.url,
             **self.cfg.connect_options(),
-            connect_timeout=5,
+            **self.cfg.connection_policy(lasting=True),
             name=f"ckpt-ha-runner-{self.spec.job_id}",
             error_cb=_log_error,
         )

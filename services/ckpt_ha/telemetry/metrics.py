@@ -142,6 +142,13 @@ class ServiceMetrics:
         self.up = Gauge(
             "ckpt_ha_service_up", "1 while the service runs.", ["service"], registry=self.registry
         )
+        self.dependency_up = Gauge(
+            "ckpt_ha_dependency_up",
+            "1 while the service reaches this dependency (nats, redis), 0 while it does not; "
+            "checked every few seconds and on each /healthz.",
+            ["service", "dependency"],
+            registry=self.registry,
+        )
         self.dead_letters = Counter(
             "ckpt_ha_dead_letters_total",
             "Events dead-lettered by this service, by consumer and error code.",

@@ -7,7 +7,6 @@ Fetch (storage listing, watch state, the registry's state of the checkpoints tha
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -18,7 +17,7 @@ from ckpt_ha.contracts import EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.errors import TransientError
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.storage import StorageError, key_for_uri
+from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import ReconcileMetrics
@@ -76,7 +75,7 @@ class Watcher:
         """One pass; returns how many events were published."""
         if self.state is None:
             self.state = await self.state_store.load()
-        observations = await asyncio.to_thread(lambda: list(adapters.scan(self.store)))
+        observations = await bounded.call(lambda: list(adapters.scan(self.store)))
         # Decide on a copy; keep it only once every event is published, so a failed publish
         # is decided (and, with its deterministic id, deduplicated) again on the next pass.
         state = domain.WatchState(dict(self.state.folders))
