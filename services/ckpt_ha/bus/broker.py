@@ -63,7 +63,7 @@ from ckpt_ha.contracts.subjects import (
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import PermanentError
 from ckpt_ha.credentials import reveal
-from ckpt_ha.telemetry import tracing
+from ckpt_ha.telemetry import logs, tracing
 
 log = logging.getLogger("ckpt_ha.bus")
 
@@ -387,6 +387,13 @@ class _BatchPipeline:
         self.closing = False
 
 
+def _logger_option() -> dict[str, logging.Logger]:
+    """The broker's logger when `ckpt_ha.telemetry.logs` asks for one (JSON lines), else
+    faststream's own."""
+    ours = logs.library_logger("ckpt_ha.bus.access")
+    return {} if ours is None else {"logger": ours}
+
+
 class _Broker(NatsBroker):
     """NatsBroker that checks the streams before it consumes or publishes anything (refusing a
     wrong one, never rewriting it), and lets batch pipelines finish before it stops consuming
@@ -484,6 +491,7 @@ class Bus:
             ],
             graceful_timeout=cfg.graceful_timeout_s,
             name=f"ckpt-ha-{service}",
+            **_logger_option(),
         )
         self.dead_letters.bind(self.broker)
         self.events = events_stream(cfg)
