@@ -75,7 +75,12 @@ class ServiceSettings(BaseSettings):
     """This process's Redis ACL user (deploy/redis/users.acl); None: the default user."""
     redis_password: SecretStr | None = None
     redis_ca_file: str | None = None
-    """CA bundle for a ``rediss://`` REDIS_URL (else the system's trust store)."""
+    """CA bundle for a ``rediss://`` or ``rediss+sentinel://`` REDIS_URL (else the system's
+    trust store)."""
+    redis_sentinel_user: str | None = None
+    """Who we log in as to the sentinels of a ``redis+sentinel://`` REDIS_URL."""
+    redis_sentinel_password: SecretStr | None = None
+    """The sentinels' own password (REDIS_URL's or ``redis_password`` is the data nodes')."""
     subject_prefix: str = Field(default="ckpt", pattern=r"^[A-Za-z0-9_-]+$")
     events_stream: str = Field(default="CKPT_EVENTS", pattern=r"^[A-Za-z0-9_-]+$")
     dead_letter_stream: str = Field(default="CKPT_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
@@ -169,6 +174,8 @@ class ServiceSettings(BaseSettings):
             timeout_s=self.redis_timeout_s,
             connect_timeout_s=self.redis_connect_timeout_s,
             retries=self.redis_retries,
+            sentinel_user=self.redis_sentinel_user,
+            sentinel_password=self.redis_sentinel_password,
         )
 
     def bus(self) -> BusConfig:
