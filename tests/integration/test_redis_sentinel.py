@@ -198,6 +198,8 @@ async def test_failover_keeps_services_running_and_rebuild_restores_what_it_lost
     code, out, err = await _cli(over_sentinel, tmp_path, gone, "checkpoints", "list", "--job", "j")
     assert code == 1
     assert "cannot reach Redis at redis+sentinel://default:***@" in err
+    assert f"No master found for '{SERVICE}' (no sentinel answered" in err
+    assert len(err.strip().splitlines()) == 1
     assert URL_SECRET not in out + err
 
 

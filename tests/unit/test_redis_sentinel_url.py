@@ -6,10 +6,21 @@ from __future__ import annotations
 import pytest
 import redis.exceptions
 from pydantic import SecretStr
-from redis.asyncio.sentinel import SentinelConnectionPool, SentinelManagedSSLConnection
+from redis.asyncio.sentinel import (
+    MasterNotFoundError,
+    SentinelConnectionPool,
+    SentinelManagedSSLConnection,
+)
 
 from ckpt_ha import credentials
-from ckpt_ha.registry.client import BadSentinelUrl, RedisConfig, SentinelUrl, connect, is_sentinel
+from ckpt_ha.registry.client import (
+    BadSentinelUrl,
+    RedisConfig,
+    SentinelUrl,
+    connect,
+    describe,
+    is_sentinel,
+)
 from ckpt_ha.runtime.settings import ServiceSettings
 
 SECRET = "s3cr3t-pw"
@@ -111,3 +122,11 @@ def test_settings_read_the_sentinels_login_apart(monkeypatch: pytest.MonkeyPatch
     cfg = ServiceSettings().redis()
     assert (cfg.sentinel_user, cfg.sentinel_password) == ("watcher", SecretStr(SECRET))
     assert cfg.password is None
+
+
+def test_no_master_found_is_one_short_line() -> None:
+    exc = MasterNotFoundError("No master found for 'svc' : {Redis<host=h1,port=1>: Error 111}")
+    assert describe(exc) == (
+        "No master found for 'svc' (no sentinel answered, or none knows a master)"
+    )
+    assert describe(redis.exceptions.ConnectionError("refused")) == "refused"

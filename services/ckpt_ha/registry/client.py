@@ -26,9 +26,10 @@ from urllib.parse import unquote
 import redis.asyncio as aioredis
 from pydantic import SecretStr
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
 from redis.maint_notifications import MaintNotificationsConfig
 
 from ckpt_ha import credentials
@@ -98,6 +99,14 @@ def _host_port(url: str, text: str) -> tuple[str, int]:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise BadSentinelUrl(url, f"bad sentinel address {text!r} (want host:port)")
     return host, int(port)
+
+
+def describe(exc: RedisError) -> str:
+    """``exc`` in one short line: a Sentinel lookup that found no master otherwise lists the
+    repr of every sentinel client it asked."""
+    if isinstance(exc, MasterNotFoundError):
+        return str(exc).split(" : ", 1)[0] + " (no sentinel answered, or none knows a master)"
+    return str(exc)
 
 
 def is_sentinel(url: str) -> bool:
