@@ -82,13 +82,20 @@ class ServiceSettings(BaseSettings):
     nats_ca_file: str | None = None
     """CA bundle for a ``tls://`` NATS_URL (else the system's trust store)."""
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
-    """The registry; ``rediss://`` for TLS (the local stack starts its own when unset)."""
+    """The registry; ``rediss://`` for TLS; ``redis+sentinel://[user:pass@]h1:p1,h2:p2/service[/db]``
+    (``rediss+sentinel://`` with TLS) follows the master through Sentinel (the local stack
+    starts its own when unset)."""
     redis_user: str | None = None
     """This process's Redis ACL user (deploy/redis/users.acl); None: the default user."""
     redis_password: SecretStr | None = None
     """That user's password."""
     redis_ca_file: str | None = None
-    """CA bundle for a ``rediss://`` REDIS_URL (else the system's trust store)."""
+    """CA bundle for a ``rediss://`` or ``rediss+sentinel://`` REDIS_URL (else the system's
+    trust store)."""
+    redis_sentinel_user: str | None = None
+    """Who we log in as to the sentinels of a ``redis+sentinel://`` REDIS_URL."""
+    redis_sentinel_password: SecretStr | None = None
+    """The sentinels' own password (REDIS_URL's or ``redis_password`` is the data nodes')."""
     subject_prefix: str = Field(default="ckpt", pattern=r"^[A-Za-z0-9_-]+$")
     """First token of every subject."""
     events_stream: str = Field(default="CKPT_EVENTS", pattern=r"^[A-Za-z0-9_-]+$")
@@ -200,6 +207,8 @@ class ServiceSettings(BaseSettings):
             timeout_s=self.redis_timeout_s,
             connect_timeout_s=self.redis_connect_timeout_s,
             retries=self.redis_retries,
+            sentinel_user=self.redis_sentinel_user,
+            sentinel_password=self.redis_sentinel_password,
         )
 
     def bus(self) -> BusConfig:
