@@ -79,6 +79,9 @@ class ServiceSettings(BaseSettings):
     subject_prefix: str = Field(default="ckpt", pattern=r"^[A-Za-z0-9_-]+$")
     events_stream: str = Field(default="CKPT_EVENTS", pattern=r"^[A-Za-z0-9_-]+$")
     dead_letter_stream: str = Field(default="CKPT_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    """Replicas ``ckpt-ha streams provision`` gives both streams: 3 on the three-node cluster
+    (deploy/nats/nats-cluster.conf), 1 on a single server. Services check at least this many."""
     registry_prefix: str = Field(default="ckpt-ha", pattern=r"^[A-Za-z0-9_:.-]+$")
     storage_root: str = Field(default=str(Path.home() / ".ckpt-ha" / "storage"))
     http_host: str = "127.0.0.1"
@@ -180,6 +183,7 @@ class ServiceSettings(BaseSettings):
             prefix=self.subject_prefix,
             events_stream=self.events_stream,
             dead_letter_stream=self.dead_letter_stream,
+            replicas=self.stream_replicas,
             ack_wait_s=self.ack_wait_s,
             max_deliver=self.max_deliver,
             backoff_s=self.backoff_s,
