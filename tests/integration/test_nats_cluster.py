@@ -145,21 +145,28 @@ async def test_killing_the_stream_leader_loses_no_event(
     await registrar.bus.broker.start()
     await writer.broker.start()
     try:
+        after_kill: list[int] = []
+        killed = asyncio.Event()
+        mid_flow = asyncio.Event()
 
         async def publish(i: int) -> None:
             await writer.publish(committed(f"c{i}", step=i))
             await writer.publish(verified(f"c{i}", step=i))
+            if killed.is_set():
+                after_kill.append(i)
+            if i == BEFORE + 2:
+                mid_flow.set()
 
         for i in range(BEFORE):
             await publish(i)
         # Killed while the writer is mid-flow: the publishes racing the election must land.
         flow = asyncio.create_task(_publish_all(publish, range(BEFORE, 2 * BEFORE)))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(mid_flow.wait(), timeout=30)
         procs.kill(cluster[leader])
+        killed.set()
         await asyncio.wait_for(flow, timeout=60)
-        survivor = next(
-            f"nats://{procs.LOCALHOST}:{p.port}" for n, p in cluster.items() if n != leader
-        )
+        assert after_kill, "the writer published nothing after the kill"
+        survivor = next(_url(p) for name, p in cluster.items() if name != leader)
         assert await _leader(survivor, s.events_stream) != leader
 
         async def all_valid() -> bool:
