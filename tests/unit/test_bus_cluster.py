@@ -11,6 +11,7 @@ from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import publish_retrying
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.sdk import protocol as sdk_protocol
 
 
 def test_a_url_may_list_the_servers_of_a_cluster() -> None:
@@ -23,6 +24,9 @@ def test_a_url_may_list_the_servers_of_a_cluster() -> None:
         "n3:4222",
     ]
     assert BusConfig().servers == ["nats://127.0.0.1:4222"]
+    # A training process is handed the same NATS_URL by its runner.
+    job_bus = sdk_protocol.Bus(url="nats://n1:4222,nats://n2:4222")
+    assert job_bus.servers == ["nats://n1:4222", "nats://n2:4222"]
 
 
 def test_stream_replicas_come_from_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:

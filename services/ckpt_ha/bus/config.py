@@ -129,7 +129,7 @@ class BusConfig:
         """Each server of ``url``, which may list several separated by commas (the nodes of a
         cluster: ``nats://n1:4222,nats://n2:4222,nats://n3:4222``); a client connects to one
         and moves to another when it is lost."""
-        return [part.strip() for part in self.url.split(",") if part.strip()]
+        return credentials.nats_servers(self.url)
 
     @property
     def shown_url(self) -> str:
