@@ -73,7 +73,8 @@ class ServiceSettings(BaseSettings):
         default="nats://127.0.0.1:4222",
         validation_alias="NATS_URL",
     )
-    """The broker; a ``tls://`` URL for TLS (the local stack starts its own when unset)."""
+    """The broker; a ``tls://`` URL for TLS; a cluster's servers separated by commas (the local
+    stack starts its own when unset)."""
     nats_user: str | None = None
     """This process's NATS user (deploy/nats/; credentials and their rotation:
     docs/SECURITY.md); None: no login."""
@@ -102,6 +103,9 @@ class ServiceSettings(BaseSettings):
     """The JetStream stream of the events."""
     dead_letter_stream: str = Field(default="CKPT_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
     """The JetStream stream of dead letters."""
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    """Replicas ``ckpt-ha streams provision`` gives both streams: 3 on the three-node cluster
+    (deploy/nats/nats-cluster.conf), 1 on a single server. Services check at least this many."""
     registry_prefix: str = Field(default="ckpt-ha", pattern=r"^[A-Za-z0-9_:.-]+$")
     """Prefix of every Redis key of the registry."""
     storage_root: str = Field(default=str(Path.home() / ".ckpt-ha" / "storage"))
@@ -220,6 +224,7 @@ class ServiceSettings(BaseSettings):
             prefix=self.subject_prefix,
             events_stream=self.events_stream,
             dead_letter_stream=self.dead_letter_stream,
+            replicas=self.stream_replicas,
             ack_wait_s=self.ack_wait_s,
             max_deliver=self.max_deliver,
             backoff_s=self.backoff_s,
