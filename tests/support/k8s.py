@@ -165,3 +165,48 @@ def all_problems(docs: list[Doc]) -> dict[str, list[str]]:
         if wrong:
             found[f"{doc.get('kind')}/{doc.get('metadata', {}).get('name')}"] = wrong
     return found
+
+
+class MissingSecret(KeyError):
+    """A pod mounts a Secret that was not created (and is not optional): Kubernetes would not
+    start it."""
+
+
+def pod_spec(doc: Doc) -> Doc:
+    spec: Doc = doc["spec"]["template"]["spec"]
+    return spec
+
+
+def lay_out_pod(
+    doc: Doc, configmaps: dict[str, dict[str, str]], secrets: dict[str, dict[str, str]], root: Path
+) -> dict[str, str]:
+    """The environment the object's first container would get, with its volumes laid out under
+    ``root`` as the kubelet would mount them (a Secret's items as files, an emptyDir as an empty
+    folder); each variable naming a path under a mount is pointed at the local folder."""
+    spec = pod_spec(doc)
+    container = spec["containers"][0]
+    volumes = {v["name"]: v for v in spec.get("volumes", [])}
+    mounts: dict[str, Path] = {}
+    for mount in container.get("volumeMounts", []):
+        local = root / mount["mountPath"].lstrip("/")
+        local.mkdir(parents=True, exist_ok=True)
+        mounts[mount["mountPath"]] = local
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None:
+            continue
+        data = secrets.get(secret["secretName"])
+        if data is None:
+            if secret.get("optional"):
+                continue
+            raise MissingSecret(secret["secretName"])
+        for item in secret.get("items") or [{"key": k, "path": k} for k in data]:
+            (local / item["path"]).write_text(data[item["key"]])
+    env: dict[str, str] = {}
+    for source in container.get("envFrom", []):
+        env.update(configmaps[source["configMapRef"]["name"]])
+    env.update({e["name"]: e["value"] for e in container.get("env", [])})
+    for name, value in env.items():
+        for path, local in mounts.items():
+            if value == path or value.startswith(path + "/"):
+                env[name] = str(local) + value[len(path) :]
+    return env
