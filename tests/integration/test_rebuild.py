@@ -8,10 +8,12 @@ from functools import partial
 import nats
 import pytest
 
+from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG
 from ckpt_ha.contracts.subjects import event_subject
-from ckpt_ha.ops.rebuild import rebuild
+from ckpt_ha.ops.errors import StreamReplaced
+from ckpt_ha.ops.rebuild import rebuild, rebuild_registry
 from ckpt_ha.registrar.app import build
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
@@ -69,7 +71,7 @@ async def test_rebuild_reproduces_identical_records(settings: ServiceSettings) -
     live = await svc.registry.dump()
     assert svc.registry.keys.checkpoint("late") in live
     assert await svc.registry.clear() > 0
-    assert await svc.registry.dump() == {}
+    assert list(await svc.registry.dump()) == [svc.registry.keys.stream]  # which stream: kept
 
     report = await rebuild(svc.registry, settings.bus(), CATALOG, partial(key_for_uri, svc.store))
     rebuilt = await svc.registry.dump()
@@ -81,3 +83,81 @@ async def test_rebuild_reproduces_identical_records(settings: ServiceSettings) -
     assert svc.registry.keys.checkpoint("evil") not in rebuilt
     assert report.skipped.get("malformed") == 1
     assert report.duplicates >= 1
+
+
+async def test_a_rebuild_refuses_a_stream_deleted_and_created_again(
+    settings: ServiceSettings,
+) -> None:
+    """A stream deleted and provisioned again starts at sequence 1 like the original, so the
+    completeness check alone accepts it; the registry remembers which stream it was built from
+    (the registrar records it at start), and a rebuild from another refuses before it clears
+    anything: the registry's records are all that is left of the lost history."""
+    svc = build(RegistrarSettings.model_validate(settings.model_dump()))
+    producer = Bus(settings.bus(), "test-producer")
+    await svc.bus.broker.start()
+    await producer.broker.start()
+    try:
+        await producer.publish(committed("r0", job="job-r", step=10))
+        await producer.publish(verified("r0", job="job-r", step=10))
+
+        async def valid() -> bool:
+            rec = await svc.registry.get("r0")
+            return rec is not None and rec.state.value == "valid"
+
+        await wait_for(valid, timeout=20, what="r0 valid")
+    finally:
+        await producer.broker.stop()
+        await svc.bus.broker.stop()
+    original = await svc.registry.built_from()
+    assert original is not None
+    assert original.startswith(f"{settings.events_stream}@")
+    before = await svc.registry.dump()
+    key_of = partial(key_for_uri, svc.store)
+
+    nc = await nats.connect(settings.nats_url)
+    try:
+        await nc.jetstream().delete_stream(settings.events_stream)
+        await streams.provision(nc.jetstream(), settings.bus())
+    finally:
+        await nc.close()
+    try:
+        with pytest.raises(StreamReplaced, match="deleted and created again"):
+            await rebuild_registry(svc.registry, settings.bus(), key_of, clear=True)
+        assert await svc.registry.dump() == before  # nothing cleared
+
+        # Meant to start afresh: accepted, and the new stream is the one recorded.
+        await rebuild_registry(
+            svc.registry, settings.bus(), key_of, clear=True, accept_new_stream=True
+        )
+        now = await svc.registry.built_from()
+        assert now is not None
+        assert now != original
+        assert await svc.registry.get("r0") is None
+    finally:
+        await svc.registry.close()
+
+
+async def test_a_flushed_registry_is_rebuilt_and_records_its_stream(
+    settings: ServiceSettings,
+) -> None:
+    """After a real flush nothing remembers the stream: the rebuild trusts it and records it."""
+    svc = build(RegistrarSettings.model_validate(settings.model_dump()))
+    producer = Bus(settings.bus(), "test-producer")
+    await producer.broker.start()
+    try:
+        await producer.publish(committed("f0", job="job-f", step=10))
+    finally:
+        await producer.broker.stop()
+    try:
+        assert await svc.registry.built_from() is None
+        await rebuild_registry(
+            svc.registry, settings.bus(), partial(key_for_uri, svc.store), clear=False
+        )
+        rec = await svc.registry.get("f0")
+        assert rec is not None
+        assert rec.state.value == "pending_verification"
+        recorded = await svc.registry.built_from()
+        assert recorded is not None
+        assert recorded.startswith(f"{settings.events_stream}@")
+    finally:
+        await svc.registry.close()

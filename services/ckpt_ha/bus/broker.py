@@ -454,12 +454,20 @@ class _Broker(NatsBroker):
         self._ckpt_pipelines = pipelines
         self._ckpt_durables = durables
         self._ckpt_graceful = float(kwargs.get("graceful_timeout") or 15.0)
+        self.on_stream: Callable[[str], Awaitable[None]] | None = None
+        """Called at start with the event stream's identity (`streams.identity`), once checked:
+        the registrar records which stream the registry is built from."""
 
     async def start(self) -> None:
         await self.connect()
         js = self.connection.jetstream(timeout=self._ckpt_cfg.request_timeout_s)
         await streams.check(js, self._ckpt_cfg)
         await uncap_durables(js, self._ckpt_cfg, self._ckpt_durables)
+        if self.on_stream is not None:
+            try:
+                await self.on_stream(await streams.identity(js, self._ckpt_cfg))
+            except Exception as exc:  # noqa: BLE001 - recorded at the next start instead
+                log.warning("the event stream's identity was not recorded: %r", exc)
         await super().start()
 
     async def stop(self, *args: Any, **kwargs: Any) -> None:

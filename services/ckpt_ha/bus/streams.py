@@ -165,6 +165,15 @@ async def provision(js: JetStreamContext, cfg: BusConfig) -> list[str]:
     return done
 
 
+async def identity(js: JetStreamContext, cfg: BusConfig) -> str:
+    """Which event stream this is: its name and when it was created. A stream deleted and
+    created again under the same name (its history gone) has another identity, though it starts
+    at sequence 1 like the original."""
+    info = await js.stream_info(cfg.events_stream)
+    created = info.created.isoformat() if info.created is not None else "unknown"
+    return f"{cfg.events_stream}@{created}"
+
+
 async def require_complete(js: JetStreamContext, cfg: BusConfig) -> None:
     """Raise `StreamTruncated` when the event stream lost events at its start (a purge, or a
     limit that dropped old messages): what a rebuild replays must be the whole history."""

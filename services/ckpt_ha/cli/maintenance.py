@@ -37,6 +37,7 @@ def cmd_registry_rebuild(args: argparse.Namespace, env: dict[str, str], home: Pa
                 settings.bus(),
                 key_of,
                 clear=args.clear,
+                accept_new_stream=args.accept_new_stream,
                 trajectory_limit=settings.trajectory_limit,
                 state_ttl_s=settings.state_ttl_s,
             )

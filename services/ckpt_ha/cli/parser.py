@@ -147,6 +147,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="first delete everything the rebuild restores (the reconcile log is kept)",
     )
+    rb.add_argument(
+        "--accept-new-stream",
+        action="store_true",
+        help="rebuild from an event stream that is not the one the registry was built from "
+        "(deleted and created again): only when it is meant to start afresh",
+    )
 
     sm = sub.add_parser("streams", help="the event and dead-letter streams (operator only)")
     sm_sub = sm.add_subparsers(dest="action", required=True, parser_class=_Parser)

@@ -39,6 +39,21 @@ class StreamIncomplete(OperationFailed):
     """The event stream lost its first events; a rebuild would silently forget checkpoints."""
 
 
+class StreamReplaced(StreamIncomplete):
+    """The event stream is not the one the registry was built from: deleted and created again
+    (it starts at sequence 1 like the original, but the original's history is gone)."""
+
+    def __init__(self, recorded: str, current: str) -> None:
+        self.recorded = recorded
+        self.current = current
+        super().__init__(
+            f"the registry was built from stream {recorded}, but the stream now is {current}: "
+            "it was deleted and created again, so its history is gone and a rebuild would "
+            "forget every checkpoint it held; restore the stream from a backup first (or, when "
+            "the new stream is meant to start afresh, rebuild with --accept-new-stream)"
+        )
+
+
 class NothingToAudit(OperationFailed):
     def __init__(self, checkpoint_id: str) -> None:
         self.checkpoint_id = checkpoint_id

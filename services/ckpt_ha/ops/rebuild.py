@@ -41,7 +41,7 @@ from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
 from ckpt_ha.core.locations import KeyOf, intake_refusal
 from ckpt_ha.core.tiers import declared_tier
-from ckpt_ha.ops.errors import RegistryNotEmpty
+from ckpt_ha.ops.errors import RegistryNotEmpty, StreamReplaced
 from ckpt_ha.ops.streams import require_complete_stream
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.port import RegistryWriter, TierDeclarer
@@ -206,6 +206,7 @@ async def rebuild_registry(
     key_of: KeyOf,
     *,
     clear: bool,
+    accept_new_stream: bool = False,
     trajectory_limit: int = 10_000,
     state_ttl_s: int = 30 * 24 * 3600,
     catalog: EventCatalog = CATALOG,
@@ -216,9 +217,14 @@ async def rebuild_registry(
     coordinator's (``CKPT_HA_TRAJECTORY_LIMIT``, ``CKPT_HA_STATE_TTL_S``), so the replayed state
     is trimmed and expires as the live one. A registry with anything under its prefix is
     refused (`RegistryNotEmpty`) unless ``clear``: then every key space the rebuild owns is
-    emptied first (the reconcile log is kept). Stop the registrar, the restore-coordinator and
+    emptied first (the reconcile log is kept). A stream that is not the one the registry was
+    built from (deleted and created again: `StreamReplaced`) is refused before anything is
+    cleared, unless ``accept_new_stream``. Stop the registrar, the restore-coordinator and
     the retention-janitor first: they write these keys too."""
-    await require_complete_stream(bus)  # before anything is cleared
+    current = await require_complete_stream(bus)  # before anything is cleared
+    recorded = await registry.built_from()
+    if recorded is not None and recorded != current and not accept_new_stream:
+        raise StreamReplaced(recorded, current)
     pins = RedisPins(registry.r, registry.p)
     state = RedisRestores(
         registry.r,
@@ -235,4 +241,6 @@ async def rebuild_registry(
         await state.clear()
         await pins.clear()
     replay = RestoreReplay(state, pins, registry)
-    return await _replay(registry, bus, catalog, key_of, replay, clock)
+    report = await _replay(registry, bus, catalog, key_of, replay, clock)
+    await registry.remember_stream(current, replace=True)
+    return report

@@ -48,7 +48,9 @@ async def check_streams(cfg: BusConfig) -> None:
         await streams.check(js, cfg)
 
 
-async def require_complete_stream(cfg: BusConfig) -> None:
-    """`StreamIncomplete` when the event stream lost its first events."""
+async def require_complete_stream(cfg: BusConfig) -> str:
+    """`StreamIncomplete` when the event stream lost its first events; else its identity
+    (`ckpt_ha.bus.streams.identity`)."""
     async with _jetstream(cfg) as js:
         await streams.require_complete(js, cfg)
+        return await streams.identity(js, cfg)

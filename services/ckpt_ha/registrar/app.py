@@ -57,6 +57,7 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         lifecycle.seed(valid, writing)
 
     svc.on_start = seed_metrics
+    svc.bus.broker.on_stream = registry.remember_stream  # a rebuild then refuses another stream
     handlers = RegistrarHandlers(
         registry, svc.bus, svc.metrics, clock, lifecycle, key_of=partial(key_for_uri, store)
     )

@@ -59,6 +59,7 @@ def key_spaces(prefix: str) -> dict[str, str]:
         "tier-log": k.tier_log("*"),
         "tier-declared": k.tier_declared("*"),
         "reconcile-log": k.reconcile_log,
+        "stream": k.stream,
         "restore-state": restores.key(prefix, "*"),
         "restore-plans": restores.key(prefix, "plan", "*"),
         "restore-verdicts": restores.key(prefix, "verdict", "*"),
@@ -100,8 +101,10 @@ USERS: tuple[RedisUser, ...] = (
     RedisUser("integrity-checker", (), ("checkpoints", "state-index", "job-index"),
               (*CONNECT, "get", "mget", "smembers", "zrevrange")),
     # Projects every checkpoint event: the compare-and-set script and the reads before it.
+    # And which event stream the registry is built from (`stream`), once, at start.
     RedisUser("registrar", ("checkpoints", "job-index", "state-index", "uri-index", "jobs",
-                            "applied", "owners", "projects", "owner-log", "tiers", "tier-log"),
+                            "applied", "owners", "projects", "owner-log", "tiers", "tier-log",
+                            "stream"),
               ("tier-declared",),
               (*CONNECT, "mget", "smembers", "smismember", "evalsha", "script|load",
                *PROJECTION)),

@@ -16,11 +16,15 @@ All keys live under one prefix, so tests and stacks can share a Redis:
 * ``<p>:tier-log:<job>``  list of tier choices (JSON `TierRecord`), oldest first
 * ``<p>:tier-declared:<job>`` the tier the job's latest ``job.started`` declared
 * ``<p>:reconcile-log``   list of unregistered storage objects deleted by ``reconcile --delete``
+* ``<p>:stream``          the identity of the event stream the registry is built from (its name
+  and creation time): a rebuild refuses a stream deleted and created again
 
-All but the reconcile log are a projection of the event stream (`REBUILT`): the first eleven
+All but the reconcile log and the stream's identity are a projection of the event stream
+(`REBUILT`): the first eleven
 of the checkpoint events, the declared tiers of ``job.started`` (the retention-janitor records
 them live). A rebuild clears and replays them. The reconcile log is not in the stream and
-survives a rebuild. Two other owners keep keys under the prefix, projections of the stream too,
+survives a rebuild; a rebuild checks the stream's identity before it clears anything and
+records it after. Two other owners keep keys under the prefix, projections of the stream too,
 cleared and replayed by the same rebuild: the restore-coordinator's state
 (`ckpt_ha.registry.restores`, ``<p>:coord:*``) and the R15 pins (`ckpt_ha.registry.pins`,
 ``<p>:pins:<job>``).
@@ -95,6 +99,10 @@ class RegistryKeys:
 
     def tier_declared(self, job_id: str) -> str:
         return self._k("tier-declared", job_id)
+
+    @property
+    def stream(self) -> str:
+        return self._k("stream")
 
     @property
     def reconcile_log(self) -> str:

@@ -394,6 +394,19 @@ class Registry:
                     n += await self.r.delete(key)
         return n
 
+    async def built_from(self) -> str | None:
+        """The identity of the event stream this registry was built from (None: not known yet),
+        see `ckpt_ha.bus.streams.identity`."""
+        with _reachable():
+            found = await self.r.get(self.keys.stream)
+        return str(found) if found is not None else None
+
+    async def remember_stream(self, identity: str, *, replace: bool = False) -> None:
+        """Record the event stream this registry is built from: once, by the first registrar to
+        start against it (``replace``: a rebuild, which made it from this stream)."""
+        with _reachable():
+            await self.r.set(self.keys.stream, identity, nx=not replace)
+
     async def record_reconcile_deletion(self, entry: dict[str, Any]) -> None:
         """An unregistered storage object deleted by ``ckpt-ha reconcile --delete`` (R6)."""
         with _reachable():
