@@ -35,7 +35,12 @@ MAX_STEPS, SAVE_STEPS, BATCH = 6, 2, 4
 def tiny_trainer(
     output_dir: str, callbacks: list[TrainerCallback] | None = None, *, n_embd: int = 32
 ) -> Trainer:
-    """A Trainer of `MAX_STEPS` steps saving every `SAVE_STEPS`, logging every step."""
+    """A Trainer of `MAX_STEPS` steps saving every `SAVE_STEPS`, logging every step.
+
+    One intra-op thread, in the test process and in a child trainer alike: float sums split
+    over another number of threads round differently, and the tests compare weights bit for
+    bit across the two (an earlier test in the same process may also have set one thread)."""
+    torch.set_num_threads(1)
     torch.manual_seed(0)
     config = GPT2Config(
         n_layer=2, n_head=2, n_embd=n_embd, vocab_size=100, n_positions=32,
