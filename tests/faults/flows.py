@@ -10,9 +10,19 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 
+import nats
+
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointWritingV1
 from ckpt_ha.contracts.checkpoint import CheckpointState as S
+from ckpt_ha.contracts.job import JobStartedV1
+from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.devstack import stack
 from ckpt_ha.registry.redis_registry import Registry
 from tests.faults.stack import FaultStack
@@ -53,6 +63,46 @@ async def stop_writer(writer: CheckpointWriter) -> list[Save]:
     return await asyncio.to_thread(writer.stop)
 
 
+async def announce_start(fs: FaultStack, job: str, tier: str = "standard") -> None:
+    """``job.started`` for ``job``, declaring ``tier``, as its runner publishes it."""
+    bus = Bus(stack.bus_config(fs.state()), "fault-runner")
+    await bus.broker.start()
+    try:
+        data = JobStartedV1(job_id=job, run_id="run-1", attempt=1, tier=tier)
+        await bus.publish(build(data, source="ckpt-ha/runner", time=datetime.now(UTC), key=job))
+    finally:
+        await bus.broker.stop()
+
+
+@dataclass(frozen=True)
+class BusState:
+    dead_letters: int
+    busy_consumers: dict[str, dict[str, int]]
+    """Consumers with messages pending or unacknowledged."""
+
+
+async def dead_letters(fs: FaultStack) -> int:
+    return (await bus_state(fs)).dead_letters
+
+
+async def bus_state(fs: FaultStack) -> BusState:
+    """Every consumer's pending and unacknowledged messages, and the dead letters: evidence of a
+    consumer that stalled or gave up."""
+    nc = await nats.connect(fs.nats_url, connect_timeout=5, max_reconnect_attempts=1)
+    try:
+        js = nc.jetstream()
+        cfg = stack.bus_config(fs.state())
+        consumers = {
+            c.name: {"pending": c.num_pending or 0, "unacked": c.num_ack_pending or 0}
+            for c in await js.consumers_info(cfg.events_stream)
+        }
+        letters = (await js.stream_info(cfg.dead_letter_stream)).state.messages
+    finally:
+        await nc.close()
+    busy = {name: c for name, c in consumers.items() if c["pending"] or c["unacked"]}
+    return BusState(letters, busy)
+
+
 async def settle(
     fs: FaultStack,
     registry: Registry,
@@ -63,9 +113,11 @@ async def settle(
     ended: float,
     good: frozenset[S] = frozenset({S.VALID}),
     bound_s: float = CONVERGE_BOUND_S,
+    letters_before: int = 0,
 ) -> Figures:
-    """The figures once the system converged after a fault that ended at ``ended``."""
-    return await converge(
+    """The figures once the system converged after a fault that ended at ``ended``;
+    ``letters_before``: the dead letters before the fault (`dead_letters`)."""
+    figures = await converge(
         name,
         registry,
         fs.direct_store(),
@@ -76,7 +128,51 @@ async def settle(
         bound_s=bound_s,
         good=good,
     )
+    after = await bus_state(fs)
+    figures.evidence["new_dead_letters"] = after.dead_letters - letters_before
+    figures.evidence["busy_consumers"] = after.busy_consumers
+    return figures
 
 
 def now() -> float:
     return time.monotonic()
+
+
+async def tier_recorded(registry: Registry, job: str, tier: str, figures: Figures) -> None:
+    """A ``job.started`` whose declared tier the registry never recorded is a lost event."""
+    found = await registry.tier_of(job)
+    figures.evidence["tier"] = f"{found.tier.name} ({found.source})"
+    if found.tier.name != tier:
+        figures.lose(f"{job}: declared tier {tier} not recorded ({found.detail})")
+
+
+def saves_of(fs: FaultStack, events: Sequence[Envelope[EventData]]) -> list[Save]:
+    """The saves of a training job, from its own announcements: every checkpoint it announced
+    ``committed``, and every one it announced ``writing`` and never committed (killed mid-write)."""
+    writing: dict[str, Envelope[EventData]] = {}
+    committed: dict[str, Envelope[EventData]] = {}
+    for e in events:
+        cid = str(e.data.__dict__.get("checkpoint_id", ""))
+        if isinstance(e.data, CheckpointWritingV1):
+            writing.setdefault(cid, e)
+        elif isinstance(e.data, CheckpointCommittedV1):
+            committed.setdefault(cid, e)
+    out = []
+    for cid, e in {**writing, **committed}.items():
+        uri = str(e.data.__dict__["uri"])
+        folder = uri.removeprefix(fs.root + "/")
+        step = int(e.data.__dict__.get("step") or 0)
+        if cid in committed:
+            out.append(Save(step, folder, uri, cid))
+        else:
+            out.append(Save(step, folder, uri, cid, error="never committed (killed mid-write)"))
+    return out
+
+
+def plans_per_failure(events: Sequence[Envelope[EventData]]) -> list[str]:
+    """Failures planned more than once: one ``resume.planned`` per attempt (and per fallback)."""
+    plans = {e.id: e.data for e in events if isinstance(e.data, ResumePlannedV1)}
+    per_failure = Counter((p.attempt, p.fallback_from) for p in plans.values())
+    return [
+        f"attempt {a} (fallback from {f}): {n} plans" for (a, f), n in per_failure.items() if n > 1
+    ]

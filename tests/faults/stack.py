@@ -165,8 +165,7 @@ class FaultStack:
 
     def healthy(self) -> dict[str, bool]:
         return {
-            p.name: procs.is_alive(p) and stack.healthz(p.http_port)
-            for p in self.state().processes
+            p.name: procs.is_alive(p) and stack.healthz(p.http_port) for p in self.state().processes
         }
 
     # -- NATS and Redis ----------------------------------------------------------------------

@@ -59,6 +59,14 @@ class Figures:
             f"doubled={self.doubled} stuck={self.stuck} converge_s={took}"
         )
 
+    def lose(self, why: str) -> None:
+        self.lost += 1
+        self.evidence.setdefault("lost", []).append(why)
+
+    def double(self, why: str) -> None:
+        self.doubled += 1
+        self.evidence.setdefault("doubled", []).append(why)
+
     @property
     def clean(self) -> bool:
         return self.lost == 0 and self.doubled == 0 and self.stuck == 0
@@ -122,7 +130,9 @@ async def count(
         expect = await asyncio.to_thread(_expected, save, good, store)
         at_uri = await registry.by_uri(save.uri)
         if len(at_uri) > 1:
-            doubled.append(f"{save.folder}: {len(at_uri)} records {[r.checkpoint_id for r in at_uri]}")
+            doubled.append(
+                f"{save.folder}: {len(at_uri)} records {[r.checkpoint_id for r in at_uri]}"
+            )
         record = by_id.get(save.checkpoint_id or "") or (at_uri[0] if at_uri else None)
         if expect is None:
             if record is not None and record.state not in FINAL:
@@ -140,10 +150,14 @@ async def count(
     if events is not None:
         registered = Counter(
             e.data.__dict__.get("checkpoint_id")
-            for e in {e.id: e for e in events if e.type.endswith("checkpoint.registered.v1")}.values()
+            for e in {
+                e.id: e for e in events if e.type.endswith("checkpoint.registered.v1")
+            }.values()
         )
         doubled += [f"{cid}: registered {n} times" for cid, n in registered.items() if n > 1]
-    stuck = [f"{r.checkpoint_id} ({r.uri}): {r.state.value}" for r in records if r.state in NON_FINAL]
+    stuck = [
+        f"{r.checkpoint_id} ({r.uri}): {r.state.value}" for r in records if r.state in NON_FINAL
+    ]
     return Figures(
         name=name,
         written=sum(1 for s in saves if s.committed),
