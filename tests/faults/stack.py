@@ -16,6 +16,7 @@ harness (which reads the defaults) drives training jobs on this stack unchanged.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import boto3
 from botocore.config import Config
@@ -33,7 +34,7 @@ from ckpt_ha.devstack.procs import ManagedProcess
 from ckpt_ha.devstack.stack import StackState
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from ckpt_ha.runtime.settings import ServiceSettings
-from ckpt_ha.storage import S3Store
+from ckpt_ha.storage import ObjectInfo, S3Store
 from tests.support.bus_tools import SIGNING_KEY
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
 from tests.support.tcp_gate import TcpLink
@@ -51,6 +52,14 @@ SERVICE_ENV = {
     "CKPT_HA_STALL_TIMEOUT_S": "8",
     "CKPT_HA_SCRUB_INTERVAL_S": "0",
     "CKPT_HA_CONSUMER_INFO_INTERVAL_S": "2",
+    # Re-driving what an outage left behind (a verdict or a write's outcome lost): after 20 s,
+    # looked for every 5 s.
+    "CKPT_HA_VERIFY_DEADLINE_S": "20",
+    "CKPT_HA_WRITING_DEADLINE_S": "20",
+    "CKPT_HA_RECONCILE_INTERVAL_S": "5",
+    # Bounded waits: a handler that cannot finish gives its message back within 30 s.
+    "CKPT_HA_HANDLER_DEADLINE_S": "30",
+    "CKPT_HA_STORAGE_TIMEOUT_S": "30",
 }
 """What the fault stack's services run with besides the defaults."""
 
@@ -135,6 +144,14 @@ class FaultStack:
         """The storage root as a writer reaches it (through `writer_link`)."""
         return S3Store(self.bucket, PREFIX, client=s3_client(self.writer_link.endpoint))
 
+    def damaging_store(self) -> S3Store:
+        """A writer's storage that damages the arrays it is given (`DamagingStore`)."""
+        return DamagingStore(self.bucket, PREFIX, client=s3_client(self.writer_link.endpoint))
+
+    def services_store(self) -> S3Store:
+        """The storage root as the services reach it (through `services_link`)."""
+        return S3Store(self.bucket, PREFIX, client=s3_client(self.services_link.endpoint))
+
     def direct_store(self) -> S3Store:
         """The storage root with no link in between: the test's own view of the bytes."""
         return S3Store(self.bucket, PREFIX, client=s3_client(self.s3_endpoint))
@@ -189,10 +206,11 @@ class FaultStack:
         procs.resume(self.redis)
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        """The operator's `ckpt-ha` on this stack."""
+        """The operator's `ckpt-ha` on this stack (with the stack's signing key, as an operator
+        has it)."""
         return subprocess.run(
             [sys.executable, "-m", "ckpt_ha.cli.main", *args],
-            env=self.env(),
+            env={**self.env(), **stack.login_env(self.state(), stack.OPERATOR)},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -205,6 +223,18 @@ class FaultStack:
         with contextlib.suppress(OSError):
             return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
         return ""
+
+
+class DamagingStore(S3Store):
+    """Storage that silently flips one byte of every array a save writes (same size, other
+    bytes): the checkpoint commits, and fails verification."""
+
+    def put(
+        self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
+    ) -> ObjectInfo:
+        if key.endswith(".npy") and isinstance(data, bytes):
+            data = data[:-1] + bytes([data[-1] ^ 0x01])
+        return super().put(key, data, metadata=metadata)
 
 
 def s3_client(endpoint: str) -> Any:
@@ -237,6 +267,7 @@ def _write_signing_key(home: Path) -> None:
 @contextlib.contextmanager
 def running_stack(home: Path, extra_env: Mapping[str, str] | None = None) -> Iterator[FaultStack]:
     """The whole stack, started under ``home``; everything it started is stopped at the end."""
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's log line per request
     endpoint, stop_moto = start_moto_server()
     started: list[ManagedProcess] = []
     links: list[TcpLink] = []

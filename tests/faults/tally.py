@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,13 +90,13 @@ def _lifecycle_states(record: CheckpointRecord) -> list[S]:
     return [h.state for h in record.history if h.event_type in EVENT_TARGETS]
 
 
-def _expected(save: Save, good: frozenset[S], store: ObjectStore) -> frozenset[S] | None:
+def _expected(save: Save, store: ObjectStore) -> frozenset[S] | None:
     """The final states a save's checkpoint may end in; None: no record is needed."""
     if save.committed:
-        return frozenset({S.QUARANTINED}) if save.damaged else good
+        return frozenset({S.QUARANTINED if save.damaged else S.VALID})
     files = [o.key for o in store.list(f"{save.folder}/")]
     if any(key.endswith(native.MANIFEST) for key in files):
-        return good  # the manifest landed although the writer saw the call fail: complete
+        return frozenset({S.VALID})  # the manifest landed though the writer saw the call fail
     return frozenset({S.WRITE_FAILED}) if files else None
 
 
@@ -116,18 +116,21 @@ async def count(
     jobs: Sequence[str],
     saves: Sequence[Save],
     *,
-    good: frozenset[S] = frozenset({S.VALID}),
+    want: Mapping[str, frozenset[S]] | None = None,
     events: Sequence[Envelope[EventData]] | None = None,
 ) -> Figures:
-    """The figures now. ``good``: where a checkpoint with good bytes may end (valid; also
-    expired or deleted where the fault expires it). ``events``: the jobs' events, to count
+    """The figures now. ``want``: checkpoint id → where it must end, for checkpoints a fault
+    moves on further (expired, deleted); every other committed one must end valid, or
+    quarantined if its bytes were damaged. ``events``: the jobs' events, to count
     ``registered`` per checkpoint (left out while waiting: the registry suffices there)."""
     records = [r for job in jobs for r in await registry.by_job(job)]
     by_id = {r.checkpoint_id: r for r in records}
     lost: list[str] = []
     doubled: list[str] = []
     for save in saves:
-        expect = await asyncio.to_thread(_expected, save, good, store)
+        expect = (want or {}).get(save.checkpoint_id or "") or await asyncio.to_thread(
+            _expected, save, store
+        )
         at_uri = await registry.by_uri(save.uri)
         if len(at_uri) > 1:
             doubled.append(
@@ -141,8 +144,10 @@ async def count(
         if record is None:
             lost.append(f"{save.folder}: no record")
         elif record.state not in expect:
-            want = "/".join(sorted(s.value for s in expect))
-            lost.append(f"{save.folder} ({record.checkpoint_id}): {record.state.value}, not {want}")
+            should = "/".join(sorted(s.value for s in expect))
+            lost.append(
+                f"{save.folder} ({record.checkpoint_id}): {record.state.value}, not {should}"
+            )
     for record in records:
         twice = [s.value for s, n in Counter(_lifecycle_states(record)).items() if n > 1]
         if twice:
@@ -186,14 +191,14 @@ async def converge(
     *,
     since: float,
     bound_s: float,
-    good: frozenset[S] = frozenset({S.VALID}),
+    want: Mapping[str, frozenset[S]] | None = None,
 ) -> Figures:
     """Wait (up to ``bound_s`` after ``since``, a `time.monotonic` reading taken when the fault
     ended) until nothing is lost or stuck, then count everything, the event stream included."""
     converged: float | None = None
     while True:
         now = time.monotonic()
-        figures = await count(name, registry, store, jobs, saves, good=good)
+        figures = await count(name, registry, store, jobs, saves, want=want)
         if figures.lost == 0 and figures.stuck == 0:
             converged = now - since
             break
@@ -201,7 +206,7 @@ async def converge(
             break
         await asyncio.sleep(0.5)
     events = await job_events(cfg, jobs)
-    figures = await count(name, registry, store, jobs, saves, good=good, events=events)
+    figures = await count(name, registry, store, jobs, saves, want=want, events=events)
     figures.converge_s = converged if figures.lost == 0 and figures.stuck == 0 else None
     figures.evidence["events"] = dict(Counter(e.type for e in events))
     return figures

@@ -9,17 +9,31 @@ and run in this file's order; the stream purge comes last, as it re-creates the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import threading
+from dataclasses import replace
+from datetime import timedelta
 
+import nats
 import pytest
+from nats.aio.msg import Msg
 
+from ckpt_ha.contracts.checkpoint import CheckpointState as S
+from ckpt_ha.contracts.subjects import parse_event_subject
 from ckpt_ha.drill.assess import assess_restore
 from ckpt_ha.drill.harness import Drill, policy, progress_at_least, resumed_after, valid_count
+from ckpt_ha.formats import native
 from ckpt_ha.registry.redis_registry import Registry
 from tests.faults.book import FigureBook
 from tests.faults.flows import (
+    CONVERGE_BOUND_S,
+    ShiftedClock,
     announce_start,
+    capture_stream,
     dead_letters,
     in_flight,
+    janitor_ahead,
     job_for,
     now,
     plans_per_failure,
@@ -31,11 +45,14 @@ from tests.faults.flows import (
 )
 from tests.faults.stack import FaultStack
 from tests.faults.writer import CheckpointWriter
+from tests.support.bus_tools import publish_raw, stream_messages, wait_for
 
 pytestmark = pytest.mark.faults
 
 DOWN_S = 4.0
-"""How long a killed service stays dead while the writer goes on."""
+"""How long a killed service (or nats-server) stays dead while the writer goes on."""
+REDIS_FROZEN_S = 120.0
+NATS_OUTAGE_S = 180.0
 
 
 TRAINING = ["--steps", "60", "--checkpoint-every", "10", "--sleep-per-step", "0.05"]
@@ -155,3 +172,352 @@ async def test_sigkill_registrar_and_integrity_checker(
         fault_stack, registry, figures, "sigkill-registrar+integrity-checker",
         "registrar", "integrity-checker",
     )  # fmt: skip
+
+
+# -- deliveries --------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+async def test_duplicated_and_reordered_deliveries(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """Every event of a job delivered again, twice, newest first (past JetStream's dedupe: no
+    message id), signed as the job signs; then fresh checkpoints whose only announcements arrive
+    out of order (``committed`` before ``writing``, newest checkpoint first, each twice) while
+    the watcher is stopped. Each checkpoint must end valid with each transition applied once."""
+    fs, name = fault_stack, "duplicated-and-reordered-deliveries"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    await announce_start(fs, job)
+    writer = CheckpointWriter(fs, job).start()
+    try:
+        await valid_at_least(registry, job, 4)
+    finally:
+        first = await stop_writer(writer)
+    await settle(fs, registry, name, [job], first, ended=now())
+    delivered = [m for m in await stream_messages(fs.nats_url, "CKPT_EVENTS")
+                 if (a := parse_event_subject("ckpt", m.subject)) and a.job_id == job]  # fmt: skip
+    assert delivered
+    for msg in reversed(delivered * 2):
+        await publish_raw(fs.nats_url, msg.subject, msg.data)
+
+    # Fresh checkpoints, announced on a capture subject only, then delivered out of order.
+    fs.stop("writer-watcher")
+    async with capture_stream(fs, "cap") as captured:
+        later = CheckpointWriter(fs, job, prefix="cap", first_step=writer.next_step)
+        fresh = [await asyncio.to_thread(later.save_one) for _ in range(3)]
+        assert all(s.committed for s in fresh), [s.error for s in fresh]
+        held = await captured()
+    assert len(held) == 2 * len(fresh), [m.subject for m in held]
+    for msg in out_of_order(held) * 2:
+        await publish_raw(fs.nats_url, "ckpt." + msg.subject.removeprefix("cap."), msg.data)
+    fs.up()
+    ended = now()
+    result = await settle(
+        fs, registry, name, [job], [*first, *fresh], ended=ended, letters_before=letters
+    )
+    result.evidence["redelivered"] = 2 * len(delivered) + 2 * len(held)
+    await tier_recorded(registry, job, "standard", result)
+    figures.record(result)
+    assert result.evidence["new_dead_letters"] == 0
+
+
+def out_of_order(msgs: list[Msg]) -> list[Msg]:
+    """Newest checkpoint first, and each one's ``committed`` before its ``writing``."""
+
+    def order(msg: Msg) -> tuple[int, bool]:
+        return int(json.loads(msg.data)["data"]["step"]), ".committed." in msg.subject
+
+    return sorted(msgs, key=order, reverse=True)
+
+
+# -- NATS and Redis ------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(240)
+async def test_nats_sigkill_restarted_on_the_same_port(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """nats-server SIGKILLed mid-flow and started again on its port with its JetStream store:
+    every service reconnects by itself; what was announced while it was down is announced again
+    by the watcher from storage."""
+    fs, name = fault_stack, "nats-sigkill"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    await announce_start(fs, job)
+    writer = CheckpointWriter(fs, job).start()
+    try:
+        await valid_at_least(registry, job, 2)
+        mid_flow = await in_flight(registry, job)
+        fs.kill_nats()
+        await asyncio.sleep(DOWN_S)
+        fs.start_nats()
+    finally:
+        saves = await stop_writer(writer)
+    ended = now()
+    result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
+    result.evidence["killed_mid_flow"] = mid_flow
+    await tier_recorded(registry, job, "standard", result)
+    figures.record(result)
+
+
+# -- storage -----------------------------------------------------------------------------------
+#
+# S3 (a moto server) behind two `TcpLink`s: the services' and the writers'. Cutting a link resets
+# its connections and refuses new ones: the S3 endpoint is gone for the clients behind it. A trip
+# wire starts the outage at the first request of the operation under test (the manifest's
+# upload, a move to quarantine/, a DELETE), so the fault hits that operation, not a quiet moment.
+# Each outage lasts OUTAGE_S, longer than every retry budget: a handler's (max_deliver x
+# backoff, ~4 s here, each try with boto3's own 3 attempts) and the watcher's stall timeout (8 s).
+
+OUTAGE_S = 20.0
+
+
+async def outage(fs: FaultStack, tripped: threading.Event, what: str) -> None:
+    """Wait for the trip wire, cut every link for `OUTAGE_S`, restore them."""
+    assert await asyncio.to_thread(tripped.wait, 60), f"storage was never asked to {what}"
+    fs.services_link.cut()
+    fs.writer_link.cut()
+    await asyncio.sleep(OUTAGE_S)
+    fs.services_link.restore()
+    fs.writer_link.restore()
+
+
+@pytest.mark.timeout(240)
+async def test_storage_down_during_write(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """Storage goes away as a save uploads its manifest: the checkpoint stays half written. It
+    must be declared failed (never valid); the saves before are valid."""
+    fs, name = fault_stack, "storage-down-during-write"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    writer = CheckpointWriter(fs, job, every_s=0.5).start()
+    try:
+        await valid_at_least(registry, job, 2)
+        tripped = fs.writer_link.trip_on(native.MANIFEST.encode())
+        await outage(fs, tripped, "store a manifest")
+    finally:
+        saves = await stop_writer(writer)
+    ended = now()
+    result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
+    figures.record(result)
+    half_written = [s for s in saves if not s.committed]
+    assert half_written, "no save was interrupted"
+    assert result.evidence["states"].get("write_failed", 0) >= 1, result.evidence
+
+
+@pytest.mark.timeout(240)
+async def test_storage_down_during_verify(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """The services lose storage while the writer (whose storage path stays up) commits
+    checkpoints: none can be verified until storage is back, for longer than the checker's
+    retries; each must still end valid."""
+    fs, name = fault_stack, "storage-down-during-verify"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    writer = CheckpointWriter(fs, job, every_s=1.0).start()
+    try:
+        await valid_at_least(registry, job, 2)
+        fs.services_link.cut()
+        await asyncio.sleep(OUTAGE_S)
+        fs.services_link.restore()
+    finally:
+        saves = await stop_writer(writer)
+    ended = now()
+    result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
+    figures.record(result)
+
+
+@pytest.mark.timeout(240)
+async def test_storage_down_during_quarantine_move(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """A damaged checkpoint fails verification; storage goes away as the checker starts moving
+    its bytes to quarantine/. It must still end quarantined (and never valid)."""
+    fs, name = fault_stack, "storage-down-during-quarantine-move"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    writer = CheckpointWriter(fs, job).start()
+    try:
+        await valid_at_least(registry, job, 2)
+    finally:
+        await stop_writer(writer)
+    tripped = fs.services_link.trip_on(f"/quarantine/{job}/".encode())
+    damaging = CheckpointWriter(fs, job, store=fs.damaging_store(), first_step=writer.next_step)
+    bad = await asyncio.to_thread(damaging.save_one)
+    assert bad.committed, bad.error
+    await outage(fs, tripped, "move a checkpoint to quarantine")
+    ended = now()
+    saves = [*writer.committed_and_failed(), replace(bad, damaged=True)]
+    result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
+    figures.record(result)
+    record = await registry.get(bad.checkpoint_id or "")
+    assert record is not None
+    assert record.quarantine_uri is not None, "the bytes were never moved to quarantine"
+
+
+@pytest.mark.timeout(240)
+async def test_storage_down_during_delete(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """Retention deletes the expired checkpoints of a job (its rounds on a clock two days
+    ahead); storage goes away at the first DELETE and stays away for several rounds. Every
+    expired checkpoint must end deleted with its bytes gone; the kept ones stay valid."""
+    fs, name = fault_stack, "storage-down-during-delete"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    writer = CheckpointWriter(fs, job).start()
+    try:
+        await valid_at_least(registry, job, 5)
+    finally:
+        saves = await stop_writer(writer)
+    clock = ShiftedClock()
+    async with janitor_ahead(fs, clock) as janitor:
+        clock.offset = timedelta(days=2)  # past the settle time: beyond keep-last expires
+        expired = (await janitor.run_once([job])).expired
+        assert len(expired) >= 2, "retention expired nothing"
+
+        async def recorded() -> bool:
+            return len(await registry.by_job(job, state=S.EXPIRED)) == len(expired)
+
+        await wait_for(recorded, timeout=30, what="the expiries recorded")
+        clock.offset = timedelta(days=2, hours=2)  # past the grace: deletion may start
+        tripped = fs.services_link.trip_on(b"DELETE /")
+
+        async def rounds() -> None:
+            while True:
+                await janitor.run_once([job])
+                await asyncio.sleep(2.0)
+
+        task = asyncio.create_task(rounds())
+        try:
+            await outage(fs, tripped, "delete an object")
+            ended = now()
+            want = {cid: frozenset({S.DELETED}) for cid in expired}
+            result = await settle(
+                fs, registry, name, [job], saves, ended=ended, letters_before=letters, want=want
+            )
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    figures.record(result)
+    store = fs.direct_store()
+    for save in saves:
+        if save.checkpoint_id in expired:
+            assert not list(store.list(f"{save.folder}/")), f"{save.folder} still has bytes"
+
+
+@pytest.mark.timeout(420)
+async def test_redis_frozen_for_two_minutes(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """redis-server stopped with SIGSTOP for 2 minutes (it keeps its sockets and answers
+    nothing), then SIGCONT, while the writer goes on: no handler may hold its message for good,
+    and every checkpoint written meanwhile must end valid."""
+    fs, name = fault_stack, "redis-sigstop-120s"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    await announce_start(fs, job)
+    writer = CheckpointWriter(fs, job, every_s=1.0).start()
+    try:
+        await valid_at_least(registry, job, 2)
+        mid_flow = await in_flight(registry, job)
+        fs.pause_redis()
+        try:
+            await asyncio.sleep(REDIS_FROZEN_S)
+        finally:
+            fs.resume_redis()
+    finally:
+        saves = await stop_writer(writer)
+    ended = now()
+    result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
+    result.evidence["frozen_mid_flow"] = mid_flow
+    await tier_recorded(registry, job, "standard", result)
+    figures.record(result)
+
+
+@pytest.mark.timeout(480)
+async def test_nats_outage_of_three_minutes(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """nats-server stopped for 3 minutes, then started on its port: longer than any client
+    library's default reconnect budget. The services must reconnect by themselves (no restart)
+    and announce what was written meanwhile."""
+    fs, name = fault_stack, "nats-outage-180s"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    await announce_start(fs, job)
+    pids = {p.name: p.pid for p in fs.state().processes}
+    writer = CheckpointWriter(fs, job, every_s=2.0).start()
+    try:
+        await valid_at_least(registry, job, 2)
+        fs.stop_nats()
+        await asyncio.sleep(NATS_OUTAGE_S)
+        fs.start_nats()
+    finally:
+        saves = await stop_writer(writer)
+    ended = now()
+    result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
+    await tier_recorded(registry, job, "standard", result)
+    result.evidence["healthy_after"] = fs.healthy()
+    figures.record(result)
+    assert {p.name: p.pid for p in fs.state().processes} == pids, "a service was restarted"
+    assert all(result.evidence["healthy_after"].values()), result.evidence["healthy_after"]
+
+
+# -- the stream --------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(300)
+async def test_stream_purged_by_mistake_rebuild_refuses(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """The event stream is lost the way an operator could lose it (it refuses purges and message
+    deletion): deleted, then provisioned again, empty, and the writer goes on writing into it.
+    `ckpt-ha registry rebuild --clear` must refuse (its history is incomplete) and change
+    nothing in the registry. Last in this file: it re-creates the stack's stream."""
+    fs, name = fault_stack, "stream-purged"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    await announce_start(fs, job)
+    writer = CheckpointWriter(fs, job).start()
+    try:
+        await valid_at_least(registry, job, 3)
+    finally:
+        saves = await stop_writer(writer)
+    await settle(fs, registry, name, [job], saves, ended=now())
+
+    nc = await nats.connect(fs.nats_url)
+    try:
+        await nc.jetstream().delete_stream("CKPT_EVENTS")
+    finally:
+        await nc.close()
+    provisioned = fs.cli("streams", "provision")
+    assert provisioned.returncode == 0, provisioned.stderr
+    later = CheckpointWriter(fs, job, first_step=writer.next_step)
+    saves += [await asyncio.to_thread(later.save_one) for _ in range(2)]
+
+    # The runbook's rebuild: the services that write the registry stopped, rebuild, start.
+    writers_of_the_registry = ("registrar", "restore-coordinator", "retention-janitor")
+    fs.stop(*writers_of_the_registry)
+    before = await registry.dump()
+    rebuilt = fs.cli("registry", "rebuild", "--clear")
+    after = await registry.dump()
+    fs.restart_all()  # every consumer again, on the new stream
+    ended = now()
+    # A rebuild that went ahead wiped what only the lost history held: nothing brings it back.
+    bound = CONVERGE_BOUND_S if rebuilt.returncode != 0 else 15.0
+    result = await settle(
+        fs, registry, name, [job], saves, ended=ended, letters_before=letters, bound_s=bound
+    )
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    for key in changed:
+        result.lose(f"the refused rebuild changed {key}")
+    result.evidence["rebuild"] = {"exit": rebuilt.returncode, "said": rebuilt.stderr.strip()[-300:]
+                                  or rebuilt.stdout.strip()[-300:]}  # fmt: skip
+    figures.record(result)
+    assert rebuilt.returncode != 0, rebuilt.stdout
+    assert "CKPT_EVENTS" in rebuilt.stderr, rebuilt.stderr

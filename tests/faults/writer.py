@@ -57,14 +57,19 @@ class CheckpointWriter:
         announce: bool = True,
         store: ObjectStore | None = None,
         first_step: int = 10,
+        prefix: str = "ckpt",
         on_saved: Callable[[Save], None] | None = None,
     ) -> None:
+        """``prefix``: the subject prefix announcements go to (the stack's, unless a fault
+        holds them back on another)."""
         self.fs = fs
         self.job = job
         self.every_s = every_s
         self.store = store if store is not None else fs.writer_store()
         self.bus = (
-            sdk.Bus(fs.nats_url, job_key=job_key(job), timeout_s=2.0, retry_after_s=1.0)
+            sdk.Bus(
+                fs.nats_url, prefix=prefix, job_key=job_key(job), timeout_s=2.0, retry_after_s=1.0
+            )
             if announce
             else None
         )
