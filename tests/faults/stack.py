@@ -90,6 +90,7 @@ class FaultStack:
     """The writers' way to S3 (the SDK in this process, training jobs under `ckpt-ha run`)."""
     extra_env: dict[str, str] = field(default_factory=dict)
     """Service settings a fault adds (kept for every later restart)."""
+    clients: dict[str, Any] = field(default_factory=dict)
 
     # -- where things are -------------------------------------------------------------------
 
@@ -140,21 +141,28 @@ class FaultStack:
     def service(self, name: str) -> ManagedProcess:
         return next(p for p in self.state().processes if p.name == name)
 
+    def _client(self, endpoint: str) -> Any:
+        """One boto3 client per endpoint for the whole suite (thread-safe; each holds a pool of
+        connections, so one per call would pile up open sockets)."""
+        if endpoint not in self.clients:
+            self.clients[endpoint] = s3_client(endpoint)
+        return self.clients[endpoint]
+
     def writer_store(self) -> S3Store:
         """The storage root as a writer reaches it (through `writer_link`)."""
-        return S3Store(self.bucket, PREFIX, client=s3_client(self.writer_link.endpoint))
+        return S3Store(self.bucket, PREFIX, client=self._client(self.writer_link.endpoint))
 
     def damaging_store(self) -> S3Store:
         """A writer's storage that damages the arrays it is given (`DamagingStore`)."""
-        return DamagingStore(self.bucket, PREFIX, client=s3_client(self.writer_link.endpoint))
+        return DamagingStore(self.bucket, PREFIX, client=self._client(self.writer_link.endpoint))
 
     def services_store(self) -> S3Store:
         """The storage root as the services reach it (through `services_link`)."""
-        return S3Store(self.bucket, PREFIX, client=s3_client(self.services_link.endpoint))
+        return S3Store(self.bucket, PREFIX, client=self._client(self.services_link.endpoint))
 
     def direct_store(self) -> S3Store:
         """The storage root with no link in between: the test's own view of the bytes."""
-        return S3Store(self.bucket, PREFIX, client=s3_client(self.s3_endpoint))
+        return S3Store(self.bucket, PREFIX, client=self._client(self.s3_endpoint))
 
     # -- the services ------------------------------------------------------------------------
 

@@ -163,10 +163,15 @@ class TcpLink:
                     _drop(server)
                     continue
                 self._live |= {client, server}
-            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
-            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+            ends = [2]  # both directions must end before the pair is closed
+            for a, b, from_client in ((client, server, True), (server, client, False)):
+                threading.Thread(
+                    target=self._pump, args=(a, b, from_client, ends), daemon=True
+                ).start()
 
-    def _pump(self, src: socket.socket, dst: socket.socket, from_client: bool) -> None:
+    def _pump(
+        self, src: socket.socket, dst: socket.socket, from_client: bool, ends: list[int]
+    ) -> None:
         tail = b""
         with contextlib.suppress(OSError):
             while data := src.recv(65536):
@@ -177,12 +182,20 @@ class TcpLink:
                         tripped = self._tripped
                     self.cut()
                     tripped.set()
-                    return
+                    break
                 if wire is not None:
                     tail = (tail + data)[-len(wire) :]
                 dst.sendall(data)
         with contextlib.suppress(OSError):
             dst.shutdown(socket.SHUT_WR)
+        with self._lock:
+            ends[0] -= 1
+            if ends[0]:
+                return
+            self._live -= {src, dst}
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.close()
 
 
 def _drop(s: socket.socket) -> None:
