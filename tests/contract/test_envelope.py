@@ -21,7 +21,14 @@ from ckpt_ha.contracts.errors import (
     UnknownEventType,
     UnsupportedEventVersion,
 )
-from ckpt_ha.contracts.resume import ResumeLoadFailedV1, ResumeLoadFailedV2
+from ckpt_ha.contracts.resume import (
+    ResumeEscalatedV1,
+    ResumeEscalatedV2,
+    ResumeLoadFailedV1,
+    ResumeLoadFailedV2,
+    ResumePlannedV1,
+    ResumePlannedV2,
+)
 from ckpt_ha.contracts.schema_gen import main as schema_check
 from ckpt_ha.contracts.subjects import event_filter, event_subject, job_from_token, job_token
 
@@ -74,7 +81,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-NEWER = {"resume.load_failed": (1, 2)}
+NEWER = {"resume.load_failed": (1, 2), "resume.planned": (1, 2), "resume.escalated": (1, 2)}
 """Types with more than one version; every other type has only v1."""
 
 
@@ -96,6 +103,23 @@ def test_a_v1_load_failure_is_upcast_with_the_blame_v1_consumers_gave_it(
     assert isinstance(decoded.data, ResumeLoadFailedV2)
     assert decoded.data.blame.value == blame
     assert decoded.type == "ckpt-ha.resume.load_failed.v2"
+
+
+def test_v1_plans_and_escalations_are_upcast_and_v2_is_refused_as_v1() -> None:
+    """v2 added fields v1 forbids: a v1 plan reads as v2 with them unknown (None), and a v2 body
+    published as v1 is refused, not half-read (why it is a new version)."""
+    plan = {"job_id": "j", "plan_id": "p", **SAMPLES["resume.planned"]}
+    decoded = CATALOG.decode(build(ResumePlannedV1.model_validate(plan), source="t", time=NOW,
+                                   key="k").to_bytes())  # fmt: skip
+    assert decoded.type == "ckpt-ha.resume.planned.v2"
+    assert isinstance(decoded.data, ResumePlannedV2)
+    assert (decoded.data.failed_at, decoded.data.fallbacks, decoded.data.policy) == (None,) * 3
+    with pytest.raises(ValidationError, match="failed_at"):
+        ResumePlannedV1.model_validate({**plan, "failed_at": NOW.isoformat()})
+    esc = ResumeEscalatedV1(job_id="j", plan_id="p", reason="r", next_step="n")
+    decoded = CATALOG.decode(build(esc, source="t", time=NOW, key="k").to_bytes())
+    assert isinstance(decoded.data, ResumeEscalatedV2)
+    assert decoded.data.attempt is None
 
 
 @pytest.mark.parametrize("event_type", sorted(SAMPLES))

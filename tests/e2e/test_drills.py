@@ -24,7 +24,7 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, build
 from ckpt_ha.contracts.job import JobFailedV1
-from ckpt_ha.contracts.resume import ResumePlannedV1
+from ckpt_ha.contracts.resume import ResumePlannedV2
 from ckpt_ha.contracts.subjects import job_token
 from ckpt_ha.devstack import stack
 from ckpt_ha.devstack.stack import StackState
@@ -183,7 +183,7 @@ def test_a_changed_environment_is_unknown_and_not_resumed(home: Path) -> None:
     result = drill(home, "env-mismatch")
     assert result["escalation"]["reason"] == "compatibility_unknown"
     assert "framework_version" in json.dumps(result["escalation"])
-    planned = [t for t in result["timeline"] if t["event"].endswith("resume.planned.v1")]
+    planned = [t for t in result["timeline"] if ".resume.planned.v" in t["event"]]
     assert planned == []
 
 
@@ -251,7 +251,7 @@ def test_duplicated_job_failed_gives_one_plan(home: Path) -> None:
     job = drills[-1]
     events = asyncio.run(_events(state, job))
     failed = [e.data for e in events if isinstance(e.data, JobFailedV1)]
-    plans_before = [e.data for e in events if isinstance(e.data, ResumePlannedV1)]
+    plans_before = [e.data for e in events if isinstance(e.data, ResumePlannedV2)]
     assert failed
     asyncio.run(_republish(state, failed[0], copies=3))
 
@@ -262,10 +262,10 @@ def test_duplicated_job_failed_gives_one_plan(home: Path) -> None:
     after = asyncio.run(settle())
     duplicates = [e for e in after if isinstance(e.data, JobFailedV1)]
     assert len(duplicates) == len(failed) + 3  # the copies really reached the stream
-    plans = [e for e in after if isinstance(e.data, ResumePlannedV1)]
+    plans = [e for e in after if isinstance(e.data, ResumePlannedV2)]
     # One plan per failure: a duplicate may at most re-announce the same plan under the same
     # event id (JetStream drops it inside its duplicate window), never decide a second one.
-    assert {e.id for e in plans} == {e.id for e in events if isinstance(e.data, ResumePlannedV1)}
+    assert {e.id for e in plans} == {e.id for e in events if isinstance(e.data, ResumePlannedV2)}
     for_this_failure = {
         e.data.plan_id
         for e in plans

@@ -310,3 +310,49 @@ def test_cli_errors_are_one_line(stack_home: Path) -> None:
     env_bad = cli(stack_home, "checkpoints", "show", "x")
     assert env_bad.returncode == 1
     assert "Traceback" not in env_bad.stderr
+
+
+def wait_healthy(home: Path, timeout: float = 90) -> list[dict[str, object]]:
+    """Poll `ckpt-ha status --json` until every component is healthy (or time runs out)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        out = cli(home, "status", "--json")
+        rows: list[dict[str, object]] = json.loads(out.stdout)
+        if out.returncode == 0 or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(300)
+async def test_up_restarts_a_dead_server_on_its_port_and_the_services_come_back(
+    stack_home: Path,
+) -> None:
+    """nats-server, then redis-server, SIGKILLed under running services: `ckpt-ha up` starts
+    each again on the port the services hold; they reconnect by themselves (none restarted),
+    become healthy again, and a new checkpoint is registered valid after each."""
+    assert cli(stack_home, "up").returncode == 0
+    state = state_after_up(stack_home)
+    services = {p.name: p.pid for p in state.processes if p.name not in ("nats", "redis")}
+    await publish(state, [committed(state, 1)])
+    assert [r["state"] for r in wait_listed(stack_home, 1, states={"valid"})] == ["valid"]
+
+    for step, name in ((2, "nats"), (3, "redis")):
+        before = next(p for p in state_after_up(stack_home).processes if p.name == name)
+        procs.kill(before)
+        assert cli(stack_home, "status").returncode == 1
+        up = cli(stack_home, "up")
+        assert up.returncode == 0, up.stderr
+        after = state_after_up(stack_home)
+        again = next(p for p in after.processes if p.name == name)
+        assert again.pid != before.pid
+        assert (again.port, again.url) == (before.port, before.url), name
+        # The services were not restarted: they reconnected to the same URL by themselves.
+        assert {p.name: p.pid for p in after.processes if p.name in services} == services
+        rows = wait_healthy(stack_home)
+        assert all(r["healthy"] for r in rows), rows
+        await publish(after, [committed(after, step)])
+        records = wait_listed(stack_home, step, states={"valid"})
+        registered = {r["step"]: r["state"] for r in records}
+        assert registered == dict.fromkeys(range(1, step + 1), "valid"), name

@@ -23,6 +23,7 @@ REQUIRED = {
     "DeadLetterGrowing",
     "ConsumerLagHigh",
     "ServiceDown",
+    "DependencyDown",
 }
 PAGES = {"CheckpointCorrupt", "RestartLoop", "ResumeEscalated"}
 RUNBOOK = (Path(__file__).parents[2] / "docs" / "RUNBOOK.md").read_text()

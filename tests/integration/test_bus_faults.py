@@ -17,6 +17,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.devstack import procs
 from ckpt_ha.registrar.app import Registrar, build
 from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.runtime.server import HttpEndpoint
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.events import committed
@@ -28,7 +29,16 @@ pytestmark = pytest.mark.integration
 async def registrar_on_private_redis(
     settings: ServiceSettings, private_redis: procs.ManagedProcess
 ) -> AsyncIterator[Registrar]:
-    s = RegistrarSettings.model_validate({**settings.model_dump(), "redis_url": private_redis.url})
+    # Redis replies within 0.5 s or the handler fails; deliveries enough to outlast the freeze.
+    s = RegistrarSettings.model_validate(
+        {
+            **settings.model_dump(),
+            "redis_url": private_redis.url,
+            "redis_timeout_s": 0.5,
+            "max_deliver": 20,
+            "backoff_s": (0.3,),
+        }
+    )
     svc = build(s)
     await svc.bus.broker.start()
     yield svc
@@ -42,25 +52,41 @@ async def test_redis_outage_naks_then_applies(
     registrar_on_private_redis: Registrar,
     tmp_path: Path,
 ) -> None:
+    """Redis frozen (SIGSTOP): the handler's Redis call times out and the event is nak'ed for a
+    later delivery, not held; the health check and the gauge say Redis is down; after SIGCONT
+    the event is applied, and nothing is dead-lettered."""
     svc = registrar_on_private_redis
+    endpoint = HttpEndpoint(svc.metrics, svc.checks, "127.0.0.1", 0)
     producer = Bus(settings.bus(), "test-producer")
     await producer.broker.start()
     try:
-        procs.pause(private_redis)  # Redis hangs: every apply times out or fails
+        procs.pause(private_redis)  # Redis hangs: every apply times out
         await producer.publish(committed("during-outage"))
 
-        async def nak_seen() -> bool:
-            nc = await nats.connect(settings.nats_url)
-            try:
-                info = await nc.jetstream().consumer_info(
-                    settings.events_stream, "registrar--checkpoints"
-                )
-                return info.num_redelivered > 0 or info.num_ack_pending > 0
-            finally:
-                await nc.close()
+        async def naks() -> float:
+            labels = {"service": "registrar", "consumer": "registrar--checkpoints"}
+            found = svc.metrics.registry.get_sample_value(
+                "ckpt_ha_messages_total", {**labels, "outcome": "nak"}
+            )
+            return found or 0.0
 
-        await wait_for(nak_seen, what="the event to be in flight while Redis is down")
+        await wait_for(naks, timeout=15, what="a nak while Redis is frozen")
+        ok, checks = await endpoint.health()
+        assert (ok, checks) == (False, {"redis": False})
+        gauge = {"service": "registrar", "dependency": "redis"}
+        assert svc.metrics.registry.get_sample_value("ckpt_ha_dependency_up", gauge) == 0
+        # Not held: the message is back in the stream for a later delivery, not in flight.
+        nc = await nats.connect(settings.nats_url)
+        try:
+            info = await nc.jetstream().consumer_info(
+                settings.events_stream, "registrar--checkpoints"
+            )
+            assert info.num_redelivered > 0 or info.delivered.consumer_seq > 1
+        finally:
+            await nc.close()
         procs.resume(private_redis)
+        assert await endpoint.health() == (True, {"redis": True})
+        assert svc.metrics.registry.get_sample_value("ckpt_ha_dependency_up", gauge) == 1
 
         async def applied() -> bool:
             rec = await svc.registry.get("during-outage")

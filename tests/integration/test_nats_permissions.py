@@ -280,7 +280,7 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
     from datetime import UTC, datetime
 
     from ckpt_ha.contracts import build
-    from ckpt_ha.contracts.resume import ResumeEscalatedV1
+    from ckpt_ha.contracts.resume import ResumeEscalatedV2
     from ckpt_ha.runner.adapter import LocalProcess
     from ckpt_ha.runner.runner import EXIT_ESCALATED, Runner, RunSpec
 
@@ -324,7 +324,7 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
     )
     await coordinator.broker.start()
     try:
-        escalated = ResumeEscalatedV1(
+        escalated = ResumeEscalatedV2(
             job_id="job-sec", plan_id="p-sec", reason="restart loop", next_step="runbook step 9"
         )
         now = datetime.now(UTC)

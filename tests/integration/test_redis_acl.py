@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ from ckpt_ha.contracts.job import FailureCause, JobFailedV1, JobPolicy, JobProgr
 from ckpt_ha.devstack import procs
 from ckpt_ha.integrity_checker.app import build as build_checker
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
+from ckpt_ha.ops.rebuild import rebuild_registry
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.registry import acl
@@ -38,6 +40,7 @@ from ckpt_ha.retention_janitor.app import build as build_janitor
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
 from ckpt_ha.runtime.service import Service
 from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import FsStore, key_for_uri
 from ckpt_ha.writer_watcher.app import build as build_watcher
 from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
 from tests.support.bus_tools import stream_messages, wait_for
@@ -217,6 +220,17 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
 
         await wait_for(tier_declared, timeout=15, what="the janitor to record the declared tier")
         assert (await watcher.state.load()).folders
+        log = await refused(admin)
+        assert log == [], repr(log)[:3000]
+
+        # The operator's rebuild: every key space cleared and replayed, the coordinator's state
+        # written (and trimmed, and given its expiry) as the coordinator writes it.
+        report = await rebuild_registry(
+            operator, settings.bus(), partial(key_for_uri, FsStore(root)), clear=True,
+            trajectory_limit=2,
+        )  # fmt: skip
+        assert report.replayed > 0
+        assert await operator.declared_tier(job) == "standard"
         log = await refused(admin)
         assert log == [], repr(log)[:3000]
     finally:

@@ -5,11 +5,12 @@ suites the in-memory fakes pass."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis.asyncio as aioredis
 
-from ckpt_ha.core.restore_records import DecisionRecord, Pin, Started
+from ckpt_ha.core.restore_records import DecisionRecord, Pin, Point, Started
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
@@ -43,20 +44,90 @@ class TestRedisRestores(RestoresContract):
         return RedisRestores(*client, pins=pins, trajectory_limit=TRAJECTORY_LIMIT), pins
 
 
-async def test_a_registry_rebuild_keeps_what_the_owners_write(
+async def _keys(r: aioredis.Redis, prefix: str) -> list[str]:
+    return sorted([k async for k in r.scan_iter(match=f"{prefix}:*")])
+
+
+async def test_each_owner_clears_its_own_key_space_for_a_rebuild(
     client: tuple[aioredis.Redis, str],
 ) -> None:
-    """Neither the coordinator's state nor the pins are a projection of the checkpoint stream:
-    every key the owners write is one `Registry.clear` keeps (``NOT_REBUILT``)."""
+    """A rebuild empties every key space it replays, each through its owner: the registry's
+    clear leaves the coordinator's state and the pins, and theirs leave each other's."""
     r, prefix = client
-    state = RedisRestores(r, prefix)
+    pins = RedisPins(r, prefix)
+    state = RedisRestores(r, prefix, pins=pins)
     await state.record_decision(
         "job-a", 1, DecisionRecord(events=()), plan=plan("p1"),
         pins=[Pin("c-300", "restored from", "p1", 300, 2)],
     )  # fmt: skip
     await state.record_started("job-a", Started(run_id="r", attempt=2, at=T0))
     await state.record_progress("job-a", [point(1)], last=point(1))
-    before = sorted([k async for k in r.scan_iter(match=f"{prefix}:*")])
-    assert len(before) == 8
+    assert await state.lease("job-a", 1, "me", 30)
+    coord = [k for k in await _keys(r, prefix) if ":coord:" in k]
+    assert len(coord) == 8
     assert await Registry(r, prefix).clear() == 0
-    assert sorted([k async for k in r.scan_iter(match=f"{prefix}:*")]) == before
+    assert await pins.clear() == 1
+    assert await _keys(r, prefix) == coord
+    assert await state.clear() == 8
+    assert await _keys(r, prefix) == []
+
+
+async def test_a_start_record_lives_as_long_as_its_run(client: tuple[aioredis.Redis, str]) -> None:
+    """A job may train for months without a progress report: its start never expires while
+    the run goes on; the run's end gives its attempts' starts the state's lifetime."""
+    r, prefix = client
+    state = RedisRestores(r, prefix, ttl_s=3600)
+    for attempt in (1, 2):
+        await state.record_started("job-a", Started(run_id="r", attempt=attempt, at=T0))
+    await state.record_progress("job-a", [point(1)], last=point(1))
+    assert await r.pttl(f"{prefix}:coord:started:job-a:2") == -1
+    assert 0 < await r.pttl(f"{prefix}:coord:traj:job-a") <= 3600_000
+    await state.end_run("job-a", 2)
+    for attempt in (1, 2):
+        assert 0 < await r.pttl(f"{prefix}:coord:started:job-a:{attempt}") <= 3600_000
+    # A new run of the job starting at attempt 1 again keeps its start for as long as it runs.
+    await state.record_started("job-a", Started(run_id="r2", attempt=1, at=T0))
+    assert await r.pttl(f"{prefix}:coord:started:job-a:1") == -1
+
+
+async def test_a_replay_expires_state_on_the_events_clock(
+    client: tuple[aioredis.Redis, str],
+) -> None:
+    """A rebuild replays months in seconds: what the live coordinator let expire (30 days
+    without a write) is gone again, what it kept alive by writing again is kept whole, and what
+    is left expires when the live key would have."""
+    r, prefix = client
+    day = 86400
+    now = datetime.now(UTC)
+    state = RedisRestores(r, prefix, ttl_s=30 * day, replaying=True)
+
+    def ago(days: float) -> datetime:
+        return now - timedelta(days=days)
+
+    def p(step: int, days: float) -> Point:
+        return Point(step, ago(days), 1, None, None, {})
+
+    await state.replay_to(ago(100))
+    await state.record_started("job-a", Started(run_id="r", attempt=1, at=ago(100)))
+    await state.record_progress("job-a", [p(1, 100)], last=p(1, 100))  # idle for 40 days next
+    await state.record_progress("job-b", [p(1, 100)])  # written again within 30 days
+    await state.replay_to(ago(75))
+    await state.record_progress("job-b", [p(2, 75)])
+    await state.replay_to(ago(60))
+    assert await r.exists(f"{prefix}:coord:traj:job-a") == 0  # expired at day -70
+    await state.record_progress("job-a", [p(5, 60)])
+    assert sorted(await r.hkeys(f"{prefix}:coord:traj:job-a")) == ["5"]  # afresh, as live
+    assert sorted(await r.hkeys(f"{prefix}:coord:traj:job-b")) == ["1", "2"]
+    await state.replay_to(ago(10))
+    await state.record_progress("job-b", [p(3, 10)])
+    await state.finish_replay(now)
+
+    left = await _keys(r, prefix)
+    assert left == [
+        f"{prefix}:coord:started:job-a:1",
+        f"{prefix}:coord:traj:job-b",
+        f"{prefix}:coord:trajidx:job-b",
+    ]
+    assert await r.pttl(f"{prefix}:coord:started:job-a:1") == -1
+    expires_in = await r.pttl(f"{prefix}:coord:traj:job-b") / 1000
+    assert 20 * day - 60 < expires_in <= 20 * day

@@ -29,7 +29,7 @@ from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG, EventData, build
 from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
-from ckpt_ha.contracts.resume import ResumeEscalatedV1, ResumeLoadedV1
+from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumeLoadedV1
 from ckpt_ha.contracts.subjects import event_subject
 from ckpt_ha.examples import numpy_mlp
 from ckpt_ha.formats import latest_valid
@@ -280,7 +280,7 @@ async def test_an_escalation_stops_the_runner_with_exit_3(
     failed = await asyncio.wait_for(watch.failed.get(), timeout=30)
     assert (failed.cause.value, failed.exit_code, failed.last_step) == ("error", 1, 2)
     assert failed.signature is not None
-    escalated = ResumeEscalatedV1(
+    escalated = ResumeEscalatedV2(
         job_id=job,
         plan_id=f"plan-{unique}",
         reason="restart loop: 3 restarts within 3600 s",
@@ -309,7 +309,7 @@ async def test_an_escalation_heard_while_the_attempt_exits_stops_the_runner(
         return [d for d in await events_of(settings, job) if isinstance(d, JobStartedV1)]
 
     await wait_for(started, what="job.started")
-    escalated = ResumeEscalatedV1(
+    escalated = ResumeEscalatedV2(
         job_id=job, plan_id=f"plan-{unique}", reason="attempt_cannot_load",
         next_step="docs/RUNBOOK.md#prepare-environment: prepare the restore environment",
         detail="attempt 2 could not load checkpoint c (it stays valid): no loader",

@@ -63,6 +63,16 @@ class RestoresContract:
         assert await state.started("job-a", 1) is None
         assert await state.started("job-b", 2) is None
 
+    async def test_ending_a_run_keeps_its_starts_readable(self, stores: tuple[Any, Any]) -> None:
+        """The run's end only lets its starts expire later (with the rest of the state): a
+        failure heard late, or a closure, still finds them."""
+        state, _ = stores
+        starts = [Started(run_id="r", attempt=a, at=T0) for a in (1, 2)]
+        for s in starts:
+            await state.record_started("job-a", s)
+        await state.end_run("job-a", 2)
+        assert [await state.started("job-a", a) for a in (1, 2)] == starts
+
     async def test_trajectory_is_bounded_oldest_steps_first(self, stores: tuple[Any, Any]) -> None:
         state, _ = stores
         points = [point(s, loss=1.0 / s) for s in range(1, 9)]

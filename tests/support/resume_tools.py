@@ -8,7 +8,7 @@ import struct
 import uuid
 from pathlib import Path
 
-from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV1
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol
@@ -25,12 +25,12 @@ def plan_for(
     failed_run_id: str = "run-1",
     folder: str | None = None,
     checkpoint_format: str | None = None,
-) -> ResumePlannedV1:
+) -> ResumePlannedV2:
     """The plan a coordinator would publish for the checkpoint ``<job>/<folder>`` under root
     (``folder`` defaults to the native SDK's ``step-<step>``)."""
     store = FsStore(root)
     folder = f"{job_id}/{folder or f'step-{step:08d}'}"
-    return ResumePlannedV1(
+    return ResumePlannedV2(
         job_id=job_id,
         plan_id=f"plan-{uuid.uuid4().hex[:12]}",
         failed_run_id=failed_run_id,

@@ -25,9 +25,10 @@ def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.Argument
 def _parsed_commands() -> set[tuple[str, str | None]]:
     found: set[tuple[str, str | None]] = set()
     for name, parser in _subcommands(build_parser()).items():
-        if any(isinstance(a, argparse._SubParsersAction) for a in parser._actions):
+        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if actions:
             found |= {(name, action) for action in _subcommands(parser)}
-        else:
+        if not actions or not actions[0].required:  # the noun alone is a command too
             found.add((name, None))
     return found
 

@@ -21,7 +21,7 @@ from ckpt_ha.contracts.resume import (
     ResumeClosedV1,
     ResumeLoadedV1,
     ResumeMode,
-    ResumePlannedV1,
+    ResumePlannedV2,
     ResumeVerifiedV1,
 )
 from ckpt_ha.drill.assess import LEVELS, assess_restore, manual_actions, reclaimed
@@ -44,7 +44,7 @@ def story() -> dict[str, Envelope[EventData]]:
         "registered": ev(CheckpointRegisteredV1(**c, step=20, project="p"), 3),
         "failed": ev(JobFailedV1(job_id=J, run_id="r", cause=FailureCause.NODE_EXIT,
                                  signal=9, last_step=27), 10),
-        "planned": ev(ResumePlannedV1(**plan, failed_run_id="r", attempt=2, checkpoint_id="c20",
+        "planned": ev(ResumePlannedV2(**plan, failed_run_id="r", attempt=2, checkpoint_id="c20",
                                       checkpoint_uri=c["uri"], step=20,
                                       mode=ResumeMode.EXACT,
                                       compatibility=Compatibility.IDENTICAL,

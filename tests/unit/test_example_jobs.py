@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ckpt_ha import sdk
-from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV1
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
 from ckpt_ha.examples import numpy_mlp
 from tests.support.resume_tools import bits, plan_for
 from tests.support.torch_tools import require_torch
@@ -20,7 +20,7 @@ Train = Callable[..., Losses]
 CFG = numpy_mlp.Config(steps=60, checkpoint_every=10, seed=3)
 
 
-def ctx(root: Path, job: str, attempt: int = 1, plan: ResumePlannedV1 | None = None) -> sdk.Context:
+def ctx(root: Path, job: str, attempt: int = 1, plan: ResumePlannedV2 | None = None) -> sdk.Context:
     return sdk.Context(job, "run-1", attempt, str(root), None, plan=plan)
 
 

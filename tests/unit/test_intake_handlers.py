@@ -21,20 +21,23 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
     CheckpointQuarantinedV1,
     CheckpointRegisteredV1,
+    CheckpointReleasedV1,
     CheckpointState,
     CheckpointVerifiedV1,
     CheckpointWriteFailedV1,
+    CheckpointWritingV1,
     FailureSide,
 )
 from ckpt_ha.core.lifecycle import IllegalTransition
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
+from ckpt_ha.integrity_checker.reconcile import Reconciler, ReconcileRound
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.registrar.handlers import RegistrarHandlers
 from ckpt_ha.storage import FsStore, key_for_uri
-from ckpt_ha.telemetry.metrics import ScrubMetrics, ServiceMetrics
-from ckpt_ha.writer_watcher.handlers import Watcher
+from ckpt_ha.telemetry.metrics import ReconcileMetrics, ScrubMetrics, ServiceMetrics
+from ckpt_ha.writer_watcher.handlers import Redrive, Watcher
 from ckpt_ha.writer_watcher.ports import WatchStateUnavailable
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry
@@ -348,3 +351,170 @@ async def test_a_registry_outage_cuts_a_scrub_round_short(intake: Intake) -> Non
     intake.registry.down = True
     outage = await intake.scrubber().scrub_once()
     assert (outage.scrubbed, outage.corrupt, outage.complete) == (0, 0, False)
+
+
+# --- the reconciler: a verdict lost to an outage -------------------------------------------------
+
+VERIFY_DEADLINE = timedelta(minutes=30)
+
+
+def reconciler(intake: Intake, publisher: RecordingPublisher | None = None) -> Reconciler:
+    handlers = IntegrityHandlers(
+        intake.store, publisher or intake.publisher, intake.clock, "xxh3_64", intake.registry
+    )
+    metrics = ReconcileMetrics(ServiceMetrics("integrity-checker", CollectorRegistry()))
+    return Reconciler(
+        intake.store, intake.registry, handlers, intake.clock, VERIFY_DEADLINE, metrics
+    )
+
+
+async def test_a_commit_whose_verification_was_dead_lettered_is_verified_after_the_deadline(
+    intake: Intake,
+) -> None:
+    cid = write(intake.store)
+    commit = committed_event(intake.store, cid)
+    await intake.registrar.on_checkpoint_events([commit])  # the checker never got it
+    rounds = reconciler(intake)
+    assert await rounds.reconcile_once() == ReconcileRound(0, 0, complete=True)  # not yet due
+    intake.now = T0 + VERIFY_DEADLINE
+    assert await rounds.reconcile_once() == ReconcileRound(1, 1, complete=True)
+    [verdict] = intake.publisher.of_type("checkpoint.verified")
+    # The id the live handler would have given it: the lost verdict and this one are one event.
+    live = RecordingPublisher()
+    await IntegrityHandlers(
+        intake.store, live, intake.clock, "xxh3_64", intake.registry
+    ).on_committed(commit)  # type: ignore[arg-type]
+    assert [e.id for e in live.events] == [verdict.id]
+
+    # Re-driven twice (the next round comes before the registrar applied it, past JetStream's
+    # duplicate window): the registry applies it once.
+    again = RecordingPublisher()
+    assert (await reconciler(intake, again).reconcile_once()).redriven == 1
+    assert [e.id for e in again.events] == [verdict.id]
+    outcomes = await intake.registrar.on_checkpoint_events([verdict, again.events[0]])
+    assert outcomes == [None, None]
+    record = await intake.registry.get(cid)
+    assert record is not None
+    assert [h.state for h in record.history] == [S.PENDING_VERIFICATION, S.VALID]
+    assert await rounds.reconcile_once() == ReconcileRound(0, 0, complete=True)
+
+
+async def test_a_lost_release_verdict_brings_the_bytes_back_from_quarantine_first(
+    intake: Intake,
+) -> None:
+    cid = write(intake.store)
+    shard = intake.store.root / "job-1" / "step-10" / "rank-1.bin"
+    good = shard.read_bytes()
+    shard.write_bytes(os.urandom(len(good)))
+    await intake.publisher.publish(committed_event(intake.store, cid))
+    await intake.deliver()
+    assert await intake.state(cid) is S.QUARANTINED
+    quarantined = intake.store.root / "quarantine" / "job-1" / cid / "rank-1.bin"
+    quarantined.write_bytes(good)  # a human repaired it in quarantine, then released it
+    record = await intake.registry.get(cid)
+    assert record is not None
+    release = build(
+        CheckpointReleasedV1(
+            job_id="job-1", checkpoint_id=cid, uri=record.uri, reason="repaired", actor="ops",
+            quarantine_uri=record.quarantine_uri,
+        ),
+        source="cli", time=T0, key="release",
+    )  # fmt: skip
+    await intake.registrar.on_checkpoint_events([release])  # the checker's delivery was lost
+    intake.now = T0 + VERIFY_DEADLINE
+    assert (await reconciler(intake).reconcile_once()).redriven == 1
+    await intake.deliver()
+    assert await intake.state(cid) is S.VALID
+    assert shard.read_bytes() == good  # back where it was written
+    assert not quarantined.exists()
+
+
+async def test_an_outage_cuts_a_reconcile_round_short_and_decides_nothing(
+    intake: Intake,
+) -> None:
+    cid = write(intake.store)
+    await intake.registrar.on_checkpoint_events([committed_event(intake.store, cid)])
+    intake.now = T0 + VERIFY_DEADLINE
+    rounds = reconciler(intake)
+    away = intake.store.root.with_name("storage.outage")
+    intake.store.root.rename(away)  # storage unmounted
+    assert await rounds.reconcile_once() == ReconcileRound(1, 0, complete=False)
+    away.rename(intake.store.root)
+    intake.registry.down = True
+    assert await rounds.reconcile_once() == ReconcileRound(0, 0, complete=False)
+    assert intake.publisher.events == []
+    intake.registry.down = False
+    assert await rounds.reconcile_once() == ReconcileRound(1, 1, complete=True)
+    await intake.deliver()
+    assert await intake.state(cid) is S.VALID
+
+
+# --- the reconciler: writes the registry still holds as writing ----------------------------------
+
+WRITING_DEADLINE = timedelta(minutes=30)
+
+
+def redriving_watcher(intake: Intake, metrics: ReconcileMetrics) -> Watcher:
+    state = intake.watch_state.open(intake.store.uri("x"))
+    redrive = Redrive(WRITING_DEADLINE, timedelta(minutes=5), metrics)
+    return Watcher(
+        intake.store, intake.publisher, intake.clock, STALL, state, intake.registry, redrive
+    )
+
+
+def stuck_gauge(metrics: ServiceMetrics) -> float | None:
+    labels = {"service": "writer-watcher", "state": "writing"}
+    return metrics.registry.get_sample_value("ckpt_ha_stuck_checkpoints", labels)
+
+
+async def test_writes_the_registry_still_holds_as_writing_are_re_driven_once(
+    intake: Intake,
+) -> None:
+    """A commit the registrar lost (dead-lettered while Redis was down) is announced again
+    under its own id; a write the SDK announced and no folder holds any more is failed."""
+    service = ServiceMetrics("writer-watcher", CollectorRegistry())
+    watcher = redriving_watcher(intake, ReconcileMetrics(service))
+    cid = write(intake.store)
+    await watcher.scan_once()
+    [committed] = intake.publisher.of_type("checkpoint.committed")
+    uri = intake.store.uri("job-1/step-10")
+    sdk = [
+        build(
+            CheckpointWritingV1(
+                job_id="job-1", checkpoint_id=c, uri=u, run_id="run-7",
+                format=CheckpointFormat.NATIVE,
+            ),
+            source="sdk", time=T0, key="sdk",
+        )
+        for c, u in ((cid, uri), ("job-1-gone", intake.store.uri("job-1/step-20")))
+    ]  # fmt: skip
+    assert await intake.registrar.on_checkpoint_events(sdk) == [None, None]  # not the commit
+    intake.now = T0 + WRITING_DEADLINE - timedelta(seconds=1)
+    watcher.publisher = again = RecordingPublisher()  # past JetStream's duplicate window
+    await watcher.scan_once()  # a round is due: the first was at T0
+    assert again.events == []  # not overdue yet
+    assert stuck_gauge(service) == 0.0
+
+    intake.now = T0 + WRITING_DEADLINE + timedelta(minutes=5)  # the next round
+    await watcher.scan_once()
+    assert sorted(e.event_type for e in again.events) == [
+        "checkpoint.committed", "checkpoint.write_failed",
+    ]  # fmt: skip
+    assert stuck_gauge(service) == 2.0
+    [redriven] = again.of_type("checkpoint.committed")
+    assert redriven.id == committed.id  # the lost announcement's id: one fact
+    [failed] = again.of_type("checkpoint.write_failed")
+    assert failed.data.reason.startswith("write never completed")  # type: ignore[attr-defined]
+    # Applied with a late replay of the lost original too: one transition each.
+    outcomes = await intake.registrar.on_checkpoint_events([*again.events, committed])
+    assert outcomes == [None, None, None]
+    record = await intake.registry.get(cid)
+    assert record is not None
+    assert [h.state for h in record.history] == [S.WRITING, S.PENDING_VERIFICATION]
+    assert await intake.state("job-1-gone") is S.WRITE_FAILED
+
+    intake.now += timedelta(minutes=10)  # the next round: nothing is left writing
+    again.events.clear()
+    await watcher.scan_once()
+    assert again.events == []
+    assert stuck_gauge(service) == 0.0

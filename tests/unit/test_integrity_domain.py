@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from ckpt_ha.contracts.checkpoint import (
@@ -13,7 +15,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointVerifiedV1,
     FailureSide,
 )
-from ckpt_ha.core.records import checksums_from_checks
+from ckpt_ha.core.records import CheckpointRecord, HistoryEntry, checksums_from_checks
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.integrity_checker import domain
 
@@ -111,3 +113,53 @@ def test_with_nothing_recorded_the_verdict_alone_decides() -> None:
         )
         == []
     )
+
+
+# --- which checkpoints lost their verdict --------------------------------------------------------
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+DEADLINE = timedelta(minutes=30)
+
+
+def record(*steps: tuple[S, str, str, datetime]) -> CheckpointRecord:
+    """A record with the history ``steps`` of (state, event type, event id, at)."""
+    history = tuple(
+        HistoryEntry(state=s, at=at, event_id=eid, event_type=etype, actor="t")
+        for s, etype, eid, at in steps
+    )
+    return CheckpointRecord(
+        checkpoint_id="job-1-abc", job_id="job-1", uri="file:///r/job-1/step-1",
+        state=history[-1].state, created_at=T0, updated_at=history[-1].at, history=history,
+    )  # fmt: skip
+
+
+def test_a_checkpoint_pending_past_the_deadline_is_re_driven_with_its_commit_as_cause() -> None:
+    pending = record((S.PENDING_VERIFICATION, "checkpoint.committed", "commit-1", T0))
+    assert (
+        domain.overdue_verification(pending, T0 + DEADLINE - timedelta(seconds=1), DEADLINE) is None
+    )
+    overdue = domain.overdue_verification(pending, T0 + DEADLINE, DEADLINE)
+    assert overdue == domain.Overdue("job-1-abc", "commit-1", released=False, since=T0)
+
+
+def test_a_release_pending_past_the_deadline_is_re_driven_as_a_release() -> None:
+    later = T0 + timedelta(days=1)
+    released = record(
+        (S.PENDING_VERIFICATION, "checkpoint.committed", "commit-1", T0),
+        (S.CORRUPT, "checkpoint.corrupt", "corrupt-1", T0),
+        (S.QUARANTINED, "checkpoint.quarantined", "q-1", T0),
+        (S.PENDING_VERIFICATION, "checkpoint.released", "release-1", later),
+    )
+    # The deadline counts from the release, not from the first commit.
+    assert domain.overdue_verification(released, later + timedelta(minutes=1), DEADLINE) is None
+    overdue = domain.overdue_verification(released, later + DEADLINE, DEADLINE)
+    assert overdue == domain.Overdue("job-1-abc", "release-1", released=True, since=later)
+
+
+@pytest.mark.parametrize("state", [S.WRITING, S.VALID, S.CORRUPT, S.QUARANTINED, S.WRITE_FAILED])
+def test_only_pending_checkpoints_are_overdue(state: S) -> None:
+    moved = record(
+        (S.PENDING_VERIFICATION, "checkpoint.committed", "commit-1", T0),
+        (state, "checkpoint.x", "x-1", T0),
+    )
+    assert domain.overdue_verification(moved, T0 + 10 * DEADLINE, DEADLINE) is None

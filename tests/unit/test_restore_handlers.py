@@ -30,6 +30,7 @@ from ckpt_ha.contracts.job import (
     Tolerance,
 )
 from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2, ResumeVerifiedV1
+from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers, DecisionInProgress
 from ckpt_ha.storage import FsStore
@@ -507,3 +508,53 @@ async def test_unknown_plans_are_ignored(world: World) -> None:
     await world.handlers.on_load_failed(ev(lf, "lf", 1))
     assert world.bus.events == []
     assert await world.state.exclude(JOB, "other") == {"unknown", "other"}
+
+
+async def test_a_fresh_failure_waits_for_a_newer_checkpoint_still_being_verified(
+    store: FsStore,
+) -> None:
+    """A job that crashed right after a save: its newest checkpoint is committed but not yet
+    verified. The failure is not decided on the older one (nor escalated when none is valid
+    yet): it waits (nak'ed) until that checkpoint is verified, then plans it."""
+    pending = record(f"{JOB}-200", 200, state=CheckpointState.PENDING_VERIFICATION)
+    world = World(store, record(f"{JOB}-100", 100), pending)
+    fail = failed()
+    world.handlers.clock = lambda: fail.time + timedelta(seconds=2)
+    await world.handlers.on_started(started())
+    with pytest.raises(DependencyNotReady, match=f"verification of {JOB}-200"):
+        await world.handlers.on_failed(fail)
+    assert world.data("resume.planned") == []
+    assert world.data("resume.escalated") == []
+    world.registry.put(record(f"{JOB}-200", 200))  # the checker verified it
+    await world.handlers.on_failed(fail)
+    [plan] = world.data("resume.planned")
+    assert (plan.checkpoint_id, plan.step) == (f"{JOB}-200", 200)
+
+
+async def test_a_failure_past_the_verification_grace_is_decided_with_what_is_valid(
+    store: FsStore,
+) -> None:
+    pending = record(f"{JOB}-200", 200, state=CheckpointState.PENDING_VERIFICATION)
+    world = World(store, record(f"{JOB}-100", 100), pending)
+    fail = failed()
+    world.handlers.clock = lambda: fail.time + timedelta(seconds=41)
+    await world.handlers.on_started(started())
+    await world.handlers.on_failed(fail)
+    [plan] = world.data("resume.planned")
+    assert plan.checkpoint_id == f"{JOB}-100"
+
+
+async def test_only_a_checkpoint_being_verified_waits_then_escalates_when_it_never_is(
+    store: FsStore,
+) -> None:
+    world = World(store, record(f"{JOB}-200", 200, state=CheckpointState.PENDING_VERIFICATION))
+    fail = failed()
+    now = [fail.time + timedelta(seconds=1)]
+    world.handlers.clock = lambda: now[0]
+    await world.handlers.on_started(started())
+    with pytest.raises(DependencyNotReady):
+        await world.handlers.on_failed(fail)
+    now[0] = fail.time + timedelta(seconds=40)
+    await world.handlers.on_failed(fail)
+    [esc] = world.data("resume.escalated")
+    assert esc.reason == "no_valid_checkpoint"

@@ -8,9 +8,9 @@ from ckpt_ha.contracts import build
 from ckpt_ha.contracts.resume import (
     Comparison,
     LoadBlame,
-    ResumeEscalatedV1,
+    ResumeEscalatedV2,
     ResumeLoadFailedV2,
-    ResumePlannedV1,
+    ResumePlannedV2,
     ResumeVerifiedV1,
 )
 from ckpt_ha.ops import restores
@@ -19,7 +19,7 @@ T = datetime(2026, 12, 1, 3, 0, tzinfo=UTC)
 
 
 def test_each_decision_reads_as_one_entry_with_its_reasons() -> None:
-    planned = ResumePlannedV1(
+    planned = ResumePlannedV2(
         job_id="j", plan_id="p1", failed_run_id="r", attempt=2, checkpoint_id="j-c2",
         checkpoint_uri="file:///s/j/step-2", step=200, mode="exact_resume",
         compatibility="identical", recompute_steps=7, recompute_seconds=3.5,
@@ -29,7 +29,7 @@ def test_each_decision_reads_as_one_entry_with_its_reasons() -> None:
         job_id="j", plan_id="p1", run_id="r", checkpoint_id="j-c2", reason="shard 1: checksum",
         blame=LoadBlame.CHECKPOINT, rank=1,
     )  # fmt: skip
-    escalated = ResumeEscalatedV1(
+    escalated = ResumeEscalatedV2(
         job_id="j", plan_id="p2", reason="compatibility_unknown",
         next_step="docs/RUNBOOK.md#prepare-environment: prepare the restore environment",
         detail="compatibility unknown restoring j-c1: code_version: a -> b (no declared rule); "

@@ -16,7 +16,7 @@ from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.cli.main import main
 from ckpt_ha.contracts.checkpoint import FailureSide, RuntimeEnvironment, Topology
 from ckpt_ha.contracts.job import FailureCause
-from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV1
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
 from ckpt_ha.runner.adapter import ExitInfo
 from ckpt_ha.runner.domain import classify
 from ckpt_ha.runner.runner import RunSpec, child_env, runtime_environment
@@ -122,7 +122,7 @@ def test_the_attempts_environment_carries_the_protocol_and_drops_a_stale_plan(
     )
     assert ctx.progress_file == str(tmp_path / "progress")
 
-    plan = ResumePlannedV1(
+    plan = ResumePlannedV2(
         job_id="job-e",
         plan_id="p-1",
         failed_run_id="run-e",

@@ -21,6 +21,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointWritingV1,
     FailureSide,
 )
+from ckpt_ha.core.records import CheckpointRecord, HistoryEntry
 from ckpt_ha.formats import native, sidecar
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.storage import FsStore
@@ -409,6 +410,79 @@ def test_tracked_entries_round_trip_through_json() -> None:
     state, _ = committed_state({"a.bin": 10, "m": 5})
     [tracked] = state.folders.values()
     assert adapters.tracked_from_json(adapters.tracked_to_json(tracked)) == tracked
+    failed = replace(tracked, phase="failed", failure=("write stalled", FailureSide.JOB))
+    assert adapters.tracked_from_json(adapters.tracked_to_json(failed)) == failed
+    # A state saved by an earlier release has no failure: read as unknown, not refused.
+    doc = json.loads(adapters.tracked_to_json(failed))
+    del doc["failure"]
+    assert adapters.tracked_from_json(json.dumps(doc)).failure is None
+
+
+# -- re-driving writes the registry still holds as writing ---------------------------------------
+
+DEADLINE = timedelta(minutes=30)
+
+
+def writing_record(
+    cid: str, at: datetime = T0, uri: str = "file:///root/job-1/step-10"
+) -> CheckpointRecord:
+    entry = HistoryEntry(
+        state=CheckpointState.WRITING, at=at, event_id="w", event_type="checkpoint.writing",
+        actor="sdk",
+    )  # fmt: skip
+    return CheckpointRecord(
+        checkpoint_id=cid, job_id="job-1", uri=uri, state=CheckpointState.WRITING,
+        created_at=at, updated_at=at, history=(entry,),
+    )  # fmt: skip
+
+
+def test_a_commit_the_registry_missed_is_announced_again_after_the_deadline() -> None:
+    complete = {"a.bin": 10, "m": 5}
+    state, cid = committed_state(complete)
+    seen = [obs(complete, complete)]
+    record = writing_record(cid)
+    early = T0 + DEADLINE - timedelta(seconds=1)
+    assert domain.overdue_writes([record], state, seen, early, DEADLINE) == []
+    [again] = domain.overdue_writes([record], state, seen, T0 + DEADLINE, DEADLINE)
+    assert isinstance(again, CheckpointCommittedV1)
+    assert (again.checkpoint_id, again.shard_count) == (cid, 2)
+
+
+def test_a_failure_the_registry_missed_is_announced_again_with_its_reason_and_side() -> None:
+    state = WatchState()
+    stuck = obs({"a.bin": 10}, None)
+    writing = announced(state, stuck)
+    [failed] = observe(state, [stuck], T0 + timedelta(minutes=6), STALL)
+    assert isinstance(failed, CheckpointWriteFailedV1)
+    later = T0 + DEADLINE
+    [again] = domain.overdue_writes([writing_record(writing.checkpoint_id)], state, [stuck],
+                                    later, DEADLINE)  # fmt: skip
+    assert isinstance(again, CheckpointWriteFailedV1)
+    assert (again.reason, again.side) == (failed.reason, failed.side)
+
+
+def test_a_write_the_watcher_still_follows_is_left_to_the_stall_timeout() -> None:
+    state = WatchState()
+    growing = obs({"a.bin": 10}, None)
+    writing = announced(state, growing)
+    record = writing_record(writing.checkpoint_id)
+    assert domain.overdue_writes([record], state, [growing], T0 + DEADLINE, DEADLINE) == []
+
+
+def test_a_write_no_folder_holds_any_more_fails_after_the_deadline() -> None:
+    """The writer announced it and died before the watcher ever settled the folder (or the
+    folder was removed or written again under another id): it can never complete."""
+    record = writing_record("job-1-gone")
+    [failed] = domain.overdue_writes([record], WatchState(), [], T0 + DEADLINE, DEADLINE)
+    assert isinstance(failed, CheckpointWriteFailedV1)
+    assert (failed.checkpoint_id, failed.uri) == ("job-1-gone", record.uri)
+    assert failed.reason.startswith("write never completed")
+    assert failed.side is FailureSide.UNKNOWN
+
+
+def test_only_writing_records_are_re_driven() -> None:
+    moved = writing_record("job-1-x").model_copy(update={"state": CheckpointState.WRITE_FAILED})
+    assert domain.overdue_writes([moved], WatchState(), [], T0 + 9 * DEADLINE, DEADLINE) == []
 
 
 # -- commit evidence read from files the real libraries wrote ----------------------------------

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 from ckpt_ha.contracts.bounds import (
     Attempt,
@@ -22,6 +22,7 @@ from ckpt_ha.contracts.bounds import (
 )
 from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.contracts.envelope import EventData
+from ckpt_ha.contracts.job import JobPolicy
 
 
 class ResumeMode(StrEnum):
@@ -79,6 +80,28 @@ class ResumePlannedV1(_ResumeEvent):
     """Checkpoint ids kept as fallback until the resumed job registers a new valid one (R15)."""
     expected_step: Count | None = None
     """The step the resumed job must report first (the checkpoint's step)."""
+
+
+class ResumePlannedV2(ResumePlannedV1):
+    """v2 carries everything the coordinator remembers of the plan (when the failure happened,
+    how many fallbacks the chain has taken, the policy it was decided under), so a registry
+    rebuilt from the stream restores it exactly. A new version, not new fields on v1: v1
+    refuses unknown fields, so a v1 consumer would dead-letter it as malformed; it parks a v2
+    instead until it is upgraded. v1 events are upcast (`planned_v1_to_v2`: all three None)."""
+
+    EVENT_VERSION: ClassVar[int] = 2
+
+    failed_at: AwareDatetime | None = None
+    """When the failure this plan answers happened (for a fallback: the failure that started
+    the chain). The restart-loop window counts plans from it. None: an older coordinator."""
+    fallbacks: Count | None = None
+    """Load failures answered with an older checkpoint in this chain, this plan included (0: a
+    plan after a job failure). None: an older coordinator."""
+    policy: JobPolicy | None = None
+    """The policy the plan was decided under (the resumed attempt's continuity is checked
+    against its tolerances). With ``failed_at`` and ``fallbacks``, the plan carries everything
+    the coordinator remembers of it, so a registry rebuilt from the stream restores it exactly.
+    None: an older coordinator."""
 
 
 class ResumeLoadedV1(_ResumeEvent):
@@ -183,8 +206,21 @@ class ResumeEscalatedV1(_ResumeEvent):
     detail: Text = ""
 
 
+class ResumeEscalatedV2(ResumeEscalatedV1):
+    """v2 names the failed attempt it decides (see `ResumePlannedV2` for why a new version). v1
+    events are upcast (`escalated_v1_to_v2`: no attempt)."""
+
+    EVENT_VERSION: ClassVar[int] = 2
+
+    attempt: Attempt | None = None
+    """The failed attempt this escalation decides (automatic restores stop there). None: an
+    escalation that is not the decision about a failure (leftovers a verified resume could not
+    reclaim), or an older coordinator."""
+
+
 RESUME_EVENTS: tuple[type[EventData], ...] = (
     ResumePlannedV1,
+    ResumePlannedV2,
     ResumeLoadedV1,
     ResumeLoadFailedV1,
     ResumeLoadFailedV2,
@@ -192,10 +228,24 @@ RESUME_EVENTS: tuple[type[EventData], ...] = (
     ResumeDivergedV1,
     ResumeClosedV1,
     ResumeEscalatedV1,
+    ResumeEscalatedV2,
 )
+
+
+def planned_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A v1 plan did not say when its failure happened, its fallbacks or its policy: None (the
+    rebuild recovers them from the coordinator's state as far as it can)."""
+    return {**data, "failed_at": None, "fallbacks": None, "policy": None}
+
+
+def escalated_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A v1 escalation did not name the attempt it decides: None."""
+    return {**data, "attempt": None}
 
 
 UPCASTERS: tuple[tuple[str, int, Callable[[dict[str, Any]], dict[str, Any]]], ...] = (
     ("resume.load_failed", 1, load_failed_v1_to_v2),
+    ("resume.planned", 1, planned_v1_to_v2),
+    ("resume.escalated", 1, escalated_v1_to_v2),
 )
 """(event type, from version, upcaster) for every resume event with more than one version."""

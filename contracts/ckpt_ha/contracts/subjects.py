@@ -1,7 +1,8 @@
 """NATS subject names, in one place.
 
-Layout: ``<prefix>.ev.<aggregate>.<name>.v<version>.<job>`` for events and
-``<prefix>.dlq.<service>.<consumer>`` for dead letters. The version token lets a consumer choose
+Layout: ``<prefix>.ev.<aggregate>.<name>.v<version>.<job>`` for events,
+``<prefix>.dlq.<service>.<consumer>`` for dead letters and ``<prefix>.dlq.replayed.<seq>`` for
+the record that a dead letter was replayed. The version token lets a consumer choose
 which versions it reads; the job token lets consumers partition per job. Job ids may contain
 characters NATS reserves (``.``, ``*``, ``>``, whitespace), so they are escaped reversibly.
 """
@@ -81,6 +82,12 @@ def event_filter(prefix: str, event_type: str | None = None, version: int | None
     return f"{prefix}.{EVENTS}.{event_type}.{ver}.*"
 
 
+def job_event_filter(prefix: str, event_type: str, job_id: str) -> str:
+    """Filter subject for one event type of one job, every version (a watcher of its own job's
+    events keeps hearing them when a producer moves to a newer version)."""
+    return f"{prefix}.{EVENTS}.{event_type}.*.{job_token(job_id)}"
+
+
 def aggregate_filter(prefix: str, aggregate: str) -> str:
     """Filter subject for every event of one aggregate (``checkpoint``, ``job``, ``resume``)."""
     return f"{prefix}.{EVENTS}.{aggregate}.>"
@@ -93,3 +100,19 @@ def dead_letter_subject(prefix: str, service: str, consumer: str) -> str:
 
 def dead_letter_filter(prefix: str) -> str:
     return f"{prefix}.{DEAD_LETTERS}.>"
+
+
+REPLAYED = "replayed"
+"""The dead-letter stream's subjects under ``<prefix>.dlq.replayed.`` are replay markers, not
+dead letters (no service is named ``replayed``)."""
+
+
+def replay_marker_subject(prefix: str, dead_letter_seq: int) -> str:
+    """Where ``ckpt-ha dead-letters replay`` records that the dead letter stored at
+    ``dead_letter_seq`` was re-published: one subject per dead letter, so whether it was is one
+    lookup (the dead-letter stream refuses deletes, so a marker is the record)."""
+    return f"{prefix}.{DEAD_LETTERS}.{REPLAYED}.{dead_letter_seq}"
+
+
+def replay_marker_filter(prefix: str) -> str:
+    return f"{prefix}.{DEAD_LETTERS}.{REPLAYED}.*"

@@ -4,21 +4,31 @@ Every service builds one `Bus` (its broker, publisher and consumers) and registe
 `Bus.consumer` or `Bus.batch_consumer`. The guarantees live here, not in handlers:
 
 * every publish sets ``Nats-Msg-Id`` to the event's deterministic id (JetStream dedupes retries);
-* consumers are durable pull consumers with explicit acks, ``ack_wait`` and capped
-  ``max_deliver``; a handler that runs long sends in-progress acks automatically;
+* consumers are durable pull consumers with explicit acks and ``ack_wait``; a handler that runs
+  long sends in-progress acks automatically, up to its deadline (``handler_deadline_s``), where
+  it is cancelled and its message nak'ed (`ckpt_ha.bus.deadline`);
+* a service's connection waits for NATS at start and comes back after any outage, however
+  long (`ckpt_ha.bus.reconnect`); every JetStream call and publish has a timeout;
 * faststream's own ack logic is off (`AckPolicy.MANUAL`); `DeadLetters` decides instead:
   success → ack; `TransientError` or an unexpected exception → nak with backoff, and on the last
-  allowed delivery → dead-letter; a payload that fails validation, an unknown type or version, or a
-  `PermanentError` → dead-letter at once. A dead letter keeps the original bytes and headers and
-  adds the error, its code, the delivery count, the consumer and the stream sequence;
-* messages that exhaust ``max_deliver`` without any answer (a crashed or hung handler) are
-  dead-lettered from JetStream's max-deliveries advisory.
+  allowed delivery (``max_deliver``) → dead-letter; a payload that fails validation, an unknown
+  type, an older version this consumer does not know, or a `PermanentError` → dead-letter at
+  once. A dead letter keeps the original bytes and headers and adds the error, its code, the
+  delivery count, the consumer and the stream sequence;
+* an event of a version newer than this consumer knows is parked (`ckpt_ha.bus.delivery`):
+  nak'ed with ``park_delay_s`` until a consumer that knows it takes it (a rolling upgrade);
+* so JetStream's own ``max_deliver`` is unlimited and the cap is ours: a message delivered past
+  the cap without any answer (a crashed or hung handler, a delivery lost in a pull) is
+  dead-lettered before its handler runs again. Durables created with a finite cap are brought to
+  this configuration at start; for one that still has a cap, JetStream's max-deliveries advisory
+  dead-letters what exhausted it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
@@ -33,18 +43,24 @@ from faststream.nats.security import NatsSecurity, NatsUserPassword
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import DeliverPolicy
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 from pydantic import ValidationError
 
-from ckpt_ha.bus import compat, streams
+from ckpt_ha.bus import compat, delivery, letters, streams
 from ckpt_ha.bus.admission import admit, signed_headers, subject_of
 from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.bus.deadline import HandlerDeadlineExceeded, keep_alive_task, within_deadline
+from ckpt_ha.bus.reconnect import ReconnectBackoff
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData, build
-from ckpt_ha.contracts.errors import ContractError
+from ckpt_ha.contracts.errors import ContractError, UnsupportedEventVersion
 from ckpt_ha.contracts.subjects import (
     dead_letter_filter,
     dead_letter_subject,
     event_filter,
+    parse_event_subject,
 )
+from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import PermanentError
 from ckpt_ha.credentials import reveal
 from ckpt_ha.telemetry import tracing
@@ -52,6 +68,8 @@ from ckpt_ha.telemetry import tracing
 log = logging.getLogger("ckpt_ha.bus")
 
 ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+UNLIMITED = -1
+"""JetStream's ``max_deliver`` of our durables: the cap is enforced by `DeadLetters`."""
 
 
 def events_stream(cfg: BusConfig) -> JStream:
@@ -67,15 +85,26 @@ def dead_letter_stream(cfg: BusConfig) -> JStream:
 class DeadLetters:
     """Middleware factory (faststream calls it once per message) plus the dead-letter publisher."""
 
-    def __init__(self, cfg: BusConfig, service: str) -> None:
+    def __init__(
+        self,
+        cfg: BusConfig,
+        service: str,
+        catalog: EventCatalog = CATALOG,
+        clock: Clock = utc_now,
+    ) -> None:
         self.cfg = cfg
         self.service = service
+        self.catalog = catalog
+        """What this consumer knows: a newer version of a known type is parked."""
+        self.clock = clock
         self._broker: NatsBroker | None = None
         self._order: dict[str, asyncio.Lock] = {}
         self.on_outcome: Callable[[str, str], None] = lambda consumer, outcome: None
-        """Hook for metrics: called with (consumer, 'ack'|'nak'|'dead_letter')."""
+        """Hook for metrics: called with (consumer, 'ack'|'nak'|'parked'|'dead_letter')."""
         self.on_dead_letter: Callable[[str, str], None] = lambda consumer, code: None
         """Hook for metrics: called with (consumer, error code) for every stored dead letter."""
+        self.on_park: Callable[[str, str], None] = lambda consumer, event: None
+        """Hook for metrics: called with (consumer, ``type.vN``) for every parked delivery."""
 
     def bind(self, broker: NatsBroker) -> None:
         self._broker = broker
@@ -93,40 +122,98 @@ class DeadLetters:
         return _DeadLetterScope(msg, context=context, letters=self)
 
     async def settle(self, raw: Msg, error: BaseException | None, consumer: str) -> None:
-        """End one delivery: ack on success; otherwise nak with backoff or dead-letter."""
+        """End one delivery: ack on success; park a newer version; otherwise nak with backoff or
+        dead-letter."""
         if error is None:
             await raw.ack()
             self.on_outcome(consumer, "ack")
             return
         meta = raw.metadata
+        if delivery.newer_than_known(error, parse_event_subject(self.cfg.prefix, raw.subject)):
+            await self._park(raw, error, consumer)
+            return
         permanent = _classify(error)
-        delivered = meta.num_delivered
-        if permanent is None and delivered < self.cfg.max_deliver:
+        attempts = self.attempts(raw)
+        if permanent is None and attempts < self.cfg.max_deliver:
             log.info(
-                "nak seq=%s consumer=%s delivered=%s: %r",
+                "nak seq=%s consumer=%s attempt=%s: %r",
                 meta.sequence.stream,
                 consumer,
-                delivered,
+                attempts,
                 error,
             )
-            await raw.nak(delay=self.cfg.backoff(delivered))
+            await raw.nak(delay=self.cfg.backoff(attempts))
             self.on_outcome(consumer, "nak")
             tracing.annotate(**{"ckpt_ha.outcome": "nak", "ckpt_ha.error": repr(error)[:500]})
             return
         code, text = permanent or ("max_deliver", f"last delivery failed: {error!r}")
+        await self._dead_letter(raw, code, text, consumer, attempts)
+
+    def attempts(self, raw: Msg) -> int:
+        """This delivery's number against the cap: JetStream's count less the parks it may
+        include (`ckpt_ha.bus.delivery.attempts`)."""
+        meta = raw.metadata
+        where = parse_event_subject(self.cfg.prefix, raw.subject)
+        return delivery.attempts(
+            meta.num_delivered,
+            meta.timestamp,
+            self.clock(),
+            parkable=delivery.parkable(self.catalog, where),
+            park_delay_s=self.cfg.park_delay_s,
+        )
+
+    async def past_cap(self, raw: Msg, consumer: str) -> bool:
+        """Before a handler runs: True (and the message dead-lettered) when it was delivered
+        past the cap already, so the earlier deliveries got no answer at all (the handler
+        crashed the process or hung, or the delivery was lost in a pull). A message this
+        consumer would park is never past the cap: it never reaches a handler here."""
+        attempts = self.attempts(raw)
+        if attempts <= self.cfg.max_deliver:
+            return False
+        if delivery.parks_here(self.catalog, parse_event_subject(self.cfg.prefix, raw.subject)):
+            return False
+        text = (
+            f"delivered {attempts} times without an answer (the handler crashed, hung, or the "
+            "delivery was lost)"
+        )
+        await self._dead_letter(raw, "max_deliver", text, consumer, attempts)
+        return True
+
+    async def _park(self, raw: Msg, error: BaseException, consumer: str) -> None:
+        """Leave a newer version for a consumer that knows it: nak'ed with the park delay,
+        never dead-lettered for being new."""
+        meta = raw.metadata
+        assert isinstance(error, UnsupportedEventVersion)
+        event = f"{error.event_type}.v{error.version}"
+        log.info(
+            "parked seq=%s consumer=%s: %s is newer than this consumer knows %s",
+            meta.sequence.stream,
+            consumer,
+            event,
+            error.known,
+        )
+        await raw.nak(delay=self.cfg.park_delay_s)
+        self.on_outcome(consumer, "parked")
+        self.on_park(consumer, event)
+        tracing.annotate(**{"ckpt_ha.outcome": "parked", "ckpt_ha.event": event})
+
+    async def _dead_letter(
+        self, raw: Msg, code: str, text: str, consumer: str, attempts: int
+    ) -> None:
+        meta = raw.metadata
         tracing.fail(text, code=code)
         try:
             await self.publish(
                 raw,
                 code=code,
                 error=text,
-                delivered=delivered,
+                delivered=meta.num_delivered,
                 consumer=consumer,
                 stream_seq=meta.sequence.stream,
             )
         except Exception:
             log.exception("dead letter not stored; nak instead")
-            await raw.nak(delay=self.cfg.backoff(delivered))
+            await raw.nak(delay=self.cfg.backoff(attempts))
             self.on_outcome(consumer, "nak")
             return
         await raw.term()  # JetStream stops redelivering
@@ -145,16 +232,16 @@ class DeadLetters:
         """Store the original bytes and headers with the reason; deduped per (seq, consumer)."""
         if self._broker is None:
             raise RuntimeError("DeadLetters used before bind()")
-        headers = {k: v for k, v in (raw.headers or {}).items() if k != "Nats-Msg-Id"}
+        headers = letters.original_headers(raw.headers)
         headers.update(
             {
                 "Nats-Msg-Id": f"dlq:{self.cfg.events_stream}:{stream_seq}:{consumer}",
-                "Ckpt-Error-Code": code,
-                "Ckpt-Error": error[:2000],
-                "Ckpt-Delivery-Count": str(delivered),
-                "Ckpt-Consumer": consumer,
-                "Ckpt-Stream-Seq": str(stream_seq),
-                "Ckpt-Original-Subject": raw.subject,
+                letters.ERROR_CODE: code,
+                letters.ERROR: error[:2000],
+                letters.DELIVERY_COUNT: str(delivered),
+                letters.CONSUMER: consumer,
+                letters.STREAM_SEQ: str(stream_seq),
+                letters.ORIGINAL_SUBJECT: raw.subject,
             }
         )
         await self._broker.publish(
@@ -171,7 +258,8 @@ class DeadLetters:
 
 
 def _classify(exc: BaseException) -> tuple[str, str] | None:
-    """(code, text) when the failure is permanent; None when a retry may succeed."""
+    """(code, text) when the failure is permanent; None when a retry may succeed. A version
+    newer than the consumer knows is neither: `DeadLetters.settle` parks it first."""
     if isinstance(exc, ContractError):
         return exc.code, str(exc)
     if isinstance(exc, ValidationError):
@@ -204,9 +292,12 @@ class _DeadLetterScope(BaseMiddleware):
         consumer: str,
     ) -> Any:
         raw = msg.raw_message
-        heartbeat = asyncio.create_task(_keep_alive([raw], self.letters.cfg.ack_wait_s / 3))
+        cfg = self.letters.cfg
+        if await self.letters.past_cap(raw, consumer):
+            return None
+        heartbeat = keep_alive_task([raw], cfg.ack_wait_s, cfg.handler_deadline_s)
         try:
-            result = await call_next(msg)
+            result = await within_deadline(call_next(msg), cfg.handler_deadline_s)
         except Exception as exc:  # noqa: BLE001 - every failure must end in ack, nak or dead letter
             await self.letters.settle(raw, exc, consumer)
             return None
@@ -214,16 +305,6 @@ class _DeadLetterScope(BaseMiddleware):
             heartbeat.cancel()
         await self.letters.settle(raw, None, consumer)
         return result
-
-
-async def _keep_alive(raws: Sequence[Msg], interval: float) -> None:
-    """In-progress acks while a handler runs longer than a fraction of ``ack_wait``."""
-    with contextlib.suppress(asyncio.CancelledError):
-        while True:
-            await asyncio.sleep(interval)
-            for raw in raws:
-                if not raw.is_acked:
-                    await raw.in_progress()
 
 
 Handler = Callable[..., Awaitable[None]]
@@ -312,22 +393,47 @@ class _Broker(NatsBroker):
     and disconnects."""
 
     def __init__(
-        self, cfg: BusConfig, pipelines: list[_BatchPipeline], *args: Any, **kwargs: Any
+        self,
+        cfg: BusConfig,
+        pipelines: list[_BatchPipeline],
+        durables: list[str],
+        *args: Any,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._ckpt_cfg = cfg
         self._ckpt_pipelines = pipelines
+        self._ckpt_durables = durables
         self._ckpt_graceful = float(kwargs.get("graceful_timeout") or 15.0)
 
     async def start(self) -> None:
         await self.connect()
-        await streams.check(self.connection.jetstream(), self._ckpt_cfg)
+        js = self.connection.jetstream(timeout=self._ckpt_cfg.request_timeout_s)
+        await streams.check(js, self._ckpt_cfg)
+        await uncap_durables(js, self._ckpt_cfg, self._ckpt_durables)
         await super().start()
 
     async def stop(self, *args: Any, **kwargs: Any) -> None:
         for pipeline in self._ckpt_pipelines:
             await pipeline.drain(self._ckpt_graceful)
         await super().stop(*args, **kwargs)
+
+
+async def uncap_durables(js: JetStreamContext, cfg: BusConfig, durables: Sequence[str]) -> None:
+    """Lift JetStream's own ``max_deliver`` from durables an older release created with one
+    (nats-py never updates an existing durable's configuration): with a cap, JetStream would
+    stop redelivering a parked message. Only ``max_deliver`` changes."""
+    for durable in durables:
+        try:
+            info = await js.consumer_info(cfg.events_stream, durable)
+        except NotFoundError:
+            continue  # created by faststream with `Bus._consumer_config`
+        if info.config.max_deliver in (None, 0, UNLIMITED):
+            continue
+        log.info("durable %s: max_deliver %s -> unlimited", durable, info.config.max_deliver)
+        await js.add_consumer(
+            cfg.events_stream, config=dataclasses.replace(info.config, max_deliver=UNLIMITED)
+        )
 
 
 def _security(cfg: BusConfig) -> NatsSecurity | None:
@@ -341,18 +447,35 @@ def _security(cfg: BusConfig) -> NatsSecurity | None:
 class Bus:
     """One service's view of the event bus: its broker, its consumers, its publisher."""
 
-    def __init__(self, cfg: BusConfig, service: str, catalog: EventCatalog = CATALOG) -> None:
+    def __init__(
+        self,
+        cfg: BusConfig,
+        service: str,
+        catalog: EventCatalog = CATALOG,
+        *,
+        lasting: bool = False,
+    ) -> None:
+        """``lasting``: this process runs for long (a service, the runner), so its broker
+        waits for NATS at start and reconnects forever after a lost connection; otherwise (a
+        command, a test's publisher) a few attempts, then `nats.errors.NoServersError`
+        (`BusConfig.connection_policy`)."""
         compat.install_nats_fetch_timeouts()
         self.cfg = cfg
         self.service = service
         self.catalog = catalog
-        self.dead_letters = DeadLetters(cfg, service)
+        self.dead_letters = DeadLetters(cfg, service, catalog)
         self._pipelines: list[_BatchPipeline] = []
+        self.consumers: list[str] = []
+        policy = cfg.connection_policy(lasting=lasting)
+        self.reconnects: ReconnectBackoff | None = policy.get("reconnect_to_server_handler")
+        """The backoff a lasting bus reconnects with (it counts its attempts)."""
         self.broker = _Broker(
             cfg,
             self._pipelines,
+            self.consumers,
             cfg.url,
             security=_security(cfg),
+            **policy,
             # Telemetry outermost: the consume span is current while DeadLetters settles, and
             # every publish (follow-ups, dead letters) carries the trace in its headers.
             middlewares=[
@@ -364,7 +487,6 @@ class Bus:
         )
         self.dead_letters.bind(self.broker)
         self.events = events_stream(cfg)
-        self.consumers: list[str] = []
         # Publishers name both streams (declared by the operator's provisioning, not here).
         self.broker.publisher(event_filter(cfg.prefix), stream=self.events, include_in_schema=False)
         self.broker.publisher(
@@ -376,7 +498,7 @@ class Bus:
     async def consumer_info(self) -> list[tuple[str, int, int, int]]:
         """(durable, num_pending, num_ack_pending, num_redelivered) of each of this bus's
         consumers, read from JetStream."""
-        js = self.broker.connection.jetstream()
+        js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
         found: list[tuple[str, int, int, int]] = []
         for durable in self.consumers:
             info = await js.consumer_info(self.cfg.events_stream, durable)
@@ -388,11 +510,12 @@ class Bus:
         return f"{self.service}--{consumer}"
 
     def _consumer_config(self) -> ConsumerConfig:
-        """Explicit acks, ``ack_wait``, capped ``max_deliver``."""
+        """Explicit acks, ``ack_wait``; JetStream's ``max_deliver`` unlimited, so a parked
+        message is redelivered for as long as it waits (`DeadLetters` caps the rest)."""
         return ConsumerConfig(
             ack_policy=JsAckPolicy.EXPLICIT,
             ack_wait=self.cfg.ack_wait_s,
-            max_deliver=self.cfg.max_deliver,
+            max_deliver=UNLIMITED,
             deliver_policy=DeliverPolicy.ALL,
         )
 
@@ -481,11 +604,14 @@ class Bus:
         return register
 
     async def _consume_batch(self, raws: list[Msg], handler: BatchHandler, consumer: str) -> None:
-        heartbeat = asyncio.create_task(_keep_alive(raws, self.cfg.ack_wait_s / 3))
+        deadline = self.cfg.handler_deadline_s
+        heartbeat = keep_alive_task(raws, self.cfg.ack_wait_s, deadline)
         try:
             events: list[Envelope[EventData]] = []
             decoded: list[Msg] = []
             for raw in raws:
+                if await self.dead_letters.past_cap(raw, consumer):
+                    continue
                 try:
                     seq = raw.metadata.sequence.stream
                     events.append(
@@ -494,7 +620,11 @@ class Bus:
                     decoded.append(raw)
                 except ContractError as exc:
                     await self.dead_letters.settle(raw, exc, consumer)
-            results = await _isolated(handler, events)
+            results: Sequence[BaseException | None]
+            try:
+                results = await within_deadline(_isolated(handler, events), deadline)
+            except HandlerDeadlineExceeded as exc:
+                results = [exc] * len(events)  # none settled yet: every one is nak'ed
             for raw, result in zip(decoded, results, strict=True):
                 await self.dead_letters.settle(raw, result, consumer)
         finally:
@@ -509,7 +639,7 @@ class Bus:
     async def _on_max_deliveries(self, advisory: dict[str, Any]) -> None:
         seq = int(advisory["stream_seq"])
         consumer = str(advisory["consumer"])
-        js = self.broker.connection.jetstream()
+        js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
         stored = await js.get_msg(self.cfg.events_stream, seq)
         raw = Msg(
             self.broker.connection,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,6 +10,16 @@ from typing import Any
 from pydantic import SecretStr
 
 from ckpt_ha import credentials
+from ckpt_ha.bus.reconnect import ReconnectBackoff
+
+SHORT_RECONNECT_ATTEMPTS = 2
+"""Attempts after the first that a short-lived connection makes before it gives up."""
+
+log = logging.getLogger("ckpt_ha.bus")
+
+
+async def _quiet(exc: Exception) -> None:
+    log.debug("NATS connection attempt failed: %r", exc)
 
 
 @dataclass(frozen=True)
@@ -27,13 +38,35 @@ class BusConfig:
     """Replicas `ckpt_ha.bus.streams.provision` gives the streams (services check at least this)."""
     ack_wait_s: float = 30.0
     max_deliver: int = 5
+    """Deliveries a message gets before it is dead-lettered, enforced by the bus
+    (`ckpt_ha.bus.broker.DeadLetters`); JetStream's own cap is unlimited so parking works."""
     backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
+    park_delay_s: float = 300.0
+    """How long an event of a version newer than the consumer knows waits before it is offered
+    again (`ckpt_ha.bus.delivery`): a rolling upgrade's new consumers take it meanwhile."""
     fetch_batch: int = 64
     fetch_timeout_s: float = 1.0
     batch_linger_s: float = 0.1
     """How long a batch consumer waits to fill a batch: the latency it may add to one event."""
     graceful_timeout_s: float = 20.0
     publish_timeout_s: float = 5.0
+    request_timeout_s: float = 5.0
+    """Bound on each JetStream API call (stream and consumer info, reading a stored message)."""
+    handler_deadline_s: float = 900.0
+    """How long one delivery may be handled (a fetched batch, for a batch consumer). Until then
+    the message is kept with in-progress acks; past it the handler is cancelled and the message
+    nak'ed with backoff (dead-lettered on its last delivery), so a handler waiting on a hung
+    dependency never holds its message, nor its consumer, for good. Generous: verifying a large
+    checkpoint takes minutes."""
+    connect_timeout_s: float = 5.0
+    """Bound on one attempt to open a connection to NATS."""
+    reconnect_wait_s: float = 1.0
+    """Wait before the first reconnect attempt; it doubles after each failed one."""
+    reconnect_wait_max_s: float = 30.0
+    """Longest wait between two reconnect attempts (a long-lived process never stops trying)."""
+    ping_interval_s: float = 10.0
+    """A connection whose server leaves two pings unanswered is treated as lost: a frozen
+    broker is noticed within three intervals (30 s), not nats-py's default six minutes."""
     signing_keys: tuple[bytes, ...] = field(default=(), repr=False)
     """Master keys for job signatures (`ckpt_ha.contracts.signing`): the first signs what this
     process publishes for a job; all of them verify (the previous one during a rotation)."""
@@ -42,6 +75,11 @@ class BusConfig:
     (set once, when upgrading a stream written by an older release; 0 = every event signed)."""
 
     def __post_init__(self) -> None:
+        if self.reconnect_wait_s <= 0 or self.reconnect_wait_max_s < self.reconnect_wait_s:
+            raise ValueError(
+                "need 0 < reconnect_wait_s <= reconnect_wait_max_s, got "
+                f"{self.reconnect_wait_s} and {self.reconnect_wait_max_s}"
+            )
         if self.ca_file and credentials.scheme(self.url) != "tls":
             raise credentials.PlaintextWithCa("CKPT_HA_NATS_CA_FILE", self.url, "tls")
 
@@ -57,6 +95,27 @@ class BusConfig:
         """Who we are and how the connection is secured, for ``nats.connect``: every direct
         connection (runner, stream reader, CLI) takes these, as the services' brokers do."""
         return credentials.nats_options(self.url, self.user, self.password, self.ca_file)
+
+    def connection_policy(self, *, lasting: bool) -> dict[str, Any]:
+        """How long to wait and how to come back, for ``nats.connect`` and the broker.
+
+        ``lasting`` (a service, the runner): the first connect is retried until it succeeds and
+        a lost connection is retried forever with capped exponential backoff
+        (`ReconnectBackoff`). Otherwise (a CLI command, a rebuild, a provisioning step): a few
+        attempts, then `nats.errors.NoServersError`, which the command turns into one line.
+        """
+        policy: dict[str, Any] = {
+            "connect_timeout": self.connect_timeout_s,
+            "allow_reconnect": True,
+            "reconnect_time_wait": self.reconnect_wait_s,
+            "ping_interval": self.ping_interval_s,
+            "max_outstanding_pings": 2,
+        }
+        if lasting:
+            backoff = ReconnectBackoff(self.reconnect_wait_s, self.reconnect_wait_max_s)
+            return policy | {"max_reconnect_attempts": -1, "reconnect_to_server_handler": backoff}
+        # Each failed attempt is logged at debug only: the command's one line says it all.
+        return policy | {"max_reconnect_attempts": SHORT_RECONNECT_ATTEMPTS, "error_cb": _quiet}
 
     @property
     def shown_url(self) -> str:

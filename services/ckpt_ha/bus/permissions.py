@@ -11,7 +11,8 @@ provision``); services and jobs may only read a stream's configuration, and nobo
 delete a stream or its messages through this config. A training process connects as ``job``: it
 may publish only the events a job says about itself, each signed with its own job's key
 (`ckpt_ha.contracts.signing`), and subscribes to nothing but its replies: it never sees another
-job's events. The scheduler side (``runner``) watches its jobs' plans.
+job's events. The scheduler side (``runner``) watches its jobs' plans. The ``operator`` may
+publish any event: its acts by hand, and the replay of a dead letter (`OPERATOR_PUBLISHES`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckpt_ha.assets import asset, write_or_check
-from ckpt_ha.contracts.subjects import DEAD_LETTERS, DEFAULT_PREFIX, EVENTS
+from ckpt_ha.contracts.subjects import DEAD_LETTERS, DEFAULT_PREFIX, EVENTS, REPLAYED
 
 CONF = asset("nats", "permissions.conf")
 """Shipped as package data; in a checkout it is ``deploy/nats/permissions.conf``."""
@@ -58,7 +59,7 @@ PRINCIPALS: tuple[Principal, ...] = (
                                       "resume.escalated", "resume.closed",
                                       "checkpoint.quarantined"),
               consumers=("started", "progress", "failed", "load-failed", "registered",
-                         "verified", "loaded")),
+                         "verified", "loaded", "succeeded")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
               consumers=("registered", "started")),
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.
@@ -71,13 +72,13 @@ PRINCIPALS: tuple[Principal, ...] = (
 )  # fmt: skip
 
 OPERATOR = "operator"
-OPERATOR_PUBLISHES: tuple[str, ...] = (
-    "checkpoint.quarantined", "checkpoint.released", "checkpoint.pinned",
-    "checkpoint.unpinned", "checkpoint.tier_chosen", "checkpoint.ownership_transferred",
-    # `ckpt-ha demo` writes one checkpoint and announces it, signed like a job's own.
-    "checkpoint.committed",
-)  # fmt: skip
-"""What a human does by hand through the CLI, each act recorded with its actor."""
+OPERATOR_PUBLISHES = ("{prefix}.{events}.>", "{prefix}.{dlq}.{replayed}.>")
+"""Every event subject, and the replay markers of the dead-letter stream. The operator's own acts
+through the CLI (quarantine, release, pin, unpin, tier and ownership choices, `ckpt-ha demo`'s
+commit signed like a job's own) are each recorded with its actor; ``ckpt-ha dead-letters
+replay`` re-publishes a dead letter's original bytes on its original subject, whatever event it
+is (a job's events keep their job's signature, which admission still checks), and records each
+replay under ``<prefix>.dlq.replayed.<seq>``."""
 
 
 def users() -> tuple[str, ...]:
@@ -136,8 +137,9 @@ def render(
             "      }",
             "    }",
         ]
+    names = {"prefix": prefix, "events": EVENTS, "dlq": DEAD_LETTERS, "replayed": REPLAYED}
     operator_pub = [
-        *(f"{prefix}.{EVENTS}.{t}.*.*" for t in OPERATOR_PUBLISHES),
+        *(p.format(**names) for p in OPERATOR_PUBLISHES),
         "$JS.API.INFO",
         "$JS.API.STREAM.NAMES",
         "$JS.API.STREAM.LIST",

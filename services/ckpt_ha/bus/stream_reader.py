@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 
 import nats
 from nats.js.api import DeliverPolicy
@@ -11,6 +11,49 @@ from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.errors import ContractError
+
+
+async def iter_events(
+    cfg: BusConfig,
+    catalog: EventCatalog,
+    subject_filter: str,
+    *,
+    idle_timeout: float = 5.0,
+) -> AsyncGenerator[Envelope[EventData] | ContractError, None]:
+    """Every message on ``subject_filter`` now in the stream, in order, one at a time (a reader
+    of the whole stream holds one event, not the stream): the event, or why the same `admit` as
+    the live consumers refused it."""
+    nc = await nats.connect(
+        cfg.url, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
+    )
+    try:
+        js = nc.jetstream()
+        info = await js.stream_info(cfg.events_stream)
+        if info.state.messages == 0:
+            return
+        sub = await js.subscribe(
+            subject_filter,
+            stream=cfg.events_stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=idle_timeout)
+                except TimeoutError:
+                    break  # nothing matches, or the stream ended
+                try:
+                    seq = msg.metadata.sequence.stream
+                    yield admit(cfg, catalog, msg.data, msg.subject, msg.headers, seq)
+                except ContractError as exc:
+                    yield exc
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            await sub.unsubscribe()
+    finally:
+        await nc.close()
 
 
 async def read_events(
@@ -24,39 +67,13 @@ async def read_events(
     """Every decodable event on ``subject_filter`` now in the stream, in order, and how many
     messages were read (refused ones, by the same `admit` as the live consumers, are reported by
     error code to ``on_undecodable``)."""
-    nc = await nats.connect(
-        cfg.url, **cfg.connect_options(), connect_timeout=5, max_reconnect_attempts=2
-    )
     events: list[Envelope[EventData]] = []
     read = 0
-    try:
-        js = nc.jetstream()
-        info = await js.stream_info(cfg.events_stream)
-        if info.state.messages == 0:
-            return events, read
-        sub = await js.subscribe(
-            subject_filter,
-            stream=cfg.events_stream,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-        )
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle_timeout)
-                except TimeoutError:
-                    break  # nothing matches, or the stream ended
-                read += 1
-                try:
-                    seq = msg.metadata.sequence.stream
-                    events.append(admit(cfg, catalog, msg.data, msg.subject, msg.headers, seq))
-                except ContractError as exc:
-                    if on_undecodable is not None:
-                        on_undecodable(exc.code)
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
-    finally:
-        await nc.close()
+    async for item in iter_events(cfg, catalog, subject_filter, idle_timeout=idle_timeout):
+        read += 1
+        if isinstance(item, ContractError):
+            if on_undecodable is not None:
+                on_undecodable(item.code)
+        else:
+            events.append(item)
     return events, read

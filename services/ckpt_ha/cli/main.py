@@ -51,6 +51,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("retention", "plan"): ("retention", "cmd_plan"),
     ("registry", "rebuild"): ("maintenance", "cmd_registry_rebuild"),
     ("dead-letters", None): ("maintenance", "cmd_dead_letters"),
+    ("dead-letters", "replay"): ("maintenance", "cmd_dead_letters_replay"),
     ("streams", "provision"): ("maintenance", "cmd_streams_provision"),
     ("streams", "check"): ("maintenance", "cmd_streams_check"),
     ("restores", None): ("restores", "cmd_restores"),

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import re
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NoReturn
 
@@ -81,6 +83,35 @@ def _count(value: str) -> int:
     return number
 
 
+_CODE = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_AGE = re.compile(r"^([0-9]+(?:\.[0-9]+)?)([smhd])$")
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _code(value: str) -> str:
+    """A dead letter's error code (``max_deliver``, ``not_ready``): lower case and underscores."""
+    if not _CODE.fullmatch(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not an error code (e.g. max_deliver)")
+    return value
+
+
+def _since(value: str) -> datetime:
+    """An ISO 8601 time (UTC unless it names a zone) or an age back from now (``30m``, ``2h``)."""
+    age = _AGE.fullmatch(value.strip())
+    if age is not None:
+        return datetime.now(UTC) - timedelta(seconds=float(age.group(1)) * _UNIT_S[age.group(2)])
+    try:
+        when = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither an ISO 8601 time nor an age such as 30m, 2h, 1d"
+        ) from None
+    when = when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+    if when > datetime.now(UTC):
+        raise argparse.ArgumentTypeError(f"{value!r} is in the future")
+    return when
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
     p.add_argument("--version", action=_Version, help="print the installed version and exit")
@@ -106,8 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     reg = sub.add_parser("registry", help="registry maintenance")
     reg_sub = reg.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    rb = reg_sub.add_parser("rebuild", help="replay the event stream into an empty registry")
-    rb.add_argument("--clear", action="store_true", help="delete the current registry first")
+    rb = reg_sub.add_parser(
+        "rebuild",
+        help="replay the event stream into an empty registry: checkpoint records, declared "
+        "tiers, the restore-coordinator's state and pins",
+    )
+    rb.add_argument(
+        "--clear",
+        action="store_true",
+        help="first delete everything the rebuild restores (the reconcile log is kept)",
+    )
 
     sm = sub.add_parser("streams", help="the event and dead-letter streams (operator only)")
     sm_sub = sm.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -124,9 +163,42 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--job", required=True, type=_text)
     rs.add_argument("--json", action="store_true")
 
+    actor_help = "who acts (default: $CKPT_HA_ACTOR, else the login name); recorded with the action"
     dlq = sub.add_parser("dead-letters", help="list dead-lettered messages and why")
-    dlq.add_argument("--limit", type=int, default=50)
+    dlq.add_argument("--limit", type=_count, default=50)
     dlq.add_argument("--json", action="store_true")
+    dlq_sub = dlq.add_subparsers(dest="action", parser_class=_Parser)
+    rp = dlq_sub.add_parser(
+        "replay",
+        help="after a fix: re-publish dead letters (original bytes and headers), each once",
+        description="Re-publishes the selected dead letters that were not replayed before on "
+        "their original subjects, and records each replay in the dead-letter stream; running it "
+        "again publishes nothing twice. Refusals of who may say what (location_not_owned, "
+        "job_mismatch, forged, unsigned, subject_mismatch, outside_storage_root) are never "
+        "replayed.",
+    )
+    rp.add_argument(
+        "--reason",
+        type=_code,
+        metavar="CODE",
+        help="only dead letters with this error code (max_deliver, not_ready, ...)",
+    )
+    rp.add_argument(
+        "--since",
+        type=_since,
+        metavar="T",
+        help="only those dead-lettered since T: an ISO 8601 time (UTC unless it names a zone) "
+        "or an age such as 30m, 2h, 1d",
+    )
+    rp.add_argument(
+        "--consumer",
+        type=_text,
+        metavar="C",
+        help="only those refused by this durable consumer (registrar--checkpoints)",
+    )
+    rp.add_argument("--dry-run", action="store_true", help="show what would be replayed")
+    rp.add_argument("--actor", type=_text, help=actor_help)
+    rp.add_argument("--json", action="store_true")
 
     vf = sub.add_parser(
         "verify", help="offline verdict for one checkpoint folder or file (exit 0 only if valid)"
@@ -141,7 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
     lv.add_argument("root", type=Path)
     lv.add_argument("--json", action="store_true")
 
-    actor_help = "who acts (default: $CKPT_HA_ACTOR, else the login name); recorded with the action"
     qu = sub.add_parser("quarantine", help="take a checkpoint out of restore candidates by hand")
     qu.add_argument("checkpoint_id")
     qu.add_argument("--reason", required=True, type=_text)

@@ -14,6 +14,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
+from ckpt_ha.contracts.resume import ResumePlannedV2
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,21 @@ class Pin:
     """The resumed attempt: its own newer valid checkpoint releases the pin."""
 
 
+def planned_pins(data: ResumePlannedV2) -> list[Pin]:
+    """R15: the pins a plan implies (its ``pinned``): the checkpoint it restores from and the
+    previous valid one, until the resumed attempt registers a newer valid checkpoint."""
+    return [
+        Pin(
+            checkpoint_id,
+            "restored from" if checkpoint_id == data.checkpoint_id else "fallback",
+            data.plan_id,
+            data.step,
+            data.attempt,
+        )
+        for checkpoint_id in data.pinned
+    ]
+
+
 class Started(BaseModel):
     """What an attempt's ``job.started`` declared."""
 
@@ -119,6 +135,35 @@ class PlanRecord(BaseModel):
     fallbacks: int = 0
     failed_at: AwareDatetime
     policy: JobPolicy = JobPolicy()
+
+    @classmethod
+    def of(
+        cls,
+        data: ResumePlannedV2,
+        *,
+        failed_at: datetime | None = None,
+        fallbacks: int = 0,
+        policy: JobPolicy | None = None,
+    ) -> PlanRecord:
+        """The plan as its ``resume.planned`` states it: the coordinator stores exactly this, and
+        a rebuild from the stream restores it. The event's own ``failed_at``, ``fallbacks`` and
+        ``policy`` win; the arguments stand in for an event of an older coordinator that did
+        not carry them."""
+        at = data.failed_at or failed_at
+        if at is None:
+            raise ValueError(f"plan {data.plan_id}: no failure time in the event or given")
+        return cls(
+            plan_id=data.plan_id,
+            job_id=data.job_id,
+            failed_run_id=data.failed_run_id,
+            failed_attempt=data.attempt - 1,
+            attempt=data.attempt,
+            checkpoint_id=data.checkpoint_id,
+            step=data.step,
+            fallbacks=data.fallbacks if data.fallbacks is not None else fallbacks,
+            failed_at=at,
+            policy=data.policy or policy or JobPolicy(),
+        )
 
 
 class DecisionRecord(BaseModel):

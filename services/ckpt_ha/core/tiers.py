@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from ckpt_ha.contracts.job import JobStartedV1
+
 DAY = 86400.0
 
 
@@ -141,6 +143,12 @@ class TierChoice:
     tier: Tier
     source: Literal["chosen", "declared", "default"]
     detail: str
+
+
+def declared_tier(started: JobStartedV1) -> str | None:
+    """The tier a ``job.started`` declares (its ``tier``, else its policy's; None: none): what
+    the retention-janitor records live and a registry rebuild replays."""
+    return started.tier or (started.policy.tier if started.policy is not None else None)
 
 
 def resolve_tier(chosen: Mapping[str, str] | None, declared: str | None) -> TierChoice:

@@ -24,7 +24,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -255,12 +255,19 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         state.save()
         return state
 
+    # A server that died is started again where it was: the services still running hold its
+    # URL and reconnect to it by themselves.
+    held = [name for name in SERVICE_NAMES if name in running]
     if not nats_url:
-        components["nats"] = running.get("nats") or _start_nats(home, env, keep)
+        components["nats"] = running.get("nats") or _restart(
+            "nats", previous, held, lambda at: _start_nats(home, env, keep, at)
+        )
         nats_url = components["nats"].url
         record(nats_url)
     if not redis_url:
-        components["redis"] = running.get("redis") or _start_redis(home, env, keep)
+        components["redis"] = running.get("redis") or _restart(
+            "redis", previous, held, lambda at: _start_redis(home, env, keep, at)
+        )
         redis_url = components["redis"].url
         record(nats_url, redis_url)
     service_env = {
@@ -288,9 +295,40 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
     return record(nats_url, redis_url)
 
 
-def _start_nats(home: Path, env: Mapping[str, str], keep: StackSecrets) -> ManagedProcess:
+def _restart(
+    name: str,
+    previous: StackState | None,
+    held: list[str],
+    start: Callable[[ManagedProcess | None], ManagedProcess],
+) -> ManagedProcess:
+    """Start ``name`` on the ports it had in ``previous`` (if it was recorded there), so that a
+    service started before it (``held``, still running) finds it again at the URL it was given.
+    A port taken meanwhile by another process is an error while such services run (they could
+    never reach a server on another port); with none running, fresh ports are fine."""
+    was = next((p for p in previous.processes if p.name == name), None) if previous else None
+    if was is None:
+        return start(None)
+    try:
+        return start(was)
+    except procs.ProcessStartFailed as exc:
+        if "already in use" not in exc.reason:
+            raise
+        if held:
+            raise procs.ProcessStartFailed(
+                name,
+                f"{exc.reason}; {', '.join(held)} still use {credentials.redact_url(was.url)}: "
+                "free the port, or `ckpt-ha down` then `ckpt-ha up`",
+                exc.log_tail,
+            ) from None
+        return start(None)
+
+
+def _start_nats(
+    home: Path, env: Mapping[str, str], keep: StackSecrets, at: ManagedProcess | None = None
+) -> ManagedProcess:
     """nats-server with every user of the permission table; the config names each password as
-    ``$CKPT_HA_NATS_PASSWORD_<USER>`` and the server reads it from its environment."""
+    ``$CKPT_HA_NATS_PASSWORD_<USER>`` and the server reads it from its environment. ``at``: the
+    recorded server whose client and monitoring ports to take again."""
     conf = permissions.render(
         prefix=env.get("CKPT_HA_SUBJECT_PREFIX") or DEFAULT_PREFIX,
         events_stream=env.get("CKPT_HA_EVENTS_STREAM") or permissions.EVENTS_STREAM,
@@ -304,20 +342,26 @@ def _start_nats(home: Path, env: Mapping[str, str], keep: StackSecrets) -> Manag
     # digit would be read as a number): quoted, it is the string itself.
     return procs.start_nats(
         home,
+        port=at.port if at is not None else None,
+        http_port=at.http_port if at is not None else None,
         config_extra=conf,
         env={name: json.dumps(secret.get_secret_value()) for name, secret in passwords.items()},
     )
 
 
-def _start_redis(home: Path, env: Mapping[str, str], keep: StackSecrets) -> ManagedProcess:
-    """redis-server with the ACL users (their passwords as SHA-256 only) and ``default`` off."""
+def _start_redis(
+    home: Path, env: Mapping[str, str], keep: StackSecrets, at: ManagedProcess | None = None
+) -> ManagedProcess:
+    """redis-server with the ACL users (their passwords as SHA-256 only) and ``default`` off;
+    on the port of ``at``, the recorded server, when given."""
     text = acl.render(
         lambda user: keep.read(keep.redis(user)),
         prefix=env.get("CKPT_HA_REGISTRY_PREFIX") or acl.DEFAULT_PREFIX,
         read_only_keys=procs.redis_server_version() >= (7, 0),
     )
     probe = keep.read(keep.redis(OPERATOR)).get_secret_value()
-    return procs.start_redis(home, acl=text, login=(OPERATOR, probe))
+    port = at.port if at is not None else None
+    return procs.start_redis(home, port=port, acl=text, login=(OPERATOR, probe))
 
 
 def provision_streams(home: Path, env: Mapping[str, str]) -> None:

@@ -22,10 +22,10 @@ from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1
 from ckpt_ha.contracts.resume import (
     ResumeClosedV1,
     ResumeDivergedV1,
-    ResumeEscalatedV1,
+    ResumeEscalatedV2,
     ResumeLoadedV1,
     ResumeLoadFailedV2,
-    ResumePlannedV1,
+    ResumePlannedV2,
     ResumeVerifiedV1,
 )
 
@@ -102,9 +102,9 @@ def timeline(
             what += f" step {step}"
         if isinstance(d, JobFailedV1):
             what += f" ({d.cause.value}, attempt {d.attempt})"
-        if isinstance(d, ResumePlannedV1):
+        if isinstance(d, ResumePlannedV2):
             what += f" ({d.mode.value}, {d.compatibility.value}, recompute {d.recompute_steps})"
-        if isinstance(d, ResumeEscalatedV1):
+        if isinstance(d, ResumeEscalatedV2):
             what += f": {d.reason}"
         out.append(_line(e, fault, what))
     return out
@@ -122,7 +122,7 @@ def assess_restore(
         e for e in _of(mine, CheckpointRegisteredV1) if fault is None or e.time <= fault
     ]
     last_valid = registered_before[-1].data.checkpoint_id if registered_before else None
-    plans = [e for e in _of(mine, ResumePlannedV1) if fault is None or e.time >= fault]
+    plans = [e for e in _of(mine, ResumePlannedV2) if fault is None or e.time >= fault]
     plan = plans[-1] if plans else None
     restored = plan.data.checkpoint_id if plan else None
     levels = {name: Level() for name in LEVELS}

@@ -262,7 +262,7 @@ async def uncommitted_writes(drill: Drill, since: datetime | None = None) -> dic
 
 async def escalated(drill: Drill) -> list[Envelope[EventData]] | None:
     events = await drill.events()
-    return [e for e in events if e.type.endswith("resume.escalated.v1")] or None
+    return [e for e in events if e.event_type == "resume.escalated"] or None
 
 
 def expect_escalation(
@@ -271,10 +271,10 @@ def expect_escalation(
 ) -> dict[str, Any]:  # fmt: skip
     phase = assess_restore(scenario, events, drill.job, fault)
     result = phase.to_json()
-    escalations = [e for e in events if e.type.endswith("resume.escalated.v1")]
+    escalations = [e for e in events if e.event_type == "resume.escalated"]
     last = escalations[-1] if escalations else None
     after = [e for e in events if last is not None and e.time > last.time
-             and e.type.endswith(("resume.planned.v1", "job.started.v1"))]  # fmt: skip
+             and e.event_type in ("resume.planned", "job.started")]  # fmt: skip
     result["escalation"] = (
         {"event_id": last.id, **last.data.model_dump(mode="json")} if last else None
     )

@@ -1,25 +1,28 @@
 """Composition root of the integrity-checker process.
 
 Verifies committed checkpoints (manifest, sizes, checksums, format checks) before anyone
-restores them, tags the ones that fail into quarantine (moving their bytes aside), and scrubs
-valid checkpoints periodically against the checksums recorded when they were verified.
+restores them, tags the ones that fail into quarantine (moving their bytes aside), scrubs
+valid checkpoints periodically against the checksums recorded when they were verified, and
+verifies again any checkpoint whose verdict an outage lost (`reconcile`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from faststream import FastStream
 
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
+from ckpt_ha.integrity_checker.reconcile import Reconciler
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
-from ckpt_ha.telemetry.metrics import ScrubMetrics, VerifyMetrics
+from ckpt_ha.telemetry.metrics import ReconcileMetrics, ScrubMetrics, VerifyMetrics
 
 NAME = "integrity-checker"
 
@@ -29,12 +32,16 @@ class IntegrityChecker(Service):
     registry: Registry
     """Read only: the checker asks it what is already decided, the registrar writes it."""
     scrubber: Scrubber
+    reconciler: Reconciler
 
 
 def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> IntegrityChecker:
     base = new_service(NAME, settings)
     registry = Registry.from_url(settings.redis(), settings.registry_prefix)
     store = open_store(settings.storage_root)
+    handlers = IntegrityHandlers(
+        store, base.bus, clock, settings.checksum, registry, VerifyMetrics(base.metrics)
+    )
     svc = IntegrityChecker(
         name=NAME,
         bus=base.bus,
@@ -45,9 +52,14 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
         scrubber=Scrubber(
             store, registry, base.bus, clock, settings.checksum, ScrubMetrics(base.metrics)
         ),
-    )
-    handlers = IntegrityHandlers(
-        store, svc.bus, clock, settings.checksum, registry, VerifyMetrics(svc.metrics)
+        reconciler=Reconciler(
+            store,
+            registry,
+            handlers,
+            clock,
+            timedelta(seconds=settings.verify_deadline_s),
+            ReconcileMetrics(base.metrics),
+        ),
     )
     svc.bus.consumer(
         "committed",
@@ -71,6 +83,8 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
     )
     if settings.scrub_interval_s > 0:
         svc.in_background(lambda: svc.scrubber.run(settings.scrub_interval_s))
+    if settings.reconcile_interval_s > 0:
+        svc.in_background(lambda: svc.reconciler.run(settings.reconcile_interval_s))
     return svc
 
 

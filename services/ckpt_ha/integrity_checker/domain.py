@@ -1,16 +1,19 @@
 """Integrity decisions: a verification report becomes the events that state it. Pure.
 
-Three decisions live here: whether a `committed` event still needs verifying (`should_verify`),
-what a verification concluded (`outcome`), and what a periodic scrub of a valid checkpoint
-concluded against the checksums recorded when it was verified (`scrub_outcome`).
+Four decisions live here: whether a `committed` event still needs verifying (`should_verify`),
+what a verification concluded (`outcome`), what a periodic scrub of a valid checkpoint
+concluded against the checksums recorded when it was verified (`scrub_outcome`), and which
+checkpoints waited too long for a verdict (`overdue_verification`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Protocol
 
 from ckpt_ha.contracts.checkpoint import (
-    CheckpointCommittedV1,
     CheckpointReleasedV1,
     CheckpointState,
     CheckpointVerifiedV1,
@@ -81,9 +84,21 @@ def still_scrubbed(current: CheckpointRecord | None) -> bool:
     return current is not None and current.state is CheckpointState.VALID
 
 
-def outcome(
-    committed: CheckpointCommittedV1 | CheckpointReleasedV1, report: Report
-) -> list[EventData]:
+class Verified(Protocol):
+    """What a verdict names: the checkpoint, its job and its location (a `committed` or
+    `released` event, or the registry's record when a verification is re-driven)."""
+
+    @property
+    def job_id(self) -> str: ...
+
+    @property
+    def checkpoint_id(self) -> str: ...
+
+    @property
+    def uri(self) -> str: ...
+
+
+def outcome(committed: Verified, report: Report) -> list[EventData]:
     """`verified` with the checks that passed, or `corrupt` + `quarantined` with the findings.
 
     A corrupt checkpoint is tagged into quarantine at once so it is never offered again, and
@@ -160,4 +175,41 @@ def scrub_outcome(
             findings=findings,
             why_quarantined=f"re-verification failed: {findings[0]}",
         )
+    )
+
+
+@dataclass(frozen=True)
+class Overdue:
+    """A checkpoint pending verification past the deadline: its verdict never reached the
+    registry (the checker's delivery was dead-lettered during an outage longer than the retry
+    budget, or the registrar's delivery of the verdict was)."""
+
+    checkpoint_id: str
+    cause: str
+    """The id of the event that asked for the verification (the `committed` or `released` the
+    registry applied): the verdict's id is derived from it, as the live handler derives it, so a
+    re-driven verdict is the same event as the lost one and is applied once."""
+    released: bool
+    """The verification of a release: the bytes come back from quarantine first."""
+    since: datetime
+
+
+def overdue_verification(
+    record: CheckpointRecord, now: datetime, deadline: timedelta
+) -> Overdue | None:
+    """The re-drive a record needs: it is pending verification since longer than ``deadline``
+    (counted from the event that made it pending). None otherwise."""
+    if record.state is not CheckpointState.PENDING_VERIFICATION:
+        return None
+    entry = next(
+        (h for h in reversed(record.history) if h.state is CheckpointState.PENDING_VERIFICATION),
+        None,
+    )
+    if entry is None or now - entry.at < deadline:
+        return None
+    return Overdue(
+        checkpoint_id=record.checkpoint_id,
+        cause=entry.event_id,
+        released=entry.event_type == CheckpointReleasedV1.EVENT_TYPE,
+        since=entry.at,
     )

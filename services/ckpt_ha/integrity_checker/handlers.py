@@ -6,15 +6,15 @@ checkpoint's bytes aside) → publish. Every dependency is a port (`integrity_ch
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 
-from ckpt_ha.contracts import Envelope, EventData
+from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointCorruptV1,
     CheckpointReleasedV1,
+    CheckpointState,
 )
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
 from ckpt_ha.core.locations import LocationNotOwned, plan_removal
@@ -23,9 +23,9 @@ from ckpt_ha.formats import verify
 from ckpt_ha.formats.report import Report
 from ckpt_ha.integrity_checker import domain
 from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
-from ckpt_ha.storage import key_for_uri
+from ckpt_ha.storage import bounded, key_for_uri
 from ckpt_ha.storage.owned import job_neighbours, owned_key, owned_quarantine_key
-from ckpt_ha.storage.quarantine import restore
+from ckpt_ha.storage.quarantine import quarantine_key, restore
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import VerifyMetrics
@@ -92,7 +92,7 @@ class IntegrityHandlers:
             attributes={"ckpt_ha.storage_key": key, "ckpt_ha.checksum": self.algorithm},
         ) as current:
             started = time.perf_counter()
-            report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+            report = await bounded.call(verify, self.store, key, self.algorithm)
             if self.metrics is not None:
                 self.metrics.observe(
                     report.format, report.verdict, time.perf_counter() - started, report.bytes_read
@@ -149,10 +149,44 @@ class IntegrityHandlers:
             qkey = owned_quarantine_key(
                 self.store, data.job_id, data.checkpoint_id, data.quarantine_uri
             )
-            await asyncio.to_thread(restore, self.store, qkey, key)
+            await bounded.call(restore, self.store, qkey, key)
         report = await self._verify(key)
         datas = await self._decide(domain.outcome(data, report))
         await self.publisher.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+
+    async def reverify(self, overdue: domain.Overdue) -> bool:
+        """Verify again a checkpoint whose verdict never reached the registry, and publish the
+        verdict under the id the lost one had (derived from ``overdue.cause``), so the registry
+        applies it once however often it is re-driven. A release's bytes come back from
+        quarantine first, as `on_released` does. True when a verdict was published; False when
+        the record moved on meanwhile. Raises what the live handlers raise (a storage or
+        registry outage is retried next round)."""
+        record = await self.registry.get(overdue.checkpoint_id)
+        if record is None or record.state is not CheckpointState.PENDING_VERIFICATION:
+            return False
+        with tracing.continue_trace(
+            "reconcile.verify",
+            record.traceparent,
+            tracestate=record.tracestate,
+            attributes={
+                "ckpt_ha.checkpoint_id": record.checkpoint_id,
+                "ckpt_ha.job_id": record.job_id,
+                "ckpt_ha.since": overdue.since.isoformat(),
+            },
+        ):
+            if overdue.released:
+                key = await self._release_target(record)
+                qkey = quarantine_key(record.job_id, record.checkpoint_id)
+                await bounded.call(restore, self.store, qkey, key)
+            else:
+                key = self._owned(record.job_id, record.checkpoint_id, record.uri)
+            report = await self._verify(key)
+            datas = await self._decide(domain.outcome(record, report))
+            for data in datas:  # each a child of this span, in the checkpoint's trace
+                await self.publisher.publish(
+                    build(data, source=SOURCE, time=self.clock(), key=overdue.cause)
+                )
+        return True
 
     async def _release_target(self, record: CheckpointRecord) -> str:
         """Where a released checkpoint's bytes go back: its own location, if no other live

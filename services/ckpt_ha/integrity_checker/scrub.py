@@ -22,7 +22,7 @@ from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import verify
 from ckpt_ha.integrity_checker import domain
 from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
-from ckpt_ha.storage import StorageError, key_for_uri
+from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import owned_key
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
@@ -109,7 +109,7 @@ class Scrubber:
             "scrub.verify",
             attributes={"ckpt_ha.checkpoint_id": record.checkpoint_id, "ckpt_ha.storage_key": key},
         ):
-            report = await asyncio.to_thread(verify, self.store, key, self.algorithm)
+            report = await bounded.call(verify, self.store, key, self.algorithm)
         self.metrics.scrubbed.labels(self.metrics.service).inc()
         datas = domain.scrub_outcome(
             job_id=record.job_id,

@@ -1,103 +1,203 @@
-"""Rebuild the registry from the event stream (the registry is only a projection of it).
+"""Rebuild the registry from the event stream: everything under the registry prefix that the
+system decided is a projection of it.
 
-An operation (not part of the registry package): it reads the bus, which sits above the
-registry in the import layers.
+An operation (not part of the registry package): it reads the bus and replays through the
+services' own projections, which sit above the registry in the import layers.
 
-Refuses (`StreamIncomplete`) a stream that no longer starts at sequence 1. Replays every
-checkpoint event in stream order through the same projection the live registrar
-uses (any `RegistryWriter`: the Redis adapter, or the in-memory fake in tests), after the same
-intake check (a location its job does not own is refused). Events the live consumer
-dead-lettered fail here the same way and are skipped;
-an event that arrived before the one it depends on (which the live consumer nak'ed and retried)
-is deferred and retried after the rest, as redelivery did.
+Refuses (`StreamIncomplete`) a stream that no longer starts at sequence 1. Replays the whole
+stream, one event at a time in stream order (it never holds the stream in memory), through the
+projections the live services use:
+
+* checkpoint events → the registry (`RegistryWriter.apply`, the registrar's projection: records,
+  indexes, owners, chosen tiers), after the same intake check (a location its job does not own
+  is refused). Events the live consumer dead-lettered fail here the same way and are skipped;
+  one that arrived before the one it depends on (which the live consumer nak'ed and retried) is
+  deferred and retried after the rest, as redelivery did;
+* ``job.started`` → the tier it declares (`ckpt_ha.core.tiers.declared_tier`, what the
+  retention-janitor records);
+* job, resume and ``checkpoint.registered`` events → the restore-coordinator's state and the R15
+  pins (`ckpt_ha.restore_coordinator.projection`), on the events' own clock, so state the live
+  coordinator let expire is not brought back (`RedisRestores`, ``replaying``).
+
+Not replayed: leases (transient) and the reconcile log (not in the stream: a rebuild keeps it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Protocol
 
 from ckpt_ha.bus.config import BusConfig
-from ckpt_ha.bus.stream_reader import read_events
+from ckpt_ha.bus.stream_reader import iter_events
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
-from ckpt_ha.contracts.subjects import aggregate_filter
+from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
+from ckpt_ha.contracts.errors import ContractError
+from ckpt_ha.contracts.job import JobStartedV1
+from ckpt_ha.contracts.subjects import event_filter
+from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
 from ckpt_ha.core.locations import KeyOf, intake_refusal
+from ckpt_ha.core.tiers import declared_tier
 from ckpt_ha.ops.errors import RegistryNotEmpty
 from ckpt_ha.ops.streams import require_complete_stream
-from ckpt_ha.registry.port import RegistryWriter
+from ckpt_ha.registry.pins import RedisPins
+from ckpt_ha.registry.port import RegistryWriter, TierDeclarer
 from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.registry.restores import RedisRestores
+from ckpt_ha.restore_coordinator.projection import RestoreProjection
+
+COORDINATED = ("job.", "resume.")
+"""Event types (by prefix) the restore-coordinator's state is projected from, besides
+``checkpoint.registered`` (the pins it releases)."""
 
 
 @dataclass
 class RebuildReport:
     read: int = 0
     applied: int = 0
+    """Checkpoint events projected into the registry."""
     duplicates: int = 0
+    replayed: int = 0
+    """Job and resume events projected (the coordinator's state, pins, declared tiers)."""
     skipped: dict[str, int] = field(default_factory=dict)
 
     def skip(self, code: str) -> None:
         self.skipped[code] = self.skipped.get(code, 0) + 1
 
 
-async def read_checkpoint_events(
-    cfg: BusConfig, catalog: EventCatalog, report: RebuildReport, idle_timeout: float = 5.0
-) -> list[Envelope[EventData]]:
-    """Every decodable checkpoint event in the stream, in stream order."""
-    events, read = await read_events(
-        cfg,
-        catalog,
-        aggregate_filter(cfg.prefix, "checkpoint"),
-        idle_timeout=idle_timeout,
-        on_undecodable=report.skip,
-    )
-    report.read += read
-    return events
+class RegistryReplay(RegistryWriter, TierDeclarer, Protocol):
+    """The registry's side of a replay: checkpoint events and declared tiers."""
+
+
+class RestoreReplay:
+    """The restore-coordinator's state and pins, replayed on the events' clock."""
+
+    def __init__(self, state: RedisRestores, pins: RedisPins, registry: Registry) -> None:
+        self.state = state
+        self.projection = RestoreProjection(state, pins, registry)
+
+    async def apply(self, event: Envelope[EventData]) -> None:
+        await self.state.replay_to(event.time)
+        await self.projection.apply(event)
+
+    async def finish(self, now: datetime) -> None:
+        await self.state.finish_replay(now)
 
 
 async def rebuild(
-    registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalog, key_of: KeyOf
+    registry: RegistryReplay,
+    cfg: BusConfig,
+    catalog: EventCatalog,
+    key_of: KeyOf,
+    *,
+    restores: RestoreReplay | None = None,
+    clock: Clock = utc_now,
 ) -> RebuildReport:
     """``key_of``: a location's key in the storage root, as the live registrar had it (an event
-    naming a location its job does not own is refused here as it was there). Refuses
+    naming a location its job does not own is refused here as it was there). ``restores``: the
+    coordinator's state to replay too (None: the registry's key spaces only). Refuses
     (`StreamIncomplete`) a stream whose first events are gone."""
     await require_complete_stream(cfg)
-    return await _replay(registry, cfg, catalog, key_of)
+    return await _replay(registry, cfg, catalog, key_of, restores, clock)
 
 
 async def _replay(
-    registry: RegistryWriter, cfg: BusConfig, catalog: EventCatalog, key_of: KeyOf
+    registry: RegistryReplay,
+    cfg: BusConfig,
+    catalog: EventCatalog,
+    key_of: KeyOf,
+    restores: RestoreReplay | None,
+    clock: Clock,
 ) -> RebuildReport:
     report = RebuildReport()
-    pending = await read_checkpoint_events(cfg, catalog, report)
-    pending = [e for e in pending if not _refused(e, key_of, report)]
-    while pending:
-        deferred: list[Envelope[EventData]] = []
-        for event in pending:
-            try:
-                result = await registry.apply(event)
-            except DependencyNotReady:
-                deferred.append(event)
+    deferred: list[Envelope[EventData]] = []
+    async with aclosing(iter_events(cfg, catalog, event_filter(cfg.prefix))) as stream:
+        async for item in stream:
+            report.read += 1
+            if isinstance(item, ContractError):
+                report.skip(item.code)
                 continue
-            except PermanentError as exc:
-                report.skip(exc.code)
-                continue
-            if result.duplicate:
-                report.duplicates += 1
-            else:
-                report.applied += 1
-        if len(deferred) == len(pending):
-            for _ in deferred:
-                report.skip(DependencyNotReady.code)
-            break
-        pending = deferred
+            if item.event_type.startswith("checkpoint."):
+                await _checkpoint_event(registry, item, key_of, report, deferred)
+            if item.event_type.startswith(COORDINATED) or isinstance(
+                item.data, CheckpointRegisteredV1
+            ):
+                await _coordinated(registry, restores, item, report)
+    await _retry(registry, deferred, report)
+    if restores is not None:
+        await restores.finish(clock())
     return report
 
 
-def _refused(event: Envelope[EventData], key_of: KeyOf, report: RebuildReport) -> bool:
+async def _checkpoint_event(
+    registry: RegistryWriter,
+    event: Envelope[EventData],
+    key_of: KeyOf,
+    report: RebuildReport,
+    deferred: list[Envelope[EventData]],
+) -> None:
     refused = intake_refusal(event.data, key_of)
     if refused is not None:
         report.skip(refused.code)
-    return refused is not None
+        return
+    await _apply(registry, event, report, deferred.append)
+
+
+async def _apply(
+    registry: RegistryWriter,
+    event: Envelope[EventData],
+    report: RebuildReport,
+    defer: Callable[[Envelope[EventData]], None],
+) -> None:
+    try:
+        result = await registry.apply(event)
+    except DependencyNotReady:
+        defer(event)
+        return
+    except PermanentError as exc:
+        report.skip(exc.code)
+        return
+    if result.duplicate:
+        report.duplicates += 1
+    else:
+        report.applied += 1
+
+
+async def _retry(
+    registry: RegistryWriter, pending: list[Envelope[EventData]], report: RebuildReport
+) -> None:
+    """Deferred checkpoint events, again and again while any of them applies."""
+    while pending:
+        deferred: list[Envelope[EventData]] = []
+        for event in pending:
+            await _apply(registry, event, report, deferred.append)
+        if len(deferred) == len(pending):
+            for _ in deferred:
+                report.skip(DependencyNotReady.code)
+            return
+        pending = deferred
+
+
+async def _coordinated(
+    tiers: TierDeclarer,
+    restores: RestoreReplay | None,
+    event: Envelope[EventData],
+    report: RebuildReport,
+) -> None:
+    data = event.data
+    if isinstance(data, JobStartedV1):
+        await tiers.declare_tier(data.job_id, declared_tier(data))
+    if restores is not None:
+        try:
+            await restores.apply(event)
+        except PermanentError as exc:
+            report.skip(exc.code)
+            return
+    if not isinstance(data, CheckpointRegisteredV1):
+        report.replayed += 1
 
 
 async def rebuild_registry(
@@ -106,11 +206,33 @@ async def rebuild_registry(
     key_of: KeyOf,
     *,
     clear: bool,
+    trajectory_limit: int = 10_000,
+    state_ttl_s: int = 30 * 24 * 3600,
     catalog: EventCatalog = CATALOG,
+    clock: Clock = utc_now,
 ) -> RebuildReport:
+    """Everything under the registry's prefix from the stream: the registry, declared tiers,
+    the restore-coordinator's state and the pins. ``trajectory_limit`` and ``state_ttl_s``: the
+    coordinator's (``CKPT_HA_TRAJECTORY_LIMIT``, ``CKPT_HA_STATE_TTL_S``), so the replayed state
+    is trimmed and expires as the live one. A registry with anything under its prefix is
+    refused (`RegistryNotEmpty`) unless ``clear``: then every key space the rebuild owns is
+    emptied first (the reconcile log is kept). Stop the registrar, the restore-coordinator and
+    the retention-janitor first: they write these keys too."""
     await require_complete_stream(bus)  # before anything is cleared
+    pins = RedisPins(registry.r, registry.p)
+    state = RedisRestores(
+        registry.r,
+        registry.p,
+        pins=pins,
+        trajectory_limit=trajectory_limit,
+        ttl_s=state_ttl_s,
+        replaying=True,
+    )
     if await registry.dump():
         if not clear:
             raise RegistryNotEmpty
         await registry.clear()
-    return await _replay(registry, bus, catalog, key_of)
+        await state.clear()
+        await pins.clear()
+    replay = RestoreReplay(state, pins, registry)
+    return await _replay(registry, bus, catalog, key_of, replay, clock)

@@ -3,7 +3,6 @@ operator says so, with a reason that is recorded for every deletion."""
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,7 +11,7 @@ from ckpt_ha.core.clock import Clock
 from ckpt_ha.ops.errors import DeletionFailed, ListingFailed
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.retention_janitor import adapters, domain
-from ckpt_ha.storage import ObjectStore, StorageError
+from ckpt_ha.storage import ObjectStore, StorageError, bounded
 
 
 @dataclass
@@ -74,7 +73,7 @@ async def reconcile(
         for record in await registry.by_job(job):
             known += adapters.locations(store, record)
     try:
-        infos = await asyncio.to_thread(lambda: list(store.list("")))
+        infos = await bounded.call(lambda: list(store.list("")))
     except StorageError as exc:
         raise ListingFailed(exc) from None
     unknown = set(domain.unknown_objects([i.key for i in infos], known))
@@ -96,7 +95,7 @@ async def reconcile(
             if not obj.old_enough:
                 continue
             try:
-                await asyncio.to_thread(store.delete, obj.key)
+                await bounded.call(store.delete, obj.key)
             except StorageError as exc:
                 raise DeletionFailed(deleted, exc) from None
             entry = {

@@ -14,10 +14,10 @@ from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.resume import (
     ResumeClosedV1,
     ResumeDivergedV1,
-    ResumeEscalatedV1,
+    ResumeEscalatedV2,
     ResumeLoadedV1,
     ResumeLoadFailedV2,
-    ResumePlannedV1,
+    ResumePlannedV2,
     ResumeVerifiedV1,
 )
 
@@ -52,7 +52,7 @@ def escalation_details(detail: str, next_step: str) -> tuple[str, ...]:
 def _entry(event: Envelope[EventData]) -> Entry | None:
     d = event.data
     at, kind = event.time, d.EVENT_TYPE.removeprefix("resume.")
-    if isinstance(d, ResumePlannedV1):
+    if isinstance(d, ResumePlannedV2):
         summary = (
             f"attempt {d.attempt} to restore {d.checkpoint_id} at step {d.step} "
             f"({d.mode.value}, compatibility {d.compatibility.value})"
@@ -61,7 +61,7 @@ def _entry(event: Envelope[EventData]) -> Entry | None:
         if d.fallback_from:
             details.append(f"fallback after {d.fallback_from} failed to load")
         return Entry(at, kind, d.plan_id, summary, tuple(details))
-    if isinstance(d, ResumeEscalatedV1):
+    if isinstance(d, ResumeEscalatedV2):
         return Entry(at, kind, d.plan_id, f"automatic restore stopped: {d.reason}",
                      escalation_details(d.detail, d.next_step))  # fmt: skip
     if isinstance(d, ResumeLoadFailedV2):

@@ -90,11 +90,12 @@ class RedisUser:
 
 
 USERS: tuple[RedisUser, ...] = (
-    # Watch state per storage root; reads a record to tell a failed write from a lost file.
+    # Watch state per storage root; reads a record to tell a failed write from a lost file,
+    # and the writing records (state index) to re-drive them past their deadline.
     # Both quarantine: a move first reads the job's other live records (storage.owned).
-    RedisUser("writer-watcher", ("watcher-state",), ("checkpoints", "job-index"),
-              (*CONNECT, "get", "mget", "zrevrange", "hgetall", "hset", "hdel", "multi", "exec",
-               "discard")),
+    RedisUser("writer-watcher", ("watcher-state",), ("checkpoints", "state-index", "job-index"),
+              (*CONNECT, "get", "mget", "smembers", "zrevrange", "hgetall", "hset", "hdel",
+               "multi", "exec", "discard")),
     # Reads records (verify, scrub); never writes the registry.
     RedisUser("integrity-checker", (), ("checkpoints", "state-index", "job-index"),
               (*CONNECT, "get", "mget", "smembers", "zrevrange")),
@@ -117,12 +118,14 @@ USERS: tuple[RedisUser, ...] = (
               (*CONNECT, "get", "set", "del", "mget", "smembers", "zrevrange", "hgetall",
                "scan")),
     # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
-    # audits, manual actions), no server administration.
+    # audits, manual actions), no server administration. A rebuild writes the coordinator's
+    # state as the coordinator does (trimming included) and sets its expiry (pexpireat).
     RedisUser("operator", ("everything",), (),
-              (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire", "hset", "hget",
-               "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange", "zrevrange", "sadd",
-               "srem", "smembers", "sismember", "smismember", "rpush", "lrange", "evalsha",
-               "script|load", "multi", "exec", "discard")),
+              (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire", "pexpireat",
+               "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
+               "zrevrange", "zpopmin", "zremrangebyrank", "sadd", "srem", "smembers",
+               "sismember", "smismember", "rpush", "ltrim", "lrange", "evalsha", "script|load",
+               "multi", "exec", "discard")),
 )  # fmt: skip
 
 

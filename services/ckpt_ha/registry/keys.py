@@ -17,10 +17,13 @@ All keys live under one prefix, so tests and stacks can share a Redis:
 * ``<p>:tier-declared:<job>`` the tier the job's latest ``job.started`` declared
 * ``<p>:reconcile-log``   list of unregistered storage objects deleted by ``reconcile --delete``
 
-The first eleven are a projection of the checkpoint stream (`REBUILT`): a rebuild clears and
-replays them. The declared tiers and the reconcile log are not in the stream and survive a
-rebuild, as does every key under the prefix that another owner keeps there (the restore
-coordinator's state and pins).
+All but the reconcile log are a projection of the event stream (`REBUILT`): the first eleven
+of the checkpoint events, the declared tiers of ``job.started`` (the retention-janitor records
+them live). A rebuild clears and replays them. The reconcile log is not in the stream and
+survives a rebuild. Two other owners keep keys under the prefix, projections of the stream too,
+cleared and replayed by the same rebuild: the restore-coordinator's state
+(`ckpt_ha.registry.restores`, ``<p>:coord:*``) and the R15 pins (`ckpt_ha.registry.pins`,
+``<p>:pins:<job>``).
 """
 
 from __future__ import annotations
@@ -41,8 +44,9 @@ REBUILT = (
     "owner-log:",
     "tier:",
     "tier-log:",
+    "tier-declared:",
 )
-"""Key spaces (after ``<p>:``) that are a projection of the checkpoint stream."""
+"""Key spaces (after ``<p>:``) of this layout that are a projection of the event stream."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +106,7 @@ class RegistryKeys:
         return f"{self.prefix}:*"
 
     def is_rebuilt(self, key: str) -> bool:
-        """Whether ``key`` belongs to a key space the checkpoint stream rebuilds."""
+        """Whether ``key`` belongs to a key space of this layout the event stream rebuilds."""
         rest = key.removeprefix(f"{self.prefix}:")
         if rest == key:
             return False

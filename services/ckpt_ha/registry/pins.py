@@ -1,10 +1,12 @@
 """The one owner of the R15 pins: ``<p>:pins:<job>``, a hash checkpoint id → JSON `Pin`.
 
 The restore-coordinator pins the checkpoint it restores from and the previous valid one when it
-plans a resume, and releases them once the resumed attempt registers a newer valid checkpoint;
-the retention-janitor reads them and never removes a pinned checkpoint. Nothing else formats
-this key. Pins never expire on their own: a pin that timed out would let retention delete the
-fallback of a resume still in progress. A registry rebuild keeps them (``NOT_REBUILT``).
+plans a resume (the ``pinned`` of its ``resume.planned``), and releases them once the resumed
+attempt registers a newer valid checkpoint (its ``checkpoint.registered``); both writes are made
+by `ckpt_ha.restore_coordinator.projection`. The retention-janitor reads them and never removes
+a pinned checkpoint. Nothing else formats this key. Pins never expire on their own: a pin that
+timed out would let retention delete the fallback of a resume still in progress. They are a
+projection of the event stream: a registry rebuild clears them (`clear`) and replays them.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ckpt_ha.core.restore_records import Pin
 from ckpt_ha.registry.client import RedisConfig, connect
 
 KEY_SPACE = "pins:"
-"""Every key of this owner starts with ``<prefix>:`` and this (what a registry rebuild keeps)."""
+"""Every key of this owner starts with ``<prefix>:`` and this."""
 
 
 def key(prefix: str, job: str) -> str:
@@ -73,3 +75,10 @@ class RedisPins:
         """Release these checkpoints of the job (unknown ids are ignored)."""
         if ids:
             await self._r.hdel(self._key(job), *ids)
+
+    async def clear(self) -> int:
+        """Delete every job's pins (before a rebuild replays the stream). Returns how many keys."""
+        found = [k async for k in self._r.scan_iter(match=key(self._p, "*"), count=1000)]
+        for i in range(0, len(found), 500):
+            await self._r.delete(*found[i : i + 500])
+        return len(found)

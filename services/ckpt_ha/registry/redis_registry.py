@@ -6,7 +6,9 @@ Protocols services depend on are `ckpt_ha.registry.port`.
 
 Pins (R6) live in the checkpoint's record (``pins``), expiry and the deletion tombstone too, so a
 rebuild from the event stream restores them; a deleted checkpoint's record is its tombstone and
-is never removed.
+is never removed. The tier a job declared at ``job.started`` is recorded here too (the
+retention-janitor writes it live, `ckpt_ha.core.tiers.declared_tier` says which), and a rebuild
+replays it from the same events.
 
 A batch of transitions is written by one Lua compare-and-set on the records it read, so two
 replicas racing on one checkpoint cannot both apply one; the loser re-reads and sees the new
@@ -266,7 +268,8 @@ class Registry:
         return [TierRecord.model_validate_json(r) for r in raws]
 
     async def declared_tier(self, job_id: str) -> str | None:
-        """The tier the job's latest ``job.started`` declared (the janitor records it)."""
+        """The tier the job's latest ``job.started`` declared (the janitor records it;
+        `ckpt_ha.core.tiers.declared_tier`)."""
         with _reachable():
             value = await self.r.get(self.keys.tier_declared(job_id))
         return str(value) if value else None
@@ -373,13 +376,16 @@ class Registry:
                     out[key] = await self.r.zrange(key, 0, -1, withscores=True)
                 elif kind == "list":
                     out[key] = await self.r.lrange(key, 0, -1)
+                elif kind == "hash":
+                    out[key] = sorted((await self.r.hgetall(key)).items())
         return dict(sorted(out.items()))
 
     async def clear(self) -> int:
-        """Delete every key the checkpoint stream rebuilds (before a rebuild). Returns how many.
+        """Delete every key of this layout the event stream rebuilds (before a rebuild). Returns
+        how many.
 
-        Kept: what the stream does not hold: the reconcile log, declared tiers, and every key
-        another owner keeps under the prefix (`keys.REBUILT` lists what is cleared).
+        Kept: what the stream does not hold (the reconcile log), and the keys other owners keep
+        under the prefix (they clear their own; `keys.REBUILT` lists what is cleared here).
         """
         n = 0
         with _reachable():

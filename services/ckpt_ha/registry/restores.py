@@ -1,6 +1,7 @@
 """The one owner of the restore-coordinator's memory in Redis: ``<p>:coord:*``.
 
-The coordinator writes it (its handlers reach it through their `RestoreState` port); the
+The coordinator writes it (its handlers reach it through their `RestoreState` port, and every
+write goes through `ckpt_ha.restore_coordinator.projection`, one event at a time); the
 retention-janitor and the CLI read it through the typed read API below (`failures`,
 `plans_in_progress`, `plan`, `verdict`, `started`). Nothing else formats these keys.
 
@@ -22,12 +23,24 @@ or two round trips, whatever the number of checkpoints in the registry):
 * ``<p>:coord:obs:<plan>``               list of the resumed attempt's first progress points
 * ``<p>:coord:verdict:<plan>``           ``verified`` / ``diverged`` (SET NX: one verdict)
 
-Everything expires after ``ttl_s`` of inactivity on the key. The R15 pins a decision implies
-are owned by `ckpt_ha.registry.pins` and written in the decision's transaction through it.
+Every key but the leases is a projection of the event stream (job.*, resume.*,
+checkpoint.registered): ``ckpt-ha registry rebuild`` clears this key space and replays the
+stream into it (`clear`, and an owner built with ``replaying=True``). A lease is transient.
+
+Lifetimes. A start record has no expiry while its run goes on: a job may train for months
+without a progress report (progress is optional), and its next ``job.failed`` needs the start
+to be decided. The run's end (``job.succeeded``, or an escalation: automatic restores stop)
+gives the run's start records ``ttl_s`` (`end_run`); a run whose end was never reported keeps
+them (about a kilobyte per attempt). Everything else expires after ``ttl_s`` without a write to
+the key: the trajectory and last points are refreshed by every progress report, a plan by each
+report of its resumed attempt until the verdict, failures, restarts and storage errors only
+count within the stop conditions' windows. The R15 pins a decision implies are owned by
+`ckpt_ha.registry.pins` (no expiry) and written in the decision's transaction through it.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
@@ -35,6 +48,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -52,7 +66,7 @@ from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.registry.pins import RedisPins
 
 KEY_SPACE = "coord:"
-"""Every key of this owner starts with ``<prefix>:`` and this (what a registry rebuild keeps)."""
+"""Every key of this owner starts with ``<prefix>:`` and this."""
 
 
 def key(prefix: str, *parts: str | int) -> str:
@@ -95,8 +109,58 @@ def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
 
+class _ReplayExpiry:
+    """Expiry on the replayed events' clock (see `RedisRestores`, ``replaying``): when each key
+    the replay wrote would expire, the earliest first."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        """Unix time of the event being replayed (never goes back: the live clock did not)."""
+        self._due: dict[str, float] = {}
+        self._heap: list[tuple[float, str]] = []
+
+    def touch(self, key: str, ttl_s: int) -> None:
+        first = key not in self._due
+        self._due[key] = self.now + ttl_s
+        if first:
+            heapq.heappush(self._heap, (self._due[key], key))
+
+    def persist(self, key: str) -> None:
+        self._due.pop(key, None)
+
+    def expired(self) -> list[str]:
+        """Keys due by `now`, forgotten here (the caller deletes them)."""
+        out: list[str] = []
+        while self._heap and self._heap[0][0] <= self.now:
+            at, key = heapq.heappop(self._heap)
+            due = self._due.get(key)
+            if due is None:
+                continue  # persisted, or already expired through an older entry
+            if due > at:
+                heapq.heappush(self._heap, (due, key))  # written again since
+                continue
+            del self._due[key]
+            out.append(key)
+        return out
+
+    def remaining(self) -> list[tuple[str, float]]:
+        return sorted(self._due.items())
+
+
+_CHUNK = 500
+"""Keys per command when a replay deletes or expires many at once."""
+
+
 class RedisRestores:
-    """Async Redis adapter for the coordinator's per-job state (see the module doc)."""
+    """Async Redis adapter for the coordinator's per-job state (see the module doc).
+
+    ``replaying``: for a rebuild from the stream. A replay writes months of events in seconds,
+    and Redis's own clock would keep every key it writes: state the live coordinator lost to
+    inactivity long ago (trajectories of every job ever run) would come back. So a replaying
+    owner sets no expiry while it writes; it notes when each key would expire (the replayed
+    event's time plus ``ttl_s``, `replay_to` moves that clock), deletes a key as soon as the
+    replay passes that time (as Redis did live: a later write starts the key afresh), and
+    `finish_replay` gives every key left its expiry."""
 
     def __init__(
         self,
@@ -107,6 +171,7 @@ class RedisRestores:
         trajectory_limit: int = 10_000,
         history_limit: int = 200,
         ttl_s: int = 30 * 24 * 3600,
+        replaying: bool = False,
     ) -> None:
         self._r = client
         self._p = prefix
@@ -114,6 +179,7 @@ class RedisRestores:
         self.trajectory_limit = trajectory_limit
         self.history_limit = history_limit
         self.ttl_s = ttl_s
+        self._replay = _ReplayExpiry() if replaying else None
 
     @classmethod
     def from_url(cls, where: str | RedisConfig, prefix: str, **kwargs: Any) -> RedisRestores:
@@ -131,11 +197,65 @@ class RedisRestores:
     def _k(self, *parts: str | int) -> str:
         return key(self._p, *parts)
 
+    # --- expiry (the one place a TTL is set) ---
+
+    def _ttl(self, k: str) -> int | None:
+        """The expiry to write ``k`` with (None while replaying: noted instead)."""
+        if self._replay is None:
+            return self.ttl_s
+        self._replay.touch(k, self.ttl_s)
+        return None
+
+    def _expire(self, pipe: Pipeline, k: str) -> None:
+        """``k`` expires ``ttl_s`` from now (queued on ``pipe``)."""
+        if self._replay is None:
+            pipe.expire(k, self.ttl_s)
+        else:
+            self._replay.touch(k, self.ttl_s)
+
+    async def replay_to(self, at: datetime) -> None:
+        """A replay reached an event of time ``at``: keys that had expired by then go."""
+        if self._replay is None:
+            raise RuntimeError("replay_to needs an owner built with replaying=True")
+        self._replay.now = max(self._replay.now, at.timestamp())
+        gone = self._replay.expired()
+        for i in range(0, len(gone), _CHUNK):
+            await self._r.delete(*gone[i : i + _CHUNK])
+
+    async def finish_replay(self, now: datetime) -> None:
+        """The replay is over at ``now``: what expired by now goes, the rest gets its expiry."""
+        await self.replay_to(now)
+        assert self._replay is not None
+        left = self._replay.remaining()
+        for i in range(0, len(left), _CHUNK):
+            async with self._r.pipeline(transaction=False) as pipe:
+                for k, due in left[i : i + _CHUNK]:
+                    pipe.pexpireat(k, int(due * 1000))
+                await pipe.execute()
+
+    async def clear(self) -> int:
+        """Delete every key of this owner, leases included (before a rebuild replays the
+        stream into it; the coordinator is stopped). Returns how many."""
+        found = [k async for k in self._r.scan_iter(match=key(self._p, "*"), count=1000)]
+        for i in range(0, len(found), _CHUNK):
+            await self._r.delete(*found[i : i + _CHUNK])
+        return len(found)
+
     # --- job.started / job.progress ---
 
     async def record_started(self, job: str, started: Started) -> None:
-        await self._r.set(self._k("started", job, started.attempt), started.model_dump_json(),
-                          ex=self.ttl_s)  # fmt: skip
+        """No expiry while the run goes on (`end_run` gives it one)."""
+        k = self._k("started", job, started.attempt)
+        if self._replay is not None:
+            self._replay.persist(k)
+        await self._r.set(k, started.model_dump_json())
+
+    async def end_run(self, job: str, last_attempt: int) -> None:
+        """The run is over at ``last_attempt``: its start records expire after ``ttl_s``."""
+        async with self._r.pipeline(transaction=False) as pipe:
+            for attempt in range(1, last_attempt + 1):
+                self._expire(pipe, self._k("started", job, attempt))
+            await pipe.execute()
 
     async def started(self, job: str, attempt: int) -> Started | None:
         raw = await self._r.get(self._k("started", job, attempt))
@@ -149,12 +269,13 @@ class RedisRestores:
         traj, idx = self._k("traj", job), self._k("trajidx", job)
         async with self._r.pipeline(transaction=False) as pipe:
             if last is not None:
-                pipe.set(self._k("last", job, last.attempt), point_json(last), ex=self.ttl_s)
+                k = self._k("last", job, last.attempt)
+                pipe.set(k, point_json(last), ex=self._ttl(k))
             if points:
                 pipe.hset(traj, mapping={str(p.step): point_json(p) for p in points})
                 pipe.zadd(idx, {str(p.step): p.step for p in points})
-                pipe.expire(traj, self.ttl_s)
-                pipe.expire(idx, self.ttl_s)
+                self._expire(pipe, traj)
+                self._expire(pipe, idx)
                 pipe.zcard(idx)
             result = await pipe.execute()
         size = int(result[-1]) if points else 0
@@ -190,19 +311,26 @@ class RedisRestores:
         return out
 
     async def observe(self, plan: str, point: Point, keep: int) -> list[Point]:
-        """Append one of the resumed attempt's reports; return all kept so far (arrival order)."""
-        key = self._k("obs", plan)
+        """Append one of the resumed attempt's reports; return all kept so far (arrival order).
+        The plan stays while its attempt reports (its verdict is still to come)."""
+        k = self._k("obs", plan)
         async with self._r.pipeline(transaction=False) as pipe:
-            pipe.rpush(key, point_json(point))
-            pipe.ltrim(key, 0, keep - 1)
-            pipe.lrange(key, 0, -1)
-            pipe.expire(key, self.ttl_s)
-            _, _, raws, _ = await pipe.execute()
+            pipe.rpush(k, point_json(point))
+            pipe.ltrim(k, 0, keep - 1)
+            pipe.lrange(k, 0, -1)
+            self._expire(pipe, k)
+            self._expire(pipe, self._k("plan", plan))
+            raws = (await pipe.execute())[2]
         return [point_of(r) for r in raws]
 
     async def set_verdict(self, plan: str, verdict: str) -> bool:
         """The first verdict of a plan wins; True if this call set it."""
-        return bool(await self._r.set(self._k("verdict", plan), verdict, nx=True, ex=self.ttl_s))
+        k = self._k("verdict", plan)
+        ttl = self.ttl_s if self._replay is None else None
+        first = bool(await self._r.set(k, verdict, nx=True, ex=ttl))
+        if first and self._replay is not None:
+            self._replay.touch(k, self.ttl_s)
+        return first
 
     async def verdict(self, plan: str) -> str | None:
         value = await self._r.get(self._k("verdict", plan))
@@ -222,10 +350,10 @@ class RedisRestores:
         async with self._r.pipeline(transaction=False) as pipe:
             pipe.hset(failures, str(attempt), failure_json(failure))
             pipe.hdel(failures, str(attempt - self.history_limit))
-            pipe.expire(failures, self.ttl_s)
+            self._expire(pipe, failures)
             if storage_key is not None:
                 pipe.zadd(storage, {storage_key: _ts(failure.at)})
-                pipe.expire(storage, self.ttl_s)
+                self._expire(pipe, storage)
             pipe.get(self._k("started", job, attempt))
             pipe.get(self._k("last", job, attempt))
             pipe.hmget(failures, [str(a) for a in range(first, attempt + 1)])
@@ -257,7 +385,7 @@ class RedisRestores:
     async def record_storage_error(self, job: str, key: str, at: datetime) -> None:
         async with self._r.pipeline(transaction=False) as pipe:
             pipe.zadd(self._k("storage", job), {key: _ts(at)})
-            pipe.expire(self._k("storage", job), self.ttl_s)
+            self._expire(pipe, self._k("storage", job))
             await pipe.execute()
 
     async def history(self, job: str, attempt: int, same_window: int) -> History:
@@ -275,12 +403,12 @@ class RedisRestores:
 
     async def exclude(self, job: str, checkpoint_id: str) -> set[str]:
         """Never restore this checkpoint of the job again; returns every exclusion so far."""
-        key = self._k("excluded", job)
+        k = self._k("excluded", job)
         async with self._r.pipeline(transaction=False) as pipe:
-            pipe.sadd(key, checkpoint_id)
-            pipe.expire(key, self.ttl_s)
-            pipe.smembers(key)
-            _, _, members = await pipe.execute()
+            pipe.sadd(k, checkpoint_id)
+            self._expire(pipe, k)
+            pipe.smembers(k)
+            members = (await pipe.execute())[-1]
         return {_str(x) for x in members}
 
     async def excluded(self, job: str) -> set[str]:
@@ -310,19 +438,22 @@ class RedisRestores:
     ) -> None:
         """Store the decision and what it implies (plan, restart, pins) in one transaction."""
         async with self._r.pipeline(transaction=True) as pipe:
-            pipe.set(self._k("decision", job, attempt), decision.model_dump_json(), ex=self.ttl_s)
+            k = self._k("decision", job, attempt)
+            pipe.set(k, decision.model_dump_json(), ex=self._ttl(k))
             if plan is not None:
-                pipe.set(self._k("plan", plan.plan_id), plan.model_dump_json(), ex=self.ttl_s)
+                k = self._k("plan", plan.plan_id)
+                pipe.set(k, plan.model_dump_json(), ex=self._ttl(k))
                 restarts = self._k("restarts", job)
                 pipe.zadd(restarts, {plan.plan_id: _ts(planned_at or plan.failed_at)})
                 pipe.zremrangebyrank(restarts, 0, -self.history_limit - 1)
-                pipe.expire(restarts, self.ttl_s)
+                self._expire(pipe, restarts)
             self._pins.stage(pipe, job, pins)
             await pipe.execute()
 
     async def mark_published(self, job: str, attempt: int, decision: DecisionRecord) -> None:
         done = decision.model_copy(update={"published": True})
-        await self._r.set(self._k("decision", job, attempt), done.model_dump_json(), ex=self.ttl_s)
+        k = self._k("decision", job, attempt)
+        await self._r.set(k, done.model_dump_json(), ex=self._ttl(k))
 
     async def plan(self, plan_id: str) -> PlanRecord | None:
         raw = await self._r.get(self._k("plan", plan_id))

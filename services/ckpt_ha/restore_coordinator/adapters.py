@@ -7,14 +7,13 @@ methods only (`CheckpointReads`), never by its key layout.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 
 from ckpt_ha.core.locations import LocationNotOwned, plan_removal
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator.domain import Candidate, Selection, select
 from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore
-from ckpt_ha.storage import StorageError, key_for_uri
+from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import neighbours, owned_key, remove
 
 __all__ = ["candidate", "reclaim", "selection"]
@@ -85,7 +84,7 @@ async def reclaim(
             unreclaimable.append(f"{c.uri}: not deleted: {removal.note()}")
             continue
         try:
-            await asyncio.to_thread(remove, store, [removal])
+            await bounded.call(remove, store, [removal])
         except StorageError as exc:
             if exc.transient:
                 raise

@@ -43,6 +43,8 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
      "Cleans the failed attempt's leftovers after a verified resume (R11)."),
     ("loaded", "resume.loaded", "on_loaded",
      "Measures the time from a failure to the resumed job's loaded checkpoint (metrics)."),
+    ("succeeded", "job.succeeded", "on_succeeded",
+     "Ends the run: its start records may expire like the rest of its state."),
 )  # fmt: skip
 """(consumer, event type, handler method, description)."""
 
@@ -76,6 +78,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         RestoreMetrics(base.metrics, forget_after_s=settings.metrics_forget_after_s),
         lease_ttl_s=settings.lease_ttl_s,
         load_failed_grace_s=settings.load_failed_grace_s,
+        verification_grace_s=settings.verification_grace_s,
     )
     svc = RestoreCoordinator(
         name=NAME,

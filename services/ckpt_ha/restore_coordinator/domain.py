@@ -37,9 +37,9 @@ from ckpt_ha.contracts.resume import (
     LoadBlame,
     ResumeClosedV1,
     ResumeDivergedV1,
-    ResumeEscalatedV1,
+    ResumeEscalatedV2,
     ResumeMode,
-    ResumePlannedV1,
+    ResumePlannedV2,
     ResumeVerifiedV1,
 )
 from ckpt_ha.core.locations import JobMismatch
@@ -51,6 +51,7 @@ from ckpt_ha.core.restore_records import (
     Point,
     Started,
     Target,
+    planned_pins,
 )
 
 __all__ = [
@@ -267,18 +268,46 @@ class Selection:
     chosen: Candidate | None
     previous: Candidate | None
     """The next older valid checkpoint: kept pinned as fallback (R15)."""
+    verifying: Candidate | None = None
+    """The newest checkpoint newer than ``chosen`` still pending verification, if any: committed
+    with its evidence, not yet checked (`verification_to_await`)."""
 
 
 def select(newest_first: Iterable[Candidate], excluded: Iterable[str] = ()) -> Selection:
-    """The newest valid checkpoint not excluded (failed to load before), and the one after it."""
+    """The newest valid checkpoint not excluded (failed to load before), the one after it, and
+    the newest one still being verified above them."""
     skip = set(excluded)
     picked: list[Candidate] = []
+    verifying: Candidate | None = None
     for c in newest_first:
-        if c.state is CheckpointState.VALID and c.checkpoint_id not in skip and c.step is not None:
+        if c.checkpoint_id in skip or c.step is None:
+            continue
+        if c.state is CheckpointState.PENDING_VERIFICATION and not picked and verifying is None:
+            verifying = c
+        if c.state is CheckpointState.VALID:
             picked.append(c)
             if len(picked) == 2:
                 break
-    return Selection(picked[0] if picked else None, picked[1] if len(picked) > 1 else None)
+    return Selection(
+        picked[0] if picked else None, picked[1] if len(picked) > 1 else None, verifying
+    )
+
+
+def verification_to_await(
+    selection: Selection, failed_at: datetime, now: datetime, grace_s: float
+) -> Candidate | None:
+    """The checkpoint a fresh failure should wait for before it is decided, if any.
+
+    A job that crashes right after a save leaves its newest checkpoints committed but not yet
+    verified: deciding at once restores an older one (more to recompute) or, when none is valid
+    yet, escalates `no_valid_checkpoint` although a good checkpoint is seconds from valid. Until
+    ``grace_s`` after the failure, the newest one pending verification (newer than the chosen
+    one) is waited for; after it, the failure is decided with what is valid then."""
+    if selection.verifying is None:
+        return None
+    if (now - failed_at).total_seconds() >= grace_s:
+        return None
+    return selection.verifying
 
 
 def plan_id(job_id: str, run_id: str, failed_attempt: int) -> str:
@@ -580,13 +609,17 @@ def released_pins(
 # --- decisions the handlers carry out ------------------------------------------------------
 
 
-def escalated(job: str, plan: str, stop: Escalation) -> ResumeEscalatedV1:
-    return ResumeEscalatedV1(
+def escalated(
+    job: str, plan: str, stop: Escalation, attempt: int | None = None
+) -> ResumeEscalatedV2:
+    """``attempt``: the failed attempt this escalation decides (None: not a failure decision)."""
+    return ResumeEscalatedV2(
         job_id=job,
         plan_id=plan,
         reason=stop.reason,
         next_step=stop.next_step,
         detail=stop.detail[:4000],
+        attempt=attempt,
     )
 
 
@@ -650,7 +683,7 @@ def decide_failure(
     if stop is None:
         stop = stop_reason(history, started.policy, failed_at, load_failed=fallback is not None)
     if stop is not None:
-        return FailureDecision(pid, (escalated(job, pid, stop),), stop)
+        return FailureDecision(pid, (escalated(job, pid, stop, attempt),), stop)
     chosen = selection.chosen
     if chosen is None or chosen.step is None:
         detail = "no valid checkpoint left to restore"
@@ -658,7 +691,7 @@ def decide_failure(
         if skipped:
             detail += f" (excluded after load failures: {', '.join(skipped)})"
         stop = Escalation(Stop.NO_VALID_CHECKPOINT, detail)
-        return FailureDecision(pid, (escalated(job, pid, stop),), stop)
+        return FailureDecision(pid, (escalated(job, pid, stop, attempt),), stop)
     verdict = compatibility(
         chosen.identity,
         started.target(),
@@ -677,7 +710,7 @@ def decide_failure(
             + "; ".join(verdict.reasons)
         )
         stop = Escalation(Stop.COMPATIBILITY_UNKNOWN, detail)
-        return FailureDecision(pid, (escalated(job, pid, stop),), stop, chosen=chosen,
+        return FailureDecision(pid, (escalated(job, pid, stop, attempt),), stop, chosen=chosen,
                                verdict=verdict)  # fmt: skip
     steps, seconds = recompute(
         checkpoint_step=chosen.step,
@@ -687,7 +720,7 @@ def decide_failure(
         failed_at=failed_at,
     )
     pins = pins_for(pid, attempt + 1, selection)
-    planned = ResumePlannedV1(
+    planned = ResumePlannedV2(
         job_id=job,
         plan_id=pid,
         failed_run_id=started.run_id,
@@ -704,21 +737,17 @@ def decide_failure(
         pinned=tuple(p.checkpoint_id for p in pins),
         expected_step=chosen.step,
         fallback_from=fallback.checkpoint_id if fallback is not None else None,
-    )
-    plan = PlanRecord(
-        plan_id=pid,
-        job_id=job,
-        failed_run_id=started.run_id,
-        failed_attempt=attempt,
-        attempt=attempt + 1,
-        checkpoint_id=chosen.checkpoint_id,
-        step=chosen.step,
-        fallbacks=fallback.previous + 1 if fallback is not None else 0,
         failed_at=failed_at,
+        fallbacks=fallback.previous + 1 if fallback is not None else 0,
         policy=started.policy,
     )
     return FailureDecision(
-        pid, (planned,), plan=plan, pins=tuple(pins), chosen=chosen, verdict=verdict
+        pid,
+        (planned,),
+        plan=PlanRecord.of(planned),
+        pins=tuple(planned_pins(planned)),
+        chosen=chosen,
+        verdict=verdict,
     )
 
 

@@ -1,4 +1,7 @@
-"""Restore-coordinator handlers: fetch through the ports, ask the domain, persist, publish."""
+"""Restore-coordinator handlers: fetch through the ports, ask the domain, persist, publish.
+
+Every write to the coordinator's state and pins goes through `projection` (from the event
+handled, or the decision about to be published), so a rebuild from the stream reproduces it."""
 
 from __future__ import annotations
 
@@ -10,8 +13,8 @@ from dataclasses import replace
 from datetime import datetime
 
 from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
-from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1, FailureSide
-from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
+from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
+from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1, JobSucceededV1
 from ckpt_ha.contracts.resume import (
     LoadBlame,
     ResumeLoadedV1,
@@ -31,6 +34,7 @@ from ckpt_ha.restore_coordinator.ports import (
     Publisher,
     RestoreState,
 )
+from ckpt_ha.restore_coordinator.projection import RestoreProjection
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import RestoreMetrics
@@ -73,6 +77,7 @@ class CoordinatorHandlers:
         new_id: NewId = _new_id,
         lease_ttl_s: float = 30.0,
         load_failed_grace_s: float = 3.0,
+        verification_grace_s: float = 40.0,
     ) -> None:
         self.state = state
         self.pins = pins
@@ -84,63 +89,41 @@ class CoordinatorHandlers:
         self.new_id = new_id
         self.lease_ttl_s = lease_ttl_s
         self.load_failed_grace_s = load_failed_grace_s
+        self.verification_grace_s = verification_grace_s
+        self.projection = RestoreProjection(state, pins, registry)
 
     # --- job.started / job.progress ---
 
     async def on_started(self, event: Envelope[JobStartedV1]) -> None:
-        await self.state.record_started(event.data.job_id, Started.of(event.data, event.time))
+        await self.projection.started(event)
         self.metrics.job_started(event.data.job_id)
 
     async def on_progress(self, event: Envelope[JobProgressV1]) -> None:
         d = event.data
-        point = Point(
-            step=d.step,
-            at=event.time,
-            attempt=d.attempt,
-            data_position=d.data_position,
-            rng_fingerprint=d.rng_fingerprint,
-            metrics=d.metrics,
-        )
         self.metrics.last_progress.set_max(d.job_id, value=event.time.timestamp())
-        plan = domain.own_plan(await self.state.plan(d.plan_id), d.job_id) if d.plan_id else None
-        verdict = await self.state.verdict(plan.plan_id) if plan is not None else None
-        if plan is None or not domain.watches_continuity(plan, verdict):
-            await self.state.record_progress(d.job_id, [point], last=point)
+        outcome = await self.projection.progress(event)
+        if outcome.verdict is None or outcome.plan is None or outcome.result is None:
             return
-        # A resumed attempt before its verdict: compare, do not overwrite the old trajectory.
-        keep = 4 * plan.policy.continuity_steps + 16
-        observed = await self.state.observe(plan.plan_id, point, keep)
-        trajectory = await self.state.trajectory(d.job_id, [p.step for p in observed])
-        result = domain.continuity(
-            restored_step=plan.step, trajectory=trajectory, observed=observed, policy=plan.policy
+        plan, verdict = outcome.plan, outcome.result.verdict
+        await self.bus.publish(self._envelope(outcome.verdict, "verdict"))
+        self.metrics.verdicts.labels(self.metrics.service, verdict).inc()
+        self.metrics.outcome(
+            d.job_id,
+            verdict,
+            at=event.time.timestamp(),
+            seconds=(event.time - plan.failed_at).total_seconds(),
         )
-        verdict_event = domain.verdict_event(plan, d.run_id, result)
-        if verdict_event is None:
-            await self.state.record_progress(d.job_id, [], last=point)
-            return
-        if await self.state.set_verdict(plan.plan_id, result.verdict):
-            await self.bus.publish(self._envelope(verdict_event, "verdict"))
-            self.metrics.verdicts.labels(self.metrics.service, result.verdict).inc()
-            self.metrics.outcome(
-                d.job_id,
-                result.verdict,
-                at=event.time.timestamp(),
-                seconds=(event.time - plan.failed_at).total_seconds(),
-            )
-        await self.state.record_progress(d.job_id, observed, last=point)
+
+    async def on_succeeded(self, event: Envelope[JobSucceededV1]) -> None:
+        """The run is over: its start records may expire like the rest of its state."""
+        await self.projection.succeeded(event)
 
     # --- job.failed / resume.load_failed ---
 
     async def on_failed(self, event: Envelope[JobFailedV1]) -> None:
         d = event.data
-        infrastructure = d.side is FailureSide.INFRASTRUCTURE
-        failure = domain.Failure(d.attempt, event.time, d.signature, infrastructure)
-        started, last, history, excluded, decision = await self.state.failure_context(
-            d.job_id,
-            d.attempt,
-            failure,
-            f"failed:{d.attempt}" if infrastructure else None,
-            HISTORY_WINDOW,
+        started, last, history, excluded, decision = await self.projection.failed(
+            event, HISTORY_WINDOW
         )
         if decision is not None:
             await self._publish_decision(d.job_id, d.attempt, decision)
@@ -194,26 +177,9 @@ class CoordinatorHandlers:
         Only for the job's own checkpoint and plan: a load failure naming another job's is
         refused (`JobMismatch`) before anything is excluded, quarantined or planned."""
         d = event.data
-        with tracing.span("registry.get", attributes={"db.system": "redis"}):
-            record = await self.registry.get(d.checkpoint_id)
-        plan = await self.state.plan(d.plan_id)
-        refused = domain.foreign(
-            d.job_id,
-            d.checkpoint_id,
-            event.event_type,
-            record_job=record.job_id if record is not None else None,
-            plan_job=plan.job_id if plan is not None else None,
-        )
-        if refused is not None:
-            raise refused
-        outcome = domain.after_load_failure(d.blame, d.side)
-        if outcome is domain.LoadOutcome.FALLBACK:
-            excluded = await self.state.exclude(d.job_id, d.checkpoint_id)
-        else:
-            excluded = await self.state.excluded(d.job_id)
+        found = await self.projection.load_failed(event)
+        record, plan, outcome, excluded = found.record, found.plan, found.outcome, found.excluded
         self.metrics.outcome(d.job_id, "load_failed", at=event.time.timestamp())
-        if d.side is FailureSide.INFRASTRUCTURE:
-            await self.state.record_storage_error(d.job_id, f"load:{d.plan_id}", event.time)
         await self._quarantine(event, record)
         if plan is None:
             log.warning("load failure for unknown plan %s: nothing planned", d.plan_id)
@@ -325,6 +291,16 @@ class CoordinatorHandlers:
     ) -> DecisionRecord:
         with tracing.span("registry.select", attributes={"db.system": "redis"}):
             selection = await adapters.selection(self.registry, job, excluded)
+        fresh = fallback is None and stop is None
+        if fresh and domain.stop_reason(history, started.policy, failed_at) is None:
+            awaited = domain.verification_to_await(
+                selection, failed_at, self.clock(), self.verification_grace_s
+            )
+            if awaited is not None:  # nak'ed and decided again after the bus's backoff
+                raise DependencyNotReady(
+                    f"job.failed of {job} attempt {attempt}",
+                    f"the verification of {awaited.checkpoint_id} (step {awaited.step})",
+                )
         if selection.chosen is not None:
             starts = await self._starts(job, attempt, selection.chosen)
             inherited = domain.with_inherited_identity(selection.chosen, job, starts)
@@ -357,12 +333,10 @@ class CoordinatorHandlers:
         else:
             since_failure = (now - failed_at).total_seconds()
             self.metrics.outcome(job, outcome, at=now.timestamp(), seconds=since_failure)
-        stored = DecisionRecord(
-            events=tuple(self._envelope(x, "decision").model_dump_json() for x in decision.events)
-        )
-        await self.state.record_decision(
-            job, attempt, stored, plan=decision.plan, pins=decision.pins, planned_at=failed_at
-        )
+        envelopes = [self._envelope(x, "decision") for x in decision.events]
+        stored = await self.projection.decided(envelopes, published=False)
+        if stored is None:  # never: a failure decision is a plan, or an escalation naming it
+            raise RuntimeError(f"decision about {job} attempt {attempt} holds no decision event")
         self.metrics.decisions.labels(self.metrics.service, outcome, detail).inc()
         return stored
 
@@ -401,19 +375,24 @@ class CoordinatorHandlers:
         await self.state.mark_published(job, attempt, decision)
 
     def _envelope(self, data: EventData, key: str) -> Envelope[EventData]:
-        return build(data, source=SOURCE, time=self.clock(), key=key)
+        """In the current trace from the start: a decision is stored as it is published (and
+        republished as is after a crash), so the stream holds what the state holds."""
+        current = tracing.current_traceparent()
+        traceparent, tracestate = current if current is not None else (None, None)
+        return build(
+            data,
+            source=SOURCE,
+            time=self.clock(),
+            key=key,
+            traceparent=traceparent,
+            tracestate=tracestate,
+        )
 
     # --- checkpoint.registered (R15) and resume.verified (R11) ---
 
     async def on_registered(self, event: Envelope[CheckpointRegisteredV1]) -> None:
         d = event.data
-        ids = domain.released_pins(
-            await self.pins.pins(d.job_id),
-            state=d.state,
-            step=d.step,
-            attempt=d.identity.attempt if d.identity is not None else None,
-        )
-        await self.pins.unpin(d.job_id, ids)
+        ids = await self.projection.registered(event)
         if ids:
             log.info("%s: unpinned %s after %s registered", d.job_id, ids, d.checkpoint_id)
 

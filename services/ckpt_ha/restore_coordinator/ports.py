@@ -76,9 +76,16 @@ class RestoreState(Protocol):
     (the first wins); a lease is held by one owner until released or expired; the trajectory
     keeps at most ``trajectory_limit`` steps, dropping the oldest."""
 
-    async def record_started(self, job: str, started: Started) -> None: ...
+    async def record_started(self, job: str, started: Started) -> None:
+        """Kept while the run goes on (no expiry until `end_run`)."""
+        ...
 
     async def started(self, job: str, attempt: int) -> Started | None: ...
+
+    async def end_run(self, job: str, last_attempt: int) -> None:
+        """The run ended at ``last_attempt`` (succeeded, or escalated): its start records may
+        now expire like the rest of the state."""
+        ...
 
     async def record_progress(
         self, job: str, points: Sequence[Point], *, last: Point | None = None

@@ -7,7 +7,6 @@ verdicts and attempt starts. No key of theirs is formatted here.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Sequence
 
 from ckpt_ha.core.locations import Removal, plan_removal
@@ -20,7 +19,7 @@ from ckpt_ha.retention_janitor.ports import (
     ResumeReads,
     RetentionRegistry,
 )
-from ckpt_ha.storage import key_for_uri
+from ckpt_ha.storage import bounded, key_for_uri
 from ckpt_ha.storage.owned import Removed, neighbours, record_keys, remove
 
 
@@ -63,7 +62,7 @@ async def removals(
 
 
 async def to_thread_remove(store: ObjectStore, plan: Sequence[Removal]) -> Removed:
-    return await asyncio.to_thread(remove, store, plan)
+    return await bounded.call(remove, store, plan)
 
 
 def all_keys(store: ObjectStore) -> list[str]:

@@ -26,6 +26,7 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.contracts.job import JobStartedV1
 from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.core.tiers import declared_tier
 from ckpt_ha.retention_janitor import adapters, domain
 from ckpt_ha.retention_janitor.domain import Action, Decision
 from ckpt_ha.retention_janitor.ports import (
@@ -233,6 +234,4 @@ class JanitorHandlers:
 
     async def on_started(self, event: Envelope[JobStartedV1]) -> None:
         """Record the tier the job declared (an explicit ``tier set`` still wins over it)."""
-        data = event.data
-        declared = data.tier or (data.policy.tier if data.policy is not None else None)
-        await self.janitor.registry.declare_tier(data.job_id, declared)
+        await self.janitor.registry.declare_tier(event.data.job_id, declared_tier(event.data))

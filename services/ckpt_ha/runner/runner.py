@@ -41,8 +41,8 @@ from ckpt_ha.contracts import CATALOG, EventData, build, signing
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.errors import ContractError
 from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1, JobSucceededV1
-from ckpt_ha.contracts.resume import ResumeEscalatedV1, ResumePlannedV1
-from ckpt_ha.contracts.subjects import event_subject, job_token
+from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumePlannedV1, ResumePlannedV2
+from ckpt_ha.contracts.subjects import job_event_filter, job_token
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.credentials import reveal
 from ckpt_ha.runner import torchrun
@@ -130,7 +130,7 @@ def child_env(
     bus: BusConfig,
     attempt: int,
     environment: RuntimeEnvironment,
-    plan: ResumePlannedV1 | None,
+    plan: ResumePlannedV2 | None,
 ) -> dict[str, str]:
     """The attempt's environment: ``base`` plus the protocol variables (stale plan ones removed)
     and the attempt's torchrun error file. ``bus`` is the bus as the training process uses it:
@@ -164,7 +164,9 @@ def child_env(
     if bus.ca_file:
         env[protocol.NATS_CA_FILE] = bus.ca_file
     if plan is not None:
-        env[protocol.RESUME_PLAN] = plan.model_dump_json()
+        # The plan as v1 states it: what the job needs to load (the coordinator's bookkeeping
+        # v2 adds is not its business), readable by the SDK of an image built before v2.
+        env[protocol.RESUME_PLAN] = plan.model_dump_json(include=set(ResumePlannedV1.model_fields))
         env[protocol.RESTORE_URI] = plan.checkpoint_uri
         env[protocol.RESTORE_STEP] = str(plan.step)
         env[protocol.PLAN_ID] = plan.plan_id
@@ -204,13 +206,13 @@ class Runner:
     async def run(self) -> int:
         from ckpt_ha.bus.broker import Bus  # faststream: only when a run really starts
 
-        bus = Bus(self.cfg, "runner")
-        # Fail fast (one line, nothing started) when NATS is not there at all; the connection
-        # kept for the run then reconnects through blips while the training runs.
+        bus = Bus(self.cfg, "runner", lasting=True)
+        # Fail fast (one line, nothing started) when NATS is not there at all; the connections
+        # kept for the run then reconnect, however long NATS is away, while the training runs.
         probe = await nats.connect(
             self.cfg.url,
             **self.cfg.connect_options(),
-            connect_timeout=5,
+            connect_timeout=self.cfg.connect_timeout_s,
             allow_reconnect=False,
             max_reconnect_attempts=1,
             reconnect_time_wait=0.1,
@@ -220,7 +222,7 @@ class Runner:
         nc = await nats.connect(
             self.cfg.url,
             **self.cfg.connect_options(),
-            connect_timeout=5,
+            **self.cfg.connection_policy(lasting=True),
             name=f"ckpt-ha-runner-{self.spec.job_id}",
             error_cb=_log_error,
         )
@@ -230,7 +232,7 @@ class Runner:
         try:
             for event in ("resume.planned", "resume.escalated"):
                 await nc.subscribe(
-                    event_subject(self.cfg.prefix, event, 1, self.spec.job_id), cb=self._on_msg
+                    job_event_filter(self.cfg.prefix, event, self.spec.job_id), cb=self._on_msg
                 )
             await nc.flush()
             await bus.broker.start()
@@ -304,8 +306,8 @@ class Runner:
             early: list[EventData] = []
             while not self._inbox.empty():
                 item = self._inbox.get_nowait()
-                planned = isinstance(item, ResumePlannedV1) and item.attempt == attempt + 1
-                if planned or isinstance(item, ResumeEscalatedV1):
+                planned = isinstance(item, ResumePlannedV2) and item.attempt == attempt + 1
+                if planned or isinstance(item, ResumeEscalatedV2):
                     early.append(item)
             for item in early:
                 self._inbox.put_nowait(item)
@@ -330,7 +332,7 @@ class Runner:
                 self.say(f"giving up after {attempt} attempts (--max-attempts {spec.max_attempts})")
                 return EXIT_FAILED
             outcome = await self._await_plan(attempt + 1)
-            if isinstance(outcome, ResumeEscalatedV1):
+            if isinstance(outcome, ResumeEscalatedV2):
                 self.say(f"escalated: {outcome.reason}")
                 if outcome.detail:
                     self.say(f"why: {outcome.detail}")
@@ -351,7 +353,7 @@ class Runner:
                 f"(step {plan.step}, plan {plan.plan_id})"
             )
 
-    async def _one_attempt(self, attempt: int, plan: ResumePlannedV1 | None) -> ExitInfo:
+    async def _one_attempt(self, attempt: int, plan: ResumePlannedV2 | None) -> ExitInfo:
         spec = self.spec
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         spec.progress_file.unlink(missing_ok=True)
@@ -373,7 +375,7 @@ class Runner:
         except (OSError, ValueError):
             return None
 
-    async def _await_plan(self, attempt: int) -> ResumePlannedV1 | ResumeEscalatedV1 | None:
+    async def _await_plan(self, attempt: int) -> ResumePlannedV2 | ResumeEscalatedV2 | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.spec.plan_timeout_s
         while not self._stop.is_set():
@@ -384,10 +386,10 @@ class Runner:
                 data = await asyncio.wait_for(self._inbox.get(), timeout=min(remaining, 0.25))
             except TimeoutError:
                 continue
-            if isinstance(data, ResumeEscalatedV1):
+            if isinstance(data, ResumeEscalatedV2):
                 return data
             if (
-                isinstance(data, ResumePlannedV1)
+                isinstance(data, ResumePlannedV2)
                 and data.attempt == attempt
                 and data.failed_run_id == self.spec.run_id
             ):

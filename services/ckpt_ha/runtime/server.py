@@ -30,6 +30,8 @@ from ckpt_ha.telemetry.metrics import ServiceMetrics
 log = logging.getLogger("ckpt_ha.runtime")
 
 HealthCheck = Callable[[], Awaitable[bool]]
+CHECK_TIMEOUT_S = 2.0
+"""Bound on one health check (a frozen dependency answers nothing)."""
 
 
 def make_app(bus: Bus, *, title: str, description: str) -> FastStream:
@@ -118,6 +120,7 @@ class HttpEndpoint:
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
+        self._last: dict[str, bool] = {}
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
@@ -130,13 +133,34 @@ class HttpEndpoint:
             await self._server.wait_closed()
 
     async def health(self) -> tuple[bool, dict[str, bool]]:
-        results: dict[str, bool] = {}
-        for name, check in self.checks.items():
+        """Every check at once, each bounded; the results also set ``ckpt_ha_dependency_up``
+        (a change is logged once, not on every check)."""
+
+        async def one(check: HealthCheck) -> bool:
             try:
-                results[name] = await asyncio.wait_for(check(), timeout=2.0)
+                return bool(await asyncio.wait_for(check(), timeout=CHECK_TIMEOUT_S))
             except Exception:  # noqa: BLE001 - a failing check is reported, not raised
-                results[name] = False
+                return False
+
+        names = list(self.checks)
+        found = await asyncio.gather(*(one(self.checks[name]) for name in names))
+        results = dict(zip(names, found, strict=True))
+        for name, ok in results.items():
+            if self._last.get(name) is not ok and (name in self._last or not ok):
+                (log.info if ok else log.warning)(
+                    "%s: %s %s", self.metrics.service, name, "reachable" if ok else "UNREACHABLE"
+                )
+            self._last[name] = ok
+            self.metrics.dependency_up.labels(self.metrics.service, name).set(1 if ok else 0)
         return all(results.values()), results
+
+    async def watch(self, interval_s: float) -> None:
+        """Run the checks every ``interval_s``, so the gauge tracks a lost connection even
+        when nobody asks /healthz."""
+        with contextlib.suppress(asyncio.CancelledError):
+            while True:
+                await self.health()
+                await asyncio.sleep(interval_s)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -183,14 +207,20 @@ async def serve(
     on_stop: Callable[[], Awaitable[None]] | None = None,
     on_start: Callable[[], Awaitable[None]] | None = None,
     consumer_info_interval_s: float = 10.0,
+    dependency_check_interval_s: float = 5.0,
 ) -> None:
-    """Run until SIGTERM/SIGINT; the HTTP endpoint lives exactly as long as the app."""
+    """Run until SIGTERM/SIGINT; the HTTP endpoint lives exactly as long as the app.
+
+    /healthz answers 503 while NATS or another checked dependency (Redis) is unreachable, and
+    ``ckpt_ha_dependency_up`` says which; the process keeps running and reconnecting meanwhile.
+    """
 
     async def nats_ok() -> bool:
         return await bus.broker.ping(timeout=1.0)
 
     http = HttpEndpoint(metrics, {"nats": nats_ok, **(extra_checks or {})}, host, port)
     poller: asyncio.Task[None] | None = None
+    watcher: asyncio.Task[None] | None = None
 
     @app.on_startup
     async def _starting() -> None:
@@ -199,9 +229,10 @@ async def serve(
 
     @app.after_startup
     async def _started() -> None:
-        nonlocal poller
+        nonlocal poller, watcher
         if bus.consumers:
             poller = asyncio.create_task(poll_consumers(bus, metrics, consumer_info_interval_s))
+        watcher = asyncio.create_task(http.watch(dependency_check_interval_s))
         bound = await http.start()
         metrics.up.labels(metrics.service).set(1)
         log.info("%s: http on %s:%s (/metrics, /healthz)", metrics.service, host, bound)
@@ -209,8 +240,9 @@ async def serve(
     @app.on_shutdown
     async def _stopping() -> None:
         metrics.up.labels(metrics.service).set(0)
-        if poller is not None:
-            poller.cancel()
+        for task in (poller, watcher):
+            if task is not None:
+                task.cancel()
         await http.stop()
 
     @app.after_shutdown

@@ -13,6 +13,7 @@ from faststream import FastStream
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.runtime.server import HealthCheck, faststream_metrics, make_app, serve
 from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.storage import bounded
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import ServiceMetrics
 
@@ -85,13 +86,18 @@ class Service:
             on_stop=stop,
             on_start=self.on_start,
             consumer_info_interval_s=settings.consumer_info_interval_s,
+            dependency_check_interval_s=settings.dependency_check_interval_s,
         )
 
 
 def new_service(name: str, settings: ServiceSettings) -> Service:
-    bus = Bus(settings.bus(), name)
+    """A service's bus (reconnecting forever), metrics, and this process's bound on storage
+    calls."""
+    bounded.configure(timeout_s=settings.storage_timeout_s, workers=settings.storage_workers)
+    bus = Bus(settings.bus(), name, lasting=True)
     metrics = ServiceMetrics(name)
     bus.broker.add_middleware(faststream_metrics(metrics))
     bus.dead_letters.on_outcome = metrics.message
     bus.dead_letters.on_dead_letter = metrics.dead_letter
+    bus.dead_letters.on_park = metrics.park
     return Service(name=name, bus=bus, metrics=metrics)

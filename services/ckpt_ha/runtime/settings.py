@@ -87,8 +87,35 @@ class ServiceSettings(BaseSettings):
     ack_wait_s: float = Field(default=30.0, gt=0)
     max_deliver: int = Field(default=5, ge=2, le=100)
     backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
+    park_delay_s: float = Field(default=300.0, gt=0)
+    """An event of a version newer than this service knows is offered again after this long
+    (parked for a newer consumer during a rolling upgrade, never dead-lettered for it)."""
     fetch_batch: int = Field(default=64, ge=1, le=1024)
     graceful_timeout_s: float = Field(default=20.0, gt=0)
+    handler_deadline_s: float = Field(default=900.0, gt=0)
+    """How long a handler may take for one delivery (or batch) before it is cancelled and the
+    message nak'ed for a later delivery (the last one dead-letters)."""
+    nats_connect_timeout_s: float = Field(default=5.0, gt=0)
+    nats_reconnect_wait_s: float = Field(default=1.0, gt=0)
+    """First wait before reconnecting to NATS; doubles per failed attempt (jittered)."""
+    nats_reconnect_wait_max_s: float = Field(default=30.0, gt=0)
+    """Cap of that wait: a service retries at least this often, for as long as it runs."""
+    nats_ping_interval_s: float = Field(default=10.0, gt=0)
+    """A server that misses two pings in a row counts as lost (a frozen broker)."""
+    nats_request_timeout_s: float = Field(default=5.0, gt=0)
+    """Bound on each JetStream API call (stream/consumer info, stored messages)."""
+    redis_timeout_s: float = Field(default=5.0, gt=0)
+    """Bound on each Redis reply (a frozen Redis: the handler fails and naks)."""
+    redis_connect_timeout_s: float = Field(default=5.0, gt=0)
+    redis_retries: int = Field(default=3, ge=0, le=20)
+    """Retries of a Redis command that met a connection error, with jittered backoff."""
+    storage_timeout_s: float = Field(default=300.0, gt=0)
+    """Bound on each storage call a service waits for (a listing, a checkpoint's verification,
+    a move or a deletion); a hung mount then counts as unavailable instead of holding on."""
+    storage_workers: int = Field(default=8, ge=1, le=256)
+    """Threads doing storage calls (stuck ones included: at most this many can hang)."""
+    dependency_check_interval_s: float = Field(default=5.0, gt=0)
+    """How often NATS and Redis are checked for ``ckpt_ha_dependency_up`` on /metrics."""
     consumer_info_interval_s: float = Field(default=10.0, gt=0)
     """How often each durable consumer's pending/ack-pending counts are read for /metrics."""
     metrics_forget_after_s: float = Field(default=7 * 24 * 3600.0, gt=0)
@@ -139,6 +166,9 @@ class ServiceSettings(BaseSettings):
             user=self.redis_user,
             password=self.redis_password,
             ca_file=self.redis_ca_file,
+            timeout_s=self.redis_timeout_s,
+            connect_timeout_s=self.redis_connect_timeout_s,
+            retries=self.redis_retries,
         )
 
     def bus(self) -> BusConfig:
@@ -153,8 +183,15 @@ class ServiceSettings(BaseSettings):
             ack_wait_s=self.ack_wait_s,
             max_deliver=self.max_deliver,
             backoff_s=self.backoff_s,
+            park_delay_s=self.park_delay_s,
             fetch_batch=self.fetch_batch,
             graceful_timeout_s=self.graceful_timeout_s,
+            request_timeout_s=self.nats_request_timeout_s,
+            handler_deadline_s=self.handler_deadline_s,
+            connect_timeout_s=self.nats_connect_timeout_s,
+            reconnect_wait_s=self.nats_reconnect_wait_s,
+            reconnect_wait_max_s=max(self.nats_reconnect_wait_max_s, self.nats_reconnect_wait_s),
+            ping_interval_s=self.nats_ping_interval_s,
             signing_keys=self.signing_keys(),
             unsigned_before_seq=self.unsigned_before_seq,
         )

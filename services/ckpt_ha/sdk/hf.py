@@ -75,7 +75,7 @@ from ckpt_ha.contracts.checkpoint import (
     FailureSide,
     Topology,
 )
-from ckpt_ha.contracts.resume import LoadBlame, ResumeMode, ResumePlannedV1
+from ckpt_ha.contracts.resume import LoadBlame, ResumeMode, ResumePlannedV2
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.locations import job_folder
 from ckpt_ha.formats import checksum as cs
@@ -486,7 +486,7 @@ def resume_from_checkpoint(ctx: Context | None = None) -> str | None:
         raise ResumeFailed(plan, reason) from exc
 
 
-def _verified_folder(plan: ResumePlannedV1) -> Path:
+def _verified_folder(plan: ResumePlannedV2) -> Path:
     fmt = plan.checkpoint_format
     if fmt is not None and fmt != HF.value:
         raise UnsupportedFormat(fmt, LOADER, LOADERS.get(fmt, "its framework"))

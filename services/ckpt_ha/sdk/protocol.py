@@ -34,12 +34,12 @@ from pydantic import SecretStr, ValidationError
 from ckpt_ha import credentials
 from ckpt_ha.contracts import EventData, build, signing
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
-from ckpt_ha.contracts.resume import ResumePlannedV1
+from ckpt_ha.contracts.resume import ResumePlannedV2
 from ckpt_ha.contracts.subjects import DEFAULT_PREFIX, event_subject
 from ckpt_ha.telemetry import traceparent as w3c
 
 log = logging.getLogger("ckpt_ha.sdk")
-M = TypeVar("M", ResumePlannedV1, RuntimeEnvironment, Topology)
+M = TypeVar("M", ResumePlannedV2, RuntimeEnvironment, Topology)
 SOURCE = "ckpt-ha/sdk"
 
 # The environment-variable protocol between a runner and the training process.
@@ -113,7 +113,7 @@ class Context:
     attempt: int
     storage_root: str | None
     bus: Bus | None
-    plan: ResumePlannedV1 | None = None
+    plan: ResumePlannedV2 | None = None
     """Set on a relaunch: the restore this attempt must carry out (`sdk.resume`)."""
     progress_file: str | None = None
     """Where `sdk.progress` writes the last step, for the runner's ``job.failed``."""
@@ -159,7 +159,7 @@ def context(env: Mapping[str, str] | None = None) -> Context | None:
         attempt=attempt,
         storage_root=env.get(STORAGE_ROOT) or None,
         bus=bus,
-        plan=_parsed(env, RESUME_PLAN, ResumePlannedV1),
+        plan=_parsed(env, RESUME_PLAN, ResumePlannedV2),
         progress_file=env.get(PROGRESS_FILE) or None,
         environment=_parsed(env, ENVIRONMENT, RuntimeEnvironment),
         topology=_parsed(env, TOPOLOGY, Topology),

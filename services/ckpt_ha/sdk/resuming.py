@@ -23,7 +23,7 @@ from ckpt_ha.contracts.resume import (
     LoadBlame,
     ResumeLoadedV1,
     ResumeLoadFailedV2,
-    ResumePlannedV1,
+    ResumePlannedV2,
 )
 from ckpt_ha.core.clock import utc_now
 from ckpt_ha.formats.identity import checkpoint_id_on
@@ -44,7 +44,7 @@ class ResumeFailed(Exception):
     checkpoint, and keeps it when it blames the attempt.
     """
 
-    def __init__(self, plan: ResumePlannedV1, reason: str) -> None:
+    def __init__(self, plan: ResumePlannedV2, reason: str) -> None:
         self.plan = plan
         self.reason = reason
         super().__init__(
@@ -90,7 +90,7 @@ def classify_failure(exc: BaseException) -> tuple[LoadBlame, FailureSide]:
 
 def report_load_failed(
     ctx: Context,
-    plan: ResumePlannedV1,
+    plan: ResumePlannedV2,
     reason: str,
     blame: LoadBlame,
     side: FailureSide,
@@ -113,7 +113,7 @@ def report_load_failed(
 
 def report_loaded(
     ctx: Context,
-    plan: ResumePlannedV1,
+    plan: ResumePlannedV2,
     *,
     step: int,
     seconds: float,
@@ -139,7 +139,7 @@ def report_loaded(
 class Resumed:
     """A checkpoint restored for a plan: the state to continue from, and the plan itself."""
 
-    plan: ResumePlannedV1
+    plan: ResumePlannedV2
     loaded: Loaded
 
     @property
@@ -200,7 +200,7 @@ RESTORE_STORAGE_WAIT_S = 60.0
 unavailable (a transient `StorageError`: volume unmounted, endpoint down) before it fails."""
 
 
-def waiting_for_storage(plan: ResumePlannedV1, attempt: Callable[[], T]) -> T:
+def waiting_for_storage(plan: ResumePlannedV2, attempt: Callable[[], T]) -> T:
     """``attempt()`` (a load or a verification of the plan's checkpoint), retried with backoff
     while storage is unavailable, within the limit of ``CKPT_HA_RESTORE_STORAGE_WAIT_S``.
     Anything else (a checksum mismatch, a missing shard) fails at once: waiting cannot repair a
@@ -237,7 +237,7 @@ class PlannedFolder:
     derived and compared with the plan's (`check_planned`)."""
 
 
-def locate(plan: ResumePlannedV1, ctx: Context) -> PlannedFolder:
+def locate(plan: ResumePlannedV2, ctx: Context) -> PlannedFolder:
     """The plan's folder under the runner's storage root when it is there, else a store opened
     on the plan's URI (rooted at the folder)."""
     uri = plan.checkpoint_uri.rstrip("/")
@@ -250,7 +250,7 @@ def locate(plan: ResumePlannedV1, ctx: Context) -> PlannedFolder:
     return PlannedFolder(open_store(uri), "", uri, under_root=False)
 
 
-def check_planned(where: PlannedFolder, plan: ResumePlannedV1, step: int | None) -> None:
+def check_planned(where: PlannedFolder, plan: ResumePlannedV2, step: int | None) -> None:
     """The folder still holds the planned checkpoint (its id, when it can be derived) at the
     planned step (when the checkpoint records one); `CheckpointUnreadable` otherwise."""
     if where.under_root:
@@ -264,7 +264,7 @@ def check_planned(where: PlannedFolder, plan: ResumePlannedV1, step: int | None)
         )
 
 
-def _load_planned(plan: ResumePlannedV1, ctx: Context, tensors: Tensors) -> Loaded:
+def _load_planned(plan: ResumePlannedV2, ctx: Context, tensors: Tensors) -> Loaded:
     fmt = plan.checkpoint_format
     if fmt is not None and fmt != CheckpointFormat.NATIVE.value:
         raise UnsupportedFormat(fmt, "ckpt_ha.sdk.resume()", LOADERS.get(fmt, "its framework"))

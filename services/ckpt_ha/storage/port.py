@@ -3,8 +3,9 @@
 Keys are '/'-separated paths relative to the store root, compared as plain strings. The rules
 (`validate_key`) are the intersection of what S3 and a POSIX filesystem can both hold, so that a
 key written through one backend means the same object on the other. The API is synchronous:
-services call it through `asyncio.to_thread`, which keeps blocking I/O off the event loop without
-a second, async copy of every backend.
+services call it through `ckpt_ha.storage.bounded.call` (on a worker thread, waited for at most
+a bound), which keeps blocking I/O off the event loop without a second, async copy of every
+backend.
 """
 
 from __future__ import annotations

@@ -12,14 +12,13 @@ quarantine ever moves bytes that are not the checkpoint's own.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 
 from ckpt_ha.contracts import EventData
 from ckpt_ha.contracts.checkpoint import CheckpointQuarantinedV1
 from ckpt_ha.core.locations import LocationNotOwned, plan_removal
-from ckpt_ha.storage import ObjectStore, StorageError, key_for_uri
+from ckpt_ha.storage import ObjectStore, StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import JobRecords, job_neighbours, owned_key
 from ckpt_ha.storage.quarantine import quarantine
 
@@ -62,7 +61,7 @@ async def _move_aside(
         log.warning("quarantining %s in place, nothing moved: %s", data.uri, removal.note())
         return data
     try:
-        moved = await asyncio.to_thread(quarantine, store, key, data.job_id, data.checkpoint_id)
+        moved = await bounded.call(quarantine, store, key, data.job_id, data.checkpoint_id)
     except StorageError as exc:
         if exc.transient:
             raise

@@ -63,6 +63,14 @@ _THROTTLE_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "R
 _TRANSPORT_ERRORS = (ConnectionError, HTTPClientError, IncompleteReadError)
 
 
+CONNECT_TIMEOUT_S = 5.0
+READ_TIMEOUT_S = 30.0
+"""Bound on each wait for bytes from the server (not on a whole transfer)."""
+MAX_ATTEMPTS = 3
+"""Attempts per request, retried with botocore's backoff on transport errors, throttling and
+5xx; after the last, a transient error is `StorageUnavailable`."""
+
+
 class S3Options(TypedDict, total=False):
     """Keyword options `S3Store` (and `open_store` for `s3://` roots) accept."""
 
@@ -71,6 +79,9 @@ class S3Options(TypedDict, total=False):
     region_name: str
     access_key: str | None
     secret_key: str | None
+    connect_timeout_s: float | None
+    read_timeout_s: float | None
+    max_attempts: int | None
 
 
 def _error_code(err: ClientError) -> str:
@@ -127,7 +138,9 @@ class _BodyStream:
 
 class S3Store(ObjectStore):
     """ObjectStore over `s3://bucket/prefix/`. Builds no client and opens no connection until
-    first used; pass `client` to share one (boto3 clients are thread-safe)."""
+    first used; pass `client` to share one (boto3 clients are thread-safe). Every request is
+    bounded: ``connect_timeout_s`` to connect, ``read_timeout_s`` per wait for data, at most
+    ``max_attempts`` attempts (defaults above)."""
 
     def __init__(
         self,
@@ -139,6 +152,9 @@ class S3Store(ObjectStore):
         region_name: str = "us-east-1",
         access_key: str | None = None,
         secret_key: str | None = None,
+        connect_timeout_s: float | None = None,
+        read_timeout_s: float | None = None,
+        max_attempts: int | None = None,
     ) -> None:
         if not bucket:
             raise ValueError("an S3 store needs a bucket name")
@@ -152,9 +168,9 @@ class S3Store(ObjectStore):
             aws_access_key_id=access_key,
             aws_secret_access_key=secret_key,
             config=Config(
-                retries={"max_attempts": 3, "mode": "standard"},
-                connect_timeout=5,
-                read_timeout=30,
+                retries={"max_attempts": max_attempts or MAX_ATTEMPTS, "mode": "standard"},
+                connect_timeout=connect_timeout_s or CONNECT_TIMEOUT_S,
+                read_timeout=read_timeout_s or READ_TIMEOUT_S,
                 # S3-compatible servers rarely have wildcard DNS for virtual-host buckets.
                 s3={"addressing_style": "path" if endpoint_url else "auto"},
             ),

@@ -142,10 +142,25 @@ class ServiceMetrics:
         self.up = Gauge(
             "ckpt_ha_service_up", "1 while the service runs.", ["service"], registry=self.registry
         )
+        self.dependency_up = Gauge(
+            "ckpt_ha_dependency_up",
+            "1 while the service reaches this dependency (nats, redis), 0 while it does not; "
+            "checked every few seconds and on each /healthz.",
+            ["service", "dependency"],
+            registry=self.registry,
+        )
         self.dead_letters = Counter(
             "ckpt_ha_dead_letters_total",
             "Events dead-lettered by this service, by consumer and error code.",
             ["service", "consumer", "code"],
+            registry=self.registry,
+        )
+        self.parked = Counter(
+            "ckpt_ha_parked_messages_total",
+            "Deliveries of events of a version newer than this service knows, parked (nak'ed "
+            "with the park delay) for a consumer that knows it: a rolling upgrade in progress, "
+            "or a producer upgraded before its consumers.",
+            ["service", "consumer", "event"],
             registry=self.registry,
         )
         self.consumer_pending = Gauge(
@@ -180,6 +195,9 @@ class ServiceMetrics:
     def dead_letter(self, consumer: str, code: str) -> None:
         self.dead_letters.labels(self.service, consumer, code).inc()
 
+    def park(self, consumer: str, event: str) -> None:
+        self.parked.labels(self.service, consumer, event).inc()
+
 
 class ScrubMetrics:
     """The integrity-checker's periodic re-verification of valid checkpoints."""
@@ -210,6 +228,47 @@ class ScrubMetrics:
             ["service"],
             registry=metrics.registry,
         )
+
+
+class ReconcileMetrics:
+    """The re-drive of checkpoints left in a non-final state past their deadline (the
+    integrity-checker for ``pending_verification``, the writer-watcher for ``writing``)."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.service = metrics.service
+        self.stuck = Gauge(
+            "ckpt_ha_stuck_checkpoints",
+            "Checkpoints in a non-final state past their deadline at the last reconcile round, "
+            "by state (each is re-driven; one that stays here is still stuck: its dependency "
+            "is down, or a human must look).",
+            ["service", "state"],
+            registry=metrics.registry,
+        )
+        self.redriven = Counter(
+            "ckpt_ha_redriven_checkpoints_total",
+            "Checkpoints re-driven by the reconciler, by the state they were stuck in.",
+            ["service", "state"],
+            registry=metrics.registry,
+        )
+        self.interrupted = Counter(
+            "ckpt_ha_reconcile_interrupted_total",
+            "Reconcile rounds cut short by a storage or registry outage (retried next round).",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.last_round = Gauge(
+            "ckpt_ha_reconcile_last_round_timestamp_seconds",
+            "When the last complete reconcile round finished (Unix time).",
+            ["service"],
+            registry=metrics.registry,
+        )
+
+    def round(self, state: str, stuck: int, redriven: int, at: float) -> None:
+        """A complete round found ``stuck`` checkpoints in ``state`` and re-drove ``redriven``."""
+        self.stuck.labels(self.service, state).set(stuck)
+        if redriven:
+            self.redriven.labels(self.service, state).inc(redriven)
+        self.last_round.labels(self.service).set(at)
 
 
 class VerifyMetrics:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.storage import ObjectInfo, ObjectStore, quarantine
 from ckpt_ha.writer_watcher import evidence
@@ -58,6 +59,7 @@ def tracked_to_json(tracked: Tracked) -> str:
             "phase": tracked.phase,
             "uri": tracked.uri,
             "traceparent": tracked.traceparent,
+            "failure": list(tracked.failure) if tracked.failure is not None else None,
         },
         separators=(",", ":"),
     )
@@ -73,7 +75,18 @@ def tracked_from_json(raw: str | bytes) -> Tracked:
         phase=str(doc["phase"]),
         uri=str(doc.get("uri", "")),
         traceparent=doc.get("traceparent") or None,
+        failure=_failure(doc.get("failure")),
     )
+
+
+def _failure(value: object) -> tuple[str, FailureSide] | None:
+    """A stored failure; None when absent (a state saved by an earlier release) or unreadable."""
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    try:
+        return str(value[0]), FailureSide(value[1])
+    except ValueError:
+        return None
 
 
 def state_key(prefix: str, root_uri: str) -> str:

@@ -3,7 +3,8 @@
 Turns checkpoint writes on storage into checkpoint.writing / committed / write_failed events,
 by listing the storage root every few seconds. What it announced is kept in Redis (beside the
 registry), so a restarted watcher announces nothing twice; it reads the registry (never writes
-it) to tell a failed write from a valid checkpoint that lost files.
+it) to tell a failed write from a valid checkpoint that lost files, and to re-drive writes the
+registry still holds as writing past their deadline (`domain.overdue_writes`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
+from ckpt_ha.telemetry.metrics import ReconcileMetrics
 from ckpt_ha.writer_watcher import adapters, notify
-from ckpt_ha.writer_watcher.handlers import Watcher
+from ckpt_ha.writer_watcher.handlers import Redrive, Watcher
 from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
 
 NAME = "writer-watcher"
@@ -54,6 +56,13 @@ def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatc
             timedelta(seconds=settings.stall_timeout_s),
             state,
             registry,
+            redrive=Redrive(
+                timedelta(seconds=settings.writing_deadline_s),
+                timedelta(seconds=settings.reconcile_interval_s),
+                ReconcileMetrics(base.metrics),
+            )
+            if settings.reconcile_interval_s > 0
+            else None,
         ),
     )
     svc.finish(

@@ -36,7 +36,7 @@ that loads it announces nothing it announced before.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -54,6 +54,7 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.contracts.envelope import EventData
 from ckpt_ha.core.corruption import condemn
 from ckpt_ha.core.locations import folder_job
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats.identity import checkpoint_id
 
 
@@ -99,6 +100,9 @@ class Tracked:
     traceparent: str | None = None
     """Trace context of the first event announced for this checkpoint: later ones (committed
     after writing, also after a watcher restart) continue that trace."""
+    failure: tuple[str, FailureSide] | None = None
+    """Reason and side of the `write_failed` announced for it (phase failed): what a re-drive
+    announces again when the registry never recorded it."""
 
 
 @dataclass
@@ -255,7 +259,7 @@ def observe(
             )
             continue
         events.extend(decided)
-        state.folders[obs.folder] = known
+        state.folders[obs.folder] = _with_failure(known, decided)
     events.extend(_forget_vanished(state, {obs.folder for obs in seen}))
     return events
 
@@ -314,6 +318,14 @@ def _observe_one(
     return events, known
 
 
+def _with_failure(known: Tracked, decided: list[EventData]) -> Tracked:
+    """``known`` with the reason and side of the `write_failed` just decided for it."""
+    for data in decided:
+        if isinstance(data, CheckpointWriteFailedV1) and data.checkpoint_id == known.checkpoint_id:
+            return replace(known, failure=(data.reason, data.side))
+    return known
+
+
 def _stalled(
     obs: Observation,
     cid: str,
@@ -355,4 +367,80 @@ def _failed(folder: str, cid: str, uri: str, reason: str) -> CheckpointWriteFail
     """An announced write that will never commit: its writer removed or rewrote the folder."""
     return CheckpointWriteFailedV1(
         job_id=_folder_job(folder), checkpoint_id=cid, uri=uri, reason=reason, side=FailureSide.JOB
+    )
+
+
+REDRIVEN = "registry still held it as writing"
+
+
+def overdue_writes(
+    stuck: Sequence[CheckpointRecord],
+    state: WatchState,
+    seen: Sequence[Observation],
+    now: datetime,
+    deadline: timedelta,
+) -> list[EventData]:
+    """What the registry missed about writes it holds as ``writing`` since longer than
+    ``deadline`` (``stuck``: the registry's writing records on this storage root), decided
+    from what this watcher tracks now (``state`` after this scan's `observe`, ``seen`` the scan):
+
+    * a folder it announced committed, still complete → that `committed` again;
+    * a write it announced failed → that `write_failed` again (same reason and side);
+    * a write it still follows (not yet settled, or changing, or not yet stalled) → nothing:
+      the stall timeout decides it, as for any write;
+    * no folder holds that write any more (removed, written again under a new id, or never
+      seen by the watcher: the writer announced it and died) → `write_failed`: a write that can
+      never complete.
+
+    Each event has the id the watcher's own announcement of that fact has (type and checkpoint),
+    so re-driving twice, or after the lost announcement is replayed, moves the record once.
+    """
+    tracked = {t.checkpoint_id: (folder, t) for folder, t in state.folders.items()}
+    observed = {obs.folder: obs for obs in seen}
+    events: list[EventData] = []
+    for record in stuck:
+        since = _writing_since(record)
+        if not writing_overdue(record, now, deadline) or since is None:
+            continue
+        found = tracked.get(record.checkpoint_id)
+        if found is None or found[1].phase == IGNORED:
+            reason = (
+                f"write never completed: no write of it at {record.uri} for {now - since} "
+                "(its folder is gone or was written again)"
+            )
+            events.append(_record_failed(record, reason, FailureSide.UNKNOWN))
+            continue
+        folder, known = found
+        obs = observed.get(folder)
+        if known.phase == "committed" and obs is not None and not missing(obs.evidence, obs.files):
+            events.append(_committed(obs, known.checkpoint_id, state.notes))
+        elif known.phase == "failed" and known.failure is not None:
+            reason, side = known.failure
+            events.append(_record_failed(record, reason, side))
+        elif known.phase == "failed":
+            reason = f"write failed (announced before; {REDRIVEN} after {now - since})"
+            events.append(_record_failed(record, reason, FailureSide.UNKNOWN))
+    return events
+
+
+def writing_overdue(record: CheckpointRecord, now: datetime, deadline: timedelta) -> bool:
+    """The registry holds ``record`` as writing since longer than ``deadline``."""
+    since = _writing_since(record)
+    return record.state is CheckpointState.WRITING and since is not None and now - since >= deadline
+
+
+def _writing_since(record: CheckpointRecord) -> datetime | None:
+    """When the registry's record became ``writing`` (its latest such history entry)."""
+    return next(
+        (h.at for h in reversed(record.history) if h.state is CheckpointState.WRITING), None
+    )
+
+
+def _record_failed(record: CheckpointRecord, reason: str, side: FailureSide) -> EventData:
+    return CheckpointWriteFailedV1(
+        job_id=record.job_id,
+        checkpoint_id=record.checkpoint_id,
+        uri=record.uri,
+        reason=reason,
+        side=side,
     )

@@ -7,18 +7,20 @@ Fetch (storage listing, watch state, the registry's state of the checkpoints tha
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from ckpt_ha.contracts import build
+from ckpt_ha.contracts import EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.errors import TransientError
-from ckpt_ha.storage import StorageError
+from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
+from ckpt_ha.telemetry.metrics import ReconcileMetrics
 from ckpt_ha.writer_watcher import adapters, domain, notify
 from ckpt_ha.writer_watcher.ports import (
     Clock,
@@ -32,6 +34,17 @@ SOURCE = "ckpt-ha/writer-watcher"
 log = logging.getLogger("ckpt_ha.writer_watcher")
 
 
+@dataclass(frozen=True)
+class Redrive:
+    """How the watcher re-drives writes the registry holds as ``writing`` for too long."""
+
+    deadline: timedelta
+    """Writing for longer than this (from the registry's `writing` entry) is overdue."""
+    interval: timedelta
+    """How often the registry's writing records are read (at most once per scan)."""
+    metrics: ReconcileMetrics | None = None
+
+
 class Watcher:
     def __init__(
         self,
@@ -41,6 +54,7 @@ class Watcher:
         stall_after: timedelta,
         state_store: WatchStateStore,
         registry: WatcherRegistry,
+        redrive: Redrive | None = None,
     ) -> None:
         self.store = store
         self.publisher = publisher
@@ -48,6 +62,9 @@ class Watcher:
         self.stall_after = stall_after
         self.state_store = state_store
         self.registry = registry
+        self.redrive = redrive
+        """None: nothing is re-driven (the registry's state index is not read)."""
+        self._next_redrive: datetime | None = None
         self.storage_trouble: tuple[datetime, str] | None = None
         """When and how storage last failed a scan (classifies stalled writes)."""
         self.state: domain.WatchState | None = None
@@ -58,15 +75,21 @@ class Watcher:
         """One pass; returns how many events were published."""
         if self.state is None:
             self.state = await self.state_store.load()
-        observations = await asyncio.to_thread(lambda: list(adapters.scan(self.store)))
+        observations = await bounded.call(lambda: list(adapters.scan(self.store)))
         # Decide on a copy; keep it only once every event is published, so a failed publish
         # is decided (and, with its deterministic id, deduplicated) again on the next pass.
         state = domain.WatchState(dict(self.state.folders))
         asked = domain.needs_registry(state, observations)
         registered = {cid: await self._registered(cid) for cid in asked}
+        stuck = await self._stuck_writes()
+        now = self.clock()
         events = domain.observe(
-            state, observations, self.clock(), self.stall_after, registered, self.storage_trouble
+            state, observations, now, self.stall_after, registered, self.storage_trouble
         )
+        if stuck is not None and self.redrive is not None:
+            overdue = domain.overdue_writes(stuck, state, observations, now, self.redrive.deadline)
+            self._round_done(stuck, overdue, now)
+            events += overdue
         for note in state.notes:
             log.warning("%s", note)
         # A checkpoint quarantined here has its remaining bytes moved aside first.
@@ -88,6 +111,36 @@ class Watcher:
         self.state = state
         await self.state_store.save(state)
         return len(events)
+
+    async def _stuck_writes(self) -> list[CheckpointRecord] | None:
+        """The registry's writing records on this storage root when a re-drive round is due
+        (None: not due, or the registry did not answer: detection goes on without it)."""
+        if self.redrive is None:
+            return None
+        now = self.clock()
+        if self._next_redrive is not None and now < self._next_redrive:
+            return None
+        try:
+            records = await self.registry.by_state(CheckpointState.WRITING)
+        except TransientError as exc:
+            log.warning("writing records unavailable, re-drive next round: %s", exc)
+            if self.redrive.metrics is not None:
+                self.redrive.metrics.interrupted.labels(self.redrive.metrics.service).inc()
+            return None
+        self._next_redrive = now + self.redrive.interval
+        return [r for r in records if key_for_uri(self.store, r.uri) is not None]
+
+    def _round_done(
+        self, stuck: list[CheckpointRecord], overdue: list[EventData], now: datetime
+    ) -> None:
+        assert self.redrive is not None
+        late = [r for r in stuck if domain.writing_overdue(r, now, self.redrive.deadline)]
+        for data in overdue:
+            log.warning("re-driving %s: still writing in the registry: %s", data.subject_key(),
+                        data.EVENT_TYPE)  # fmt: skip
+        if self.redrive.metrics is not None:
+            writing = CheckpointState.WRITING.value
+            self.redrive.metrics.round(writing, len(late), len(overdue), now.timestamp())
 
     async def _registered(self, checkpoint_id: str) -> CheckpointState | None:
         record = await self.registry.get(checkpoint_id)

@@ -4,8 +4,9 @@
   bytes aside in;
 * ``publisher``: where its events go (`Publisher`, deduplicated on the event id);
 * ``registry``: read only (`WatcherRegistry`): whether a committed checkpoint that lost files
-  was verified already (then it is corrupt, else the write failed), and where the job's other
-  checkpoints lie (a quarantine never moves their bytes);
+  was verified already (then it is corrupt, else the write failed), where the job's other
+  checkpoints lie (a quarantine never moves their bytes), and which writes it still holds as
+  writing (re-driven past their deadline);
 * ``state``: its own memory of what it announced per folder (`WatchStateStore`), so a restart
   announces nothing twice; the service's own key space (`adapters.RedisWatchState` owns it);
 * ``clock``: injected time (`Clock`).
@@ -16,8 +17,10 @@ from __future__ import annotations
 from typing import Protocol
 
 from ckpt_ha.bus.port import Publisher
+from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.clock import Clock
 from ckpt_ha.core.errors import TransientError
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.registry.port import CheckpointLookup
 from ckpt_ha.storage.owned import JobRecords
 from ckpt_ha.storage.port import ObjectStore
@@ -34,7 +37,10 @@ __all__ = [
 
 
 class WatcherRegistry(CheckpointLookup, JobRecords, Protocol):
-    """One checkpoint's record, and a job's records."""
+    """One checkpoint's record, a job's records, and the records in one state (the writes the
+    registry holds as writing, for their re-drive)."""
+
+    async def by_state(self, state: CheckpointState) -> list[CheckpointRecord]: ...
 
 
 class WatchStateUnavailable(TransientError):

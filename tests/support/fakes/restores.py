@@ -54,6 +54,7 @@ class InMemoryRestores:
         self.plans: dict[str, PlanRecord] = {}
         self.observed: dict[str, list[Point]] = {}
         self.verdicts: dict[str, str] = {}
+        self.ended: dict[str, int] = {}
 
     def _job(self, job: str) -> _Job:
         return self.jobs.setdefault(job, _Job())
@@ -63,6 +64,10 @@ class InMemoryRestores:
 
     async def started(self, job: str, attempt: int) -> Started | None:
         return self.starts.get((job, attempt))
+
+    async def end_run(self, job: str, last_attempt: int) -> None:
+        """Nothing expires here; the end is noted (what a test can check)."""
+        self.ended[job] = last_attempt
 
     async def record_progress(
         self, job: str, points: Sequence[Point], *, last: Point | None = None

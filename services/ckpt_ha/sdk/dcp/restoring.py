@@ -17,7 +17,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, FailureSide
-from ckpt_ha.contracts.resume import LoadBlame, ResumePlannedV1
+from ckpt_ha.contracts.resume import LoadBlame, ResumePlannedV2
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import dcp_metadata, detect, sidecar, torch_load
 from ckpt_ha.formats.dcp import METADATA, recorded_step
@@ -51,7 +51,7 @@ LOADER = "ckpt_ha.sdk.dcp.resume()"
 class DcpResumed:
     """A plan carried out: ``state_dict`` was loaded in place by ``dcp.load``."""
 
-    plan: ResumePlannedV1
+    plan: ResumePlannedV2
     step: int
     uri: str
     state_dict: dict[str, Any]
@@ -186,7 +186,7 @@ def _check_bytes_items(where: PlannedFolder, metadata: DcpMetadata, files: set[s
             raise CheckpointUnreadable(where.uri, failure[0].value, failure[1])
 
 
-def _check_share(plan: ResumePlannedV1, ctx: Context, group: Group) -> _Checked:
+def _check_share(plan: ResumePlannedV2, ctx: Context, group: Group) -> _Checked:
     """This rank's checks before DCP reads anything: format, folder, ``.metadata`` (every rank),
     and its `share` of the data files (sizes, checksums, "bytes" items)."""
     fmt = plan.checkpoint_format
@@ -239,7 +239,7 @@ def _check_share(plan: ResumePlannedV1, ctx: Context, group: Group) -> _Checked:
     return _Checked(path, where.uri, data, plan.step if step is None else step, commit is not None)
 
 
-def _agree(group: Group, ctx: Context, plan: ResumePlannedV1, exc: Exception | None) -> None:
+def _agree(group: Group, ctx: Context, plan: ResumePlannedV2, exc: Exception | None) -> None:
     """A failure on any rank is the group's: rank 0 reports the first failing rank's, with what
     it blames (`classify_failure`), and every rank raises `ResumeFailed`."""
     mine = None

@@ -1,0 +1,75 @@
+"""Which deliveries count against the retry cap, and which messages are parked. Pure.
+
+A rolling upgrade runs old and new consumers on one durable at once. An event of a version
+newer than a consumer's catalogue knows is *parked*: nak'ed with a long delay
+(``BusConfig.park_delay_s``), never handled, never dead-lettered for being new, so that it stays
+in the durable until a consumer that knows the version takes it. An older version that is not
+known (retired, or a gap) and an unknown type are still refused: no consumer will ever know them.
+
+Parking needs JetStream's own ``max_deliver`` unlimited (it would stop redelivering a parked
+message), so the bus enforces the cap itself (`ckpt_ha.bus.broker.DeadLetters`). Every park is a
+JetStream delivery too, so a message an old consumer parked ten times would reach a new consumer
+already past the cap. `attempts` therefore excuses the deliveries parking can explain: a message
+can have been parked at most once per ``park_delay_s`` since it was stored, and only if its
+version is newer than its type's first (a first version is known to every consumer of the type,
+so it is never parked). What is left are the deliveries that reached a handler (or were lost in a
+pull): those count.
+
+The bound is conservative the other way: a message of a later version that waited long in the
+stream before its first delivery (a consumer down for hours) is excused as many deliveries as it
+waited park delays, so if its handler crashes every time it is dead-lettered only after that many
+more. First versions, which are almost every event, are counted exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime
+
+from ckpt_ha.contracts import EventCatalog
+from ckpt_ha.contracts.errors import UnsupportedEventVersion
+from ckpt_ha.contracts.subjects import EventAddress
+
+
+def newer_than_known(error: BaseException, where: EventAddress | None) -> bool:
+    """True for an event of a known type whose version is newer than every version this
+    consumer knows, published on the subject of that version (``where``): it is parked, not
+    refused. A body claiming another version than its subject is refused as it always was."""
+    return (
+        isinstance(error, UnsupportedEventVersion)
+        and bool(error.known)
+        and error.version > max(error.known)
+        and where is not None
+        and (where.event_type, where.version) == (error.event_type, error.version)
+    )
+
+
+def parks_here(catalog: EventCatalog, where: EventAddress | None) -> bool:
+    """True when this consumer would park the message (its subject names a known type at a
+    version newer than any this catalogue knows)."""
+    if where is None:
+        return False
+    known = catalog.versions(where.event_type)
+    return bool(known) and where.version > known[-1]
+
+
+def parkable(catalog: EventCatalog, where: EventAddress | None) -> bool:
+    """True when an older consumer may have parked the message: its version is later than the
+    first version this catalogue knows of its type."""
+    if where is None:
+        return False
+    known = catalog.versions(where.event_type)
+    return bool(known) and where.version > known[0]
+
+
+def attempts(
+    delivered: int, stored_at: datetime, now: datetime, *, parkable: bool, park_delay_s: float
+) -> int:
+    """Deliveries that count against the cap: ``delivered`` less those parking can explain
+    (at most one per ``park_delay_s`` since the message was stored, and none unless
+    ``parkable``). Never less than 1: this delivery counts."""
+    if not parkable or delivered <= 1 or park_delay_s <= 0:
+        return max(delivered, 1)
+    waited = max((now - stored_at).total_seconds(), 0.0)
+    excused = min(delivered - 1, math.floor(waited / park_delay_s))
+    return delivered - excused

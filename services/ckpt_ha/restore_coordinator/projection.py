@@ -1,0 +1,290 @@
+"""The restore-coordinator's memory as a projection of the event stream.
+
+Every write the coordinator makes to its own state (`RestoreState`, ``<p>:coord:*``) and to the
+R15 pins (`PinStore`, ``<p>:pins:<job>``) is made here, from one event. The live handlers call
+these methods with the event they handle (for a decision: with the event they are about to
+publish); ``ckpt-ha registry rebuild`` calls `RestoreProjection.apply` with every event of the
+stream, in stream order. One projection, so what the coordinator remembers is what the stream
+says, and a registry rebuilt after a flush remembers what the live one did.
+
+============================  ==========================================================
+event                         writes
+============================  ==========================================================
+job.started                   the attempt's start (policy, restore target)
+job.progress                  trajectory and last point; for a resumed attempt before its
+                              verdict: its observations, then the verdict
+job.failed                    the failure (one per attempt); an infrastructure-side one
+                              also counts as a storage error
+job.succeeded                 the run is over: its start records may expire
+resume.load_failed            the checkpoint excluded (when the load blames it), a storage
+                              error (when infrastructure-side)
+resume.planned                the decision about the failed attempt, its plan, the restart,
+                              the pins (all carried by the event)
+resume.escalated              the decision (when it names the failed attempt); the run is
+                              over for automatic restores
+checkpoint.registered         the pins a newer valid checkpoint of the resumed attempt
+                              releases
+resume.verified / .diverged   the verdict (set before the event was published; replaying
+                              the progress reports sets the same one)
+============================  ==========================================================
+
+Not here: leases (who decides a failure right now: transient), the note that a stored
+decision's events were published (`RestoreState.mark_published`: a replay stores every decision
+as published, having read it from the stream), and the side effects of the handlers
+(publishing, quarantine moves, closure's deletions, metrics): a replay must not repeat them, and
+their outcomes are events of their own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import cast
+
+from ckpt_ha.contracts import Envelope, EventData
+from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1, FailureSide
+from ckpt_ha.contracts.job import (
+    JobFailedV1,
+    JobPolicy,
+    JobProgressV1,
+    JobStartedV1,
+    JobSucceededV1,
+)
+from ckpt_ha.contracts.resume import (
+    ResumeDivergedV1,
+    ResumeEscalatedV2,
+    ResumeLoadFailedV2,
+    ResumePlannedV2,
+    ResumeVerifiedV1,
+)
+from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.core.restore_records import (
+    DecisionRecord,
+    History,
+    PlanRecord,
+    Point,
+    Started,
+    planned_pins,
+)
+from ckpt_ha.restore_coordinator import domain
+from ckpt_ha.restore_coordinator.ports import CheckpointReads, PinStore, RestoreState
+from ckpt_ha.telemetry import tracing
+
+__all__ = ["FailureContext", "LoadFailure", "Progress", "RestoreProjection"]
+
+FailureContext = tuple[Started | None, Point | None, History, set[str], DecisionRecord | None]
+"""What `RestoreState.failure_context` reads back for a decision."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a progress report led to."""
+
+    plan: PlanRecord | None = None
+    """The plan whose continuity the report was compared for (None: recorded as trajectory)."""
+    result: domain.Continuity | None = None
+    verdict: EventData | None = None
+    """``resume.verified`` / ``resume.diverged`` this report decided, to publish (None: none,
+    or another delivery already set the plan's verdict)."""
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    """What a ``resume.load_failed`` found and recorded (the handler goes on to decide)."""
+
+    record: CheckpointRecord | None
+    plan: PlanRecord | None
+    outcome: domain.LoadOutcome
+    excluded: set[str] = field(default_factory=set)
+
+
+class RestoreProjection:
+    """The coordinator's state writes, one event at a time (see the module doc)."""
+
+    def __init__(self, state: RestoreState, pins: PinStore, registry: CheckpointReads) -> None:
+        self.state = state
+        self.pins = pins
+        self.registry = registry
+
+    async def apply(self, event: Envelope[EventData]) -> None:
+        """Replay one event of the stream (a rebuild): the writes its live handler made.
+        Raises what the live handler raised for it (e.g. `JobMismatch`: it was refused)."""
+        data = event.data
+        if isinstance(data, JobStartedV1):
+            await self.started(cast(Envelope[JobStartedV1], event))
+        elif isinstance(data, JobProgressV1):
+            await self.progress(cast(Envelope[JobProgressV1], event))
+        elif isinstance(data, JobFailedV1):
+            await self.failed(cast(Envelope[JobFailedV1], event))
+        elif isinstance(data, JobSucceededV1):
+            await self.succeeded(cast(Envelope[JobSucceededV1], event))
+        elif isinstance(data, ResumeLoadFailedV2):
+            await self.load_failed(cast(Envelope[ResumeLoadFailedV2], event))
+        elif isinstance(data, ResumePlannedV2 | ResumeEscalatedV2):
+            await self.decided([event], published=True)
+        elif isinstance(data, CheckpointRegisteredV1):
+            await self.registered(cast(Envelope[CheckpointRegisteredV1], event))
+        elif isinstance(data, ResumeVerifiedV1 | ResumeDivergedV1):
+            await self.verdict(cast(Envelope[ResumeVerifiedV1 | ResumeDivergedV1], event))
+
+    # --- job.* ---
+
+    async def started(self, event: Envelope[JobStartedV1]) -> None:
+        await self.state.record_started(event.data.job_id, Started.of(event.data, event.time))
+
+    async def progress(self, event: Envelope[JobProgressV1]) -> Progress:
+        """Record the report; a resumed attempt's reports before its verdict are compared with
+        the pre-failure trajectory (R10) instead of overwriting it."""
+        d = event.data
+        point = Point(
+            step=d.step,
+            at=event.time,
+            attempt=d.attempt,
+            data_position=d.data_position,
+            rng_fingerprint=d.rng_fingerprint,
+            metrics=d.metrics,
+        )
+        plan = domain.own_plan(await self.state.plan(d.plan_id), d.job_id) if d.plan_id else None
+        verdict = await self.state.verdict(plan.plan_id) if plan is not None else None
+        if plan is None or not domain.watches_continuity(plan, verdict):
+            await self.state.record_progress(d.job_id, [point], last=point)
+            return Progress()
+        keep = 4 * plan.policy.continuity_steps + 16
+        observed = await self.state.observe(plan.plan_id, point, keep)
+        trajectory = await self.state.trajectory(d.job_id, [p.step for p in observed])
+        result = domain.continuity(
+            restored_step=plan.step, trajectory=trajectory, observed=observed, policy=plan.policy
+        )
+        verdict_event = domain.verdict_event(plan, d.run_id, result)
+        if verdict_event is None:
+            await self.state.record_progress(d.job_id, [], last=point)
+            return Progress(plan, result)
+        first = await self.state.set_verdict(plan.plan_id, result.verdict)
+        # Decided: the observed reports join the trajectory.
+        await self.state.record_progress(d.job_id, observed, last=point)
+        return Progress(plan, result, verdict_event if first else None)
+
+    async def failed(self, event: Envelope[JobFailedV1], same_window: int = 1) -> FailureContext:
+        """Record the failure (idempotent: one per attempt) and read back, in the same round
+        trip, what deciding it needs (the latest ``same_window`` failures of the history)."""
+        d = event.data
+        infrastructure = d.side is FailureSide.INFRASTRUCTURE
+        return await self.state.failure_context(
+            d.job_id,
+            d.attempt,
+            domain.Failure(d.attempt, event.time, d.signature, infrastructure),
+            f"failed:{d.attempt}" if infrastructure else None,
+            same_window,
+        )
+
+    async def succeeded(self, event: Envelope[JobSucceededV1]) -> None:
+        await self.state.end_run(event.data.job_id, event.data.attempt)
+
+    # --- resume.* ---
+
+    async def load_failed(self, event: Envelope[ResumeLoadFailedV2]) -> LoadFailure:
+        """Only for the job's own checkpoint and plan: a load failure naming another job's is
+        refused (`JobMismatch`) before anything is recorded. One that blames the checkpoint
+        excludes it for good (R7)."""
+        d = event.data
+        with tracing.span("registry.get", attributes={"db.system": "redis"}):
+            record = await self.registry.get(d.checkpoint_id)
+        plan = await self.state.plan(d.plan_id)
+        refused = domain.foreign(
+            d.job_id,
+            d.checkpoint_id,
+            event.event_type,
+            record_job=record.job_id if record is not None else None,
+            plan_job=plan.job_id if plan is not None else None,
+        )
+        if refused is not None:
+            raise refused
+        outcome = domain.after_load_failure(d.blame, d.side)
+        if outcome is domain.LoadOutcome.FALLBACK:
+            excluded = await self.state.exclude(d.job_id, d.checkpoint_id)
+        else:
+            excluded = await self.state.excluded(d.job_id)
+        if d.side is FailureSide.INFRASTRUCTURE:
+            await self.state.record_storage_error(d.job_id, f"load:{d.plan_id}", event.time)
+        return LoadFailure(record, plan, outcome, excluded)
+
+    async def decided(
+        self, events: Sequence[Envelope[EventData]], *, published: bool
+    ) -> DecisionRecord | None:
+        """Store the decision about one failed attempt: ``events`` as published (a
+        ``resume.planned`` or a ``resume.escalated`` naming the attempt), with the plan, the
+        restart and the pins a plan implies, all taken from the event. An escalation ends the
+        run. None: ``events`` hold no decision (an escalation of leftovers after a verified
+        resume, or one of an older coordinator that did not name the attempt)."""
+        decision = next(
+            (e for e in events if isinstance(e.data, ResumePlannedV2 | ResumeEscalatedV2)), None
+        )
+        if decision is None:
+            return None
+        data = decision.data
+        stored = DecisionRecord(
+            events=tuple(e.model_dump_json() for e in events), published=published
+        )
+        if isinstance(data, ResumePlannedV2):
+            plan = await self._plan_of(data, decision.time)
+            await self.state.record_decision(
+                data.job_id,
+                plan.failed_attempt,
+                stored,
+                plan=plan,
+                pins=planned_pins(data),
+                planned_at=plan.failed_at,
+            )
+            return stored
+        escalation = cast(ResumeEscalatedV2, data)
+        if escalation.attempt is None:
+            return None
+        await self.state.record_decision(escalation.job_id, escalation.attempt, stored)
+        await self.state.end_run(escalation.job_id, escalation.attempt)
+        return stored
+
+    async def _plan_of(self, data: ResumePlannedV2, at: datetime) -> PlanRecord:
+        """The plan record the event states. An event of an older coordinator lacks the failure
+        time, the fallback count and the policy: they are recovered as that coordinator had
+        them where the state allows (the failed attempt's start and failure, the plan it fell
+        back from), else the plan's own time, 0 or 1, and the default policy."""
+        if None not in (data.failed_at, data.fallbacks, data.policy):
+            return PlanRecord.of(data)
+        failed_attempt = data.attempt - 1
+        started = await self.state.started(data.job_id, failed_attempt)
+        policy = started.policy if started is not None else JobPolicy()
+        if data.fallback_from is not None:
+            earlier = domain.plan_id(data.job_id, data.failed_run_id, failed_attempt - 1)
+            before = await self.state.plan(earlier)
+            if before is not None and before.attempt == failed_attempt:
+                return PlanRecord.of(
+                    data, failed_at=before.failed_at, fallbacks=before.fallbacks + 1, policy=policy
+                )
+            return PlanRecord.of(data, failed_at=at, fallbacks=1, policy=policy)
+        history = await self.state.history(data.job_id, failed_attempt, 1)
+        failure = next((f for f in history.failures if f.attempt == failed_attempt), None)
+        return PlanRecord.of(data, failed_at=failure.at if failure else at, policy=policy)
+
+    async def verdict(self, event: Envelope[ResumeVerifiedV1 | ResumeDivergedV1]) -> None:
+        """The plan's verdict as published (the first verdict of a plan wins)."""
+        d = event.data
+        if domain.own_plan(await self.state.plan(d.plan_id), d.job_id) is None:
+            return
+        verdict = domain.VERIFIED if isinstance(d, ResumeVerifiedV1) else domain.DIVERGED
+        await self.state.set_verdict(d.plan_id, verdict)
+
+    # --- checkpoint.registered (R15) ---
+
+    async def registered(self, event: Envelope[CheckpointRegisteredV1]) -> list[str]:
+        """Release the pins a newly registered valid checkpoint of the resumed attempt (newer
+        than the restored step) makes unnecessary; returns the released ids."""
+        d = event.data
+        ids = domain.released_pins(
+            await self.pins.pins(d.job_id),
+            state=d.state,
+            step=d.step,
+            attempt=d.identity.attempt if d.identity is not None else None,
+        )
+        await self.pins.unpin(d.job_id, ids)
+        return ids

@@ -1,0 +1,84 @@
+"""Which messages are parked and which deliveries count against the cap (`ckpt_ha.bus.delivery`)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from ckpt_ha.bus import delivery
+from ckpt_ha.contracts import CATALOG, EventCatalog
+from ckpt_ha.contracts.errors import MalformedEvent, UnknownEventType, UnsupportedEventVersion
+from ckpt_ha.contracts.resume import ResumeLoadFailedV1, ResumeLoadFailedV2
+from ckpt_ha.contracts.subjects import EventAddress, event_subject, parse_event_subject
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def at(event_type: str, version: int) -> EventAddress:
+    return EventAddress(event_type, version, "job-1")
+
+
+def test_a_newer_version_on_its_own_subject_is_parked() -> None:
+    error = UnsupportedEventVersion("resume.load_failed", 3, (1, 2))
+    assert delivery.newer_than_known(error, at("resume.load_failed", 3))
+
+
+@pytest.mark.parametrize(
+    ("error", "where"),
+    [
+        # older than the newest known (retired, or a gap): no consumer will ever know it
+        (UnsupportedEventVersion("resume.load_failed", 1, (2, 3)), at("resume.load_failed", 1)),
+        (UnsupportedEventVersion("resume.load_failed", 2, (1, 3)), at("resume.load_failed", 2)),
+        # a body claiming a newer version than the subject it was published on
+        (UnsupportedEventVersion("resume.load_failed", 9, (1, 2)), at("resume.load_failed", 1)),
+        (UnsupportedEventVersion("resume.load_failed", 9, (1, 2)), at("resume.planned", 9)),
+        (UnsupportedEventVersion("resume.load_failed", 9, (1, 2)), None),
+        (UnknownEventType("ckpt-ha.checkpoint.exploded.v1"), at("checkpoint.exploded", 1)),
+        (MalformedEvent("not JSON"), at("resume.load_failed", 9)),
+        (RuntimeError("redis down"), at("resume.load_failed", 9)),
+    ],
+)
+def test_everything_else_is_not_parked(error: BaseException, where: EventAddress | None) -> None:
+    assert not delivery.newer_than_known(error, where)
+
+
+def old_catalog() -> EventCatalog:
+    catalog = EventCatalog()
+    for model in CATALOG.models().values():
+        if model is not ResumeLoadFailedV2:
+            catalog.register(model)
+    return catalog
+
+
+def test_parks_here_and_parkable_read_the_subject_against_the_catalogue() -> None:
+    subject = event_subject("ckpt", "resume.load_failed", 2, "job-1")
+    where = parse_event_subject("ckpt", subject)
+    assert delivery.parks_here(old_catalog(), where)
+    assert not delivery.parks_here(CATALOG, where)
+    assert delivery.parkable(CATALOG, where)  # an old consumer may have parked it
+    v1 = at("resume.load_failed", ResumeLoadFailedV1.EVENT_VERSION)
+    assert not delivery.parkable(CATALOG, v1)  # a first version is known to every consumer
+    assert not delivery.parkable(CATALOG, at("checkpoint.exploded", 2))
+    assert not delivery.parkable(CATALOG, None)
+    assert not delivery.parks_here(CATALOG, None)
+
+
+@pytest.mark.parametrize(
+    ("delivered", "waited_s", "parkable", "counted"),
+    [
+        (1, 0, False, 1),
+        (5, 10_000, False, 5),  # a first version: every delivery counts, however old
+        (12, 3_600, True, 1),  # parked eleven times in an hour (300 s apart): this one counts
+        (12, 600, True, 10),  # only two parks fit in ten minutes
+        (3, 299, True, 3),  # not one park delay old: nothing excused
+        (2, -5, True, 2),  # a clock behind the server's: nothing excused
+        (0, 0, True, 1),  # this delivery always counts
+    ],
+)
+def test_attempts_excuse_only_the_parks_time_allows(
+    delivered: int, waited_s: float, parkable: bool, counted: int
+) -> None:
+    now = T0 + timedelta(seconds=waited_s)
+    got = delivery.attempts(delivered, T0, now, parkable=parkable, park_delay_s=300)
+    assert got == counted

@@ -1,0 +1,245 @@
+"""The restore-coordinator's memory is a projection of the stream: the live handlers write it
+through `RestoreProjection`, and replaying the stream they saw and published (as bytes, decoded
+again) through the same projection into empty stores gives the same state, field for field.
+Events of an older coordinator (without the fields a plan now carries) still project."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointFormat,
+    CheckpointIdentity,
+    CheckpointRegisteredV1,
+    CheckpointState,
+    FailureSide,
+    RuntimeEnvironment,
+    Topology,
+)
+from ckpt_ha.contracts.job import (
+    FailureCause,
+    JobFailedV1,
+    JobPolicy,
+    JobProgressV1,
+    JobStartedV1,
+    JobSucceededV1,
+    Tolerance,
+)
+from ckpt_ha.contracts.resume import (
+    Compatibility,
+    LoadBlame,
+    ResumeEscalatedV2,
+    ResumeLoadFailedV2,
+    ResumeMode,
+    ResumePlannedV2,
+)
+from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.core.restore_records import Failure, PlanRecord, Started
+from ckpt_ha.restore_coordinator import domain
+from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.storage import FsStore
+from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from tests.support.fakes.pins import InMemoryPins
+from tests.support.fakes.publisher import RecordingPublisher
+from tests.support.fakes.registry import InMemoryRegistry
+from tests.support.fakes.restores import InMemoryRestores
+
+JOB = "job-p"
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+ENV = RuntimeEnvironment(framework="torch", framework_version="2.3.0", python_version="3.11.9")
+TOPO = Topology(world_size=2)
+POLICY = JobPolicy(
+    tier="standard",
+    tolerances=(Tolerance(metric="loss", abs=0.01),),
+    continuity_steps=2,
+    max_storage_errors=9,
+)
+
+
+def record(ckpt: str, step: int, attempt: int = 1) -> CheckpointRecord:
+    return CheckpointRecord(
+        checkpoint_id=ckpt, job_id=JOB, run_id="run-1", step=step,
+        uri=f"file:///nowhere/{JOB}/step-{step}", format=CheckpointFormat.NATIVE,
+        state=CheckpointState.VALID,
+        identity=CheckpointIdentity(
+            job_id=JOB, run_id="run-1", attempt=attempt, environment=ENV, topology=TOPO,
+            code_version="abc", created_at=T0,
+        ),
+        exact_resume=True, created_at=T0 + timedelta(seconds=step),
+        updated_at=T0 + timedelta(seconds=step),
+    )  # fmt: skip
+
+
+RECORDS = [record(f"c{i}", step) for i, step in enumerate((100, 200, 300), start=1)]
+
+
+class Stream:
+    """What the stream holds: each event handled, then what its handler published."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.pins = InMemoryPins()
+        self.state = InMemoryRestores(self.pins)
+        self.bus = RecordingPublisher()
+        registry = InMemoryRegistry()
+        registry.put(*RECORDS)
+        (tmp / "store").mkdir()
+        self.handlers = CoordinatorHandlers(
+            self.state, self.pins, registry, FsStore(tmp / "store"), self.bus,
+            lambda: T0 + timedelta(hours=1), RestoreMetrics(ServiceMetrics("rc")),
+            load_failed_grace_s=0.2,
+        )  # fmt: skip
+        self.events: list[Envelope[EventData]] = []
+        self.n = 0
+
+    async def handle(self, data: EventData, handler: str) -> None:
+        self.n += 1
+        event = build(data, source="test", time=T0 + timedelta(seconds=self.n), key=f"{self.n}")
+        seen = len(self.bus.events)
+        await getattr(self.handlers, handler)(event)
+        self.events += [event, *self.bus.events[seen:]]
+
+    def published(self, event_type: str) -> list[Any]:
+        return [e.data for e in self.bus.of_type(event_type)]
+
+
+def started(attempt: int, plan_id: str | None = None) -> JobStartedV1:
+    return JobStartedV1(
+        job_id=JOB, run_id="run-1", attempt=attempt, policy=POLICY, environment=ENV,
+        topology=TOPO, code_version="abc", plan_id=plan_id,
+    )  # fmt: skip
+
+
+def progress(step: int, attempt: int = 1, plan_id: str | None = None) -> JobProgressV1:
+    return JobProgressV1(
+        job_id=JOB, run_id="run-1", attempt=attempt, step=step, data_position=step * 64,
+        rng_fingerprint=f"rng-{step}", metrics={"loss": 10.0 / step}, plan_id=plan_id,
+    )  # fmt: skip
+
+
+def failed(attempt: int, plan_id: str | None = None) -> JobFailedV1:
+    return JobFailedV1(
+        job_id=JOB, run_id="run-1", attempt=attempt, cause=FailureCause.NODE_EXIT,
+        signature=f"sig-{attempt}", side=FailureSide.INFRASTRUCTURE, plan_id=plan_id,
+    )  # fmt: skip
+
+
+def memory(state: InMemoryRestores, pins: InMemoryPins) -> dict[str, Any]:
+    return {
+        "starts": state.starts,
+        "lasts": state.lasts,
+        "decisions": state.decisions,
+        "plans": state.plans,
+        "observed": state.observed,
+        "verdicts": state.verdicts,
+        "ended": state.ended,
+        "jobs": {job: asdict(j) for job, j in state.jobs.items()},
+        "pins": pins.by_job,
+    }
+
+
+async def test_replaying_the_stream_gives_what_the_live_handlers_wrote(tmp_path: Path) -> None:
+    live = Stream(tmp_path)
+    await live.handle(started(1), "on_started")
+    for step in (*range(195, 206), *range(295, 306)):
+        await live.handle(progress(step), "on_progress")
+    await live.handle(failed(1), "on_failed")
+    [first] = live.published("resume.planned")
+    await live.handle(started(2, first.plan_id), "on_started")
+    await live.handle(
+        ResumeLoadFailedV2(
+            job_id=JOB, plan_id=first.plan_id, run_id="run-1", checkpoint_id="c3",
+            reason="checksum", blame=LoadBlame.CHECKPOINT, side=FailureSide.INFRASTRUCTURE,
+        ),
+        "on_load_failed",
+    )  # fmt: skip
+    await live.handle(failed(2, first.plan_id), "on_failed")
+    [_, fallback] = live.published("resume.planned")
+    assert (fallback.checkpoint_id, fallback.fallbacks, fallback.failed_at) == (
+        "c2",
+        1,
+        T0 + timedelta(seconds=24),
+    )
+    await live.handle(started(3, fallback.plan_id), "on_started")
+    for step in (201, 202):
+        await live.handle(progress(step, 3, fallback.plan_id), "on_progress")
+    assert len(live.published("resume.verified")) == 1
+    newer = CheckpointRegisteredV1(
+        job_id=JOB, checkpoint_id="c4", uri="file:///nowhere/c4", step=400,
+        state=CheckpointState.VALID,
+        identity=CheckpointIdentity(job_id=JOB, run_id="run-1", attempt=3),
+    )  # fmt: skip
+    assert sorted(live.pins.by_job[JOB]) == ["c1", "c2", "c3"]
+    await live.handle(newer, "on_registered")
+    await live.handle(JobSucceededV1(job_id=JOB, run_id="run-1", attempt=3), "on_succeeded")
+    before = memory(live.state, live.pins)
+    assert before["verdicts"] == {fallback.plan_id: "verified"}
+    assert before["ended"] == {JOB: 3}
+    assert (len(before["decisions"]), len(before["plans"]), before["pins"]) == (2, 2, {})
+    assert sorted(before["jobs"][JOB]["excluded"]) == ["c3"]
+
+    pins, state = InMemoryPins(), InMemoryRestores()
+    state.pin_store = pins
+    registry = InMemoryRegistry()
+    registry.put(*RECORDS)
+    replay = RestoreProjection(state, pins, registry)
+    for event in live.events:
+        await replay.apply(CATALOG.decode(event.to_bytes()))  # as the stream holds it
+    after = memory(state, pins)
+    for what in before:
+        assert after[what] == before[what], what
+
+
+async def test_a_pinned_plan_of_an_older_coordinator_is_recovered_from_the_state() -> None:
+    """Before plans carried their failure time, fallback count and policy: the failed attempt's
+    start and failure give them, and a fallback plan continues the chain it falls back in."""
+    pins, state = InMemoryPins(), InMemoryRestores()
+    state.pin_store = pins
+    projection = RestoreProjection(state, pins, InMemoryRegistry())
+    failed_at = T0 + timedelta(minutes=5)
+    await state.record_started(JOB, Started.of(started(1), T0))
+    await state.failure_context(JOB, 1, Failure(1, failed_at, "sig"), None, 1)
+
+    def old_plan(attempt: int, ckpt: str, step: int, **extra: Any) -> Envelope[Any]:
+        data = ResumePlannedV2(
+            job_id=JOB, plan_id=domain.plan_id(JOB, "run-1", attempt - 1),
+            failed_run_id="run-1", attempt=attempt, checkpoint_id=ckpt,
+            checkpoint_uri=f"file:///nowhere/{ckpt}", step=step, mode=ResumeMode.EXACT,
+            compatibility=Compatibility.IDENTICAL, pinned=(ckpt,), **extra,
+        )  # fmt: skip
+        return build(data, source="old", time=failed_at + timedelta(seconds=attempt), key="p")
+
+    first = old_plan(2, "c3", 300)
+    assert await projection.decided([first], published=True) is not None
+    plan = await state.plan(first.data.plan_id)
+    assert plan == PlanRecord.of(first.data, failed_at=failed_at, fallbacks=0, policy=POLICY)
+    assert [(p.checkpoint_id, p.reason, p.attempt) for p in await pins.pins(JOB)] == [
+        ("c3", "restored from", 2)
+    ]
+    second = old_plan(3, "c2", 200, fallback_from="c3")
+    await projection.decided([second], published=True)
+    chained = await state.plan(second.data.plan_id)
+    assert chained is not None
+    assert (chained.failed_at, chained.fallbacks, chained.failed_attempt) == (failed_at, 1, 2)
+    assert (await state.decision(JOB, 2)) is not None
+
+
+async def test_an_escalation_that_names_no_attempt_is_no_decision() -> None:
+    """Leftovers a verified resume could not reclaim escalate, but decide no failure."""
+    state = InMemoryRestores()
+    projection = RestoreProjection(state, state.pin_store, InMemoryRegistry())
+    data = ResumeEscalatedV2(job_id=JOB, plan_id="p1", reason="unreclaimable_leftovers",
+                             next_step="docs/RUNBOOK.md#reclaim-leftovers")  # fmt: skip
+    assert await projection.decided([build(data, source="t", time=T0, key="k")],
+                                    published=True) is None  # fmt: skip
+    assert state.decisions == {}
+    assert state.ended == {}
+    named = data.model_copy(update={"attempt": 4, "reason": "restart_loop"})
+    assert await projection.decided([build(named, source="t", time=T0, key="k2")],
+                                    published=True) is not None  # fmt: skip
+    assert list(state.decisions) == [(JOB, 4)]
+    assert state.ended == {JOB: 4}
