@@ -106,8 +106,25 @@ async def bus_state(fs: FaultStack) -> BusState:
         letters = (await js.stream_info(cfg.dead_letter_stream)).state.messages
     finally:
         await nc.close()
-    busy = {name: c for name, c in consumers.items() if c["pending"] or c["unacked"]}
+    busy = {
+        name: c
+        for name, c in consumers.items()
+        if "--" in name and (c["pending"] or c["unacked"])  # the services' durables
+    }
     return BusState(letters, busy)
+
+
+async def idle(fs: FaultStack) -> bool:
+    """Every service's consumer has taken and acknowledged everything (False while NATS is
+    unreachable)."""
+    try:
+        return not (await bus_state(fs)).busy_consumers
+    except (OSError, nats.errors.Error):
+        return False
+
+
+async def quiet(fs: FaultStack, timeout: float = 60) -> None:
+    await wait_for(lambda: idle(fs), timeout=timeout, what="every consumer idle")
 
 
 async def settle(
@@ -134,6 +151,7 @@ async def settle(
         since=ended,
         bound_s=bound_s,
         want=want,
+        idle=lambda: idle(fs),
     )
     after = await bus_state(fs)
     figures.evidence["new_dead_letters"] = after.dead_letters - letters_before

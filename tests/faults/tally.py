@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,14 +192,16 @@ async def converge(
     since: float,
     bound_s: float,
     want: Mapping[str, frozenset[S]] | None = None,
+    idle: Callable[[], Awaitable[bool]] | None = None,
 ) -> Figures:
     """Wait (up to ``bound_s`` after ``since``, a `time.monotonic` reading taken when the fault
-    ended) until nothing is lost or stuck, then count everything, the event stream included."""
+    ended) until nothing is lost or stuck (and ``idle`` says the services have caught up), then
+    count everything, the event stream included."""
     converged: float | None = None
     while True:
         now = time.monotonic()
         figures = await count(name, registry, store, jobs, saves, want=want)
-        if figures.lost == 0 and figures.stuck == 0:
+        if figures.lost == 0 and figures.stuck == 0 and (idle is None or await idle()):
             converged = now - since
             break
         if now - since > bound_s:

@@ -24,6 +24,7 @@ from ckpt_ha.contracts.subjects import parse_event_subject
 from ckpt_ha.drill.assess import assess_restore
 from ckpt_ha.drill.harness import Drill, policy, progress_at_least, resumed_after, valid_count
 from ckpt_ha.formats import native
+from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.redis_registry import Registry
 from tests.faults.book import FigureBook
 from tests.faults.flows import (
@@ -37,6 +38,7 @@ from tests.faults.flows import (
     job_for,
     now,
     plans_per_failure,
+    quiet,
     saves_of,
     settle,
     stop_writer,
@@ -46,12 +48,17 @@ from tests.faults.flows import (
 from tests.faults.stack import FaultStack
 from tests.faults.writer import CheckpointWriter
 from tests.support.bus_tools import publish_raw, stream_messages, wait_for
+from tests.support.registry_snapshot import differences, snapshot
 
 pytestmark = pytest.mark.faults
 
 DOWN_S = 4.0
 """How long a killed service (or nats-server) stays dead while the writer goes on."""
 REDIS_FROZEN_S = 120.0
+WRITERS_OF_THE_REGISTRY = ("registrar", "restore-coordinator", "retention-janitor")
+"""What the runbook stops before a rebuild: the services writing under the registry prefix."""
+TRANSIENT = (":coord:lease:",)
+"""Registry keys a rebuild need not bring back: who decides a failure right now."""
 NATS_OUTAGE_S = 180.0
 
 
@@ -410,6 +417,57 @@ async def test_storage_down_during_delete(
             assert not list(store.list(f"{save.folder}/")), f"{save.folder} still has bytes"
 
 
+@pytest.mark.timeout(300)
+async def test_redis_flushall_then_rebuild(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """Redis loses everything (FLUSHALL) under the running stack; the runbook's rebuild (stop
+    the services that write the registry, `ckpt-ha registry rebuild --clear`, `ckpt-ha up`)
+    must bring back every key that matters as it was: the records of every fault's jobs so far,
+    declared and chosen tiers, an operator's pin, the coordinator's starts, plans, decisions and
+    verdicts of the training job it resumed. Compared: every key under the
+    registry prefix but the coordinator's leases; expiries within a minute."""
+    fs, name = fault_stack, "redis-flushall-rebuild"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    await announce_start(fs, job)
+    writer = CheckpointWriter(fs, job).start()
+    try:
+        await valid_at_least(registry, job, 4)
+    finally:
+        saves = await stop_writer(writer)
+    held = saves[0].checkpoint_id or ""
+    pinned = fs.cli("pin", held, "--by", "eval:faults", "--reason", "held across the flush")
+    assert pinned.returncode == 0, pinned.stderr
+    chosen = fs.cli("tier", "set", "--job", job, "critical", "--reason", "a flush must keep this")
+    assert chosen.returncode == 0, chosen.stderr
+    await settle(fs, registry, name, [job], saves, ended=now())
+    await quiet(fs)
+    client = connect(fs.redis_url)
+    try:
+        before = await snapshot(client, "ckpt-ha", transient=TRANSIENT)
+        fs.stop(*WRITERS_OF_THE_REGISTRY)
+        await client.flushall()
+        rebuilt = fs.cli("registry", "rebuild", "--clear")
+        fs.up()
+        ended = now()
+        result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
+        await quiet(fs)
+        after = await snapshot(client, "ckpt-ha", transient=TRANSIENT)
+    finally:
+        await client.aclose()
+    for diff in differences(before, after, expiry_slack_s=60):
+        result.lose(f"registry key {diff}")
+    result.evidence["keys_compared"] = len(before)
+    result.evidence["rebuild"] = rebuilt.stdout.strip()[-300:] or rebuilt.stderr.strip()[-300:]
+    await tier_recorded(registry, job, "critical", result)
+    record = await registry.get(held)
+    if record is None or not record.pins:
+        result.lose(f"{held}: the operator's pin")
+    figures.record(result)
+    assert rebuilt.returncode == 0, rebuilt.stderr
+
+
 @pytest.mark.timeout(420)
 async def test_redis_frozen_for_two_minutes(
     fault_stack: FaultStack, registry: Registry, figures: FigureBook
@@ -501,8 +559,7 @@ async def test_stream_purged_by_mistake_rebuild_refuses(
     saves += [await asyncio.to_thread(later.save_one) for _ in range(2)]
 
     # The runbook's rebuild: the services that write the registry stopped, rebuild, start.
-    writers_of_the_registry = ("registrar", "restore-coordinator", "retention-janitor")
-    fs.stop(*writers_of_the_registry)
+    fs.stop(*WRITERS_OF_THE_REGISTRY)
     before = await registry.dump()
     rebuilt = fs.cli("registry", "rebuild", "--clear")
     after = await registry.dump()
