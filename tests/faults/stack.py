@@ -33,7 +33,6 @@ from ckpt_ha.devstack import procs, stack
 from ckpt_ha.devstack.procs import ManagedProcess
 from ckpt_ha.devstack.stack import StackState
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
-from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import ObjectInfo, S3Store
 from tests.support.bus_tools import SIGNING_KEY
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
@@ -105,15 +104,6 @@ class FaultStack:
     @property
     def redis_url(self) -> str:
         return self.redis.url
-
-    def settings(self) -> ServiceSettings:
-        """The stack's settings as the operator sees them."""
-        return ServiceSettings(
-            NATS_URL=self.nats_url,
-            REDIS_URL=self.redis_url,
-            storage_root=self.root,
-            signing_key=SIGNING_KEY,
-        )
 
     def env(self) -> dict[str, str]:
         """The environment of every process of the stack (services, CLI, runners)."""

@@ -380,6 +380,7 @@ async def test_storage_down_during_delete(
         await valid_at_least(registry, job, 5)
     finally:
         saves = await stop_writer(writer)
+    await settle(fs, registry, name, [job], saves, ended=now())  # all valid before retention
     clock = ShiftedClock()
     async with janitor_ahead(fs, clock) as janitor:
         clock.offset = timedelta(days=2)  # past the settle time: beyond keep-last expires
