@@ -97,7 +97,7 @@ async def coordinator(
 async def events_of(settings: ServiceSettings, event_type: str) -> list[dict[str, Any]]:
     msgs = await stream_messages(settings.nats_url, settings.events_stream)
     docs = [json.loads(m.data) for m in msgs]
-    return [d["data"] for d in docs if d["type"] == f"ckpt-ha.{event_type}.v1"]
+    return [d["data"] for d in docs if d["type"].rsplit(".v", 1)[0] == f"ckpt-ha.{event_type}"]
 
 
 def waiter(settings: ServiceSettings) -> Callable[..., Awaitable[list[dict[str, Any]]]]:
