@@ -212,3 +212,18 @@ async def converge(
     figures.converge_s = converged if figures.lost == 0 and figures.stuck == 0 else None
     figures.evidence["events"] = dict(Counter(e.type for e in events))
     return figures
+
+
+INDEXES = (":job:", ":state:", ":uri:", ":project:")
+INDEX_SETS = (":jobs", ":applied")
+
+
+def lost_keys(changed: Iterable[str]) -> list[str]:
+    """Of registry keys a fault changed or removed, those holding a fact (a checkpoint's record,
+    a tier, a pin, the coordinator's state): the indexes over the records (by job, state, URI,
+    project; the job and applied-event sets) follow their records and are not counted again."""
+    return [
+        key
+        for key in changed
+        if not any(i in key for i in INDEXES) and not key.endswith(INDEX_SETS)
+    ]

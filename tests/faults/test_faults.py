@@ -46,9 +46,10 @@ from tests.faults.flows import (
     valid_at_least,
 )
 from tests.faults.stack import FaultStack
+from tests.faults.tally import Figures, lost_keys
 from tests.faults.writer import CheckpointWriter
 from tests.support.bus_tools import publish_raw, stream_messages, wait_for
-from tests.support.registry_snapshot import differences, snapshot
+from tests.support.registry_snapshot import Key, differences, snapshot
 
 pytestmark = pytest.mark.faults
 
@@ -227,6 +228,27 @@ async def test_duplicated_and_reordered_deliveries(
     await tier_recorded(registry, job, "standard", result)
     figures.record(result)
     assert result.evidence["new_dead_letters"] == 0
+
+
+def registry_losses(
+    result: Figures, before: dict[str, Key], after: dict[str, Key], what: str
+) -> None:
+    """Each registry fact (`lost_keys`) that differs between two snapshots is lost."""
+    diffs = differences(before, after, expiry_slack_s=60)
+    by_key = {_differing_key(d): d for d in diffs}
+    for key in lost_keys(by_key):
+        result.lose(f"{what} {key}: {by_key[key][:300]}")
+    result.evidence["keys_compared"] = len(before)
+    result.evidence["keys_differing"] = len(diffs)
+
+
+def _differing_key(diff: str) -> str:
+    """The key a `differences` line is about (``missing K: …``, ``value of K:…``)."""
+    head = diff.split(":\n", 1)[0]
+    for lead in ("missing ", "extra ", "value of ", "expiry of "):
+        if head.startswith(lead):
+            return head[len(lead) :].split(": ", 1)[0]
+    return head
 
 
 def out_of_order(msgs: list[Msg]) -> list[Msg]:
@@ -457,9 +479,7 @@ async def test_redis_flushall_then_rebuild(
         after = await snapshot(client, "ckpt-ha", transient=TRANSIENT)
     finally:
         await client.aclose()
-    for diff in differences(before, after, expiry_slack_s=60):
-        result.lose(f"registry key {diff}")
-    result.evidence["keys_compared"] = len(before)
+    registry_losses(result, before, after, "the rebuild did not bring back")
     result.evidence["rebuild"] = rebuilt.stdout.strip()[-300:] or rebuilt.stderr.strip()[-300:]
     await tier_recorded(registry, job, "critical", result)
     record = await registry.get(held)
@@ -564,9 +584,13 @@ async def test_stream_purged_by_mistake_rebuild_refuses(
 
     # The runbook's rebuild: the services that write the registry stopped, rebuild, start.
     fs.stop(*WRITERS_OF_THE_REGISTRY)
-    before = await registry.dump()
-    rebuilt = fs.cli("registry", "rebuild", "--clear")
-    after = await registry.dump()
+    client = connect(fs.redis_url)
+    try:
+        before = await snapshot(client, "ckpt-ha", transient=TRANSIENT)
+        rebuilt = fs.cli("registry", "rebuild", "--clear")
+        after = await snapshot(client, "ckpt-ha", transient=TRANSIENT)
+    finally:
+        await client.aclose()
     fs.restart_all()  # every consumer again, on the new stream
     ended = now()
     # A rebuild that went ahead wiped what only the lost history held: nothing brings it back.
@@ -574,9 +598,7 @@ async def test_stream_purged_by_mistake_rebuild_refuses(
     result = await settle(
         fs, registry, name, [job], saves, ended=ended, letters_before=letters, bound_s=bound
     )
-    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
-    for key in changed:
-        result.lose(f"the refused rebuild changed {key}")
+    registry_losses(result, before, after, "the refused rebuild changed")
     result.evidence["rebuild"] = {"exit": rebuilt.returncode, "said": rebuilt.stderr.strip()[-300:]
                                   or rebuilt.stdout.strip()[-300:]}  # fmt: skip
     figures.record(result)
