@@ -87,8 +87,6 @@ class FaultStack:
     """The services' way to S3."""
     writer_link: TcpLink
     """The writers' way to S3 (the SDK in this process, training jobs under `ckpt-ha run`)."""
-    extra_env: dict[str, str] = field(default_factory=dict)
-    """Service settings a fault adds (kept for every later restart)."""
     clients: dict[str, Any] = field(default_factory=dict)
 
     # -- where things are -------------------------------------------------------------------
@@ -111,7 +109,6 @@ class FaultStack:
         return {
             **base,
             **SERVICE_ENV,
-            **self.extra_env,
             **s3_env(self.services_link.endpoint),
             "NATS_URL": self.nats_url,
             "REDIS_URL": self.redis_url,
@@ -171,12 +168,9 @@ class FaultStack:
             procs.stop(self.service(name), timeout=30)
 
     def restart_all(self) -> None:
-        """Every service stopped and started again (with the current `extra_env`)."""
+        """Every service stopped and started again."""
         self.stop(*SERVICE_NAMES)
         self.up()
-
-    def alive(self) -> list[str]:
-        return [p.name for p in self.state().processes if procs.is_alive(p)]
 
     def healthy(self) -> dict[str, bool]:
         return {
@@ -214,13 +208,6 @@ class FaultStack:
             timeout=timeout,
             check=False,
         )
-
-    def log_tail(self, name: str, lines: int = 40) -> str:
-        """The end of a service's log (evidence on a failure)."""
-        path = self.home / "logs" / f"{name}.log"
-        with contextlib.suppress(OSError):
-            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-        return ""
 
 
 class DamagingStore(S3Store):
@@ -263,7 +250,7 @@ def _write_signing_key(home: Path) -> None:
 
 
 @contextlib.contextmanager
-def running_stack(home: Path, extra_env: Mapping[str, str] | None = None) -> Iterator[FaultStack]:
+def running_stack(home: Path) -> Iterator[FaultStack]:
     """The whole stack, started under ``home``; everything it started is stopped at the end."""
     logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's log line per request
     endpoint, stop_moto = start_moto_server()
@@ -280,9 +267,7 @@ def running_stack(home: Path, extra_env: Mapping[str, str] | None = None) -> Ite
         bucket = f"faults-{uuid.uuid4().hex[:10]}"
         s3_client(endpoint).create_bucket(Bucket=bucket)
         _write_signing_key(home)
-        built = FaultStack(
-            home, nats, redis, bucket, endpoint, links[0], links[1], dict(extra_env or {})
-        )
+        built = FaultStack(home, nats, redis, bucket, endpoint, links[0], links[1])
         built.up()
         yield built
     finally:

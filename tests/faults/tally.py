@@ -67,10 +67,6 @@ class Figures:
         self.doubled += 1
         self.evidence.setdefault("doubled", []).append(why)
 
-    @property
-    def clean(self) -> bool:
-        return self.lost == 0 and self.doubled == 0 and self.stuck == 0
-
     def to_json(self) -> dict[str, Any]:
         return {
             "fault": self.name,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,7 +57,6 @@ class CheckpointWriter:
         store: ObjectStore | None = None,
         first_step: int = 10,
         prefix: str = "ckpt",
-        on_saved: Callable[[Save], None] | None = None,
     ) -> None:
         """``prefix``: the subject prefix announcements go to (the stack's, unless a fault
         holds them back on another)."""
@@ -75,7 +73,6 @@ class CheckpointWriter:
         )
         self.saves: list[Save] = []
         self.next_step = first_step
-        self.on_saved = on_saved
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -97,8 +94,6 @@ class CheckpointWriter:
             done = Save(step, folder, uri, saved.checkpoint_id)
         with self._lock:
             self.saves.append(done)
-        if self.on_saved is not None:
-            self.on_saved(done)
         return done
 
     def start(self) -> CheckpointWriter:
@@ -125,13 +120,3 @@ class CheckpointWriter:
     def committed_and_failed(self) -> list[Save]:
         with self._lock:
             return list(self.saves)
-
-    def committed(self) -> list[Save]:
-        return [s for s in self.committed_and_failed() if s.committed]
-
-    def mark_damaged(self, save: Save) -> None:
-        with self._lock:
-            i = self.saves.index(save)
-            self.saves[i] = Save(
-                save.step, save.folder, save.uri, save.checkpoint_id, save.error, damaged=True
-            )
