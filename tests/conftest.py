@@ -24,6 +24,7 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.registry.client import SentinelUrl, is_sentinel
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import publisher
 from ckpt_ha.writer_watcher import adapters as watcher_adapters
@@ -37,11 +38,19 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
 
 def _require(url: str, what: str) -> None:
-    parsed = urlparse(url)
-    try:
-        with socket.create_connection((parsed.hostname, parsed.port), timeout=2):
-            return
-    except OSError as exc:
+    if is_sentinel(url):  # any one of the sentinels answering will do
+        addresses = list(SentinelUrl.parse(url).sentinels)
+    else:
+        parsed = urlparse(url)
+        addresses = [(parsed.hostname or "", parsed.port or 0)]
+    exc: OSError | None = None
+    for address in addresses:
+        try:
+            with socket.create_connection(address, timeout=2):
+                return
+        except OSError as err:
+            exc = err
+    if exc is not None:
         pytest.fail(
             f"{what} is required at {url} and is not reachable ({exc}); run the tests through "
             "scripts/test, which starts private NATS and Redis when none answer"

@@ -95,6 +95,12 @@ def scheme(url: str) -> str:
     return url.split("://", 1)[0].lower() if "://" in url else ""
 
 
+def nats_servers(url: str) -> list[str]:
+    """Each server a NATS URL names: it may list a cluster's nodes separated by commas
+    (``nats://n1:4222,nats://n2:4222``), which ``nats.connect`` takes as a list."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
 def nats_tls(url: str, ca_file: str | None) -> ssl.SSLContext | None:
     """The client TLS context for a ``tls://`` NATS URL (None: plain NATS)."""
     if scheme(url) != "tls":

@@ -173,6 +173,7 @@ print(json.dumps({
     "alerts": str(asset("observability", "alerts.yml")),
     "alerts_is_file": asset("observability", "alerts.yml").is_file(),
     "nats_conf_is_file": asset("nats", "nats-server.conf").is_file(),
+    "nats_cluster_conf_is_file": asset("nats", "nats-cluster.conf").is_file(),
     "permissions_is_file": asset("nats", "permissions.conf").is_file(),
     "redis_acl_is_file": asset("redis", "users.acl").is_file(),
     "schemas": sorted(p.name for p in schemas.iterdir() if p.name.endswith(".json")),
@@ -201,6 +202,7 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
     assert files["alerts"].startswith(site)
     assert files["alerts_is_file"]
     assert files["nats_conf_is_file"]
+    assert files["nats_cluster_conf_is_file"]
     assert files["permissions_is_file"]
     assert files["redis_acl_is_file"]
     assert files["schemas_dir"].startswith(site)

@@ -15,6 +15,7 @@ from pathlib import Path
 import boto3
 import numpy as np
 import pytest
+from mypy_boto3_s3 import S3Client
 from safetensors.numpy import save_file
 
 from ckpt_ha.formats import native, verify
@@ -35,7 +36,8 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 
 @pytest.fixture(scope="module")
-def s3_store() -> Iterator[S3Store]:
+def moto_bucket() -> Iterator[tuple[str, str, S3Client]]:
+    """(endpoint, bucket, client) of a moto server started for this module."""
     endpoint, stop = start_moto_server()
     client = boto3.session.Session().client(
         "s3",
@@ -46,8 +48,14 @@ def s3_store() -> Iterator[S3Store]:
     )
     bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
-    yield S3Store(bucket, prefix="runs", client=client)
+    yield endpoint, bucket, client
     stop()
+
+
+@pytest.fixture(scope="module")
+def s3_store(moto_bucket: tuple[str, str, S3Client]) -> S3Store:
+    _, bucket, client = moto_bucket
+    return S3Store(bucket, prefix="runs", client=client)
 
 
 def test_native_and_safetensors_on_s3(s3_store: S3Store, tmp_path: Path) -> None:
@@ -69,13 +77,14 @@ def test_native_and_safetensors_on_s3(s3_store: S3Store, tmp_path: Path) -> None
     assert verify(s3_store, "job-b/final").verdict is Verdict.VALID
 
 
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ckpt_ha.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
+        env=env,
     )
 
 
@@ -187,3 +196,49 @@ def test_verify_cli_on_hostile_trainer_optimizer(tmp_path: Path) -> None:
     assert out.returncode == 1
     assert json.loads(out.stdout)["verdict"] == "unsafe"
     assert not marker.exists()
+
+
+def test_verify_and_latest_valid_cli_on_s3(
+    moto_bucket: tuple[str, str, S3Client], tmp_path: Path
+) -> None:
+    endpoint, bucket, client = moto_bucket
+    env = {
+        **os.environ,
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    run = S3Store(bucket, prefix="cli-run", client=client)
+    for name, step in (("ckpt-a", 300), ("ckpt-b", 200), ("ckpt-z", 100)):
+        native.write(run, name, {"w.bin": bytes([step % 256]) * 64}, step=step, created_at=NOW)
+    run.put("ckpt-a/w.bin", b"\x00" * 64)  # newest step is corrupt
+    local = tmp_path / "model.safetensors"
+    save_file({"w": np.arange(6, dtype=np.float32)}, str(local))
+    S3Store(bucket, prefix="loose", client=client).put("model.safetensors", local.read_bytes())
+    root = f"s3://{bucket}/cli-run"
+
+    out = cli("verify", f"{root}/ckpt-b", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["verdict"], doc["format"], doc["step"]) == ("valid", "native", 200)
+    out = cli("verify", f"{root}/ckpt-a/", env=env)
+    assert out.returncode == 1, out.stderr
+    assert out.stdout.startswith(f"CORRUPT  {root}/ckpt-a/")
+    assert "w.bin: checksum" in out.stdout
+    out = cli("verify", f"s3://{bucket}/loose/model.safetensors", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["format"] == "safetensors"
+
+    out = cli("latest-valid", root, "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert (doc["path"], doc["step"]) == (f"{root}/ckpt-b", 200)
+    assert [(r["path"], r["verdict"]) for r in doc["rejected"]] == [(f"{root}/ckpt-a", "corrupt")]
+
+    for command in ("verify", "latest-valid"):
+        for where in (f"{root}/nope", f"s3://missing-{uuid.uuid4().hex[:8]}/x"):
+            out = cli(command, where, env=env)
+            assert out.returncode == 2, (command, where, out.stdout)
+            assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+            assert where in out.stderr

@@ -3,6 +3,8 @@ concerns (bucket prefixes, foreign keys, transport and server failures)."""
 
 from __future__ import annotations
 
+import hashlib
+import os
 import socket
 import uuid
 from collections.abc import Iterator
@@ -10,15 +12,18 @@ from collections.abc import Iterator
 import boto3
 import pytest
 from botocore.config import Config
+from botocore.exceptions import ConnectionClosedError
 from mypy_boto3_s3 import S3Client
 
 from ckpt_ha.storage import (
+    ObjectExists,
     ObjectStore,
     S3Store,
     StorageError,
     StorageUnavailable,
     open_store,
 )
+from tests.support.lossy_link import LossyLink
 from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
 from tests.support.store_contract import StoreContract, keys_of
 
@@ -65,6 +70,14 @@ class TestS3StoreContract(StoreContract):
     def store(self, raw_client: S3Client, bucket: str) -> ObjectStore:
         # A shared client keeps the suite fast; the tests below build their own clients.
         return S3Store(bucket, prefix="team/ckpts", client=raw_client)
+
+
+class TestS3StoreContractWithMultipartCopies(StoreContract):
+    """The same contract with every copy and move of a non-empty object going in parts."""
+
+    @pytest.fixture
+    def store(self, raw_client: S3Client, bucket: str) -> ObjectStore:
+        return S3Store(bucket, prefix="team/ckpts", client=raw_client, multipart_copy_threshold=1)
 
 
 def test_keys_live_under_the_prefix_and_stores_do_not_see_each_other(
@@ -173,3 +186,110 @@ def test_quarantine_and_restore_a_checkpoint_folder_on_s3(s3_endpoint: str, buck
     assert store.uri(target) == f"s3://{bucket}/root/{target}"
     restore(store, target, "job-1/step-5")
     assert keys_of(store) == ["job-1/step-5/a.bin", "job-1/step-5/ckpt-ha.manifest.json"]
+
+
+def test_a_create_only_put_whose_answer_was_lost_recognises_its_own_write(
+    s3_endpoint: str, bucket: str
+) -> None:
+    host, port = s3_endpoint.removeprefix("http://").split(":")
+    with LossyLink((host, int(port))) as link:
+        store = make_store(link.url, bucket, "runs")
+        # The PUT lands, its answer is lost, botocore sends it again and meets If-None-Match.
+        info = store.put_if_absent("manifest.json", b"claim", metadata={"writer": "a"})
+        assert link.dropped == 1
+
+    assert info.size == len(b"claim")
+    reader = make_store(s3_endpoint, bucket, "runs")
+    assert reader.read_bytes("manifest.json") == b"claim"
+    assert reader.stat("manifest.json").metadata == {"writer": "a"}
+    # Another writer, even with the same bytes and metadata, still finds the key taken.
+    with pytest.raises(ObjectExists):
+        reader.put_if_absent("manifest.json", b"claim", metadata={"writer": "a"})
+
+
+PART = 5 * 1024 * 1024  # the smallest part S3 (and moto) accept, except the last
+
+
+def large_object_store(endpoint: str, bucket: str, client: S3Client | None = None) -> S3Store:
+    return S3Store(
+        bucket,
+        "big",
+        client=client,
+        endpoint_url=endpoint,
+        access_key=FAKE_ACCESS_KEY,
+        secret_key=FAKE_SECRET_KEY,
+        multipart_copy_threshold=PART,
+        multipart_part_size=PART,
+    )
+
+
+def test_an_object_over_the_threshold_is_copied_and_moved_in_parts(
+    s3_endpoint: str, bucket: str, raw_client: S3Client
+) -> None:
+    store = large_object_store(s3_endpoint, bucket)
+    data = os.urandom(2 * PART + 12345)  # two whole parts and a short last one
+    digest = hashlib.sha256(data).hexdigest()
+    store.put("src.bin", data, metadata={"sha256": digest})
+    store.put("small.bin", b"x" * PART)  # at the threshold: one CopyObject
+
+    copied = store.copy("src.bin", "copy.bin")
+    moved = store.move("copy.bin", "moved.bin")
+    small = store.copy("small.bin", "small-copy.bin")
+
+    # A completed multipart upload's ETag ends in its part count; a CopyObject's does not.
+    assert str(copied.etag).endswith("-3")
+    assert str(moved.etag).endswith("-3")
+    assert "-" not in str(small.etag)
+    for key in ("src.bin", "moved.bin"):
+        assert hashlib.sha256(store.read_bytes(key)).hexdigest() == digest
+        assert store.stat(key).metadata == {"sha256": digest}
+    assert (moved.size, moved.metadata) == (len(data), {"sha256": digest})
+    assert keys_of(store) == ["moved.bin", "small-copy.bin", "small.bin", "src.bin"]
+    assert raw_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+
+def test_a_multipart_move_that_fails_midway_keeps_the_source_and_leaves_no_upload(
+    s3_endpoint: str, bucket: str, raw_client: S3Client
+) -> None:
+    client = boto3.session.Session().client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=FAKE_ACCESS_KEY,
+        aws_secret_access_key=FAKE_SECRET_KEY,
+        config=Config(retries={"max_attempts": 1}),
+    )
+    store = large_object_store(s3_endpoint, bucket, client)
+    data = os.urandom(2 * PART + 1)
+    store.put("src.bin", data, metadata={"sha256": "ab"})
+    store.put("dst.bin", b"old", metadata={"stale": "yes"})
+    copied_parts: list[int] = []
+
+    def lose_the_second_part(params: dict[str, object], **_: object) -> None:
+        part = int(str(params["PartNumber"]))
+        if part == 2:
+            raise ConnectionClosedError(endpoint_url=s3_endpoint)
+        copied_parts.append(part)
+
+    client.meta.events.register("before-parameter-build.s3.UploadPartCopy", lose_the_second_part)
+
+    with pytest.raises(StorageUnavailable):
+        store.move("src.bin", "dst.bin")
+
+    assert copied_parts == [1]
+    assert store.read_bytes("src.bin") == data
+    assert store.stat("src.bin").metadata == {"sha256": "ab"}
+    assert store.read_bytes("dst.bin") == b"old"  # untouched until the upload completes
+    assert raw_client.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []
+
+    client.meta.events.unregister("before-parameter-build.s3.UploadPartCopy", lose_the_second_part)
+    store.move("src.bin", "dst.bin")  # repeating the move finishes it
+    assert store.read_bytes("dst.bin") == data
+    assert not store.exists("src.bin")
+
+
+def test_part_sizes_s3_would_refuse_are_rejected_up_front() -> None:
+    with pytest.raises(ValueError, match="multipart_part_size"):
+        S3Store("bucket", multipart_part_size=PART - 1)
+    with pytest.raises(ValueError, match="multipart_copy_threshold"):
+        S3Store("bucket", multipart_copy_threshold=6 * 1024**3)

@@ -123,26 +123,54 @@ def _prod_copy(src: Path, dst: Path, replace: dict[str, Path]) -> Path:
     return dst
 
 
-def test_the_production_nats_config_with_tls_is_valid(tmp_path: Path, tls: TlsFiles) -> None:
-    from ckpt_ha.bus.permissions import CONF, env_password, users
+def _nats_config_test(
+    tmp_path: Path, tls: TlsFiles, conf: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``nats-server -t`` on the committed ``deploy/nats/<conf>``, production paths replaced,
+    every user's password variable set (and ``env``)."""
+    from ckpt_ha.bus.permissions import env_password, users
 
     names = {PROD_TLS + "nats.crt": tls.cert, PROD_TLS + "nats.key": tls.key,
              PROD_TLS + "ca.crt": tls.ca, "/var/lib/ckpt-ha/nats": tmp_path / "js"}  # fmt: skip
     folder = _prod_copy(DEPLOY / "nats", tmp_path / "nats-deploy", names)
-    out = subprocess.run(
-        [str(procs.nats_server_binary()), "-t", "-c", "nats-server.conf"],
+    return subprocess.run(
+        [str(procs.nats_server_binary()), "-t", "-c", conf],
         cwd=folder,
-        env={env_password(u)[1:]: "secret" for u in users()},
+        env={env_password(u)[1:]: "secret" for u in users()} | (env or {}),
         capture_output=True,
         text=True,
         timeout=30,
         check=False,
     )
+
+
+def test_the_production_nats_config_with_tls_is_valid(tmp_path: Path, tls: TlsFiles) -> None:
+    from ckpt_ha.bus.permissions import CONF
+
+    out = _nats_config_test(tmp_path, tls, "nats-server.conf")
     assert out.returncode == 0, out.stderr + out.stdout
     text = (DEPLOY / "nats" / "nats-server.conf").read_text()
     assert "tls {" in text
     assert "sync_interval: always" in text
     assert Path(str(CONF)).resolve().parent == DEPLOY / "nats"
+
+
+def test_the_production_cluster_config_is_valid(tmp_path: Path, tls: TlsFiles) -> None:
+    """One file for the three nodes: each names itself through the environment, and a node
+    started without its name is refused rather than joining as a duplicate."""
+    node = {"CKPT_HA_NATS_SERVER_NAME": "nats-1"}
+    out = _nats_config_test(tmp_path, tls, "nats-cluster.conf", node)
+    assert out.returncode == 0, out.stderr + out.stdout
+    unnamed = _nats_config_test(tmp_path / "unnamed", tls, "nats-cluster.conf")
+    assert unnamed.returncode != 0
+    assert "CKPT_HA_NATS_SERVER_NAME" in unnamed.stderr + unnamed.stdout
+    text = (DEPLOY / "nats" / "nats-cluster.conf").read_text()
+    assert "sync_interval: always" in text
+    assert 'include "permissions.conf"' in text
+    assert text.count("nats-route://") == 3
+    cluster = text[text.index("cluster {") :]
+    assert "tls {" in cluster
+    assert "verify: true" in cluster, "routes must authenticate each other by certificate"
 
 
 # --------------------------------------------------------------------------- Redis

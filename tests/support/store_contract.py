@@ -360,6 +360,7 @@ class StoreContract:
             {"k": " padded"},
             {"k": "two\nlines"},
             {"k": "x" * 2100},
+            {"ckpt-ha-create-id": "mine"},  # reserved: the S3 backend's own create marker
         ],
     )
     def test_metadata_s3_cannot_carry_is_rejected(

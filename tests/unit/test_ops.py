@@ -204,11 +204,11 @@ def test_newest_valid_names_the_newer_folders_it_rejected(tmp_path: Path) -> Non
         native.write(store, f"step-{step}", {"w.bin": b"x" * 64}, step=step, created_at=T0)
     (tmp_path / "step-300" / "w.bin").write_bytes(b"y" * 10)  # truncated after the manifest
     found = offline.newest_valid(tmp_path)
-    assert found.path == tmp_path / "step-200"
+    assert found.path == str(tmp_path / "step-200")
     assert found.report is not None
     assert found.report.step == 200
     [rejected] = found.rejected
-    assert rejected.path == tmp_path / "step-300"
+    assert rejected.path == str(tmp_path / "step-300")
     assert rejected.to_json()["step"] == 300
     assert rejected.to_json()["verdict"] != "valid"
 
@@ -217,4 +217,4 @@ def test_newest_valid_names_the_newer_folders_it_rejected(tmp_path: Path) -> Non
     none = offline.newest_valid(tmp_path)
     assert none.path is None
     assert none.report is None
-    assert [r.path.name for r in none.rejected] == ["step-300", "step-200", "step-100"]
+    assert [r.path.rsplit("/", 1)[1] for r in none.rejected] == ["step-300", "step-200", "step-100"]

@@ -4,9 +4,10 @@ same way in a source checkout and in an installed wheel.
 * ``observability/``: alert rules (and their promtool tests), Grafana dashboards, Prometheus and
   Alertmanager examples — the top-level ``observability/`` folder of the repository;
 * ``nats/``: the NATS server config and the rendered permissions — ``deploy/nats/``;
-* ``redis/``: the Redis server config and the rendered ACL users — ``deploy/redis/``.
+* ``redis/``: the Redis server config and the rendered ACL users — ``deploy/redis/``;
+* ``k8s/``: the Kubernetes manifests (kustomize base and example overlay) — ``deploy/k8s/``.
 
-In the repository both are links to those top-level folders, so there is one copy of each file;
+In the repository these are links to those top-level folders, so there is one copy of each file;
 the wheel carries the files themselves.
 """
 

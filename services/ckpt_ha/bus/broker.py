@@ -3,7 +3,9 @@
 Every service builds one `Bus` (its broker, publisher and consumers) and registers handlers with
 `Bus.consumer` or `Bus.batch_consumer`. The guarantees live here, not in handlers:
 
-* every publish sets ``Nats-Msg-Id`` to the event's deterministic id (JetStream dedupes retries);
+* every publish sets ``Nats-Msg-Id`` to the event's deterministic id (JetStream dedupes retries),
+  and a publish that goes unanswered or is refused for now (a stream leader election in a
+  cluster, a reconnect) is retried for up to ``publish_retry_s`` (`publish_retrying`);
 * consumers are durable pull consumers with explicit acks and ``ack_wait``; a handler that runs
   long sends in-progress acks automatically, up to its deadline (``handler_deadline_s``), where
   it is cancelled and its message nak'ed (`ckpt_ha.bus.deadline`);
@@ -41,10 +43,12 @@ from faststream.nats.message import NatsBatchMessage, NatsMessage
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsSecurity, NatsUserPassword
 from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy as JsAckPolicy
 from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavailableError
 from pydantic import ValidationError
 
 from ckpt_ha.bus import compat, delivery, letters, streams
@@ -63,13 +67,51 @@ from ckpt_ha.contracts.subjects import (
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import PermanentError
 from ckpt_ha.credentials import reveal
-from ckpt_ha.telemetry import tracing
+from ckpt_ha.telemetry import logs, tracing
 
 log = logging.getLogger("ckpt_ha.bus")
 
 ADVISORY_MAX_DELIVERIES = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 UNLIMITED = -1
 """JetStream's ``max_deliver`` of our durables: the cap is enforced by `DeadLetters`."""
+
+
+UNANSWERED_PUBLISH = (
+    NatsTimeout,
+    NoRespondersError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+)
+"""What a JetStream publish meets while the stream has no leader (an election after a node
+died, a reconnect to another server): worth retrying. Any other refusal (a wrong stream, a
+message too large, a permission) is final."""
+
+_PUBLISH_RETRY_FIRST_S = 0.1
+_PUBLISH_RETRY_MAX_S = 1.0
+
+
+async def publish_retrying(
+    send: Callable[[], Awaitable[object]], cfg: BusConfig, what: str
+) -> None:
+    """``send`` until it succeeds, retrying `UNANSWERED_PUBLISH` for up to ``publish_retry_s``
+    (waits from 0.1 s doubling to 1 s), then raising the last error.
+
+    Safe because every publish carries the event's id as ``Nats-Msg-Id``: a publish that was
+    stored but whose ack was lost is dropped by JetStream's duplicate window when retried."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cfg.publish_retry_s
+    wait = _PUBLISH_RETRY_FIRST_S
+    while True:
+        try:
+            await send()
+        except UNANSWERED_PUBLISH as exc:
+            if loop.time() + wait > deadline:
+                raise
+            log.warning("publish %s unanswered (%r); retrying in %.1fs", what, exc, wait)
+        else:
+            return
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, _PUBLISH_RETRY_MAX_S)
 
 
 def events_stream(cfg: BusConfig) -> JStream:
@@ -387,6 +429,13 @@ class _BatchPipeline:
         self.closing = False
 
 
+def _logger_option() -> dict[str, logging.Logger]:
+    """The broker's logger when `ckpt_ha.telemetry.logs` asks for one (JSON lines), else
+    faststream's own."""
+    ours = logs.library_logger("ckpt_ha.bus.access")
+    return {} if ours is None else {"logger": ours}
+
+
 class _Broker(NatsBroker):
     """NatsBroker that checks the streams before it consumes or publishes anything (refusing a
     wrong one, never rewriting it), and lets batch pipelines finish before it stops consuming
@@ -473,7 +522,7 @@ class Bus:
             cfg,
             self._pipelines,
             self.consumers,
-            cfg.url,
+            cfg.servers,
             security=_security(cfg),
             **policy,
             # Telemetry outermost: the consume span is current while DeadLetters settles, and
@@ -484,6 +533,7 @@ class Bus:
             ],
             graceful_timeout=cfg.graceful_timeout_s,
             name=f"ckpt-ha-{service}",
+            **_logger_option(),
         )
         self.dead_letters.bind(self.broker)
         self.events = events_stream(cfg)
@@ -657,7 +707,8 @@ class Bus:
         )
 
     async def publish(self, event: Envelope[EventData]) -> Envelope[EventData]:
-        """Publish into the event stream; ``Nats-Msg-Id`` = event id, so retries are deduped.
+        """Publish into the event stream; ``Nats-Msg-Id`` = event id, so retries are deduped
+        (an unanswered publish is retried: `publish_retrying`).
 
         Traced: the publish is a child of the envelope's ``traceparent`` when it has one, else
         of the current span (a new trace when there is none); an envelope without a
@@ -679,12 +730,17 @@ class Bus:
             if event.traceparent:
                 headers["traceparent"] = event.traceparent
             body = event.to_bytes()
-            await self.broker.publish(
-                body,
-                subject,
-                headers=signed_headers(self.cfg, event, body, headers),
-                stream=self.cfg.events_stream,
-                timeout=self.cfg.publish_timeout_s,
+            signed = signed_headers(self.cfg, event, body, headers)
+            await publish_retrying(
+                lambda: self.broker.publish(
+                    body,
+                    subject,
+                    headers=dict(signed),
+                    stream=self.cfg.events_stream,
+                    timeout=self.cfg.publish_timeout_s,
+                ),
+                self.cfg,
+                f"{event.event_type} {event.id}",
             )
         return event
 

@@ -25,6 +25,7 @@ async def _quiet(exc: Exception) -> None:
 @dataclass(frozen=True)
 class BusConfig:
     url: str = "nats://127.0.0.1:4222"
+    """One server, or a cluster's servers separated by commas (`servers`)."""
     user: str | None = None
     password: SecretStr | None = field(default=None, repr=False)
     ca_file: str | None = None
@@ -35,7 +36,8 @@ class BusConfig:
     duplicate_window_s: float = 120.0
     max_event_bytes: int = 256 * 1024
     replicas: int = 1
-    """Replicas `ckpt_ha.bus.streams.provision` gives the streams (services check at least this)."""
+    """Replicas `ckpt_ha.bus.streams.provision` gives the streams (services check at least this):
+    1 on a single server, 3 on the three-node cluster (``CKPT_HA_STREAM_REPLICAS``)."""
     ack_wait_s: float = 30.0
     max_deliver: int = 5
     """Deliveries a message gets before it is dead-lettered, enforced by the bus
@@ -50,6 +52,11 @@ class BusConfig:
     """How long a batch consumer waits to fill a batch: the latency it may add to one event."""
     graceful_timeout_s: float = 20.0
     publish_timeout_s: float = 5.0
+    """Bound on one attempt to publish (JetStream's ack included)."""
+    publish_retry_s: float = 30.0
+    """How long an unanswered publish is retried (`ckpt_ha.bus.broker.publish_retrying`): long
+    enough for a cluster to elect a new stream leader after a node died, or for a connection
+    to come back, before the caller sees the error (and naks, or retries on its next pass)."""
     request_timeout_s: float = 5.0
     """Bound on each JetStream API call (stream and consumer info, reading a stored message)."""
     handler_deadline_s: float = 900.0
@@ -118,6 +125,13 @@ class BusConfig:
         return policy | {"max_reconnect_attempts": SHORT_RECONNECT_ATTEMPTS, "error_cb": _quiet}
 
     @property
+    def servers(self) -> list[str]:
+        """Each server of ``url``, which may list several separated by commas (the nodes of a
+        cluster: ``nats://n1:4222,nats://n2:4222,nats://n3:4222``); a client connects to one
+        and moves to another when it is lost."""
+        return credentials.nats_servers(self.url)
+
+    @property
     def shown_url(self) -> str:
         """The URL for logs and messages (a password in it replaced)."""
-        return credentials.redact_url(self.url)
+        return ",".join(credentials.redact_url(part) for part in self.servers)

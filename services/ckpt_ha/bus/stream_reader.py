@@ -24,7 +24,7 @@ async def iter_events(
     of the whole stream holds one event, not the stream): the event, or why the same `admit` as
     the live consumers refused it."""
     nc = await nats.connect(
-        cfg.url, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
+        cfg.servers, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
     )
     try:
         js = nc.jetstream()

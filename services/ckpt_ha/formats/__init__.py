@@ -21,7 +21,7 @@ from ckpt_ha.formats.paths import confine, folder_name
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import FsStore, InvalidKey, ObjectStore, StorageError
 
-__all__ = ["Report", "Verdict", "detect", "latest_valid", "verify", "verify_path"]
+__all__ = ["Report", "Verdict", "detect", "latest_valid", "verify", "verify_file", "verify_path"]
 
 
 def _listing(store: ObjectStore, prefix: str) -> set[str]:
@@ -140,21 +140,26 @@ def verify_path(path: Path, algorithm: str = DEFAULT_ALGORITHM) -> Report:
     """Offline verdict for a local folder or single file (what `ckpt-ha verify` prints)."""
     if path.is_dir():
         return verify(FsStore(path), "", algorithm)
-    store = FsStore(path.parent)
-    if path.name.endswith(".safetensors"):
-        report, _ = safetensors.verify_file(store, path.name, path.name, None, algorithm)
+    return verify_file(FsStore(path.parent), path.name, algorithm)
+
+
+def verify_file(store: ObjectStore, name: str, algorithm: str = DEFAULT_ALGORITHM) -> Report:
+    """Offline verdict for one checkpoint file `name` on its own (a safetensors file or a
+    Trainer's weights file), on any store."""
+    if name.endswith(".safetensors"):
+        report, _ = safetensors.verify_file(store, name, name, None, algorithm)
         if report.ok:
             report.checks += ["safetensors-header", "checksums-recorded"]
         return report
-    if path.name == hf_trainer.WEIGHTS_BIN:
+    if name == hf_trainer.WEIGHTS_BIN:
         report = Report(format=CheckpointFormat.HF_TRAINER)
-        loaded = hf_trainer.torch_file(store, path.name, path.name, report, algorithm)
+        loaded = hf_trainer.torch_file(store, name, name, report, algorithm)
         if report.ok:
             labels = hf_trainer.torch_check_labels([loaded])
             report.checks += ["weights", "checksums-recorded", *labels]
         return report
     report = Report(format=CheckpointFormat.UNKNOWN)
-    report.fail(Verdict.UNKNOWN, f"{path.name}: not a recognised checkpoint file")
+    report.fail(Verdict.UNKNOWN, f"{name}: not a recognised checkpoint file")
     return report
 
 

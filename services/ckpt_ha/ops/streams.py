@@ -23,7 +23,7 @@ async def _jetstream(cfg: BusConfig) -> AsyncIterator[JetStreamContext]:
     """JetStream on a connection of its own for one operation; the streams' own errors become
     the one-line `OperationFailed` the CLI prints."""
     nc = await nats.connect(
-        cfg.url, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
+        cfg.servers, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
     )
     try:
         yield nc.jetstream()

@@ -40,7 +40,7 @@ from ckpt_ha.core.records import (
     project_batch,
 )
 from ckpt_ha.core.tiers import TierChoice, resolve_tier
-from ckpt_ha.registry.client import RedisConfig, connect
+from ckpt_ha.registry.client import RedisConfig, connect, describe
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
@@ -58,7 +58,7 @@ def _reachable() -> Iterator[None]:
     try:
         yield
     except RedisError as exc:
-        raise RegistryUnavailable(str(exc)) from exc
+        raise RegistryUnavailable(describe(exc)) from exc
 
 
 _WRITE_LUA = """

@@ -210,7 +210,7 @@ class Runner:
         # Fail fast (one line, nothing started) when NATS is not there at all; the connections
         # kept for the run then reconnect, however long NATS is away, while the training runs.
         probe = await nats.connect(
-            self.cfg.url,
+            self.cfg.servers,
             **self.cfg.connect_options(),
             connect_timeout=self.cfg.connect_timeout_s,
             allow_reconnect=False,
@@ -220,7 +220,7 @@ class Runner:
         )
         await probe.close()
         nc = await nats.connect(
-            self.cfg.url,
+            self.cfg.servers,
             **self.cfg.connect_options(),
             **self.cfg.connection_policy(lasting=True),
             name=f"ckpt-ha-runner-{self.spec.job_id}",

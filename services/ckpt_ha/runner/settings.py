@@ -11,11 +11,13 @@ from ckpt_ha.runtime.settings import ServiceSettings
 
 
 class RunnerSettings(ServiceSettings):
-    """``CKPT_HA_JOB_NATS_USER`` / ``CKPT_HA_JOB_NATS_PASSWORD`` (or ``..._FILE``): the NATS
-    user a training process connects as (the ``job`` principal), never the runner's own."""
+    """The shared settings plus the NATS login a training process connects as (the ``job``
+    principal), never the runner's own."""
 
     job_nats_user: str | None = None
+    """The NATS user training processes connect as (``job``); None: the runner's own login."""
     job_nats_password: SecretStr | None = None
+    """That user's password."""
 
     def job_bus(self) -> BusConfig | None:
         """The bus as training processes use it; None when no job login is configured (they

@@ -1,4 +1,9 @@
-"""Running one service process: the FastStream app, /metrics and /healthz, graceful SIGTERM.
+"""Running one service process: the FastStream app, /metrics, /livez and /readyz, graceful SIGTERM.
+
+``/livez`` says the process and its event loop answer; it never checks a dependency, so an
+orchestrator does not restart a service that is only waiting for NATS or Redis (it reconnects by
+itself). ``/readyz`` says the dependencies are reachable and the consumers started; ``/healthz``
+is the same check under its older name (the local stack, `ckpt-ha status` and the runbook use it).
 
 FastStream installs the SIGTERM/SIGINT handlers: on a signal it stops fetching, lets in-flight
 handlers finish within the broker's graceful timeout, then drains the connection. A message whose
@@ -25,6 +30,7 @@ from nats.aio.msg import Msg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ckpt_ha.bus.broker import Bus
+from ckpt_ha.telemetry import logs
 from ckpt_ha.telemetry.metrics import ServiceMetrics
 
 log = logging.getLogger("ckpt_ha.runtime")
@@ -41,10 +47,11 @@ def make_app(bus: Bus, *, title: str, description: str) -> FastStream:
     advisories.
     """
     bus.watch_max_deliveries()
-    return FastStream(
-        bus.broker,
-        specification=AsyncAPI(title=title, version="1", description=description),
-    )
+    spec = AsyncAPI(title=title, version="1", description=description)
+    ours = logs.library_logger("ckpt_ha.app")
+    if ours is None:
+        return FastStream(bus.broker, specification=spec)
+    return FastStream(bus.broker, specification=spec, logger=ours)
 
 
 def bounded_subject(subject: str) -> str:
@@ -110,7 +117,11 @@ async def poll_consumers(bus: Bus, metrics: ServiceMetrics, interval_s: float) -
 
 
 class HttpEndpoint:
-    """Minimal HTTP/1.1 server for ``GET /metrics`` and ``GET /healthz`` (no framework needed)."""
+    """Minimal HTTP/1.1 server for ``GET /metrics``, ``/livez``, ``/readyz`` and ``/healthz``
+    (no framework needed).
+
+    Not ready until `started` is set: `serve` sets it once the app's consumers run (a bare
+    endpoint, as in tests, is ready from the start)."""
 
     def __init__(
         self, metrics: ServiceMetrics, checks: Mapping[str, HealthCheck], host: str, port: int
@@ -121,6 +132,8 @@ class HttpEndpoint:
         self.port = port
         self._server: asyncio.Server | None = None
         self._last: dict[str, bool] = {}
+        self.started = True
+        """Whether the consumers run (part of readiness, not of liveness)."""
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._serve, self.host, self.port)
@@ -175,10 +188,14 @@ class HttpEndpoint:
                     CONTENT_TYPE_LATEST,
                     generate_latest(self.metrics.registry),
                 )
-            elif path.startswith("/healthz"):
+            elif path.startswith("/livez"):
+                # Answered by the event loop that runs the handlers: a blocked loop answers nothing.
+                status, ctype, body = 200, "application/json", b'{"ok": true}'
+            elif path.startswith(("/readyz", "/healthz")):
                 ok, results = await self.health()
+                ok = ok and self.started
                 status, ctype = (200 if ok else 503), "application/json"
-                body = json.dumps({"ok": ok, "checks": results}).encode()
+                body = json.dumps({"ok": ok, "started": self.started, "checks": results}).encode()
             else:
                 status, ctype, body = 404, "text/plain", b"not found\n"
             reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
@@ -211,19 +228,24 @@ async def serve(
 ) -> None:
     """Run until SIGTERM/SIGINT; the HTTP endpoint lives exactly as long as the app.
 
-    /healthz answers 503 while NATS or another checked dependency (Redis) is unreachable, and
-    ``ckpt_ha_dependency_up`` says which; the process keeps running and reconnecting meanwhile.
+    /readyz (and /healthz) answers 503 until the consumers run and while NATS or another checked
+    dependency (Redis) is unreachable, and ``ckpt_ha_dependency_up`` says which; /livez answers
+    200 throughout, as the process keeps running and reconnecting meanwhile.
     """
 
     async def nats_ok() -> bool:
         return await bus.broker.ping(timeout=1.0)
 
     http = HttpEndpoint(metrics, {"nats": nats_ok, **(extra_checks or {})}, host, port)
+    http.started = False
     poller: asyncio.Task[None] | None = None
     watcher: asyncio.Task[None] | None = None
 
     @app.on_startup
     async def _starting() -> None:
+        # Before the broker connects: /livez answers while a service waits for NATS.
+        bound = await http.start()
+        log.info("%s: http on %s:%s (/metrics, /livez, /readyz)", metrics.service, host, bound)
         if on_start is not None:
             await on_start()
 
@@ -233,12 +255,12 @@ async def serve(
         if bus.consumers:
             poller = asyncio.create_task(poll_consumers(bus, metrics, consumer_info_interval_s))
         watcher = asyncio.create_task(http.watch(dependency_check_interval_s))
-        bound = await http.start()
+        http.started = True
         metrics.up.labels(metrics.service).set(1)
-        log.info("%s: http on %s:%s (/metrics, /healthz)", metrics.service, host, bound)
 
     @app.on_shutdown
     async def _stopping() -> None:
+        http.started = False  # no longer ready: a load balancer stops sending work first
         metrics.up.labels(metrics.service).set(0)
         for task in (poller, watcher):
             if task is not None:

@@ -21,7 +21,7 @@ from ckpt_ha.contracts import signing
 from ckpt_ha.registry.client import RedisConfig
 
 
-def _is_secret(annotation: Any) -> bool:
+def is_secret(annotation: Any) -> bool:
     return annotation is SecretStr or SecretStr in typing.get_args(annotation)
 
 
@@ -35,7 +35,7 @@ class SecretSources(PydanticBaseSettingsSource):
     def __call__(self) -> dict[str, Any]:
         found: dict[str, Any] = {}
         for field_name, field in self.settings_cls.model_fields.items():
-            if _is_secret(field.annotation):
+            if is_secret(field.annotation):
                 value, _, _ = self.get_field_value(field, field_name)
                 if value is not None:
                     found[field_name] = value
@@ -56,46 +56,87 @@ class MissingSigningKey(ValueError):
 
 
 class ServiceSettings(BaseSettings):
-    """Environment variables are ``CKPT_HA_<FIELD>``; NATS_URL and REDIS_URL are also read plain."""
+    """Environment variables are ``CKPT_HA_<FIELD>``; NATS_URL and REDIS_URL are also read plain.
+
+    Each field's docstring is its description in the README's settings table
+    (`ckpt_ha.cli.settings_table` generates it; a test fails when the two differ)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="CKPT_HA_", extra="ignore", frozen=True, populate_by_name=True
+        env_prefix="CKPT_HA_",
+        extra="ignore",
+        frozen=True,
+        populate_by_name=True,
+        use_attribute_docstrings=True,
     )
 
     nats_url: str = Field(
         default="nats://127.0.0.1:4222",
         validation_alias="NATS_URL",
     )
+    """The broker; a ``tls://`` URL for TLS; a cluster's servers separated by commas (the local
+    stack starts its own when unset)."""
     nats_user: str | None = None
+    """This process's NATS user (deploy/nats/; credentials and their rotation:
+    docs/SECURITY.md); None: no login."""
     nats_password: SecretStr | None = None
+    """That user's password."""
     nats_ca_file: str | None = None
     """CA bundle for a ``tls://`` NATS_URL (else the system's trust store)."""
     redis_url: str = Field(default="redis://127.0.0.1:6379/0", validation_alias="REDIS_URL")
+    """The registry; ``rediss://`` for TLS; ``redis+sentinel://[user:pass@]h1:p1,h2:p2/service[/db]``
+    (``rediss+sentinel://`` with TLS) follows the master through Sentinel (the local stack
+    starts its own when unset)."""
     redis_user: str | None = None
     """This process's Redis ACL user (deploy/redis/users.acl); None: the default user."""
     redis_password: SecretStr | None = None
+    """That user's password."""
     redis_ca_file: str | None = None
-    """CA bundle for a ``rediss://`` REDIS_URL (else the system's trust store)."""
+    """CA bundle for a ``rediss://`` or ``rediss+sentinel://`` REDIS_URL (else the system's
+    trust store)."""
+    redis_sentinel_user: str | None = None
+    """Who we log in as to the sentinels of a ``redis+sentinel://`` REDIS_URL."""
+    redis_sentinel_password: SecretStr | None = None
+    """The sentinels' own password (REDIS_URL's or ``redis_password`` is the data nodes')."""
     subject_prefix: str = Field(default="ckpt", pattern=r"^[A-Za-z0-9_-]+$")
+    """First token of every subject."""
     events_stream: str = Field(default="CKPT_EVENTS", pattern=r"^[A-Za-z0-9_-]+$")
+    """The JetStream stream of the events."""
     dead_letter_stream: str = Field(default="CKPT_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
+    """The JetStream stream of dead letters."""
+    stream_replicas: int = Field(default=1, ge=1, le=5)
+    """Replicas ``ckpt-ha streams provision`` gives both streams: 3 on the three-node cluster
+    (deploy/nats/nats-cluster.conf), 1 on a single server. Services check at least this many."""
     registry_prefix: str = Field(default="ckpt-ha", pattern=r"^[A-Za-z0-9_:.-]+$")
+    """Prefix of every Redis key of the registry."""
     storage_root: str = Field(default=str(Path.home() / ".ckpt-ha" / "storage"))
+    """Where checkpoints live: a plain path, ``file:///path`` or ``s3://bucket/prefix``."""
     http_host: str = "127.0.0.1"
+    """Address /metrics, /livez and /readyz listen on: ``0.0.0.0`` (or ``::``) in a container,
+    so that the kubelet and Prometheus reach them."""
     http_port: int = Field(default=0, ge=0, le=65535)
-    """0 picks a free port; the chosen port is written to the log and the status file."""
+    """Port of that endpoint; fix it in a container (e.g. 8080). 0 picks a free port, written
+    to the log and the local stack's status file."""
     ack_wait_s: float = Field(default=30.0, gt=0)
+    """How long a delivery may stay unacknowledged before JetStream redelivers it."""
     max_deliver: int = Field(default=5, ge=2, le=100)
+    """Deliveries of one message before it is dead-lettered (the bus's own cap: JetStream's is
+    unlimited)."""
     backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
+    """Waits before each redelivery of a nak'ed message (a JSON list)."""
     park_delay_s: float = Field(default=300.0, gt=0)
     """An event of a version newer than this service knows is offered again after this long
-    (parked for a newer consumer during a rolling upgrade, never dead-lettered for it)."""
+    (parked for a newer consumer during a rolling upgrade, never dead-lettered for it;
+    docs/UPGRADES.md)."""
     fetch_batch: int = Field(default=64, ge=1, le=1024)
+    """Messages pulled per fetch."""
     graceful_timeout_s: float = Field(default=20.0, gt=0)
+    """On SIGTERM, how long in-flight handlers may finish before the process stops (the rest
+    are redelivered)."""
     handler_deadline_s: float = Field(default=900.0, gt=0)
     """How long a handler may take for one delivery (or batch) before it is cancelled and the
     message nak'ed for a later delivery (the last one dead-letters)."""
     nats_connect_timeout_s: float = Field(default=5.0, gt=0)
+    """Bound on one attempt to connect to NATS."""
     nats_reconnect_wait_s: float = Field(default=1.0, gt=0)
     """First wait before reconnecting to NATS; doubles per failed attempt (jittered)."""
     nats_reconnect_wait_max_s: float = Field(default=30.0, gt=0)
@@ -107,6 +148,7 @@ class ServiceSettings(BaseSettings):
     redis_timeout_s: float = Field(default=5.0, gt=0)
     """Bound on each Redis reply (a frozen Redis: the handler fails and naks)."""
     redis_connect_timeout_s: float = Field(default=5.0, gt=0)
+    """Bound on opening a Redis connection."""
     redis_retries: int = Field(default=3, ge=0, le=20)
     """Retries of a Redis command that met a connection error, with jittered backoff."""
     storage_timeout_s: float = Field(default=300.0, gt=0)
@@ -121,8 +163,8 @@ class ServiceSettings(BaseSettings):
     metrics_forget_after_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """A job idle this long leaves the per-job metric series (bounds their cardinality)."""
     signing_key: SecretStr | None = None
-    """The master key job signatures derive from (hex; ``CKPT_HA_SIGNING_KEY_FILE`` names a file
-    holding it, read like every secret)."""
+    """The master key job signatures derive from (hex, at least 16 bytes; docs/SECURITY.md).
+    Services refuse to start without one."""
     signing_key_previous: SecretStr | None = None
     """During a rotation: the old master key, still accepted for verification (never signs)."""
     unsigned_before_seq: int = Field(default=0, ge=0)
@@ -169,6 +211,8 @@ class ServiceSettings(BaseSettings):
             timeout_s=self.redis_timeout_s,
             connect_timeout_s=self.redis_connect_timeout_s,
             retries=self.redis_retries,
+            sentinel_user=self.redis_sentinel_user,
+            sentinel_password=self.redis_sentinel_password,
         )
 
     def bus(self) -> BusConfig:
@@ -180,6 +224,7 @@ class ServiceSettings(BaseSettings):
             prefix=self.subject_prefix,
             events_stream=self.events_stream,
             dead_letter_stream=self.dead_letter_stream,
+            replicas=self.stream_replicas,
             ack_wait_s=self.ack_wait_s,
             max_deliver=self.max_deliver,
             backoff_s=self.backoff_s,

@@ -95,9 +95,14 @@ class Bus:
             raise credentials.PlaintextWithCa(NATS_CA_FILE, self.url, "tls")
 
     @property
+    def servers(self) -> list[str]:
+        """The servers of ``url`` (a cluster's nodes, separated by commas), for ``nats.connect``."""
+        return credentials.nats_servers(self.url)
+
+    @property
     def shown_url(self) -> str:
         """The URL for logs (a password in it replaced)."""
-        return credentials.redact_url(self.url)
+        return ",".join(credentials.redact_url(part) for part in self.servers)
 
     def connect_options(self) -> dict[str, Any]:
         """User, password and TLS context for ``nats.connect``."""
@@ -280,7 +285,7 @@ async def _announce(
 ) -> None:
     subject, body, headers = envelope_bytes(bus, data, time_, key, traceparent)
     nc = await nats.connect(
-        bus.url,
+        bus.servers,
         **bus.connect_options(),
         connect_timeout=bus.timeout_s,
         max_reconnect_attempts=1,

@@ -243,7 +243,7 @@ class ProgressPublisher:
 
         try:
             nc = await nats.connect(
-                self.bus.url,
+                self.bus.servers,
                 **self.bus.connect_options(),
                 connect_timeout=self.bus.timeout_s,
                 # One try now; retrying is this publisher's back-off (nats-py reads 0 attempts

@@ -21,6 +21,9 @@ from ckpt_ha.storage.errors import InvalidKey, InvalidMetadata, ObjectNotFound
 
 MAX_KEY_BYTES = 1024  # S3's limit; the FS backend keeps it too so keys stay portable
 MAX_METADATA_BYTES = 2048  # S3's limit on user metadata (keys plus values)
+CREATE_ID_METADATA = "ckpt-ha-create-id"
+"""Reserved metadata name: the S3 backend tags create-only puts with it to recognise its own
+write after a lost answer (s3_store.py). No backend accepts it from callers."""
 _METADATA_NAME = re.compile(r"[a-z0-9][a-z0-9-]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -205,6 +208,8 @@ def validate_metadata(metadata: Mapping[str, str] | None, *, key: str) -> dict[s
     too keeps the two interchangeable.
     """
     checked = dict(metadata or {})
+    if CREATE_ID_METADATA in checked:
+        raise InvalidMetadata(key=key, reason=f"name {CREATE_ID_METADATA!r} is reserved")
     for name, value in checked.items():
         if not _METADATA_NAME.fullmatch(name):
             raise InvalidMetadata(key=key, reason=f"name {name!r} is not [a-z0-9-]+")

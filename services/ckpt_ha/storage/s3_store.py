@@ -5,12 +5,22 @@ Create-only writes use a conditional PUT (`If-None-Match: *`). Keys live under a
 prefix inside the bucket; listings strip it again and skip keys that are not valid store keys
 (console "folder" markers like `dir/`, `a//b`), so both backends list the same things.
 
-Limits: `put` and `copy` are single requests, so objects are capped at 5 GiB.
+A copy (and so a move) of an object over the multipart threshold (5 GiB, the most one CopyObject
+may copy) is a multipart copy: the server copies byte ranges of the source into parts of a new
+upload, pinned to the source's ETag, and the new object appears only when the upload completes.
+`put` is a single request, so objects written through the store are capped at 5 GiB.
+
+A create-only put carries a random token in a reserved metadata entry. If its answer is lost
+and botocore sends it again, the server says "precondition failed" about the object the first
+attempt wrote; the store recognises its own token and reports success instead of
+`ObjectExists`. `stat` hides the entry.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
+import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC
 from types import TracebackType
@@ -34,6 +44,8 @@ from ckpt_ha.storage.errors import (
     StorageUnavailable,
 )
 from ckpt_ha.storage.port import (
+    CREATE_ID_METADATA,
+    MAX_METADATA_BYTES,
     ListPage,
     ObjectInfo,
     ObjectStore,
@@ -49,7 +61,9 @@ if TYPE_CHECKING:
     from botocore.response import StreamingBody
     from mypy_boto3_s3 import S3Client
     from mypy_boto3_s3.type_defs import (
+        CompletedPartTypeDef,
         CopySourceTypeDef,
+        HeadObjectOutputTypeDef,
         ListObjectsV2OutputTypeDef,
         ListObjectsV2RequestTypeDef,
         PutObjectRequestTypeDef,
@@ -70,6 +84,15 @@ MAX_ATTEMPTS = 3
 """Attempts per request, retried with botocore's backoff on transport errors, throttling and
 5xx; after the last, a transient error is `StorageUnavailable`."""
 
+MiB = 1024 * 1024
+MULTIPART_COPY_THRESHOLD = 5 * 1024 * MiB
+"""Objects larger than this are copied in parts: a single CopyObject copies at most 5 GiB."""
+MULTIPART_PART_SIZE = 512 * MiB
+"""Bytes per part of a multipart copy (grown if the object would need over 10,000 parts)."""
+MIN_PART_SIZE = 5 * MiB
+"""S3's smallest part (except the last): a smaller part size is refused up front."""
+MAX_PARTS = 10_000
+
 
 class S3Options(TypedDict, total=False):
     """Keyword options `S3Store` (and `open_store` for `s3://` roots) accept."""
@@ -82,6 +105,8 @@ class S3Options(TypedDict, total=False):
     connect_timeout_s: float | None
     read_timeout_s: float | None
     max_attempts: int | None
+    multipart_copy_threshold: int | None
+    multipart_part_size: int | None
 
 
 def _error_code(err: ClientError) -> str:
@@ -102,6 +127,13 @@ def classify_boto_error(err: BotoCoreError | ClientError, key: str | None = None
     if isinstance(err, _TRANSPORT_ERRORS):
         return StorageUnavailable(reason=str(err), backend=BACKEND, key=key)
     return StorageError(reason=str(err), backend=BACKEND, key=key)
+
+
+_CREATE_ID_SIZE = len(CREATE_ID_METADATA) + 32
+
+
+def _metadata_size(metadata: Mapping[str, str]) -> int:
+    return sum(len(name) + len(value) for name, value in metadata.items())
 
 
 def _etag(value: str | None) -> str | None:
@@ -140,7 +172,8 @@ class S3Store(ObjectStore):
     """ObjectStore over `s3://bucket/prefix/`. Builds no client and opens no connection until
     first used; pass `client` to share one (boto3 clients are thread-safe). Every request is
     bounded: ``connect_timeout_s`` to connect, ``read_timeout_s`` per wait for data, at most
-    ``max_attempts`` attempts (defaults above)."""
+    ``max_attempts`` attempts (defaults above). Copies of objects over
+    ``multipart_copy_threshold`` bytes go in parts of ``multipart_part_size`` bytes."""
 
     def __init__(
         self,
@@ -155,9 +188,23 @@ class S3Store(ObjectStore):
         connect_timeout_s: float | None = None,
         read_timeout_s: float | None = None,
         max_attempts: int | None = None,
+        multipart_copy_threshold: int | None = None,
+        multipart_part_size: int | None = None,
     ) -> None:
         if not bucket:
             raise ValueError("an S3 store needs a bucket name")
+        self._multipart_threshold = multipart_copy_threshold or MULTIPART_COPY_THRESHOLD
+        self._part_size = multipart_part_size or MULTIPART_PART_SIZE
+        if not MIN_PART_SIZE <= self._part_size <= MULTIPART_COPY_THRESHOLD:
+            raise ValueError(
+                f"multipart_part_size must be within {MIN_PART_SIZE}..{MULTIPART_COPY_THRESHOLD}"
+                f" bytes, got {self._part_size}"
+            )
+        if not 0 < self._multipart_threshold <= MULTIPART_COPY_THRESHOLD:
+            raise ValueError(
+                f"multipart_copy_threshold must be within 1..{MULTIPART_COPY_THRESHOLD} bytes,"
+                f" got {self._multipart_threshold}"
+            )
         root = prefix.strip("/")
         self._bucket = bucket
         self._prefix = validate_key(root) + "/" if root else ""
@@ -200,18 +247,22 @@ class S3Store(ObjectStore):
         )
 
     def stat(self, key: str) -> ObjectInfo:
-        full = self._full_key(key)
-        try:
-            head = self._client.head_object(Bucket=self._bucket, Key=full)
-        except (BotoCoreError, ClientError) as err:
-            raise classify_boto_error(err, key) from err
+        head = self._head(key)
+        metadata = dict(head.get("Metadata", {}))
+        metadata.pop(CREATE_ID_METADATA, None)
         return ObjectInfo(
             key=key,
             size=head["ContentLength"],
             mtime=head["LastModified"].astimezone(UTC),
             etag=_etag(head.get("ETag")),
-            metadata=dict(head.get("Metadata", {})),
+            metadata=metadata,
         )
+
+    def _head(self, key: str) -> HeadObjectOutputTypeDef:
+        try:
+            return self._client.head_object(Bucket=self._bucket, Key=self._full_key(key))
+        except (BotoCoreError, ClientError) as err:
+            raise classify_boto_error(err, key) from err
 
     def open_read(self, key: str, *, offset: int = 0, length: int | None = None) -> ReadStream:
         validate_range(offset, length)
@@ -246,6 +297,10 @@ class S3Store(ObjectStore):
         if src_key == dst_key:
             raise InvalidKey(dst_key, reason="copy onto itself", backend=BACKEND)
         source: CopySourceTypeDef = {"Bucket": self._bucket, "Key": self._full_key(src_key)}
+        head = self._head(src_key)
+        if head["ContentLength"] > self._multipart_threshold:
+            self._multipart_copy(source, head, src_key, dst_key)
+            return self.stat(dst_key)
         try:
             self._client.copy_object(
                 Bucket=self._bucket,
@@ -256,6 +311,53 @@ class S3Store(ObjectStore):
         except (BotoCoreError, ClientError) as err:
             raise classify_boto_error(err, src_key) from err
         return self.stat(dst_key)
+
+    def _multipart_copy(
+        self, source: CopySourceTypeDef, head: HeadObjectOutputTypeDef, src_key: str, dst_key: str
+    ) -> None:
+        """Copy `source` into `dst_key` part by part (UploadPartCopy with byte ranges), each part
+        pinned to the source's ETag so a source replaced mid-copy fails the copy instead of
+        mixing versions. `dst_key` changes only when the upload completes; a failed copy aborts
+        the upload so no parts are left billed."""
+        size = head["ContentLength"]
+        part_size = max(self._part_size, -(-size // MAX_PARTS))
+        dst = self._full_key(dst_key)
+        try:
+            upload_id = self._client.create_multipart_upload(
+                Bucket=self._bucket, Key=dst, Metadata=dict(head.get("Metadata", {}))
+            )["UploadId"]
+        except (BotoCoreError, ClientError) as err:
+            raise classify_boto_error(err, dst_key) from err
+        try:
+            parts: list[CompletedPartTypeDef] = []
+            for number, start in enumerate(range(0, size, part_size), start=1):
+                end = min(start + part_size, size) - 1
+                part = self._client.upload_part_copy(
+                    Bucket=self._bucket,
+                    Key=dst,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    CopySource=source,
+                    CopySourceRange=f"bytes={start}-{end}",
+                    CopySourceIfMatch=head["ETag"],
+                )
+                parts.append({"PartNumber": number, "ETag": part["CopyPartResult"]["ETag"]})
+            self._client.complete_multipart_upload(
+                Bucket=self._bucket, Key=dst, UploadId=upload_id, MultipartUpload={"Parts": parts}
+            )
+        except BaseException as exc:
+            # If the abort fails too, the bucket's rule for incomplete uploads is the backstop.
+            with contextlib.suppress(BotoCoreError, ClientError):
+                self._client.abort_multipart_upload(
+                    Bucket=self._bucket, Key=dst, UploadId=upload_id
+                )
+            if isinstance(exc, ClientError) and _error_code(exc) in _CONDITION_CODES:
+                raise StorageUnavailable(
+                    reason="source changed during a multipart copy", backend=BACKEND, key=src_key
+                ) from exc
+            if isinstance(exc, (BotoCoreError, ClientError)):
+                raise classify_boto_error(exc, src_key) from exc
+            raise
 
     def delete(self, key: str) -> None:
         try:
@@ -277,11 +379,17 @@ class S3Store(ObjectStore):
         *,
         create_only: bool,
     ) -> ObjectInfo:
+        checked = validate_metadata(metadata, key=key)
+        token = uuid.uuid4().hex if create_only else None
+        if token is not None and _metadata_size(checked) + _CREATE_ID_SIZE <= MAX_METADATA_BYTES:
+            checked[CREATE_ID_METADATA] = token
+        else:
+            token = None  # no room: a lost answer then reads as ObjectExists
         request: PutObjectRequestTypeDef = {
             "Bucket": self._bucket,
             "Key": self._full_key(key),
             "Body": data,
-            "Metadata": validate_metadata(metadata, key=key),
+            "Metadata": checked,
         }
         if create_only:
             request["IfNoneMatch"] = "*"
@@ -289,13 +397,27 @@ class S3Store(ObjectStore):
             self._client.put_object(**request)
         except ClientError as err:
             if create_only and _error_code(err) in _CONDITION_CODES:
-                raise ObjectExists(key, backend=BACKEND) from err
-            if create_only and _error_code(err) in _CONFLICT_CODES:
-                raise self._lost_race(key) from err
-            raise classify_boto_error(err, key) from err
+                if not self._written_by(key, token):
+                    raise ObjectExists(key, backend=BACKEND) from err
+            elif create_only and _error_code(err) in _CONFLICT_CODES:
+                if not self._written_by(key, token):
+                    raise self._lost_race(key) from err
+            else:
+                raise classify_boto_error(err, key) from err
         except BotoCoreError as err:
             raise classify_boto_error(err, key) from err
         return self.stat(key)
+
+    def _written_by(self, key: str, token: str | None) -> bool:
+        """Whether the object at `key` is the one this create-only put (its `token`) wrote: an
+        earlier attempt whose answer was lost before botocore retried it."""
+        if token is None:
+            return False
+        try:
+            head = self._head(key)
+        except ObjectNotFound:
+            return False
+        return head.get("Metadata", {}).get(CREATE_ID_METADATA) == token
 
     def _lost_race(self, key: str) -> StorageError:
         """409 ConditionalRequestConflict: a concurrent write or delete of the key overlapped

@@ -8,21 +8,22 @@ from ckpt_ha.runtime.settings import ServiceSettings
 
 
 class WriterWatcherSettings(ServiceSettings):
-    """``CKPT_HA_POLL_INTERVAL_S``: how often the storage root is listed (level-triggered).
-    ``CKPT_HA_STALL_TIMEOUT_S``: an incomplete checkpoint unchanged this long has failed.
-    ``CKPT_HA_WATCH_MODE``: ``auto`` (inotify on a local filesystem root, polling on S3),
-    ``inotify`` (insist), ``poll``. Notifications only wake the scan early; it still decides.
-    ``CKPT_HA_WRITING_DEADLINE_S``: a checkpoint the registry holds as writing for longer than
-    this is re-driven (its outcome announced again, or failed when no write of it is left);
-    longer than the stall timeout, which decides writes the watcher still follows.
-    ``CKPT_HA_RECONCILE_INTERVAL_S``: how often the registry's writing records are read for
-    that (0 turns it off)."""
+    """The shared settings plus how storage is watched and how long a write may take.
+    Notifications only wake the scan early; it still decides."""
 
     poll_interval_s: float = Field(default=2.0, gt=0)
+    """How often the storage root is listed (level-triggered)."""
     stall_timeout_s: float = Field(default=300.0, gt=0)
+    """An incomplete checkpoint unchanged this long has failed."""
     watch_mode: Literal["auto", "inotify", "poll"] = "auto"
+    """``auto`` (inotify on a local filesystem root, polling on S3), ``inotify`` (insist) or
+    ``poll``."""
     writing_deadline_s: float = Field(default=1800.0, gt=0)
+    """A checkpoint the registry holds as writing for longer than this is re-driven (its
+    outcome announced again, or failed when no write of it is left); must be longer than the
+    stall timeout, which decides writes the watcher still follows."""
     reconcile_interval_s: float = Field(default=300.0, ge=0)
+    """How often the registry is read for checkpoints past their deadline (0 turns it off)."""
 
     @model_validator(mode="after")
     def _deadline_after_stall(self) -> WriterWatcherSettings:
