@@ -1,0 +1,36 @@
+"""The fault suite's fixtures: one stack for the whole package, the registry, and the book the
+figures go to (`tests.faults.book`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from ckpt_ha.registry.redis_registry import Registry
+from tests.faults.book import FigureBook, summary
+from tests.faults.stack import FaultStack, running_stack
+
+
+@pytest.fixture
+def figures(request: pytest.FixtureRequest) -> FigureBook:
+    return FigureBook(request.config)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    summary(terminalreporter, config)
+
+
+@pytest.fixture(scope="package")
+def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
+    """One stack for every fault of the package, stopped when the last one is done."""
+    with running_stack(tmp_path_factory.mktemp("faults") / "home") as fs:
+        yield fs
+
+
+@pytest.fixture
+async def registry(fault_stack: FaultStack) -> AsyncIterator[Registry]:
+    reg = Registry.from_url(fault_stack.redis_url)
+    yield reg
+    await reg.close()
