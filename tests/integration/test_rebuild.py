@@ -12,7 +12,7 @@ from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG
 from ckpt_ha.contracts.subjects import event_subject
-from ckpt_ha.ops.errors import StreamReplaced
+from ckpt_ha.ops.errors import RebuildWithoutSigningKey, StreamReplaced
 from ckpt_ha.ops.rebuild import rebuild, rebuild_registry
 from ckpt_ha.registrar.app import build
 from ckpt_ha.registrar.settings import RegistrarSettings
@@ -159,5 +159,24 @@ async def test_a_flushed_registry_is_rebuilt_and_records_its_stream(
         recorded = await svc.registry.built_from()
         assert recorded is not None
         assert recorded.startswith(f"{settings.events_stream}@")
+    finally:
+        await svc.registry.close()
+
+
+async def test_a_rebuild_without_the_signing_key_refuses_before_clearing(
+    settings: ServiceSettings,
+) -> None:
+    """Without the key every job-signed event would be refused as forged: the registry would be
+    cleared and rebuilt without the checkpoints they made."""
+    keyless = settings.model_copy(update={"signing_key": None, "signing_key_previous": None})
+    assert keyless.bus().signing_keys == ()
+    svc = build(RegistrarSettings.model_validate(settings.model_dump()))
+    await svc.registry.remember_stream("kept")
+    try:
+        with pytest.raises(RebuildWithoutSigningKey, match="no job-signing key"):
+            await rebuild_registry(
+                svc.registry, keyless.bus(), partial(key_for_uri, svc.store), clear=True
+            )
+        assert list(await svc.registry.dump()) == [svc.registry.keys.stream]
     finally:
         await svc.registry.close()

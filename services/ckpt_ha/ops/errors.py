@@ -39,6 +39,18 @@ class StreamIncomplete(OperationFailed):
     """The event stream lost its first events; a rebuild would silently forget checkpoints."""
 
 
+class RebuildWithoutSigningKey(OperationFailed):
+    """A rebuild without the deployment's job-signing key would refuse every job-signed event
+    as forged (`checkpoint.committed` among them) and rebuild a registry without them."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "no job-signing key: a rebuild would refuse every job-signed event as forged and "
+            "lose their checkpoints; set CKPT_HA_SIGNING_KEY_FILE (or CKPT_HA_SIGNING_KEY) to "
+            "the deployment's master key, as the services have it"
+        )
+
+
 class StreamReplaced(StreamIncomplete):
     """The event stream is not the one the registry was built from: deleted and created again
     (it starts at sequence 1 like the original, but the original's history is gone)."""

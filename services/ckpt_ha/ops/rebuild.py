@@ -41,7 +41,7 @@ from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
 from ckpt_ha.core.locations import KeyOf, intake_refusal
 from ckpt_ha.core.tiers import declared_tier
-from ckpt_ha.ops.errors import RegistryNotEmpty, StreamReplaced
+from ckpt_ha.ops.errors import RebuildWithoutSigningKey, RegistryNotEmpty, StreamReplaced
 from ckpt_ha.ops.streams import require_complete_stream
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.port import RegistryWriter, TierDeclarer
@@ -99,7 +99,10 @@ async def rebuild(
     """``key_of``: a location's key in the storage root, as the live registrar had it (an event
     naming a location its job does not own is refused here as it was there). ``restores``: the
     coordinator's state to replay too (None: the registry's key spaces only). Refuses
-    (`StreamIncomplete`) a stream whose first events are gone."""
+    (`StreamIncomplete`) a stream whose first events are gone, and a rebuild without the
+    job-signing key (`RebuildWithoutSigningKey`)."""
+    if not cfg.signing_keys:
+        raise RebuildWithoutSigningKey
     await require_complete_stream(cfg)
     return await _replay(registry, cfg, catalog, key_of, restores, clock)
 
@@ -219,9 +222,12 @@ async def rebuild_registry(
     refused (`RegistryNotEmpty`) unless ``clear``: then every key space the rebuild owns is
     emptied first (the reconcile log is kept). A stream that is not the one the registry was
     built from (deleted and created again: `StreamReplaced`) is refused before anything is
-    cleared, unless ``accept_new_stream``. Stop the registrar, the restore-coordinator and
+    cleared, unless ``accept_new_stream``; so is a rebuild without the job-signing key
+    (`RebuildWithoutSigningKey`). Stop the registrar, the restore-coordinator and
     the retention-janitor first: they write these keys too."""
-    current = await require_complete_stream(bus)  # before anything is cleared
+    if not bus.signing_keys:
+        raise RebuildWithoutSigningKey  # before anything is cleared
+    current = await require_complete_stream(bus)
     recorded = await registry.built_from()
     if recorded is not None and recorded != current and not accept_new_stream:
         raise StreamReplaced(recorded, current)
