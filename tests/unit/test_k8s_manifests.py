@@ -7,7 +7,6 @@ No container engine or cluster is needed; `kubectl kustomize` is compared where 
 from __future__ import annotations
 
 import copy
-import os
 import re
 import shlex
 import shutil
@@ -169,10 +168,8 @@ def test_a_list_patch_is_refused_not_rendered_wrong(tmp_path: Path) -> None:
 
 def test_the_render_matches_kubectl_kustomize(overlay: list[Doc]) -> None:
     kubectl = shutil.which("kubectl")
-    if kubectl is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("kubectl is not installed: the machine image ships it")
-        pytest.skip("kubectl not installed here (CI fails instead)")
+    if kubectl is None:  # never a skip: the cross-check would silently not run
+        pytest.fail("kubectl is not installed: the machine image ships it (/usr/bin/kubectl)")
     done = subprocess.run(
         [kubectl, "kustomize", str(OVERLAY)], capture_output=True, text=True, timeout=60
     )
