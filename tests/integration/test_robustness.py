@@ -224,10 +224,12 @@ async def test_scrub_quarantines_a_valid_checkpoint_whose_bytes_changed(
     assert set(record.checksums) == {"rank-0.bin", "rank-1.bin"}
 
     shard = stack.root / "job-s/step-7/rank-0.bin"
-    flipped = bytearray(shard.read_bytes())
-    flipped[100] ^= 0xFF
     before = shard.stat()
-    shard.write_bytes(bytes(flipped))  # bit rot: same size, other bytes, ...
+    with shard.open("r+b") as rotting:  # bit rot in place: the file never shrinks, the
+        rotting.seek(100)  # watcher (running) never sees a shard shorter than committed
+        byte = rotting.read(1)
+        rotting.seek(100)
+        rotting.write(bytes([byte[0] ^ 0xFF]))
     os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))  # ... and nobody wrote it
 
     first = await stack.checker.scrubber.scrub_once()
