@@ -5,7 +5,8 @@ find the S3 endpoint and credentials the way any boto3 program does (``AWS_ENDPO
 ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``).
 
 * A job saves through the SDK: a good checkpoint ends valid and registered, one whose shard the
-  storage silently corrupted on write ends corrupt and quarantined.
+  storage silently corrupted on write ends corrupt and quarantined; past the tier's quarantine
+  retention, retention deletes it and its quarantine copy from the bucket.
 * The whole loop: a job under `ckpt-ha run` saving to S3 is killed; the restore-coordinator plans
   its resume from the newest valid checkpoint, the relaunched attempt loads it from S3 and
   finishes, and the coordinator deletes the partial write the killed attempt left. Retention then
@@ -226,6 +227,31 @@ async def test_good_checkpoint_registered_corrupt_one_quarantined_on_s3(
         assert loaded.state["weights"].tobytes() == weights.tobytes()
         with pytest.raises(sdk.CheckpointUnreadable):
             sdk.load(s3_stack.store, "job-s3/step-00000200")
+
+        # Past the tier's quarantine retention (a day), retention deletes the quarantined
+        # checkpoint: its location and its copy under quarantine/ are gone from the bucket.
+        where = [key_for_uri(s3_stack.store, u) for u in (rec.uri, rec.quarantine_uri or "")]
+        assert all(where), where
+        assert any(keys_under(s3_stack, k or "") for k in where)
+        async with janitor_on(s3_stack, settings) as (janitor, clock):
+            clock.offset = timedelta(days=2)
+            assert (await janitor.run_once(["job-s3"])).expired == [bad.checkpoint_id]
+
+            async def expired() -> bool:
+                now = await record(bad.checkpoint_id)
+                return now is not None and now.state is CheckpointState.EXPIRED
+
+            await wait_for(expired, timeout=20, what="the corrupt checkpoint expired")
+            clock.offset = timedelta(days=3)
+            assert (await janitor.run_once(["job-s3"])).deleted == [bad.checkpoint_id]
+
+        async def tombstone() -> CheckpointRecord | None:
+            now = await record(bad.checkpoint_id)
+            return now if now is not None and now.tombstone is not None else None
+
+        assert (await wait_for(tombstone, timeout=20, what="the tombstone")).state is S.DELETED
+        assert [keys_under(s3_stack, k or "") for k in where] == [[], []]
+        assert sdk.load(s3_stack.store, "job-s3/step-00000100").step == 100
         assert all(procs.is_alive(p) for p in s3_stack.processes)
     finally:
         await registry.close()
