@@ -11,13 +11,13 @@ from ckpt_ha.devstack.procs import ManagedProcess, ProcessStartFailed, retry_por
 PROC = ManagedProcess(name="x", pid=1, port=1, url="u", log_path=Path("/dev/null"))
 
 
-def flaky(failures: list[str]):  # type: ignore[no-untyped-def]
+def flaky(failures: list[str], reason: str = "exited with code 1"):  # type: ignore[no-untyped-def]
     calls: list[int] = []
 
     def start() -> ManagedProcess:
         calls.append(1)
         if failures:
-            raise ProcessStartFailed("x", "exited with code 1", failures.pop(0))
+            raise ProcessStartFailed("x", reason, failures.pop(0))
         return PROC
 
     return start, calls
@@ -25,6 +25,12 @@ def flaky(failures: list[str]):  # type: ignore[no-untyped-def]
 
 def test_lost_race_is_retried_with_fresh_ports() -> None:
     start, calls = flaky(["bind: address already in use"])
+    assert retry_port_race(start, ports_chosen_here=True) is PROC
+    assert len(calls) == 2
+
+
+def test_a_port_found_taken_before_the_start_is_a_lost_race_too() -> None:
+    start, calls = flaky([""], reason="port 127.0.0.1:4711 is already in use")
     assert retry_port_race(start, ports_chosen_here=True) is PROC
     assert len(calls) == 2
 

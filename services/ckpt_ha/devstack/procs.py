@@ -207,6 +207,10 @@ def redis_server_version(binary: Path | None = None) -> tuple[int, int]:
     return int(found[1]), int(found[2])
 
 
+_PORT_TAKEN = "is already in use"
+"""How `start_process` says a port it was given is taken before it starts anything."""
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago (the usual bind-to-0 race applies)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -465,7 +469,7 @@ def start_process(
 
     for taken in (p for p in (port, http_port) if p is not None):
         if not _port_is_free(taken):
-            raise failed(f"port {LOCALHOST}:{taken} is already in use")
+            raise failed(f"port {LOCALHOST}:{taken} {_PORT_TAKEN}")
 
     lock_fd = None
     if lock is not None:
@@ -684,12 +688,15 @@ def retry_port_race(
     start: Callable[[], ManagedProcess], *, ports_chosen_here: bool, attempts: int = 3
 ) -> ManagedProcess:
     """`free_port` can race with any other process binding (or connecting from) the same
-    port; when we chose the port, a lost race is retried with fresh ports."""
+    port; when we chose the port, a lost race is retried with fresh ports: the process failing
+    to bind it, or `start_process` finding it taken before the start."""
     for attempt in range(1, attempts + 1):
         try:
             return start()
         except ProcessStartFailed as exc:
-            lost_race = "address already in use" in exc.log_tail.lower()
+            lost_race = "address already in use" in exc.log_tail.lower() or exc.reason.endswith(
+                _PORT_TAKEN
+            )
             if not (ports_chosen_here and lost_race) or attempt == attempts:
                 raise
     raise AssertionError("unreachable")
