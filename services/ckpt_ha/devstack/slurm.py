@@ -26,8 +26,9 @@ The configuration is the smallest one that shows every way a batch job can end:
   ``OUT_OF_MEMORY`` state either (a kernel OOM kill is a job FAILED by signal 9);
 * no accounting daemon: ``sacct`` has nothing; ``scontrol show job`` is the record.
 
-The daemons run as the calling user; ``slurmd`` must be root to start jobs (it switches to the
-submitting user), so this needs root.
+The daemons run as the calling user (``SlurmUser``/``SlurmdUser``), which need not be root: a
+cluster started by an unprivileged user runs that user's jobs. Only installing the packages needs
+root.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import pwd
 import re
 import secrets
 import shutil
@@ -105,9 +107,9 @@ def parse_record(line: str) -> dict[str, str]:
     hold spaces, as a ``Reason`` or a ``Command`` with arguments does)."""
     marks = list(_FIELD.finditer(line))
     record: dict[str, str] = {}
-    for here, after in zip(marks, [*marks[1:], None], strict=True):
-        end = len(line) if after is None else after.start()
-        record[here[1]] = line[here.end() : end].strip()
+    ends = [mark.start() for mark in marks[1:]] + [len(line)]
+    for mark, end in zip(marks, ends, strict=False):  # no marks, no fields
+        record[mark[1]] = line[mark.end() : end].strip()
     return record
 
 
@@ -178,13 +180,14 @@ def _config(
     epilog_slurmctld: Path | None,
 ) -> str:
     host = socket.gethostname().split(".")[0]  # slurmctld refuses to run on a host not named
+    user = pwd.getpwuid(os.geteuid()).pw_name  # the daemons run as whoever starts them
     lines = [
         "ClusterName=ckptha",
         f"SlurmctldHost={host}(127.0.0.1)",
         f"SlurmctldPort={controller_port}",
         f"SlurmdPort={node_port}",
-        "SlurmUser=root",
-        "SlurmdUser=root",
+        f"SlurmUser={user}",
+        f"SlurmdUser={user}",
         "AuthType=auth/munge",
         "CredType=cred/munge",
         f"AuthInfo=socket={home / 'munge' / 'munge.socket'},cred_expire={cred_expire_s}",
