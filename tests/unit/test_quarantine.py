@@ -11,6 +11,7 @@ import pytest
 from ckpt_ha.contracts import EventData
 from ckpt_ha.contracts.checkpoint import CheckpointQuarantinedV1, FailureSide
 from ckpt_ha.core.corruption import condemn
+from ckpt_ha.core.locations import plan_removal
 from ckpt_ha.formats import dcp, hf_trainer, native, safetensors, sidecar
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.storage import (
@@ -20,6 +21,7 @@ from ckpt_ha.storage import (
     StorageError,
     StorageUnavailable,
 )
+from ckpt_ha.storage.owned import remove
 from ckpt_ha.storage.quarantine import (
     MARKER_NAMES,
     MARKER_SUFFIXES,
@@ -84,6 +86,42 @@ def test_quarantine_moves_the_folder_markers_first_and_oldest_last(tmp_path: Pat
     assert store.moves[3:] == ["b.bin", "a.bin", native.MANIFEST]  # oldest first, marker last
     assert checkpoint_id_on(store, "job-1/step-5") == cid
     assert keys_of(store, "quarantine/") == []
+
+
+class DeletionRecordingStore(FsStore):
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.deletes: list[str] = []
+        self.ids_seen: set[str | None] = set()
+
+    def delete(self, key: str) -> None:
+        self.deletes.append(key.rsplit("/", 1)[-1])
+        super().delete(key)
+        if next(iter(self.list("job-1/step-5/")), None) is not None:  # half-deleted: its id
+            self.ids_seen.add(checkpoint_id_on(self, "job-1/step-5"))
+
+
+def test_retention_deletes_in_the_quarantine_order_so_a_half_deleted_folder_keeps_its_id(
+    tmp_path: Path,
+) -> None:
+    """Retention's delete (`owned.remove`) goes markers first, oldest last: a writer-watcher
+    listing the folder half-way sees no commit and the same id, never a new write. (Deleting
+    in listing order took the index, the oldest file, second: the rest looked like a new
+    checkpoint being written, and was announced as one.)"""
+    store = DeletionRecordingStore(tmp_path)
+    native.write(store, "job-1/step-5", {"a.bin": b"a" * 10, "b.bin": b"b" * 20}, step=5,
+                 created_at=T)  # fmt: skip
+    store.put("job-1/step-5/a.bin", b"a" * 10)  # now the newest shard
+    os.utime(tmp_path / "job-1/step-5/b.bin", ns=(1, 1))  # the oldest file, named in the id
+    cid = checkpoint_id_on(store, "job-1/step-5")
+    store.put("job-1/step-50/other.bin", b"not ours")
+
+    removed = remove(store, [plan_removal("job-1/step-5", [])])
+
+    assert (removed.deleted, removed.kept) == (3, 0)
+    assert store.deletes == [native.MANIFEST, "a.bin", "b.bin"]
+    assert store.ids_seen == {cid}
+    assert keys_of(store, "job-1/") == ["job-1/step-50/other.bin"]
 
 
 def test_quarantine_is_idempotent_after_a_partial_move(tmp_path: Path) -> None:

@@ -28,7 +28,8 @@ from ckpt_ha.core.locations import (
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.storage import key_for_uri
 from ckpt_ha.storage.errors import StorageUnavailable
-from ckpt_ha.storage.port import ObjectStore
+from ckpt_ha.storage.port import ObjectInfo, ObjectStore
+from ckpt_ha.storage.quarantine import taking_apart
 
 
 class JobRecords(Protocol):
@@ -104,10 +105,10 @@ class Removed:
     """What was kept and why (`Removal.note`), one per location that kept something."""
 
 
-def _objects_at(store: ObjectStore, key: str) -> list[str]:
+def _objects_at(store: ObjectStore, key: str) -> list[ObjectInfo]:
     """Every object at or under ``key``. A listing error propagates: an incomplete listing is
     never read as "absent"."""
-    return [o.key for o in store.list(key) if contains(key, o.key)]
+    return [o for o in store.list(key) if contains(key, o.key)]
 
 
 def remove(store: ObjectStore, removals: Sequence[Removal]) -> Removed:
@@ -116,12 +117,12 @@ def remove(store: ObjectStore, removals: Sequence[Removal]) -> Removed:
     deleted = kept = 0
     for removal in removals:
         found = _objects_at(store, removal.key)
-        doomed = [k for k in found if removal.removes(k)]
+        doomed = [o for o in found if removal.removes(o.key)]
         kept += len(found) - len(doomed)
-        for key in doomed:
-            store.delete(key)
+        for info in taking_apart(removal.key, doomed):  # never half a folder that looks new
+            store.delete(info.key)
         deleted += len(doomed)
-    left = [k for r in removals for k in _objects_at(store, r.key) if r.removes(k)]
+    left = [o.key for r in removals for o in _objects_at(store, r.key) if r.removes(o.key)]
     if left:
         raise StorageUnavailable(
             reason=f"{len(left)} object(s) still listed after delete", backend="removal"

@@ -23,6 +23,7 @@ before its marker does.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterable
 
 from ckpt_ha.core.locations import QUARANTINE
 from ckpt_ha.storage.errors import InvalidKey, ObjectNotFound
@@ -60,6 +61,15 @@ def _members(store: ObjectStore, folder: str) -> list[tuple[str, ObjectInfo]]:
 def _moving_order(item: tuple[str, ObjectInfo]) -> tuple[bool, float, str]:
     path, info = item
     return (not is_commit_marker(path), -info.mtime.timestamp(), path)
+
+
+def taking_apart(folder: str, objects: Iterable[ObjectInfo]) -> list[ObjectInfo]:
+    """``objects`` under ``folder`` in the order to move or delete them one by one: commit
+    markers first, then newest first. A listing taken half-way shows no commit and keeps the
+    folder's id, so the writer-watcher never takes it for a new write (retention's deletes use
+    the quarantine move's order)."""
+    prefix = f"{folder.rstrip('/')}/"
+    return sorted(objects, key=lambda o: _moving_order((o.key.removeprefix(prefix), o)))
 
 
 def quarantine(store: ObjectStore, key: str, job: str, checkpoint_id: str) -> str:
