@@ -4,7 +4,12 @@ S3-compatible server (moto's), with the embedded stack's own nats-server and red
 The drill finds the server the way any boto3 program does (``AWS_ENDPOINT_URL`` and the
 credentials); it puts the stack's storage link in front of it, so that its services and the
 drills' jobs reach S3 through a link the storage-outage drill cuts. One stack serves every drill
-of this module. The framework drills (torchrun-dcp, hf-trainer) are left to the filesystem run.
+of this module.
+
+To keep it within a few minutes it runs the drills whose fault touches storage (storage-outage,
+corrupt-checkpoint) and one that escalates (env-mismatch); node-exit and restart-loop exercise
+no storage path these do not, and with the framework drills (torchrun-dcp, hf-trainer) they are
+left to the filesystem run (`test_drills.py`).
 """
 
 from __future__ import annotations
@@ -112,6 +117,7 @@ def drill(s3: S3Drills, scenario: str) -> dict[str, Any]:
     link = next(p for p in state.processes if p.name == STORAGE_LINK)
     assert procs.is_alive(link)
     assert state.storage_endpoint == f"http://127.0.0.1:{link.port}" != s3.endpoint
+    assert (s3.home / f"{STORAGE_LINK}.state").read_text() == "up"  # given back after a cut
     return result
 
 
@@ -138,14 +144,6 @@ def test_a_bad_storage_root_or_no_s3_server_is_a_usage_error(tmp_path: Path) -> 
     assert not (tmp_path / "stack.json").exists()  # nothing was started
 
 
-def test_node_exit_on_s3(s3: S3Drills) -> None:
-    result = drill(s3, "node-exit")
-    for phase in result["phases"]:
-        assert_restored_from_the_bucket(s3, phase)
-        assert phase["restored_from"] == phase["last_valid_checkpoint"]
-    assert result["job_exit_code"] == 0
-
-
 def test_storage_outage_on_s3_cuts_the_link_and_the_restore_waits(s3: S3Drills) -> None:
     result = drill(s3, "storage-outage")
     assert all(result["checks"].values()), result["checks"]
@@ -169,16 +167,9 @@ def test_corrupt_object_on_s3_is_caught_at_load_and_quarantined(s3: S3Drills) ->
     assert any(k.endswith(".npy") for k in quarantined), quarantined
 
 
-@pytest.mark.parametrize(
-    ("scenario", "reasons"),
-    [
-        ("restart-loop", {"restart_loop", "same_failure_repeating"}),
-        ("env-mismatch", {"compatibility_unknown"}),
-    ],
-)
-def test_escalating_drills_on_s3(s3: S3Drills, scenario: str, reasons: set[str]) -> None:
-    result = drill(s3, scenario)
+def test_env_mismatch_on_s3_escalates(s3: S3Drills) -> None:
+    result = drill(s3, "env-mismatch")
     assert all(result["checks"].values()), result["checks"]
-    assert result["escalation"]["reason"] in reasons
+    assert result["escalation"]["reason"] == "compatibility_unknown"
     assert result["job_exit_code"] == 3
     assert s3.keys(f"{result['job']}/"), "the job's checkpoints are in the bucket"

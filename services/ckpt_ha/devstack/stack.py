@@ -265,8 +265,9 @@ def up(home: Path, env: Mapping[str, str], *, storage_link: bool = False) -> Sta
             f"the running stack uses the storage root {previous.storage_root}, not "
             f"{storage_root}: `ckpt-ha down` first"
         )
-    on_s3 = urlsplit(storage_root).scheme == "s3"
-    upstream = _s3_upstream(env) if on_s3 and (storage_link or STORAGE_LINK in running) else None
+    # A link once started stays: the services running hold its address.
+    linked = previous is not None and bool(previous.storage_endpoint)
+    with_link = urlsplit(storage_root).scheme == "s3" and (storage_link or linked)
     if "://" not in storage_root or storage_root.startswith("file://"):
         # A local root is created here; an s3:// bucket must exist already.
         Path(storage_root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
@@ -306,12 +307,11 @@ def up(home: Path, env: Mapping[str, str], *, storage_link: bool = False) -> Sta
         )
         redis_url = components["redis"].url
         record(nats_url, redis_url)
-    if upstream is not None:
-        scheme, address = upstream
+    if with_link:
         components[STORAGE_LINK] = running.get(STORAGE_LINK) or _restart(
-            STORAGE_LINK, previous, held, lambda at: _start_link(home, address, at)
+            STORAGE_LINK, previous, held, lambda at: _start_link(home, env, at)
         )
-        storage_endpoint = f"{scheme}://127.0.0.1:{components[STORAGE_LINK].port}"
+        storage_endpoint = components[STORAGE_LINK].url
         record(nats_url, redis_url)
     service_env = {
         **env,
@@ -380,17 +380,19 @@ def _s3_upstream(env: Mapping[str, str]) -> tuple[str, tuple[str, int]]:
     return parts.scheme, (parts.hostname, parts.port or default)
 
 
-def _start_link(home: Path, upstream: tuple[str, int], at: ManagedProcess | None) -> ManagedProcess:
-    """The storage link process, on the port of ``at`` (the recorded one) when given."""
+def _start_link(home: Path, env: Mapping[str, str], at: ManagedProcess | None) -> ManagedProcess:
+    """The storage link process in front of ``AWS_ENDPOINT_URL``, on the port of ``at`` (the
+    recorded one) when given. Its URL is the endpoint's, on the link's port."""
+    scheme, (host, upstream_port) = _s3_upstream(env)
 
     def start(port: int) -> ManagedProcess:
         return procs.start_process(
             STORAGE_LINK,
             [sys.executable, "-m", "ckpt_ha.devstack.tcp_link", "--port", str(port),
-             "--upstream", f"{upstream[0]}:{upstream[1]}", "--state", str(_link_state(home))],
+             "--upstream", f"{host}:{upstream_port}", "--state", str(_link_state(home))],
             home=home,
             port=port,
-            url=f"tcp://127.0.0.1:{port}",
+            url=f"{scheme}://127.0.0.1:{port}",
             marker="ckpt_ha.devstack.tcp_link",
         )  # fmt: skip
 
