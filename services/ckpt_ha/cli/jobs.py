@@ -73,7 +73,15 @@ def cmd_drill(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    result = drill.run(args.scenario, home, env, log, budget_s=args.budget)
+    from ckpt_ha.cli.parser import needs_s3_endpoint
+    from ckpt_ha.devstack.stack import StackConflict
+
+    needs_s3_endpoint(args.storage, env)
+    try:
+        result = drill.run(args.scenario, home, env, log, budget_s=args.budget,
+                           storage=args.storage)  # fmt: skip
+    except StackConflict as exc:
+        raise CommandError(str(exc)) from None
     results = result if isinstance(result, list) else [result]
     if args.report:
         from ckpt_ha.drill import report

@@ -19,11 +19,15 @@ def _status_table(state: stack.StackState) -> str:
 
 
 def cmd_up(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    storage = getattr(args, "storage", None)  # `demo` starts the stack without the option
+    if storage:
+        env = {**env, "CKPT_HA_STORAGE_ROOT": storage}
     try:
-        state = stack.up(home, env)
+        # On a local S3-compatible server, in front of it the link the storage-outage drill cuts.
+        state = stack.up(home, env, storage_link=bool(storage and env.get("AWS_ENDPOINT_URL")))
     except Exception as exc:  # noqa: BLE001 - a failed start is reported in one line
         raise CommandError(f"up failed: {exc}") from None
-    print(f"ckpt-ha local stack under {home}")
+    print(f"ckpt-ha local stack under {home}, storage root {state.storage_root}")
     print(_status_table(state))
     return 0
 

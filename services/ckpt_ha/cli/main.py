@@ -88,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CommandError, OperationFailed, CredentialsError) as exc:
         print(f"ckpt-ha: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except UsageError as exc:  # arguments that parse but do not fit the environment
+        print(f"ckpt-ha: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except ModuleNotFoundError as exc:
         if (exc.name or "").split(".")[0] not in SERVER_PACKAGES:
             raise

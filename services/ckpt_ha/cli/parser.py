@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
@@ -112,6 +113,42 @@ def _since(value: str) -> datetime:
     return when
 
 
+def needs_s3_endpoint(storage: str | None, env: dict[str, str]) -> None:
+    """A drill on ``s3://`` runs against a local S3-compatible server the user started: without
+    ``AWS_ENDPOINT_URL`` there is none to put the storage link in front of (`UsageError`)."""
+    if storage and storage.startswith("s3://") and not env.get("AWS_ENDPOINT_URL"):
+        raise UsageError(
+            f"--storage {storage} needs AWS_ENDPOINT_URL set to a local S3-compatible server "
+            "(e.g. http://127.0.0.1:9000) with the bucket created, and its credentials in "
+            "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY"
+        )
+
+
+def _storage_root(value: str) -> str:
+    """``s3://bucket/prefix``, ``file:///path`` or a local path (made absolute)."""
+    parts = urlsplit(value)
+    if parts.scheme == "s3":
+        if not parts.netloc or any(c in value for c in " \r\n\x00"):
+            raise argparse.ArgumentTypeError(f"{value!r} is not s3://bucket/prefix")
+        return value.rstrip("/")
+    if parts.scheme == "file":
+        if parts.netloc not in ("", "localhost") or not parts.path.startswith("/"):
+            raise argparse.ArgumentTypeError(f"{value!r} is not file:///absolute/path")
+        return value
+    if parts.scheme or not value.strip():
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither s3://bucket/prefix nor a local path"
+        )
+    return str(Path(value).expanduser().absolute())
+
+
+_STORAGE_HELP = (
+    "the storage root of the stack: a local path or s3://bucket/prefix on the S3-compatible "
+    "server of AWS_ENDPOINT_URL (credentials from AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY), "
+    "reached through a storage link the storage-outage drill cuts"
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
     p.add_argument("--version", action=_Version, help="print the installed version and exit")
@@ -120,7 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run one service process")
     serve.add_argument("name", choices=SERVICE_NAMES)
 
-    sub.add_parser("up", help="start the embedded local stack (NATS, Redis, the five services)")
+    up = sub.add_parser(
+        "up", help="start the embedded local stack (NATS, Redis, the five services)"
+    )
+    up.add_argument("--storage", type=_storage_root, metavar="ROOT", help=_STORAGE_HELP)
     sub.add_parser("down", help="stop exactly the processes `up` started")
     st = sub.add_parser("status", help="each component of the local stack and its health")
     st.add_argument("--json", action="store_true")
@@ -382,6 +422,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="write report.md, report.json and a standalone report.html")  # fmt: skip
     dr.add_argument("--budget", type=float, default=300.0, metavar="SECONDS",
                     help="per drill: stop it and report it failed when it runs longer")  # fmt: skip
+    dr.add_argument("--storage", type=_storage_root, metavar="ROOT",
+                    help=_STORAGE_HELP + " (default: the running stack's, else "
+                    "$CKPT_HA_STORAGE_ROOT, else ~/.ckpt-ha/storage)")  # fmt: skip
 
     demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
     demo.add_argument("--job", default="demo-job")

@@ -345,7 +345,7 @@ def _wait_gone(proc: ManagedProcess, timeout: float) -> bool:
         time.sleep(_POLL_INTERVAL)
 
 
-def _signal(proc: ManagedProcess, signum: signal.Signals) -> bool:
+def signal_if_ours(proc: ManagedProcess, signum: signal.Signals) -> bool:
     """Send ``signum`` if the pid is still ours; False when there was nothing to signal."""
     if not is_alive(proc):
         return False
@@ -365,9 +365,9 @@ def stop(proc: ManagedProcess, *, timeout: float = 10) -> None:
     Does nothing when the pid is gone or no longer ours. A paused process is continued right
     after the SIGTERM, otherwise the signal would stay pending until the timeout expired.
     """
-    if not _signal(proc, signal.SIGTERM):
+    if not signal_if_ours(proc, signal.SIGTERM):
         return
-    _signal(proc, signal.SIGCONT)
+    signal_if_ours(proc, signal.SIGCONT)
     if _wait_gone(proc, timeout):
         return
     kill(proc)
@@ -375,7 +375,7 @@ def stop(proc: ManagedProcess, *, timeout: float = 10) -> None:
 
 def kill(proc: ManagedProcess) -> None:
     """SIGKILL without grace (crash drills) and wait until it is gone. Idempotent."""
-    if not _signal(proc, signal.SIGKILL):
+    if not signal_if_ours(proc, signal.SIGKILL):
         return
     if not _wait_gone(proc, _KILL_WAIT):
         raise ProcsError(f"{proc.name} (pid {proc.pid}) survived SIGKILL for {_KILL_WAIT}s")
@@ -383,13 +383,13 @@ def kill(proc: ManagedProcess) -> None:
 
 def pause(proc: ManagedProcess) -> None:
     """SIGSTOP: the process keeps its sockets but answers nothing (an outage, not a crash)."""
-    if not _signal(proc, signal.SIGSTOP):
+    if not signal_if_ours(proc, signal.SIGSTOP):
         raise ProcessNotRunning(proc.name, proc.pid, "pause")
 
 
 def resume(proc: ManagedProcess) -> None:
     """SIGCONT after :func:`pause`."""
-    if not _signal(proc, signal.SIGCONT):
+    if not signal_if_ours(proc, signal.SIGCONT):
         raise ProcessNotRunning(proc.name, proc.pid, "resume")
 
 

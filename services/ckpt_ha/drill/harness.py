@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import read_events
@@ -30,6 +31,7 @@ from ckpt_ha.devstack import stack
 from ckpt_ha.drill.assess import assess_restore
 from ckpt_ha.drill.workloads import NUMPY, Workload
 from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.storage import ObjectStore, open_store
 
 T = TypeVar("T")
 
@@ -69,6 +71,18 @@ class Drill:
     def registry(self) -> Registry:
         """The stack's registry, as an operator; the caller closes it."""
         return Registry.from_url(stack.redis_config(self.state))
+
+    @property
+    def on_s3(self) -> bool:
+        return urlsplit(self.state.storage_root).scheme == "s3"
+
+    def store(self) -> ObjectStore:
+        """The stack's storage, reached as its services reach it (through the storage link on
+        S3, the endpoint and credentials otherwise the environment's)."""
+        if self.on_s3:
+            return open_store(self.state.storage_root,
+                              endpoint_url=self.state.storage_endpoint or None)  # fmt: skip
+        return open_store(self.state.storage_root)
 
     def remaining(self) -> float:
         left = self.budget_s - (time.monotonic() - self.started)
@@ -147,6 +161,7 @@ class Drill:
             "NATS_URL": self.state.nats_url,
             "REDIS_URL": self.state.redis_url,
             "CKPT_HA_STORAGE_ROOT": self.state.storage_root,
+            **stack.storage_env(self.state),
             **stack.login_env(self.state, stack.RUNNER),
         }
         with self.runner_log.open("ab") as out:

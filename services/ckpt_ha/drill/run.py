@@ -71,13 +71,26 @@ def _run_one(scenario: str, home: Path, state: stack.StackState, log: Callable[[
 
 
 def run(scenario: str, home: Path, env: Mapping[str, str], log: Callable[[str], None],
-        budget_s: float = 300.0) -> dict[str, Any] | list[dict[str, Any]]:  # fmt: skip
+        budget_s: float = 300.0, storage: str | None = None,
+        ) -> dict[str, Any] | list[dict[str, Any]]:  # fmt: skip
     """Start the embedded stack if none runs, run one scenario (its JSON result) or ``all`` of
-    them in turn on that stack (a list of results). ``budget_s`` bounds each drill."""
+    them in turn on that stack (a list of results). ``budget_s`` bounds each drill.
+
+    ``storage``: the stack's storage root (a path or ``s3://bucket/prefix``; default: the
+    running stack's, else ``CKPT_HA_STORAGE_ROOT``, else ``<home>/storage``). On S3 the stack
+    reaches the server of ``AWS_ENDPOINT_URL`` through its storage link, which the
+    storage-outage drill cuts. A running stack on another root is a `stack.StackConflict`."""
     state = stack.StackState.load(home)
     if state is None or not all(s.alive for s in stack.status(state)):
         log(f"starting the embedded stack under {home}")
-        state = stack.up(home, {**env, **DRILL_ENV})
+        root = {"CKPT_HA_STORAGE_ROOT": storage} if storage else {}
+        state = stack.up(home, {**env, **DRILL_ENV, **root}, storage_link=True)
+    elif storage and state.storage_root != storage:
+        raise stack.StackConflict(
+            f"the running stack under {home} uses the storage root {state.storage_root}, not "
+            f"{storage}: `ckpt-ha down` first"
+        )
+    log(f"storage root: {state.storage_root}")
     if scenario != "all":
         return _run_or_say_why(scenario, home, state, log, budget_s, "")
     names = list(SCENARIOS)

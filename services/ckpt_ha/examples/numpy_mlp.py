@@ -20,7 +20,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -29,7 +29,14 @@ import numpy as np
 
 from ckpt_ha import sdk
 from ckpt_ha.contracts.resume import ResumeMode
-from ckpt_ha.storage import FsStore, ObjectInfo, ObjectStore, StorageError
+from ckpt_ha.storage import (
+    ListPage,
+    ObjectInfo,
+    ObjectStore,
+    ReadStream,
+    StorageError,
+    open_store,
+)
 
 SAMPLES, FEATURES, HIDDEN = 512, 8, 32
 DATASET_SEED = 20240601
@@ -149,31 +156,60 @@ def train_step(cfg: Config, state: dict[str, Any], x: np.ndarray, y: np.ndarray)
     return loss
 
 
-class _SlowStore(FsStore):
-    """A filesystem store whose writes are slowed down, spread over a checkpoint's files."""
+class _SlowStore(ObjectStore):
+    """The job's store with its writes slowed down, spread over a checkpoint's files (drills
+    kill the job mid-write); every other call goes straight to ``inner``."""
 
-    def __init__(self, root: str, delay_s: float) -> None:
-        super().__init__(root)
+    def __init__(self, inner: ObjectStore, delay_s: float) -> None:
+        self.inner = inner
         self.delay_s = delay_s
+
+    def list(
+        self, prefix: str = "", *, start_after: str | None = None, page_size: int = 1000
+    ) -> Iterator[ObjectInfo]:
+        return self.inner.list(prefix, start_after=start_after, page_size=page_size)
+
+    def list_page(
+        self, prefix: str = "", *, cursor: str | None = None, page_size: int = 1000
+    ) -> ListPage:
+        return self.inner.list_page(prefix, cursor=cursor, page_size=page_size)
+
+    def stat(self, key: str) -> ObjectInfo:
+        return self.inner.stat(key)
+
+    def open_read(self, key: str, *, offset: int = 0, length: int | None = None) -> ReadStream:
+        return self.inner.open_read(key, offset=offset, length=length)
 
     def put(
         self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
     ) -> ObjectInfo:
         time.sleep(self.delay_s)
-        return super().put(key, data, metadata=metadata)
+        return self.inner.put(key, data, metadata=metadata)
 
     def put_if_absent(
         self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
     ) -> ObjectInfo:
         time.sleep(self.delay_s)
-        return super().put_if_absent(key, data, metadata=metadata)
+        return self.inner.put_if_absent(key, data, metadata=metadata)
+
+    def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
+        return self.inner.copy(src_key, dst_key)
+
+    def delete(self, key: str) -> None:
+        self.inner.delete(key)
+
+    def move(self, src_key: str, dst_key: str) -> ObjectInfo:
+        return self.inner.move(src_key, dst_key)
+
+    def uri(self, key: str) -> str:
+        return self.inner.uri(key)
 
 
 def _store(root: str, cfg: Config) -> str | ObjectStore:
-    if cfg.slow_save <= 0 or "://" in root.removeprefix("file://"):
+    if cfg.slow_save <= 0:
         return root
     # About five writes per checkpoint here (index, four arrays, manifest).
-    return _SlowStore(root.removeprefix("file://"), cfg.slow_save / 5)
+    return _SlowStore(open_store(root), cfg.slow_save / 5)
 
 
 def train(cfg: Config, ctx: sdk.Context, *, stop_at: int | None = None) -> list[tuple[int, float]]:

@@ -1,4 +1,8 @@
-"""Storage outage: the storage root goes away during a checkpoint write and during a restore."""
+"""Storage outage: the storage root goes away during a checkpoint write and during a restore.
+
+On a filesystem root the root is moved away, as when its volume is unmounted; on S3 the stack's
+storage link (`ckpt_ha.devstack.tcp_link`) is cut, so the services and the job lose the server
+while it keeps running, as when the network to it fails."""
 
 from __future__ import annotations
 
@@ -7,8 +11,10 @@ import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from ckpt_ha.contracts import Envelope, EventData
+from ckpt_ha.devstack import stack
 from ckpt_ha.drill.assess import assess_restore
 from ckpt_ha.drill.harness import (
     Drill,
@@ -26,20 +32,45 @@ EXPECTED_ALERT: str | None = None
 """The page this drill must raise (checked when the stack runs Prometheus)."""
 
 
-def _fs_root(storage_root: str) -> Path:
-    if "://" in storage_root and not storage_root.startswith("file://"):
-        raise DrillFailed(
-            f"storage-outage takes a filesystem storage root away; this stack uses {storage_root}"
-        )
-    return Path(storage_root.removeprefix("file://"))
+class _Outage:
+    """The stack's storage taken away and given back. A filesystem root is moved away, as when
+    its volume is unmounted (the stores answer `StorageUnavailable` and create nothing in its
+    place); an S3 server is cut off at the stack's storage link."""
 
+    def __init__(self, state: stack.StackState) -> None:
+        self.state = state
+        self.down = False
+        root = state.storage_root
+        self.on_s3 = urlsplit(root).scheme == "s3"
+        if self.on_s3 and not state.storage_endpoint:
+            raise DrillFailed(
+                f"storage-outage on {root} cuts the stack's storage link, and this stack reaches "
+                "S3 without one: start it with `ckpt-ha drill --storage s3://…` (or `ckpt-ha up "
+                "--storage s3://…`) and AWS_ENDPOINT_URL set"
+            )
+        if not self.on_s3 and "://" in root and not root.startswith("file://"):
+            raise DrillFailed(f"storage-outage cannot take {root} away")
+        self.root = Path(root.removeprefix("file://"))
+        self.away = self.root.with_name(f"{self.root.name}.outage")
 
-def _unmount(root: Path) -> Path:
-    """Storage unavailable, as when its volume is unmounted: the root is moved away (the stores
-    answer `StorageUnavailable` and create nothing in its place)."""
-    away = root.with_name(f"{root.name}.outage")
-    os.rename(root, away)
-    return away
+    def begin(self) -> None:
+        try:
+            if self.on_s3:
+                stack.cut_storage(self.state)
+            else:
+                os.rename(self.root, self.away)
+        except (stack.StackConflict, OSError) as exc:
+            raise DrillFailed(f"could not take the storage away: {exc}") from None
+        self.down = True
+
+    def end(self) -> None:
+        if not self.down:
+            return
+        if self.on_s3:
+            stack.restore_storage(self.state)
+        else:
+            os.rename(self.away, self.root)
+        self.down = False
 
 
 async def run(drill: Drill) -> dict[str, Any]:
@@ -47,9 +78,8 @@ async def run(drill: Drill) -> dict[str, Any]:
     while the job is being restored after it died. No fake-complete checkpoint may appear, the
     interrupted write must be blamed on the infrastructure, the restore must wait for storage
     within its limits and resume from the last valid checkpoint, and the job must finish."""
+    outage = _Outage(drill.state)
     registry = drill.registry()
-    root = _fs_root(drill.state.storage_root)
-    away: Path | None = None
     outage_write, outage_restore = 8.0, 5.0  # the write's longer than the stall timeout (5 s)
     try:
         drill.launch(
@@ -71,12 +101,11 @@ async def run(drill: Drill) -> dict[str, Any]:
             return pending[-1] if pending else None
 
         hit = await drill.until(mid_write, "a checkpoint being written", every=0.05)
-        away = _unmount(root)
+        outage.begin()
         write_fault = drill.fault(f"storage unavailable for {outage_write:g} s during the write "
                                   f"of {hit}")  # fmt: skip
         await asyncio.sleep(outage_write)
-        os.rename(away, root)
-        away = None
+        outage.end()
         drill.progress("storage back")
 
         async def failed_write() -> list[Envelope[EventData]] | None:
@@ -91,11 +120,10 @@ async def run(drill: Drill) -> dict[str, Any]:
         newest = max(r.step or 0 for r in valid)
         await drill.until(lambda: progress_at_least(drill, newest + 3), "training to go on")
         restore_fault = await drill.kill_training()
-        away = _unmount(root)
+        outage.begin()
         drill.fault(f"storage unavailable for {outage_restore:g} s during the restore")
         await asyncio.sleep(outage_restore)
-        os.rename(away, root)
-        away = None
+        outage.end()
         back = datetime.now(UTC)
         drill.progress("storage back")
         await drill.until(lambda: resumed_after(drill, restore_fault), "the resume verdict")
@@ -104,8 +132,7 @@ async def run(drill: Drill) -> dict[str, Any]:
         hit_record = await registry.get(hit)
         records = await drill.records(registry)
     finally:
-        if away is not None:
-            os.rename(away, root)
+        outage.end()
         drill.stop()
         await registry.close()
     write_phase = assess_restore("storage-outage/write", [e for e in events
