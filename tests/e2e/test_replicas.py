@@ -1,9 +1,10 @@
 """Two replicas of every service on one stack (real NATS, Redis, S3 on moto, ten processes).
 
-Three jobs write checkpoints while both replicas of each service run; a job failure is announced
+Three jobs write checkpoints while both replicas of each service run; one job fails, announced
 twice (two event ids, as a runner retrying past the duplicate window would) so that both
-coordinators may take it at once; then one replica of each service is SIGKILLed mid-flow (the
-holder of the periodic loops' leases, where there is one) while the jobs write on. At the end:
+coordinators may take it at once; once it is planned, one replica of each service is SIGKILLed
+mid-flow (the holder of the periodic loops' leases, where there is one) while the other two jobs
+write on. At the end:
 
 * every checkpoint ends valid, none lost, stuck or doubled (`tests.faults.tally`);
 * the stream holds exactly one ``checkpoint.verified`` and one ``checkpoint.registered`` per
@@ -48,7 +49,7 @@ from tests.faults.flows import (
 )
 from tests.faults.stack import FaultStack, running_stack
 from tests.faults.tally import job_events
-from tests.faults.writer import CheckpointWriter, Save
+from tests.faults.writer import CheckpointWriter
 from tests.support.bus_tools import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -192,10 +193,17 @@ async def _scenario(
     async def enough_saves() -> bool:
         return saved() >= SAVES
 
-    saves: list[Save] = []
     try:
         await wait_for(enough_valid, timeout=60, what=f"{VALID_BEFORE_KILL} valid checkpoints")
+        # The first job fails (it writes no more): both coordinators run, one plan.
+        await stop_writer(writers[0])
         await announce_failure(fs, jobs[0])
+
+        async def plan() -> list[Envelope[EventData]]:
+            found = await job_events(stack.bus_config(fs.state()), jobs[:1])
+            return [e for e in found if e.event_type == "resume.planned"]
+
+        await wait_for(plan, timeout=30, what="the resume plan")
 
         async def one_loop_holder_each() -> bool:
             held = {p.name: loops_led(scrape(p)) for name in LOOPS for p in replicas[name]}
@@ -227,7 +235,8 @@ async def _scenario(
         await wait_for(enough_saves, timeout=60, what=f"{SAVES} saves")
     finally:
         for w in writers:
-            saves += await stop_writer(w)
+            await stop_writer(w)  # a stopped one returns at once
+    saves = [s for w in writers for s in w.committed_and_failed()]
     phases["written"] = time.monotonic() - started
     figures = await settle(
         fs, registry, "replicas", jobs, saves, ended=now(), letters_before=letters, bound_s=60

@@ -45,3 +45,17 @@ def test_other_failures_are_not_retried_and_retries_are_bounded() -> None:
     with pytest.raises(ProcessStartFailed):
         retry_port_race(start, ports_chosen_here=True, attempts=3)
     assert len(calls) == 3
+
+
+def test_a_chosen_port_taken_before_the_start_is_retried() -> None:
+    """Another process bound the port between `free_port` and the start's own check."""
+    calls: list[int] = []
+
+    def start() -> ManagedProcess:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ProcessStartFailed("x", "port 127.0.0.1:4000 is already in use", "")
+        return PROC
+
+    assert retry_port_race(start, ports_chosen_here=True) is PROC
+    assert len(calls) == 2

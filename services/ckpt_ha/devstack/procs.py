@@ -684,12 +684,16 @@ def retry_port_race(
     start: Callable[[], ManagedProcess], *, ports_chosen_here: bool, attempts: int = 3
 ) -> ManagedProcess:
     """`free_port` can race with any other process binding (or connecting from) the same
-    port; when we chose the port, a lost race is retried with fresh ports."""
+    port; when we chose the port, a lost race is retried with fresh ports: the process could
+    not bind it, or another took it before the process was even started."""
     for attempt in range(1, attempts + 1):
         try:
             return start()
         except ProcessStartFailed as exc:
-            lost_race = "address already in use" in exc.log_tail.lower()
+            lost_race = (
+                "address already in use" in exc.log_tail.lower()
+                or "is already in use" in exc.reason
+            )
             if not (ports_chosen_here and lost_race) or attempt == attempts:
                 raise
     raise AssertionError("unreachable")
