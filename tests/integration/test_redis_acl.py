@@ -268,12 +268,12 @@ async def test_a_command_or_key_outside_a_grant_is_refused(
             assert await leases.release(f"{user}:loop", "replica-a")
         # ...a command it never issues is refused...
         cases = [
-            ("integrity-checker", "HSET", record, "f", "x"),
+            ("integrity-checker", "SET", record, "x"),
             ("writer-watcher", "SADD", record, "x"),
             ("registrar", "FLUSHALL"),
             ("registrar", "KEYS", "*"),
             ("registrar", "EVAL", "return 1", "0"),
-            ("retention-janitor", "HSET", f"{p}:pins:j", "c", "{}"),
+            ("retention-janitor", "HDEL", f"{p}:pins:j", "c"),
             ("restore-coordinator", "SCAN", "0"),
             ("operator", "CONFIG", "GET", "dir"),
             ("operator", "ACL", "LIST"),

@@ -76,9 +76,10 @@ def key_spaces(prefix: str) -> dict[str, str]:
 CONNECT = ("ping",)
 """Health checks. (`client.connect` turns off the client's CLIENT SETINFO on connect: Redis
 before 7.2 has no such subcommand to grant.)"""
-LEASES = ("get", "set", "evalsha", "script|load", "pexpire", "del")
-"""What taking, renewing and giving up a loop lease runs (`ckpt_ha.registry.leases`: SET NX PX,
-and the holder's compare-and-act scripts)."""
+LEASES = ("evalsha", "script|load", "time", "hget", "hset")
+"""What taking, renewing and giving up a loop lease runs: the scripts of
+`ckpt_ha.registry.leases`, on hashes only (no command that writes a string or sets an expiry,
+which on Redis 6 would reach the registry records these users only read)."""
 
 PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush")
 """What the registry's compare-and-set script runs (`redis_registry._WRITE_LUA`)."""
@@ -102,12 +103,12 @@ USERS: tuple[RedisUser, ...] = (
     # The lease of its scan (one replica scans a root at a time).
     RedisUser("writer-watcher", ("watcher-state", "leases"),
               ("checkpoints", "state-index", "job-index"),
-              (*CONNECT, *LEASES, "mget", "smembers", "zrevrange", "hgetall", "hset", "hdel",
+              (*CONNECT, *LEASES, "get", "mget", "smembers", "zrevrange", "hgetall", "hdel",
                "multi", "exec", "discard")),
     # Reads records (verify, scrub); never writes the registry. The leases of its scrub and
     # reconcile loops.
     RedisUser("integrity-checker", ("leases",), ("checkpoints", "state-index", "job-index"),
-              (*CONNECT, *LEASES, "mget", "smembers", "zrevrange")),
+              (*CONNECT, *LEASES, "get", "mget", "smembers", "zrevrange")),
     # Projects every checkpoint event: the compare-and-set script and the reads before it.
     # And which event stream the registry is built from (`stream`), once, at start.
     RedisUser("registrar", ("checkpoints", "job-index", "state-index", "uri-index", "jobs",
@@ -127,7 +128,8 @@ USERS: tuple[RedisUser, ...] = (
     RedisUser("retention-janitor", ("tier-declared", "leases"),
               ("jobs", "job-index", "checkpoints", "tiers", "pins", "restore-plans",
                "restore-verdicts", "restore-starts"),
-              (*CONNECT, *LEASES, "mget", "smembers", "zrevrange", "hgetall", "scan")),
+              (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange",
+               "hgetall", "scan")),
     # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
     # audits, manual actions), no server administration. A rebuild writes the coordinator's
     # state as the coordinator does (trimming included) and sets its expiry (pexpireat).
