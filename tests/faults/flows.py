@@ -21,7 +21,11 @@ from nats.aio.msg import Msg
 
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, EventData, build
-from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointWritingV1
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
+    CheckpointWritingV1,
+    RuntimeEnvironment,
+)
 from ckpt_ha.contracts.checkpoint import CheckpointState as S
 from ckpt_ha.contracts.job import JobStartedV1
 from ckpt_ha.contracts.resume import ResumePlannedV1
@@ -70,12 +74,21 @@ async def stop_writer(writer: CheckpointWriter) -> list[Save]:
     return await asyncio.to_thread(writer.stop)
 
 
-async def announce_start(fs: FaultStack, job: str, tier: str = "standard") -> None:
-    """``job.started`` for ``job``, declaring ``tier``, as its runner publishes it."""
+async def announce_start(
+    fs: FaultStack,
+    job: str,
+    tier: str = "standard",
+    environment: RuntimeEnvironment | None = None,
+) -> None:
+    """``job.started`` for ``job``, declaring ``tier``, as its runner publishes it;
+    ``environment``: the one its checkpoints record, for a failure of it to be restorable
+    (R14)."""
     bus = Bus(stack.bus_config(fs.state()), "fault-runner")
     await bus.broker.start()
     try:
-        data = JobStartedV1(job_id=job, run_id="run-1", attempt=1, tier=tier)
+        data = JobStartedV1(
+            job_id=job, run_id="run-1", attempt=1, tier=tier, environment=environment
+        )
         await bus.publish(build(data, source="ckpt-ha/runner", time=datetime.now(UTC), key=job))
     finally:
         await bus.broker.stop()

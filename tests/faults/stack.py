@@ -56,6 +56,9 @@ SERVICE_ENV = {
     "CKPT_HA_VERIFY_DEADLINE_S": "20",
     "CKPT_HA_WRITING_DEADLINE_S": "20",
     "CKPT_HA_RECONCILE_INTERVAL_S": "5",
+    # A killed service's scan, reconcile or retention loop is taken over (by its restart, or
+    # another replica) within 3 s.
+    "CKPT_HA_LOOP_LEASE_S": "3",
     # Bounded waits: a handler that cannot finish gives its message back within 30 s.
     "CKPT_HA_HANDLER_DEADLINE_S": "30",
     "CKPT_HA_STORAGE_TIMEOUT_S": "30",

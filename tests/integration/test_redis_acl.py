@@ -33,6 +33,7 @@ from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.registry import acl
 from ckpt_ha.registry.client import RedisConfig, connect
+from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
@@ -258,14 +259,21 @@ async def test_a_command_or_key_outside_a_grant_is_refused(
         assert await clients["integrity-checker"].get(record) is None
         await clients["writer-watcher"].hset(f"{p}-watcher:abc", "f", "v")
         await clients["restore-coordinator"].set(f"{p}:coord:lease:j:1", "me", nx=True)
+        # The services with periodic loops take, renew and give up their loops' leases.
+        for user in ("writer-watcher", "integrity-checker", "retention-janitor"):
+            leases = RedisLeases(clients[user], p)
+            assert await leases.take(f"{user}:loop", "replica-a", 5)
+            assert await leases.take(f"{user}:loop", "replica-a", 5)
+            assert await leases.holder(f"{user}:loop") == "replica-a"
+            assert await leases.release(f"{user}:loop", "replica-a")
         # ...a command it never issues is refused...
         cases = [
             ("integrity-checker", "SET", record, "x"),
-            ("writer-watcher", "DEL", record),
+            ("writer-watcher", "SADD", record, "x"),
             ("registrar", "FLUSHALL"),
             ("registrar", "KEYS", "*"),
             ("registrar", "EVAL", "return 1", "0"),
-            ("retention-janitor", "HSET", f"{p}:pins:j", "c", "{}"),
+            ("retention-janitor", "HDEL", f"{p}:pins:j", "c"),
             ("restore-coordinator", "SCAN", "0"),
             ("operator", "CONFIG", "GET", "dir"),
             ("operator", "ACL", "LIST"),

@@ -4,6 +4,7 @@ tmp_path. No broker, no Redis: what is decided, persisted and published, end to 
 
 from __future__ import annotations
 
+import asyncio
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -194,6 +195,26 @@ async def test_a_commit_heard_twice_before_its_verdict_is_verified_once(intake: 
     await intake.checker.on_committed(event)  # type: ignore[arg-type]
     await intake.checker.on_committed(event)  # type: ignore[arg-type]
     # Same cause, same follow-up ids: the publisher keeps one verdict.
+    assert intake.publisher.types() == ["checkpoint.verified"]
+
+
+async def test_one_commit_announced_twice_and_verified_by_two_replicas_has_one_verdict(
+    intake: Intake,
+) -> None:
+    """The writer and the watcher both announce a commit (two event ids); two checker replicas
+    each take one announcement before the registry holds a verdict: one verdict event."""
+    cid = write(intake.store)
+    by_writer = committed_event(intake.store, cid)
+    by_watcher = build(by_writer.data, source="ckpt-ha/writer-watcher", time=T0, key="watcher")
+    assert by_writer.id != by_watcher.id
+    await intake.registrar.on_checkpoint_events([by_writer, by_watcher])
+    other = IntegrityHandlers(
+        intake.store, intake.publisher, intake.clock, "xxh3_64", intake.registry
+    )
+    await asyncio.gather(
+        intake.checker.on_committed(by_writer),  # type: ignore[arg-type]
+        other.on_committed(by_watcher),  # type: ignore[arg-type]
+    )
     assert intake.publisher.types() == ["checkpoint.verified"]
 
 

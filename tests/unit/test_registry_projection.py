@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_ha.contracts import EventData, build
+from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointConflictV1,
@@ -24,7 +24,7 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.lifecycle import IllegalTransition
 from ckpt_ha.core.locations import JobMismatch
-from ckpt_ha.core.records import project, project_batch
+from ckpt_ha.core.records import CheckpointRecord, project, project_batch
 from tests.support.events import T0, committed, deleted, expired, verified
 
 
@@ -145,3 +145,71 @@ def test_a_commit_declaring_another_jobs_identity_is_refused() -> None:
     )
     with pytest.raises(JobMismatch, match="identity names job 'job-a'"):
         project(None, build(claim, source="test", time=T0, key="k"))
+
+
+# --- replicas of the registrar: a report heard before the event it follows ----------------------
+
+
+def _event(data: EventData, key: str) -> Envelope[EventData]:
+    return build(data, source="test", time=T0, key=key)
+
+
+def _at(state: CheckpointState, ckpt: str = "c9") -> CheckpointRecord:
+    """A record of ``ckpt`` brought to ``state`` by the events that lead there."""
+    base = {"job_id": "job-1", "checkpoint_id": ckpt, "uri": "file:///data/job-1/step-100"}
+    path: dict[CheckpointState, list[EventData]] = {
+        CheckpointState.WRITING: [CheckpointWritingV1(**base, run_id="r")],
+        CheckpointState.PENDING_VERIFICATION: [
+            CheckpointCommittedV1(**base, run_id="r", step=100, format=CheckpointFormat.NATIVE)
+        ],
+    }
+    path[CheckpointState.VALID] = [
+        *path[CheckpointState.PENDING_VERIFICATION],
+        CheckpointVerifiedV1(**base, checks=("sizes",)),
+    ]
+    path[CheckpointState.QUARANTINED] = [
+        *path[CheckpointState.PENDING_VERIFICATION],
+        CheckpointCorruptV1(**base, reason="r"),
+        CheckpointQuarantinedV1(**base, reason="r"),
+    ]
+    record: CheckpointRecord | None = None
+    for n, data in enumerate(path[state]):
+        record, _ = project(record, _event(data, f"k{n}"))
+    assert record is not None
+    assert record.state is state
+    return record
+
+
+@pytest.mark.parametrize(
+    ("state", "late"),
+    [
+        (CheckpointState.WRITING, CheckpointVerifiedV1),
+        (CheckpointState.WRITING, CheckpointCorruptV1),
+        (CheckpointState.PENDING_VERIFICATION, CheckpointQuarantinedV1),
+        (CheckpointState.VALID, CheckpointDeletedV1),
+    ],
+)
+def test_a_report_heard_before_the_event_it_follows_waits_for_it(
+    state: CheckpointState, late: type[EventData]
+) -> None:
+    """Two registrar replicas share the deliveries: the event before a report may still be in
+    the other replica's batch. The report waits (nak'ed, retried), it is not refused."""
+    base = {"job_id": "job-1", "checkpoint_id": "c9", "uri": "file:///data/job-1/step-100"}
+    extra = {
+        CheckpointVerifiedV1: {"checks": ("sizes",)},
+        CheckpointCorruptV1: {"reason": "r"},
+        CheckpointQuarantinedV1: {"reason": "r"},
+        CheckpointDeletedV1: {"reason": "r", "actor": "janitor"},
+    }[late]
+    with pytest.raises(DependencyNotReady):
+        project(_at(state), _event(late(**base, **extra), "late"))
+
+
+def test_a_report_no_stage_leads_to_is_still_refused() -> None:
+    """Verified after quarantined is no report out of order: nothing it waits for would come."""
+    base = {"job_id": "job-1", "checkpoint_id": "c9", "uri": "file:///data/job-1/step-100"}
+    with pytest.raises(IllegalTransition):
+        project(
+            _at(CheckpointState.QUARANTINED),
+            _event(CheckpointVerifiedV1(**base, checks=("sizes",)), "late"),
+        )

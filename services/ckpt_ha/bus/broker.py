@@ -759,11 +759,12 @@ class Bus:
         *,
         source: str,
         time: datetime,
+        key: str | None = None,
     ) -> None:
-        """Publish the follow-ups of ``cause``: ids keyed on it (a redelivered cause yields the
-        same ids, so JetStream drops the repeats) and its trace carried on: a follow-up is a
-        child of the current span (the one handling the cause, or one a handler opened in a
-        checkpoint's own trace), else of the cause's own context."""
+        """Publish the follow-ups of ``cause``: ids keyed on it, or on ``key`` when given (a
+        redelivered cause yields the same ids, so JetStream drops the repeats) and its trace
+        carried on: a follow-up is a child of the current span (the one handling the cause, or
+        one a handler opened in a checkpoint's own trace), else of the cause's own context."""
         current = tracing.current_traceparent()
         traceparent, tracestate = current or (cause.traceparent, cause.tracestate)
         for data in datas:
@@ -772,7 +773,7 @@ class Bus:
                     data,
                     source=source,
                     time=time,
-                    key=cause.id,
+                    key=key or cause.id,
                     traceparent=traceparent,
                     tracestate=tracestate,
                 )

@@ -29,7 +29,10 @@ class Publisher(Protocol):
         *,
         source: str,
         time: datetime,
+        key: str | None = None,
     ) -> None:
         """Publish the follow-ups of ``cause`` with ids derived from it (a redelivered cause
-        yields the same ids) and its trace carried on."""
+        yields the same ids) and its trace carried on. ``key``: what the ids derive from
+        instead of the cause's id, when two causes announce one fact (one commit announced by
+        the writer and by the watcher: one verdict)."""
         ...

@@ -148,9 +148,10 @@ class LazyPublisher:
         *,
         source: str,
         time: datetime,
+        key: str | None = None,
     ) -> None:
         bus = await self._started()
-        await bus.publish_caused_by(cause, datas, source=source, time=time)
+        await bus.publish_caused_by(cause, datas, source=source, time=time, key=key)
 
     async def close(self) -> None:
         if self._bus is not None:

@@ -60,6 +60,27 @@ change nothing. After expiry or deletion they are still illegal: nothing resurre
 checkpoint."""
 
 
+AWAITS: Mapping[S, frozenset[S]] = {
+    # A verdict on a commit heard before the commit.
+    S.VALID: frozenset({S.WRITING}),
+    S.CORRUPT: frozenset({S.WRITING}),
+    # Quarantined, published right after corrupt or write_failed, heard before it.
+    S.QUARANTINED: frozenset({S.WRITING, S.PENDING_VERIFICATION}),
+    # Deleted, published right after expired (a retention round), heard before it.
+    S.DELETED: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED, S.WRITE_FAILED}),
+}
+"""Reports heard before the event they follow: in these states that event is still on its way
+(another registrar replica holds it in its batch, or it waits for a redelivery), so the report
+waits for it (`awaits_earlier`: retried) instead of being refused as illegal. Replicas of a
+consumer share its deliveries, so stream order holds within one replica only."""
+
+
+def awaits_earlier(current: S | None, target: S, *, report: bool = True) -> bool:
+    """True when a report moving a checkpoint in ``current`` to ``target`` skips a stage whose
+    event has not been applied yet (`AWAITS`); a decision never waits."""
+    return report and current is not None and current in AWAITS.get(target, frozenset())
+
+
 class IllegalTransition(PermanentError):
     """The event asks for a state change the lifecycle forbids (e.g. committed after deleted)."""
 

@@ -36,7 +36,13 @@ from ckpt_ha.contracts.checkpoint import (
     TierChosenV1,
 )
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError, TransientError
-from ckpt_ha.core.lifecycle import DECISIONS, EVENT_TARGETS, Transition, transition
+from ckpt_ha.core.lifecycle import (
+    DECISIONS,
+    EVENT_TARGETS,
+    Transition,
+    awaits_earlier,
+    transition,
+)
 from ckpt_ha.core.locations import JobMismatch
 from ckpt_ha.core.tiers import TIERS
 
@@ -362,7 +368,14 @@ def project(
     }:
         # E.g. verified delivered before committed: wait for the earlier event.
         raise DependencyNotReady(f"{data.EVENT_TYPE} for {checkpoint_id}", "its committed event")
-    step = transition(checkpoint_id, current, target, report=data.EVENT_TYPE not in DECISIONS)
+    report = data.EVENT_TYPE not in DECISIONS
+    if awaits_earlier(current, target, report=report):
+        # E.g. verified heard before committed by another registrar replica: wait for it.
+        assert current is not None
+        raise DependencyNotReady(
+            f"{data.EVENT_TYPE} for {checkpoint_id}", f"the event before it (still {current.value})"
+        )
+    step = transition(checkpoint_id, current, target, report=report)
     if not step.changed:
         if (
             record is not None

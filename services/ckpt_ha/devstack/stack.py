@@ -558,15 +558,21 @@ def _ready(url: str) -> bool:
 
 
 def start_service(
-    name: str, home: Path, env: Mapping[str, str], timeout: float = 30
+    name: str,
+    home: Path,
+    env: Mapping[str, str],
+    timeout: float = 30,
+    *,
+    replica: str | None = None,
 ) -> ManagedProcess:
     """One service process (`ckpt-ha serve NAME`) with ``env`` over the current environment, on
-    a free HTTP port, ready once its /healthz answers; retried if another process took the port."""
+    a free HTTP port, ready once its /healthz answers; retried if another process took the port.
+    ``replica``: another replica of a running service, logged to ``NAME-REPLICA.log``."""
 
     def start() -> ManagedProcess:
         port = procs.free_port()
         return procs.start_process(
-            name,
+            name if replica is None else f"{name}-{replica}",
             [sys.executable, "-m", "ckpt_ha.cli.main", "serve", name],
             home=home,
             env={**env, "CKPT_HA_HTTP_PORT": str(port)},

@@ -4,6 +4,9 @@ Verifies committed checkpoints (manifest, sizes, checksums, format checks) befor
 restores them, tags the ones that fail into quarantine (moving their bytes aside), scrubs
 valid checkpoints periodically against the checksums recorded when they were verified, and
 verifies again any checkpoint whose verdict an outage lost (`reconcile`).
+
+At N replicas the durable consumers split the commits between them; the scrub and the reconcile
+loop each run on the one replica holding their lease (`ckpt_ha.runtime.leader`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
 from ckpt_ha.integrity_checker.reconcile import Reconciler
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
+from ckpt_ha.registry.client import connect
+from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
 from ckpt_ha.telemetry.metrics import ReconcileMetrics, ScrubMetrics, VerifyMetrics
@@ -37,7 +43,10 @@ class IntegrityChecker(Service):
 
 def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> IntegrityChecker:
     base = new_service(NAME, settings)
-    registry = Registry.from_url(settings.redis(), settings.registry_prefix)
+    # One Redis client for the process: the registry (read) and the leases of its loops.
+    client = connect(settings.redis())
+    registry = Registry(client, settings.registry_prefix)
+    leases = RedisLeases(client, settings.registry_prefix)
     store = open_store(settings.storage_root)
     handlers = IntegrityHandlers(
         store, base.bus, clock, settings.checksum, registry, VerifyMetrics(base.metrics)
@@ -82,9 +91,15 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
         ),
     )
     if settings.scrub_interval_s > 0:
-        svc.in_background(lambda: svc.scrubber.run(settings.scrub_interval_s))
+        svc.in_background(
+            lambda: svc.scrubber.run(settings.scrub_interval_s),
+            leader=Leader(leases, svc.metrics, "scrub", settings.loop_lease_s),
+        )
     if settings.reconcile_interval_s > 0:
-        svc.in_background(lambda: svc.reconciler.run(settings.reconcile_interval_s))
+        svc.in_background(
+            lambda: svc.reconciler.run(settings.reconcile_interval_s),
+            leader=Leader(leases, svc.metrics, "reconcile", settings.loop_lease_s),
+        )
     return svc
 
 

@@ -178,6 +178,14 @@ def scrub_outcome(
     )
 
 
+def verdict_key(checkpoint_id: str, cause: str, *, released: bool) -> str:
+    """What a verdict's event ids derive from. A commit's verdict: the checkpoint, since one
+    write is announced twice (by the writer and by the watcher) and two checker replicas may
+    verify both announcements at once: JetStream's duplicate window keeps one verdict. A
+    release's: the release (``cause``), since a checkpoint released again is verified again."""
+    return cause if released else f"verify-commit:{checkpoint_id}"
+
+
 @dataclass(frozen=True)
 class Overdue:
     """A checkpoint pending verification past the deadline: its verdict never reached the
@@ -187,8 +195,8 @@ class Overdue:
     checkpoint_id: str
     cause: str
     """The id of the event that asked for the verification (the `committed` or `released` the
-    registry applied): the verdict's id is derived from it, as the live handler derives it, so a
-    re-driven verdict is the same event as the lost one and is applied once."""
+    registry applied): the verdict's id is derived from it (`verdict_key`), as the live handler
+    derives it, so a re-driven verdict is the same event as the lost one and is applied once."""
     released: bool
     """The verification of a release: the bytes come back from quarantine first."""
     since: datetime

@@ -77,7 +77,10 @@ class IntegrityHandlers:
             return
         report = await self._verify(key)
         datas = await self._decide(domain.outcome(event.data, report))
-        await self.publisher.publish_caused_by(event, datas, source=SOURCE, time=self.clock())
+        verdict = domain.verdict_key(event.data.checkpoint_id, event.id, released=False)
+        await self.publisher.publish_caused_by(
+            event, datas, source=SOURCE, time=self.clock(), key=verdict
+        )
 
     def _owned(self, job_id: str, checkpoint_id: str, uri: str) -> str:
         if key_for_uri(self.store, uri) is None:
@@ -182,9 +185,12 @@ class IntegrityHandlers:
                 key = self._owned(record.job_id, record.checkpoint_id, record.uri)
             report = await self._verify(key)
             datas = await self._decide(domain.outcome(record, report))
+            verdict = domain.verdict_key(
+                overdue.checkpoint_id, overdue.cause, released=overdue.released
+            )
             for data in datas:  # each a child of this span, in the checkpoint's trace
                 await self.publisher.publish(
-                    build(data, source=SOURCE, time=self.clock(), key=overdue.cause)
+                    build(data, source=SOURCE, time=self.clock(), key=verdict)
                 )
         return True
 

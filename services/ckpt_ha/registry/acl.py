@@ -34,7 +34,7 @@ from pydantic import SecretStr
 
 from ckpt_ha import credentials
 from ckpt_ha.assets import asset, write_or_check
-from ckpt_ha.registry import pins, restores
+from ckpt_ha.registry import leases, pins, restores
 from ckpt_ha.registry.keys import RegistryKeys
 
 CONF = asset("redis", "users.acl")
@@ -65,6 +65,7 @@ def key_spaces(prefix: str) -> dict[str, str]:
         "restore-verdicts": restores.key(prefix, "verdict", "*"),
         "restore-starts": restores.key(prefix, "started", "*"),
         "pins": pins.key(prefix, "*"),
+        "leases": leases.key(prefix, "*"),
         # Owned by ckpt_ha.writer_watcher.adapters.state_keys (a service: not importable from
         # here); tests/unit/test_redis_acl.py checks this stays equal to it.
         "watcher-state": f"{prefix}-watcher:*",
@@ -75,6 +76,11 @@ def key_spaces(prefix: str) -> dict[str, str]:
 CONNECT = ("ping",)
 """Health checks. (`client.connect` turns off the client's CLIENT SETINFO on connect: Redis
 before 7.2 has no such subcommand to grant.)"""
+LEASES = ("evalsha", "script|load", "time", "hget", "hset")
+"""What taking, renewing and giving up a loop lease runs: the scripts of
+`ckpt_ha.registry.leases`, on hashes only (no command that writes a string or sets an expiry,
+which on Redis 6 would reach the registry records these users only read)."""
+
 PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush")
 """What the registry's compare-and-set script runs (`redis_registry._WRITE_LUA`)."""
 
@@ -94,12 +100,15 @@ USERS: tuple[RedisUser, ...] = (
     # Watch state per storage root; reads a record to tell a failed write from a lost file,
     # and the writing records (state index) to re-drive them past their deadline.
     # Both quarantine: a move first reads the job's other live records (storage.owned).
-    RedisUser("writer-watcher", ("watcher-state",), ("checkpoints", "state-index", "job-index"),
-              (*CONNECT, "get", "mget", "smembers", "zrevrange", "hgetall", "hset", "hdel",
+    # The lease of its scan (one replica scans a root at a time).
+    RedisUser("writer-watcher", ("watcher-state", "leases"),
+              ("checkpoints", "state-index", "job-index"),
+              (*CONNECT, *LEASES, "get", "mget", "smembers", "zrevrange", "hgetall", "hdel",
                "multi", "exec", "discard")),
-    # Reads records (verify, scrub); never writes the registry.
-    RedisUser("integrity-checker", (), ("checkpoints", "state-index", "job-index"),
-              (*CONNECT, "get", "mget", "smembers", "zrevrange")),
+    # Reads records (verify, scrub); never writes the registry. The leases of its scrub and
+    # reconcile loops.
+    RedisUser("integrity-checker", ("leases",), ("checkpoints", "state-index", "job-index"),
+              (*CONNECT, *LEASES, "get", "mget", "smembers", "zrevrange")),
     # Projects every checkpoint event: the compare-and-set script and the reads before it.
     # And which event stream the registry is built from (`stream`), once, at start.
     RedisUser("registrar", ("checkpoints", "job-index", "state-index", "uri-index", "jobs",
@@ -115,11 +124,12 @@ USERS: tuple[RedisUser, ...] = (
                "zremrangebyrank", "sadd", "smembers", "rpush", "ltrim", "lrange", "multi",
                "exec", "discard")),
     # Reads jobs, records, tiers, pins and plans in progress; records the declared tier.
-    RedisUser("retention-janitor", ("tier-declared",),
+    # And the lease of its periodic rounds.
+    RedisUser("retention-janitor", ("tier-declared", "leases"),
               ("jobs", "job-index", "checkpoints", "tiers", "pins", "restore-plans",
                "restore-verdicts", "restore-starts"),
-              (*CONNECT, "get", "set", "del", "mget", "smembers", "zrevrange", "hgetall",
-               "scan")),
+              (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange",
+               "hgetall", "scan")),
     # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
     # audits, manual actions), no server administration. A rebuild writes the coordinator's
     # state as the coordinator does (trimming included) and sets its expiry (pexpireat).

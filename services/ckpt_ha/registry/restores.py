@@ -19,6 +19,7 @@ or two round trips, whatever the number of checkpoints in the registry):
 * ``<p>:coord:decision:<job>:<attempt>`` JSON `DecisionRecord`: the events decided for that
   failed attempt (plan or escalation) and whether they were published; one per failure
 * ``<p>:coord:lease:<job>:<attempt>``    SET NX PX: who is deciding that failure right now
+  (`ckpt_ha.registry.leases.acquire`)
 * ``<p>:coord:plan:<plan>``              JSON `PlanRecord` (what the plan restored, for whom)
 * ``<p>:coord:obs:<plan>``               list of the resumed attempt's first progress points
 * ``<p>:coord:verdict:<plan>``           ``verified`` / ``diverged`` (SET NX: one verdict)
@@ -62,6 +63,7 @@ from ckpt_ha.core.restore_records import (
     Point,
     Started,
 )
+from ckpt_ha.registry import leases
 from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.registry.pins import RedisPins
 
@@ -420,8 +422,7 @@ class RedisRestores:
 
     async def lease(self, job: str, attempt: int, owner: str, ttl_s: float) -> bool:
         """Take the right to decide this failure (two replicas, or a duplicate event)."""
-        key = self._k("lease", job, attempt)
-        return bool(await self._r.set(key, owner, nx=True, px=max(1, int(ttl_s * 1000))))
+        return await leases.acquire(self._r, self._k("lease", job, attempt), owner, ttl_s)
 
     async def release(self, job: str, attempt: int) -> None:
         await self._r.delete(self._k("lease", job, attempt))

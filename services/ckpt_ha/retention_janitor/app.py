@@ -3,6 +3,11 @@
 Expires and deletes checkpoints by tier, never one that something still references: periodic
 rounds over the whole registry, a round for a job whenever it registers a new valid checkpoint,
 and the tier each job declares when it starts.
+
+At N replicas the per-job rounds follow the `registered` events the durable consumer splits
+between them; the periodic rounds run on the one replica holding their lease
+(`ckpt_ha.runtime.leader`). Two rounds that meet on one checkpoint publish its expiry and
+tombstone under ids keyed on the checkpoint, so JetStream keeps one of each.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from faststream import FastStream
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.registry.client import connect
+from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
+from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
 from ckpt_ha.telemetry.metrics import RetentionMetrics
@@ -73,7 +80,15 @@ def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> Retenti
         ),
     )
     if settings.retention_interval_s > 0:
-        svc.in_background(lambda: janitor.run(settings.retention_interval_s))
+        svc.in_background(
+            lambda: janitor.run(settings.retention_interval_s),
+            leader=Leader(
+                RedisLeases(client, settings.registry_prefix),
+                svc.metrics,
+                "retention",
+                settings.loop_lease_s,
+            ),
+        )
     return svc
 
 

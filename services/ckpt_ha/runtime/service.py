@@ -11,6 +11,7 @@ from typing import Any
 from faststream import FastStream
 
 from ckpt_ha.bus.broker import Bus
+from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.server import HealthCheck, faststream_metrics, make_app, serve
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import bounded
@@ -40,10 +41,12 @@ class Service:
         *,
         before: Callable[[], Awaitable[None]] | None = None,
         after: Callable[[], Awaitable[None]] | None = None,
+        leader: Leader | None = None,
     ) -> None:
         """Run ``loop()`` as a task while the app runs (a polling loop, a scrub, retention
         rounds): started after the app starts (``before`` awaited first), cancelled and awaited
-        on shutdown (``after`` awaited first)."""
+        on shutdown (``after`` awaited first). With a ``leader``, only the replica holding its
+        lease runs the loop (`ckpt_ha.runtime.leader`)."""
         if self.app is None:
             raise RuntimeError(f"{self.name}: finish() before in_background()")
         tasks: list[asyncio.Task[None]] = []
@@ -52,7 +55,7 @@ class Service:
         async def _start() -> None:
             if before is not None:
                 await before()
-            tasks.append(asyncio.create_task(loop()))
+            tasks.append(asyncio.create_task(loop() if leader is None else leader.run(loop)))
 
         @self.app.on_shutdown
         async def _stop() -> None:

@@ -160,6 +160,11 @@ class ServiceSettings(BaseSettings):
     """How often NATS and Redis are checked for ``ckpt_ha_dependency_up`` on /metrics."""
     consumer_info_interval_s: float = Field(default=10.0, gt=0)
     """How often each durable consumer's pending/ack-pending counts are read for /metrics."""
+    loop_lease_s: float = Field(default=15.0, gt=0)
+    """Lifetime of the lease a replica holds on a periodic loop (the writer-watcher's scan, the
+    integrity-checker's scrub and reconcile, the retention-janitor's rounds), renewed every
+    third of it: one replica of a service runs each loop, and another takes it over within this
+    long after its holder dies."""
     metrics_forget_after_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """A job idle this long leaves the per-job metric series (bounds their cardinality)."""
     signing_key: SecretStr | None = None

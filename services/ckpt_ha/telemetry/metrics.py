@@ -188,6 +188,13 @@ class ServiceMetrics:
             ["service", "consumer"],
             registry=self.registry,
         )
+        self.loop_leader = Gauge(
+            "ckpt_ha_loop_leader",
+            "1 while this replica holds the lease of a periodic loop (scan, scrub, reconcile, "
+            "retention rounds) and runs it, 0 while another replica does.",
+            ["service", "loop", "replica"],
+            registry=self.registry,
+        )
 
     def message(self, consumer: str, outcome: str) -> None:
         self.messages.labels(self.service, consumer, outcome).inc()

@@ -89,10 +89,14 @@ def _failure(value: object) -> tuple[str, FailureSide] | None:
         return None
 
 
+def root_digest(root_uri: str) -> str:
+    """A short name of the storage root at ``root_uri`` (its watch state, its scan's lease)."""
+    return hashlib.sha256(root_uri.encode()).hexdigest()[:16]
+
+
 def state_key(prefix: str, root_uri: str) -> str:
     """The hash holding the watch state of the storage root at ``root_uri``."""
-    digest = hashlib.sha256(root_uri.encode()).hexdigest()[:16]
-    return f"{prefix}-watcher:{digest}"
+    return f"{prefix}-watcher:{root_digest(root_uri)}"
 
 
 def state_keys(prefix: str) -> str:

@@ -5,6 +5,10 @@ by listing the storage root every few seconds. What it announced is kept in Redi
 registry), so a restarted watcher announces nothing twice; it reads the registry (never writes
 it) to tell a failed write from a valid checkpoint that lost files, and to re-drive writes the
 registry still holds as writing past their deadline (`domain.overdue_writes`).
+
+At N replicas one replica scans a storage root at a time (and re-drives its writes): the holder of
+the root's scan lease (`ckpt_ha.runtime.leader`); the others stand by and take over within the
+lease's lifetime when it dies.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ from faststream import FastStream
 
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.registry.client import connect
+from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
 from ckpt_ha.telemetry.metrics import ReconcileMetrics
@@ -77,6 +83,12 @@ def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatc
         lambda: svc.watcher.run(settings.poll_interval_s, wakeup),
         before=wakeup.start,
         after=wakeup.stop,
+        leader=Leader(
+            RedisLeases(client, settings.registry_prefix),
+            svc.metrics,
+            f"scan:{adapters.root_digest(store.uri('x'))}",
+            settings.loop_lease_s,
+        ),
     )
     return svc
 

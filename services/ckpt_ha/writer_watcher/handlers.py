@@ -147,8 +147,11 @@ class Watcher:
         return record.state if record is not None else None
 
     async def run(self, interval_s: float, wakeup: notify.Wakeup | None = None) -> None:
-        """Scan, then wait for a change notification or the poll interval, forever."""
+        """Scan, then wait for a change notification or the poll interval, forever. The state
+        is loaded again at each start: a replica that takes the scan over from another (or back
+        from it) continues from what the last holder announced, never from its own old copy."""
         wakeup = wakeup or notify.Polling()
+        self.state = None
         while True:
             try:
                 await self.scan_once()

@@ -27,6 +27,7 @@ class RecordingPublisher:
         *,
         source: str,
         time: datetime,
+        key: str | None = None,
     ) -> None:
         for data in datas:
             await self.publish(
@@ -34,7 +35,7 @@ class RecordingPublisher:
                     data,
                     source=source,
                     time=time,
-                    key=cause.id,
+                    key=key or cause.id,
                     traceparent=cause.traceparent,
                     tracestate=cause.tracestate,
                 )
