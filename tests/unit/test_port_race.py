@@ -51,4 +51,3 @@ def test_other_failures_are_not_retried_and_retries_are_bounded() -> None:
     with pytest.raises(ProcessStartFailed):
         retry_port_race(start, ports_chosen_here=True, attempts=3)
     assert len(calls) == 3
-
