@@ -24,12 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 
 from ckpt_ha.devstack import procs
 from ckpt_ha.devstack.stack import STORAGE_LINK, StackState
-from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
+from tests.support.moto_server import (
+    aws_env,
+    s3_client,
+    start_moto_server,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -62,16 +65,7 @@ def cli(
     env = {k: v for k, v in os.environ.items()
            if k not in ("NATS_URL", "REDIS_URL", "CKPT_HA_STORAGE_ROOT")
            and not k.startswith("AWS_")}  # fmt: skip
-    env |= {
-        "CKPT_HA_HOME": str(home),
-        "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    }
-    if endpoint is not None:
-        env["AWS_ENDPOINT_URL"] = endpoint
+    env |= {"CKPT_HA_HOME": str(home), **aws_env(endpoint)}
     return subprocess.run(
         [sys.executable, "-m", "ckpt_ha.cli.main", *args],
         env=env,
@@ -85,13 +79,7 @@ def cli(
 @pytest.fixture(scope="module")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Drills]:
     endpoint, stop_moto = start_moto_server()
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=FAKE_ACCESS_KEY,
-        aws_secret_access_key=FAKE_SECRET_KEY,
-    )
+    client = s3_client(endpoint)
     bucket = f"drills-{uuid.uuid4().hex[:10]}"
     client.create_bucket(Bucket=bucket)
     home = tmp_path_factory.mktemp("s3-drills") / "ckpt-ha-home"

@@ -32,7 +32,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import boto3
 import numpy as np
 import pytest
 
@@ -54,7 +53,13 @@ from ckpt_ha.storage import ObjectInfo, S3Store, key_for_uri, open_store
 from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
 from tests.support.bus_tools import job_key, stream_messages, wait_for
 from tests.support.cli_tools import cli, stack_env
-from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
+from tests.support.moto_server import (
+    FAKE_ACCESS_KEY,
+    FAKE_SECRET_KEY,
+    aws_env,
+    s3_client,
+    start_moto_server,
+)
 from tests.support.resume_tools import events
 
 pytestmark = pytest.mark.e2e
@@ -84,26 +89,14 @@ def service_env(settings: ServiceSettings, endpoint: str, root: str) -> dict[str
         "CKPT_HA_ACK_WAIT_S": "5",
         "CKPT_HA_BACKOFF_S": "[0.2, 0.5, 1]",
         "CKPT_HA_GRACEFUL_TIMEOUT_S": "5",
-        # What any boto3 program reads; the services take no S3 settings of their own.
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+        **aws_env(endpoint),
     }
 
 
 @pytest.fixture
 def s3_stack(settings: ServiceSettings, tmp_path: Path) -> Iterator[S3Stack]:
     endpoint, stop_moto = start_moto_server()
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=FAKE_ACCESS_KEY,
-        aws_secret_access_key=FAKE_SECRET_KEY,
-    )
+    client = s3_client(endpoint)
     bucket = f"e2e-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     root = f"s3://{bucket}/{PREFIX}"
@@ -289,15 +282,7 @@ class DyingS3Store(S3Store):
 
 def s3_env(stack: S3Stack) -> dict[str, str]:
     """A CLI's or a training job's environment: the stack's storage root and S3 endpoint."""
-    return {
-        "CKPT_HA_STORAGE_ROOT": stack.root,
-        "AWS_ENDPOINT_URL": stack.endpoint,
-        "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    }
+    return {"CKPT_HA_STORAGE_ROOT": stack.root, **aws_env(stack.endpoint)}
 
 
 @dataclass(frozen=True)

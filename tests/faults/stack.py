@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
-import boto3
 from botocore.config import Config
 
 from ckpt_ha.devstack import procs, stack
@@ -34,8 +33,9 @@ from ckpt_ha.devstack.procs import ManagedProcess
 from ckpt_ha.devstack.stack import StackState
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from ckpt_ha.storage import ObjectInfo, S3Store
+from tests.support import moto_server
 from tests.support.bus_tools import SIGNING_KEY
-from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
+from tests.support.moto_server import aws_env, start_moto_server
 from tests.support.tcp_gate import TcpLink
 
 PREFIX = "checkpoints"
@@ -64,18 +64,6 @@ SERVICE_ENV = {
     "CKPT_HA_STORAGE_TIMEOUT_S": "30",
 }
 """What the fault stack's services run with besides the defaults."""
-
-
-def s3_env(endpoint: str) -> dict[str, str]:
-    """What any boto3 program reads: the services take no S3 settings of their own."""
-    return {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": FAKE_ACCESS_KEY,
-        "AWS_SECRET_ACCESS_KEY": FAKE_SECRET_KEY,
-        "AWS_DEFAULT_REGION": "us-east-1",
-        "AWS_CONFIG_FILE": "/dev/null",
-        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
-    }
 
 
 @dataclass
@@ -112,7 +100,7 @@ class FaultStack:
         return {
             **base,
             **SERVICE_ENV,
-            **s3_env(self.services_link.endpoint),
+            **aws_env(self.services_link.endpoint),
             "NATS_URL": self.nats_url,
             "REDIS_URL": self.redis_url,
             "CKPT_HA_HOME": str(self.home),
@@ -121,7 +109,7 @@ class FaultStack:
 
     def writer_env(self) -> dict[str, str]:
         """A training job's environment: the stack's, with S3 through the writers' link."""
-        return {**self.env(), **s3_env(self.writer_link.endpoint)}
+        return {**self.env(), **aws_env(self.writer_link.endpoint)}
 
     def state(self) -> StackState:
         found = StackState.load(self.home)
@@ -226,19 +214,14 @@ class DamagingStore(S3Store):
 
 
 def s3_client(endpoint: str) -> Any:
-    return boto3.session.Session().client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=FAKE_ACCESS_KEY,
-        aws_secret_access_key=FAKE_SECRET_KEY,
-        config=Config(
-            retries={"max_attempts": 3, "mode": "standard"},
-            connect_timeout=2,
-            read_timeout=10,
-            s3={"addressing_style": "path"},
-        ),
+    """The suite's client: few retries and short timeouts, so a cut link fails calls quickly."""
+    config = Config(
+        retries={"max_attempts": 3, "mode": "standard"},
+        connect_timeout=2,
+        read_timeout=10,
+        s3={"addressing_style": "path"},
     )
+    return moto_server.s3_client(endpoint, config)
 
 
 def _write_signing_key(home: Path) -> None:

@@ -12,7 +12,6 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
-import boto3
 import numpy as np
 import pytest
 from mypy_boto3_s3 import S3Client
@@ -21,7 +20,12 @@ from safetensors.numpy import save_file
 from ckpt_ha.formats import native, verify
 from ckpt_ha.formats.report import Verdict
 from ckpt_ha.storage import FsStore, S3Store
-from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
+from tests.support.moto_server import (
+    FAKE_ACCESS_KEY,
+    FAKE_SECRET_KEY,
+    s3_client,
+    start_moto_server,
+)
 from tests.support.torch_tools import (
     Payload,
     require_torch,
@@ -39,13 +43,7 @@ NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 def moto_bucket() -> Iterator[tuple[str, str, S3Client]]:
     """(endpoint, bucket, client) of a moto server started for this module."""
     endpoint, stop = start_moto_server()
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=FAKE_ACCESS_KEY,
-        aws_secret_access_key=FAKE_SECRET_KEY,
-    )
+    client = s3_client(endpoint)
     bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     yield endpoint, bucket, client

@@ -9,7 +9,6 @@ import socket
 import uuid
 from collections.abc import Iterator
 
-import boto3
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ConnectionClosedError
@@ -24,7 +23,12 @@ from ckpt_ha.storage import (
     open_store,
 )
 from tests.support.lossy_link import LossyLink
-from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
+from tests.support.moto_server import (
+    FAKE_ACCESS_KEY,
+    FAKE_SECRET_KEY,
+    s3_client,
+    start_moto_server,
+)
 from tests.support.store_contract import StoreContract, keys_of
 
 pytestmark = pytest.mark.integration
@@ -39,13 +43,7 @@ def s3_endpoint() -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def raw_client(s3_endpoint: str) -> S3Client:
-    return boto3.session.Session().client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=FAKE_ACCESS_KEY,
-        aws_secret_access_key=FAKE_SECRET_KEY,
-    )
+    return s3_client(s3_endpoint)
 
 
 @pytest.fixture
@@ -146,13 +144,9 @@ def closed_port() -> int:
 
 
 def test_an_unreachable_endpoint_is_transient(closed_port: int) -> None:
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=f"http://127.0.0.1:{closed_port}",
-        region_name="us-east-1",
-        aws_access_key_id=FAKE_ACCESS_KEY,
-        aws_secret_access_key=FAKE_SECRET_KEY,
-        config=Config(retries={"max_attempts": 1}, connect_timeout=0.5, read_timeout=0.5),
+    client = s3_client(
+        f"http://127.0.0.1:{closed_port}",
+        Config(retries={"max_attempts": 1}, connect_timeout=0.5, read_timeout=0.5),
     )
     store = S3Store("bucket", client=client)
 
@@ -251,14 +245,7 @@ def test_an_object_over_the_threshold_is_copied_and_moved_in_parts(
 def test_a_multipart_move_that_fails_midway_keeps_the_source_and_leaves_no_upload(
     s3_endpoint: str, bucket: str, raw_client: S3Client
 ) -> None:
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=s3_endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=FAKE_ACCESS_KEY,
-        aws_secret_access_key=FAKE_SECRET_KEY,
-        config=Config(retries={"max_attempts": 1}),
-    )
+    client = s3_client(s3_endpoint, Config(retries={"max_attempts": 1}))
     store = large_object_store(s3_endpoint, bucket, client)
     data = os.urandom(2 * PART + 1)
     store.put("src.bin", data, metadata={"sha256": "ab"})

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
-import boto3
 import numpy as np
 import pytest
 import redis.asyncio as aioredis
@@ -27,7 +26,10 @@ from ckpt_ha.writer_watcher import adapters
 from ckpt_ha.writer_watcher.app import build as build_watcher
 from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
 from tests.support.bus_tools import job_key, stream_messages
-from tests.support.moto_server import FAKE_ACCESS_KEY, FAKE_SECRET_KEY, start_moto_server
+from tests.support.moto_server import (
+    s3_client,
+    start_moto_server,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -183,13 +185,7 @@ async def test_watcher_alone_announces_with_the_identity_when_the_sdk_could_not(
 @pytest.fixture(scope="module")
 def s3_store() -> Iterator[S3Store]:
     endpoint, stop = start_moto_server()
-    client = boto3.session.Session().client(
-        "s3",
-        endpoint_url=endpoint,
-        region_name="us-east-1",
-        aws_access_key_id=FAKE_ACCESS_KEY,
-        aws_secret_access_key=FAKE_SECRET_KEY,
-    )
+    client = s3_client(endpoint)
     bucket = f"sdk-{uuid.uuid4().hex[:12]}"
     client.create_bucket(Bucket=bucket)
     yield S3Store(bucket, prefix="runs", client=client)
