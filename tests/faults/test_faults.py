@@ -49,7 +49,7 @@ from tests.faults.stack import FaultStack
 from tests.faults.tally import Figures, lost_keys
 from tests.faults.writer import CheckpointWriter
 from tests.support.bus_tools import publish_raw, stream_messages, wait_for
-from tests.support.registry_snapshot import Key, differences, snapshot
+from tests.support.registry_snapshot import TRANSIENT, Key, differences, snapshot
 
 pytestmark = pytest.mark.faults
 
@@ -58,8 +58,6 @@ DOWN_S = 4.0
 REDIS_FROZEN_S = 120.0
 WRITERS_OF_THE_REGISTRY = ("registrar", "restore-coordinator", "retention-janitor")
 """What the runbook stops before a rebuild: the services writing under the registry prefix."""
-TRANSIENT = (":coord:lease:",)
-"""Registry keys a rebuild need not bring back: who decides a failure right now."""
 NATS_OUTAGE_S = 180.0
 
 

@@ -58,13 +58,12 @@ from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
-from tests.support.registry_snapshot import differences, flush, snapshot
+from tests.support.registry_snapshot import TRANSIENT, differences, flush, snapshot
 
 pytestmark = pytest.mark.integration
 
 ENV = RuntimeEnvironment(framework="torch", framework_version="2.3.0", python_version="3.11.9")
 TOPO = Topology(world_size=2)
-TRANSIENT = (":coord:lease:",)
 LOSS = Tolerance(metric="loss", abs=0.01, rel=0.01)
 
 

@@ -16,6 +16,7 @@ from ckpt_ha.ops.errors import RebuildWithoutSigningKey, StreamReplaced
 from ckpt_ha.ops.rebuild import rebuild, rebuild_registry
 from ckpt_ha.registrar.app import build
 from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import key_for_uri
 from tests.support.bus_tools import publish_raw, wait_for
@@ -178,5 +179,32 @@ async def test_a_rebuild_without_the_signing_key_refuses_before_clearing(
                 svc.registry, keyless.bus(), partial(key_for_uri, svc.store), clear=True
             )
         assert list(await svc.registry.dump()) == [svc.registry.keys.stream]
+    finally:
+        await svc.registry.close()
+
+
+async def test_a_plain_rebuild_after_a_flush_ignores_the_leases_running_services_took(
+    settings: ServiceSettings,
+) -> None:
+    """The runbook stops only the services that write the registry; the writer-watcher and the
+    integrity-checker go on taking their loop leases under the prefix. A flushed registry holds
+    nothing but those, and `registry rebuild` without ``--clear`` must not take them for data."""
+    svc = build(RegistrarSettings.model_validate(settings.model_dump()))
+    producer = Bus(settings.bus(), "test-producer")
+    await producer.broker.start()
+    try:
+        await producer.publish(committed("f0", job="job-f", step=10))
+    finally:
+        await producer.broker.stop()
+    leases = RedisLeases(svc.registry.r, settings.registry_prefix)
+    try:
+        assert await leases.take("integrity-checker:scrub", "replica-a", 30.0)
+        assert await svc.registry.dump() == {}  # flushed: only a lease under the prefix
+        report = await rebuild_registry(
+            svc.registry, settings.bus(), partial(key_for_uri, svc.store), clear=False
+        )
+        assert report.applied == 1
+        assert (await svc.registry.get("f0")) is not None
+        assert await leases.holder("integrity-checker:scrub") == "replica-a"
     finally:
         await svc.registry.close()

@@ -10,6 +10,12 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from ckpt_ha.registry.keys import TRANSIENT as LEASES
+
+TRANSIENT = tuple(f":{space}" for space in LEASES)
+"""Registry keys a rebuild does not bring back (`ckpt_ha.registry.keys.TRANSIENT`): which
+replica runs a periodic loop, who decides a failure right now."""
+
 
 @dataclass(frozen=True)
 class Key:

@@ -52,6 +52,11 @@ REBUILT = (
 )
 """Key spaces (after ``<p>:``) of this layout that are a projection of the event stream."""
 
+TRANSIENT = ("lease:", "coord:lease:")
+"""Key spaces (after ``<p>:``) of other owners that are neither in the stream nor needed from
+it: the loop leases (`ckpt_ha.registry.leases`) and the coordinator's lease on a failure
+(`ckpt_ha.registry.restores`). Services running during a rebuild keep taking them."""
+
 
 @dataclass(frozen=True)
 class RegistryKeys:
@@ -112,6 +117,10 @@ class RegistryKeys:
     def everything(self) -> str:
         """SCAN pattern for every key under the prefix (the registry's and its neighbours')."""
         return f"{self.prefix}:*"
+
+    def is_transient(self, key: str) -> bool:
+        """Whether ``key`` is a lease (`TRANSIENT`): never compared, never a reason to refuse."""
+        return key.removeprefix(f"{self.prefix}:").startswith(TRANSIENT)
 
     def is_rebuilt(self, key: str) -> bool:
         """Whether ``key`` belongs to a key space of this layout the event stream rebuilds."""

@@ -363,10 +363,13 @@ class Registry:
         return [s for s, m in zip(CheckpointState, member, strict=True) if m]
 
     async def dump(self) -> dict[str, Any]:
-        """Every key under the prefix with its value: what a rebuild must reproduce exactly."""
+        """Every key under the prefix with its value but the leases (`RegistryKeys.is_transient`):
+        what a rebuild must reproduce exactly."""
         out: dict[str, Any] = {}
         with _reachable():
             async for key in self.r.scan_iter(match=self.keys.everything, count=1000):
+                if self.keys.is_transient(key):
+                    continue
                 kind = await self.r.type(key)
                 if kind == "string":
                     out[key] = await self.r.get(key)
