@@ -28,7 +28,7 @@ import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -36,21 +36,17 @@ import numpy as np
 import pytest
 
 from ckpt_ha import sdk
-from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.devstack import procs
 from ckpt_ha.devstack.stack import start_service
-from ckpt_ha.registry.client import connect
-from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.runner.runner import ATTEMPT_FILE, state_dir
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import ObjectInfo, S3Store, key_for_uri, open_store
-from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
+from tests.faults.flows import ShiftedClock, janitor_rounds
 from tests.support.bus_tools import job_key, stream_messages, wait_for
 from tests.support.cli_tools import cli, stack_env
 from tests.support.moto_server import (
@@ -341,26 +337,13 @@ def keys_under(stack: S3Stack, where: str = "") -> list[str]:
     return [o.key for o in stack.store.list(f"{where}/" if where else "")]
 
 
-class ShiftedClock:
-    """The janitor's clock: real time plus an offset the test moves past a tier's ages."""
-
-    def __init__(self) -> None:
-        self.offset = timedelta()
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
-
-
 @contextlib.asynccontextmanager
 async def janitor_on(
     stack: S3Stack, settings: ServiceSettings
 ) -> AsyncIterator[tuple[Janitor, ShiftedClock]]:
-    """The retention-janitor's rounds composed as its app composes them, on `ShiftedClock` and
-    the stack's S3 root (`open_store`, as the process opens it). No consumers: the test runs the
-    rounds; the janitor process of the stack, on real time, has nothing to do meanwhile."""
-    bus = Bus(settings.bus(), "retention-janitor")
-    await bus.broker.start()
-    client = connect(settings.redis_url)
+    """The retention-janitor's rounds on a `ShiftedClock` and the stack's S3 root (`open_store`,
+    as the process opens it). The janitor process of the stack, on real time, has nothing to do
+    meanwhile."""
     store = open_store(
         stack.root,
         endpoint_url=stack.endpoint,
@@ -368,22 +351,9 @@ async def janitor_on(
         secret_key=FAKE_SECRET_KEY,
     )
     clock = ShiftedClock()
-    try:
-        yield (
-            Janitor(
-                Registry(client, settings.registry_prefix),
-                RedisPins(client, settings.registry_prefix),
-                RedisRestores(client, settings.registry_prefix),
-                store,
-                bus,
-                clock,
-                RetentionMetrics(ServiceMetrics("retention-janitor")),
-            ),
-            clock,
-        )
-    finally:
-        await bus.broker.stop()
-        await client.aclose()
+    prefix = settings.registry_prefix
+    async with janitor_rounds(settings.bus(), settings.redis_url, prefix, store, clock) as janitor:
+        yield janitor, clock
 
 
 # Three processes run one after the other (the job's two attempts, the CLI twice): ~45 s on an

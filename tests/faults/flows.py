@@ -20,6 +20,7 @@ import nats
 from nats.aio.msg import Msg
 
 from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
@@ -29,12 +30,14 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.contracts.checkpoint import CheckpointState as S
 from ckpt_ha.contracts.job import JobStartedV1
 from ckpt_ha.contracts.resume import ResumePlannedV1
+from ckpt_ha.core.clock import Clock
 from ckpt_ha.devstack import stack
 from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
+from ckpt_ha.storage import ObjectStore
 from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
 from tests.faults.stack import FaultStack
 from tests.faults.tally import NON_FINAL, Figures, converge
@@ -227,19 +230,21 @@ class ShiftedClock:
 
 
 @contextlib.asynccontextmanager
-async def janitor_ahead(fs: FaultStack, clock: ShiftedClock) -> AsyncIterator[Janitor]:
-    """The retention-janitor's rounds (`Janitor`, composed as its app does) on a clock the fault
-    moves days ahead, so retention expires and deletes within the suite's time; storage through
-    the services' link. No consumers: the rounds run only when the fault runs them."""
-    bus = Bus(stack.bus_config(fs.state()), "retention-janitor")
+async def janitor_rounds(
+    bus_config: BusConfig, redis_url: str, prefix: str, store: ObjectStore, clock: Clock
+) -> AsyncIterator[Janitor]:
+    """The retention-janitor's rounds (`Janitor`, composed as its app does) on ``clock``, which
+    the caller moves days ahead so retention expires and deletes within a test's time. No
+    consumers: the rounds run only when the caller runs them."""
+    bus = Bus(bus_config, "retention-janitor")
     await bus.broker.start()
-    client = connect(fs.redis_url)
+    client = connect(redis_url)
     try:
         yield Janitor(
-            Registry(client),
-            RedisPins(client, "ckpt-ha"),
-            RedisRestores(client, "ckpt-ha"),
-            fs.services_store(),
+            Registry(client, prefix),
+            RedisPins(client, prefix),
+            RedisRestores(client, prefix),
+            store,
             bus,
             clock,
             RetentionMetrics(ServiceMetrics("retention-janitor")),
@@ -247,6 +252,14 @@ async def janitor_ahead(fs: FaultStack, clock: ShiftedClock) -> AsyncIterator[Ja
     finally:
         await bus.broker.stop()
         await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def janitor_ahead(fs: FaultStack, clock: ShiftedClock) -> AsyncIterator[Janitor]:
+    """`janitor_rounds` on the fault stack, storage through the services' link."""
+    config = stack.bus_config(fs.state())
+    async with janitor_rounds(config, fs.redis_url, "ckpt-ha", fs.services_store(), clock) as j:
+        yield j
 
 
 @contextlib.asynccontextmanager

@@ -141,7 +141,10 @@ async def test_a_rebuild_refuses_a_stream_deleted_and_created_again(
 async def test_a_flushed_registry_is_rebuilt_and_records_its_stream(
     settings: ServiceSettings,
 ) -> None:
-    """After a real flush nothing remembers the stream: the rebuild trusts it and records it."""
+    """After a real flush nothing remembers the stream: the rebuild trusts it and records it.
+    The services the runbook leaves running (writer-watcher, integrity-checker) go on taking
+    their loop leases under the prefix: a rebuild without ``--clear`` does not take those for
+    registry data, and leaves them alone."""
     svc = build(RegistrarSettings.model_validate(settings.model_dump()))
     producer = Bus(settings.bus(), "test-producer")
     await producer.broker.start()
@@ -149,11 +152,15 @@ async def test_a_flushed_registry_is_rebuilt_and_records_its_stream(
         await producer.publish(committed("f0", job="job-f", step=10))
     finally:
         await producer.broker.stop()
+    leases = RedisLeases(svc.registry.r, settings.registry_prefix)
     try:
+        assert await leases.take("integrity-checker:scrub", "replica-a", 30.0)
+        assert await svc.registry.dump() == {}  # flushed: only a lease under the prefix
         assert await svc.registry.built_from() is None
         await rebuild_registry(
             svc.registry, settings.bus(), partial(key_for_uri, svc.store), clear=False
         )
+        assert await leases.holder("integrity-checker:scrub") == "replica-a"
         rec = await svc.registry.get("f0")
         assert rec is not None
         assert rec.state.value == "pending_verification"
@@ -179,32 +186,5 @@ async def test_a_rebuild_without_the_signing_key_refuses_before_clearing(
                 svc.registry, keyless.bus(), partial(key_for_uri, svc.store), clear=True
             )
         assert list(await svc.registry.dump()) == [svc.registry.keys.stream]
-    finally:
-        await svc.registry.close()
-
-
-async def test_a_plain_rebuild_after_a_flush_ignores_the_leases_running_services_took(
-    settings: ServiceSettings,
-) -> None:
-    """The runbook stops only the services that write the registry; the writer-watcher and the
-    integrity-checker go on taking their loop leases under the prefix. A flushed registry holds
-    nothing but those, and `registry rebuild` without ``--clear`` must not take them for data."""
-    svc = build(RegistrarSettings.model_validate(settings.model_dump()))
-    producer = Bus(settings.bus(), "test-producer")
-    await producer.broker.start()
-    try:
-        await producer.publish(committed("f0", job="job-f", step=10))
-    finally:
-        await producer.broker.stop()
-    leases = RedisLeases(svc.registry.r, settings.registry_prefix)
-    try:
-        assert await leases.take("integrity-checker:scrub", "replica-a", 30.0)
-        assert await svc.registry.dump() == {}  # flushed: only a lease under the prefix
-        report = await rebuild_registry(
-            svc.registry, settings.bus(), partial(key_for_uri, svc.store), clear=False
-        )
-        assert report.applied == 1
-        assert (await svc.registry.get("f0")) is not None
-        assert await leases.holder("integrity-checker:scrub") == "replica-a"
     finally:
         await svc.registry.close()
