@@ -21,6 +21,14 @@ from ckpt_ha.contracts.errors import (
     UnknownEventType,
     UnsupportedEventVersion,
 )
+from ckpt_ha.contracts.job import (
+    FailureCause,
+    FailureCauseV1,
+    JobFailedV1,
+    JobFailedV2,
+    JobStartedV1,
+    JobStartedV2,
+)
 from ckpt_ha.contracts.resume import (
     ResumeEscalatedV1,
     ResumeEscalatedV2,
@@ -65,6 +73,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "job.progress": {"run_id": "r", "step": 10, "metrics": {"loss": 0.5}},
     "job.failed": {"run_id": "r", "cause": "oom", "exit_code": 137, "signal": 9},
     "job.succeeded": {"run_id": "r", "attempt": 2, "last_step": 500},
+    "job.heartbeat": {"run_id": "r", "attempt": 2, "sequence": 7, "last_step": 40},
     "resume.planned": {"plan_id": "p", "failed_run_id": "r", "attempt": 2, "checkpoint_id": "c",
                        "checkpoint_uri": "u", "step": 3, "mode": "exact_resume",
                        "compatibility": "identical"},
@@ -81,7 +90,10 @@ SAMPLES: dict[str, dict[str, Any]] = {
 }  # fmt: skip
 
 
-NEWER = {"resume.load_failed": (1, 2), "resume.planned": (1, 2), "resume.escalated": (1, 2)}
+NEWER = {
+    "resume.load_failed": (1, 2), "resume.planned": (1, 2), "resume.escalated": (1, 2),
+    "job.started": (1, 2), "job.failed": (1, 2),
+}  # fmt: skip
 """Types with more than one version; every other type has only v1."""
 
 
@@ -122,6 +134,25 @@ def test_v1_plans_and_escalations_are_upcast_and_v2_is_refused_as_v1() -> None:
     assert decoded.data.attempt is None
 
 
+def test_v1_job_starts_and_failures_are_upcast_and_v2_causes_are_refused_as_v1() -> None:
+    """A v1 start promised no heartbeat (never declared lost); a v1 failure named no rank or
+    reporter; the causes v2 added are not v1 values (a v1 consumer would refuse them)."""
+    start = JobStartedV1(job_id="j", run_id="r", attempt=2)
+    decoded = CATALOG.decode(build(start, source="t", time=NOW, key="k").to_bytes())
+    assert isinstance(decoded.data, JobStartedV2)
+    assert (decoded.data.heartbeat_s, decoded.data.deadline_s) == (None, None)
+    failed = JobFailedV1(job_id="j", run_id="r", cause=FailureCauseV1.OOM)
+    decoded = CATALOG.decode(build(failed, source="t", time=NOW, key="k").to_bytes())
+    assert isinstance(decoded.data, JobFailedV2)
+    assert (decoded.data.cause, decoded.data.rank, decoded.data.reported_by) == (
+        FailureCause.OOM, None, None,
+    )  # fmt: skip
+    for cause in ("lost", "node_lost", "cancelled"):
+        with pytest.raises(ValidationError, match="cause"):
+            JobFailedV1.model_validate({"job_id": "j", "run_id": "r", "cause": cause})
+        assert JobFailedV2.model_validate({"job_id": "j", "run_id": "r", "cause": cause})
+
+
 @pytest.mark.parametrize("event_type", sorted(SAMPLES))
 def test_round_trip(event_type: str) -> None:
     model = CATALOG.latest(event_type)
@@ -140,7 +171,7 @@ def test_event_ids_are_deterministic() -> None:
     b = build(data, source="y", time=datetime.now(UTC), key="cause-1")
     c = build(data, source="x", time=NOW, key="cause-2")
     assert a.id == b.id != c.id
-    assert a.id == derive_event_id("ckpt-ha.job.failed.v1", "j", "cause-1")
+    assert a.id == derive_event_id("ckpt-ha.job.failed.v2", "j", "cause-1")
 
 
 def test_models_are_frozen_and_closed() -> None:
@@ -175,7 +206,7 @@ def test_naive_time_is_refused() -> None:
         (b'{"type": 7}', MalformedEvent),
         (b'{"type": "ckpt-ha.job.exploded.v1"}', UnknownEventType),
         (b'{"type": "something.else"}', UnknownEventType),
-        (b'{"type": "ckpt-ha.job.failed.v2", "data": {}}', UnsupportedEventVersion),
+        (b'{"type": "ckpt-ha.job.failed.v9", "data": {}}', UnsupportedEventVersion),
         (b'{"type": "ckpt-ha.job.failed.v1", "data": []}', MalformedEvent),
         (b'{"type": "ckpt-ha.job.failed.v1", "data": {"job_id": "j"}}', MalformedEvent),
         (b"[" * 100_000 + b"]" * 100_000, MalformedEvent),

@@ -30,7 +30,7 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG, EventData, build
 from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
 from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumeLoadedV1
-from ckpt_ha.contracts.subjects import event_subject
+from ckpt_ha.contracts.subjects import job_event_filter
 from ckpt_ha.examples import numpy_mlp
 from ckpt_ha.formats import latest_valid
 from ckpt_ha.runner.runner import ATTEMPT_FILE, state_dir
@@ -120,7 +120,7 @@ async def watch_failures(nc: nats.NATS, settings: ServiceSettings, job: str) -> 
         assert isinstance(data, JobFailedV1)
         await watch.failed.put(data)
 
-    await nc.subscribe(event_subject(settings.subject_prefix, "job.failed", 1, job), cb=on_msg)
+    await nc.subscribe(job_event_filter(settings.subject_prefix, "job.failed", job), cb=on_msg)
     await nc.flush()
     return watch
 

@@ -1,9 +1,11 @@
-"""Job aggregate: job.* events (v1), emitted by scheduler adapters."""
+"""Job aggregate: job.* events, emitted by scheduler adapters (job.started and job.failed also
+v2; older versions are upcast)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import StrEnum
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -15,6 +17,8 @@ from ckpt_ha.contracts.bounds import (
     Label,
     Metrics,
     Name,
+    Rank,
+    Seconds,
     Signal,
     Text,
 )
@@ -23,6 +27,26 @@ from ckpt_ha.contracts.envelope import EventData
 
 
 class FailureCause(StrEnum):
+    """Why an attempt ended (``job.failed`` v2; v1 knows the first five only)."""
+
+    NODE_EXIT = "node_exit"
+    """The process was killed from outside (a signal nobody in the job sent)."""
+    OOM = "oom"
+    ERROR = "error"
+    PREEMPTED = "preempted"
+    UNKNOWN = "unknown"
+    NODE_LOST = "node_lost"
+    """The scheduler says the node the attempt ran on failed or stopped responding."""
+    LOST = "lost"
+    """Nobody reported the end: the attempt sent neither progress nor heartbeat within its
+    deadline (declared by the restore-coordinator, not by the attempt)."""
+    CANCELLED = "cancelled"
+    """A user cancelled the job: never restored automatically."""
+
+
+class FailureCauseV1(StrEnum):
+    """The causes ``job.failed`` v1 can carry (v1 consumers refuse any other)."""
+
     NODE_EXIT = "node_exit"
     OOM = "oom"
     ERROR = "error"
@@ -100,6 +124,37 @@ class JobStartedV1(EventData):
     command: tuple[Text, ...] = ()
 
 
+class JobStartedV2(JobStartedV1):
+    """v2 declares how the attempt shows it is alive: a heartbeat every ``heartbeat_s`` and
+    silence for longer than ``deadline_s`` means lost (``job.failed`` cause ``lost``). A new
+    version, not new fields on v1 (v1 refuses unknown fields); v1 events are upcast
+    (`started_v1_to_v2`: both None, an attempt that promised no heartbeat is never declared
+    lost)."""
+
+    EVENT_VERSION: ClassVar[int] = 2
+
+    heartbeat_s: Seconds | None = Field(default=None, gt=0)
+    """How often the attempt's supervisor publishes ``job.heartbeat`` (None: it does not)."""
+    deadline_s: Seconds | None = Field(default=None, gt=0)
+    """Silence (no progress, no heartbeat) after which the attempt is lost. None: the default
+    of its tier (``heartbeat_s`` set) or never (no heartbeats promised)."""
+
+
+class JobHeartbeatV1(EventData):
+    """The attempt's supervisor (runner or scheduler adapter) is alive and so is the attempt,
+    whether or not training reports progress. Sent every ``job.started``'s ``heartbeat_s``."""
+
+    EVENT_TYPE: ClassVar[str] = "job.heartbeat"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    run_id: Label
+    attempt: Attempt = 1
+    sequence: Count = 0
+    """Counts the attempt's heartbeats (each one is a distinct event)."""
+    last_step: Count | None = None
+    """The last step the attempt reported, if any (display only)."""
+
+
 class JobProgressV1(EventData):
     EVENT_TYPE: ClassVar[str] = "job.progress"
     EVENT_VERSION: ClassVar[int] = 1
@@ -124,7 +179,7 @@ class JobFailedV1(EventData):
 
     run_id: Label
     attempt: Attempt = 1
-    cause: FailureCause = FailureCause.UNKNOWN
+    cause: FailureCauseV1 = FailureCauseV1.UNKNOWN
     exit_code: ExitCode | None = None
     signal: Signal | None = None
     last_step: Count | None = None
@@ -135,6 +190,21 @@ class JobFailedV1(EventData):
     side: FailureSide = FailureSide.UNKNOWN
     plan_id: Name | None = None
     """The plan this attempt was carrying out, when it failed after a restore."""
+
+
+class JobFailedV2(JobFailedV1):
+    """v2 adds the causes a supervisor outside the process can tell (``node_lost``, ``lost``,
+    ``cancelled``), the failing rank and who reported the failure. v1 events are upcast
+    (`failed_v1_to_v2`)."""
+
+    EVENT_VERSION: ClassVar[int] = 2
+
+    cause: FailureCause = FailureCause.UNKNOWN  # type: ignore[assignment]
+    rank: Rank | None = None
+    """The process (rank) that failed first, in a multi-rank job."""
+    reported_by: Name | None = None
+    """Who saw the end: ``runner``, a scheduler adapter (``slurm``), or ``restore-coordinator``
+    for a lost attempt. None: an older reporter."""
 
 
 class JobSucceededV1(EventData):
@@ -150,7 +220,27 @@ class JobSucceededV1(EventData):
 
 JOB_EVENTS: tuple[type[EventData], ...] = (
     JobStartedV1,
+    JobStartedV2,
+    JobHeartbeatV1,
     JobProgressV1,
     JobFailedV1,
+    JobFailedV2,
     JobSucceededV1,
 )
+
+
+def started_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A v1 start promised no heartbeat: never declared lost."""
+    return {**data, "heartbeat_s": None, "deadline_s": None}
+
+
+def failed_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
+    """A v1 failure named no rank and no reporter."""
+    return {**data, "rank": None, "reported_by": None}
+
+
+JOB_UPCASTERS: tuple[tuple[str, int, Callable[[dict[str, Any]], dict[str, Any]]], ...] = (
+    ("job.started", 1, started_v1_to_v2),
+    ("job.failed", 1, failed_v1_to_v2),
+)
+"""(event type, from version, upcaster) for every job event with more than one version."""

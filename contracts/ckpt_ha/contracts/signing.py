@@ -36,6 +36,7 @@ _MSG_ID_LABEL = b"ckpt-ha/msg-id/v1\x00"
 SIGNED_TYPES: frozenset[str] = frozenset(
     {
         "job.started",
+        "job.heartbeat",
         "job.progress",
         "job.failed",
         "job.succeeded",

@@ -18,7 +18,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointRegisteredV1,
     CheckpointVerifiedV1,
 )
-from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1
+from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
 from ckpt_ha.contracts.resume import (
     ResumeClosedV1,
     ResumeDivergedV1,
@@ -219,8 +219,7 @@ def recovery_durations(
         return {}
     plan_id = plan.data.plan_id
     failed = [e for e in _of(mine, JobFailedV1) if fault <= e.time <= plan.time]
-    started = [e for e in mine if e.type.endswith("job.started.v1")
-               and e.data.__dict__.get("plan_id") == plan_id]  # fmt: skip
+    started = [e for e in _of(mine, JobStartedV1) if e.data.plan_id == plan_id]
     loaded = [e for e in _of(mine, ResumeLoadedV1) if e.data.plan_id == plan_id]
     verified = [e for e in _of(mine, ResumeVerifiedV1) if e.data.plan_id == plan_id]
     if not (failed and started and loaded and progress and verified):

@@ -40,7 +40,7 @@ from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import CATALOG, EventData, build, signing
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.errors import ContractError
-from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1, JobSucceededV1
+from ckpt_ha.contracts.job import JobFailedV2, JobPolicy, JobStartedV1, JobSucceededV1
 from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumePlannedV1, ResumePlannedV2
 from ckpt_ha.contracts.subjects import job_event_filter, job_token
 from ckpt_ha.core.clock import Clock, utc_now
@@ -55,7 +55,8 @@ if TYPE_CHECKING:
     from ckpt_ha.bus.broker import Bus
 
 log = logging.getLogger("ckpt_ha.runner")
-SOURCE = "ckpt-ha/runner"
+SOURCE_NAME = "runner"
+SOURCE = f"ckpt-ha/{SOURCE_NAME}"
 EXIT_OK, EXIT_FAILED, EXIT_ESCALATED, EXIT_NO_PLAN = 0, 1, 3, 4
 ATTEMPT_FILE = "attempt.json"
 """In the run's state folder: the running attempt's number and scheduler handle (its pid)."""
@@ -311,7 +312,7 @@ class Runner:
                     early.append(item)
             for item in early:
                 self._inbox.put_nowait(item)
-            failed = JobFailedV1(
+            failed = JobFailedV2(
                 job_id=spec.job_id,
                 run_id=spec.run_id,
                 attempt=attempt,
@@ -323,6 +324,7 @@ class Runner:
                 signature=failure.signature,
                 side=failure.side,
                 plan_id=plan.plan_id if plan else None,
+                reported_by=SOURCE_NAME,
             )
             await self._publish(bus, failed, f"job.failed|{key}")
             self.say(f"attempt {attempt} failed: {failure.cause.value}: {failure.detail}")
