@@ -429,9 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenario",
         required=True,
         choices=["node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop",
-                 "env-mismatch", "torchrun-dcp", "hf-trainer", "all"],
+                 "env-mismatch", "torchrun-dcp", "hf-trainer", "slurm-node-lost", "all"],
         help="the fault to inject; all: every scenario in turn on one stack (the framework "
-        "drills only where the torch and hf extras are installed; the others say so)",
+        "drills only where the torch and hf extras are installed; the others say so) except "
+        "slurm-node-lost, which needs Slurm (scripts/slurm-tools)",
     )  # fmt: skip
     dr.add_argument("--json", action="store_true",
                     help="the evidence as JSON: one object, a list of them for all")  # fmt: skip
