@@ -5,10 +5,12 @@ endings against a real Slurm: ``tests/integration/test_slurm_restore.py``."""
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 import pytest
 
+from ckpt_ha.cli.main import main
 from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.contracts.job import FailureCause
 from ckpt_ha.core.scontrol import parse_exit_code, parse_record
@@ -77,3 +79,12 @@ def test_sbatch_never_requeues_exports_the_attempt_and_lets_the_user_add_options
     assert {"--parsable", "--no-requeue", "--export=ALL", "--job-name=ckpt-ha:j1:2",
             "--partition=high", f"--output={tmp_path / 'slurm-%j.out'}"} <= set(argv)  # fmt: skip
     assert argv[-3:] == ["--mem=1G", "--wrap", "python -m train --lr '0.1 0.2'"]
+
+
+def test_without_slurms_commands_the_slurm_scheduler_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, scontrol nor scancel here
+    assert main(["run", "--job", "j", "--scheduler", "slurm", "--", sys.executable]) == 2
+    err = capsys.readouterr().err
+    assert err == "ckpt-ha: --scheduler slurm: sbatch, scontrol, scancel not found on PATH\n"
