@@ -28,6 +28,7 @@ from ckpt_ha.contracts.resume import ResumePlannedV2
 from ckpt_ha.contracts.subjects import job_token
 from ckpt_ha.devstack import stack
 from ckpt_ha.devstack.stack import StackState
+from tests.support import slurm as slurm_support
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -223,6 +224,23 @@ def test_a_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     assert result["curves"]["baseline"]
     assert result["curves"]["drill"]
     assert "transformers" in result["baseline"]["environment"]
+
+
+def test_a_slurm_node_lost_is_classified_resubmitted_with_the_restore_target_and_continues(
+    home: Path,
+) -> None:
+    """`ckpt-ha drill --scenario slurm-node-lost`: the drill starts its own private Slurm
+    cluster (the test command installs Slurm: scripts/slurm-tools), runs the job as a batch job
+    and sets its node DOWN; the five levels, and Slurm's own record of both batch jobs."""
+    slurm_support.install()  # a missing Slurm fails the test, never skips it
+    result = drill(home, "slurm-node-lost")
+    assert_restored(result)
+    assert result["restored_from"] == result["last_valid_checkpoint"]
+    assert all(result["checks"].values()), result["checks"]
+    states = sorted(j["JobState"] for j in result["slurm"]["jobs"].values())
+    assert states == ["COMPLETED", "NODE_FAIL"]
+    assert any("set DOWN" in f["what"] for f in result["marks"]["faults"]), result["marks"]
+    assert result["job_exit_code"] == 0
 
 
 async def _events(state: StackState, job: str) -> list[Any]:

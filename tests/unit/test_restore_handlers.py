@@ -24,6 +24,7 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.contracts.job import (
     FailureCause,
     JobFailedV1,
+    JobFailedV2,
     JobPolicy,
     JobProgressV1,
     JobStartedV1,
@@ -190,6 +191,34 @@ async def test_a_failure_plans_the_newest_valid_checkpoint_and_pins_the_pair(wor
     assert decision.published
     assert world.decisions("planned", "exact_resume") == 1.0
     assert world.state.leases == {}  # released
+
+
+def cancelled(attempt: int = 1) -> Envelope[Any]:
+    data = JobFailedV2(
+        job_id=JOB, run_id="run-1", attempt=attempt, cause=FailureCause.CANCELLED,
+        exit_code=0, signal=15, side=FailureSide.JOB, signature="cancelled:x",
+        reported_by="slurm",
+    )  # fmt: skip
+    return ev(data, f"cancelled-{attempt}", 1000 * attempt + 500)
+
+
+async def test_a_cancelled_attempt_is_never_restored_and_ends_the_run(world: World) -> None:
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_progress(progress(350))
+    await h.on_failed(cancelled())
+    assert world.bus.events == []  # no plan, no escalation (no page)
+    assert await world.state.decision(JOB, 1) is None
+    assert await world.state.failures(JOB) == []  # not a failure to count towards a loop
+    assert world.state.ended == {JOB: 1}  # like job.succeeded: its records may expire
+    await h.on_failed(cancelled())  # a redelivery changes nothing
+    assert world.bus.events == []
+
+
+async def test_a_cancelled_attempt_needs_no_start_to_end_the_run(world: World) -> None:
+    await world.handlers.on_failed(cancelled(3))  # a start never seen: nothing to wait for
+    assert world.bus.events == []
+    assert world.state.ended == {JOB: 3}
 
 
 async def test_a_duplicated_failure_republishes_the_same_plan(world: World) -> None:

@@ -23,6 +23,7 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.contracts.job import (
     FailureCause,
     JobFailedV1,
+    JobFailedV2,
     JobPolicy,
     JobProgressV1,
     JobStartedV1,
@@ -243,3 +244,15 @@ async def test_an_escalation_that_names_no_attempt_is_no_decision() -> None:
                                     published=True) is not None  # fmt: skip
     assert list(state.decisions) == [(JOB, 4)]
     assert state.ended == {JOB: 4}
+
+
+async def test_a_replayed_cancellation_ends_the_run_and_records_no_failure() -> None:
+    pins, state = InMemoryPins(), InMemoryRestores()
+    state.pin_store = pins
+    projection = RestoreProjection(state, pins, InMemoryRegistry())
+    data = JobFailedV2(
+        job_id=JOB, run_id="run-1", attempt=2, cause=FailureCause.CANCELLED, reported_by="slurm"
+    )
+    await projection.apply(CATALOG.decode(build(data, source="s", time=T0, key="c").to_bytes()))
+    assert state.ended == {JOB: 2}
+    assert await state.failures(JOB) == []

@@ -162,6 +162,9 @@ def test_the_runtime_environment_names_this_python_and_numpy() -> None:
         (["run", "--job", "j", "--", "no-such-binary-xyz"], 1, "cannot start 'no-such-binary-xyz'"),
         (["run", "--job", "j", "--plan-timeout", "-1", "--", "true"], 2, "must be > 0"),
         (["run", "--job", "j", "--policy", "/nonexistent.json", "--", "true"], 1, "--policy"),
+        (["run", "--job", "j", "--scheduler", "pbs", "--", "true"], 2, "invalid choice"),
+        (["run", "--job", "j", "--partition", "low", "--", "true"], 2, "need --scheduler slurm"),
+        (["run", "--job", "j", "--sbatch-arg=--mem=1G", "--", "true"], 2, "need --scheduler"),
         (
             ["run", "--job", "j", "--policy", "p.json", "--tier", "t", "--", "true"],
             2,

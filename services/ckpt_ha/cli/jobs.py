@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ckpt_ha.cli import context
 from ckpt_ha.cli.context import CommandError
+from ckpt_ha.cli.parser import UsageError
 
 
 def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
@@ -19,15 +20,22 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     from pydantic import ValidationError
 
     from ckpt_ha.contracts.job import JobPolicy
-    from ckpt_ha.runner.adapter import LocalProcess
+    from ckpt_ha.runner.adapter import LocalProcess, SchedulerAdapter
     from ckpt_ha.runner.runner import LaunchFailed, Runner, RunSpec, state_dir
     from ckpt_ha.runner.settings import RunnerSettings
+    from ckpt_ha.runner.slurm import SlurmBatch
 
     command = tuple(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
     if not command:
         raise CommandError("no training command: ckpt-ha run --job J [options] -- COMMAND ...")
     if shutil.which(command[0]) is None:
         raise CommandError(f"cannot start {command[0]!r}: not found or not executable")
+    if args.scheduler != "slurm" and (args.partition or args.sbatch_arg):
+        raise UsageError("--partition and --sbatch-arg need --scheduler slurm")
+    if args.scheduler == "slurm":
+        missing = [c for c in ("sbatch", "scontrol", "scancel") if shutil.which(c) is None]
+        if missing:
+            raise UsageError(f"--scheduler slurm: {', '.join(missing)} not found on PATH")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise CommandError("--max-attempts must be >= 1")
     from ckpt_ha.runner import torchrun
@@ -60,7 +68,12 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         code_version=args.code_version or env.get("CKPT_HA_CODE_VERSION") or None,
         image=env.get("CKPT_HA_IMAGE") or None,
     )
-    runner = Runner(spec, settings.bus(), LocalProcess(), base_env=env, job_bus=settings.job_bus())
+    adapter: SchedulerAdapter = LocalProcess()
+    if args.scheduler == "slurm":
+        adapter = SlurmBatch(
+            partition=args.partition, sbatch_args=args.sbatch_arg, output_dir=spec.state_dir
+        )
+    runner = Runner(spec, settings.bus(), adapter, base_env=env, job_bus=settings.job_bus())
     try:
         return context.run(settings, runner.run)
     except LaunchFailed as exc:

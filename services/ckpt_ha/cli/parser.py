@@ -382,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a training command; on failure relaunch it from the restore-coordinator's plan",
         description="Exit codes: 0 the command succeeded; 1 gave up (--max-attempts) or a "
         "dependency is unreachable; 2 bad arguments; 3 escalated to a human (reason and next "
-        "step on stderr); 4 no resume plan within --plan-timeout; 128+N stopped by signal N.",
+        "step on stderr); 4 no resume plan within --plan-timeout; 5 a user cancelled the "
+        "attempt (scancel; never restored); 128+N stopped by signal N.",
     )
     run.add_argument("--job", required=True, type=_text)
     pol = run.add_mutually_exclusive_group()
@@ -403,6 +404,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="recorded topology (default: torchrun's --nproc-per-node x --nnodes, else 1)",
     )
     run.add_argument("--code-version", type=_text, help="default: $CKPT_HA_CODE_VERSION")
+    run.add_argument(
+        "--scheduler",
+        choices=["local", "slurm"],
+        default="local",
+        help="local: a child process (default); slurm: each attempt is an sbatch job "
+        "(--no-requeue), its end read from scontrol (docs/SCHEDULERS.md)",
+    )
+    run.add_argument("--partition", type=_text, help="with --scheduler slurm: sbatch --partition")
+    run.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="with --scheduler slurm: one more sbatch option, as --sbatch-arg=--mem=4G "
+        "(repeatable)",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     dr = sub.add_parser(
@@ -412,9 +429,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenario",
         required=True,
         choices=["node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop",
-                 "env-mismatch", "torchrun-dcp", "hf-trainer", "all"],
+                 "env-mismatch", "torchrun-dcp", "hf-trainer", "slurm-node-lost", "all"],
         help="the fault to inject; all: every scenario in turn on one stack (the framework "
-        "drills only where the torch and hf extras are installed; the others say so)",
+        "drills only where the torch and hf extras are installed; the others say so) except "
+        "slurm-node-lost, which needs Slurm (scripts/slurm-tools)",
     )  # fmt: skip
     dr.add_argument("--json", action="store_true",
                     help="the evidence as JSON: one object, a list of them for all")  # fmt: skip

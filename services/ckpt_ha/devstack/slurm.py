@@ -37,7 +37,6 @@ import contextlib
 import dataclasses
 import os
 import pwd
-import re
 import secrets
 import shutil
 import signal
@@ -49,6 +48,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ckpt_ha.core.scontrol import parse_record
 from ckpt_ha.devstack import procs
 from ckpt_ha.devstack.procs import ManagedProcess
 
@@ -75,7 +75,6 @@ HIGH_PARTITION = "high"
 SERVER_BINARIES = ("munged", "slurmctld", "slurmd", "slurmstepd")
 CLIENT_BINARIES = ("sbatch", "scontrol", "squeue", "sinfo", "scancel")
 _INSTALL_HINT = "run scripts/slurm-tools (Debian's slurmctld, slurmd, slurm-client and munge)"
-_FIELD = re.compile(r"(?:^|\s)([A-Za-z][\w:/]*)=")
 _STOP_JOBS_TIMEOUT = 15.0
 _SERVING = {"IDLE", "ALLOCATED", "MIXED", "COMPLETING"}
 
@@ -100,17 +99,6 @@ def binary(name: str) -> Path:
     if found is None:
         raise SlurmError(f"{name} not found on PATH nor in /usr/sbin; {_INSTALL_HINT}")
     return Path(found)
-
-
-def parse_record(line: str) -> dict[str, str]:
-    """The fields of one ``scontrol show job|node -o`` line (``Key=value`` pairs; a value may
-    hold spaces, as a ``Reason`` or a ``Command`` with arguments does)."""
-    marks = list(_FIELD.finditer(line))
-    record: dict[str, str] = {}
-    ends = [mark.start() for mark in marks[1:]] + [len(line)]
-    for mark, end in zip(marks, ends, strict=False):  # no marks, no fields
-        record[mark[1]] = line[mark.end() : end].strip()
-    return record
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -141,7 +141,9 @@ class Drill:
         job_args: list[str],
         env: Mapping[str, str],
         workload: Workload = NUMPY,
+        runner_args: Sequence[str] = (),
     ) -> None:
+        """Start the job under `ckpt-ha run` (with ``runner_args``, e.g. its scheduler)."""
         folder = self.home / "drills" / self.job
         folder.mkdir(parents=True, exist_ok=True)
         policy_file = folder / "policy.json"
@@ -151,7 +153,7 @@ class Drill:
         self.workload = workload
         argv = [
             sys.executable, "-m", "ckpt_ha.cli.main", "run", "--job", self.job,
-            "--policy", str(policy_file), "--plan-timeout", "60", "--",
+            "--policy", str(policy_file), "--plan-timeout", "60", *runner_args, "--",
             *workload.argv(job_args),
         ]  # fmt: skip
         full_env = {

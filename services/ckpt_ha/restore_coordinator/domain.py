@@ -9,6 +9,7 @@
   faults growing → escalate with the runbook's next step.
 * `continuity` (R10): the resumed attempt's progress against the pre-failure trajectory.
 * `leftovers` (R11) and `to_unpin` (R15).
+* `ends_the_run`: a failure no restore follows (a user cancelled the job).
 * `decide_failure` (a plan or an escalation for one failed attempt), `verdict_event`,
   `quarantine_after_load_failure`, `resumed_start` and `closure`: what the handlers publish.
 """
@@ -30,7 +31,14 @@ from ckpt_ha.contracts.checkpoint import (
     RuntimeEnvironment,
     Topology,
 )
-from ckpt_ha.contracts.job import CompatibilityRule, JobPolicy, Tolerance
+from ckpt_ha.contracts.job import (
+    CompatibilityRule,
+    FailureCause,
+    JobFailedV1,
+    JobFailedV2,
+    JobPolicy,
+    Tolerance,
+)
 from ckpt_ha.contracts.resume import (
     Comparison,
     Compatibility,
@@ -71,6 +79,17 @@ PLAN_NAMESPACE = uuid.UUID("3a4f7c52-2f3e-4b8e-9d61-0c6a7b1e5d24")
 
 MISSING = "<none>"
 """How a field neither side recorded, or only one side recorded, is shown in reasons."""
+
+
+NO_RESTORE_CAUSES = frozenset({FailureCause.CANCELLED})
+"""Failures that end the run for automatic restores: a user cancelled the job (``scancel``, a
+deleted Kubernetes Job). Restoring it would undo the user's decision; nothing is planned and
+nobody is paged, as after ``job.succeeded``."""
+
+
+def ends_the_run(failure: JobFailedV1) -> bool:
+    """Whether this failure is the run's end rather than something to restore from."""
+    return isinstance(failure, JobFailedV2) and failure.cause in NO_RESTORE_CAUSES
 
 
 # --- R14 compatibility ---------------------------------------------------------------------

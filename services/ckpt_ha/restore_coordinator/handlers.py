@@ -122,6 +122,10 @@ class CoordinatorHandlers:
 
     async def on_failed(self, event: Envelope[JobFailedV1]) -> None:
         d = event.data
+        if domain.ends_the_run(d):
+            await self.projection.cancelled(event)
+            log.info("%s attempt %d was cancelled by a user: no restore", d.job_id, d.attempt)
+            return
         started, last, history, excluded, decision = await self.projection.failed(
             event, HISTORY_WINDOW
         )

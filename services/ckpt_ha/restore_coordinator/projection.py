@@ -14,7 +14,8 @@ job.started                   the attempt's start (policy, restore target)
 job.progress                  trajectory and last point; for a resumed attempt before its
                               verdict: its observations, then the verdict
 job.failed                    the failure (one per attempt); an infrastructure-side one
-                              also counts as a storage error
+                              also counts as a storage error; a cancelled one (cause
+                              ``cancelled``) only ends the run, as job.succeeded does
 job.succeeded                 the run is over: its start records may expire
 resume.load_failed            the checkpoint excluded (when the load blames it), a storage
                               error (when infrastructure-side)
@@ -115,6 +116,8 @@ class RestoreProjection:
             await self.started(cast(Envelope[JobStartedV1], event))
         elif isinstance(data, JobProgressV1):
             await self.progress(cast(Envelope[JobProgressV1], event))
+        elif isinstance(data, JobFailedV1) and domain.ends_the_run(data):
+            await self.cancelled(cast(Envelope[JobFailedV1], event))
         elif isinstance(data, JobFailedV1):
             await self.failed(cast(Envelope[JobFailedV1], event))
         elif isinstance(data, JobSucceededV1):
@@ -179,6 +182,10 @@ class RestoreProjection:
         )
 
     async def succeeded(self, event: Envelope[JobSucceededV1]) -> None:
+        await self.state.end_run(event.data.job_id, event.data.attempt)
+
+    async def cancelled(self, event: Envelope[JobFailedV1]) -> None:
+        """A user cancelled the attempt: the run is over for automatic restores."""
         await self.state.end_run(event.data.job_id, event.data.attempt)
 
     # --- resume.* ---

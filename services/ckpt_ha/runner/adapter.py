@@ -1,10 +1,11 @@
 """How the runner starts, waits for and stops one attempt of a training command.
 
 `SchedulerAdapter` is the port; `LocalProcess` is the embedded default (a child process on this
-machine). A Kubernetes or Slurm adapter implements the same three calls: ``start`` creates the
-Job / submits the batch step with the given environment, ``wait`` blocks until it ended and says
-how (exit code, signal, OOM kill, last error line, and for a torchrun group the rank that
-failed), ``kill`` forwards a signal to it.
+machine), `ckpt_ha.runner.slurm.SlurmBatch` submits each attempt as a Slurm batch job. An adapter
+implements three calls: ``start`` creates the Job / submits the batch job with the given
+environment, ``wait`` blocks until it ended and says how (exit code, signal, OOM kill, last error
+line, for a torchrun group the rank that failed, and for a scheduler the final state it reported),
+``kill`` forwards a signal to it. docs/SCHEDULERS.md is the contract in words.
 """
 
 from __future__ import annotations
@@ -51,10 +52,18 @@ class ExitInfo:
     """The last non-empty line the command wrote on stderr (for the failure signature)."""
     rank: RankFailure | None = None
     """The command was a torchrun group and this rank's failure ended it."""
+    state: str | None = None
+    """The scheduler's final state of the attempt (Slurm's ``JobState``: ``COMPLETED``,
+    ``NODE_FAIL``, ``PREEMPTED``, ``CANCELLED``, ``FAILED``...); None for a local process."""
+    reason: str = ""
+    """The scheduler's reason beside ``state`` (Slurm's ``Reason``, e.g. ``NodeDown``)."""
+    reported_by: str = "runner"
+    """Who saw the end (``job.failed``'s ``reported_by``): the runner, or the scheduler."""
 
     @property
     def succeeded(self) -> bool:
-        return self.exit_code == 0 and self.signal is None
+        ok_state = self.state is None or self.state == "COMPLETED"
+        return self.exit_code == 0 and self.signal is None and ok_state
 
 
 class SchedulerAdapter(Protocol):

@@ -6,6 +6,13 @@
 * a signal the runner itself forwarded (SIGTERM/SIGINT to the runner) → ``preempted``;
 * any other signal or a non-zero exit → ``error`` (the job's side).
 
+When a scheduler reported the end (``ExitInfo.state``: Slurm's final ``JobState``), its state
+decides first (`SCHEDULER_STATES`): ``NODE_FAIL`` / ``BOOT_FAIL`` → ``node_lost``;
+``PREEMPTED`` → ``preempted``; ``CANCELLED`` → ``cancelled`` (a user's decision: never
+restored); ``OUT_OF_MEMORY`` → ``oom``; ``TIMEOUT`` / ``DEADLINE`` → ``error`` (the job's limit);
+``FAILED`` and ``COMPLETED`` fall through to the exit code and signal above (``FAILED`` with
+``ExitCode 0:9`` is a SIGKILL from outside: ``node_exit``).
+
 When the command is a torchrun group and a rank failed, the rank's exit code or signal and its
 own error line decide instead of torchrun's (torchrun exits 1 with the same banner whatever
 happened); ``detail`` names the rank.
@@ -47,6 +54,24 @@ def signal_name(sig: int) -> str:
         return f"signal {sig}"
 
 
+SCHEDULER_STATES: dict[str, tuple[FailureCause, FailureSide, str]] = {
+    "NODE_FAIL": (FailureCause.NODE_LOST, FailureSide.INFRASTRUCTURE,
+                  "the scheduler lost the node the attempt ran on"),
+    "BOOT_FAIL": (FailureCause.NODE_LOST, FailureSide.INFRASTRUCTURE,
+                  "the node allocated to the attempt failed to boot"),
+    "PREEMPTED": (FailureCause.PREEMPTED, FailureSide.INFRASTRUCTURE,
+                  "preempted by the scheduler for a higher-priority job"),
+    "CANCELLED": (FailureCause.CANCELLED, FailureSide.JOB,
+                  "cancelled by a user (scancel): not restored"),
+    "OUT_OF_MEMORY": (FailureCause.OOM, FailureSide.JOB,
+                      "the scheduler's memory limit killed the attempt"),
+    "TIMEOUT": (FailureCause.ERROR, FailureSide.JOB, "the job's time limit was reached"),
+    "DEADLINE": (FailureCause.ERROR, FailureSide.JOB, "the job's deadline was reached"),
+}  # fmt: skip
+"""A scheduler's final state that decides the cause by itself (the exit code it shows is not
+final then: Slurm fills it in later, if the node ever reports it)."""
+
+
 def classify(
     info: ExitInfo, *, forwarded: int | None = None, elastic_restarts: int = 0
 ) -> Failure | None:
@@ -58,9 +83,14 @@ def classify(
     rank = info.rank if forwarded is None and info.signal is None else None
     code, sig = (rank.exit_code, rank.signal) if rank else (info.exit_code, info.signal)
     line = rank.message if rank else info.last_error_line
+    scheduled = SCHEDULER_STATES.get(info.state or "")
     if forwarded is not None:
         cause, side = FailureCause.PREEMPTED, FailureSide.INFRASTRUCTURE
         detail = f"stopped: the runner got {signal_name(forwarded)} and passed it on"
+    elif scheduled is not None:
+        cause, side, detail = scheduled
+        rank = None
+        detail = f"{detail} ({info.reported_by}: {info.state}, reason {info.reason or 'None'})"
     elif sig == signals.SIGKILL and info.oom_killed:
         cause, side = FailureCause.OOM, FailureSide.JOB
         detail = "killed by the kernel's OOM killer (the cgroup's oom_kill counter grew)"
@@ -70,9 +100,14 @@ def classify(
     elif sig is not None:
         cause, side = FailureCause.ERROR, FailureSide.JOB
         detail = f"killed by {signal_name(sig)}"
-    else:
+    elif code is not None or info.state is None:
         cause, side = FailureCause.ERROR, FailureSide.JOB
         detail = f"exit code {code}"
+    else:
+        cause, side = FailureCause.UNKNOWN, FailureSide.UNKNOWN
+        detail = f"{info.reported_by} could not tell how the attempt ended"
+    if info.state is not None and scheduled is None and forwarded is None:
+        detail = f"{detail} ({info.reported_by}: {info.state}, reason {info.reason or 'None'})"
     if rank is not None:
         who = f"rank {rank.rank}" if rank.rank is not None else "a rank"
         detail = f"{who} (torchrun): {detail}; torchrun ended the group and exited {info.exit_code}"

@@ -6,8 +6,10 @@ topology and code version that a restore is checked against), launches the comma
 ends publishes ``job.succeeded`` or ``job.failed``. After a failure it waits (bounded) for the
 restore-coordinator: ``resume.planned`` for the next attempt → relaunch with the plan;
 ``resume.escalated`` → print the reason and the runbook's next step, exit 3; nothing within
-``--plan-timeout`` → exit 4. SIGTERM / SIGINT are passed on to the attempt, then the runner
-exits 128 + the signal.
+``--plan-timeout`` → exit 4. An attempt a user cancelled (the scheduler says so: ``scancel``)
+is reported as ``job.failed`` cause ``cancelled`` and ends the run at once, exit 5: no plan is
+awaited, the coordinator never restores it. SIGTERM / SIGINT are passed on to the attempt,
+then the runner exits 128 + the signal.
 
 A torchrun command gets a per-attempt ``TORCHELASTIC_ERROR_FILE`` so that a failed rank's cause
 reaches ``job.failed`` (`ckpt_ha.runner.torchrun`). When torchrun restarts its ranks itself
@@ -40,7 +42,13 @@ from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import CATALOG, EventData, build, signing
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.errors import ContractError
-from ckpt_ha.contracts.job import JobFailedV2, JobPolicy, JobStartedV1, JobSucceededV1
+from ckpt_ha.contracts.job import (
+    FailureCause,
+    JobFailedV2,
+    JobPolicy,
+    JobStartedV1,
+    JobSucceededV1,
+)
 from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumePlannedV1, ResumePlannedV2
 from ckpt_ha.contracts.subjects import job_event_filter, job_token
 from ckpt_ha.core.clock import Clock, utc_now
@@ -57,7 +65,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("ckpt_ha.runner")
 SOURCE_NAME = "runner"
 SOURCE = f"ckpt-ha/{SOURCE_NAME}"
-EXIT_OK, EXIT_FAILED, EXIT_ESCALATED, EXIT_NO_PLAN = 0, 1, 3, 4
+EXIT_OK, EXIT_FAILED, EXIT_ESCALATED, EXIT_NO_PLAN, EXIT_CANCELLED = 0, 1, 3, 4, 5
 ATTEMPT_FILE = "attempt.json"
 """In the run's state folder: the running attempt's number and scheduler handle (its pid)."""
 
@@ -324,12 +332,18 @@ class Runner:
                 signature=failure.signature,
                 side=failure.side,
                 plan_id=plan.plan_id if plan else None,
-                reported_by=SOURCE_NAME,
+                reported_by=info.reported_by,
             )
             await self._publish(bus, failed, f"job.failed|{key}")
             self.say(f"attempt {attempt} failed: {failure.cause.value}: {failure.detail}")
             if self._stopped_by is not None:
                 return 128 + self._stopped_by
+            if failure.cause is FailureCause.CANCELLED:
+                self.say(
+                    f"attempt {attempt} was cancelled by a user: the run ends here, nothing is "
+                    f"restored (to go on: ckpt-ha run --job {spec.job_id} ... again)"
+                )
+                return EXIT_CANCELLED
             if spec.max_attempts is not None and attempt >= spec.max_attempts:
                 self.say(f"giving up after {attempt} attempts (--max-attempts {spec.max_attempts})")
                 return EXIT_FAILED

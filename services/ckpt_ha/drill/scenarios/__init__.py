@@ -3,7 +3,9 @@
 A scenario module has ``NAME`` (its ``--scenario`` value), ``FAULT`` (the one variable it
 changes), ``EXPECTED_ALERT`` (the page it must raise, or None), optionally ``REQUIRES`` (the
 Python packages its training job needs: the framework drills need the torch / hf extras) and
-``async def run(drill)`` returning its JSON result.
+``async def run(drill)`` returning its JSON result, and optionally ``IN_ALL = False`` to stay out
+of ``--scenario all`` (a drill needing a system package ``scripts/bootstrap`` does not install:
+``slurm-node-lost``).
 """
 
 from __future__ import annotations
@@ -19,13 +21,14 @@ from ckpt_ha.drill.scenarios import (
     hf_trainer,
     node_exit,
     restart_loop,
+    slurm_node_lost,
     storage_outage,
     torchrun_dcp,
 )
 
 _MODULES = (
     node_exit, storage_outage, corrupt_checkpoint, restart_loop, env_mismatch, torchrun_dcp,
-    hf_trainer,
+    hf_trainer, slurm_node_lost,
 )  # fmt: skip
 
 SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
@@ -37,6 +40,8 @@ EXPECTED_ALERTS: dict[str, str] = {
     m.NAME: m.EXPECTED_ALERT for m in _MODULES if m.EXPECTED_ALERT is not None
 }
 """The page each scenario must raise (checked when the stack runs Prometheus)."""
+IN_ALL: tuple[str, ...] = tuple(m.NAME for m in _MODULES if getattr(m, "IN_ALL", True))
+"""What ``--scenario all`` runs, in order."""
 REQUIRES: dict[str, tuple[str, ...]] = {m.NAME: getattr(m, "REQUIRES", ()) for m in _MODULES}
 """Python packages a scenario's training job needs beyond the base install (an extra)."""
 
@@ -46,4 +51,4 @@ def missing_packages(scenario: str) -> list[str]:
     return [name for name in REQUIRES[scenario] if importlib.util.find_spec(name) is None]
 
 
-__all__ = ["EXPECTED_ALERTS", "FAULTS", "REQUIRES", "SCENARIOS", "missing_packages"]
+__all__ = ["EXPECTED_ALERTS", "FAULTS", "IN_ALL", "REQUIRES", "SCENARIOS", "missing_packages"]

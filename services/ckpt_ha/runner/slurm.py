@@ -1,0 +1,194 @@
+"""The Slurm scheduler adapter: each attempt of `ckpt-ha run` is one Slurm batch job.
+
+``start`` submits the command with ``sbatch --parsable --no-requeue --export=ALL --wrap`` from
+a process whose environment is exactly the attempt's (the protocol variables of
+`ckpt_ha.runner.runner.child_env`, a resumed attempt's plan and restore target included), so
+the batch job gets them; ``wait`` polls ``scontrol show job -o`` until the job is in a final
+state and returns it in an `ExitInfo` (``state``, ``reason``, the exit code or signal) that
+`ckpt_ha.runner.domain.classify` turns into ``job.failed``'s cause, ``reported_by="slurm"``;
+``kill`` cancels the job (the runner itself was asked to stop). The job's output file (by
+default in the run's state folder) is copied to the runner's stdout as it grows, and its last
+line is the failure signature's.
+
+``--no-requeue``: Slurm must not restart the job by itself, or it would rerun the attempt
+without the restore target and without a ``job.failed``: the restore-coordinator decides, and
+the runner submits the next attempt with the plan (docs/SCHEDULERS.md has the table of states).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shlex
+import shutil
+import signal as signals
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+from ckpt_ha.core.scontrol import FINAL_STATES, parse_exit_code, parse_record
+from ckpt_ha.runner.adapter import LAST_LINE_CHARS, STDERR_TAIL_LINES, ExitInfo
+from ckpt_ha.sdk import protocol
+
+log = logging.getLogger("ckpt_ha.runner")
+REPORTER = "slurm"
+POLL_S = 0.5
+COMMAND_TIMEOUT_S = 30.0
+FORGOTTEN = "UNKNOWN"
+"""The state reported when the controller no longer knows the job (its record expired)."""
+
+
+class SlurmUnavailable(OSError):
+    """A Slurm client command is missing or refused the submission (one line for the user)."""
+
+
+def _binary(name: str) -> str:
+    found = shutil.which(name) or shutil.which(name, path="/usr/bin:/usr/local/bin")
+    if found is None:
+        raise SlurmUnavailable(f"{name} not found on PATH (install Slurm's client commands)")
+    return found
+
+
+class SlurmBatch:
+    """Submit each attempt as a batch job and wait for its final state (one at a time)."""
+
+    def __init__(
+        self,
+        *,
+        partition: str | None = None,
+        sbatch_args: Sequence[str] = (),
+        output_dir: Path | None = None,
+        out: IO[bytes] | None = None,
+        poll_s: float = POLL_S,
+    ) -> None:
+        self.partition = partition
+        self.sbatch_args = tuple(sbatch_args)
+        self.output_dir = output_dir
+        self._out = out if out is not None else sys.stdout.buffer
+        self.poll_s = poll_s
+        self._env: dict[str, str] = {}
+        self.job_id: str | None = None
+        self._output: Path | None = None
+        self._tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self._offset = 0
+        self._partial = b""
+        self._lock = threading.Lock()
+
+    def sbatch_argv(self, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
+        """The submission: ours first, the user's ``--sbatch-arg``s after (they win)."""
+        name = f"ckpt-ha:{env.get(protocol.JOB, 'job')}:{env.get(protocol.ATTEMPT, '?')}"
+        argv = ["sbatch", "--parsable", "--no-requeue", "--export=ALL",
+                f"--job-name={name}"]  # fmt: skip
+        if self.output_dir is not None:
+            argv.append(f"--output={self.output_dir / 'slurm-%j.out'}")
+        if self.partition:
+            argv.append(f"--partition={self.partition}")
+        return [*argv, *self.sbatch_args, "--wrap", shlex.join(command)]
+
+    def start(self, command: Sequence[str], env: Mapping[str, str]) -> str:
+        self._env = dict(env)
+        self._tail.clear()
+        self._offset, self._partial = 0, b""
+        argv = self.sbatch_argv(command, env)
+        done = subprocess.run(
+            [_binary(argv[0]), *argv[1:]],
+            env=self._env,
+            capture_output=True,
+            text=True,
+            timeout=COMMAND_TIMEOUT_S,
+            check=False,
+        )
+        if done.returncode != 0:
+            why = done.stderr.strip().splitlines()
+            raise SlurmUnavailable(f"sbatch exited {done.returncode}: {why[-1] if why else ''}")
+        self.job_id = done.stdout.strip().split(";")[0]
+        self._output = (
+            self.output_dir / f"slurm-{self.job_id}.out" if self.output_dir is not None else None
+        )
+        return f"slurm job {self.job_id}"
+
+    def record(self) -> dict[str, str] | None:
+        """The job's ``scontrol show job -o`` record; {} when the controller forgot the job;
+        None when it could not be asked (try again)."""
+        if self.job_id is None:
+            raise RuntimeError("record() before start()")
+        try:
+            done = subprocess.run(
+                [_binary("scontrol"), "show", "job", "-o", self.job_id],
+                env=self._env,
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            return None
+        if done.returncode != 0:
+            if "invalid job id" in done.stderr.lower():
+                return {}
+            log.warning("scontrol show job %s: %s", self.job_id, done.stderr.strip())
+            return None
+        return parse_record(done.stdout.strip())
+
+    def wait(self) -> ExitInfo:
+        while True:
+            record = self.record()
+            self._copy_output()
+            if record == {}:
+                return self._ended(FORGOTTEN, "the controller no longer knows the job", "")
+            if record is not None and record.get("JobState") in FINAL_STATES:
+                time.sleep(self.poll_s)  # the output's last lines land as the job ends
+                self._copy_output(final=True)
+                return self._ended(
+                    record["JobState"], record.get("Reason", ""), record.get("ExitCode", "")
+                )
+            time.sleep(self.poll_s)
+
+    def _ended(self, state: str, reason: str, exit_code: str) -> ExitInfo:
+        code, sig = parse_exit_code(exit_code)
+        last = self._tail[-1] if self._tail else ""
+        return ExitInfo(code, sig, last_error_line=last, state=state, reason=reason,
+                        reported_by=REPORTER)  # fmt: skip
+
+    def _copy_output(self, *, final: bool = False) -> None:
+        """Copy what the job wrote since the last look to our stdout; keep its last lines."""
+        if self._output is None:
+            return
+        with self._lock:
+            try:
+                with self._output.open("rb") as stream:
+                    stream.seek(self._offset)
+                    data = stream.read()
+            except OSError:
+                return
+            self._offset += len(data)
+            if data:
+                with contextlib.suppress(OSError, ValueError):
+                    self._out.write(data)
+                    self._out.flush()
+            lines = (self._partial + data).split(b"\n")
+            self._partial = b"" if final else lines.pop()
+            for raw in lines:
+                text = raw.decode(errors="replace").strip()
+                if text:
+                    self._tail.append(text[-LAST_LINE_CHARS:])
+
+    def kill(self, sig: int = signals.SIGTERM) -> None:
+        """The runner was asked to stop: cancel the job (Slurm sends SIGTERM, then SIGKILL
+        ``KillWait`` later). ``sig`` is not forwarded as such: ``scancel --signal`` only
+        signals, and a job that ignores it would run on without its runner."""
+        if self.job_id is None:
+            return
+        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+            subprocess.run(
+                [_binary("scancel"), self.job_id],
+                env=self._env,
+                capture_output=True,
+                timeout=COMMAND_TIMEOUT_S,
+                check=False,
+            )
