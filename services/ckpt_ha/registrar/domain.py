@@ -3,6 +3,12 @@
 Pure. The answer depends only on the event and the registry's answer for it, never on whether
 this delivery was the first: a redelivery after a lost publish re-derives the same follow-ups
 with the same deterministic ids, which JetStream then dedupes.
+
+Fencing (R17): the epoch of an attempt is its attempt number, fixed by the coordinator's plan
+(``resume.planned`` names the next attempt of the failed run). The registry keeps the latest
+planned attempt per run (`ckpt_ha.core.records.fences` decides, the registry's projection
+stores it, a rebuild replays it); a commit of an older attempt of that run handled afterwards is
+held as ``fenced`` and announced here once as ``checkpoint.fenced``.
 """
 
 from __future__ import annotations
