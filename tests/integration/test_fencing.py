@@ -20,8 +20,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
@@ -36,6 +38,8 @@ from ckpt_ha.restore_coordinator.app import build as build_coordinator
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol
+from ckpt_ha.writer_watcher.app import build as build_watcher
+from ckpt_ha.writer_watcher.settings import WriterWatcherSettings
 from tests.support.bus_tools import wait_for
 from tests.support.resume_tools import events, runner_env
 
@@ -114,6 +118,17 @@ class Attempt:
             except TimeoutError:
                 self.proc.kill()
                 await self.proc.wait()
+
+
+async def watcher_pass(settings: ServiceSettings) -> None:
+    """One real writer-watcher pass over the storage root."""
+    svc = build_watcher(WriterWatcherSettings.model_validate(settings.model_dump()))
+    await svc.bus.broker.start()
+    try:
+        await svc.watcher.scan_once()
+    finally:
+        await svc.bus.broker.stop()
+        await svc.registry.close()
 
 
 def files_at(uri: str) -> list[Path]:
@@ -225,6 +240,23 @@ async def test_zombie_writer_fenced(
         last = await coordinator.state.last(JOB, 1)
         assert last is not None
         assert last.step == 10
+
+        # A zombie checkpoint only the writer-watcher reports (the writer's announcement was
+        # lost): the native manifest's identity names attempt 1, so it is fenced all the same.
+        unannounced = await asyncio.to_thread(
+            sdk.save, settings.storage_root, JOB, 40, {"w": np.zeros(2)}, run_id="run-1", attempt=1
+        )
+        assert not unannounced.announced
+        await watcher_pass(settings)
+        await wait_for(
+            lambda: in_state(registrar, unannounced.checkpoint_id, S.FENCED),
+            timeout=20,
+            what="the watcher-announced zombie checkpoint fenced",
+        )
+        fenced = await events(settings, "checkpoint.fenced", JOB)
+        assert sorted(f["checkpoint_id"] for f in fenced) == sorted(
+            [*(s["checkpoint_id"] for s in late), unannounced.checkpoint_id]
+        )  # once each: the watcher's reports of the announced ones added nothing
     finally:
         await zombie.stop()
         if resumed is not None:
