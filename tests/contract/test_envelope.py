@@ -61,6 +61,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "checkpoint.ownership_transferred": {"from_project": "p", "to_project": "q",
                                          "reason": "reorg", "actor": "a"},
     "checkpoint.conflict": {"checkpoint_id": "c", "uri": "u", "reason": "illegal"},
+    "checkpoint.fenced": {"checkpoint_id": "c", "uri": "u", "run_id": "r", "attempt": 1,
+                          "fenced_by": 2, "step": 7, "reason": "stale writer"},
     "checkpoint.expired": {"checkpoint_id": "c", "uri": "u", "reason": "age", "policy": "std",
                            "grace_until": "2026-12-01T00:00:00Z"},
     "checkpoint.deleted": {"checkpoint_id": "c", "uri": "u", "reason": "age", "actor": "jan"},

@@ -20,7 +20,7 @@ from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import key_for_uri
 from tests.support.bus_tools import publish_raw, wait_for
-from tests.support.events import committed, deleted, expired, verified
+from tests.support.events import committed, deleted, expired, planned, verified
 
 pytestmark = pytest.mark.integration
 
@@ -55,13 +55,23 @@ async def test_rebuild_reproduces_identical_records(settings: ServiceSettings) -
         await publish_raw(settings.nats_url, subject, b"garbage")
         dup = committed("a1", job="job-a", step=20)
         await publish_raw(settings.nats_url, subject, dup.to_bytes(), {"Nats-Msg-Id": "dup"})
+        # A plan for attempt 2 fences attempt 1's later commit (R17); a rebuild restores both.
+        await producer.publish(planned(job="job-a", attempt=2))
+        await wait_for(
+            lambda: svc.registry.planned_attempt("job-a", "run-1"), what="the fence, live"
+        )
+        await producer.publish(committed("zombie", job="job-a", step=40, attempt=1))
 
         async def caught_up() -> bool:
             rec = await svc.registry.get("late")
+            zombie = await svc.registry.get("zombie")
             return (
                 rec is not None
                 and rec.state.value == "valid"
+                and zombie is not None
+                and zombie.state.value == "fenced"
                 and await consumer_idle(settings, "registrar--checkpoints")
+                and await consumer_idle(settings, "registrar--fences")
             )
 
         await wait_for(caught_up, timeout=20, what="registrar to catch up")
@@ -79,6 +89,7 @@ async def test_rebuild_reproduces_identical_records(settings: ServiceSettings) -
     await svc.registry.close()
 
     assert json.dumps(rebuilt, sort_keys=True) == json.dumps(live, sort_keys=True)
+    assert svc.registry.keys.fence("job-a") in rebuilt
     assert report.skipped.get("illegal_transition") == 1
     assert report.skipped.get("location_not_owned") == 1
     assert svc.registry.keys.checkpoint("evil") not in rebuilt

@@ -196,7 +196,9 @@ async def make_valid(
     env: RuntimeEnvironment = ENV,
     attempt: int = 1,
     folder: str | None = None,
+    expect: CheckpointState = CheckpointState.VALID,
 ) -> None:
+    """Commit and verify a checkpoint; wait until the registry holds it in ``expect``."""
     uri = registrar.store.uri(folder or f"{job}/step-{step}")
     identity = CheckpointIdentity(
         job_id=job,
@@ -232,11 +234,11 @@ async def make_valid(
         )
     )
 
-    async def valid() -> bool:
+    async def reached() -> bool:
         rec = await registrar.registry.get(ckpt)
-        return rec is not None and rec.state is CheckpointState.VALID
+        return rec is not None and rec.state is expect
 
-    await wait_for(valid, what=f"{ckpt} valid")
+    await wait_for(reached, what=f"{ckpt} {expect.value}")
 
 
 async def three_checkpoints(registrar: Registrar, producer: Bus, job: str) -> None:
@@ -510,10 +512,15 @@ async def test_newer_valid_checkpoint_after_resume_unpins(
     [plan] = await waiter(settings)("resume.planned", job)
     assert len(await coordinator.pins.pins(job)) == 2
     await producer.publish(started(job, 2, plan_id=plan["plan_id"]))
-    # A late checkpoint of the failed attempt does not release the pins; the resumed one's does.
-    await make_valid(registrar, producer, job, f"{job}-late", 310, attempt=1)
-    await waiter(settings)("checkpoint.registered", job, checkpoint_id=f"{job}-late")
-    await settled(settings, "registered")
+    # A late checkpoint of the failed attempt is fenced (R17) and releases no pin; the resumed
+    # one's does.
+    await wait_for(
+        lambda: registrar.registry.planned_attempt(job, "run-1"), what="the registrar's fence"
+    )
+    await make_valid(
+        registrar, producer, job, f"{job}-late", 310, attempt=1, expect=CheckpointState.FENCED
+    )
+    await waiter(settings)("checkpoint.fenced", job, checkpoint_id=f"{job}-late")
     assert len(await coordinator.pins.pins(job)) == 2
     await make_valid(registrar, producer, job, f"{job}-c4", 400, attempt=2)
 

@@ -13,6 +13,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
     CheckpointVerifiedV1,
 )
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 
@@ -29,18 +30,26 @@ def committed(
     key: str = "k",
     project: str | None = None,
     traceparent: str | None = None,
+    attempt: int | None = None,
+    run: str = "run-1",
 ) -> Envelope[EventData]:
+    """``project`` or ``attempt`` given: the commit declares an identity (of run ``run``)."""
     identity = None
-    if project is not None:
+    if project is not None or attempt is not None:
         identity = CheckpointIdentity(
-            job_id=job, run_id="run-1", code_version="abc123", project=project, created_at=T0
+            job_id=job,
+            run_id=run,
+            attempt=attempt or 1,
+            code_version="abc123",
+            project=project,
+            created_at=T0,
         )
     return build(
         CheckpointCommittedV1(
             job_id=job,
             checkpoint_id=ckpt,
             uri=uri or f"file://{DATA_ROOT}/{job}/step-{step}",
-            run_id="run-1",
+            run_id=run,
             step=step,
             format=CheckpointFormat.NATIVE,
             identity=identity,
@@ -86,5 +95,27 @@ def deleted(ckpt: str, job: str = "job-1", key: str = "k") -> Envelope[EventData
         ),
         source="test/janitor",
         time=T0 + timedelta(days=2),
+        key=key,
+    )
+
+
+def planned(
+    job: str = "job-1", attempt: int = 2, run: str = "run-1", key: str = "k"
+) -> Envelope[EventData]:
+    """The coordinator's plan for ``attempt`` of ``run`` (it answers attempt - 1's failure)."""
+    return build(
+        ResumePlannedV2(
+            job_id=job,
+            plan_id=f"plan-{job}-{run}-{attempt}",
+            failed_run_id=run,
+            attempt=attempt,
+            checkpoint_id="c-restore",
+            checkpoint_uri=f"file://{DATA_ROOT}/{job}/step-50",
+            step=50,
+            mode=ResumeMode.EXACT,
+            compatibility=Compatibility.IDENTICAL,
+        ),
+        source="test/coordinator",
+        time=T0,
         key=key,
     )

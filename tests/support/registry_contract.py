@@ -25,7 +25,7 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.lifecycle import IllegalTransition
 from ckpt_ha.core.records import Applied, OwnershipMismatch, PinRefused, UnknownTierChosen
-from tests.support.events import T0, committed, deleted, expired, verified
+from tests.support.events import T0, committed, deleted, expired, planned, verified
 
 S = CheckpointState
 
@@ -112,6 +112,38 @@ class RegistryContract:
         late = await registry.apply(committed("c1", key="writer"))
         assert (late.duplicate, late.transition.changed) == (False, False)
         assert (await registry.get("c1")).state is S.VALID
+
+    # --- fencing (R17) ---------------------------------------------------------------------------
+
+    async def test_a_plan_fences_older_attempts_of_its_run(self, registry: Any) -> None:
+        await registry.apply(committed("before", step=10, attempt=1, key="b"))
+        await registry.apply(planned(attempt=2))
+        assert await registry.planned_attempt("job-1", "run-1") == 2
+        assert await registry.planned_attempt("job-1", "run-2") is None
+        zombie = await registry.apply(committed("zombie", step=20, attempt=1, key="z"))
+        assert zombie.transition.changed
+        record = await registry.get("zombie")
+        assert (record.state, record.fenced_by) == (S.FENCED, 2)
+        assert "attempt 1" in record.history[-1].reason
+        # The commit handled before the plan stays as it was, and may still become valid.
+        await registry.apply(committed("before", step=10, attempt=1, key="b2"))
+        await registry.apply(verified("before", step=10))
+        assert (await registry.get("before")).state is S.VALID
+        # The planned attempt itself is not fenced; a late verdict on the zombie moves nothing.
+        await registry.apply(committed("resumed", step=20, attempt=2, key="r"))
+        assert (await registry.get("resumed")).state is S.PENDING_VERIFICATION
+        await registry.apply(verified("zombie", step=20))
+        assert (await registry.get("zombie")).state is S.FENCED
+        assert [r.checkpoint_id for r in await registry.by_state(S.FENCED)] == ["zombie"]
+
+    async def test_a_fence_only_rises_and_applies_within_one_batch(self, registry: Any) -> None:
+        results = await registry.apply_many(
+            [planned(attempt=3, key="p3"), planned(attempt=2, key="p2"),
+             committed("z", attempt=2, key="z")]
+        )  # fmt: skip
+        assert all(not isinstance(r, Exception) for r in results)
+        assert await registry.planned_attempt("job-1", "run-1") == 3
+        assert (await registry.get("z")).state is S.FENCED
 
     async def test_an_illegal_transition_is_refused_and_changes_nothing(
         self, registry: Any

@@ -14,6 +14,7 @@ from ckpt_ha.core.lifecycle import (
     STALE,
     TRANSITIONS,
     IllegalTransition,
+    fenced,
     restorable,
     transition,
 )
@@ -30,6 +31,8 @@ LEGAL = {
     (S.QUARANTINED, S.PENDING_VERIFICATION), (S.QUARANTINED, S.EXPIRED),
     (S.WRITE_FAILED, S.QUARANTINED), (S.WRITE_FAILED, S.EXPIRED),
     (S.EXPIRED, S.DELETED),
+    (None, S.FENCED), (S.WRITING, S.FENCED), (S.PENDING_VERIFICATION, S.FENCED),
+    (S.FENCED, S.EXPIRED),
 }  # fmt: skip
 
 
@@ -73,8 +76,11 @@ def test_deleted_is_terminal() -> None:
 
 
 def test_every_moving_event_targets_a_state() -> None:
-    assert set(EVENT_TARGETS.values()) == set(S)
+    # Fenced is reached by a commit the registry refuses (`core.records.fences`), not by an event
+    # of its own: ``checkpoint.fenced`` reports it, as ``registered`` reports valid.
+    assert set(EVENT_TARGETS.values()) == set(S) - {S.FENCED}
     assert "checkpoint.registered" not in EVENT_TARGETS
+    assert "checkpoint.fenced" not in EVENT_TARGETS
 
 
 @pytest.mark.parametrize(("current", "target"), list(itertools.product(ALL, list(S))))
@@ -95,3 +101,22 @@ def test_release_is_a_decision_and_goes_back_to_verification() -> None:
     assert not transition("c", S.QUARANTINED, S.PENDING_VERIFICATION).changed
     step = transition("c", S.QUARANTINED, S.PENDING_VERIFICATION, report=False)
     assert (step.previous, step.new, step.changed) == (S.QUARANTINED, S.PENDING_VERIFICATION, True)
+
+
+def test_fenced_is_never_valid_nor_released() -> None:
+    """A fenced commit (R17) is never verified, never released back to verification: only
+    retention ends it (expired, then deleted with a tombstone)."""
+    assert TRANSITIONS[S.FENCED] == frozenset({S.EXPIRED})
+    assert not restorable(S.FENCED)
+    for target in (S.VALID, S.CORRUPT, S.QUARANTINED, S.PENDING_VERIFICATION):
+        assert not transition("c", S.FENCED, target).changed  # a late report: nothing
+    with pytest.raises(IllegalTransition):
+        transition("c", S.FENCED, S.PENDING_VERIFICATION, report=False)  # a release
+
+
+@pytest.mark.parametrize(
+    ("attempt", "planned", "expected"),
+    [(1, None, False), (1, 1, False), (1, 2, True), (2, 2, False), (1, 3, True), (3, 2, False)],
+)
+def test_fence_of_an_attempt(attempt: int, planned: int | None, expected: bool) -> None:
+    assert fenced(attempt, planned) is expected

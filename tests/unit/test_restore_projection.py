@@ -256,3 +256,41 @@ async def test_a_replayed_cancellation_ends_the_run_and_records_no_failure() -> 
     await projection.apply(CATALOG.decode(build(data, source="s", time=T0, key="c").to_bytes()))
     assert state.ended == {JOB: 2}
     assert await state.failures(JOB) == []
+
+
+async def test_progress_of_a_stale_attempt_is_ignored(tmp_path: Path) -> None:
+    """Fencing (R17): once attempt 2 is planned, attempt 1's reports (a zombie behind a
+    partition) neither join the trajectory nor feed attempt 2's continuity verdict; they are
+    counted. A replay of the stream ignores them the same way."""
+    live = Stream(tmp_path)
+    await live.handle(started(1), "on_started")
+    for step in range(295, 306):
+        await live.handle(progress(step), "on_progress")
+    await live.handle(failed(1), "on_failed")
+    [plan] = live.published("resume.planned")
+    await live.handle(started(2, plan.plan_id), "on_started")
+    last_before = live.state.lasts[(JOB, 1)]
+    trajectory_before = dict(live.state.jobs[JOB].trajectory)
+    for step in (301, 302, 306):  # the zombie: the same steps with other metrics, and a new one
+        zombie = progress(step).model_copy(update={"metrics": {"loss": 99.0}})
+        await live.handle(zombie, "on_progress")
+    assert live.state.lasts[(JOB, 1)] == last_before
+    assert live.state.jobs[JOB].trajectory == trajectory_before
+    stale = live.handlers.metrics.stale_progress.labels("rc")._value.get()
+    assert stale == 3
+    for step in (301, 302):
+        await live.handle(progress(step, 2, plan.plan_id), "on_progress")
+    assert len(live.published("resume.verified")) == 1
+    assert live.published("resume.diverged") == []
+    before = memory(live.state, live.pins)
+
+    pins, state = InMemoryPins(), InMemoryRestores()
+    state.pin_store = pins
+    registry = InMemoryRegistry()
+    registry.put(*RECORDS)
+    replay = RestoreProjection(state, pins, registry)
+    for event in live.events:
+        await replay.apply(CATALOG.decode(event.to_bytes()))
+    after = memory(state, pins)
+    for what in before:
+        assert after[what] == before[what], what

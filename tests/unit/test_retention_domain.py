@@ -141,7 +141,9 @@ PROTECTIONS = [
 
 
 @pytest.mark.parametrize(("kind", "external"), PROTECTIONS, ids=[k.value for k, _ in PROTECTIONS])
-@pytest.mark.parametrize("state", [S.VALID, S.QUARANTINED, S.CORRUPT, S.WRITE_FAILED, S.EXPIRED])
+@pytest.mark.parametrize(
+    "state", [S.VALID, S.QUARANTINED, S.CORRUPT, S.WRITE_FAILED, S.EXPIRED, S.FENCED]
+)
 def test_every_protection_holds_when_every_rule_says_expire(
     kind: ProtectionKind, external: Protection | None, state: S
 ) -> None:
@@ -170,6 +172,7 @@ def test_last_valid_is_never_expired_even_if_old_and_superseded_by_broken_ones()
         rec("valid", 10, age_days=1000),
         rec("q", 20, S.QUARANTINED, age_days=400),
         rec("f", 30, S.WRITE_FAILED, age_days=400),
+        rec("z", 40, S.FENCED, age_days=400),
     ]
     tier = replace(STRICT, keep_last=0, max_age_s=1)
     d = by_id(plan_job(job(*records, tier=tier), NOW))
@@ -179,6 +182,8 @@ def test_last_valid_is_never_expired_even_if_old_and_superseded_by_broken_ones()
     assert "quarantine retention" in d["q"].reason
     assert d["f"].action is Action.EXPIRE
     assert "partial write" in d["f"].reason
+    assert d["z"].action is Action.EXPIRE  # a fenced commit: kept as long as a quarantined one
+    assert "fenced for longer" in d["z"].reason
 
 
 def test_grace_period_then_delete() -> None:

@@ -32,6 +32,11 @@ class CheckpointState(StrEnum):
     WRITE_FAILED = "write_failed"
     EXPIRED = "expired"
     DELETED = "deleted"
+    FENCED = "fenced"
+    """Committed by an attempt older than one already planned for its run (a zombie writer
+    behind a partition): held, never verified, never valid; retention may expire it. Added after
+    v1 of `CheckpointRegisteredV1`, whose ``state`` uses this enum: that event is published for
+    valid records only, so no v1 consumer ever receives the new value."""
 
 
 class CheckpointFormat(StrEnum):
@@ -216,6 +221,27 @@ class CheckpointConflictV1(_CheckpointEvent):
     existing_checkpoint_id: Name | None = None
 
 
+class CheckpointFencedV1(_CheckpointEvent):
+    """A commit refused because a newer attempt of its run was already planned (fencing, R17).
+
+    The epoch of an attempt is its attempt number: ``resume.planned`` fixes the next one, and a
+    commit's identity names the attempt that wrote it. Once attempt ``fenced_by`` of ``run_id``
+    is planned, a commit whose identity names that run and an attempt below it is held as
+    ``fenced``: never verified, never offered for restore, its bytes kept until retention
+    expires and deletes it with a tombstone. Published by the registrar, once per checkpoint."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.fenced"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    run_id: Label
+    attempt: Attempt
+    """The attempt the commit's identity names (the stale writer)."""
+    fenced_by: Attempt
+    """The attempt of the run planned before this commit was handled."""
+    step: Count | None = None
+    reason: Text
+
+
 class CheckpointExpiredV1(_CheckpointEvent):
     """Retention decided this checkpoint is no longer kept: no longer a restore candidate, its
     bytes are deleted after ``grace_until`` unless something protects it by then."""
@@ -292,6 +318,7 @@ CHECKPOINT_EVENTS: tuple[type[EventData], ...] = (
     CheckpointQuarantinedV1,
     CheckpointReleasedV1,
     CheckpointConflictV1,
+    CheckpointFencedV1,
     CheckpointExpiredV1,
     CheckpointDeletedV1,
     OwnershipTransferredV1,
@@ -311,6 +338,7 @@ CheckpointEvent = (
     | Envelope[CheckpointQuarantinedV1]
     | Envelope[CheckpointReleasedV1]
     | Envelope[CheckpointConflictV1]
+    | Envelope[CheckpointFencedV1]
     | Envelope[CheckpointExpiredV1]
     | Envelope[CheckpointDeletedV1]
     | Envelope[OwnershipTransferredV1]

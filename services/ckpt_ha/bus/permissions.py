@@ -53,8 +53,9 @@ PRINCIPALS: tuple[Principal, ...] = (
     Principal("integrity-checker", ("checkpoint.verified", "checkpoint.corrupt",
                                     "checkpoint.quarantined"),
               consumers=("committed", "released")),
-    Principal("registrar", ("checkpoint.registered", "checkpoint.conflict"),
-              consumers=("checkpoints",)),
+    # "fences": the plans (``resume.planned``) that fence a run's older attempts.
+    Principal("registrar", ("checkpoint.registered", "checkpoint.conflict", "checkpoint.fenced"),
+              consumers=("checkpoints", "fences")),
     Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",
                                       "resume.escalated", "resume.closed",
                                       "checkpoint.quarantined"),

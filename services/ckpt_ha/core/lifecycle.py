@@ -15,15 +15,20 @@ from ckpt_ha.core.errors import PermanentError
 
 TRANSITIONS: Mapping[S | None, frozenset[S]] = {
     # None: the registry has no record yet. A watcher may see the commit before the folder.
-    None: frozenset({S.WRITING, S.PENDING_VERIFICATION, S.WRITE_FAILED}),
-    S.WRITING: frozenset({S.PENDING_VERIFICATION, S.WRITE_FAILED}),
-    S.PENDING_VERIFICATION: frozenset({S.VALID, S.CORRUPT, S.WRITE_FAILED}),
+    None: frozenset({S.WRITING, S.PENDING_VERIFICATION, S.WRITE_FAILED, S.FENCED}),
+    S.WRITING: frozenset({S.PENDING_VERIFICATION, S.WRITE_FAILED, S.FENCED}),
+    # Fenced: committed by an attempt older than one planned for its run (`fence`). A commit
+    # announced first without an identity (the watcher) and then with one (the writer) is
+    # fenced from pending verification; a valid one stays valid (registered before the plan).
+    S.PENDING_VERIFICATION: frozenset({S.VALID, S.CORRUPT, S.WRITE_FAILED, S.FENCED}),
     # A valid checkpoint can still fail a restore-time re-verification or a load.
     S.VALID: frozenset({S.CORRUPT, S.QUARANTINED, S.EXPIRED}),
     S.CORRUPT: frozenset({S.QUARANTINED, S.EXPIRED}),
     # Released by a human after a look: verified again, valid only if the checks pass this time.
     S.QUARANTINED: frozenset({S.PENDING_VERIFICATION, S.EXPIRED}),
     S.WRITE_FAILED: frozenset({S.QUARANTINED, S.EXPIRED}),
+    # Never valid, never released: retention alone ends it (expired, then deleted: a tombstone).
+    S.FENCED: frozenset({S.EXPIRED}),
     S.EXPIRED: frozenset({S.DELETED}),
     S.DELETED: frozenset(),
 }
@@ -48,10 +53,15 @@ targets `pending_verification`, which a late `committed` would also name)."""
 
 STALE: Mapping[S, frozenset[S]] = {
     S.WRITING: frozenset(
-        {S.PENDING_VERIFICATION, S.VALID, S.CORRUPT, S.QUARANTINED, S.WRITE_FAILED}
+        {S.PENDING_VERIFICATION, S.VALID, S.CORRUPT, S.QUARANTINED, S.WRITE_FAILED, S.FENCED}
     ),
-    S.PENDING_VERIFICATION: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED}),
-    S.CORRUPT: frozenset({S.QUARANTINED}),
+    S.PENDING_VERIFICATION: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED, S.FENCED}),
+    # A fenced commit is never verified; a checker that read the record before it was fenced
+    # may still report on it (or the watcher on its files): the report changes nothing.
+    S.VALID: frozenset({S.FENCED}),
+    S.CORRUPT: frozenset({S.QUARANTINED, S.FENCED}),
+    S.QUARANTINED: frozenset({S.FENCED}),
+    S.WRITE_FAILED: frozenset({S.FENCED}),
 }
 """Reports of an earlier stage that arrive after the checkpoint moved on: the writer-watcher and
 the writer both announce a write (so it may be verified twice), and one of them is heard late.
@@ -67,7 +77,7 @@ AWAITS: Mapping[S, frozenset[S]] = {
     # Quarantined, published right after corrupt or write_failed, heard before it.
     S.QUARANTINED: frozenset({S.WRITING, S.PENDING_VERIFICATION}),
     # Deleted, published right after expired (a retention round), heard before it.
-    S.DELETED: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED, S.WRITE_FAILED}),
+    S.DELETED: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED, S.WRITE_FAILED, S.FENCED}),
 }
 """Reports heard before the event they follow: in these states that event is still on its way
 (another registrar replica holds it in its batch, or it waits for a redelivery), so the report
@@ -112,6 +122,14 @@ def transition(
     if target not in TRANSITIONS[current]:
         raise IllegalTransition(checkpoint_id, current, target)
     return Transition(previous=current, new=target, changed=True)
+
+
+def fenced(attempt: int, planned: int | None) -> bool:
+    """Fencing (R17): a commit by ``attempt`` of a run whose latest planned attempt is
+    ``planned`` (None: none planned yet) comes from a stale writer. The epoch of an attempt is
+    its number; ``resume.planned`` fixes the next one, so once attempt N+1 is planned every
+    attempt up to N is fenced."""
+    return planned is not None and attempt < planned
 
 
 def restorable(state: S) -> bool:

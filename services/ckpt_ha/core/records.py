@@ -35,12 +35,14 @@ from ckpt_ha.contracts.checkpoint import (
     OwnershipTransferredV1,
     TierChosenV1,
 )
+from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError, TransientError
 from ckpt_ha.core.lifecycle import (
     DECISIONS,
     EVENT_TARGETS,
     Transition,
     awaits_earlier,
+    fenced,
     transition,
 )
 from ckpt_ha.core.locations import JobMismatch
@@ -143,6 +145,30 @@ class CheckpointRecord(BaseModel):
     what a later transition (scrub, restore, retention), after any restart, continues and links
     back to."""
     tracestate: str | None = None
+    fenced_by: int | None = None
+    """Set when the commit was fenced (state ``fenced``): the attempt of its run that was
+    already planned when the commit was handled (R17)."""
+
+
+FenceKey = tuple[str, str]
+"""(job id, run id): what a fence is kept for. A new run id of the same job is never fenced."""
+
+
+def fence_key(event: Envelope[EventData]) -> FenceKey | None:
+    """The run whose fence an event sets (a plan) or is judged against (a commit naming an
+    attempt in its identity); None for every other event."""
+    data = event.data
+    if isinstance(data, ResumePlannedV1):
+        return (data.job_id, data.failed_run_id)
+    if isinstance(data, CheckpointCommittedV1) and data.identity is not None:
+        return (data.job_id, data.identity.run_id)
+    return None
+
+
+FENCEABLE = frozenset({None, CheckpointState.WRITING, CheckpointState.PENDING_VERIFICATION})
+"""States in which a commit is still being handled: a fence applies to it. A checkpoint already
+verified (or failed) before the plan stays as it is; only commits handled after the fence is
+known are fenced."""
 
 
 class PinRefused(PermanentError):
@@ -342,13 +368,28 @@ def job_mismatch(record: CheckpointRecord | None, data: EventData) -> JobMismatc
     return None
 
 
+def fences(record: CheckpointRecord | None, data: EventData, planned: int | None) -> bool:
+    """Whether ``data`` is a commit a fence refuses (R17): its identity names an attempt below
+    ``planned`` (the latest planned attempt of its run), and the checkpoint is still being
+    handled (`FENCEABLE`; one pending with an identity bound was handled before the fence)."""
+    if not isinstance(data, CheckpointCommittedV1) or data.identity is None:
+        return False
+    if not fenced(data.identity.attempt, planned):
+        return False
+    if record is None or record.state is CheckpointState.WRITING:
+        return True
+    return record.state is CheckpointState.PENDING_VERIFICATION and record.identity is None
+
+
 def project(
-    record: CheckpointRecord | None, event: Envelope[EventData]
+    record: CheckpointRecord | None, event: Envelope[EventData], planned: int | None = None
 ) -> tuple[CheckpointRecord | None, Transition | None]:
     """Pure projection of one checkpoint event onto a record (None: the event moves nothing).
 
     A record belongs to its job: an event naming another job than the record's, or a commit
     declaring the identity of another job, is refused (`JobMismatch`) and changes nothing.
+    ``planned``: the latest attempt planned for the run a commit's identity names (None: none);
+    a commit of an older attempt is held as ``fenced`` (`fences`).
     """
     data = event.data
     refused = job_mismatch(record, data)
@@ -360,11 +401,15 @@ def project(
     checkpoint_id: str = getattr(data, "checkpoint_id", "")
     if target is None:
         return record, None
+    fence = fences(record, data, planned)
+    if fence:
+        target = CheckpointState.FENCED
     current = record.state if record is not None else None
     if current is None and target not in {
         CheckpointState.WRITING,
         CheckpointState.PENDING_VERIFICATION,
         CheckpointState.WRITE_FAILED,
+        CheckpointState.FENCED,
     }:
         # E.g. verified delivered before committed: wait for the earlier event.
         raise DependencyNotReady(f"{data.EVENT_TYPE} for {checkpoint_id}", "its committed event")
@@ -398,6 +443,8 @@ def project(
             fields["metrics"] = dict(data.metrics)
         if data.identity is not None:
             fields["identity"] = data.identity
+    if fence:
+        fields["fenced_by"] = planned
     if isinstance(data, CheckpointVerifiedV1):
         fields["exact_resume"] = data.exact_resume
         fields["checksums"] = checksums_from_checks(data.checks)
@@ -433,7 +480,7 @@ def project(
         event_id=event.id,
         event_type=data.EVENT_TYPE,
         actor=_field(data, "actor") or event.source,
-        reason=_field(data, "reason"),
+        reason=_field(data, "reason") or (fence_reason(data, planned) if fence else None),
     )
     if record is None:
         new = CheckpointRecord(
@@ -458,8 +505,21 @@ def project(
     return new, step
 
 
+def fence_reason(data: EventData, planned: int | None) -> str:
+    """Why a commit was fenced, for humans (the record's history, ``checkpoint.fenced``)."""
+    assert isinstance(data, CheckpointCommittedV1)
+    assert data.identity is not None
+    return (
+        f"committed by attempt {data.identity.attempt} of run {data.identity.run_id} after "
+        f"attempt {planned} was planned: a stale writer; never verified, never restored"
+    )
+
+
 def checkpoint_id_of(event: Envelope[EventData]) -> str:
-    """The checkpoint an event concerns ('' for job-level events such as a tier choice)."""
+    """The checkpoint an event concerns ('' for job-level events such as a tier choice, and
+    for events of other aggregates: a plan names its restore target, but moves no record)."""
+    if not event.event_type.startswith("checkpoint."):
+        return ""
     return str(getattr(event.data, "checkpoint_id", ""))
 
 
@@ -470,13 +530,16 @@ class BatchScope:
     checkpoint_ids: list[str]
     jobs: list[str]
     uris: list[str]
+    fences: list[FenceKey] = field(default_factory=list)
+    """The runs whose latest planned attempt the batch sets or is judged against."""
 
 
 def batch_scope(events: Sequence[Envelope[EventData]]) -> BatchScope:
     ids = [i for i in dict.fromkeys(checkpoint_id_of(e) for e in events) if i]
     jobs = list(dict.fromkeys(e.data.job_id for e in events))
     uris = list(dict.fromkeys(u for e in events if (u := _field(e.data, "uri"))))
-    return BatchScope(ids, jobs, uris)
+    runs = [k for k in dict.fromkeys(fence_key(e) for e in events) if k is not None]
+    return BatchScope(ids, jobs, uris, runs)
 
 
 @dataclass
@@ -490,6 +553,8 @@ class BatchOutcome:
     """Records that changed (checkpoint id → new record)."""
     changes: list[OwnershipChange] = field(default_factory=list)
     tiers: list[TierRecord] = field(default_factory=list)
+    fences: dict[FenceKey, int] = field(default_factory=dict)
+    """Runs whose latest planned attempt rose (run → that attempt)."""
 
     @property
     def writes(self) -> bool:
@@ -502,18 +567,22 @@ def project_batch(
     records: Mapping[str, CheckpointRecord | None],
     owners: Mapping[str, str | None],
     ids_at_uri: Mapping[str, Iterable[str]],
+    planned: Mapping[FenceKey, int | None] | None = None,
 ) -> BatchOutcome:
     """Project ``events`` in order onto what the registry read for them (`batch_scope`).
 
     ``seen[i]`` says event i's id was applied before (a duplicate: nothing changes, but the
     result carries the record, owner and, for a redelivered creator, its URI conflict again so
     follow-ups can be re-published). An event that raises a `PermanentError` or
-    `TransientError` gets that error as its result; the others still apply.
+    `TransientError` gets that error as its result; the others still apply. ``planned``: the
+    latest planned attempt of each run in `BatchScope.fences` (a ``resume.planned`` of the
+    batch raises it for the events after it).
     """
     before = dict(records)
     current = dict(records)
     owned = dict(owners)
     at_uri = {u: set(ids) for u, ids in ids_at_uri.items()}
+    latest = dict(planned or {})
     out = BatchOutcome(results=[])
     for event, was_seen in zip(events, seen, strict=True):
         cid = checkpoint_id_of(event)
@@ -530,7 +599,15 @@ def project_batch(
             continue
         try:
             old = current.get(cid)
-            new, step = project(old, event) if cid else (None, None)
+            run = fence_key(event)
+            plan = latest.get(run) if run is not None else None
+            new, step = project(old, event, plan) if cid else (None, None)
+            if (
+                isinstance(event.data, ResumePlannedV1)
+                and run is not None
+                and event.data.attempt > (latest.get(run) or 0)
+            ):
+                latest[run] = out.fences[run] = event.data.attempt
             change = own(owned.get(job), event, new)
             if isinstance(event.data, TierChosenV1):
                 out.tiers.append(tier_record(event))

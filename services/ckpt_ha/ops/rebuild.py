@@ -13,6 +13,10 @@ projections the live services use:
   is refused). Events the live consumer dead-lettered fail here the same way and are skipped;
   one that arrived before the one it depends on (which the live consumer nak'ed and retried) is
   deferred and retried after the rest, as redelivery did;
+* ``resume.planned`` → the registry too: the fences of runs (R17, the registrar's second
+  consumer), in stream order with the commits. The live registrar reads plans through their own
+  consumer, so a commit it heard just before a plan it had not yet read stayed unfenced there;
+  a replay judges it against the stream's order;
 * ``job.started`` → the tier it declares (`ckpt_ha.core.tiers.declared_tier`, what the
   retention-janitor records);
 * job, resume and ``checkpoint.registered`` events → the restore-coordinator's state and the R15
@@ -36,6 +40,7 @@ from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
 from ckpt_ha.contracts.errors import ContractError
 from ckpt_ha.contracts.job import JobStartedV1
+from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
@@ -123,7 +128,7 @@ async def _replay(
             if isinstance(item, ContractError):
                 report.skip(item.code)
                 continue
-            if item.event_type.startswith("checkpoint."):
+            if item.event_type.startswith("checkpoint.") or isinstance(item.data, ResumePlannedV1):
                 await _checkpoint_event(registry, item, key_of, report, deferred)
             if item.event_type.startswith(COORDINATED) or isinstance(
                 item.data, CheckpointRegisteredV1

@@ -9,8 +9,10 @@ from functools import partial
 from faststream import FastStream
 from redis.exceptions import RedisError
 
+from ckpt_ha.contracts import Envelope
 from ckpt_ha.contracts.checkpoint import CheckpointEvent, CheckpointState
-from ckpt_ha.contracts.subjects import aggregate_filter
+from ckpt_ha.contracts.resume import ResumePlannedV2
+from ckpt_ha.contracts.subjects import aggregate_filter, event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.registrar.handlers import RegistrarHandlers
 from ckpt_ha.registrar.settings import RegistrarSettings
@@ -66,6 +68,15 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         aggregate_filter(svc.bus.cfg.prefix, "checkpoint"),
         payload=CheckpointEvent,
         description="Projects every checkpoint event into the registry (the lifecycle of R1).",
+    )(handlers.on_checkpoint_events)
+    svc.bus.batch_consumer(
+        "fences",
+        event_filter(svc.bus.cfg.prefix, "resume.planned"),
+        payload=Envelope[ResumePlannedV2],
+        description=(
+            "Learns the fences (R17) from the coordinator's plans: once attempt N+1 of a run is"
+            " planned, a commit of attempt N or older is held as fenced, never valid."
+        ),
     )(handlers.on_checkpoint_events)
     svc.finish(
         title="ckpt-ha registrar",

@@ -3,13 +3,21 @@
 Pure. The answer depends only on the event and the registry's answer for it, never on whether
 this delivery was the first: a redelivery after a lost publish re-derives the same follow-ups
 with the same deterministic ids, which JetStream then dedupes.
+
+Fencing (R17): the epoch of an attempt is its attempt number, fixed by the coordinator's plan
+(``resume.planned`` names the next attempt of the failed run). The registry keeps the latest
+planned attempt per run (`ckpt_ha.core.records.fences` decides, the registry's projection
+stores it, a rebuild replays it); a commit of an older attempt of that run handled afterwards is
+held as ``fenced`` and announced here once as ``checkpoint.fenced``.
 """
 
 from __future__ import annotations
 
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
     CheckpointConflictV1,
+    CheckpointFencedV1,
     CheckpointIdentity,
     CheckpointRegisteredV1,
     CheckpointState,
@@ -44,7 +52,7 @@ def follow_ups(
 ) -> list[EventData]:
     """A verified checkpoint the registry now holds as valid is announced as registered, with its
     bound identity and its job's tier; a new checkpoint id at a location that already has one is
-    a conflict."""
+    a conflict; a commit the registry fenced is announced as fenced (`fenced`)."""
     data, record = event.data, applied.record
     out: list[EventData] = []
     if record is not None and applied.others_at_uri:
@@ -79,7 +87,41 @@ def follow_ups(
                 tier=tier,
             )
         )
+    announced = fenced(event, record)
+    if announced is not None:
+        out.append(announced)
     return out
+
+
+def fenced(
+    event: Envelope[EventData], record: CheckpointRecord | None
+) -> CheckpointFencedV1 | None:
+    """``checkpoint.fenced`` for the commit that fenced the record (R17), once per checkpoint:
+    another announcement of the same commit (the watcher's and the writer's) finds the record
+    fenced by an earlier event and says nothing; a redelivery of the fencing commit says it
+    again with the same id (deduplicated by JetStream)."""
+    data = event.data
+    if (
+        not isinstance(data, CheckpointCommittedV1)
+        or data.identity is None
+        or record is None
+        or record.state is not CheckpointState.FENCED
+        or record.fenced_by is None
+    ):
+        return None
+    by = next((h for h in record.history if h.state is CheckpointState.FENCED), None)
+    if by is None or by.event_id != event.id:
+        return None
+    return CheckpointFencedV1(
+        job_id=record.job_id,
+        checkpoint_id=record.checkpoint_id,
+        uri=record.uri,
+        run_id=data.identity.run_id,
+        attempt=data.identity.attempt,
+        fenced_by=record.fenced_by,
+        step=record.step,
+        reason=by.reason or "fenced",
+    )
 
 
 REPORTED = (IllegalTransition, LocationNotOwned, JobMismatch)

@@ -58,6 +58,7 @@ def key_spaces(prefix: str) -> dict[str, str]:
         "tiers": k.tier("*"),
         "tier-log": k.tier_log("*"),
         "tier-declared": k.tier_declared("*"),
+        "fences": k.fence("*"),
         "reconcile-log": k.reconcile_log,
         "stream": k.stream,
         "restore-state": restores.key(prefix, "*"),
@@ -81,7 +82,7 @@ LEASES = ("evalsha", "script|load", "time", "hget", "hset")
 `ckpt_ha.registry.leases`, on hashes only (no command that writes a string or sets an expiry,
 which on Redis 6 would reach the registry records these users only read)."""
 
-PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush")
+PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush", "hget", "hset")
 """What the registry's compare-and-set script runs (`redis_registry._WRITE_LUA`)."""
 
 
@@ -109,11 +110,12 @@ USERS: tuple[RedisUser, ...] = (
     # reconcile loops.
     RedisUser("integrity-checker", ("leases",), ("checkpoints", "state-index", "job-index"),
               (*CONNECT, *LEASES, "get", "mget", "smembers", "zrevrange")),
-    # Projects every checkpoint event: the compare-and-set script and the reads before it.
-    # And which event stream the registry is built from (`stream`), once, at start.
+    # Projects every checkpoint event and the fences of the plans: the compare-and-set script
+    # and the reads before it. And which event stream the registry is built from (`stream`),
+    # once, at start.
     RedisUser("registrar", ("checkpoints", "job-index", "state-index", "uri-index", "jobs",
                             "applied", "owners", "projects", "owner-log", "tiers", "tier-log",
-                            "stream"),
+                            "fences", "stream"),
               ("tier-declared",),
               (*CONNECT, "mget", "smembers", "smismember", "evalsha", "script|load",
                *PROJECTION)),

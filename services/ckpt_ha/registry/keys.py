@@ -15,15 +15,17 @@ All keys live under one prefix, so tests and stacks can share a Redis:
 * ``<p>:tier:<job>``      JSON `TierRecord`: the job's latest explicitly chosen tier (R13)
 * ``<p>:tier-log:<job>``  list of tier choices (JSON `TierRecord`), oldest first
 * ``<p>:tier-declared:<job>`` the tier the job's latest ``job.started`` declared
+* ``<p>:fence:<job>``     hash run id → the latest attempt planned for that run (from
+  ``resume.planned``): a commit of an older attempt of the run is fenced (R17)
 * ``<p>:reconcile-log``   list of unregistered storage objects deleted by ``reconcile --delete``
 * ``<p>:stream``          the identity of the event stream the registry is built from (its name
   and creation time): a rebuild refuses a stream deleted and created again
 
 All but the reconcile log and the stream's identity are a projection of the event stream
-(`REBUILT`): the first eleven
-of the checkpoint events, the declared tiers of ``job.started`` (the retention-janitor records
-them live). A rebuild clears and replays them. The reconcile log is not in the stream and
-survives a rebuild; a rebuild checks the stream's identity before it clears anything and
+(`REBUILT`): the first eleven from the checkpoint events, the fences of ``resume.planned`` (the
+registrar records them live), the declared tiers of ``job.started`` (the retention-janitor
+records them live). A rebuild clears and replays them. The reconcile log is not in the stream
+and survives a rebuild; a rebuild checks the stream's identity before it clears anything and
 records it after. Two other owners keep keys under the prefix, projections of the stream too,
 cleared and replayed by the same rebuild: the restore-coordinator's state
 (`ckpt_ha.registry.restores`, ``<p>:coord:*``) and the R15 pins (`ckpt_ha.registry.pins`,
@@ -49,6 +51,7 @@ REBUILT = (
     "tier:",
     "tier-log:",
     "tier-declared:",
+    "fence:",
 )
 """Key spaces (after ``<p>:``) of this layout that are a projection of the event stream."""
 
@@ -104,6 +107,9 @@ class RegistryKeys:
 
     def tier_declared(self, job_id: str) -> str:
         return self._k("tier-declared", job_id)
+
+    def fence(self, job_id: str) -> str:
+        return self._k("fence", job_id)
 
     @property
     def stream(self) -> str:

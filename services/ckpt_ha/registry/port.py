@@ -103,6 +103,15 @@ class TierReader(Protocol):
     async def declared_tier(self, job_id: str) -> str | None: ...
 
 
+class FenceReader(Protocol):
+    """The fences of runs (R17): the latest attempt planned for a run, from ``resume.planned``.
+    A commit whose identity names that run and an older attempt is held as ``fenced``."""
+
+    async def planned_attempt(self, job_id: str, run_id: str) -> int | None:
+        """The latest attempt planned for the run (None: none planned, nothing fenced)."""
+        ...
+
+
 class TierDeclarer(Protocol):
     """Records the tier a job's latest ``job.started`` declared (not in the checkpoint stream)."""
 
@@ -129,7 +138,7 @@ class ReconcileLog(Protocol):
     async def reconcile_log(self) -> list[dict[str, Any]]: ...
 
 
-class RegistryReader(CheckpointReader, OwnershipReader, TierReader, Protocol):
+class RegistryReader(CheckpointReader, OwnershipReader, TierReader, FenceReader, Protocol):
     """Every read of the registry."""
 
 

@@ -34,6 +34,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.records import (
     Applied,
     CheckpointRecord,
+    FenceKey,
     OwnershipChange,
     TierRecord,
     batch_scope,
@@ -75,6 +76,10 @@ for _, o in ipairs(batch.owners) do
   local owner = redis.call('GET', o.key) or ''
   if owner ~= o.expect then return 0 end
 end
+for _, f in ipairs(batch.fences) do
+  local planned = redis.call('HGET', f.key, f.run) or ''
+  if planned ~= f.expect then return 0 end
+end
 if #batch.events > 0 then redis.call('SADD', KEYS[1], unpack(batch.events)) end
 for _, r in ipairs(batch.records) do
   redis.call('SET', r.key, r.doc)
@@ -95,6 +100,9 @@ for _, t in ipairs(batch.tiers) do
   redis.call('SET', t.tier, t.doc)
   redis.call('RPUSH', t.tier_log, t.doc)
   redis.call('SADD', KEYS[2], t.job)
+end
+for _, f in ipairs(batch.fences) do
+  if f.attempt ~= '' then redis.call('HSET', f.key, f.run, f.attempt) end
 end
 return 1
 """
@@ -163,7 +171,15 @@ class Registry:
                         pipe.mget(record_keys)
                     for uri in scope.uris:
                         pipe.smembers(k.uri(uri))
+                    for job, run in scope.fences:
+                        pipe.hget(k.fence(job), run)
                     seen, owner_raws, *rest = await pipe.execute()
+                n_fences = len(scope.fences)
+                rest, fence_raws = rest[: len(rest) - n_fences], rest[len(rest) - n_fences :]
+                planned: dict[FenceKey, int | None] = {
+                    run: int(raw) if raw else None
+                    for run, raw in zip(scope.fences, fence_raws, strict=True)
+                }
                 raws, at_uri = (rest[0], rest[1:]) if record_keys else ([], rest)
                 raw_by_id = dict(zip(scope.checkpoint_ids, raws, strict=True))
                 before = {
@@ -177,6 +193,7 @@ class Registry:
                     before,
                     owners,
                     {u: _strs(m) for u, m in zip(scope.uris, at_uri, strict=True)},
+                    planned,
                 )
                 if not outcome.writes:
                     return outcome.results
@@ -185,7 +202,13 @@ class Registry:
                     for cid, new in outcome.records.items()
                 ]
                 batch = self._write_batch(
-                    outcome.fresh, changed, outcome.changes, owners, outcome.tiers
+                    outcome.fresh,
+                    changed,
+                    outcome.changes,
+                    owners,
+                    outcome.tiers,
+                    planned,
+                    outcome.fences,
                 )
                 if await self._write_script(keys=[k.applied, k.jobs], args=[batch]):
                     return outcome.results
@@ -197,6 +220,8 @@ class Registry:
         changes: list[OwnershipChange],
         owners_before: dict[str, str | None],
         tiers: list[TierRecord],
+        planned_before: dict[FenceKey, int | None],
+        fences: dict[FenceKey, int],
     ) -> str:
         k = self.keys
         return json.dumps(
@@ -241,6 +266,17 @@ class Registry:
                         "doc": t.model_dump_json(),
                     }
                     for t in tiers
+                ],
+                # Every fence read is compared (a commit was judged against it); the raised
+                # ones are written.
+                "fences": [
+                    {
+                        "key": k.fence(job),
+                        "run": run,
+                        "expect": str(before) if before is not None else "",
+                        "attempt": str(fences[(job, run)]) if (job, run) in fences else "",
+                    }
+                    for (job, run), before in planned_before.items()
                 ],
             }
         )
@@ -287,6 +323,12 @@ class Registry:
         chosen, declared = await self.chosen_tier(job_id), await self.declared_tier(job_id)
         doc = chosen.model_dump(mode="json") if chosen is not None else None
         return resolve_tier(doc, declared)
+
+    async def planned_attempt(self, job_id: str, run_id: str) -> int | None:
+        """The latest attempt planned for a run (None: none): its older attempts are fenced."""
+        with _reachable():
+            value = await self.r.hget(self.keys.fence(job_id), run_id)
+        return int(value) if value else None
 
     async def jobs_of(self, project: str) -> list[str]:
         with _reachable():

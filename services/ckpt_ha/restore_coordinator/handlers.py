@@ -100,8 +100,12 @@ class CoordinatorHandlers:
 
     async def on_progress(self, event: Envelope[JobProgressV1]) -> None:
         d = event.data
-        self.metrics.last_progress.set_max(d.job_id, value=event.time.timestamp())
         outcome = await self.projection.progress(event)
+        if outcome.stale:
+            self.metrics.stale_progress.labels(self.metrics.service).inc()
+            log.info("%s: progress of stale attempt %s ignored (fenced)", d.job_id, d.attempt)
+            return
+        self.metrics.last_progress.set_max(d.job_id, value=event.time.timestamp())
         if outcome.verdict is None or outcome.plan is None or outcome.result is None:
             return
         plan, verdict = outcome.plan, outcome.result.verdict

@@ -12,7 +12,8 @@ event                         writes
 ============================  ==========================================================
 job.started                   the attempt's start (policy, restore target)
 job.progress                  trajectory and last point; for a resumed attempt before its
-                              verdict: its observations, then the verdict
+                              verdict: its observations, then the verdict. Nothing for a
+                              stale attempt (a later attempt of its run is planned: fenced)
 job.failed                    the failure (one per attempt); an infrastructure-side one
                               also counts as a storage error; a cancelled one (cause
                               ``cancelled``) only ends the run, as job.succeeded does
@@ -88,6 +89,9 @@ class Progress:
     verdict: EventData | None = None
     """``resume.verified`` / ``resume.diverged`` this report decided, to publish (None: none,
     or another delivery already set the plan's verdict)."""
+    stale: bool = False
+    """The report came from an attempt older than one already planned for its run (a fenced
+    writer, R17): ignored."""
 
 
 @dataclass(frozen=True)
@@ -138,8 +142,15 @@ class RestoreProjection:
 
     async def progress(self, event: Envelope[JobProgressV1]) -> Progress:
         """Record the report; a resumed attempt's reports before its verdict are compared with
-        the pre-failure trajectory (R10) instead of overwriting it."""
+        the pre-failure trajectory (R10) instead of overwriting it.
+
+        Fencing (R17): a report of an attempt whose failure already has a plan (a later attempt
+        of the run is planned: the plan id of a failure is fixed by job, run and attempt) comes
+        from a stale writer, a zombie behind a partition. It is ignored: it neither joins the
+        trajectory nor feeds a continuity verdict."""
         d = event.data
+        if await self.state.plan(domain.plan_id(d.job_id, d.run_id, d.attempt)) is not None:
+            return Progress(stale=True)
         point = Point(
             step=d.step,
             at=event.time,

@@ -275,7 +275,9 @@ def _expiry_rule(
             f"not among the newest {tier.keep_last} valid, not kept by keep_every/keep_best"
             " or older than max_age"
         )
-    if r.state in (S.CORRUPT, S.QUARANTINED):
+    if r.state in (S.CORRUPT, S.QUARANTINED, S.FENCED):
+        # A fenced commit (a stale writer's, R17) is kept for a look like a quarantined one,
+        # then expired and deleted with a tombstone like any other.
         if age > timedelta(seconds=tier.quarantine_keep_s):
             return f"{r.state.value} for longer than the tier's quarantine retention"
         return None

@@ -484,6 +484,13 @@ class RestoreMetrics:
             ["service", "verdict"],
             registry=reg,
         )
+        self.stale_progress = Counter(
+            "ckpt_ha_stale_progress_total",
+            "Progress reports of an attempt older than one already planned for its run (a "
+            "fenced writer): ignored, never part of the trajectory or a continuity verdict.",
+            ["service"],
+            registry=reg,
+        )
         self.reclaimed = Counter(
             "ckpt_ha_resume_leftovers_total",
             "Leftovers of failed attempts after a verified resume (cleaned, unreclaimable).",

@@ -17,6 +17,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.records import (
     Applied,
     CheckpointRecord,
+    FenceKey,
     OwnershipChange,
     TierRecord,
     batch_scope,
@@ -38,6 +39,7 @@ class InMemoryRegistry:
         self.tiers: dict[str, TierRecord] = {}
         self.tier_logs: dict[str, list[TierRecord]] = {}
         self.declared: dict[str, str] = {}
+        self.fences: dict[FenceKey, int] = {}
         self.reconciled: list[str] = []
         self.down = False
         """Set to make every call raise `RegistryUnavailable` (an outage)."""
@@ -71,7 +73,9 @@ class InMemoryRegistry:
             {i: self.records.get(i) for i in scope.checkpoint_ids},
             {j: self.owners.get(j) for j in scope.jobs},
             {u: set(self.uris.get(u, set())) for u in scope.uris},
+            {run: self.fences.get(run) for run in scope.fences},
         )
+        self.fences.update(outcome.fences)
         self.applied.update(outcome.fresh)
         for cid, record in outcome.records.items():
             self.records[cid] = record
@@ -150,6 +154,10 @@ class InMemoryRegistry:
         self._reachable()
         record = self.records.get(checkpoint_id)
         return [record.state] if record is not None else []
+
+    async def planned_attempt(self, job_id: str, run_id: str) -> int | None:
+        self._reachable()
+        return self.fences.get((job_id, run_id))
 
     async def owner(self, job_id: str) -> str | None:
         self._reachable()
