@@ -65,9 +65,10 @@ PRINCIPALS: tuple[Principal, ...] = (
               consumers=("committed", "released")),
     Principal("registrar", ("checkpoint.registered", "checkpoint.conflict"),
               consumers=("checkpoints",)),
+    # `checkpoint.deleted`: the tombstones of a failed attempt's partial writes it reclaims.
     Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",
                                       "resume.escalated", "resume.closed",
-                                      "checkpoint.quarantined"),
+                                      "checkpoint.quarantined", "checkpoint.deleted"),
               consumers=("started", "progress", "failed", "load-failed", "registered",
                          "verified", "loaded", "succeeded")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),

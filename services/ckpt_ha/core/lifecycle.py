@@ -16,14 +16,16 @@ from ckpt_ha.core.errors import PermanentError
 TRANSITIONS: Mapping[S | None, frozenset[S]] = {
     # None: the registry has no record yet. A watcher may see the commit before the folder.
     None: frozenset({S.WRITING, S.PENDING_VERIFICATION, S.WRITE_FAILED}),
-    S.WRITING: frozenset({S.PENDING_VERIFICATION, S.WRITE_FAILED}),
+    # A failed attempt's partial write, reclaimed at the closure of its resume (R11): the
+    # coordinator deletes its bytes and records the tombstone.
+    S.WRITING: frozenset({S.PENDING_VERIFICATION, S.WRITE_FAILED, S.DELETED}),
     S.PENDING_VERIFICATION: frozenset({S.VALID, S.CORRUPT, S.WRITE_FAILED}),
     # A valid checkpoint can still fail a restore-time re-verification or a load.
     S.VALID: frozenset({S.CORRUPT, S.QUARANTINED, S.EXPIRED}),
     S.CORRUPT: frozenset({S.QUARANTINED, S.EXPIRED}),
     # Released by a human after a look: verified again, valid only if the checks pass this time.
     S.QUARANTINED: frozenset({S.PENDING_VERIFICATION, S.EXPIRED}),
-    S.WRITE_FAILED: frozenset({S.QUARANTINED, S.EXPIRED}),
+    S.WRITE_FAILED: frozenset({S.QUARANTINED, S.EXPIRED, S.DELETED}),
     S.EXPIRED: frozenset({S.DELETED}),
     S.DELETED: frozenset(),
 }
@@ -66,8 +68,9 @@ AWAITS: Mapping[S, frozenset[S]] = {
     S.CORRUPT: frozenset({S.WRITING}),
     # Quarantined, published right after corrupt or write_failed, heard before it.
     S.QUARANTINED: frozenset({S.WRITING, S.PENDING_VERIFICATION}),
-    # Deleted, published right after expired (a retention round), heard before it.
-    S.DELETED: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED, S.WRITE_FAILED}),
+    # Deleted, published right after expired (a retention round), heard before it. Not from
+    # write_failed: a closure deletes a failed attempt's partial write without expiring it.
+    S.DELETED: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED}),
 }
 """Reports heard before the event they follow: in these states that event is still on its way
 (another registrar replica holds it in its batch, or it waits for a redelivery), so the report
