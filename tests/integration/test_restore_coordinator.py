@@ -21,6 +21,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
     CheckpointState,
     CheckpointVerifiedV1,
+    CheckpointWriteFailedV1,
     CheckpointWritingV1,
     FailureSide,
     RuntimeEnvironment,
@@ -572,6 +573,19 @@ async def test_closure_deletes_the_failed_attempts_partial_checkpoint(
     tombstone = await deleted_record(registrar, f"{job}-partial")
     assert (tombstone.actor, tombstone.objects_deleted) == ("restore-coordinator", 2)
     assert f"resume plan {plan['plan_id']}" in tombstone.reason
+    # The watcher sees the folder gone and reports the write failed: too late, a no-op.
+    gone = CheckpointWriteFailedV1(
+        job_id=job, checkpoint_id=f"{job}-partial", uri=partial, reason="folder removed"
+    )
+    await producer.publish(build(gone, source="test/watcher", time=NOW, key="gone"))
+    await wait_for(
+        lambda: consumer_idle(settings, "registrar--checkpoints"), what="the registrar idle"
+    )
+    after = await registrar.registry.get(f"{job}-partial")
+    assert after is not None
+    assert (after.state, after.tombstone) == (CheckpointState.DELETED, tombstone)
+    letters = await stream_messages(settings.nats_url, settings.dead_letter_stream)
+    assert [m for m in letters if f"{job}-partial".encode() in m.data] == []
 
 
 async def deleted_record(registrar: Registrar, checkpoint_id: str) -> Tombstone:

@@ -54,12 +54,16 @@ STALE: Mapping[S, frozenset[S]] = {
     ),
     S.PENDING_VERIFICATION: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED}),
     S.CORRUPT: frozenset({S.QUARANTINED}),
+    # The closure of a resume deletes a failed attempt's partial write, maybe while it is still
+    # `writing`; the watcher then sees its folder gone and reports the write failed. Too late
+    # to matter: the record stays deleted.
+    S.WRITE_FAILED: frozenset({S.DELETED}),
 }
 """Reports of an earlier stage that arrive after the checkpoint moved on: the writer-watcher and
 the writer both announce a write (so it may be verified twice), and one of them is heard late.
 Ids change when a path is written again, so these are the same write, not a new one; they
-change nothing. After expiry or deletion they are still illegal: nothing resurrects a deleted
-checkpoint."""
+change nothing. After expiry or deletion they are still illegal (nothing resurrects a deleted
+checkpoint), but for a failed write's report: a no-op on a deleted record."""
 
 
 AWAITS: Mapping[S, frozenset[S]] = {
