@@ -16,8 +16,10 @@ from pydantic import SecretStr
 from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.permissions import PRINCIPALS, main, render
+from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.bus.streams import StreamMisconfigured
 from ckpt_ha.cli.serve import entries
+from ckpt_ha.contracts import CATALOG
 from ckpt_ha.contracts.subjects import event_subject, inbox_prefix
 from ckpt_ha.devstack import procs
 from ckpt_ha.registrar.app import Registrar, build
@@ -124,6 +126,11 @@ async def test_services_work_within_their_permissions_and_not_beyond(
     assert not any(
         b'"p2"' in m for m in await stream_messages_as(secured_nats.url, settings.events_stream)
     )
+    # The operator reads the stream back (rebuild, audits) through an ordered consumer, whose
+    # messages arrive under its own inbox.
+    operator = as_user(settings, secured_nats.url, "operator").bus()
+    events, _ = await read_events(operator, CATALOG, f"{operator.prefix}.ev.>", idle_timeout=2)
+    assert {e.event_type for e in events} >= {"checkpoint.committed", "checkpoint.verified"}
 
 
 async def stream_messages_as(url: str, stream: str) -> list[bytes]:
