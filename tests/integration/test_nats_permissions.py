@@ -60,9 +60,11 @@ def secured_nats(tmp_path: Path, settings: ServiceSettings) -> Iterator[procs.Ma
         await streams.provision(nc.jetstream(), settings.bus())
         await nc.close()
 
-    asyncio.run(provision())
-    yield proc
-    procs.stop(proc)
+    try:
+        asyncio.run(provision())
+        yield proc
+    finally:
+        procs.stop(proc)
 
 
 def as_user(settings: ServiceSettings, url: str, user: str) -> ServiceSettings:
