@@ -21,6 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import SecretStr
 
+from ckpt_ha.contracts.subjects import inbox_prefix
+
 FILE_SUFFIX = "_FILE"
 REDACTED = "***"
 
@@ -112,8 +114,23 @@ def nats_options(
     url: str, user: str | None, password: SecretStr | None, ca_file: str | None
 ) -> dict[str, Any]:
     """Who we are and how the connection is secured, as ``nats.connect`` takes them: every
-    direct connection (services' tools, runner, CLI, SDK) builds them here."""
-    return {"user": user, "password": reveal(password), "tls": nats_tls(url, ca_file)}
+    direct connection (services' tools, runner, CLI, SDK) builds them here. Replies come back
+    under the user's own inbox prefix, the only one it may subscribe to."""
+    return {
+        "user": user,
+        "password": reveal(password),
+        "tls": nats_tls(url, ca_file),
+        "inbox_prefix": nats_inbox_prefix(url, user),
+    }
+
+
+def nats_inbox_prefix(url: str, user: str | None) -> str:
+    """The inbox prefix of a connection to ``url`` as ``user`` (or as the user the URL names):
+    `ckpt_ha.contracts.subjects.inbox_prefix`."""
+    if user is None:
+        servers = nats_servers(url)
+        user = urlsplit(servers[0]).username if servers else None
+    return inbox_prefix(user)
 
 
 def client_tls(ca_file: str | None, name: str = "CA file") -> ssl.SSLContext:

@@ -1,8 +1,9 @@
 """The pods of deploy/k8s/ run as the manifests say, short of a cluster: each container's
 arguments, its ConfigMap and its env, its Secrets laid out as mounted files, against a real
-nats-server with the generated permissions and a real Redis with the generated ACL users, both
-requiring passwords. The provisioning Job creates the streams as ``operator``; then each of the
-five services starts under its own user and passes /livez and /readyz.
+nats-server with the generated permissions and a real Redis with the generated ACL users (the
+committed redis.conf), both requiring passwords and TLS, verified against the CA the pods mount.
+The provisioning Job creates the streams as ``operator``; then each of the five services starts
+under its own user and passes /livez and /readyz.
 
 What the cluster would supply differently is swapped for local values: the URLs of the private
 servers, a local storage root instead of S3, the loopback address and a free port for HTTP.
@@ -27,6 +28,7 @@ from ckpt_ha.bus import permissions
 from ckpt_ha.devstack import procs
 from ckpt_ha.registry import acl
 from tests.support.k8s import K8S, Doc, MissingSecret, lay_out_pod, pod_spec, render
+from tests.support.tls import TlsFiles, make_tls, start_tls_redis, tls_redis_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -45,32 +47,43 @@ def status(port: int, path: str) -> int:
 
 
 @pytest.fixture
-def cluster_secrets() -> dict[str, dict[str, str]]:
+def tls(tmp_path: Path) -> TlsFiles:
+    return make_tls(tmp_path / "tls")
+
+
+@pytest.fixture
+def cluster_secrets(tls: TlsFiles) -> dict[str, dict[str, str]]:
     """The Secrets docs/DEPLOY.md says to create, with fresh values."""
     return {
         "ckpt-ha-nats": {u: secrets.token_urlsafe(24) for u in permissions.users()},
         "ckpt-ha-redis": {u: secrets.token_urlsafe(24) for u in acl.users()},
         "ckpt-ha-signing-key": {"key": secrets.token_hex(32)},
+        "ckpt-ha-ca": {"ca.crt": tls.ca.read_text()},
     }
 
 
 def _servers(
-    tmp_path: Path, passwords: dict[str, dict[str, str]]
+    tmp_path: Path, passwords: dict[str, dict[str, str]], tls: TlsFiles
 ) -> tuple[procs.ManagedProcess, procs.ManagedProcess]:
+    """NATS and Redis as deploy/ configures them: TLS only, a password for every user."""
     nats_env = {
         permissions.env_password(user).removeprefix("$"): json.dumps(pw)
         for user, pw in passwords["ckpt-ha-nats"].items()
     }
-    nats = procs.start_nats(tmp_path / "nats", config_extra=permissions.render(), env=nats_env)
+    tls_block = f'tls {{\n  cert_file: "{tls.cert}"\n  key_file: "{tls.key}"\n}}\n'
+    nats = procs.start_nats(
+        tmp_path / "nats",
+        config_extra=tls_block + permissions.render(),
+        env=nats_env,
+        scheme="tls",
+    )
     try:
         redis_pw = passwords["ckpt-ha-redis"]
         text = acl.render(
             lambda u: SecretStr(redis_pw[u]),
-            read_only_keys=procs.redis_server_version() >= (7, 0),
+            read_only_keys=procs.redis_server_version(tls_redis_server()) >= (7, 0),
         )
-        redis = procs.start_redis(
-            tmp_path / "redis", acl=text, login=("operator", redis_pw["operator"])
-        )
+        redis = start_tls_redis(tmp_path, tls, text, ("operator", redis_pw["operator"]))
     except BaseException:
         procs.stop(nats)
         raise
@@ -82,11 +95,11 @@ def ready_at(port: int) -> Callable[[], bool]:
 
 
 def test_the_job_provisions_and_every_service_becomes_ready(
-    tmp_path: Path, cluster_secrets: dict[str, dict[str, str]]
+    tmp_path: Path, cluster_secrets: dict[str, dict[str, str]], tls: TlsFiles
 ) -> None:
     docs = render(K8S / "overlays" / "example")
     configmaps = {d["metadata"]["name"]: d["data"] for d in docs if d["kind"] == "ConfigMap"}
-    nats, redis = _servers(tmp_path, cluster_secrets)
+    nats, redis = _servers(tmp_path, cluster_secrets, tls)
     started: list[procs.ManagedProcess] = []
     storage = tmp_path / "storage"
     storage.mkdir()
@@ -94,6 +107,9 @@ def test_the_job_provisions_and_every_service_becomes_ready(
     def local_env(doc: Doc, http_port: int) -> dict[str, str]:
         env = lay_out_pod(doc, configmaps, cluster_secrets, tmp_path / doc["metadata"]["name"])
         env.pop("AWS_ENDPOINT_URL", None)
+        # The servers are verified against the CA as the pod mounts it from its Secret.
+        assert Path(env["CKPT_HA_NATS_CA_FILE"]).read_text() == tls.ca.read_text()
+        assert Path(env["CKPT_HA_REDIS_CA_FILE"]).read_text() == tls.ca.read_text()
         return {
             **env,
             "NATS_URL": nats.url,

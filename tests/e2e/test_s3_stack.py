@@ -429,8 +429,17 @@ async def test_a_killed_job_resumes_from_s3_then_retention_and_reconcile_clean_t
     assert closed["cleaned"] == [f"{s3_stack.root}/{partial}"], closed
     assert keys_under(s3_stack, partial) == [], "the partial write is gone from the bucket"
 
-    # Retention on S3: beyond keep_last (2, the default tier) step 10 expires, and so does the
-    # failed partial write; both then go.
+    async def partial_tombstoned() -> CheckpointRecord | None:
+        recs = await registry.by_job(job)
+        found = [r for r in recs if r.uri.endswith(partial) and r.state is S.DELETED]
+        return found[0] if found else None
+
+    # ... and its record with it: deleted, the coordinator's tombstone saying so (R6).
+    reclaimed = await wait_for(partial_tombstoned, timeout=20, what="the partial write deleted")
+    assert reclaimed.tombstone is not None
+    assert reclaimed.tombstone.actor == "restore-coordinator"
+
+    # Retention on S3: beyond keep_last (2, the default tier) step 10 expires, then goes.
     kept = await wait_for(lambda: valid_at(20, 30), timeout=30, what="steps 20 and 30 valid")
     old = await valid_at(10)
     async with janitor_on(s3_stack, settings) as (janitor, clock):
@@ -454,7 +463,7 @@ async def test_a_killed_job_resumes_from_s3_then_retention_and_reconcile_clean_t
 
     gone = await wait_for(tombstones, timeout=20, what="the deletions recorded")
     assert {r.state for r in gone} == {S.DELETED}
-    assert {r.step for r in gone} == {10, 30}  # 30: the partial write of attempt 1
+    assert {r.step for r in gone} == {10}  # the partial write of attempt 1 went at closure
     for step in (10, 30):
         assert keys_under(s3_stack, folder(job, step)) == [], f"step {step} still in the bucket"
     for step, rec in kept.items():

@@ -16,9 +16,11 @@ from pydantic import SecretStr
 from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.permissions import PRINCIPALS, main, render
+from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.bus.streams import StreamMisconfigured
 from ckpt_ha.cli.serve import entries
-from ckpt_ha.contracts.subjects import event_subject
+from ckpt_ha.contracts import CATALOG
+from ckpt_ha.contracts.subjects import event_subject, inbox_prefix
 from ckpt_ha.devstack import procs
 from ckpt_ha.registrar.app import Registrar, build
 from ckpt_ha.registrar.settings import RegistrarSettings
@@ -54,13 +56,15 @@ def secured_nats(tmp_path: Path, settings: ServiceSettings) -> Iterator[procs.Ma
     proc = procs.start_nats(tmp_path, config_extra=conf)
 
     async def provision() -> None:  # the operator's step, before any service starts
-        nc = await nats.connect(f"nats://operator:pw-operator@{proc.url.removeprefix('nats://')}")
+        nc = await nats_as(proc, "operator")
         await streams.provision(nc.jetstream(), settings.bus())
         await nc.close()
 
-    asyncio.run(provision())
-    yield proc
-    procs.stop(proc)
+    try:
+        asyncio.run(provision())
+        yield proc
+    finally:
+        procs.stop(proc)
 
 
 def as_user(settings: ServiceSettings, url: str, user: str) -> ServiceSettings:
@@ -124,6 +128,11 @@ async def test_services_work_within_their_permissions_and_not_beyond(
     assert not any(
         b'"p2"' in m for m in await stream_messages_as(secured_nats.url, settings.events_stream)
     )
+    # The operator reads the stream back (rebuild, audits) through an ordered consumer, whose
+    # messages arrive under its own inbox.
+    operator = as_user(settings, secured_nats.url, "operator").bus()
+    events, _ = await read_events(operator, CATALOG, f"{operator.prefix}.ev.>", idle_timeout=2)
+    assert {e.event_type for e in events} >= {"checkpoint.committed", "checkpoint.verified"}
 
 
 async def stream_messages_as(url: str, stream: str) -> list[bytes]:
@@ -175,7 +184,10 @@ async def test_the_sdk_announces_as_the_job_user(
 async def nats_as(proc: procs.ManagedProcess, user: str) -> nats.aio.client.Client:
     host = proc.url.removeprefix("nats://")
     return await nats.connect(
-        f"nats://{user}:pw-{user}@{host}", max_reconnect_attempts=0, allow_reconnect=False
+        f"nats://{user}:pw-{user}@{host}",
+        inbox_prefix=inbox_prefix(user),
+        max_reconnect_attempts=0,
+        allow_reconnect=False,
     )
 
 
@@ -227,25 +239,56 @@ async def test_a_job_cannot_publish_what_services_or_operators_decide(
 
 
 async def test_a_job_sees_no_other_jobs_events(
-    settings: ServiceSettings, secured_nats: procs.ManagedProcess
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess, confined_registrar: Registrar
 ) -> None:
-    """Plans name checkpoints: the ``job`` principal may subscribe to nothing but its replies."""
+    """Plans and commits name checkpoints: the ``job`` principal may subscribe to nothing but
+    its own replies. Not to another job's subjects, and not to the inboxes the services fetch
+    events into (all users share one account, so NATS's shared ``_INBOX.>`` would carry
+    every event the registrar fetches)."""
     errors: list[Exception] = []
+    seen: list[bytes] = []
 
     async def on_error(exc: Exception) -> None:
         errors.append(exc)
+
+    async def sniff(msg: nats.aio.msg.Msg) -> None:
+        seen.append(msg.data)
 
     host = secured_nats.url.removeprefix("nats://")
     nc = await nats.connect(
         f"nats://job:pw-job@{host}", error_cb=on_error, max_reconnect_attempts=0
     )
+    sniffed = [
+        f"{settings.subject_prefix}.ev.resume.planned.*.*",
+        "_INBOX.>",
+        "_INBOX_registrar.>",
+        ">",
+    ]
+    watcher = Bus(as_user(settings, secured_nats.url, "writer-watcher").bus(), "writer-watcher")
+    await watcher.broker.start()
     try:
-        await nc.subscribe(f"{settings.subject_prefix}.ev.resume.planned.*.*")
+        for subject in sniffed:
+            await nc.subscribe(subject, cb=sniff)
         await nc.flush()
-        await wait_for(lambda: asyncio.sleep(0, errors), what="a permissions violation")
+        # Another job's checkpoint, fetched and registered by the registrar meanwhile.
+        uri = confined_registrar.store.uri("victim/step-9")
+        await watcher.publish(committed("victim-secret-id", job="victim", uri=uri))
+
+        async def registered() -> bool:
+            return await confined_registrar.registry.get("victim-secret-id") is not None
+
+        await wait_for(registered, what="the victim's checkpoint registered")
+        await nc.flush()
+        assert [m for m in seen if b"victim-secret-id" in m] == []
+        assert seen == []
+        await wait_for(
+            lambda: asyncio.sleep(0, len(errors) >= len(sniffed) or None),
+            what="a permissions violation for each subscription",
+        )
     finally:
+        await watcher.broker.stop()
         await nc.close()
-    assert "permissions violation" in str(errors[0]).lower()
+    assert all("permissions violation" in str(e).lower() for e in errors), errors
 
 
 async def test_a_service_refuses_a_stream_it_did_not_provision_and_changes_nothing(

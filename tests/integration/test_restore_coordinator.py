@@ -21,6 +21,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
     CheckpointState,
     CheckpointVerifiedV1,
+    CheckpointWriteFailedV1,
     CheckpointWritingV1,
     FailureSide,
     RuntimeEnvironment,
@@ -36,6 +37,7 @@ from ckpt_ha.contracts.job import (
     Tolerance,
 )
 from ckpt_ha.contracts.resume import ResumeLoadFailedV1
+from ckpt_ha.core.records import Tombstone
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
@@ -574,6 +576,33 @@ async def test_closure_deletes_the_failed_attempts_partial_checkpoint(
     assert closed["unreclaimable"] == []
     assert list(store.list(f"{job}/step-400/")) == []
     assert store.exists(f"{job}/step-400/shard-0.bin") is False
+    # R6: the record whose bytes went ends deleted, with the coordinator's tombstone.
+    tombstone = await deleted_record(registrar, f"{job}-partial")
+    assert (tombstone.actor, tombstone.objects_deleted) == ("restore-coordinator", 2)
+    assert f"resume plan {plan['plan_id']}" in tombstone.reason
+    # The watcher sees the folder gone and reports the write failed: too late, a no-op.
+    gone = CheckpointWriteFailedV1(
+        job_id=job, checkpoint_id=f"{job}-partial", uri=partial, reason="folder removed"
+    )
+    await producer.publish(build(gone, source="test/watcher", time=NOW, key="gone"))
+    await wait_for(
+        lambda: consumer_idle(settings, "registrar--checkpoints"), what="the registrar idle"
+    )
+    after = await registrar.registry.get(f"{job}-partial")
+    assert after is not None
+    assert (after.state, after.tombstone) == (CheckpointState.DELETED, tombstone)
+    letters = await stream_messages(settings.nats_url, settings.dead_letter_stream)
+    assert [m for m in letters if f"{job}-partial".encode() in m.data] == []
+
+
+async def deleted_record(registrar: Registrar, checkpoint_id: str) -> Tombstone:
+    async def gone() -> Tombstone | None:
+        rec = await registrar.registry.get(checkpoint_id)
+        if rec is None or rec.state is not CheckpointState.DELETED:
+            return None
+        return rec.tombstone
+
+    return await wait_for(gone, what=f"{checkpoint_id} deleted with a tombstone")
 
 
 async def test_closure_never_deletes_the_bytes_of_a_live_checkpoint(
@@ -629,3 +658,11 @@ async def test_closure_never_deletes_the_bytes_of_a_live_checkpoint(
         found = await registrar.registry.get(ckpt)
         assert found is not None
         assert found.state is CheckpointState.VALID
+    # The partial write whose own files went is tombstoned, saying what was kept; the one
+    # nothing of which could go stays a partial write (a human reclaims it).
+    tombstone = await deleted_record(registrar, f"{job}-partial-400")
+    assert tombstone.objects_deleted == 1
+    assert "(checkpoint inner)" in tombstone.reason
+    untouched = await registrar.registry.get(f"{job}-partial-500")
+    assert untouched is not None
+    assert untouched.state is CheckpointState.WRITING

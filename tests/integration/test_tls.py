@@ -9,8 +9,6 @@ is (the machine's own: Redis 7 on this project's machines) and fails, never skip
 from __future__ import annotations
 
 import dataclasses
-import shutil
-import socket
 import ssl
 import subprocess
 from collections.abc import Iterator
@@ -33,12 +31,9 @@ from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.events import committed
-from tests.support.tls import TlsFiles, make_tls
+from tests.support.tls import DEPLOY, PROD_TLS, TlsFiles, make_tls, prod_copy, start_tls_redis
 
 pytestmark = pytest.mark.integration
-
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
-PROD_TLS = "/etc/ckpt-ha/tls/"
 
 
 @pytest.fixture
@@ -111,18 +106,6 @@ async def test_nats_refuses_plaintext_an_unknown_ca_and_a_wrong_password(
         await nats.connect(wrong.url, **wrong.connect_options(), **once)
 
 
-def _prod_copy(src: Path, dst: Path, replace: dict[str, Path]) -> Path:
-    """The deploy folder ``src`` copied to ``dst``, its production paths replaced."""
-    shutil.copytree(src, dst)
-    for conf in dst.iterdir():
-        text = conf.read_text()
-        for old, new in replace.items():
-            text = text.replace(old, str(new))
-        conf.write_text(text)
-    assert PROD_TLS not in "".join(c.read_text() for c in dst.iterdir())
-    return dst
-
-
 def _nats_config_test(
     tmp_path: Path, tls: TlsFiles, conf: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
@@ -132,7 +115,7 @@ def _nats_config_test(
 
     names = {PROD_TLS + "nats.crt": tls.cert, PROD_TLS + "nats.key": tls.key,
              PROD_TLS + "ca.crt": tls.ca, "/var/lib/ckpt-ha/nats": tmp_path / "js"}  # fmt: skip
-    folder = _prod_copy(DEPLOY / "nats", tmp_path / "nats-deploy", names)
+    folder = prod_copy(DEPLOY / "nats", tmp_path / "nats-deploy", names)
     return subprocess.run(
         [str(procs.nats_server_binary()), "-t", "-c", conf],
         cwd=folder,
@@ -176,71 +159,15 @@ def test_the_production_cluster_config_is_valid(tmp_path: Path, tls: TlsFiles) -
 # --------------------------------------------------------------------------- Redis
 
 
-def tls_redis_server() -> Path:
-    """The first redis-server built with TLS (a build without says 'Bad directive')."""
-    candidates = [procs.redis_server_binary()]
-    if found := shutil.which("redis-server"):
-        candidates.append(Path(found))
-    for binary in candidates:
-        out = subprocess.run(
-            [str(binary), "--port", "0", "--tls-port", "1", "--daemonize", "no"],
-            capture_output=True, text=True, timeout=10, check=False,
-        )  # fmt: skip
-        if "Bad directive" not in out.stdout + out.stderr:
-            return binary
-    pytest.fail(f"no redis-server built with TLS among {candidates}")
-
-
-def _tls_pong(port: int, ca: Path, login: tuple[str, str]) -> bool:
-    context = ssl.create_default_context(cafile=str(ca))
-    try:
-        with (
-            socket.create_connection(("127.0.0.1", port), timeout=0.5) as raw,
-            context.wrap_socket(raw, server_hostname="127.0.0.1") as sock,
-        ):
-            sock.sendall(f"AUTH {login[0]} {login[1]}\r\nPING\r\n".encode())
-            answer = b""
-            while answer.count(b"\r\n") < 2:
-                answer += sock.recv(64) or b"\r\n\r\n"
-            return answer.endswith(b"+PONG\r\n")
-    except OSError:
-        return False
-
-
 def password(user: str) -> SecretStr:
     return SecretStr(f"pw-{user}")
 
 
 @pytest.fixture
 def tls_redis(tmp_path: Path, tls: TlsFiles) -> Iterator[procs.ManagedProcess]:
-    """The committed deploy/redis/redis.conf, certificate paths and dirs replaced, with the
-    table's users (Redis 7 syntax: read-only key patterns)."""
-    binary = tls_redis_server()
-    data = tmp_path / "redis-data"
-    data.mkdir()
-    names = {PROD_TLS + "redis.crt": tls.cert, PROD_TLS + "redis.key": tls.key,
-             PROD_TLS + "ca.crt": tls.ca, "/var/lib/ckpt-ha/redis": data,
-             "/etc/ckpt-ha/redis": tmp_path / "redis-deploy"}  # fmt: skip
-    folder = _prod_copy(DEPLOY / "redis", tmp_path / "redis-deploy", names)
-    (folder / "users.acl").write_text(acl.render(password))
-    port = procs.free_port()
-    argv = [
-        str(binary), str(folder / "redis.conf"),
-        "--bind", "127.0.0.1",
-        "--tls-port", str(port),
-        "--daemonize", "no",
-        "--logfile", "",
-    ]  # fmt: skip
-    login = ("operator", password("operator").get_secret_value())
-    proc = procs.start_process(
-        "redis-tls",
-        argv,
-        home=tmp_path,
-        port=port,
-        url=f"rediss://127.0.0.1:{port}/0",
-        marker=binary.name,
-        ready=lambda: _tls_pong(port, tls.ca, login),
-    )
+    """The committed deploy/redis/redis.conf with the table's users (Redis 7 syntax: read-only
+    key patterns)."""
+    proc = start_tls_redis(tmp_path, tls, acl.render(password), ("operator", "pw-operator"))
     yield proc
     procs.stop(proc)
 

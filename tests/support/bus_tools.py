@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 
 from ckpt_ha.contracts import signing
 from ckpt_ha.contracts.subjects import parse_event_subject
+from ckpt_ha.credentials import nats_inbox_prefix
 
 T = TypeVar("T")
 
@@ -70,7 +71,7 @@ async def publish_raw(
 
 async def stream_messages(url: str, stream: str) -> list[Msg]:
     """Every message currently stored in ``stream``, in order (reads by sequence)."""
-    nc = await nats.connect(url)
+    nc = await nats.connect(url, inbox_prefix=nats_inbox_prefix(url, None))
     try:
         js = nc.jetstream()
         try:

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
+from ckpt_ha import credentials
 from ckpt_ha.cli import settings_table
 from ckpt_ha.cli.parser import build_parser
 from ckpt_ha.ops import k8s
@@ -257,11 +258,41 @@ def test_each_service_is_probed_sized_and_reads_its_secrets_from_files(
         assert pod(doc)["securityContext"]["runAsNonRoot"] is True
 
 
+@pytest.mark.parametrize("folder", [BASE, OVERLAY], ids=["base", "overlay"])
+def test_nats_and_redis_are_reached_over_tls_with_the_mounted_ca(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """deploy/nats and deploy/redis serve TLS only: every pod connects with tls:// and
+    rediss:// URLs and verifies the servers against the CA mounted from its Secret."""
+    docs = render(folder)
+    (config,) = [d for d in kind(docs, "ConfigMap") if d["metadata"]["name"] == "ckpt-ha-config"]
+    data = config["data"]
+    assert {credentials.scheme(u) for u in credentials.nats_servers(data["NATS_URL"])} == {"tls"}
+    assert credentials.scheme(data["REDIS_URL"]) in {"rediss", "rediss+sentinel"}
+    assert data["CKPT_HA_NATS_CA_FILE"] == data["CKPT_HA_REDIS_CA_FILE"] == k8s.CA_FILE
+    ca_dir = str(Path(k8s.CA_FILE).parent)
+    for doc in kind(docs, "Deployment") + kind(docs, "Job"):
+        assert _mounted_secrets(doc).get(ca_dir) == k8s.SECRET_NAMES["ca"], doc["metadata"]
+        (volume,) = [
+            v for v in pod(doc)["volumes"]
+            if v.get("secret", {}).get("secretName") == k8s.SECRET_NAMES["ca"]
+        ]  # fmt: skip
+        assert volume["secret"]["items"] == [{"key": "ca.crt", "path": Path(k8s.CA_FILE).name}]
+    # The services read them as they are: a CA file with a TLS URL, each client using it.
+    for name, value in data.items():
+        monkeypatch.setenv(name, value)
+    settings = ServiceSettings()
+    bus, redis = settings.bus(), settings.redis()
+    assert (bus.ca_file, redis.ca_file) == (k8s.CA_FILE, k8s.CA_FILE)
+
+
 def test_the_provision_job_runs_as_the_operator(overlay: list[Doc]) -> None:
     (job,) = kind(overlay, "Job")
     env = {e["name"]: e["value"] for e in _container(job)["env"]}
     assert env["CKPT_HA_NATS_USER"] == "operator"
-    (volume,) = [v for v in pod(job)["volumes"] if "secret" in v]
+    (volume,) = [
+        v for v in pod(job)["volumes"] if v.get("secret", {}).get("secretName") == "ckpt-ha-nats"
+    ]
     assert volume["secret"]["items"] == [{"key": "operator", "path": "password"}]
     assert str(Path(env["CKPT_HA_NATS_PASSWORD_FILE"]).parent) in _mounted_secrets(job)
 

@@ -23,13 +23,13 @@ ALL: list[S | None] = [None, *S]
 
 LEGAL = {
     (None, S.WRITING), (None, S.PENDING_VERIFICATION), (None, S.WRITE_FAILED),
-    (S.WRITING, S.PENDING_VERIFICATION), (S.WRITING, S.WRITE_FAILED),
+    (S.WRITING, S.PENDING_VERIFICATION), (S.WRITING, S.WRITE_FAILED), (S.WRITING, S.DELETED),
     (S.PENDING_VERIFICATION, S.VALID), (S.PENDING_VERIFICATION, S.CORRUPT),
     (S.PENDING_VERIFICATION, S.WRITE_FAILED),
     (S.VALID, S.CORRUPT), (S.VALID, S.QUARANTINED), (S.VALID, S.EXPIRED),
     (S.CORRUPT, S.QUARANTINED), (S.CORRUPT, S.EXPIRED),
     (S.QUARANTINED, S.PENDING_VERIFICATION), (S.QUARANTINED, S.EXPIRED),
-    (S.WRITE_FAILED, S.QUARANTINED), (S.WRITE_FAILED, S.EXPIRED),
+    (S.WRITE_FAILED, S.QUARANTINED), (S.WRITE_FAILED, S.EXPIRED), (S.WRITE_FAILED, S.DELETED),
     (S.EXPIRED, S.DELETED),
     (None, S.FENCED), (S.WRITING, S.FENCED), (S.PENDING_VERIFICATION, S.FENCED),
     (S.FENCED, S.EXPIRED),
@@ -66,9 +66,20 @@ def test_valid_only_after_verification() -> None:
 
 def test_stale_reports_never_resurrect() -> None:
     for target, currents in STALE.items():
+        if target is S.WRITE_FAILED:
+            continue
         assert not currents & {S.EXPIRED, S.DELETED}, target
-    with pytest.raises(IllegalTransition):
-        transition("c", S.DELETED, S.PENDING_VERIFICATION)
+    for target in (S.WRITING, S.PENDING_VERIFICATION, S.VALID):
+        with pytest.raises(IllegalTransition):
+            transition("c", S.DELETED, target)
+
+
+def test_a_write_failing_after_its_closure_deleted_it_changes_nothing() -> None:
+    """The coordinator tombstones a failed attempt's partial write while it is `writing`; the
+    watcher's `write_failed` for the vanished folder comes later and is a no-op."""
+    assert S.DELETED in STALE[S.WRITE_FAILED]
+    step = transition("c", S.DELETED, S.WRITE_FAILED)
+    assert (step.new, step.changed) == (S.WRITE_FAILED, False)
 
 
 def test_deleted_is_terminal() -> None:

@@ -517,6 +517,11 @@ async def test_closure_deletes_the_failed_attempts_partial_write_and_escalates_t
     assert closed.cleaned == (partial.uri,)
     assert closed.unreclaimable == ("s3://other-bucket/x: outside this coordinator's storage root",)
     assert list(store.list(f"{JOB}/step-400/")) == []
+    # R6: what it deleted gets a tombstone; what it could not touch does not.
+    [tombstone] = world.data("checkpoint.deleted")
+    assert (tombstone.checkpoint_id, tombstone.uri) == (partial.checkpoint_id, partial.uri)
+    assert (tombstone.actor, tombstone.objects_deleted) == ("restore-coordinator", 2)
+    assert f"resume plan {plan.plan_id}" in tombstone.reason
     [esc] = world.data("resume.escalated")
     assert esc.reason == "unreclaimable_leftovers"
 

@@ -116,3 +116,16 @@ def replay_marker_subject(prefix: str, dead_letter_seq: int) -> str:
 
 def replay_marker_filter(prefix: str) -> str:
     return f"{prefix}.{DEAD_LETTERS}.{REPLAYED}.*"
+
+
+INBOX = "_INBOX"
+"""NATS's default inbox prefix: the one a connection without a login keeps."""
+
+
+def inbox_prefix(user: str | None) -> str:
+    """Where the replies of a connection logged in as ``user`` arrive: JetStream's publish
+    acknowledgements and API answers, and the messages a pull consumer fetches (which carry
+    events). Each NATS user gets its own, ``_INBOX_<user>``, and may subscribe under nothing
+    else (`ckpt_ha.bus.permissions`): a shared ``_INBOX.>`` would let any principal read the
+    events every service fetches."""
+    return INBOX if not user else f"{INBOX}_{user}"

@@ -532,6 +532,7 @@ class Bus:
             self.consumers,
             cfg.servers,
             security=_security(cfg),
+            inbox_prefix=cfg.inbox_prefix,
             **policy,
             # Telemetry outermost: the consume span is current while DeadLetters settles, and
             # every publish (follow-ups, dead letters) carries the trace in its headers.
@@ -563,6 +564,11 @@ class Bus:
             pending, acks = info.num_pending or 0, info.num_ack_pending or 0
             found.append((durable, pending, acks, info.num_redelivered or 0))
         return found
+
+    @property
+    def _fetch_inbox(self) -> bytes:
+        # faststream's pull subscribers fetch into ``_INBOX.`` unless told otherwise.
+        return f"{self.cfg.inbox_prefix}.".encode()
 
     def durable_name(self, consumer: str) -> str:
         return f"{self.service}--{consumer}"
@@ -604,6 +610,7 @@ class Bus:
             stream=self.events,
             durable=durable,
             pull_sub=PullSub(batch_size=self.cfg.fetch_batch, timeout=self.cfg.fetch_timeout_s),
+            inbox_prefix=self._fetch_inbox,
             config=self._consumer_config(),
             ack_policy=AckPolicy.MANUAL,
             decoder=decode,
@@ -651,6 +658,7 @@ class Bus:
                 pull_sub=PullSub(
                     batch_size=self.cfg.fetch_batch, timeout=self.cfg.batch_linger_s, batch=True
                 ),
+                inbox_prefix=self._fetch_inbox,
                 config=self._consumer_config(),
                 ack_policy=AckPolicy.MANUAL,
                 decoder=_raw_batch,  # the catalogue decodes each message in _consume_batch

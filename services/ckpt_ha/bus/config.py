@@ -103,6 +103,12 @@ class BusConfig:
         connection (runner, stream reader, CLI) takes these, as the services' brokers do."""
         return credentials.nats_options(self.url, self.user, self.password, self.ca_file)
 
+    @property
+    def inbox_prefix(self) -> str:
+        """Where this connection's replies and fetched messages arrive: its user's own inbox,
+        the only one its NATS user may subscribe to (`ckpt_ha.bus.permissions`)."""
+        return credentials.nats_inbox_prefix(self.url, self.user)
+
     def connection_policy(self, *, lasting: bool) -> dict[str, Any]:
         """How long to wait and how to come back, for ``nats.connect`` and the broker.
 

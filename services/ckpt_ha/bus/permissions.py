@@ -11,8 +11,12 @@ provision``); services and jobs may only read a stream's configuration, and nobo
 delete a stream or its messages through this config. A training process connects as ``job``: it
 may publish only the events a job says about itself, each signed with its own job's key
 (`ckpt_ha.contracts.signing`), and subscribes to nothing but its replies: it never sees another
-job's events. The scheduler side (``runner``) watches its jobs' plans. The ``operator`` may
-publish any event: its acts by hand, and the replay of a dead letter (`OPERATOR_PUBLISHES`).
+job's events. Replies (publish acks, API answers, and the events a pull consumer fetches) arrive
+under each user's own inbox prefix, ``_INBOX_<user>`` (`ckpt_ha.contracts.subjects.inbox_prefix`,
+which every client connects with), and a user may subscribe under its own prefix only, never
+under another's or under NATS's shared ``_INBOX``. The scheduler side (``runner``) watches
+its jobs' plans. The ``operator`` may publish any event: its acts by hand, and the replay of a
+dead letter (`OPERATOR_PUBLISHES`).
 """
 
 from __future__ import annotations
@@ -22,7 +26,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ckpt_ha.assets import asset, write_or_check
-from ckpt_ha.contracts.subjects import DEAD_LETTERS, DEFAULT_PREFIX, EVENTS, REPLAYED
+from ckpt_ha.contracts.subjects import (
+    DEAD_LETTERS,
+    DEFAULT_PREFIX,
+    EVENTS,
+    REPLAYED,
+    inbox_prefix,
+)
 
 CONF = asset("nats", "permissions.conf")
 """Shipped as package data; in a checkout it is ``deploy/nats/permissions.conf``."""
@@ -56,9 +66,10 @@ PRINCIPALS: tuple[Principal, ...] = (
     # "fences": the plans (``resume.planned``) that fence a run's older attempts.
     Principal("registrar", ("checkpoint.registered", "checkpoint.conflict", "checkpoint.fenced"),
               consumers=("checkpoints", "fences")),
+    # `checkpoint.deleted`: the tombstones of a failed attempt's partial writes it reclaims.
     Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",
                                       "resume.escalated", "resume.closed",
-                                      "checkpoint.quarantined"),
+                                      "checkpoint.quarantined", "checkpoint.deleted"),
               consumers=("started", "progress", "failed", "load-failed", "registered",
                          "verified", "loaded", "succeeded")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
@@ -112,7 +123,7 @@ def render(
     ]
     for p in PRINCIPALS:
         pub = [f"{prefix}.{EVENTS}.{t}.*.*" for t in p.publishes] + common_pub
-        sub = ["_INBOX.>", *(f"{prefix}.{EVENTS}.{t}.*.*" for t in p.watches)]
+        sub = [f"{inbox_prefix(p.user)}.>", *(f"{prefix}.{EVENTS}.{t}.*.*" for t in p.watches)]
         for durable in p.durables():
             pub += [
                 f"$JS.API.CONSUMER.CREATE.{events_stream}.{durable}",
@@ -162,7 +173,7 @@ def render(
         f"      password: {password(OPERATOR)}",
         "      permissions: {",
         f"        publish: {{ allow: {_q(operator_pub)} }}",
-        f"        subscribe: {{ allow: {_q(['_INBOX.>', f'{prefix}.>'])} }}",
+        f"        subscribe: {{ allow: {_q([f'{inbox_prefix(OPERATOR)}.>', f'{prefix}.>'])} }}",
         "      }",
         "    }",
         "  ]",

@@ -16,7 +16,9 @@ from ckpt_ha.core.errors import PermanentError
 TRANSITIONS: Mapping[S | None, frozenset[S]] = {
     # None: the registry has no record yet. A watcher may see the commit before the folder.
     None: frozenset({S.WRITING, S.PENDING_VERIFICATION, S.WRITE_FAILED, S.FENCED}),
-    S.WRITING: frozenset({S.PENDING_VERIFICATION, S.WRITE_FAILED, S.FENCED}),
+    # A failed attempt's partial write, reclaimed at the closure of its resume (R11): the
+    # coordinator deletes its bytes and records the tombstone.
+    S.WRITING: frozenset({S.PENDING_VERIFICATION, S.WRITE_FAILED, S.FENCED, S.DELETED}),
     # Fenced: committed by an attempt older than one planned for its run (`fence`). A commit
     # announced first without an identity (the watcher) and then with one (the writer) is
     # fenced from pending verification; a valid one stays valid (registered before the plan).
@@ -26,7 +28,7 @@ TRANSITIONS: Mapping[S | None, frozenset[S]] = {
     S.CORRUPT: frozenset({S.QUARANTINED, S.EXPIRED}),
     # Released by a human after a look: verified again, valid only if the checks pass this time.
     S.QUARANTINED: frozenset({S.PENDING_VERIFICATION, S.EXPIRED}),
-    S.WRITE_FAILED: frozenset({S.QUARANTINED, S.EXPIRED}),
+    S.WRITE_FAILED: frozenset({S.QUARANTINED, S.EXPIRED, S.DELETED}),
     # Never valid, never released: retention alone ends it (expired, then deleted: a tombstone).
     S.FENCED: frozenset({S.EXPIRED}),
     S.EXPIRED: frozenset({S.DELETED}),
@@ -61,13 +63,16 @@ STALE: Mapping[S, frozenset[S]] = {
     S.VALID: frozenset({S.FENCED}),
     S.CORRUPT: frozenset({S.QUARANTINED, S.FENCED}),
     S.QUARANTINED: frozenset({S.FENCED}),
-    S.WRITE_FAILED: frozenset({S.FENCED}),
+    # The closure of a resume deletes a failed attempt's partial write, maybe while it is still
+    # `writing`; the watcher then sees its folder gone and reports the write failed. Too late
+    # to matter: the record stays deleted.
+    S.WRITE_FAILED: frozenset({S.FENCED, S.DELETED}),
 }
 """Reports of an earlier stage that arrive after the checkpoint moved on: the writer-watcher and
 the writer both announce a write (so it may be verified twice), and one of them is heard late.
 Ids change when a path is written again, so these are the same write, not a new one; they
-change nothing. After expiry or deletion they are still illegal: nothing resurrects a deleted
-checkpoint."""
+change nothing. After expiry or deletion they are still illegal (nothing resurrects a deleted
+checkpoint), but for a failed write's report: a no-op on a deleted record."""
 
 
 AWAITS: Mapping[S, frozenset[S]] = {
@@ -76,8 +81,9 @@ AWAITS: Mapping[S, frozenset[S]] = {
     S.CORRUPT: frozenset({S.WRITING}),
     # Quarantined, published right after corrupt or write_failed, heard before it.
     S.QUARANTINED: frozenset({S.WRITING, S.PENDING_VERIFICATION}),
-    # Deleted, published right after expired (a retention round), heard before it.
-    S.DELETED: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED, S.WRITE_FAILED, S.FENCED}),
+    # Deleted, published right after expired (a retention round), heard before it. Not from
+    # write_failed: a closure deletes a failed attempt's partial write without expiring it.
+    S.DELETED: frozenset({S.VALID, S.CORRUPT, S.QUARANTINED, S.FENCED}),
 }
 """Reports heard before the event they follow: in these states that event is still on its way
 (another registrar replica holds it in its batch, or it waits for a redelivery), so the report

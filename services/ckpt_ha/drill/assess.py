@@ -309,12 +309,28 @@ def manual_actions(events: Sequence[Envelope[EventData]], job_id: str) -> list[d
     ]
 
 
+RECLAIMER = "restore-coordinator"
+"""Who deletes a failed attempt's partial write at the closure of its resume (R11)."""
+
+
 def partial_checkpoint(
-    events: Sequence[Envelope[EventData]], checkpoint_id: str, state: str | None
+    events: Sequence[Envelope[EventData]],
+    checkpoint_id: str,
+    state: str | None,
+    deleted_by: str | None = None,
 ) -> dict[str, Any]:
     """What became of a checkpoint a fault interrupted mid-write: its registry state and any
-    ``committed`` / ``registered`` event for it (there must be none: R1)."""
+    ``committed`` / ``registered`` event for it (there must be none: R1). ``ended_failed``: it
+    is ``write_failed``, or ``deleted`` by the closure that reclaimed the failed attempt's
+    partial writes (``deleted_by``: its tombstone's actor)."""
     kinds = (".checkpoint.committed.v", ".checkpoint.registered.v")
     faked = [e.id for e in events if e.data.__dict__.get("checkpoint_id") == checkpoint_id
              and any(kind in e.type for kind in kinds)]  # fmt: skip
-    return {"checkpoint_id": checkpoint_id, "state": state, "committed_or_registered": faked}
+    ended_failed = state == "write_failed" or (state == "deleted" and deleted_by == RECLAIMER)
+    return {
+        "checkpoint_id": checkpoint_id,
+        "state": state,
+        "deleted_by": deleted_by,
+        "ended_failed": ended_failed,
+        "committed_or_registered": faked,
+    }

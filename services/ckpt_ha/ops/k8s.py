@@ -10,8 +10,10 @@ settings, the provisioning Job, the ServiceMonitor, ``kustomization.yaml``) live
 Each service runs the one image as ``ckpt-ha serve NAME`` under its own NATS and Redis user
 (deploy/nats/, deploy/redis/), its passwords and the signing key read through the ``*_FILE``
 settings from Secrets mounted as files (`ckpt_ha.credentials.read_secret`), so no secret is an
-environment variable. Text templates, not a YAML library: the server install needs none, and
-the alert rules and dashboards are embedded verbatim (their comments too).
+environment variable. NATS and Redis are reached over TLS only (``tls://``, ``rediss://``), their
+certificates verified against the CA mounted from a Secret as well (`CA_FILE`). Text templates,
+not a YAML library: the server install needs none, and the alert rules and dashboards are
+embedded verbatim (their comments too).
 """
 
 from __future__ import annotations
@@ -45,8 +47,13 @@ SECRET_NAMES = {
     "redis": "ckpt-ha-redis",
     "signing": "ckpt-ha-signing-key",
     "s3": "ckpt-ha-s3",
+    "ca": "ckpt-ha-ca",
 }
 """The Secrets (by volume): names, not contents; docs/DEPLOY.md says how to create them."""
+CA_FILE = f"{SECRETS_DIR}/ca/ca.crt"
+"""The CA bundle NATS's and Redis's certificates are verified against (``tls://`` and
+``rediss://`` URLs): ``CKPT_HA_NATS_CA_FILE`` and ``CKPT_HA_REDIS_CA_FILE`` in the base
+ConfigMap, key ``ca.crt`` of the ``ckpt-ha-ca`` Secret (the form cert-manager writes)."""
 PART_OF = "app.kubernetes.io/part-of: ckpt-ha"
 
 RESOURCES: dict[str, tuple[str, str, str, str]] = {
@@ -169,6 +176,9 @@ def deployment(name: str) -> str:
                     - name: s3
                       mountPath: {SECRETS_DIR}/s3
                       readOnly: true
+                    - name: ca
+                      mountPath: {SECRETS_DIR}/ca
+                      readOnly: true
                     - name: home
                       mountPath: /var/lib/ckpt-ha
                     - name: tmp
@@ -197,6 +207,13 @@ def deployment(name: str) -> str:
                   secret:
                     secretName: {SECRET_NAMES["s3"]}
                     optional: true
+                # The CA of NATS's and Redis's TLS certificates (CKPT_HA_*_CA_FILE).
+                - name: ca
+                  secret:
+                    secretName: {SECRET_NAMES["ca"]}
+                    items:
+                      - key: ca.crt
+                        path: ca.crt
                 - name: home
                   emptyDir: {{}}
                 - name: tmp

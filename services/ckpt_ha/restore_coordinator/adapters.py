@@ -11,7 +11,7 @@ from collections.abc import Iterable, Sequence
 
 from ckpt_ha.core.locations import LocationNotOwned, plan_removal
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.restore_coordinator.domain import Candidate, Selection, select
+from ckpt_ha.restore_coordinator.domain import Candidate, Reclaimed, Selection, select
 from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore
 from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import neighbours, owned_key, remove
@@ -58,8 +58,8 @@ async def reclaim(
     job: str,
     leftovers: Sequence[Candidate],
     records: Iterable[CheckpointRecord],
-) -> tuple[list[str], list[str]]:
-    """R11: delete each leftover's location; (cleaned, unreclaimable with why).
+) -> tuple[list[Reclaimed], list[str]]:
+    """R11: delete each leftover's location; (what was deleted, unreclaimable with why).
 
     Only a location the job owns, and never another live record's bytes (``records``: the
     job's records): the folders of other live checkpoints inside it are kept (said in the
@@ -68,7 +68,7 @@ async def reclaim(
     transient storage error propagates (the event is retried); a permanent one makes the
     location unreclaimable."""
     others = neighbours(store, records, [c.checkpoint_id for c in leftovers])
-    cleaned: list[str] = []
+    reclaimed: list[Reclaimed] = []
     unreclaimable: list[str] = []
     for c in leftovers:
         if key_for_uri(store, c.uri) is None:
@@ -84,11 +84,12 @@ async def reclaim(
             unreclaimable.append(f"{c.uri}: not deleted: {removal.note()}")
             continue
         try:
-            await bounded.call(remove, store, [removal])
+            removed = await bounded.call(remove, store, [removal])
         except StorageError as exc:
             if exc.transient:
                 raise
             unreclaimable.append(f"{c.uri}: {exc}")
             continue
-        cleaned.append(f"{c.uri} ({removal.note()})" if removal.spared else c.uri)
-    return cleaned, unreclaimable
+        kept = removal.note() if removal.spared else ""
+        reclaimed.append(Reclaimed(c.checkpoint_id, c.uri, removed.deleted, kept))
+    return reclaimed, unreclaimable

@@ -24,6 +24,7 @@ from enum import StrEnum
 
 from ckpt_ha.contracts import EventData
 from ckpt_ha.contracts.checkpoint import (
+    CheckpointDeletedV1,
     CheckpointIdentity,
     CheckpointQuarantinedV1,
     CheckpointState,
@@ -876,19 +877,57 @@ def verdict_event(plan: PlanRecord, run_id: str, result: Continuity) -> EventDat
     return ResumeDivergedV1.model_validate({**common, "reason": result.reason})
 
 
+ACTOR = "restore-coordinator"
+"""Who the closure's tombstones name as the deleter (R6)."""
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    """One leftover whose bytes the closure deleted."""
+
+    checkpoint_id: str
+    uri: str
+    objects_deleted: int
+    """Storage objects removed (0: they were already gone)."""
+    kept: str = ""
+    """What under its location was kept, and why (other live checkpoints' folders)."""
+
+    def cleaned(self) -> str:
+        """Its entry in ``resume.closed.cleaned``."""
+        return f"{self.uri} ({self.kept})" if self.kept else self.uri
+
+
 @dataclass(frozen=True)
 class Closure:
     events: tuple[EventData, ...]
     escalation: Escalation | None = None
 
 
-def closure(job: str, plan: str, cleaned: Sequence[str], unreclaimable: Sequence[str]) -> Closure:
-    """R11: ``resume.closed`` with what was cleaned; what could not be escalates (a human
-    reclaims it)."""
+def closure(
+    job: str, plan: str, reclaimed: Sequence[Reclaimed], unreclaimable: Sequence[str]
+) -> Closure:
+    """R11: a tombstone for each leftover whose bytes were deleted (R6: the record ends
+    ``deleted``, never listed as ``writing`` with its bytes gone), then ``resume.closed`` with
+    what was cleaned; what could not be escalates (a human reclaims it, and its record stays)."""
+    reason = f"partial write of the failed attempt, reclaimed when resume plan {plan} closed"
+    tombstones = tuple(
+        CheckpointDeletedV1(
+            job_id=job,
+            checkpoint_id=r.checkpoint_id,
+            uri=r.uri,
+            reason="; ".join(part for part in (reason, r.kept) if part),
+            actor=ACTOR,
+            objects_deleted=r.objects_deleted,
+        )
+        for r in reclaimed
+    )
     closed = ResumeClosedV1(
-        job_id=job, plan_id=plan, cleaned=tuple(cleaned), unreclaimable=tuple(unreclaimable)
+        job_id=job,
+        plan_id=plan,
+        cleaned=tuple(r.cleaned() for r in reclaimed),
+        unreclaimable=tuple(unreclaimable),
     )
     if not unreclaimable:
-        return Closure((closed,))
+        return Closure((*tombstones, closed))
     stop = Escalation(Stop.UNRECLAIMABLE, "; ".join(unreclaimable))
-    return Closure((closed, escalated(job, plan, stop)), stop)
+    return Closure((*tombstones, closed, escalated(job, plan, stop)), stop)

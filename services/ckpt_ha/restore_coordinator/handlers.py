@@ -420,11 +420,11 @@ class CoordinatorHandlers:
             attempt=plan.failed_attempt,
             failed_at=plan.failed_at,
         )
-        cleaned, unreclaimable = await adapters.reclaim(self.store, d.job_id, left, records)
-        for outcome, items in (("cleaned", cleaned), ("unreclaimable", unreclaimable)):
-            self.metrics.reclaimed.labels(self.metrics.service, outcome).inc(len(items))
+        reclaimed, unreclaimable = await adapters.reclaim(self.store, d.job_id, left, records)
+        for outcome, n in (("cleaned", len(reclaimed)), ("unreclaimable", len(unreclaimable))):
+            self.metrics.reclaimed.labels(self.metrics.service, outcome).inc(n)
         await self.state.release(d.job_id, plan.failed_attempt)
-        closure = domain.closure(d.job_id, d.plan_id, cleaned, unreclaimable)
+        closure = domain.closure(d.job_id, d.plan_id, reclaimed, unreclaimable)
         if closure.escalation is not None:
             self.metrics.outcome(
                 d.job_id,

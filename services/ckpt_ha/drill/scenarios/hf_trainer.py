@@ -59,12 +59,16 @@ async def run(drill: Drill) -> dict[str, Any]:
     phase = assess_restore(NAME, events, drill.job, fault)
     result = phase.to_json()
     state = partial_record.state.value if partial_record else None
-    result["partial_checkpoint"] = partial_checkpoint(events, partial, state)
+    tombstone = partial_record.tombstone if partial_record else None
+    result["partial_checkpoint"] = partial_checkpoint(
+        events, partial, state, tombstone.actor if tombstone else None
+    )
     faked = result["partial_checkpoint"]["committed_or_registered"]
+    ended_failed = result["partial_checkpoint"]["ended_failed"]
     result["job"], result["job_exit_code"] = drill.job, code
     checks = {
         "the half-written checkpoint was never committed or registered": not faked,
-        "the half-written checkpoint ended write_failed": state == "write_failed",
+        "the half-written checkpoint ended write_failed (or deleted by the closure)": ended_failed,
         "the restore used the newest complete checkpoint": phase.restored_from
         == phase.last_valid_checkpoint
         and phase.last_valid_checkpoint is not None,

@@ -80,7 +80,10 @@ async def run(drill: Drill) -> dict[str, Any]:
         for f in failures
     ]  # fmt: skip
     state = partial_record.state.value if partial_record else None
-    result["partial_checkpoint"] = partial_checkpoint(events, partial, state)
+    tombstone = partial_record.tombstone if partial_record else None
+    result["partial_checkpoint"] = partial_checkpoint(
+        events, partial, state, tombstone.actor if tombstone else None
+    )
     faked = result["partial_checkpoint"]["committed_or_registered"]
     result["job"], result["job_exit_code"] = drill.job, code
     signatures = {f.__dict__.get("signature") for f in failures}
