@@ -1,6 +1,7 @@
 """Paging end to end: the embedded stack (`ckpt-ha up`), a real Prometheus scraping its five
 services' /metrics with observability/alerts.yml, and a real Alertmanager with
-observability/alertmanager.yml routing ``severity=page`` to a webhook receiver run here.
+observability/alertmanager.yml, whose ckpt-ha sub-route sends ``severity=critical`` to a webhook
+receiver run here.
 
 A checkpoint damaged on the stack's storage (the corrupt-checkpoint drill) and a restart loop
 (the restart-loop drill) must each page on-call, naming the job (and the checkpoint's step).
@@ -23,6 +24,7 @@ import pytest
 
 from ckpt_ha.devstack import stack
 from ckpt_ha.devstack.stack import StackState
+from ckpt_ha.ops.alerts import DEFAULT_RUNBOOK_BASE
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from tests.support import observability as obs
@@ -111,10 +113,11 @@ def test_a_corrupt_checkpoint_pages_with_its_job_and_step(setup: Setup) -> None:
         PAGE_WITHIN_S,
     )
     assert page["status"] == "firing"
-    assert page["labels"]["severity"] == "page"
+    assert page["labels"]["severity"] == "critical"
+    assert page["labels"]["app"] == "ckpt-ha"
     assert f"step {step}" in page["annotations"]["summary"]
     assert job in page["annotations"]["description"]
-    assert page["annotations"]["runbook_url"] == "docs/RUNBOOK.md#alert-checkpointcorrupt"
+    assert page["annotations"]["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE}#alert-checkpointcorrupt"
     # The metrics behind it, without any checkpoint id in a label.
     corrupt = setup.prometheus.wait_for(
         'sum by (reason) (ckpt_ha_checkpoint_corrupt_total{reason="load_failed"})', 10
