@@ -17,9 +17,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m ckpt_ha.cli.alerts",
         description="Print observability/alerts.yml with your team label and runbook address.",
     )
-    parser.add_argument(
-        "--team", default=alerts.DEFAULT_TEAM, help="the team label of every alert"
-    )
+    parser.add_argument("--team", default=alerts.DEFAULT_TEAM, help="the team label of every alert")
     parser.add_argument(
         "--runbook-base",
         default=alerts.DEFAULT_RUNBOOK_BASE,
