@@ -28,7 +28,7 @@ from ckpt_ha.ops.alerts import DEFAULT_RUNBOOK_BASE
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from tests.support import observability as obs
-from tests.support.dashboards import dashboard_queries
+from tests.support.dashboards import dashboard_queries, variable_queries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -172,3 +172,11 @@ def test_every_dashboard_query_runs_and_key_panels_have_data(setup: Setup) -> No
         if q.key and not answer["data"]["result"]:
             empty_key_panels.append((q.dashboard, q.panel, q.expr))
     assert not empty_key_panels
+    # The drill-down's job variable lists every job the drills started, whether or not it has
+    # a valid checkpoint.
+    started = {s["metric"]["job_id"] for s in prom.wait_for("ckpt_ha_job_restarts_total", 10)}
+    for var in variable_queries():
+        answer = prom.query(var.promql())
+        assert answer["status"] == "success", (var, answer)
+        listed = {s["metric"][var.label] for s in answer["data"]["result"]}
+        assert listed >= started | {s["metric"]["job_id"] for s in jobs}, var
