@@ -157,6 +157,11 @@ def test_a_restart_loop_pages_with_its_job(setup: Setup) -> None:
                if a["labels"]["alertname"] == "CheckpointCorrupt"]  # fmt: skip
     assert corrupt
     assert job not in {a["labels"]["job_id"] for a in corrupt}
+    # The platform-wide alerts stay quiet on a healthy stack, not even pending.
+    quiet = "MetricsAbsent|ServiceDown|ConsumerInfoStale|RedisUnreachable|DependencyDown"
+    noisy = setup.prometheus.query(f'ALERTS{{alertname=~"{quiet}|JetStreamStorageHigh"}}')
+    assert noisy["status"] == "success"
+    assert noisy["data"]["result"] == []
 
 
 def test_every_dashboard_query_runs_and_key_panels_have_data(setup: Setup) -> None:

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from ckpt_ha.ops import alerts as shipped_alerts
+from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from tests.support.observability import OBSERVABILITY, tools
 
 REQUIRED = {
@@ -108,6 +109,12 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
 def test_no_rule_depends_on_the_scrape_job_name() -> None:
     for rule in alerts():
         assert 'job="' not in rule["expr"], rule["alert"]
+
+
+def test_service_down_knows_every_service() -> None:
+    (rule,) = [r for r in alerts() if r["alert"] == "ServiceDown"]
+    listed = re.findall(r'"service", "([a-z-]+)"', rule["expr"])
+    assert sorted(listed) == sorted(SERVICE_NAMES)
 
 
 def test_rendered_rules_carry_the_team_and_an_absolute_runbook_url(tmp_path: Path) -> None:
