@@ -1,6 +1,7 @@
 """Paging end to end: the embedded stack (`ckpt-ha up`), a real Prometheus scraping its five
 services' /metrics with observability/alerts.yml, and a real Alertmanager with
-observability/alertmanager.yml routing ``severity=page`` to a webhook receiver run here.
+observability/alertmanager.yml, whose ckpt-ha sub-route sends ``severity=critical`` to a webhook
+receiver run here.
 
 A checkpoint damaged on the stack's storage (the corrupt-checkpoint drill) and a restart loop
 (the restart-loop drill) must each page on-call, naming the job (and the checkpoint's step).
@@ -23,10 +24,11 @@ import pytest
 
 from ckpt_ha.devstack import stack
 from ckpt_ha.devstack.stack import StackState
+from ckpt_ha.ops.alerts import DEFAULT_RUNBOOK_BASE
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from tests.support import observability as obs
-from tests.support.dashboards import dashboard_queries
+from tests.support.dashboards import dashboard_queries, variable_queries
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
@@ -111,10 +113,11 @@ def test_a_corrupt_checkpoint_pages_with_its_job_and_step(setup: Setup) -> None:
         PAGE_WITHIN_S,
     )
     assert page["status"] == "firing"
-    assert page["labels"]["severity"] == "page"
+    assert page["labels"]["severity"] == "critical"
+    assert page["labels"]["app"] == "ckpt-ha"
     assert f"step {step}" in page["annotations"]["summary"]
     assert job in page["annotations"]["description"]
-    assert page["annotations"]["runbook_url"] == "docs/RUNBOOK.md#alert-checkpointcorrupt"
+    assert page["annotations"]["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE}#alert-checkpointcorrupt"
     # The metrics behind it, without any checkpoint id in a label.
     corrupt = setup.prometheus.wait_for(
         'sum by (reason) (ckpt_ha_checkpoint_corrupt_total{reason="load_failed"})', 10
@@ -154,6 +157,11 @@ def test_a_restart_loop_pages_with_its_job(setup: Setup) -> None:
                if a["labels"]["alertname"] == "CheckpointCorrupt"]  # fmt: skip
     assert corrupt
     assert job not in {a["labels"]["job_id"] for a in corrupt}
+    # The platform-wide alerts stay quiet on a healthy stack, not even pending.
+    quiet = "MetricsAbsent|ServiceDown|ConsumerInfoStale|RedisUnreachable|DependencyDown"
+    noisy = setup.prometheus.query(f'ALERTS{{alertname=~"{quiet}|JetStreamStorageHigh"}}')
+    assert noisy["status"] == "success"
+    assert noisy["data"]["result"] == []
 
 
 def test_every_dashboard_query_runs_and_key_panels_have_data(setup: Setup) -> None:
@@ -169,3 +177,11 @@ def test_every_dashboard_query_runs_and_key_panels_have_data(setup: Setup) -> No
         if q.key and not answer["data"]["result"]:
             empty_key_panels.append((q.dashboard, q.panel, q.expr))
     assert not empty_key_panels
+    # The drill-down's job variable lists every job the drills started, whether or not it has
+    # a valid checkpoint.
+    started = {s["metric"]["job_id"] for s in prom.wait_for("ckpt_ha_job_restarts_total", 10)}
+    for var in variable_queries():
+        answer = prom.query(var.promql())
+        assert answer["status"] == "success", (var, answer)
+        listed = {s["metric"][var.label] for s in answer["data"]["result"]}
+        assert listed >= started | {s["metric"]["job_id"] for s in jobs}, var

@@ -50,9 +50,14 @@ async def test_metrics_endpoint_shows_dead_letters_lag_and_faststream_messages(
 
         async def scraped() -> dict[str, list[tuple[dict[str, str], float]]] | None:
             found = await asyncio.to_thread(scrape, port)
-            done = found.get("ckpt_ha_checkpoint_states_total") and found.get(
-                "ckpt_ha_consumer_info_timestamp_seconds"
-            )
+            done = (
+                found.get("ckpt_ha_checkpoint_states_total")
+                and found.get("ckpt_ha_consumer_info_timestamp_seconds")
+                and found.get("ckpt_ha_jetstream_storage_bytes")
+                # the poll after both events and the dead letter were stored
+                and [v for labels, v in found.get("ckpt_ha_stream_messages", [])
+                     if labels["stream"] == settings.dead_letter_stream and v >= 1]
+            )  # fmt: skip
             return found if done else None
 
         found = await wait_for(scraped, timeout=15, what="metrics of both events")
@@ -66,6 +71,17 @@ async def test_metrics_endpoint_shows_dead_letters_lag_and_faststream_messages(
     ]
     pending = {s[0]["consumer"]: s[1] for s in found["ckpt_ha_consumer_pending_messages"]}
     assert pending == {consumer: 0.0}
+    # JetStream storage: both streams hold what was published, without a byte limit.
+    streams = {s[0]["stream"]: s[1] for s in found["ckpt_ha_stream_messages"]}
+    assert streams[settings.events_stream] >= 2
+    assert streams[settings.dead_letter_stream] >= 1
+    sizes = {s[0]["stream"]: s[1] for s in found["ckpt_ha_stream_bytes"]}
+    assert sizes[settings.events_stream] > 0
+    limits = {s[0]["stream"]: s[1] for s in found["ckpt_ha_stream_max_bytes"]}
+    assert limits == {settings.events_stream: -1.0, settings.dead_letter_stream: -1.0}
+    ((_, used),) = found["ckpt_ha_jetstream_storage_bytes"]
+    assert used >= sizes[settings.events_stream]
+    assert found["ckpt_ha_jetstream_storage_limit_bytes"]
     assert ({"service": "registrar", "state": "pending_verification", "format": "native"},
             1.0) in found["ckpt_ha_checkpoint_states_total"]  # fmt: skip
     handlers = {s[0]["handler"] for s in found["faststream_received_messages_total"]}

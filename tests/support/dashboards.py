@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ KEY_PANELS = {
     ("ckpt-ha overview", "Messages by outcome"),
     ("ckpt-ha overview", "Consumer lag (pending + unacked)"),
     ("ckpt-ha overview", "faststream: processed messages"),
+    ("ckpt-ha overview", "JetStream storage"),
     ("ckpt-ha job", "Recovery point"),
     ("ckpt-ha job", "Newest valid checkpoint committed"),
     ("ckpt-ha job", "Last progress"),
@@ -76,3 +78,32 @@ def dashboard_queries() -> list[PanelQuery]:
         for panel in _panels(doc["panels"])
         for target in panel.get("targets", [])
     ]
+
+
+@dataclass(frozen=True)
+class VariableQuery:
+    """A query variable of a dashboard: Grafana's ``label_values(METRIC, LABEL)``."""
+
+    dashboard: str
+    name: str
+    metric: str
+    label: str
+
+    def promql(self) -> str:
+        """What Grafana asks Prometheus for these values, as an instant query."""
+        return f"group by ({self.label}) ({self.metric})"
+
+
+_LABEL_VALUES = re.compile(r"label_values\(\s*([^,]+?)\s*,\s*(\w+)\s*\)")
+
+
+def variable_queries() -> list[VariableQuery]:
+    found = []
+    for doc in dashboards().values():
+        for var in doc["templating"]["list"]:
+            if var["type"] != "query":
+                continue
+            match = _LABEL_VALUES.fullmatch(var["query"]["query"])
+            assert match, (doc["title"], var["name"], var["query"])
+            found.append(VariableQuery(doc["title"], var["name"], match[1], match[2]))
+    return found

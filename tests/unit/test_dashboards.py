@@ -1,28 +1,56 @@
-"""The Grafana dashboards are well-formed: every panel queries the provisioned datasource, ids
-and uids are unique, the drill-down is templated on the job, key panels exist."""
+"""The Grafana dashboards import anywhere: every panel queries the Prometheus picked by their
+``datasource`` variable (no datasource uid, no default taken over), ids and uids are unique, the
+drill-down is templated on a job every started job has, and the overview links to it (and it to
+the job's traces)."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import yaml
 
-from tests.support.dashboards import DASHBOARDS, KEY_PANELS, dashboard_queries, dashboards
+from tests.support.dashboards import (
+    DASHBOARDS,
+    KEY_PANELS,
+    dashboard_queries,
+    dashboards,
+    variable_queries,
+)
 
 PROVISIONING = DASHBOARDS.parent / "provisioning"
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 
 
-def test_the_datasource_uid_the_panels_use_is_provisioned() -> None:
-    (doc,) = [yaml.safe_load(p.read_text()) for p in (PROVISIONING / "datasources").glob("*.yml")]
-    uids = {ds["uid"] for ds in doc["datasources"]}
+def _datasources(node: Any) -> list[Any]:
+    """Every ``datasource`` value anywhere in a dashboard."""
+    if isinstance(node, dict):
+        own = [node["datasource"]] if "datasource" in node else []
+        return own + [d for v in node.values() for d in _datasources(v)]
+    if isinstance(node, list):
+        return [d for v in node for d in _datasources(v)]
+    return []
+
+
+def test_every_panel_queries_the_datasource_variable_never_a_uid() -> None:
     for name, dash in dashboards().items():
+        (var,) = [v for v in dash["templating"]["list"] if v["name"] == "datasource"]
+        assert (var["type"], var["query"]) == ("datasource", "prometheus"), name
         for panel in dash["panels"]:
             if panel["type"] == "row":
                 continue
-            assert panel["datasource"]["uid"] in uids, (name, panel["title"])
+            assert panel["datasource"] == DATASOURCE, (name, panel["title"])
             assert panel["targets"], (name, panel["title"])
-            assert all(t["datasource"]["uid"] in uids for t in panel["targets"])
+            assert all(t["datasource"] == DATASOURCE for t in panel["targets"])
+        # Nothing else names a datasource either (variables included).
+        assert all(d == DATASOURCE for d in _datasources(dash["templating"]) if d), name
+        assert "ckpt-ha-prometheus" not in json.dumps(dash), name
 
 
-def test_dashboards_are_provisioned_from_files() -> None:
+def test_provisioning_takes_no_default_and_loads_files() -> None:
+    (ds,) = [yaml.safe_load(p.read_text()) for p in (PROVISIONING / "datasources").glob("*.yml")]
+    assert all(not d.get("isDefault") for d in ds["datasources"])
+    assert all("uid" not in d for d in ds["datasources"])
     (doc,) = [yaml.safe_load(p.read_text()) for p in (PROVISIONING / "dashboards").glob("*.yml")]
     assert [p["type"] for p in doc["providers"]] == ["file"]
 
@@ -34,16 +62,57 @@ def test_uids_and_panel_ids_are_unique_and_the_drill_down_is_templated() -> None
         ids = [p["id"] for p in dash["panels"]]
         assert len(ids) == len(set(ids)), dash["title"]
     job = docs["ckpt-ha-job.json"]
-    assert [v["name"] for v in job["templating"]["list"]] == ["job"]
+    assert [v["name"] for v in job["templating"]["list"]] == ["datasource", "job", "traces"]
     assert all(
         'job_id="$job"' in q.expr for q in dashboard_queries() if q.dashboard == job["title"]
     )
+    # Every started job, not only those with a valid checkpoint: the restore-coordinator sets
+    # ckpt_ha_job_restarts_total to 0 at a job's first job.started.
+    (var,) = variable_queries()
+    assert (var.name, var.metric, var.label) == ("job", "ckpt_ha_job_restarts_total", "job_id")
 
 
-def test_every_key_panel_exists_and_no_query_groups_by_checkpoint() -> None:
+def _links(dash: dict[str, Any]) -> list[str]:
+    urls = [link["url"] for link in dash.get("links", [])]
+    for panel in dash["panels"]:
+        config = panel.get("fieldConfig", {})
+        urls += [link["url"] for link in config.get("defaults", {}).get("links", [])]
+        for override in config.get("overrides", []):
+            for prop in override["properties"]:
+                if prop["id"] == "links":
+                    urls += [link["url"] for link in prop["value"]]
+    return urls
+
+
+def test_the_overview_links_to_the_job_view_and_the_job_view_to_its_traces() -> None:
+    docs = dashboards()
+    overview, job = docs["ckpt-ha-overview.json"], docs["ckpt-ha-job.json"]
+    to_job = [u for u in _links(overview) if u.startswith(f"/d/{job['uid']}/")]
+    # the dashboard link, and per-job panels (recovery point, restarts, firing alerts)
+    assert len(to_job) >= 4, _links(overview)
+    assert all("${datasource:queryparam}" in u for u in to_job)
+    per_job = [u for u in to_job if "var-job=" in u]
+    assert len(per_job) >= 3
+    assert all("${__url_time_range}" in u for u in per_job)
+    back = [u for u in _links(job) if u.startswith(f"/d/{overview['uid']}/")]
+    assert back
+    (traces,) = [u for u in _links(job) if u.startswith("/explore")]
+    assert "${traces}" in traces
+    assert "ckpt_ha.job_id" in traces
+    assert "${job}" in traces
+
+
+def test_alert_panels_show_only_ckpt_ha_alerts() -> None:
+    alerts = [q for q in dashboard_queries() if "ALERTS" in q.expr]
+    assert len(alerts) == 2
+    assert all('app="ckpt-ha"' in q.expr for q in alerts)
+
+
+def test_every_key_panel_exists_and_no_query_groups_by_checkpoint_or_the_scrape_job() -> None:
     queries = dashboard_queries()
     assert {(q.dashboard, q.panel) for q in queries} >= KEY_PANELS
     assert not [q for q in queries if "checkpoint_id" in q.expr]
+    assert not [q for q in queries if 'job="' in q.expr]
 
 
 def test_grafana_variables_are_all_substituted() -> None:

@@ -570,6 +570,25 @@ class Bus:
         # faststream's pull subscribers fetch into ``_INBOX.`` unless told otherwise.
         return f"{self.cfg.inbox_prefix}.".encode()
 
+    async def stream_usage(self) -> list[tuple[str, int, int, int]]:
+        """(stream, messages, bytes, max_bytes; -1 without a limit) of the event and the
+        dead-letter stream, read from JetStream."""
+        js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
+        found: list[tuple[str, int, int, int]] = []
+        for stream in (self.cfg.events_stream, self.cfg.dead_letter_stream):
+            info = await js.stream_info(stream)
+            limit = info.config.max_bytes
+            found.append(
+                (stream, info.state.messages, info.state.bytes, -1 if limit is None else limit)
+            )
+        return found
+
+    async def account_storage(self) -> tuple[int, int]:
+        """(file storage used, its limit; -1 or 0 without one) of this bus's JetStream account."""
+        js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
+        info = await js.account_info()
+        return info.storage, info.limits.max_storage
+
     def durable_name(self, consumer: str) -> str:
         return f"{self.service}--{consumer}"
 

@@ -101,7 +101,8 @@ def faststream_metrics(metrics: ServiceMetrics) -> PrometheusMiddleware[Any, Any
 
 
 async def poll_consumers(bus: Bus, metrics: ServiceMetrics, interval_s: float) -> None:
-    """Consumer lag for /metrics: JetStream's num_pending / num_ack_pending, every interval."""
+    """Consumer lag for /metrics: JetStream's num_pending / num_ack_pending, and the streams'
+    storage (`poll_streams`), every interval."""
     with contextlib.suppress(asyncio.CancelledError):
         while True:
             try:
@@ -113,7 +114,22 @@ async def poll_consumers(bus: Bus, metrics: ServiceMetrics, interval_s: float) -
                     metrics.consumer_polled.labels(*labels).set_to_current_time()
             except Exception as exc:  # noqa: BLE001 - stale lag is shown by the timestamp
                 log.warning("%s: consumer info unavailable: %r", metrics.service, exc)
+            try:
+                await poll_streams(bus, metrics)
+            except Exception as exc:  # noqa: BLE001 - the last values stay; retried next round
+                log.warning("%s: stream info unavailable: %r", metrics.service, exc)
             await asyncio.sleep(interval_s)
+
+
+async def poll_streams(bus: Bus, metrics: ServiceMetrics) -> None:
+    """JetStream storage for /metrics: the streams' size and limit, the account's usage."""
+    for stream, messages, nbytes, max_bytes in await bus.stream_usage():
+        metrics.stream_messages.labels(metrics.service, stream).set(messages)
+        metrics.stream_bytes.labels(metrics.service, stream).set(nbytes)
+        metrics.stream_max_bytes.labels(metrics.service, stream).set(max_bytes)
+    used, limit = await bus.account_storage()
+    metrics.jetstream_storage.labels(metrics.service).set(used)
+    metrics.jetstream_storage_limit.labels(metrics.service).set(limit)
 
 
 class HttpEndpoint:

@@ -188,6 +188,37 @@ class ServiceMetrics:
             ["service", "consumer"],
             registry=self.registry,
         )
+        self.stream_messages = Gauge(
+            "ckpt_ha_stream_messages",
+            "Messages in a ckpt-ha JetStream stream (events, dead letters), polled with the "
+            "consumer info.",
+            ["service", "stream"],
+            registry=self.registry,
+        )
+        self.stream_bytes = Gauge(
+            "ckpt_ha_stream_bytes",
+            "Bytes a ckpt-ha JetStream stream stores.",
+            ["service", "stream"],
+            registry=self.registry,
+        )
+        self.stream_max_bytes = Gauge(
+            "ckpt_ha_stream_max_bytes",
+            "The stream's max_bytes limit; -1 without one.",
+            ["service", "stream"],
+            registry=self.registry,
+        )
+        self.jetstream_storage = Gauge(
+            "ckpt_ha_jetstream_storage_bytes",
+            "JetStream file storage the service's NATS account uses (all its streams).",
+            ["service"],
+            registry=self.registry,
+        )
+        self.jetstream_storage_limit = Gauge(
+            "ckpt_ha_jetstream_storage_limit_bytes",
+            "The account's JetStream file storage limit; -1 or 0 without one.",
+            ["service"],
+            registry=self.registry,
+        )
         self.loop_leader = Gauge(
             "ckpt_ha_loop_leader",
             "1 while this replica holds the lease of a periodic loop (scan, scrub, reconcile, "
