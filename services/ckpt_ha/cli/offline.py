@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from ckpt_ha.cli import render
+from ckpt_ha.cli import progress, render
 
 
 def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
@@ -22,7 +22,8 @@ def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
     from ckpt_ha.storage import NeedsS3Extra, StorageError
 
     try:
-        report = verify_location(args.path, args.checksum)
+        with progress.reporting(args, f"verify {args.path}", "bytes") as tick:
+            report = verify_location(args.path, args.checksum, tick)
     except (NothingThere, StorageError, NeedsS3Extra) as exc:
         print(f"ckpt-ha: {_one_line(exc, args.path)}", file=sys.stderr)
         return 2
@@ -48,7 +49,8 @@ def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) 
     from ckpt_ha.storage import NeedsS3Extra, StorageError
 
     try:
-        found = newest_valid(args.root)
+        with progress.reporting(args, f"latest-valid {args.root}", "folders checked") as tick:
+            found = newest_valid(args.root, tick)
     except (NothingThere, StorageError, NeedsS3Extra) as exc:
         print(f"ckpt-ha: {_one_line(exc, args.root)}", file=sys.stderr)
         return 2

@@ -7,7 +7,7 @@ import argparse
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ckpt_ha.cli import context, render
+from ckpt_ha.cli import context, progress, render
 from ckpt_ha.cli.context import CommandError
 
 
@@ -87,14 +87,20 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
     order = reconcile.Deletion(context.actor(args, env), args.reason) if args.delete else None
     store = open_store(settings.storage_root)
 
-    async def act() -> reconcile.Reconciliation:
+    async def act(tick: progress.Progress | None) -> reconcile.Reconciliation:
         async with context.registry(settings) as registry:
             return await reconcile.reconcile(
-                registry, store, clock=utc_now, min_age_s=args.min_age, delete=order
+                registry,
+                store,
+                clock=utc_now,
+                min_age_s=args.min_age,
+                delete=order,
+                progress=tick,
             )
 
     try:
-        result = context.run(settings, act)
+        with progress.reporting(args, "reconcile", "registry jobs read") as tick:
+            result = context.run(settings, lambda: act(tick))
     except ListingFailed as exc:
         msg = f"listing {settings.storage_root} failed, nothing done: {exc.error}"
         raise CommandError(msg) from None

@@ -12,6 +12,7 @@ torch is installed (`torch_load`). Every parsing limit is in `limits`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
@@ -164,16 +165,23 @@ def verify_file(store: ObjectStore, name: str, algorithm: str = DEFAULT_ALGORITH
 
 
 def latest_valid(
-    store: ObjectStore, algorithm: str = DEFAULT_ALGORITHM
+    store: ObjectStore,
+    algorithm: str = DEFAULT_ALGORITHM,
+    on_checked: Callable[[int, int], None] | None = None,
 ) -> tuple[str | None, list[tuple[str, Report]]]:
     """Among the checkpoint folders directly under the store's root, the newest valid one.
 
     Newest by the step the format records (never by folder name); folders without a recorded
     step come last. Returns the chosen folder (or None) and every candidate checked, newest
     first, with its report: those before the chosen one say why they were rejected.
+    ``on_checked(done, total)``: after each folder is verified (progress).
     """
     folders = sorted(_top_level(_listing(store, "")))
-    reports = [(folder, verify(store, folder, algorithm)) for folder in folders]
+    reports: list[tuple[str, Report]] = []
+    for folder in folders:
+        reports.append((folder, verify(store, folder, algorithm)))
+        if on_checked is not None:
+            on_checked(len(reports), len(folders))
     reports.sort(key=lambda fr: (fr[1].step is not None, fr[1].step or 0, fr[0]), reverse=True)
     chosen = next((folder for folder, report in reports if report.ok), None)
     return chosen, reports

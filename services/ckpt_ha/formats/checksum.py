@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import mmap
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Protocol
 
 import xxhash
@@ -31,6 +33,22 @@ ALGORITHMS: dict[str, Callable[[], _Hasher]] = {
 }
 
 
+_observer: ContextVar[Callable[[int], None] | None] = ContextVar("checksum_reads", default=None)
+
+
+@contextmanager
+def observe_reads(callback: Callable[[int], None]) -> Iterator[None]:
+    """Within the block, ``callback(n)`` after every ``n`` bytes `checksum` reads (the progress
+    of a long verify). A context variable reaches the one loop that reads the data without a
+    parameter threaded through every format's reader; worker threads get it through
+    `contextvars.copy_context` (`listed`). The callback may be called from several threads."""
+    token = _observer.set(callback)
+    try:
+        yield
+    finally:
+        _observer.reset(token)
+
+
 def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[str, int]:
     """(``algorithm:hex``, bytes read) of one object, streamed.
 
@@ -39,12 +57,14 @@ def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -
     """
     hasher = ALGORITHMS[algorithm]()
     total = 0
+    seen = _observer.get() or _ignore
     with store.open_read(key) as stream:
         readinto = getattr(stream, "readinto", None)
         if readinto is None:
             while chunk := stream.read(READ_CHUNK):
                 hasher.update(chunk)
                 total += len(chunk)
+                seen(len(chunk))
         else:
             with mmap.mmap(-1, READ_CHUNK) as buf:
                 view = memoryview(buf)
@@ -52,9 +72,14 @@ def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -
                     while n := readinto(view):
                         hasher.update(view[:n])
                         total += n
+                        seen(n)
                 finally:
                     view.release()
     return f"{algorithm}:{hasher.hexdigest()}", total
+
+
+def _ignore(_: int) -> None:
+    pass
 
 
 def of_bytes(data: bytes, algorithm: str = DEFAULT_ALGORITHM) -> str:

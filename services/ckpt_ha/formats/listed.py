@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextvars import copy_context
 from dataclasses import dataclass
 
 from ckpt_ha.formats import checksum as cs
@@ -55,8 +56,17 @@ def check_all(
     """
     digests = known or {}
     workers = max(1, min(len(files), os.cpu_count() or 1))
+    # Each file's check runs in a copy of the caller's context, so a read observer
+    # (`checksum.observe_reads`: progress) sees the workers' reads too.
+    contexts = [copy_context() for _ in files]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(lambda f: check(store, prefix, f, source, digests.get(f.path)), files))
+        return list(
+            pool.map(
+                lambda c, f: c.run(check, store, prefix, f, source, digests.get(f.path)),
+                contexts,
+                files,
+            )
+        )
 
 
 def check(

@@ -5,11 +5,15 @@ variables)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from threading import Lock
 from typing import Any
 
 from ckpt_ha.formats import Report, latest_valid, verify, verify_file, verify_path
+from ckpt_ha.formats.checksum import observe_reads
 from ckpt_ha.storage import FsStore, ObjectStore, open_store
 
 
@@ -18,6 +22,11 @@ class NothingThere(LookupError):
 
     def __init__(self, location: str, what: str) -> None:
         super().__init__(f"{location}: {what}")
+
+
+Progress = Callable[[int, int | None], None]
+"""``(done, total)`` of long work, total None while unknown: bytes read by `verify_location`,
+folders checked by `newest_valid`. Called from several threads."""
 
 
 def is_remote(location: str) -> bool:
@@ -48,27 +57,57 @@ class LatestValid:
     """Newer than the chosen one (or every one, when none is valid), newest first."""
 
 
-def verify_location(location: str, algorithm: str) -> Report:
+def verify_location(location: str, algorithm: str, progress: Progress | None = None) -> Report:
     """The verdict for a checkpoint folder or single file; raises NothingThere if the location
-    holds neither, and StorageError if S3 cannot be read."""
+    holds neither, and StorageError if S3 cannot be read. ``progress``: bytes read of the
+    location's total size."""
     if not is_remote(location):
         path = Path(location)
         if not path.exists():
             raise NothingThere(location, "no such file or directory")
-        return verify_path(path, algorithm)
+        with _reads(progress, lambda: _local_size(path)):
+            return verify_path(path, algorithm)
     folder = open_store(location)
     if _holds_anything(folder):
-        return verify(folder, "", algorithm)
+        with _reads(progress, lambda: sum(i.size for i in folder.list(""))):
+            return verify(folder, "", algorithm)
     parent, _, name = location.rstrip("/").rpartition("/")
     if parent.count("/") >= 3:  # s3://bucket/name at least: a file may sit there
         store = open_store(parent)
         if store.exists(name):
-            return verify_file(store, name, algorithm)
+            with _reads(progress, lambda: sum(i.size for i in store.list(name) if i.key == name)):
+                return verify_file(store, name, algorithm)
     raise NothingThere(location, "no such object or prefix")
 
 
-def newest_valid(root: str | Path) -> LatestValid:
-    """Raises NothingThere for a missing local directory or an empty S3 prefix."""
+def _reads(progress: Progress | None, total: Callable[[], int]) -> AbstractContextManager[None]:
+    """Reports every byte the checksums read against ``total()`` (listed only when asked)."""
+    if progress is None:
+        return nullcontext()
+    size = total()
+    done = 0
+    lock = Lock()
+    progress(0, size)
+
+    def seen(n: int) -> None:
+        nonlocal done
+        with lock:
+            done += n
+            now = done
+        progress(now, size)
+
+    return observe_reads(seen)
+
+
+def _local_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def newest_valid(root: str | Path, progress: Progress | None = None) -> LatestValid:
+    """Raises NothingThere for a missing local directory or an empty S3 prefix. ``progress``:
+    checkpoint folders checked of those under the root."""
     location = str(root)
     store: ObjectStore
     if is_remote(location):
@@ -81,7 +120,7 @@ def newest_valid(root: str | Path) -> LatestValid:
             raise NothingThere(location, "not a directory")
         store = FsStore(Path(location))
         base = str(Path(location)) + "/"
-    chosen, reports = latest_valid(store)
+    chosen, reports = latest_valid(store, on_checked=progress)
     rejected: list[Rejected] = []
     for folder, report in reports:
         if folder == chosen:

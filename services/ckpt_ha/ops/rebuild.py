@@ -59,6 +59,10 @@ COORDINATED = ("job.", "resume.")
 ``checkpoint.registered`` (the pins it releases)."""
 
 
+Progress = Callable[[int, int | None], None]
+"""``(events read, None)``: the stream's length is not known ahead."""
+
+
 @dataclass
 class RebuildReport:
     read: int = 0
@@ -71,6 +75,15 @@ class RebuildReport:
 
     def skip(self, code: str) -> None:
         self.skipped[code] = self.skipped.get(code, 0) + 1
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "read": self.read,
+            "applied": self.applied,
+            "duplicates": self.duplicates,
+            "replayed": self.replayed,
+            "skipped": dict(sorted(self.skipped.items())),
+        }
 
 
 class RegistryReplay(RegistryWriter, TierDeclarer, Protocol):
@@ -100,6 +113,7 @@ async def rebuild(
     *,
     restores: RestoreReplay | None = None,
     clock: Clock = utc_now,
+    progress: Progress | None = None,
 ) -> RebuildReport:
     """``key_of``: a location's key in the storage root, as the live registrar had it (an event
     naming a location its job does not own is refused here as it was there). ``restores``: the
@@ -109,7 +123,7 @@ async def rebuild(
     if not cfg.signing_keys:
         raise RebuildWithoutSigningKey
     await require_complete_stream(cfg)
-    return await _replay(registry, cfg, catalog, key_of, restores, clock)
+    return await _replay(registry, cfg, catalog, key_of, restores, clock, progress)
 
 
 async def _replay(
@@ -119,12 +133,15 @@ async def _replay(
     key_of: KeyOf,
     restores: RestoreReplay | None,
     clock: Clock,
+    progress: Progress | None = None,
 ) -> RebuildReport:
     report = RebuildReport()
     deferred: list[Envelope[EventData]] = []
     async with aclosing(iter_events(cfg, catalog, event_filter(cfg.prefix))) as stream:
         async for item in stream:
             report.read += 1
+            if progress is not None:
+                progress(report.read, None)
             if isinstance(item, ContractError):
                 report.skip(item.code)
                 continue
@@ -219,6 +236,7 @@ async def rebuild_registry(
     state_ttl_s: int = 30 * 24 * 3600,
     catalog: EventCatalog = CATALOG,
     clock: Clock = utc_now,
+    progress: Progress | None = None,
 ) -> RebuildReport:
     """Everything under the registry's prefix from the stream: the registry, declared tiers,
     the restore-coordinator's state and the pins. ``trajectory_limit`` and ``state_ttl_s``: the
@@ -252,6 +270,6 @@ async def rebuild_registry(
         await state.clear()
         await pins.clear()
     replay = RestoreReplay(state, pins, registry)
-    report = await _replay(registry, bus, catalog, key_of, replay, clock)
+    report = await _replay(registry, bus, catalog, key_of, replay, clock, progress)
     await registry.remember_stream(current, replace=True)
     return report

@@ -3,6 +3,7 @@ operator says so, with a reason that is recorded for every deletion."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -12,6 +13,13 @@ from ckpt_ha.ops.errors import DeletionFailed, ListingFailed
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.retention_janitor import adapters, domain
 from ckpt_ha.storage import ObjectStore, StorageError, bounded
+
+Progress = Callable[[int, int | None, str], None]
+"""``(done, total, phase)``: registry jobs read, storage objects listed, unknown ones deleted."""
+
+
+def _quiet(done: int, total: int | None, phase: str) -> None:
+    pass
 
 
 @dataclass
@@ -63,19 +71,24 @@ async def reconcile(
     clock: Clock,
     min_age_s: float,
     delete: Deletion | None = None,
+    progress: Progress | None = None,
 ) -> Reconciliation:
     """Every object no registry record claims; with ``delete``, those older than ``min_age_s``
     are deleted and each deletion is recorded in the registry's reconcile log."""
     # The registry first: an object registered between the two reads is then listed but known,
     # never the other way round.
+    progress = progress or _quiet
     known: list[str] = []
-    for job in await registry.jobs():
+    jobs = await registry.jobs()
+    for done, job in enumerate(jobs, 1):
         for record in await registry.by_job(job):
             known += adapters.locations(store, record)
+        progress(done, len(jobs), "registry jobs read")
     try:
         infos = await bounded.call(lambda: list(store.list("")))
     except StorageError as exc:
         raise ListingFailed(exc) from None
+    progress(len(infos), None, "storage objects listed")
     unknown = set(domain.unknown_objects([i.key for i in infos], known))
     now = clock()
     found = [
@@ -91,6 +104,7 @@ async def reconcile(
     ]
     deleted = 0
     if delete is not None:
+        doomed = sum(o.old_enough for o in found)
         for obj in found:
             if not obj.old_enough:
                 continue
@@ -109,4 +123,5 @@ async def reconcile(
             await registry.record_reconcile_deletion(entry)
             obj.deleted = True
             deleted += 1
+            progress(deleted, doomed, "deleted")
     return Reconciliation(found, deleted)
