@@ -27,6 +27,14 @@ def cmd_up(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         state = stack.up(home, env, storage_link=bool(storage and env.get("AWS_ENDPOINT_URL")))
     except Exception as exc:  # noqa: BLE001 - a failed start is reported in one line
         raise CommandError(f"up failed: {exc}") from None
+    if getattr(args, "json", False):  # `demo` has no --json
+        doc = {
+            "home": str(home),
+            "storage_root": state.storage_root,
+            "components": [r.__dict__ for r in stack.status(state)],
+        }
+        print(render.dumps(doc))
+        return 0
     print(f"ckpt-ha local stack under {home}, storage root {state.storage_root}")
     print(_status_table(state))
     return 0
@@ -34,6 +42,9 @@ def cmd_up(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 def cmd_down(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     stopped = stack.down(home)
+    if args.json:
+        print(render.dumps({"home": str(home), "stopped": stopped}))
+        return 0
     print(f"stopped: {', '.join(stopped)}" if stopped else f"nothing running under {home}")
     return 0
 

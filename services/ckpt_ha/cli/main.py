@@ -57,6 +57,7 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("restores", None): ("restores", "cmd_restores"),
     ("run", None): ("jobs", "cmd_run"),
     ("drill", None): ("jobs", "cmd_drill"),
+    ("completion", None): ("completion", "cmd_completion"),
 }
 """(command, action) -> (module under `ckpt_ha.cli`, function). A command imports only its own
 module, so the read-only ones start fast."""

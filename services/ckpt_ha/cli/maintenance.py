@@ -11,7 +11,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ckpt_ha.cli import context, render
+from ckpt_ha.cli import context, progress, render
 from ckpt_ha.core.clock import utc_now
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ def cmd_registry_rebuild(args: argparse.Namespace, env: dict[str, str], home: Pa
     settings = context.settings_of(RestoreCoordinatorSettings, env, home, "operator")
     key_of = partial(key_for_uri, open_store(settings.storage_root))
 
-    async def run() -> RebuildReport:
+    async def run(tick: progress.Progress | None) -> RebuildReport:
         async with context.registry(settings) as registry:
             return await rebuild_registry(
                 registry,
@@ -40,9 +40,14 @@ def cmd_registry_rebuild(args: argparse.Namespace, env: dict[str, str], home: Pa
                 accept_new_stream=args.accept_new_stream,
                 trajectory_limit=settings.trajectory_limit,
                 state_ttl_s=settings.state_ttl_s,
+                progress=tick,
             )
 
-    report = context.run(settings, run)
+    with progress.reporting(args, "registry rebuild", "events read") as tick:
+        report = context.run(settings, lambda: run(tick))
+    if args.json:
+        print(render.dumps(report.to_json()))
+        return 0
     skipped = ", ".join(f"{k}={v}" for k, v in sorted(report.skipped.items())) or "none"
     print(
         f"read {report.read} events: checkpoint events applied {report.applied}, "
@@ -135,7 +140,11 @@ def cmd_streams_provision(args: argparse.Namespace, env: dict[str, str], home: P
     from ckpt_ha.ops.streams import provision_streams
 
     settings = context.settings(env, home)
-    for line in context.run(settings, lambda: provision_streams(settings.bus())):
+    lines = context.run(settings, lambda: provision_streams(settings.bus()))
+    if args.json:
+        print(render.dumps({"changes": list(lines)}))
+        return 0
+    for line in lines:
         print(line)
     return 0
 
@@ -145,5 +154,9 @@ def cmd_streams_check(args: argparse.Namespace, env: dict[str, str], home: Path)
 
     settings = context.settings(env, home)
     context.run(settings, lambda: check_streams(settings.bus()))
+    if args.json:
+        names = [settings.events_stream, settings.dead_letter_stream]
+        print(render.dumps({"streams": names, "as_required": True}))
+        return 0
     print(f"{settings.events_stream} and {settings.dead_letter_stream}: as required")
     return 0

@@ -149,6 +149,25 @@ _STORAGE_HELP = (
 )
 
 
+def _json(p: argparse.ArgumentParser) -> None:
+    """`--json`, the same on every command that reports: stdout carries only the document."""
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the result as one JSON document on stdout (progress and errors: stderr)",
+    )
+
+
+def _progress(p: argparse.ArgumentParser) -> None:
+    """`--progress` on long work: shown on stderr anyway when stderr is a terminal."""
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help="report progress on stderr even when it is not a terminal (it always is when it "
+        "is one); never on stdout",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
     p.add_argument("--version", action=_Version, help="print the installed version and exit")
@@ -161,19 +180,20 @@ def build_parser() -> argparse.ArgumentParser:
         "up", help="start the embedded local stack (NATS, Redis, the five services)"
     )
     up.add_argument("--storage", type=_storage_root, metavar="ROOT", help=_STORAGE_HELP)
-    sub.add_parser("down", help="stop exactly the processes `up` started")
+    _json(up)
+    _json(sub.add_parser("down", help="stop exactly the processes `up` started"))
     st = sub.add_parser("status", help="each component of the local stack and its health")
-    st.add_argument("--json", action="store_true")
+    _json(st)
 
     ck = sub.add_parser("checkpoints", help="query the checkpoint registry")
     ck_sub = ck.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ls = ck_sub.add_parser("list", help="a job's checkpoints, newest step first")
     ls.add_argument("--job", required=True)
     ls.add_argument("--state", choices=[s.value for s in CheckpointState])
-    ls.add_argument("--json", action="store_true")
+    _json(ls)
     show = ck_sub.add_parser("show", help="one checkpoint with its history")
     show.add_argument("checkpoint_id")
-    show.add_argument("--json", action="store_true")
+    _json(show)
 
     reg = sub.add_parser("registry", help="registry maintenance")
     reg_sub = reg.add_subparsers(dest="action", required=True, parser_class=_Parser)
@@ -193,13 +213,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="rebuild from an event stream that is not the one the registry was built from "
         "(deleted and created again): only when it is meant to start afresh",
     )
+    _json(rb)
+    _progress(rb)
 
     sm = sub.add_parser("streams", help="the event and dead-letter streams (operator only)")
     sm_sub = sm.add_subparsers(dest="action", required=True, parser_class=_Parser)
-    sm_sub.add_parser(
-        "provision", help="create the streams or bring them to the required configuration"
+    _json(
+        sm_sub.add_parser(
+            "provision", help="create the streams or bring them to the required configuration"
+        )
     )
-    sm_sub.add_parser("check", help="exit 0 only if both streams are configured as required")
+    _json(sm_sub.add_parser("check", help="exit 0 only if both streams are configured as required"))
 
     rs = sub.add_parser(
         "restores",
@@ -207,12 +231,12 @@ def build_parser() -> argparse.ArgumentParser:
         "differences behind them, load outcomes, continuity",
     )
     rs.add_argument("--job", required=True, type=_text)
-    rs.add_argument("--json", action="store_true")
+    _json(rs)
 
     actor_help = "who acts (default: $CKPT_HA_ACTOR, else the login name); recorded with the action"
     dlq = sub.add_parser("dead-letters", help="list dead-lettered messages and why")
     dlq.add_argument("--limit", type=_count, default=50)
-    dlq.add_argument("--json", action="store_true")
+    _json(dlq)
     dlq_sub = dlq.add_subparsers(dest="action", parser_class=_Parser)
     rp = dlq_sub.add_parser(
         "replay",
@@ -244,35 +268,37 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("--dry-run", action="store_true", help="show what would be replayed")
     rp.add_argument("--actor", type=_text, help=actor_help)
-    rp.add_argument("--json", action="store_true")
+    _json(rp)
 
     vf = sub.add_parser(
         "verify", help="offline verdict for one checkpoint folder or file (exit 0 only if valid)"
     )
     vf.add_argument("path", help="a local folder or file, or s3://bucket/prefix")
-    vf.add_argument("--json", action="store_true")
+    _json(vf)
+    _progress(vf)
     vf.add_argument("--checksum", choices=["xxh3_64", "sha256"], default="xxh3_64")
 
     lv = sub.add_parser(
         "latest-valid", help="the newest valid checkpoint under a run's root, and why newer failed"
     )
     lv.add_argument("root", help="a local directory, or s3://bucket/prefix")
-    lv.add_argument("--json", action="store_true")
+    _json(lv)
+    _progress(lv)
 
     qu = sub.add_parser("quarantine", help="take a checkpoint out of restore candidates by hand")
     qu.add_argument("checkpoint_id")
     qu.add_argument("--reason", required=True, type=_text)
     qu.add_argument("--actor", type=_text, help=actor_help)
-    qu.add_argument("--json", action="store_true")
+    _json(qu)
     rl = sub.add_parser(
         "release", help="after a human check: verify a quarantined checkpoint again"
     )
     rl.add_argument("checkpoint_id")
     rl.add_argument("--reason", required=True, type=_text)
     rl.add_argument("--actor", type=_text, help=actor_help)
-    rl.add_argument("--json", action="store_true")
+    _json(rl)
 
-    ow = sub.add_parser("owner", help="which project owns a job's checkpoints (R5)")
+    ow = sub.add_parser("owner", help="which project owns a job's checkpoints")
     ow_sub = ow.add_subparsers(dest="action", required=True, parser_class=_Parser)
     tr = ow_sub.add_parser("transfer", help="move jobs from one project to another (recorded)")
     tr.add_argument("--from", dest="from_project", type=_text, help="the current owner")
@@ -280,16 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--job", action="append", type=_text, help="only these jobs (repeatable)")
     tr.add_argument("--reason", required=True, type=_text)
     tr.add_argument("--actor", type=_text, help=actor_help)
-    tr.add_argument("--json", action="store_true")
+    _json(tr)
     osh = ow_sub.add_parser(
         "show", help="a job's owner and its ownership log, or the jobs a project owns"
     )
     which = osh.add_mutually_exclusive_group(required=True)
     which.add_argument("--job")
     which.add_argument("--project", help="every job the project owns, deleted ones included")
-    osh.add_argument("--json", action="store_true")
+    _json(osh)
 
-    po = sub.add_parser("policy", help="checkpoint policy (R3)")
+    po = sub.add_parser("policy", help="checkpoint policy")
     po_sub = po.add_subparsers(dest="action", required=True, parser_class=_Parser)
     adv = po_sub.add_parser(
         "advise",
@@ -316,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="retention keeps the last N (steady-state footprint)")  # fmt: skip
     adv.add_argument("--prior-mtbf-hours", type=_positive, default=24.0, metavar="H",
                      help="with --job: the MTBF prior, worth one failure (default 24)")  # fmt: skip
-    adv.add_argument("--json", action="store_true")
+    _json(adv)
 
     pn = sub.add_parser(
         "pin", help="keep a checkpoint for an evaluation or candidate model (retention honours it)"
@@ -325,20 +351,20 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--by", required=True, type=_text, help="who holds it, e.g. eval:mmlu")
     pn.add_argument("--reason", type=_text, help="default: held by the --by name")
     pn.add_argument("--actor", type=_text, help=actor_help)
-    pn.add_argument("--json", action="store_true")
+    _json(pn)
     up = sub.add_parser("unpin", help="release a pin (retention may then expire the checkpoint)")
     up.add_argument("checkpoint_id")
     up.add_argument("--by", required=True, type=_text)
     up.add_argument("--reason", type=_text, help="default: released by the --by name")
     up.add_argument("--actor", type=_text, help=actor_help)
-    up.add_argument("--json", action="store_true")
+    _json(up)
 
     au = sub.add_parser(
         "audit", help="tombstones, expiries and pins: who removed or kept what, when and why"
     )
     au.add_argument("--job")
     au.add_argument("--checkpoint")
-    au.add_argument("--json", action="store_true")
+    _json(au)
 
     rc = sub.add_parser(
         "reconcile", help="storage objects the registry does not know (deleted only with --delete)"
@@ -354,28 +380,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rc.add_argument("--reason", type=_text, help="required with --delete; recorded")
     rc.add_argument("--actor", type=_text, help=actor_help)
-    rc.add_argument("--json", action="store_true")
+    _json(rc)
+    _progress(rc)
 
-    rt = sub.add_parser("retention", help="retention by tier (R6, R13)")
+    rt = sub.add_parser("retention", help="retention by tier")
     rt_sub = rt.add_subparsers(dest="action", required=True, parser_class=_Parser)
     rp = rt_sub.add_parser(
         "plan", help="dry run: what the janitor would expire or delete now, and what protects what"
     )
     rp.add_argument("--job")
     rp.add_argument("--all", action="store_true", help="also list checkpoints simply kept")
-    rp.add_argument("--json", action="store_true")
+    _json(rp)
 
-    ti = sub.add_parser("tier", help="a job's protection tier (R13)")
+    ti = sub.add_parser("tier", help="a job's protection tier")
     ti_sub = ti.add_subparsers(dest="action", required=True, parser_class=_Parser)
     ts = ti_sub.add_parser("set", help="record an explicit tier choice for a job")
     ts.add_argument("--job", required=True, type=_text)
     ts.add_argument("tier", type=_text)
     ts.add_argument("--reason", required=True, type=_text)
     ts.add_argument("--actor", type=_text, help=actor_help)
-    ts.add_argument("--json", action="store_true")
+    _json(ts)
     tsh = ti_sub.add_parser("show", help="a job's tier, where it comes from, and the tier table")
     tsh.add_argument("--job")
-    tsh.add_argument("--json", action="store_true")
+    _json(tsh)
 
     run = sub.add_parser(
         "run",
@@ -443,6 +470,15 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--storage", type=_storage_root, metavar="ROOT",
                     help=_STORAGE_HELP + " (default: the running stack's, else "
                     "$CKPT_HA_STORAGE_ROOT, else ~/.ckpt-ha/storage)")  # fmt: skip
+
+    co = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="Prints a static completion script generated from this command line. "
+        'bash: eval "$(ckpt-ha completion bash)" in ~/.bashrc; zsh: eval '
+        '"$(ckpt-ha completion zsh)" in ~/.zshrc (after compinit).',
+    )
+    co.add_argument("shell", choices=["bash", "zsh"])
 
     demo = sub.add_parser("demo", help="start the stack, write a checkpoint, show it registered")
     demo.add_argument("--job", default="demo-job")
