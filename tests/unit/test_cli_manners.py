@@ -1,0 +1,263 @@
+"""CLI manners: `--version`, shell completion run in a real bash, progress on stderr only when
+stderr is a terminal or `--progress` asks (never in `--json` output), `--json` on every command
+that reports, help without requirement ids, and bad arguments as one line with exit 2."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckpt_ha.cli import completion
+from ckpt_ha.cli.main import main
+from ckpt_ha.cli.parser import build_parser, version
+from ckpt_ha.cli.progress import Progress
+from tests.support.hostile import write_native
+
+NO_JSON = {
+    ("serve",): "runs a service until stopped",
+    ("run",): "runs the training command; its exit code is the result",
+    ("demo",): "a guided tour for people",
+    ("completion",): "prints a shell script",
+}
+"""Leaf commands without `--json`, and why: they run something or print a script, they do not
+report a result."""
+
+
+def _tree(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += _tree(sub, (*path, name))
+    return found
+
+
+def _leaf(parser: argparse.ArgumentParser) -> bool:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return not subs or not subs[0].required
+
+
+def _cli(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+        [sys.executable, "-m", "ckpt_ha.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        **kwargs,
+    )
+
+
+def test_no_help_output_names_a_requirement_id() -> None:
+    tree = _tree(build_parser())
+    assert len(tree) > 30
+    for path, parser in tree:
+        text = parser.format_help()
+        assert not re.search(r"\(R\d+", text), (path, text)
+    assert not re.search(r"\(R\d+", _cli("--help").stdout)
+
+
+def test_every_command_that_reports_takes_json() -> None:
+    leaves = {path: p for path, p in _tree(build_parser()) if path and _leaf(p)}
+    assert set(NO_JSON) <= set(leaves)
+    lacking = [
+        path
+        for path, parser in leaves.items()
+        if path not in NO_JSON and not any("--json" in a.option_strings for a in parser._actions)
+    ]
+    assert lacking == []
+
+
+def test_version_is_the_installed_distribution_s() -> None:
+    done = _cli("--version")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"ckpt-ha {version()}\n"
+    assert done.stderr == ""
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["completion", "fish"], "invalid choice: 'fish'"),
+        (["verify", "x", "--checksum", "md5"], "invalid choice: 'md5'"),
+        (["latest-valid"], "the following arguments are required: root"),
+        (["registry", "rebuild", "--progress=yes"], "ignored explicit argument"),
+        (["streams", "check", "--jsn"], "unrecognized arguments"),
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(
+    args: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(args) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("ckpt-ha: ")
+    assert says in err
+
+
+# -- completion -----------------------------------------------------------------------------
+
+_BASH_TRY = """
+eval "$(cat "$1")" || exit 3
+complete -p ckpt-ha || exit 4
+try() {
+    COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); COMPREPLY=()
+    _ckpt_ha || exit 5
+    echo "${COMPREPLY[*]}"
+}
+try ckpt-ha ""
+try ckpt-ha checkpoints ""
+try ckpt-ha checkpoints list --st
+try ckpt-ha checkpoints list --state v
+try ckpt-ha checkpoints list --job list ""
+try ckpt-ha serve reg
+try ckpt-ha latest-valid --
+try ckpt-ha completion ""
+try ckpt-ha run --job j -- pyth
+"""
+
+
+def test_bash_completion_completes_commands_options_and_choices_in_a_real_bash(
+    tmp_path: Path,
+) -> None:
+    bash = shutil.which("bash")
+    assert bash is not None, "bash is needed to test the completion script"
+    generated = _cli("completion", "bash")
+    assert generated.returncode == 0, generated.stderr
+    script = tmp_path / "ckpt-ha.bash"
+    script.write_text(generated.stdout)
+    done = subprocess.run(
+        [bash, "--norc", "--noprofile", "-c", _BASH_TRY, "try", str(script)],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    lines = done.stdout.splitlines()
+    assert lines[0] == "complete -o default -F _ckpt_ha ckpt-ha"
+    top = [name for path, _ in _tree(build_parser()) if len(path) == 1 for name in path]
+    assert lines[1].split() == top
+    assert lines[2].split() == ["list", "show"]
+    assert lines[3] == "--state"
+    assert lines[4] == "valid"
+    assert lines[5] == ""  # after an option's value: nothing fixed, file names (-o default)
+    assert lines[6] == "registrar"
+    assert set(lines[7].split()) == {"--help", "--json", "--progress"}
+    assert lines[8].split() == ["bash", "zsh"]
+    assert lines[9] == ""  # after `--`: the training command's own words
+
+
+def test_the_zsh_script_is_the_bash_one_through_bashcompinit() -> None:
+    script = completion.zsh()
+    head, _, body = script.partition("autoload -U +X bashcompinit && bashcompinit\n")
+    assert head.startswith("#compdef ckpt-ha\n")
+    assert body == completion.bash()
+
+
+def test_completion_follows_the_parser() -> None:
+    """A new command appears in the script without anyone editing it."""
+    parser = build_parser()
+    nodes = {n.path: n for n in completion.nodes(parser)}
+    assert set(nodes) == {path for path, _ in _tree(parser)}
+    assert nodes[("checkpoints", "list")].valued["--job"] == []
+    assert "fenced" in nodes[("checkpoints", "list")].valued["--state"]
+
+
+# -- progress -------------------------------------------------------------------------------
+
+
+def test_progress_is_throttled_names_phases_and_ends_with_one_line() -> None:
+    now = [0.0]
+    out = io.StringIO()
+    p = Progress("reconcile", "jobs read", out, tty=False, clock=lambda: now[0])
+    p(1, 3)
+    p(2, 3)  # within the interval: not shown
+    now[0] = 5.0
+    p(3, 3)
+    p(10, None, "objects listed")  # a new phase always shows
+    p.close()
+    assert out.getvalue().splitlines() == [
+        "reconcile: 1 of 3 jobs read (33%)",
+        "reconcile: 3 of 3 jobs read (100%)",
+        "reconcile: 10 objects listed",
+        "reconcile: done, 10 objects listed",
+    ]
+
+
+def test_progress_on_a_terminal_rewrites_one_line_and_clears_it() -> None:
+    out = io.StringIO()
+    p = Progress("verify x", "bytes", out, tty=True, clock=lambda: 0.0)
+    p(0, 3 * 1024 * 1024)
+    p.close()
+    assert out.getvalue() == "\rverify x: 0 B of 3.0 MiB read (0%)\x1b[K\r\x1b[K"
+
+
+@pytest.fixture
+def run_root(tmp_path: Path) -> Path:
+    root = tmp_path / "run"
+    write_native(root / "step-10", step=10)
+    write_native(root / "step-20", step=20)
+    return root
+
+
+def test_verify_progress_goes_to_stderr_and_json_stays_one_document(run_root: Path) -> None:
+    folder = str(run_root / "step-20")
+    asked = _cli("verify", folder, "--json", "--progress")
+    assert asked.returncode == 0, asked.stderr
+    assert json.loads(asked.stdout)["verdict"] == "valid"
+    lines = asked.stderr.splitlines()
+    assert lines[0].startswith(f"verify {folder}: 0 B of ")
+    assert re.fullmatch(rf"verify {re.escape(folder)}: done, 5\.0 KiB read", lines[-1]), lines
+
+    unasked = _cli("verify", folder, "--json")  # stderr is a pipe: nothing
+    assert unasked.returncode == 0
+    assert unasked.stderr == ""
+    assert unasked.stdout == asked.stdout
+
+
+def test_latest_valid_counts_folders_and_only_on_stderr(run_root: Path) -> None:
+    done = _cli("latest-valid", str(run_root), "--json", "--progress")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["path"] == f"{run_root}/step-20"
+    assert done.stderr.splitlines()[-1] == f"latest-valid {run_root}: done, 2 folders checked"
+    assert f"latest-valid {run_root}: 1 of 2 folders checked (50%)" in done.stderr
+
+
+def test_progress_shows_on_its_own_when_stderr_is_a_terminal(run_root: Path) -> None:
+    main_fd, term_fd = pty.openpty()
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "ckpt_ha.cli.main", "latest-valid", str(run_root), "--json"],
+            stdout=subprocess.PIPE, stderr=term_fd, env=os.environ,
+        )  # fmt: skip
+        os.close(term_fd)
+        out, _ = proc.communicate(timeout=60)
+        seen = b""
+        while select.select([main_fd], [], [], 0.5)[0]:
+            try:
+                chunk = os.read(main_fd, 4096)
+            except OSError:  # the terminal closed with the process
+                break
+            if not chunk:
+                break
+            seen += chunk
+    finally:
+        os.close(main_fd)
+    assert proc.returncode == 0
+    assert json.loads(out)["path"] == f"{run_root}/step-20"
+    text = seen.decode()
+    assert f"\rlatest-valid {run_root}: 1 of 2 folders checked (50%)\x1b[K" in text
+    assert text.endswith("\r\x1b[K")  # cleared: the terminal is left clean
