@@ -50,14 +50,13 @@ def _leaf(parser: argparse.ArgumentParser) -> bool:
     return not subs or not subs[0].required
 
 
-def _cli(*args: str, **kwargs: object) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(  # type: ignore[call-overload, no-any-return]
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [sys.executable, "-m", "ckpt_ha.cli.main", *args],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
-        **kwargs,
     )
 
 
@@ -160,11 +159,42 @@ def test_bash_completion_completes_commands_options_and_choices_in_a_real_bash(
     assert lines[9] == ""  # after `--`: the training command's own words
 
 
-def test_the_zsh_script_is_the_bash_one_through_bashcompinit() -> None:
-    script = completion.zsh()
-    head, _, body = script.partition("autoload -U +X bashcompinit && bashcompinit\n")
+_ZSH_TRY = """
+autoload -U compinit && compinit -u -D || exit 3
+eval "$(cat "$1")" || exit 4
+print -r -- "${_comps[ckpt-ha]}"
+# What zsh's _bash_complete does on a TAB: the bash function, in sh emulation (0-based arrays).
+try() {
+    COMP_WORDS=("$@"); COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); COMPREPLY=()
+    _ckpt_ha || exit 5
+    echo "${COMPREPLY[*]}"
+}
+emulate sh -c 'try ckpt-ha checkpoints ""'
+emulate sh -c 'try ckpt-ha verify x --checksum ""'
+"""
+
+
+def test_the_zsh_script_loads_in_a_real_zsh_through_bashcompinit(tmp_path: Path) -> None:
+    zsh = shutil.which("zsh")
+    assert zsh is not None, "zsh is needed to test its completion script (apt-get install zsh)"
+    generated = _cli("completion", "zsh")
+    assert generated.returncode == 0, generated.stderr
+    head, _, body = generated.stdout.partition("autoload -U +X bashcompinit && bashcompinit\n")
     assert head.startswith("#compdef ckpt-ha\n")
     assert body == completion.bash()
+    script = tmp_path / "ckpt-ha.zsh"
+    script.write_text(generated.stdout)
+    done = subprocess.run(
+        [zsh, "-f", "-c", _ZSH_TRY, "try", str(script)],
+        capture_output=True, text=True, timeout=30, check=False,
+        env={**os.environ, "HOME": str(tmp_path), "ZDOTDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == [
+        "_bash_complete -o default -F _ckpt_ha",
+        "list show",
+        "xxh3_64 sha256",
+    ]
 
 
 def test_completion_follows_the_parser() -> None:
