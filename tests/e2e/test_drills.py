@@ -138,8 +138,9 @@ def test_a_storage_outage_fakes_no_checkpoint_blames_infrastructure_and_the_rest
     assert result["baseline"]["config"]["seed"] == 0
     assert result["fault"]
 
-    # --report: the three files, the JSON is what --json printed, the page stands alone.
-    assert sorted(p.name for p in report.iterdir()) == ["report.html", "report.json", "report.md"]
+    # --report: the four files, the JSON is what --json printed, the page stands alone.
+    names = sorted(p.name for p in report.iterdir())
+    assert names == ["junit.xml", "report.html", "report.json", "report.md"]
     assert json.loads((report / "report.json").read_text()) == result
     page = (report / "report.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page)
