@@ -295,17 +295,17 @@ def page(results: Sequence[Result]) -> str:
     ]
     for r in results:
         v = str(r.get("verdict", "fail"))
-        cls = {"pass": "pass", "fail": "fail"}.get(v, "na")
+        cls, shown = {"pass": "pass", "fail": "fail"}.get(v, "na"), v.upper().replace("_", " ")
         body.append(f'<tr class="scenario"><td><a href="#{_e(r["scenario"])}">'
-                    f'{_e(r["scenario"])}</a></td><td class="{cls}">{_e(v.upper())}</td>'
+                    f'{_e(r["scenario"])}</a></td><td class="{cls}">{_e(shown)}</td>'
                     f"<td>{_e(scalar(r.get('job')))}</td><td>{_e(r.get('elapsed_seconds', ''))}"
                     f"</td><td>{_e(r.get('fault', ''))}</td></tr>")  # fmt: skip
     body.append("</table>")
     for r in results:
         v = str(r.get("verdict", "fail"))
-        cls = {"pass": "pass", "fail": "fail"}.get(v, "na")
+        cls, shown = {"pass": "pass", "fail": "fail"}.get(v, "na"), v.upper().replace("_", " ")
         body.append(f'<h2 id="{_e(r["scenario"])}">{_e(r["scenario"])}: '
-                    f'<span class="{cls}">{_e(v.upper())}</span></h2>')  # fmt: skip
+                    f'<span class="{cls}">{_e(shown)}</span></h2>')  # fmt: skip
         body.append(f"<p>fault (the one variable changed): {_e(r.get('fault'))}</p>")
         if r.get("baseline"):
             body.append('<table class="baseline">')
