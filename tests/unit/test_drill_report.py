@@ -138,7 +138,12 @@ def escalated_result() -> dict[str, Any]:
     return {**stored_result("restart-loop"), "levels": levels, "expected_levels": [],
             "escalation": {"event_id": "ev-esc", "reason": "restart_loop",
                            "next_step": "look at the job's log"},
-            "checks": {"escalated": True}}  # fmt: skip
+            "checks": {"escalated": True},
+            "metrics_after": {"ckpt_ha_job_restarts_total{}": 2.0,
+                              "ckpt_ha_resume_last_outcome_timestamp_seconds{outcome=escalated,"
+                              "reason=restart_loop}": 1796140800.0},
+            "alerts_fired": {"available": True, "alerts": {
+                "RestartLoop": {"state": "firing", "severity": "critical"}}}}  # fmt: skip
 
 
 def not_run_result() -> dict[str, Any]:
@@ -194,6 +199,13 @@ def test_evidence_reads_as_named_fields_not_json() -> None:
     assert "loss: observed 0.25, expected 0.25: ok" in page
     # What the report has no own place for (here: the escalation) is listed as fields too.
     assert "<th>next step</th><td>look at the job&#x27;s log</td>" in page
+    # A series after the drill keeps its metric name, its labels without braces; a timestamp
+    # reads as a time.
+    assert "<th>ckpt_ha_job_restarts_total</th><td>2</td>" in page
+    assert ("<th>ckpt_ha_resume_last_outcome_timestamp_seconds (outcome=escalated, "
+            "reason=restart_loop)</th><td>2026-12-01T16:00:00+00:00</td>") in page  # fmt: skip
+    assert '<th>RestartLoop</th><td><table class="fields"><tr><th>state</th><td>firing' in page
+    assert "ckpt_ha_job_restarts_total: 2;" in report.markdown(results)
     assert '<th>baseline config</th><td><table class="fields"><tr><th>seed</th>' in page
     md = report.markdown(results)
     assert "| verified | PASS | event: ev-verified; checks: manifest, sizes; checksums: " in md

@@ -17,6 +17,7 @@ import json
 import math
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from ckpt_ha.drill.assess import LEVELS
@@ -52,8 +53,23 @@ def _css(mark: str) -> str:
 
 def label(key: str) -> str:
     """A field name for a person: ``bytes_verified`` reads ``bytes verified``, ``event_id``
-    reads ``event``."""
-    return "event" if key == "event_id" else key.replace("_", " ")
+    reads ``event``; a Prometheus series (``metrics_after``) keeps its name and shows its
+    labels in parentheses, without braces: ``ckpt_ha_x_total (outcome=loaded)``."""
+    if key == "event_id":
+        return "event"
+    name, brace, labels = key.partition("{")
+    if brace:
+        pairs = [p for p in labels.rstrip("}").split(",") if p and not p.endswith("=")]
+        return f"{name} ({', '.join(pairs)})" if pairs else name
+    return key.replace("_", " ")
+
+
+def _field(key: str, value: Any) -> Any:
+    """A timestamp series' value as a UTC time rather than seconds since 1970."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and value > 0 and key.partition("{")[0].endswith("timestamp_seconds"):
+        return datetime.fromtimestamp(value, UTC).isoformat(timespec="seconds")
+    return value
 
 
 def scalar(value: Any) -> str:
@@ -88,7 +104,7 @@ def as_text(value: Any) -> str:
             return "none"
         parts = []
         for k, v in value.items():
-            text = as_text(v)
+            text = as_text(_field(str(k), v))
             nested = isinstance(v, Mapping) and v and not _is_comparison(v)
             parts.append(f"{label(str(k))}: ({text})" if nested else f"{label(str(k))}: {text}")
         return "; ".join(parts)
@@ -110,8 +126,8 @@ def as_html(value: Any) -> str:
     if isinstance(value, Mapping):
         if not value:
             return "none"
-        rows = "".join(f"<tr><th>{_e(label(str(k)))}</th><td>{as_html(v)}</td></tr>"
-                       for k, v in value.items())  # fmt: skip
+        rows = "".join(f"<tr><th>{_e(label(str(k)))}</th><td>{as_html(_field(str(k), v))}"
+                       f"</td></tr>" for k, v in value.items())  # fmt: skip
         return f'<table class="fields">{rows}</table>'
     if isinstance(value, list | tuple):
         if not value:
