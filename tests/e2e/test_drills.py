@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -138,8 +139,9 @@ def test_a_storage_outage_fakes_no_checkpoint_blames_infrastructure_and_the_rest
     assert result["baseline"]["config"]["seed"] == 0
     assert result["fault"]
 
-    # --report: the three files, the JSON is what --json printed, the page stands alone.
-    assert sorted(p.name for p in report.iterdir()) == ["report.html", "report.json", "report.md"]
+    # --report: the four files, the JSON is what --json printed, the page stands alone.
+    names = sorted(p.name for p in report.iterdir())
+    assert names == ["junit.xml", "report.html", "report.json", "report.md"]
     assert json.loads((report / "report.json").read_text()) == result
     page = (report / "report.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?\s*(https?:)?//""", page)
@@ -148,7 +150,15 @@ def test_a_storage_outage_fakes_no_checkpoint_blames_infrastructure_and_the_rest
     assert 'class="drill"' in page
     assert 'class="faults"' in page
     assert 'class="resumes"' in page
-    assert "## storage-outage: PASS" in (report / "report.md").read_text()
+    md = (report / "report.md").read_text()
+    assert "## storage-outage: PASS" in md
+    # The write phase has no restore of its own: its five levels are not expected, not failed.
+    assert md.count("| not expected |") == 5
+    assert "| FAIL |" not in md
+    junit = ET.fromstring((report / "junit.xml").read_text())
+    assert [(c.get("name"), c.find("failure")) for c in junit.iter("testcase")] == [
+        ("storage-outage", None)
+    ]
     # The drill run matches the baseline (same seed, uninterrupted) step for step: a restore
     # from a valid checkpoint changes no loss.
     baseline = {int(s): v for s, v in result["curves"]["baseline"]}

@@ -30,6 +30,7 @@ from ckpt_ha.contracts.resume import (
 )
 
 LEVELS = ("generated", "verified", "registered", "loadable", "continued")
+"""The five levels of evidence (R7), in the order a restore reaches them."""
 
 
 @dataclass
@@ -53,12 +54,17 @@ class Assessment:
     timeline: list[dict[str, Any]]
     reasons: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    expected_levels: tuple[str, ...] = LEVELS
+    """The levels the verdict requires. A scenario that passes by stopping the restore (an
+    escalation) or a phase with no restore of its own expects fewer: the report shows the others
+    as "not expected" rather than failed."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario,
             "verdict": self.verdict,
             "levels": {name: self.levels[name].to_json() for name in LEVELS},
+            "expected_levels": list(self.expected_levels),
             "last_valid_checkpoint": self.last_valid_checkpoint,
             "restored_from": self.restored_from,
             "continue_step": self.continue_step,

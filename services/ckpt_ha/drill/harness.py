@@ -296,6 +296,9 @@ def expect_escalation(
         {"event_id": last.id, **last.data.model_dump(mode="json")} if last else None
     )
     result["job"], result["job_exit_code"] = drill.job, code
+    # The drill passes by stopping the restore: no level is required of the checkpoint the
+    # system planned (any reached is still shown as passed).
+    result["expected_levels"] = []
     checks = {
         "escalated": last is not None,
         f"for {' or '.join(sorted(reasons))}": last is not None

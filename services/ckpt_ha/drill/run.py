@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_ha.devstack import stack
-from ckpt_ha.drill import assess, evidence
+from ckpt_ha.drill import assess, evidence, report
 from ckpt_ha.drill.assess import Assessment
 from ckpt_ha.drill.harness import DRILL_ENV, Drill, DrillFailed
 from ckpt_ha.drill.scenarios import (
@@ -156,9 +156,8 @@ def as_text(result: Mapping[str, Any]) -> str:
                 f" compute {d['compute']:.2f})"
             )
         for name, level in (phase.get("levels") or {}).items():
-            mark = "PASS" if level["passed"] else "FAIL"
-            evidence = json.dumps(level["evidence"], default=str)[:150]
-            lines.append(f"  {mark}  {name:<10} {evidence}")
+            evidence = report.as_text(level.get("evidence") or {})
+            lines.append(f"  {report.level_mark(phase, name):<12}  {name:<10} {evidence[:200]}")
     fired = result.get("alerts_fired") or {}
     if fired.get("available"):
         alerts = fired["alerts"].items()
