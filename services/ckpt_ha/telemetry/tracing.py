@@ -124,8 +124,6 @@ def instrument_clients(provider: TracerProvider, processor: SpanProcessor) -> No
     checkpoint's span joins that trace (and its sampling decision), one outside any span starts
     no trace.
     """
-    from opentelemetry.instrumentation.botocore import BotocoreInstrumentor
-    from opentelemetry.instrumentation.redis import RedisInstrumentor
     from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
     from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
@@ -135,18 +133,24 @@ def instrument_clients(provider: TracerProvider, processor: SpanProcessor) -> No
         shutdown_on_exit=False,  # ``provider`` flushes and stops the shared processor
     )
     children.add_span_processor(processor)
-    for instrumentor in (BotocoreInstrumentor(), RedisInstrumentor()):
+    for instrumentor in _client_instrumentors():
         if not instrumentor.is_instrumented_by_opentelemetry:
             instrumentor.instrument(tracer_provider=children)
 
 
 def uninstrument_clients() -> None:
+    for instrumentor in _client_instrumentors():
+        if instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.uninstrument()
+
+
+def _client_instrumentors() -> list[Any]:
+    """The botocore and redis instrumentors (singletons; the botocore one is untyped)."""
     from opentelemetry.instrumentation.botocore import BotocoreInstrumentor
     from opentelemetry.instrumentation.redis import RedisInstrumentor
 
-    for instrumentor in (BotocoreInstrumentor(), RedisInstrumentor()):
-        if instrumentor.is_instrumented_by_opentelemetry:
-            instrumentor.uninstrument()
+    classes: tuple[Any, ...] = (BotocoreInstrumentor, RedisInstrumentor)
+    return [cls() for cls in classes]
 
 
 def setup(service: str) -> bool:
