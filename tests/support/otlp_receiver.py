@@ -1,7 +1,9 @@
-"""A real OTLP/HTTP trace receiver for tests: ``POST /v1/traces`` with protobuf bodies.
+"""Real OTLP trace receivers for tests: OTLP/HTTP (``POST /v1/traces``, protobuf bodies) and
+OTLP/gRPC (the ``opentelemetry.proto.collector.trace.v1.TraceService/Export`` method).
 
-It decodes what the services' exporters send with opentelemetry-proto, exactly as a collector
-would, and keeps every span with its resource's ``service.name``.
+Both decode what the services' exporters send with opentelemetry-proto (the gRPC one serves the
+TraceService servicer generated in that package, over grpcio), exactly as a collector would, and
+keep every span with its resource's ``service.name``.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import gzip
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -17,6 +20,10 @@ from typing import Any
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
     ExportTraceServiceResponse,
+)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import (
+    TraceServiceServicer,
+    add_TraceServiceServicer_to_server,
 )
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
@@ -56,6 +63,8 @@ class ReceivedSpan:
 @dataclass
 class OtlpReceiver:
     port: int = 0
+    protocol: str = "http/protobuf"
+    """What ``OTEL_EXPORTER_OTLP_PROTOCOL`` a client sets to reach it."""
     spans: list[ReceivedSpan] = field(default_factory=list)
     requests: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -67,6 +76,9 @@ class OtlpReceiver:
     def add(self, body: bytes) -> None:
         request = ExportTraceServiceRequest()
         request.ParseFromString(body)
+        self.add_request(request)
+
+    def add_request(self, request: ExportTraceServiceRequest) -> None:
         received: list[ReceivedSpan] = []
         for rs in request.resource_spans:
             resource = {kv.key: _value(kv.value) for kv in rs.resource.attributes}
@@ -153,6 +165,34 @@ def start_receiver() -> tuple[OtlpReceiver, Callable[[], None]]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+    return receiver, stop
+
+
+class _TraceService(TraceServiceServicer):  # type: ignore[misc]  # generated, untyped
+    def __init__(self, receiver: OtlpReceiver) -> None:
+        self.receiver = receiver
+
+    def Export(  # noqa: N802 - the generated servicer's method name
+        self, request: ExportTraceServiceRequest, context: Any
+    ) -> ExportTraceServiceResponse:
+        self.receiver.add_request(request)
+        return ExportTraceServiceResponse()
+
+
+def start_grpc_receiver() -> tuple[OtlpReceiver, Callable[[], None]]:
+    """An OTLP/gRPC receiver on a free loopback port (plaintext, as ``http://`` tells the
+    exporter)."""
+    import grpc
+
+    receiver = OtlpReceiver(protocol="grpc")
+    server = grpc.server(ThreadPoolExecutor(max_workers=4))
+    add_TraceServiceServicer_to_server(_TraceService(receiver), server)
+    receiver.port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+
+    def stop() -> None:
+        server.stop(grace=1).wait(5)
 
     return receiver, stop
 

@@ -171,6 +171,60 @@ def test_setup_installs_nothing_without_an_endpoint(monkeypatch: pytest.MonkeyPa
     tracing.shutdown()  # a no-op
 
 
+@pytest.mark.parametrize(
+    ("env", "protocol"),
+    [
+        ({}, "http/protobuf"),  # the OpenTelemetry specification's default
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}, "grpc"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": " GRPC "}, "grpc"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}, "http/protobuf"),
+        ({"OTEL_EXPORTER_OTLP_PROTOCOL": ""}, "http/protobuf"),
+        (
+            {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+             "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc"},
+            "grpc",
+        ),
+    ],
+)  # fmt: skip
+def test_otlp_protocol_follows_the_standard_variables(env: dict[str, str], protocol: str) -> None:
+    assert tracing.otlp_protocol(env) == protocol
+
+
+@pytest.mark.parametrize(
+    "variable", ["OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
+)
+def test_an_unsupported_protocol_is_refused_not_silently_replaced(variable: str) -> None:
+    with pytest.raises(tracing.UnsupportedProtocolError, match=f"{variable}='http/json'"):
+        tracing.otlp_protocol({variable: "http/json"})
+
+
+def test_setup_refuses_an_unsupported_protocol_before_installing_anything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:4317")
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "thrift")
+    monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", raising=False)
+    monkeypatch.delenv("OTEL_TRACES_EXPORTER", raising=False)
+    with pytest.raises(tracing.UnsupportedProtocolError):
+        tracing.setup("registrar")
+    assert tracing._provider is None
+
+
+@pytest.mark.parametrize(
+    ("protocol", "module"),
+    [
+        ("grpc", "opentelemetry.exporter.otlp.proto.grpc.trace_exporter"),
+        ("http/protobuf", "opentelemetry.exporter.otlp.proto.http.trace_exporter"),
+    ],
+)
+def test_each_protocol_gets_its_own_exporter(protocol: str, module: str) -> None:
+    exporter = tracing.otlp_exporter(protocol)
+    try:
+        assert type(exporter).__module__ == module
+    finally:
+        exporter.shutdown()
+
+
 def test_the_registry_keeps_the_first_trace_context_of_a_checkpoint() -> None:
     first = committed("c1").model_copy(update={"traceparent": TP})
     record, _ = project(None, first)

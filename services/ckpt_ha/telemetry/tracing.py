@@ -8,10 +8,17 @@ the checkpoint so a transition hours later (scrub, restore, retention) continues
 and links to the span that started it.
 
 Export is configured by the standard variables only: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
-``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``,
-``none``), ``OTEL_SERVICE_NAME`` / ``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_BSP_*``,
-``OTEL_TRACES_SAMPLER``. With no endpoint (and no explicit exporter) nothing is installed: the
-API's no-op tracer is used, spans cost a function call, and nothing is exported or logged.
+``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or
+``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``: ``grpc`` or ``http/protobuf``, the specification's
+default), ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ``none``), ``OTEL_SERVICE_NAME`` /
+``OTEL_RESOURCE_ATTRIBUTES``, ``OTEL_BSP_*``, ``OTEL_TRACES_SAMPLER``. With no endpoint (and no
+explicit exporter) nothing is installed: the API's no-op tracer is used, spans cost a function
+call, and nothing is exported or logged.
+
+When spans are exported, the botocore (S3) and redis (registry) client calls are traced too, by
+OpenTelemetry's own instrumentations, as children of the span that made them. A call made outside
+any span (a polling loop, a health check) records nothing: those instrumentations get a provider
+that never starts a trace of its own.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -29,6 +36,10 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 # Re-exported: defined once, in the module the training SDK can import without OpenTelemetry.
 from ckpt_ha.telemetry.traceparent import new_traceparent as new_traceparent
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 TRACER_NAME = "ckpt_ha"
 _PROPAGATOR = TraceContextTextMapPropagator()
@@ -56,6 +67,92 @@ def exporter_choice(env: dict[str, str] | os._Environ[str] | None = None) -> str
     return "otlp" if endpoint else None
 
 
+PROTOCOLS = ("grpc", "http/protobuf")
+"""The OTLP transports this project exports over (``http/json`` has no Python exporter)."""
+
+
+class UnsupportedProtocolError(ValueError):
+    """``OTEL_EXPORTER_OTLP_(TRACES_)PROTOCOL`` names a transport tracing cannot export over."""
+
+    def __init__(self, variable: str, value: str) -> None:
+        self.variable = variable
+        self.value = value
+        super().__init__(
+            f"{variable}={value!r}: tracing exports over OTLP {' or '.join(PROTOCOLS)} only"
+        )
+
+
+def otlp_protocol(env: dict[str, str] | os._Environ[str] | None = None) -> str:
+    """The OTLP transport the OTEL_* variables ask for: ``grpc`` or ``http/protobuf``.
+
+    The traces-specific variable wins over the general one; with neither, ``http/protobuf`` (the
+    OpenTelemetry specification's default). Anything else raises: exporting over a transport the
+    collector does not listen on would lose every span without a word.
+    """
+    env = os.environ if env is None else env
+    for variable in ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"):
+        value = env.get(variable, "").strip()
+        if not value:
+            continue
+        if value.lower() not in PROTOCOLS:
+            raise UnsupportedProtocolError(variable, value)
+        return value.lower()
+    return "http/protobuf"
+
+
+def otlp_exporter(protocol: str) -> SpanExporter:
+    """The SDK's OTLP span exporter for ``protocol``; it reads endpoint, headers, timeout and
+    compression from the standard variables itself."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+            OTLPSpanExporter as GrpcSpanExporter,
+        )
+
+        return GrpcSpanExporter()
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+        OTLPSpanExporter as HttpSpanExporter,
+    )
+
+    return HttpSpanExporter()
+
+
+def instrument_clients(provider: TracerProvider, processor: SpanProcessor) -> None:
+    """Trace S3 (botocore) and Redis calls as children of the current span; idempotent.
+
+    The instrumentations get their own provider, with ``provider``'s resource and its export
+    ``processor``, whose sampler is parent-based with roots off: a client call inside a
+    checkpoint's span joins that trace (and its sampling decision), one outside any span starts
+    no trace.
+    """
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+
+    children = SdkTracerProvider(
+        resource=provider.resource,
+        sampler=ParentBased(root=ALWAYS_OFF),
+        shutdown_on_exit=False,  # ``provider`` flushes and stops the shared processor
+    )
+    children.add_span_processor(processor)
+    for instrumentor in _client_instrumentors():
+        if not instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.instrument(tracer_provider=children)
+
+
+def uninstrument_clients() -> None:
+    for instrumentor in _client_instrumentors():
+        if instrumentor.is_instrumented_by_opentelemetry:
+            instrumentor.uninstrument()
+
+
+def _client_instrumentors() -> list[Any]:
+    """The botocore and redis instrumentors (singletons; the botocore one is untyped)."""
+    from opentelemetry.instrumentation.botocore import BotocoreInstrumentor
+    from opentelemetry.instrumentation.redis import RedisInstrumentor
+
+    classes: tuple[Any, ...] = (BotocoreInstrumentor, RedisInstrumentor)
+    return [cls() for cls in classes]
+
+
 def setup(service: str) -> bool:
     """Install the process's tracer provider when OTEL_* asks for export; idempotent.
 
@@ -68,26 +165,20 @@ def setup(service: str) -> bool:
     choice = exporter_choice()
     if choice is None:
         return False
+    # Checked before anything is installed: a wrong protocol fails the start, loudly.
+    protocol = otlp_protocol() if choice == "otlp" else None
     # Imported only when tracing is on: a process without OTEL_* loads no SDK or exporter.
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
-    from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import (
-        BatchSpanProcessor,
-        ConsoleSpanExporter,
-        SpanExporter,
-    )
+    from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
     attrs = {} if os.environ.get("OTEL_SERVICE_NAME") else {SERVICE_NAME: service_name(service)}
-    provider = TracerProvider(resource=Resource.create(attrs))
-    exporter: SpanExporter
-    if choice == "console":
-        exporter = ConsoleSpanExporter()
-    else:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-        exporter = OTLPSpanExporter()
-    provider.add_span_processor(BatchSpanProcessor(exporter))
+    provider = SdkTracerProvider(resource=Resource.create(attrs))
+    exporter = ConsoleSpanExporter() if protocol is None else otlp_exporter(protocol)
+    processor = BatchSpanProcessor(exporter)
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
+    instrument_clients(provider, processor)
     _provider = provider
     return True
 
@@ -96,6 +187,7 @@ def shutdown() -> None:
     """Flush and stop the exporter (service stop); a no-op when tracing is off."""
     global _provider
     if _provider is not None:
+        uninstrument_clients()
         _provider.shutdown()
         _provider = None
 
