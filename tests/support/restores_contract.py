@@ -22,6 +22,7 @@ from ckpt_ha.core.restore_records import (
     PlanRecord,
     Point,
     Started,
+    Watch,
 )
 
 TRAJECTORY_LIMIT = 5
@@ -226,3 +227,36 @@ class RestoresContract:
         await state.record_started("job-b", Started(run_id="r", attempt=2, at=T0, plan_id="zzz"))
         found = {p.plan.plan_id: p.resuming for p in await state.plans_in_progress()}
         assert found == {"p-planned": False, "p-resuming": True, "p-other": False}
+
+    async def test_watch_round_trips_and_overdue_lists_only_live_deadlines(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, _ = stores
+        assert await state.watch("job-w") is None
+        live = Watch(job_id="job-w", run_id="r", attempt=1, started_at=T0, seen=T0, deadline_s=30)
+        later = live.model_copy(update={"job_id": "job-x", "seen": at(10)})
+        silent = live.model_copy(update={"job_id": "job-y", "deadline_s": None})
+        for w in (later, live, silent):
+            assert await state.update_watch(w.job_id, lambda _, w=w: w) == w
+        assert await state.watch("job-w") == live
+        assert await state.overdue(at(29), 10) == []
+        assert await state.overdue(at(45), 10) == [live, later]
+        assert await state.overdue(at(45), 1) == [live]
+        # Unchanged (None) leaves it; an ended watch is no longer due.
+        assert await state.update_watch("job-w", lambda _: None) is None
+        assert await state.watch("job-w") == live
+        await state.update_watch("job-w", lambda w: w.model_copy(update={"ended": True}))
+        assert [w.job_id for w in await state.overdue(at(45), 10)] == ["job-x"]
+        assert (await state.watch("job-w")).ended
+
+    async def test_concurrent_watch_updates_are_not_lost(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        first = Watch(job_id="job-c", run_id="r", attempt=1, started_at=T0, seen=T0, last_step=0)
+        await state.update_watch("job-c", lambda _: first)
+
+        def bump(w: Watch | None) -> Watch | None:
+            assert w is not None
+            return w.model_copy(update={"last_step": (w.last_step or 0) + 1})
+
+        await asyncio.gather(*(state.update_watch("job-c", bump) for _ in range(20)))
+        assert (await state.watch("job-c")).last_step == 20

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
@@ -118,6 +118,36 @@ class Started(BaseModel):
 
     def target(self) -> Target:
         return Target(self.environment, self.topology, self.code_version)
+
+
+class Watch(BaseModel):
+    """The latest attempt of a job whose silence the restore-coordinator watches (one per job,
+    `ckpt_ha.restore_coordinator.liveness`): its last sign of life (``job.started``,
+    ``job.progress``, ``job.heartbeat``) and its deadline. An ended attempt is kept as a
+    tombstone, so that its start handled after its end (the consumers run independently)
+    does not watch it again."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str
+    run_id: str
+    attempt: int
+    started_at: AwareDatetime
+    seen: AwareDatetime
+    """The last sign of life (the event's time)."""
+    deadline_s: float | None = None
+    """Silence after which the attempt is lost; None: it promised no heartbeat (never lost)."""
+    ended: bool = False
+    """It failed or succeeded (or was declared lost): nothing more to watch."""
+    plan_id: str | None = None
+    last_step: int | None = None
+
+    @property
+    def due(self) -> datetime | None:
+        """When the attempt is lost if nothing is heard (None: never)."""
+        if self.ended or self.deadline_s is None:
+            return None
+        return self.seen + timedelta(seconds=self.deadline_s)
 
 
 class PlanRecord(BaseModel):

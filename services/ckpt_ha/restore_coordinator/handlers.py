@@ -14,7 +14,13 @@ from datetime import datetime
 
 from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
-from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1, JobSucceededV1
+from ckpt_ha.contracts.job import (
+    JobFailedV1,
+    JobHeartbeatV1,
+    JobProgressV1,
+    JobStartedV1,
+    JobSucceededV1,
+)
 from ckpt_ha.contracts.resume import (
     LoadBlame,
     ResumeLoadedV1,
@@ -97,6 +103,10 @@ class CoordinatorHandlers:
     async def on_started(self, event: Envelope[JobStartedV1]) -> None:
         await self.projection.started(event)
         self.metrics.job_started(event.data.job_id)
+
+    async def on_heartbeat(self, event: Envelope[JobHeartbeatV1]) -> None:
+        """A sign of life of the attempt: its heartbeat deadline starts again (`liveness`)."""
+        await self.projection.heartbeat(event)
 
     async def on_progress(self, event: Envelope[JobProgressV1]) -> None:
         d = event.data

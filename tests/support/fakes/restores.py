@@ -5,7 +5,7 @@ on the monotonic clock like Redis's ``PX``."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -18,6 +18,7 @@ from ckpt_ha.core.restore_records import (
     PlanRecord,
     Point,
     Started,
+    Watch,
 )
 from tests.support.fakes.pins import InMemoryPins
 
@@ -55,6 +56,7 @@ class InMemoryRestores:
         self.observed: dict[str, list[Point]] = {}
         self.verdicts: dict[str, str] = {}
         self.ended: dict[str, int] = {}
+        self.watches: dict[str, Watch] = {}
 
     def _job(self, job: str) -> _Job:
         return self.jobs.setdefault(job, _Job())
@@ -198,3 +200,18 @@ class InMemoryRestores:
             started = self.starts.get((plan.job_id, plan.attempt))
             out.append(PlanInProgress(plan, started is not None and started.plan_id == plan_id))
         return out
+
+    async def update_watch(
+        self, job: str, change: Callable[[Watch | None], Watch | None]
+    ) -> Watch | None:
+        new = change(self.watches.get(job))
+        if new is not None:
+            self.watches[job] = new
+        return new
+
+    async def watch(self, job: str) -> Watch | None:
+        return self.watches.get(job)
+
+    async def overdue(self, now: datetime, limit: int) -> list[Watch]:
+        due = [(w.due, j) for j, w in self.watches.items() if w.due is not None and w.due < now]
+        return [self.watches[j] for _, j in sorted(due)[:limit]]
