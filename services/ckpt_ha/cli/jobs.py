@@ -20,7 +20,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
     from ckpt_ha.contracts.job import JobPolicy
     from ckpt_ha.runner.adapter import LocalProcess
-    from ckpt_ha.runner.runner import LaunchFailed, Runner, RunSpec, state_dir
+    from ckpt_ha.runner.runner import CannotResume, LaunchFailed, Runner, RunSpec, state_dir
     from ckpt_ha.runner.settings import RunnerSettings
 
     command = tuple(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
@@ -30,6 +30,13 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         raise CommandError(f"cannot start {command[0]!r}: not found or not executable")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise CommandError("--max-attempts must be >= 1")
+    if args.heartbeat_s < 0:
+        raise CommandError("--heartbeat-s must be >= 0")
+    heartbeat_s = args.heartbeat_s or None
+    if args.deadline_s is not None and (heartbeat_s is None or args.deadline_s <= heartbeat_s):
+        raise CommandError("--deadline-s must be longer than --heartbeat-s (which must be > 0)")
+    if args.resume and not args.run_id:
+        raise CommandError("--resume takes over a run: give its --run-id")
     from ckpt_ha.runner import torchrun
 
     world_size = args.world_size or torchrun.world_size(command, env) or 1
@@ -59,11 +66,14 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         world_size=world_size,
         code_version=args.code_version or env.get("CKPT_HA_CODE_VERSION") or None,
         image=env.get("CKPT_HA_IMAGE") or None,
+        heartbeat_s=heartbeat_s,
+        deadline_s=args.deadline_s,
+        resume=args.resume,
     )
     runner = Runner(spec, settings.bus(), LocalProcess(), base_env=env, job_bus=settings.job_bus())
     try:
         return context.run(settings, runner.run)
-    except LaunchFailed as exc:
+    except (LaunchFailed, CannotResume) as exc:
         raise CommandError(str(exc)) from None
 
 

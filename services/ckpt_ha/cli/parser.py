@@ -403,6 +403,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="recorded topology (default: torchrun's --nproc-per-node x --nnodes, else 1)",
     )
     run.add_argument("--code-version", type=_text, help="default: $CKPT_HA_CODE_VERSION")
+    run.add_argument(
+        "--heartbeat-s",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="publish job.heartbeat this often while an attempt runs (default 10; 0: never, "
+        "and the attempt is never declared lost)",
+    )
+    run.add_argument(
+        "--deadline-s",
+        type=_positive,
+        metavar="SECONDS",
+        help="silence (no progress, no heartbeat) after which the restore-coordinator declares "
+        "an attempt lost (default: the tier's, `ckpt-ha tier show`); above --heartbeat-s",
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="take over a lost run (same --job and --run-id): wait for the coordinator's plan "
+        "after the attempt the run's state folder records, then carry on",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     dr = sub.add_parser(
