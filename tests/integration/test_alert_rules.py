@@ -20,6 +20,7 @@ REQUIRED = {
     "ResumeDiverged",
     "ResumeFailed",
     "ResumeEscalated",
+    "JobLost",
     "DeadLetterGrowing",
     "ConsumerLagHigh",
     "ServiceDown",
