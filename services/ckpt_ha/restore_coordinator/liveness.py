@@ -19,6 +19,11 @@ How a sign of life moves the deadline:
   end the watch; the ended watch stays as a tombstone so that a start handled late does not
   arm it again.
 
+The consumers of these events run independently, so live a heartbeat may be handled before its
+attempt's start (and is then not counted) where a rebuild, in stream order, counts it: a
+running attempt's last sign of life may lag by one report live, never run ahead, and the next
+one evens it out. Ended watches are the same either way.
+
 Times are the events' own (the reporter's clock), so a rebuild from the stream arrives at the
 same deadlines as the live coordinator did.
 """
@@ -72,20 +77,16 @@ def on_end(
     watch: Watch | None, job_id: str, run_id: str, attempt: int, at: datetime
 ) -> Watch | None:
     """The watch after the attempt failed or succeeded (None: unchanged: an older attempt,
-    another run, or already ended). With no watch yet, a tombstone for the attempt."""
-    if watch is None:
-        return Watch(
-            job_id=job_id, run_id=run_id, attempt=attempt, started_at=at, seen=at, ended=True
-        )
-    if watch.run_id != run_id or attempt < watch.attempt:
-        return None
-    if watch.ended and attempt == watch.attempt:
-        return None
-    if attempt > watch.attempt:  # ended before its start was handled
-        return Watch(
-            job_id=job_id, run_id=run_id, attempt=attempt, started_at=at, seen=at, ended=True
-        )
-    return watch.model_copy(update={"ended": True})
+    another run, or already ended): a tombstone of the attempt, whether or not its start was
+    handled yet. A tombstone holds the end's time only, so that it is the same whatever the
+    consumers' order was live (a progress report handled after the end, a start after it)
+    and in a rebuild."""
+    if watch is not None:
+        if watch.run_id != run_id or attempt < watch.attempt:
+            return None
+        if watch.ended and attempt == watch.attempt:
+            return None
+    return Watch(job_id=job_id, run_id=run_id, attempt=attempt, started_at=at, seen=at, ended=True)
 
 
 def lost(watch: Watch, now: datetime, watching_s: float) -> bool:
