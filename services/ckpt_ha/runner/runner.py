@@ -249,6 +249,8 @@ class Runner:
     async def run(self) -> int:
         from ckpt_ha.bus.broker import Bus  # faststream: only when a run really starts
 
+        # Nothing to take over: said before anything connects.
+        lost = self._recorded_attempt() if self.spec.resume else None
         bus = Bus(self.cfg, "runner", lasting=True)
         # Fail fast (one line, nothing started) when NATS is not there at all; the connections
         # kept for the run then reconnect, however long NATS is away, while the training runs.
@@ -281,7 +283,7 @@ class Runner:
             self._nc = nc
             await bus.broker.start()
             try:
-                return await self._attempts(bus)
+                return await self._attempts(bus, lost)
             finally:
                 await bus.broker.stop()
         finally:
@@ -305,7 +307,8 @@ class Runner:
     async def _publish(self, bus: Bus, data: EventData, key: str) -> None:
         await bus.publish(build(data, source=SOURCE, time=self.clock(), key=key))
 
-    async def _attempts(self, bus: Bus) -> int:
+    async def _attempts(self, bus: Bus, lost: int | None = None) -> int:
+        """Attempt after attempt; ``lost``: the attempt of a run taken over (``--resume``)."""
         spec = self.spec
         attempt, plan = 1, None
         if self.elastic_restarts:
@@ -313,8 +316,7 @@ class Runner:
                 f"torchrun restarts its ranks itself (--max-restarts {self.elastic_restarts}); "
                 "ckpt-ha reports a failure and relaunches only when torchrun gives up"
             )
-        if spec.resume:
-            lost = self._recorded_attempt()
+        if lost is not None:
             self.say(f"taking over run {spec.run_id}: waiting for the plan after attempt {lost}")
             await self._find_published(lost)
             found = await self._next(lost)
