@@ -260,3 +260,25 @@ class RestoresContract:
 
         await asyncio.gather(*(state.update_watch("job-c", bump) for _ in range(20)))
         assert (await state.watch("job-c")).last_step == 20
+
+    async def test_heard_keeps_the_latest_and_goes_with_its_watch(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, _ = stores
+        assert await state.last_heard([]) == {}
+        await state.heard("job-h|r|1", at(10))
+        await state.heard("job-h|r|1", at(5))  # an older note never wins
+        await state.heard("job-h|r|2", at(7))
+        assert await state.last_heard(["job-h|r|1", "job-h|r|2", "job-h|r|3"]) == {
+            "job-h|r|1": at(10),
+            "job-h|r|2": at(7),
+        }
+        w1 = Watch(job_id="job-h", run_id="r", attempt=1, started_at=T0, seen=T0, deadline_s=9)
+        await state.update_watch("job-h", lambda _: w1)
+        assert await state.last_heard(["job-h|r|1"]) == {"job-h|r|1": at(10)}  # still watched
+        # A newer attempt supersedes it: the old note goes, the new attempt's stays.
+        w2 = w1.model_copy(update={"attempt": 2})
+        await state.update_watch("job-h", lambda _: w2)
+        assert await state.last_heard(["job-h|r|1", "job-h|r|2"]) == {"job-h|r|2": at(7)}
+        await state.update_watch("job-h", lambda w: w.model_copy(update={"ended": True}))
+        assert await state.last_heard(["job-h|r|2"]) == {}

@@ -268,3 +268,22 @@ async def test_a_runner_reported_failure_ends_the_watch_in_either_order(
             await c.handlers.projection.ended(build(data, source="test", time=at(1), key="f"))
     assert await c.round(0) == []
     assert await c.round(100) == []
+
+
+async def test_a_reporter_whose_clock_is_behind_is_not_lost_while_it_reports(
+    tmp_path: Path,
+) -> None:
+    """Its events say an hour ago; the coordinator heard them just now: alive. Once they stop
+    for the deadline on the coordinator's own clock, lost."""
+    c = Coordinator(tmp_path)
+    behind = -3600.0
+    c.now = at(0)
+    await c.handle(start(heartbeat_s=1, deadline_s=3), "on_started", behind)
+    assert await c.round(0) == []
+    for t in range(1, 10):
+        c.now = at(t)
+        beat = JobHeartbeatV1(job_id=JOB, run_id="run-1", attempt=1, sequence=t)
+        await c.handle(beat, "on_heartbeat", behind + t)
+        assert await c.round(t + 0.5) == []
+    assert await c.round(11.5) == []  # heard at 9: 2.5 s ago
+    assert await c.round(12.5) == [JOB]

@@ -120,6 +120,11 @@ class Started(BaseModel):
         return Target(self.environment, self.topology, self.code_version)
 
 
+def attempt_key(job_id: str, run_id: str, attempt: int) -> str:
+    """One attempt of one run of a job, as a single string (`Watch.key`)."""
+    return f"{job_id}|{run_id}|{attempt}"
+
+
 class Watch(BaseModel):
     """The latest attempt of a job whose silence the restore-coordinator watches (one per job,
     `ckpt_ha.restore_coordinator.liveness`): its last sign of life (``job.started``,
@@ -141,6 +146,18 @@ class Watch(BaseModel):
     """It failed or succeeded (or was declared lost): nothing more to watch."""
     plan_id: str | None = None
     last_step: int | None = None
+
+    @property
+    def key(self) -> str:
+        return attempt_key(self.job_id, self.run_id, self.attempt)
+
+    def unheard(self, before: Watch | None) -> list[str]:
+        """The attempts whose note of being heard goes with this watch replacing ``before``:
+        this one once it ended, ``before`` when it was another attempt (superseded)."""
+        out = [self.key] if self.ended else []
+        if before is not None and before.key != self.key:
+            out.append(before.key)
+        return out
 
     @property
     def due(self) -> datetime | None:

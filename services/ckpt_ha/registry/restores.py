@@ -27,8 +27,11 @@ or two round trips, whatever the number of checkpoints in the registry):
   of life and its heartbeat deadline (or a tombstone: it ended)
 * ``<p>:coord:due``                      sorted set job → unix time its watched attempt is lost
   (only attempts with a deadline that have not ended)
+* ``<p>:coord:heard``                    sorted set ``job|run|attempt`` → unix time (the
+  coordinator's clock) a sign of life of that attempt was last handled: transient (not in the
+  stream, not rebuilt), dropped when its watch ends
 
-Every key but the leases is a projection of the event stream (job.*, resume.*,
+Every key but the leases and ``heard`` is a projection of the event stream (job.*, resume.*,
 checkpoint.registered): ``ckpt-ha registry rebuild`` clears this key space and replays the
 stream into it (`clear`, and an owner built with ``replaying=True``). A lease is transient.
 
@@ -481,12 +484,17 @@ class RedisRestores:
                 try:
                     await pipe.watch(k)
                     raw = await pipe.get(k)
-                    new = change(Watch.model_validate_json(raw) if raw else None)
+                    old = Watch.model_validate_json(raw) if raw else None
+                    new = change(old)
                     if new is None:
                         await pipe.reset()  # type: ignore[no-untyped-call]
                         return None
                     pipe.multi()  # type: ignore[no-untyped-call]
                     at = new.due
+                    # The note of when an attempt was heard goes with its watch (ended, or
+                    # superseded by a newer attempt).
+                    if members := new.unheard(old):
+                        pipe.zrem(self._k("heard"), *members)
                     if at is None:
                         # Ended (a tombstone expires) or never watched (kept while it runs).
                         ttl = self._ttl(k) if new.ended else None
@@ -507,6 +515,18 @@ class RedisRestores:
     async def watch(self, job: str) -> Watch | None:
         raw = await self._r.get(self._k("watch", job))
         return Watch.model_validate_json(raw) if raw else None
+
+    async def heard(self, attempt: str, at: datetime) -> None:
+        await self._r.zadd(self._k("heard"), {attempt: _ts(at)}, gt=True)
+
+    async def last_heard(self, attempts: Sequence[str]) -> dict[str, datetime]:
+        if not attempts:
+            return {}
+        async with self._r.pipeline(transaction=False) as pipe:
+            for a in attempts:
+                pipe.zscore(self._k("heard"), a)
+            scores = await pipe.execute()
+        return {a: _dt(float(s)) for a, s in zip(attempts, scores, strict=True) if s is not None}
 
     async def overdue(self, now: datetime, limit: int) -> list[Watch]:
         jobs = await self._r.zrangebyscore(self._k("due"), "-inf", _ts(now), start=0, num=limit)

@@ -34,8 +34,10 @@ from datetime import datetime
 
 from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.contracts.job import FailureCause, JobFailedV2, JobStartedV1
-from ckpt_ha.core.restore_records import Watch
+from ckpt_ha.core.restore_records import Watch, attempt_key
 from ckpt_ha.core.tiers import lost_after
+
+__all__ = ["attempt_key", "event_key", "lost", "lost_event", "on_alive", "on_end", "on_start"]
 
 REPORTER = "restore-coordinator"
 SIGNATURE = "lost"
@@ -89,17 +91,21 @@ def on_end(
     return Watch(job_id=job_id, run_id=run_id, attempt=attempt, started_at=at, seen=at, ended=True)
 
 
-def lost(watch: Watch, now: datetime, watching_s: float) -> bool:
+def lost(watch: Watch, now: datetime, watching_s: float, heard: datetime | None = None) -> bool:
     """Declare the attempt lost now? Only past its deadline, and only when the coordinator
     itself has been watching (with no backlog) for at least that deadline: right after a
-    restart, or after the bus was unreachable, silence may be the watcher's, not the job's."""
+    restart, or after the bus was unreachable, silence may be the watcher's, not the job's.
+
+    The deadline runs on the events' times, the reporter's clock. ``heard``: when (on the
+    coordinator's clock) a replica last handled a sign of life of the attempt; within the
+    deadline of it, the attempt is alive whatever its clock says (a host whose clock is behind
+    by more than the deadline is not lost while it reports)."""
     due = watch.due
-    return (
-        due is not None
-        and watch.deadline_s is not None
-        and now > due
-        and watching_s >= watch.deadline_s
-    )
+    if due is None or watch.deadline_s is None:
+        return False
+    if heard is not None and (now - heard).total_seconds() <= watch.deadline_s:
+        return False
+    return now > due and watching_s >= watch.deadline_s
 
 
 def event_key(watch: Watch) -> str:

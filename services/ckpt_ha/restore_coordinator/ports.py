@@ -165,6 +165,16 @@ class RestoreState(Protocol):
 
     async def watch(self, job: str) -> Watch | None: ...
 
+    async def heard(self, attempt: str, at: datetime) -> None:
+        """A sign of life of ``attempt`` (`liveness.attempt_key`) was handled at ``at`` (the
+        coordinator's clock; kept if later than the last). Not a projection of the stream: a
+        rebuild has none, and an ended watch forgets it."""
+        ...
+
+    async def last_heard(self, attempts: Sequence[str]) -> dict[str, datetime]:
+        """When each of these attempts was last heard (absent: never, or forgotten)."""
+        ...
+
     async def overdue(self, now: datetime, limit: int) -> list[Watch]:
         """Watched attempts whose deadline is before ``now``, earliest first (at most
         ``limit``)."""

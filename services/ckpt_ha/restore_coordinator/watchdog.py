@@ -18,7 +18,10 @@ Silence is only evidence when the coordinator has heard everything there was to 
 * an attempt is declared only after the loop has watched without interruption for at least
   that attempt's deadline (`liveness.lost`): after a restart, a lease handover, or a round that
   could not read the consumers (the bus was away, and the heartbeats with it), the clock starts
-  again.
+  again;
+* the deadline runs on the events' own times (what a rebuild sees too), but an attempt a
+  replica heard from within its deadline on the coordinator's own clock (`RestoreState.heard`)
+  is alive, whatever its host's clock says.
 """
 
 from __future__ import annotations
@@ -76,7 +79,12 @@ class LostAttempts:
                 self.watching_since = now
             watching_s = (now - self.watching_since).total_seconds()
             overdue = await self.state.overdue(now, ROUND_LIMIT)
-            declared = [w for w in overdue if liveness.lost(w, now, watching_s)]
+            keys = [w.key for w in overdue]
+            heard = await self.state.last_heard(keys)
+            declared = [
+                w for w, k in zip(overdue, keys, strict=True)
+                if liveness.lost(w, now, watching_s, heard.get(k))
+            ]  # fmt: skip
             for watch in declared:
                 await self._declare(watch, now)
         except BaseException:

@@ -57,6 +57,7 @@ class InMemoryRestores:
         self.verdicts: dict[str, str] = {}
         self.ended: dict[str, int] = {}
         self.watches: dict[str, Watch] = {}
+        self.heard_at: dict[str, datetime] = {}
 
     def _job(self, job: str) -> _Job:
         return self.jobs.setdefault(job, _Job())
@@ -204,10 +205,20 @@ class InMemoryRestores:
     async def update_watch(
         self, job: str, change: Callable[[Watch | None], Watch | None]
     ) -> Watch | None:
-        new = change(self.watches.get(job))
+        old = self.watches.get(job)
+        new = change(old)
         if new is not None:
             self.watches[job] = new
+            for member in new.unheard(old):
+                self.heard_at.pop(member, None)
         return new
+
+    async def heard(self, attempt: str, at: datetime) -> None:
+        if attempt not in self.heard_at or self.heard_at[attempt] < at:
+            self.heard_at[attempt] = at
+
+    async def last_heard(self, attempts: Sequence[str]) -> dict[str, datetime]:
+        return {a: self.heard_at[a] for a in attempts if a in self.heard_at}
 
     async def watch(self, job: str) -> Watch | None:
         return self.watches.get(job)
