@@ -13,11 +13,14 @@ import os
 import signal
 import sys
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import nats
 import pytest
 
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import build
 from ckpt_ha.contracts.job import (
     FailureCause,
     JobFailedV1,
@@ -30,7 +33,7 @@ from ckpt_ha.examples import numpy_mlp
 from ckpt_ha.integrity_checker.app import build as build_checker
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.registrar.app import Registrar
-from ckpt_ha.restore_coordinator.app import RestoreCoordinator
+from ckpt_ha.restore_coordinator.app import RestoreCoordinator, backlog
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
@@ -211,3 +214,39 @@ async def test_a_slow_job_with_heartbeats_is_never_lost(
     watched = await coordinator.state.watch(job)
     assert watched is not None
     assert watched.ended  # its success ended the watch
+
+
+async def test_the_backlog_of_job_events_is_read_from_jetstream(
+    settings: ServiceSettings, producer: Bus, unique: str
+) -> None:
+    """A coordinator that was down finds the signs of life published meanwhile pending on its
+    durable consumers (the lost loop waits), and none once it has handled them."""
+    s = RestoreCoordinatorSettings.model_validate(settings.model_dump())
+    first = build_coordinator(s)
+    await first.bus.broker.start()  # creates the durable consumers
+    await first.bus.broker.stop()
+    await first.state.close()
+    job = f"down-{unique}"
+    now = datetime.now(UTC)
+    start = JobStartedV2(job_id=job, run_id="r", heartbeat_s=1.0, deadline_s=30.0)
+    await producer.publish(build(start, source="test/runner", time=now, key="s"))
+    for n in range(1, 4):
+        beat = JobHeartbeatV1(job_id=job, run_id="r", sequence=n)
+        await producer.publish(build(beat, source="test/runner", time=now, key=f"h{n}"))
+    restarted = build_coordinator(s)
+    await restarted.bus.broker.connect()  # connected, not consuming yet
+    try:
+        assert await backlog(restarted.bus)
+        await restarted.bus.broker.start()
+
+        async def caught_up() -> bool:
+            return not await backlog(restarted.bus)
+
+        await wait_for(caught_up, timeout=15, what="the consumers to catch up")
+        watched = await restarted.state.watch(job)
+        assert watched is not None
+        assert watched.seen == now
+        assert watched.due == now + timedelta(seconds=30)
+    finally:
+        await restarted.bus.broker.stop()
+        await restarted.state.close()

@@ -125,14 +125,13 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
 
 
 async def backlog(bus: Bus) -> bool:
-    """Whether a job-event consumer of this coordinator has messages it has not handled yet
-    (pending, or delivered and not yet acknowledged for the signs of life)."""
-    alive = {bus.durable_name(c) for c in ("started", "heartbeat", "progress")}
+    """Whether a job-event consumer of this coordinator has messages not yet delivered.
+    Delivered but unacknowledged ones do not count: a batch in hand is handled within moments,
+    and a message parked for long (a newer version this coordinator cannot read yet) must not
+    stop lost detection for every job."""
     job = {bus.durable_name(c) for c in JOB_CONSUMERS}
-    for durable, pending, ack_pending, _ in await bus.consumer_info():
-        if durable in job and (pending > 0 or (durable in alive and ack_pending > 0)):
-            return True
-    return False
+    infos = await bus.consumer_info()
+    return any(durable in job and pending > 0 for durable, pending, _, _ in infos)
 
 
 def asyncapi_app() -> FastStream:
