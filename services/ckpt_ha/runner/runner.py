@@ -453,6 +453,11 @@ class Runner:
                 msg = await js.get_last_msg(self.cfg.events_stream, subject)
             except NotFoundError:
                 continue
+            except (nats.errors.Error, TimeoutError) as exc:  # e.g. no STREAM.MSG.GET permission
+                self.say(
+                    f"cannot read earlier plans from the stream ({exc!r}): waiting for new ones"
+                )
+                return
             try:
                 envelope = admit(self.cfg, CATALOG, msg.data or b"", msg.subject or "", msg.headers)
             except ContractError as exc:
