@@ -216,3 +216,15 @@ def test_resume_without_a_recorded_attempt_says_so_before_connecting(
     (folder / "attempt.json").write_text(json.dumps({"attempt": 2, "run_id": "other"}))
     assert main(argv) == 1
     assert "names no attempt of run r1" in capsys.readouterr().err
+
+
+def test_the_heartbeat_settings_are_the_fallback_of_the_options(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CKPT_HA_HEARTBEAT_S", "0")
+    assert main(["run", "--job", "j", "--deadline-s", "5", "--", "true"]) == 1
+    assert "--deadline-s must be longer than --heartbeat-s" in capsys.readouterr().err
+    monkeypatch.setenv("CKPT_HA_HEARTBEAT_S", "10")
+    monkeypatch.setenv("CKPT_HA_DEADLINE_S", "10")
+    assert main(["run", "--job", "j", "--", "true"]) == 1
+    assert "--deadline-s must be longer than --heartbeat-s" in capsys.readouterr().err

@@ -30,11 +30,6 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         raise CommandError(f"cannot start {command[0]!r}: not found or not executable")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise CommandError("--max-attempts must be >= 1")
-    if args.heartbeat_s < 0:
-        raise CommandError("--heartbeat-s must be >= 0")
-    heartbeat_s = args.heartbeat_s or None
-    if args.deadline_s is not None and (heartbeat_s is None or args.deadline_s <= heartbeat_s):
-        raise CommandError("--deadline-s must be longer than --heartbeat-s (which must be > 0)")
     if args.resume and not args.run_id:
         raise CommandError("--resume takes over a run: give its --run-id")
     from ckpt_ha.runner import torchrun
@@ -53,6 +48,13 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
             where = ".".join(str(p) for p in first["loc"]) or "(document)"
             raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
     settings = context.settings_of(RunnerSettings, env, home, "runner")
+    beat = args.heartbeat_s if args.heartbeat_s is not None else settings.heartbeat_s
+    if beat < 0:
+        raise CommandError("--heartbeat-s must be >= 0")
+    heartbeat_s = beat or None
+    deadline_s = args.deadline_s if args.deadline_s is not None else settings.deadline_s
+    if deadline_s is not None and (heartbeat_s is None or deadline_s <= heartbeat_s):
+        raise CommandError("--deadline-s must be longer than --heartbeat-s (which must be > 0)")
     run_id = args.run_id or f"run-{uuid4().hex[:12]}"
     spec = RunSpec(
         job_id=args.job,
@@ -67,7 +69,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         code_version=args.code_version or env.get("CKPT_HA_CODE_VERSION") or None,
         image=env.get("CKPT_HA_IMAGE") or None,
         heartbeat_s=heartbeat_s,
-        deadline_s=args.deadline_s,
+        deadline_s=deadline_s,
         resume=args.resume,
     )
     runner = Runner(spec, settings.bus(), LocalProcess(), base_env=env, job_bus=settings.job_bus())

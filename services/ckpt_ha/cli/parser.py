@@ -406,17 +406,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--heartbeat-s",
         type=float,
-        default=10.0,
         metavar="SECONDS",
-        help="publish job.heartbeat this often while an attempt runs (default 10; 0: never, "
-        "and the attempt is never declared lost)",
+        help="publish job.heartbeat this often while an attempt runs (default "
+        "$CKPT_HA_HEARTBEAT_S, else 10; 0: never, and the attempt is never declared lost)",
     )
     run.add_argument(
         "--deadline-s",
         type=_positive,
         metavar="SECONDS",
         help="silence (no progress, no heartbeat) after which the restore-coordinator declares "
-        "an attempt lost (default: the tier's, `ckpt-ha tier show`); above --heartbeat-s",
+        "an attempt lost (default $CKPT_HA_DEADLINE_S, else the tier's: `ckpt-ha tier show`); "
+        "above --heartbeat-s",
     )
     run.add_argument(
         "--resume",
