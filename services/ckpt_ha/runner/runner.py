@@ -17,13 +17,13 @@ The runner listens with a plain NATS subscription, opened before the attempt sta
 published while the failure is being reported is not missed.
 
 Heartbeats. Each ``job.started`` (v2) promises a ``job.heartbeat`` every ``--heartbeat-s``
-(default 10 s; 0: none, and the attempt is then never declared lost) and names the silence
-after which the attempt is lost (``--deadline-s``; default: the job's tier's,
-`ckpt_ha.core.tiers.Tier.lost_after_s`). While an attempt runs, a task of the runner publishes
-the heartbeats (signed like every job event), whatever the training reports: a slow job whose
-runner lives is never lost. If the runner's host dies (runner and training gone, no
-``job.failed``), the restore-coordinator declares the attempt lost after the deadline and
-plans its restore.
+(default ``CKPT_HA_HEARTBEAT_S``, 10 s; 0: none, and the attempt is then never declared lost)
+and names the silence after which the attempt is lost (``--deadline-s``, default
+``CKPT_HA_DEADLINE_S``, else the job's tier's, `ckpt_ha.core.tiers.Tier.lost_after_s`).
+While an attempt runs, a task of the runner publishes the heartbeats (signed like every job
+event), whatever the training reports: a slow job whose runner lives is never lost. If the
+runner's host dies (runner and training gone, no ``job.failed``), the restore-coordinator
+declares the attempt lost after the deadline and plans its restore.
 
 Taking over a lost run (``--resume``). A new runner with the same ``--job`` and ``--run-id``
 (and ``CKPT_HA_HOME``: the run's state folder holds `ATTEMPT_FILE`) reads the attempt that was
