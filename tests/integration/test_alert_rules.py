@@ -25,6 +25,7 @@ REQUIRED = {
     "ResumeDiverged",
     "ResumeFailed",
     "ResumeEscalated",
+    "JobLost",
     "DeadLetterGrowing",
     "ConsumerLagHigh",
     "ServiceDown",

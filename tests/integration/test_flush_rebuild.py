@@ -38,9 +38,11 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.contracts.job import (
     FailureCause,
     JobFailedV1,
+    JobHeartbeatV1,
     JobPolicy,
     JobProgressV1,
     JobStartedV1,
+    JobStartedV2,
     JobSucceededV1,
     Tolerance,
 )
@@ -114,6 +116,7 @@ class Flow:
         self.producer = producer
         self.services = services
         self.n = 0
+        self.heartbeat_at = datetime.now(UTC)
 
     async def publish(self, data: EventData, at: datetime | None = None) -> None:
         self.n += 1
@@ -121,17 +124,25 @@ class Flow:
         await self.producer.publish(build(data, source="test/flow", time=at, key=f"e{self.n}"))
 
     async def started(
-        self, job: str, attempt: int, *, tier: str, plan_id: str | None = None
+        self,
+        job: str,
+        attempt: int,
+        *,
+        tier: str,
+        plan_id: str | None = None,
+        heartbeat_s: float | None = None,
+        at: datetime | None = None,
     ) -> None:
         policy = JobPolicy(
             tolerances=(LOSS,), continuity_steps=2, max_restarts=10, max_storage_errors=10
         )
-        await self.publish(
-            JobStartedV1(
-                job_id=job, run_id="run-1", attempt=attempt, tier=tier, policy=policy,
-                environment=ENV, topology=TOPO, code_version="abc", plan_id=plan_id,
-            )
+        started = JobStartedV1(
+            job_id=job, run_id="run-1", attempt=attempt, tier=tier, policy=policy,
+            environment=ENV, topology=TOPO, code_version="abc", plan_id=plan_id,
         )  # fmt: skip
+        if heartbeat_s is not None:  # v2: its heartbeat deadline is watched (the tier's)
+            started = JobStartedV2(**started.model_dump(), heartbeat_s=heartbeat_s)
+        await self.publish(started, at)
 
     async def progress(
         self, job: str, steps: range, *, attempt: int = 1, plan_id: str | None = None
@@ -231,15 +242,22 @@ async def test_a_flushed_registry_is_rebuilt_key_for_key_and_the_system_goes_on(
     assert {"ckpt", "tier-declared", "tier", "owner-log", "coord", "pins"} <= spaces
     coord = {k.split(":coord:")[1].split(":")[0] for k in before if ":coord:" in k}
     assert coord == {"started", "traj", "trajidx", "last", "failures", "restarts", "storage",
-                     "excluded", "decision", "plan", "obs", "verdict"}  # fmt: skip
+                     "excluded", "decision", "plan", "obs", "verdict", "watch", "due"}  # fmt: skip
+    due = f"{prefix}:coord:due"
+    assert before[due].value == [
+        ("job-e", (flow.heartbeat_at + timedelta(seconds=120)).timestamp())
+    ]
 
     # FLUSHALL, for this registry only (the Redis is shared with other tests).
-    assert await flush(redis_client, prefix) == len(before)
+    everything = await snapshot(redis_client, prefix)
+    # Transient, not rebuilt: when the coordinator last heard from job E (on its own clock).
+    assert set(everything) - set(before) == {f"{prefix}:coord:heard"}
+    assert await flush(redis_client, prefix) == len(everything)
     env = {"CKPT_HA_STORAGE_ROOT": settings.storage_root}
     code, out, err = await cli(settings, tmp_path, "registry", "rebuild", env=env)
     assert code == 0, err
     after = await snapshot(redis_client, prefix, transient=TRANSIENT)
-    assert differences(before, after, expiry_slack_s=60) == []
+    assert differences(before, after, expiry_slack_s=60) == []  # job E's deadline included
     assert "skipped none" in out
 
     # The system goes on: the resumed attempt fails and is planned (its start was rebuilt; it
@@ -317,6 +335,14 @@ async def _live_flow(flow: Flow, home: Path) -> None:
     await flow.settled()
     await flow.failed("job-d", 1)
     await flow.event("resume.escalated", "job-d")
+    # Job E runs with heartbeats: its deadline (the standard tier's 120 s after its last
+    # heartbeat) is watched, and a rebuild must bring it back to the second.
+    t0 = datetime.now(UTC).replace(microsecond=0)
+    await flow.started("job-e", 1, tier="standard", heartbeat_s=10.0, at=t0)
+    await flow.settled()
+    flow.heartbeat_at = t0 + timedelta(seconds=10)
+    beat = JobHeartbeatV1(job_id="job-e", run_id="run-1", attempt=1, sequence=1, last_step=None)
+    await flow.publish(beat, flow.heartbeat_at)
 
 
 async def flow_cli(flow: Flow, home: Path, *args: str) -> tuple[int, str, str]:

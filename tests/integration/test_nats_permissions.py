@@ -318,11 +318,13 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
     """`ckpt-ha run` publishes job.* and follows its plans as ``runner``; the job's SDK reports
     progress as ``job``, the login the runner hands it; the coordinator's escalation reaches it."""
     import asyncio
+    import dataclasses
     import io
     import sys
     from datetime import UTC, datetime
 
     from ckpt_ha.contracts import build
+    from ckpt_ha.contracts.job import FailureCause, JobFailedV2
     from ckpt_ha.contracts.resume import ResumeEscalatedV2
     from ckpt_ha.runner.adapter import LocalProcess
     from ckpt_ha.runner.runner import EXIT_ESCALATED, Runner, RunSpec
@@ -344,6 +346,7 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
         storage_root=str(storage),
         state_dir=tmp_path / "state",
         plan_timeout_s=30,
+        heartbeat_s=0.1,
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPT_HA_")}
     out = io.StringIO()
@@ -368,11 +371,31 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
     await coordinator.broker.start()
     try:
         escalated = ResumeEscalatedV2(
-            job_id="job-sec", plan_id="p-sec", reason="restart loop", next_step="runbook step 9"
-        )
+            job_id="job-sec", plan_id="p-sec", reason="restart loop", next_step="runbook step 9",
+            attempt=1,
+        )  # fmt: skip
         now = datetime.now(UTC)
         await coordinator.publish(build(escalated, source="test", time=now, key="p-sec"))
+        # The coordinator may declare an attempt lost (job.failed, signed with the job's key).
+        lost = JobFailedV2(job_id="job-sec", run_id="run-sec", attempt=9, cause=FailureCause.LOST)
+        await coordinator.publish(build(lost, source="test", time=now, key="lost"))
     finally:
         await coordinator.broker.stop()
     assert await asyncio.wait_for(running, timeout=30) == EXIT_ESCALATED
     assert "escalated: restart loop" in out.getvalue()
+    msgs = await stream_messages_as(secured_nats.url, settings.events_stream)
+    assert any(b"job.heartbeat" in m for m in msgs)  # published as runner
+    assert any(b'"lost"' in m for m in msgs)
+
+    # A runner taking the run over finds the decision already on the stream (STREAM.MSG.GET).
+    again = io.StringIO()
+    resumed = Runner(
+        dataclasses.replace(spec, resume=True),
+        as_user(settings, secured_nats.url, "runner").bus(),
+        LocalProcess(stderr=io.BytesIO()),
+        base_env=env,
+        out=again,
+    )
+    assert await asyncio.wait_for(resumed.run(), timeout=30) == EXIT_ESCALATED
+    assert "cannot read earlier plans" not in again.getvalue()
+    assert "escalated: restart loop" in again.getvalue()

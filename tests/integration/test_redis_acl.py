@@ -24,7 +24,15 @@ from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
-from ckpt_ha.contracts.job import FailureCause, JobFailedV1, JobPolicy, JobProgressV1, JobStartedV1
+from ckpt_ha.contracts.job import (
+    FailureCause,
+    JobFailedV1,
+    JobHeartbeatV1,
+    JobPolicy,
+    JobProgressV1,
+    JobStartedV1,
+    JobStartedV2,
+)
 from ckpt_ha.devstack import procs
 from ckpt_ha.integrity_checker.app import build as build_checker
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
@@ -126,7 +134,8 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
         build_registrar(RegistrarSettings.model_validate(
             settings_for(settings, acl_redis, "registrar", **common))),
         build_coordinator(RestoreCoordinatorSettings.model_validate(
-            settings_for(settings, acl_redis, "restore-coordinator", **common))),
+            settings_for(settings, acl_redis, "restore-coordinator", lost_check_interval_s=0.2,
+                         **common))),
     ]  # fmt: skip
     operator = Registry.from_url(as_user(acl_redis, "operator"), settings.registry_prefix)
     started: list[Service] = []
@@ -210,6 +219,23 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
                     or b"resume.escalated" in m.subject.encode()]  # fmt: skip
 
         await wait_for(decided, timeout=30, what="the coordinator's decision")
+
+        # Heartbeat deadlines: an attempt that goes silent is declared lost by the coordinator's
+        # loop (its lease, the watch transactions, the deadlines, the notes of when it heard).
+        silent = JobStartedV2(job_id="job-acl-lost", run_id="run-1", heartbeat_s=0.2,
+                              deadline_s=1.0)  # fmt: skip
+        await producer.publish(build(silent, source="test/runner", time=datetime.now(UTC),
+                                     key="lost-start"))  # fmt: skip
+        beat = JobHeartbeatV1(job_id="job-acl-lost", run_id="run-1", sequence=1)
+        await producer.publish(build(beat, source="test/runner", time=datetime.now(UTC),
+                                     key="lost-beat"))  # fmt: skip
+
+        async def declared_lost() -> list[bytes]:
+            msgs = await stream_messages(settings.nats_url, settings.events_stream)
+            return [m.data for m in msgs if b"job.failed" in m.subject.encode()
+                    and b'"lost"' in m.data]  # fmt: skip
+
+        await wait_for(declared_lost, timeout=30, what="the silent attempt declared lost")
 
         # The janitor's round (jobs, records, tiers, pins, plans in progress) and the checker's
         # scrub (valid records) on their own users.

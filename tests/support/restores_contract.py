@@ -22,6 +22,7 @@ from ckpt_ha.core.restore_records import (
     PlanRecord,
     Point,
     Started,
+    Watch,
 )
 
 TRAJECTORY_LIMIT = 5
@@ -226,3 +227,58 @@ class RestoresContract:
         await state.record_started("job-b", Started(run_id="r", attempt=2, at=T0, plan_id="zzz"))
         found = {p.plan.plan_id: p.resuming for p in await state.plans_in_progress()}
         assert found == {"p-planned": False, "p-resuming": True, "p-other": False}
+
+    async def test_watch_round_trips_and_overdue_lists_only_live_deadlines(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, _ = stores
+        assert await state.watch("job-w") is None
+        live = Watch(job_id="job-w", run_id="r", attempt=1, started_at=T0, seen=T0, deadline_s=30)
+        later = live.model_copy(update={"job_id": "job-x", "seen": at(10)})
+        silent = live.model_copy(update={"job_id": "job-y", "deadline_s": None})
+        for w in (later, live, silent):
+            assert await state.update_watch(w.job_id, lambda _, w=w: w) == w
+        assert await state.watch("job-w") == live
+        assert await state.overdue(at(29), 10) == []
+        assert await state.overdue(at(45), 10) == [live, later]
+        assert await state.overdue(at(45), 1) == [live]
+        # Unchanged (None) leaves it; an ended watch is no longer due.
+        assert await state.update_watch("job-w", lambda _: None) is None
+        assert await state.watch("job-w") == live
+        await state.update_watch("job-w", lambda w: w.model_copy(update={"ended": True}))
+        assert [w.job_id for w in await state.overdue(at(45), 10)] == ["job-x"]
+        assert (await state.watch("job-w")).ended
+
+    async def test_concurrent_watch_updates_are_not_lost(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        first = Watch(job_id="job-c", run_id="r", attempt=1, started_at=T0, seen=T0, last_step=0)
+        await state.update_watch("job-c", lambda _: first)
+
+        def bump(w: Watch | None) -> Watch | None:
+            assert w is not None
+            return w.model_copy(update={"last_step": (w.last_step or 0) + 1})
+
+        await asyncio.gather(*(state.update_watch("job-c", bump) for _ in range(20)))
+        assert (await state.watch("job-c")).last_step == 20
+
+    async def test_heard_keeps_the_latest_and_goes_with_its_watch(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, _ = stores
+        assert await state.last_heard([]) == {}
+        await state.heard("job-h|r|1", at(10))
+        await state.heard("job-h|r|1", at(5))  # an older note never wins
+        await state.heard("job-h|r|2", at(7))
+        assert await state.last_heard(["job-h|r|1", "job-h|r|2", "job-h|r|3"]) == {
+            "job-h|r|1": at(10),
+            "job-h|r|2": at(7),
+        }
+        w1 = Watch(job_id="job-h", run_id="r", attempt=1, started_at=T0, seen=T0, deadline_s=9)
+        await state.update_watch("job-h", lambda _: w1)
+        assert await state.last_heard(["job-h|r|1"]) == {"job-h|r|1": at(10)}  # still watched
+        # A newer attempt supersedes it: the old note goes, the new attempt's stays.
+        w2 = w1.model_copy(update={"attempt": 2})
+        await state.update_watch("job-h", lambda _: w2)
+        assert await state.last_heard(["job-h|r|1", "job-h|r|2"]) == {"job-h|r|2": at(7)}
+        await state.update_watch("job-h", lambda w: w.model_copy(update={"ended": True}))
+        assert await state.last_heard(["job-h|r|2"]) == {}

@@ -24,9 +24,11 @@ from ckpt_ha.contracts.job import (
     FailureCause,
     JobFailedV1,
     JobFailedV2,
+    JobHeartbeatV1,
     JobPolicy,
     JobProgressV1,
     JobStartedV1,
+    JobStartedV2,
     JobSucceededV1,
     Tolerance,
 )
@@ -138,6 +140,7 @@ def memory(state: InMemoryRestores, pins: InMemoryPins) -> dict[str, Any]:
         "observed": state.observed,
         "verdicts": state.verdicts,
         "ended": state.ended,
+        "watches": state.watches,
         "jobs": {job: asdict(j) for job, j in state.jobs.items()},
         "pins": pins.by_job,
     }
@@ -193,6 +196,32 @@ async def test_replaying_the_stream_gives_what_the_live_handlers_wrote(tmp_path:
     after = memory(state, pins)
     for what in before:
         assert after[what] == before[what], what
+
+
+async def test_replaying_the_stream_restores_a_running_attempts_deadline(tmp_path: Path) -> None:
+    """Heartbeat deadlines survive a rebuild: the replayed watch is the live one, due at the
+    same time (the last sign of life plus the deadline, on the events' clock)."""
+    live = Stream(tmp_path)
+    start = JobStartedV2(**started(1).model_dump(), heartbeat_s=1.0, deadline_s=6.0)
+    await live.handle(start, "on_started")  # at T0 + 1 s
+    await live.handle(progress(10), "on_progress")
+    for n in range(1, 4):
+        beat = JobHeartbeatV1(job_id=JOB, run_id="run-1", attempt=1, sequence=n, last_step=10)
+        await live.handle(beat, "on_heartbeat")  # the last at T0 + 5 s
+    other = start.model_copy(update={"job_id": "job-q", "heartbeat_s": None, "deadline_s": None})
+    await live.handle(other, "on_started")
+    watch = await live.state.watch(JOB)
+    assert watch is not None
+    assert (watch.due, watch.last_step) == (T0 + timedelta(seconds=11), 10)
+    assert await live.state.overdue(T0 + timedelta(seconds=12), 10) == [watch]
+
+    state = InMemoryRestores()
+    replay = RestoreProjection(state, state.pin_store, InMemoryRegistry())
+    for event in live.events:
+        await replay.apply(CATALOG.decode(event.to_bytes()))
+    assert state.watches == live.state.watches
+    assert await state.overdue(T0 + timedelta(seconds=10), 10) == []
+    assert await state.overdue(T0 + timedelta(seconds=12), 10) == [watch]
 
 
 async def test_a_pinned_plan_of_an_older_coordinator_is_recovered_from_the_state() -> None:

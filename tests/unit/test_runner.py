@@ -170,6 +170,18 @@ def test_the_runtime_environment_names_this_python_and_numpy() -> None:
             2,
             "not allowed",
         ),
+        (["run", "--job", "j", "--resume", "--", "true"], 1, "--resume takes over a run"),
+        (["run", "--job", "j", "--heartbeat-s", "-1", "--", "true"], 1, "must be >= 0"),
+        (
+            ["run", "--job", "j", "--heartbeat-s", "5", "--deadline-s", "5", "--", "true"],
+            1,
+            "--deadline-s must be longer than --heartbeat-s",
+        ),
+        (
+            ["run", "--job", "j", "--heartbeat-s", "0", "--deadline-s", "5", "--", "true"],
+            1,
+            "--deadline-s must be longer than --heartbeat-s",
+        ),
     ],
 )
 def test_run_argument_errors_are_one_line(
@@ -190,3 +202,32 @@ def test_a_bad_policy_file_names_the_field(
     err = capsys.readouterr().err
     assert "max_restarts" in err
     assert err.count("\n") == 1
+
+
+def test_resume_without_a_recorded_attempt_says_so_before_connecting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CKPT_HA_HOME", str(tmp_path))
+    monkeypatch.setenv("NATS_URL", "nats://127.0.0.1:1")  # never reached
+    argv = ["run", "--job", "j", "--run-id", "r1", "--resume", "--", "true"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "no attempt.json: this run never started here" in err
+    assert err.count("\n") == 1
+    folder = tmp_path / "runs" / "j" / "r1"
+    folder.mkdir(parents=True)
+    (folder / "attempt.json").write_text(json.dumps({"attempt": 2, "run_id": "other"}))
+    assert main(argv) == 1
+    assert "names no attempt of run r1" in capsys.readouterr().err
+
+
+def test_the_heartbeat_settings_are_the_fallback_of_the_options(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CKPT_HA_HEARTBEAT_S", "0")
+    assert main(["run", "--job", "j", "--deadline-s", "5", "--", "true"]) == 1
+    assert "--deadline-s must be longer than --heartbeat-s" in capsys.readouterr().err
+    monkeypatch.setenv("CKPT_HA_HEARTBEAT_S", "10")
+    monkeypatch.setenv("CKPT_HA_DEADLINE_S", "10")
+    assert main(["run", "--job", "j", "--", "true"]) == 1
+    assert "--deadline-s must be longer than --heartbeat-s" in capsys.readouterr().err

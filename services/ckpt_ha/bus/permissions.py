@@ -2,8 +2,9 @@
 
 ``python -m ckpt_ha.bus.permissions [--check]`` writes ``deploy/nats/permissions.conf``; a test
 fails when the committed file and this table drift, and another runs the services under their
-rendered users against a real nats-server. Each service may publish only the events it owns,
-consume only through its own durable consumers, and dead-letter only under its own name.
+rendered users against a real nats-server. Each service may publish only the events it owns
+(the restore-coordinator also ``job.failed``, for an attempt it declares lost), consume only
+through its own durable consumers, and dead-letter only under its own name.
 Passwords are never in the file: each is read from ``$CKPT_HA_NATS_PASSWORD_<USER>``.
 
 Streams are the operator's: only ``operator`` may create or update them (``ckpt-ha streams
@@ -51,6 +52,10 @@ class Principal:
     watches: tuple[str, ...] = ()
     """Event types it follows live with a plain subscription (no durable consumer): the
     runner waits for its job's ``resume.planned`` / ``resume.escalated`` this way."""
+    reads_messages: bool = False
+    """May read single stored messages of the event stream (``STREAM.MSG.GET``): the runner
+    looks up the last plan of its job when it takes over a lost run (``ckpt-ha run
+    --resume``), which may have been published before it subscribed."""
 
     def durables(self) -> list[str]:
         return [f"{self.user}--{c}" for c in self.consumers]
@@ -69,15 +74,17 @@ PRINCIPALS: tuple[Principal, ...] = (
     # `checkpoint.deleted`: the tombstones of a failed attempt's partial writes it reclaims.
     Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",
                                       "resume.escalated", "resume.closed",
-                                      "checkpoint.quarantined", "checkpoint.deleted"),
-              consumers=("started", "progress", "failed", "load-failed", "registered",
+                                      "checkpoint.quarantined", "checkpoint.deleted",
+                                      # `job.failed`: an attempt it declares lost.
+                                      "job.failed"),
+              consumers=("started", "heartbeat", "progress", "failed", "load-failed", "registered",
                          "verified", "loaded", "succeeded")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
               consumers=("registered", "started")),
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.
-    Principal("runner", ("job.started", "job.progress", "job.failed", "job.succeeded",
-                         "resume.loaded", "resume.load_failed"),
-              watches=("resume.planned", "resume.escalated")),
+    Principal("runner", ("job.started", "job.heartbeat", "job.progress", "job.failed",
+                         "job.succeeded", "resume.loaded", "resume.load_failed"),
+              watches=("resume.planned", "resume.escalated"), reads_messages=True),
     # Training processes (the SDK): what a job says about itself, signed with its job's key.
     Principal("job", ("job.progress", "resume.loaded", "resume.load_failed",
                       "checkpoint.writing", "checkpoint.committed")),
@@ -134,11 +141,10 @@ def render(
                 f"$JS.ACK.{events_stream}.{durable}.>",
             ]
             sub.append(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{events_stream}.{durable}")
+        if p.consumers or p.reads_messages:
+            pub.append(f"$JS.API.STREAM.MSG.GET.{events_stream}")
         if p.consumers:
-            pub += [
-                f"$JS.API.STREAM.MSG.GET.{events_stream}",
-                f"{prefix}.{DEAD_LETTERS}.{p.user}.>",
-            ]
+            pub.append(f"{prefix}.{DEAD_LETTERS}.{p.user}.>")
         lines += [
             "    {",
             f'      user: "{p.user}"',

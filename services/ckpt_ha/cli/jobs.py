@@ -21,7 +21,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
     from ckpt_ha.contracts.job import JobPolicy
     from ckpt_ha.runner.adapter import LocalProcess, SchedulerAdapter
-    from ckpt_ha.runner.runner import LaunchFailed, Runner, RunSpec, state_dir
+    from ckpt_ha.runner.runner import CannotResume, LaunchFailed, Runner, RunSpec, state_dir
     from ckpt_ha.runner.settings import RunnerSettings
     from ckpt_ha.runner.slurm import SlurmBatch
 
@@ -38,6 +38,8 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
             raise UsageError(f"--scheduler slurm: {', '.join(missing)} not found on PATH")
     if args.max_attempts is not None and args.max_attempts < 1:
         raise CommandError("--max-attempts must be >= 1")
+    if args.resume and not args.run_id:
+        raise CommandError("--resume takes over a run: give its --run-id")
     from ckpt_ha.runner import torchrun
 
     world_size = args.world_size or torchrun.world_size(command, env) or 1
@@ -54,6 +56,13 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
             where = ".".join(str(p) for p in first["loc"]) or "(document)"
             raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
     settings = context.settings_of(RunnerSettings, env, home, "runner")
+    beat = args.heartbeat_s if args.heartbeat_s is not None else settings.heartbeat_s
+    if beat < 0:
+        raise CommandError("--heartbeat-s must be >= 0")
+    heartbeat_s = beat or None
+    deadline_s = args.deadline_s if args.deadline_s is not None else settings.deadline_s
+    if deadline_s is not None and (heartbeat_s is None or deadline_s <= heartbeat_s):
+        raise CommandError("--deadline-s must be longer than --heartbeat-s (which must be > 0)")
     run_id = args.run_id or f"run-{uuid4().hex[:12]}"
     spec = RunSpec(
         job_id=args.job,
@@ -67,6 +76,9 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         world_size=world_size,
         code_version=args.code_version or env.get("CKPT_HA_CODE_VERSION") or None,
         image=env.get("CKPT_HA_IMAGE") or None,
+        heartbeat_s=heartbeat_s,
+        deadline_s=deadline_s,
+        resume=args.resume,
     )
     adapter: SchedulerAdapter = LocalProcess()
     if args.scheduler == "slurm":
@@ -76,7 +88,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     runner = Runner(spec, settings.bus(), adapter, base_env=env, job_bus=settings.job_bus())
     try:
         return context.run(settings, runner.run)
-    except LaunchFailed as exc:
+    except (LaunchFailed, CannotResume) as exc:
         raise CommandError(str(exc)) from None
 
 

@@ -447,6 +447,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --scheduler slurm: one more sbatch option, as --sbatch-arg=--mem=4G "
         "(repeatable)",
     )
+    run.add_argument(
+        "--heartbeat-s",
+        type=float,
+        metavar="SECONDS",
+        help="publish job.heartbeat this often while an attempt runs (default "
+        "$CKPT_HA_HEARTBEAT_S, else 10; 0: never, and the attempt is never declared lost)",
+    )
+    run.add_argument(
+        "--deadline-s",
+        type=_positive,
+        metavar="SECONDS",
+        help="silence (no progress, no heartbeat) after which the restore-coordinator declares "
+        "an attempt lost (default $CKPT_HA_DEADLINE_S, else the tier's: `ckpt-ha tier show`); "
+        "above --heartbeat-s",
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="take over a lost run (same --job and --run-id): wait for the coordinator's plan "
+        "after the attempt the run's state folder records, then carry on",
+    )
     run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
 
     dr = sub.add_parser(

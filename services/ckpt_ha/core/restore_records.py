@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
@@ -118,6 +118,53 @@ class Started(BaseModel):
 
     def target(self) -> Target:
         return Target(self.environment, self.topology, self.code_version)
+
+
+def attempt_key(job_id: str, run_id: str, attempt: int) -> str:
+    """One attempt of one run of a job, as a single string (`Watch.key`)."""
+    return f"{job_id}|{run_id}|{attempt}"
+
+
+class Watch(BaseModel):
+    """The latest attempt of a job whose silence the restore-coordinator watches (one per job,
+    `ckpt_ha.restore_coordinator.liveness`): its last sign of life (``job.started``,
+    ``job.progress``, ``job.heartbeat``) and its deadline. An ended attempt is kept as a
+    tombstone, so that its start handled after its end (the consumers run independently)
+    does not watch it again."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str
+    run_id: str
+    attempt: int
+    started_at: AwareDatetime
+    seen: AwareDatetime
+    """The last sign of life (the event's time)."""
+    deadline_s: float | None = None
+    """Silence after which the attempt is lost; None: it promised no heartbeat (never lost)."""
+    ended: bool = False
+    """It failed or succeeded (or was declared lost): nothing more to watch."""
+    plan_id: str | None = None
+    last_step: int | None = None
+
+    @property
+    def key(self) -> str:
+        return attempt_key(self.job_id, self.run_id, self.attempt)
+
+    def unheard(self, before: Watch | None) -> list[str]:
+        """The attempts whose note of being heard goes with this watch replacing ``before``:
+        this one once it ended, ``before`` when it was another attempt (superseded)."""
+        out = [self.key] if self.ended else []
+        if before is not None and before.key != self.key:
+            out.append(before.key)
+        return out
+
+    @property
+    def due(self) -> datetime | None:
+        """When the attempt is lost if nothing is heard (None: never)."""
+        if self.ended or self.deadline_s is None:
+            return None
+        return self.seen + timedelta(seconds=self.deadline_s)
 
 
 class PlanRecord(BaseModel):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from ckpt_ha.contracts.job import JobStartedV1
+from ckpt_ha.contracts.job import JobStartedV1, JobStartedV2
 
 DAY = 86400.0
 
@@ -47,6 +47,11 @@ class Tier:
     grace_s: float
     """Between expiry and deletion: the window in which a pin still saves the bytes."""
     replicate: bool
+    lost_after_s: float = 300.0
+    """Default heartbeat deadline: an attempt that promised heartbeats (``job.started`` v2) and
+    declared no ``deadline_s`` is lost after this long without progress or heartbeat. Shorter
+    for a costlier tier: its restore starts sooner, at the price of a false alarm on a long
+    stall of the supervisor (never of the training itself: heartbeats do not depend on it)."""
 
     def policy(self) -> str:
         """One line naming the rules, recorded on every expiry and tombstone."""
@@ -90,6 +95,7 @@ TIERS: Mapping[str, Tier] = {
             failed_keep_s=6 * 3600.0,
             grace_s=3600.0,
             replicate=False,
+            lost_after_s=300.0,
         ),
         Tier(
             name="standard",
@@ -103,6 +109,7 @@ TIERS: Mapping[str, Tier] = {
             failed_keep_s=1 * DAY,
             grace_s=1 * DAY,
             replicate=False,
+            lost_after_s=120.0,
         ),
         Tier(
             name="critical",
@@ -116,6 +123,7 @@ TIERS: Mapping[str, Tier] = {
             failed_keep_s=7 * DAY,
             grace_s=7 * DAY,
             replicate=True,
+            lost_after_s=60.0,
         ),
     )
 }
@@ -149,6 +157,21 @@ def declared_tier(started: JobStartedV1) -> str | None:
     """The tier a ``job.started`` declares (its ``tier``, else its policy's; None: none): what
     the retention-janitor records live and a registry rebuild replays."""
     return started.tier or (started.policy.tier if started.policy is not None else None)
+
+
+def lost_after(started: JobStartedV1) -> float | None:
+    """The heartbeat deadline of the attempt this ``job.started`` began (R9's lost attempt):
+    its own ``deadline_s``, else its declared tier's `Tier.lost_after_s` (an unknown or missing
+    tier: the cheapest one's, as for retention). None: the attempt promised no heartbeat (a
+    v1 start, or ``heartbeat_s`` None), so silence proves nothing and it is never lost.
+
+    From the event alone (no setting): the coordinator's live handling and a rebuild from the
+    stream resolve the same deadline."""
+    if not isinstance(started, JobStartedV2) or started.heartbeat_s is None:
+        return None
+    if started.deadline_s is not None:
+        return float(started.deadline_s)
+    return TIERS.get(declared_tier(started) or DEFAULT_TIER, TIERS[DEFAULT_TIER]).lost_after_s
 
 
 def resolve_tier(chosen: Mapping[str, str] | None, declared: str | None) -> TierChoice:

@@ -119,12 +119,15 @@ USERS: tuple[RedisUser, ...] = (
               ("tier-declared",),
               (*CONNECT, "mget", "smembers", "smismember", "evalsha", "script|load",
                *PROJECTION)),
-    # Its own memory and the pins; reads a job's records to choose a restore.
-    RedisUser("restore-coordinator", ("restore-state", "pins"), ("checkpoints", "job-index"),
-              (*CONNECT, "get", "set", "mget", "del", "expire", "hset", "hget", "hmget",
+    # Its own memory and the pins; reads a job's records to choose a restore. The heartbeat
+    # watches (optimistic WATCH transactions, the deadlines' sorted set) and the lease of its
+    # lost-attempt loop.
+    RedisUser("restore-coordinator", ("restore-state", "pins", "leases"),
+              ("checkpoints", "job-index"),
+              (*CONNECT, *LEASES, "get", "set", "mget", "del", "expire", "hset", "hget", "hmget",
                "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
-               "zremrangebyrank", "sadd", "smembers", "rpush", "ltrim", "lrange", "multi",
-               "exec", "discard")),
+               "zremrangebyrank", "zrem", "zrangebyscore", "zscore", "sadd", "smembers",
+               "rpush", "ltrim", "lrange", "multi", "exec", "discard", "watch", "unwatch")),
     # Reads jobs, records, tiers, pins and plans in progress; records the declared tier.
     # And the lease of its periodic rounds.
     RedisUser("retention-janitor", ("tier-declared", "leases"),
@@ -138,9 +141,9 @@ USERS: tuple[RedisUser, ...] = (
     RedisUser("operator", ("everything",), (),
               (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire", "pexpireat",
                "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
-               "zrevrange", "zpopmin", "zremrangebyrank", "sadd", "srem", "smembers",
+               "zrevrange", "zpopmin", "zremrangebyrank", "zrem", "sadd", "srem", "smembers",
                "sismember", "smismember", "rpush", "ltrim", "lrange", "evalsha", "script|load",
-               "multi", "exec", "discard")),
+               "multi", "exec", "discard", "watch", "unwatch")),
 )  # fmt: skip
 
 

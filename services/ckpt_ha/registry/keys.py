@@ -55,10 +55,11 @@ REBUILT = (
 )
 """Key spaces (after ``<p>:``) of this layout that are a projection of the event stream."""
 
-TRANSIENT = ("lease:", "coord:lease:")
+TRANSIENT = ("lease:", "coord:lease:", "coord:heard")
 """Key spaces (after ``<p>:``) of other owners that are neither in the stream nor needed from
-it: the loop leases (`ckpt_ha.registry.leases`) and the coordinator's lease on a failure
-(`ckpt_ha.registry.restores`). Services running during a rebuild keep taking them."""
+it: the loop leases (`ckpt_ha.registry.leases`), the coordinator's lease on a failure and its
+note of when it last heard from each watched attempt (`ckpt_ha.registry.restores`). Services
+running during a rebuild keep taking them."""
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,15 @@ or two round trips, whatever the number of checkpoints in the registry):
 * ``<p>:coord:plan:<plan>``              JSON `PlanRecord` (what the plan restored, for whom)
 * ``<p>:coord:obs:<plan>``               list of the resumed attempt's first progress points
 * ``<p>:coord:verdict:<plan>``           ``verified`` / ``diverged`` (SET NX: one verdict)
+* ``<p>:coord:watch:<job>``              JSON `Watch`: the job's latest attempt, its last sign
+  of life and its heartbeat deadline (or a tombstone: it ended)
+* ``<p>:coord:due``                      sorted set job → unix time its watched attempt is lost
+  (only attempts with a deadline that have not ended)
+* ``<p>:coord:heard``                    sorted set ``job|run|attempt`` → unix time (the
+  coordinator's clock) a sign of life of that attempt was last handled: transient (not in the
+  stream, not rebuilt), dropped when its watch ends
 
-Every key but the leases is a projection of the event stream (job.*, resume.*,
+Every key but the leases and ``heard`` is a projection of the event stream (job.*, resume.*,
 checkpoint.registered): ``ckpt-ha registry rebuild`` clears this key space and replays the
 stream into it (`clear`, and an owner built with ``replaying=True``). A lease is transient.
 
@@ -35,15 +42,17 @@ gives the run's start records ``ttl_s`` (`end_run`); a run whose end was never r
 them (about a kilobyte per attempt). Everything else expires after ``ttl_s`` without a write to
 the key: the trajectory and last points are refreshed by every progress report, a plan by each
 report of its resumed attempt until the verdict, failures, restarts and storage errors only
-count within the stop conditions' windows. The R15 pins a decision implies are owned by
-`ckpt_ha.registry.pins` (no expiry) and written in the decision's transaction through it.
+count within the stop conditions' windows. A watch has no expiry while its attempt runs (a
+silent attempt is what it is for); an ended one (a tombstone) expires after ``ttl_s``. The R15
+pins a decision implies are owned by `ckpt_ha.registry.pins` (no expiry) and written in the
+decision's transaction through it.
 """
 
 from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -52,6 +61,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import WatchError
 
 from ckpt_ha.core.restore_records import (
     DecisionRecord,
@@ -62,6 +72,7 @@ from ckpt_ha.core.restore_records import (
     PlanRecord,
     Point,
     Started,
+    Watch,
 )
 from ckpt_ha.registry import leases
 from ckpt_ha.registry.client import RedisConfig, connect
@@ -459,6 +470,71 @@ class RedisRestores:
     async def plan(self, plan_id: str) -> PlanRecord | None:
         raw = await self._r.get(self._k("plan", plan_id))
         return PlanRecord.model_validate_json(raw) if raw else None
+
+    # --- lost attempts (heartbeat deadlines) ---
+
+    async def update_watch(
+        self, job: str, change: Callable[[Watch | None], Watch | None]
+    ) -> Watch | None:
+        """Read-modify-write under WATCH (optimistic: retried when another consumer wrote the
+        same job's watch meanwhile)."""
+        k, due = self._k("watch", job), self._k("due")
+        while True:
+            async with self._r.pipeline(transaction=True) as pipe:
+                try:
+                    await pipe.watch(k)
+                    raw = await pipe.get(k)
+                    old = Watch.model_validate_json(raw) if raw else None
+                    new = change(old)
+                    if new is None:
+                        await pipe.reset()  # type: ignore[no-untyped-call]
+                        return None
+                    pipe.multi()  # type: ignore[no-untyped-call]
+                    at = new.due
+                    # The note of when an attempt was heard goes with its watch (ended, or
+                    # superseded by a newer attempt).
+                    if members := new.unheard(old):
+                        pipe.zrem(self._k("heard"), *members)
+                    if at is None:
+                        # Ended (a tombstone expires) or never watched (kept while it runs).
+                        ttl = self._ttl(k) if new.ended else None
+                        if not new.ended and self._replay is not None:
+                            self._replay.persist(k)
+                        pipe.set(k, new.model_dump_json(), ex=ttl)
+                        pipe.zrem(due, job)
+                    else:
+                        if self._replay is not None:
+                            self._replay.persist(k)
+                        pipe.set(k, new.model_dump_json())
+                        pipe.zadd(due, {job: _ts(at)})
+                    await pipe.execute()
+                except WatchError:
+                    continue
+                return new
+
+    async def watch(self, job: str) -> Watch | None:
+        raw = await self._r.get(self._k("watch", job))
+        return Watch.model_validate_json(raw) if raw else None
+
+    async def heard(self, attempt: str, at: datetime) -> None:
+        await self._r.zadd(self._k("heard"), {attempt: _ts(at)}, gt=True)
+
+    async def last_heard(self, attempts: Sequence[str]) -> dict[str, datetime]:
+        if not attempts:
+            return {}
+        async with self._r.pipeline(transaction=False) as pipe:
+            for a in attempts:
+                pipe.zscore(self._k("heard"), a)
+            scores = await pipe.execute()
+        return {a: _dt(float(s)) for a, s in zip(attempts, scores, strict=True) if s is not None}
+
+    async def overdue(self, now: datetime, limit: int) -> list[Watch]:
+        jobs = await self._r.zrangebyscore(self._k("due"), "-inf", _ts(now), start=0, num=limit)
+        if not jobs:
+            return []
+        raws = await self._r.mget([self._k("watch", _str(j)) for j in jobs])
+        found = [Watch.model_validate_json(r) for r in raws if r]
+        return [w for w in found if w.due is not None and w.due < now]
 
     async def plans_in_progress(self) -> list[PlanInProgress]:
         """Every stored plan without a verdict yet, and whether its resumed attempt started

@@ -15,14 +15,18 @@ from dataclasses import dataclass
 
 from faststream import FastStream
 
+from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.registry.client import connect
+from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
+from ckpt_ha.restore_coordinator.watchdog import LostAttempts
+from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
 from ckpt_ha.telemetry.metrics import RestoreMetrics
@@ -31,6 +35,8 @@ NAME = "restore-coordinator"
 
 CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
     ("started", "job.started", "on_started", "Records each attempt's policy and restore target."),
+    ("heartbeat", "job.heartbeat", "on_heartbeat",
+     "Notes each attempt's sign of life: its heartbeat deadline starts again."),
     ("progress", "job.progress", "on_progress",
      "Keeps the progress trajectory; checks a resumed attempt's continuity (R10)."),
     ("failed", "job.failed", "on_failed",
@@ -47,6 +53,8 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
      "Ends the run: its start records may expire like the rest of its state."),
 )  # fmt: skip
 """(consumer, event type, handler method, description)."""
+JOB_CONSUMERS = ("started", "heartbeat", "progress", "failed", "succeeded")
+"""Their backlog holds the lost-attempt loop back (`watchdog`)."""
 
 
 @dataclass(kw_only=True)
@@ -54,6 +62,7 @@ class RestoreCoordinator(Service):
     state: RedisRestores
     pins: RedisPins
     handlers: CoordinatorHandlers
+    lost: LostAttempts
 
 
 def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> RestoreCoordinator:
@@ -68,6 +77,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         trajectory_limit=settings.trajectory_limit,
         ttl_s=settings.state_ttl_s,
     )
+    metrics = RestoreMetrics(base.metrics, forget_after_s=settings.metrics_forget_after_s)
     handlers = CoordinatorHandlers(
         state,
         pins,
@@ -75,7 +85,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         open_store(settings.storage_root),
         base.bus,
         clock,
-        RestoreMetrics(base.metrics, forget_after_s=settings.metrics_forget_after_s),
+        metrics,
         lease_ttl_s=settings.lease_ttl_s,
         load_failed_grace_s=settings.load_failed_grace_s,
         verification_grace_s=settings.verification_grace_s,
@@ -89,6 +99,9 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         state=state,
         pins=pins,
         handlers=handlers,
+        lost=LostAttempts(
+            state, handlers.projection, base.bus, clock, metrics, lambda: backlog(base.bus)
+        ),
     )
     for consumer, event_type, method, description in CONSUMERS:
         svc.bus.consumer(
@@ -98,7 +111,27 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         title="ckpt-ha restore-coordinator",
         description="Plans, watches and verifies resumes after job failures.",
     )
+    if settings.lost_check_interval_s > 0:
+        svc.in_background(
+            lambda: svc.lost.run(settings.lost_check_interval_s),
+            leader=Leader(
+                RedisLeases(client, settings.registry_prefix),
+                svc.metrics,
+                "lost",
+                settings.loop_lease_s,
+            ),
+        )
     return svc
+
+
+async def backlog(bus: Bus) -> bool:
+    """Whether a job-event consumer of this coordinator has messages not yet delivered.
+    Delivered but unacknowledged ones do not count: a batch in hand is handled within moments,
+    and a message parked for long (a newer version this coordinator cannot read yet) must not
+    stop lost detection for every job."""
+    job = {bus.durable_name(c) for c in JOB_CONSUMERS}
+    infos = await bus.consumer_info()
+    return any(durable in job and pending > 0 for durable, pending, _, _ in infos)
 
 
 def asyncapi_app() -> FastStream:

@@ -14,7 +14,13 @@ from datetime import datetime
 
 from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
-from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1, JobSucceededV1
+from ckpt_ha.contracts.job import (
+    JobFailedV1,
+    JobHeartbeatV1,
+    JobProgressV1,
+    JobStartedV1,
+    JobSucceededV1,
+)
 from ckpt_ha.contracts.resume import (
     LoadBlame,
     ResumeLoadedV1,
@@ -24,7 +30,7 @@ from ckpt_ha.contracts.resume import (
 from ckpt_ha.core.errors import DependencyNotReady, TransientError
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.restore_records import DecisionRecord, History, Point, Started
-from ckpt_ha.restore_coordinator import adapters, domain
+from ckpt_ha.restore_coordinator import adapters, domain, liveness
 from ckpt_ha.restore_coordinator.ports import (
     CheckpointReads,
     Clock,
@@ -96,10 +102,22 @@ class CoordinatorHandlers:
 
     async def on_started(self, event: Envelope[JobStartedV1]) -> None:
         await self.projection.started(event)
+        await self._heard(event.data)
         self.metrics.job_started(event.data.job_id)
+
+    async def on_heartbeat(self, event: Envelope[JobHeartbeatV1]) -> None:
+        """A sign of life of the attempt: its heartbeat deadline starts again (`liveness`)."""
+        await self.projection.heartbeat(event)
+        await self._heard(event.data)
+
+    async def _heard(self, d: JobStartedV1 | JobHeartbeatV1 | JobProgressV1) -> None:
+        """Noted on this coordinator's clock (`liveness.lost`: a reporter's clock that is
+        behind never makes a living attempt lost)."""
+        await self.state.heard(liveness.attempt_key(d.job_id, d.run_id, d.attempt), self.clock())
 
     async def on_progress(self, event: Envelope[JobProgressV1]) -> None:
         d = event.data
+        await self._heard(d)
         outcome = await self.projection.progress(event)
         if outcome.stale:
             self.metrics.stale_progress.labels(self.metrics.service).inc()

@@ -23,6 +23,7 @@ from ckpt_ha.core.restore_records import (
     PlanRecord,
     Point,
     Started,
+    Watch,
 )
 from ckpt_ha.storage.port import ObjectStore
 
@@ -153,3 +154,28 @@ class RestoreState(Protocol):
     async def mark_published(self, job: str, attempt: int, decision: DecisionRecord) -> None: ...
 
     async def plan(self, plan_id: str) -> PlanRecord | None: ...
+
+    async def update_watch(
+        self, job: str, change: Callable[[Watch | None], Watch | None]
+    ) -> Watch | None:
+        """Apply ``change`` to the job's `Watch` atomically (concurrent consumers update the
+        same watch): it gets the current one and returns the new one, or None to leave it.
+        Returns what was written (None: nothing)."""
+        ...
+
+    async def watch(self, job: str) -> Watch | None: ...
+
+    async def heard(self, attempt: str, at: datetime) -> None:
+        """A sign of life of ``attempt`` (`liveness.attempt_key`) was handled at ``at`` (the
+        coordinator's clock; kept if later than the last). Not a projection of the stream: a
+        rebuild has none, and an ended watch forgets it."""
+        ...
+
+    async def last_heard(self, attempts: Sequence[str]) -> dict[str, datetime]:
+        """When each of these attempts was last heard (absent: never, or forgotten)."""
+        ...
+
+    async def overdue(self, now: datetime, limit: int) -> list[Watch]:
+        """Watched attempts whose deadline is before ``now``, earliest first (at most
+        ``limit``)."""
+        ...

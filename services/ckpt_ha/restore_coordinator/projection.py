@@ -10,14 +10,18 @@ says, and a registry rebuilt after a flush remembers what the live one did.
 ============================  ==========================================================
 event                         writes
 ============================  ==========================================================
-job.started                   the attempt's start (policy, restore target)
+job.started                   the attempt's start (policy, restore target); the job's
+                              watch (`liveness`): its heartbeat deadline from now
 job.progress                  trajectory and last point; for a resumed attempt before its
-                              verdict: its observations, then the verdict. Nothing for a
-                              stale attempt (a later attempt of its run is planned: fenced)
+                              verdict: its observations, then the verdict; a sign of life.
+                              Nothing for a stale attempt (a later attempt of its run is
+                              planned: fenced)
+job.heartbeat                 a sign of life of the watched attempt (nothing else)
 job.failed                    the failure (one per attempt); an infrastructure-side one
-                              also counts as a storage error; a cancelled one (cause
-                              ``cancelled``) only ends the run, as job.succeeded does
-job.succeeded                 the run is over: its start records may expire
+                              also counts as a storage error; the watch ends. A cancelled
+                              one (cause ``cancelled``) only ends the run, as job.succeeded
+                              does
+job.succeeded                 the run is over: its start records may expire; the watch ends
 resume.load_failed            the checkpoint excluded (when the load blames it), a storage
                               error (when infrastructure-side)
 resume.planned                the decision about the failed attempt, its plan, the restart,
@@ -48,6 +52,7 @@ from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1, FailureSide
 from ckpt_ha.contracts.job import (
     JobFailedV1,
+    JobHeartbeatV1,
     JobPolicy,
     JobProgressV1,
     JobStartedV1,
@@ -69,7 +74,7 @@ from ckpt_ha.core.restore_records import (
     Started,
     planned_pins,
 )
-from ckpt_ha.restore_coordinator import domain
+from ckpt_ha.restore_coordinator import domain, liveness
 from ckpt_ha.restore_coordinator.ports import CheckpointReads, PinStore, RestoreState
 from ckpt_ha.telemetry import tracing
 
@@ -120,6 +125,8 @@ class RestoreProjection:
             await self.started(cast(Envelope[JobStartedV1], event))
         elif isinstance(data, JobProgressV1):
             await self.progress(cast(Envelope[JobProgressV1], event))
+        elif isinstance(data, JobHeartbeatV1):
+            await self.heartbeat(cast(Envelope[JobHeartbeatV1], event))
         elif isinstance(data, JobFailedV1) and domain.ends_the_run(data):
             await self.cancelled(cast(Envelope[JobFailedV1], event))
         elif isinstance(data, JobFailedV1):
@@ -138,7 +145,22 @@ class RestoreProjection:
     # --- job.* ---
 
     async def started(self, event: Envelope[JobStartedV1]) -> None:
-        await self.state.record_started(event.data.job_id, Started.of(event.data, event.time))
+        d = event.data
+        await self.state.record_started(d.job_id, Started.of(d, event.time))
+        await self.state.update_watch(d.job_id, lambda w: liveness.on_start(w, d, event.time))
+
+    async def heartbeat(self, event: Envelope[JobHeartbeatV1]) -> None:
+        d = event.data
+        await self.state.update_watch(
+            d.job_id, lambda w: liveness.on_alive(w, d.run_id, d.attempt, event.time, d.last_step)
+        )
+
+    async def ended(self, event: Envelope[JobFailedV1] | Envelope[JobSucceededV1]) -> None:
+        """The attempt is over (failed, succeeded, or declared lost): no longer watched."""
+        d = event.data
+        await self.state.update_watch(
+            d.job_id, lambda w: liveness.on_end(w, d.job_id, d.run_id, d.attempt, event.time)
+        )
 
     async def progress(self, event: Envelope[JobProgressV1]) -> Progress:
         """Record the report; a resumed attempt's reports before its verdict are compared with
@@ -158,6 +180,9 @@ class RestoreProjection:
             data_position=d.data_position,
             rng_fingerprint=d.rng_fingerprint,
             metrics=d.metrics,
+        )
+        await self.state.update_watch(
+            d.job_id, lambda w: liveness.on_alive(w, d.run_id, d.attempt, event.time, d.step)
         )
         plan = domain.own_plan(await self.state.plan(d.plan_id), d.job_id) if d.plan_id else None
         verdict = await self.state.verdict(plan.plan_id) if plan is not None else None
@@ -183,6 +208,7 @@ class RestoreProjection:
         """Record the failure (idempotent: one per attempt) and read back, in the same round
         trip, what deciding it needs (the latest ``same_window`` failures of the history)."""
         d = event.data
+        await self.ended(event)
         infrastructure = d.side is FailureSide.INFRASTRUCTURE
         return await self.state.failure_context(
             d.job_id,
@@ -193,10 +219,12 @@ class RestoreProjection:
         )
 
     async def succeeded(self, event: Envelope[JobSucceededV1]) -> None:
+        await self.ended(event)
         await self.state.end_run(event.data.job_id, event.data.attempt)
 
     async def cancelled(self, event: Envelope[JobFailedV1]) -> None:
         """A user cancelled the attempt: the run is over for automatic restores."""
+        await self.ended(event)
         await self.state.end_run(event.data.job_id, event.data.attempt)
 
     # --- resume.* ---

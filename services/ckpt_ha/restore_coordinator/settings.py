@@ -23,3 +23,7 @@ class RestoreCoordinatorSettings(ServiceSettings):
     """Progress steps kept per job for continuity checks."""
     state_ttl_s: int = Field(default=30 * 24 * 3600, ge=60)
     """The coordinator's per-job state expires after this long without a write."""
+    lost_check_interval_s: float = Field(default=5.0, ge=0)
+    """How often the replica holding the ``lost`` loop lease looks for attempts past their
+    heartbeat deadline (0: never; then no attempt is ever declared lost). A lost attempt is
+    declared within its deadline plus this."""

@@ -17,6 +17,25 @@ reaches ``job.failed`` (`ckpt_ha.runner.torchrun`). When torchrun restarts its r
 
 The runner listens with a plain NATS subscription, opened before the attempt starts, so a plan
 published while the failure is being reported is not missed.
+
+Heartbeats. Each ``job.started`` (v2) promises a ``job.heartbeat`` every ``--heartbeat-s``
+(default ``CKPT_HA_HEARTBEAT_S``, 10 s; 0: none, and the attempt is then never declared lost)
+and names the silence after which the attempt is lost (``--deadline-s``, default
+``CKPT_HA_DEADLINE_S``, else the job's tier's, `ckpt_ha.core.tiers.Tier.lost_after_s`).
+While an attempt runs, a task of the runner publishes the heartbeats (signed like every job
+event), whatever the training reports: a slow job whose runner lives is never lost. If the
+runner's host dies (runner and training gone, no ``job.failed``), the restore-coordinator
+declares the attempt lost after the deadline and plans its restore.
+
+Taking over a lost run (``--resume``). A new runner with the same ``--job`` and ``--run-id``
+(and ``CKPT_HA_HOME``: the run's state folder holds `ATTEMPT_FILE`) reads the attempt that was
+running, then waits (``--plan-timeout``) for the coordinator's plan for the next attempt and
+carries on from it like the normal loop (an escalation: exit 3). A plan published before it
+subscribed is found too: it reads the job's last ``resume.planned`` / ``resume.escalated``
+from the stream (``STREAM.MSG.GET``, allowed to the ``runner`` principal). It never starts the
+lost attempt again by itself: a run with no plan exits 4. Make sure the old attempt's
+processes are gone first (a host that is really dead; `kill` otherwise): until fencing, an old
+attempt still running would write next to the new one.
 """
 
 from __future__ import annotations
@@ -35,7 +54,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 import nats
+from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
+from nats.js.errors import NotFoundError
 
 from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
@@ -45,8 +66,9 @@ from ckpt_ha.contracts.errors import ContractError
 from ckpt_ha.contracts.job import (
     FailureCause,
     JobFailedV2,
+    JobHeartbeatV1,
     JobPolicy,
-    JobStartedV1,
+    JobStartedV2,
     JobSucceededV1,
 )
 from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumePlannedV1, ResumePlannedV2
@@ -79,6 +101,14 @@ NOT_FOR_THE_JOB = frozenset({
 process, which gets exactly its own (`child_env`)."""
 
 
+class CannotResume(Exception):
+    """``--resume`` found no attempt of this run to take over."""
+
+    def __init__(self, state_dir: Path, reason: str) -> None:
+        self.state_dir = state_dir
+        super().__init__(f"cannot resume the run in {state_dir}: {reason}")
+
+
 class LaunchFailed(Exception):
     """The scheduler could not start the command at all (not found, not executable)."""
 
@@ -102,6 +132,12 @@ class RunSpec:
     world_size: int = 1
     code_version: str | None = None
     image: str | None = None
+    heartbeat_s: float | None = 10.0
+    """A ``job.heartbeat`` every this many seconds while an attempt runs (None: none)."""
+    deadline_s: float | None = None
+    """Silence after which the coordinator declares an attempt lost (None: the tier's)."""
+    resume: bool = False
+    """Take over the run: wait for the plan after its last recorded attempt (`ATTEMPT_FILE`)."""
 
     @property
     def progress_file(self) -> Path:
@@ -208,6 +244,7 @@ class Runner:
         self._inbox: asyncio.Queue[EventData] = asyncio.Queue()
         self._stopped_by: int | None = None
         self._stop = asyncio.Event()
+        self._nc: NatsClient | None = None
 
     def say(self, text: str) -> None:
         print(f"ckpt-ha run: {text}", file=self.out, flush=True)
@@ -215,6 +252,8 @@ class Runner:
     async def run(self) -> int:
         from ckpt_ha.bus.broker import Bus  # faststream: only when a run really starts
 
+        # Nothing to take over: said before anything connects.
+        lost = self._recorded_attempt() if self.spec.resume else None
         bus = Bus(self.cfg, "runner", lasting=True)
         # Fail fast (one line, nothing started) when NATS is not there at all; the connections
         # kept for the run then reconnect, however long NATS is away, while the training runs.
@@ -244,9 +283,10 @@ class Runner:
                     job_event_filter(self.cfg.prefix, event, self.spec.job_id), cb=self._on_msg
                 )
             await nc.flush()
+            self._nc = nc
             await bus.broker.start()
             try:
-                return await self._attempts(bus)
+                return await self._attempts(bus, lost)
             finally:
                 await bus.broker.stop()
         finally:
@@ -270,7 +310,8 @@ class Runner:
     async def _publish(self, bus: Bus, data: EventData, key: str) -> None:
         await bus.publish(build(data, source=SOURCE, time=self.clock(), key=key))
 
-    async def _attempts(self, bus: Bus) -> int:
+    async def _attempts(self, bus: Bus, lost: int | None = None) -> int:
+        """Attempt after attempt; ``lost``: the attempt of a run taken over (``--resume``)."""
         spec = self.spec
         attempt, plan = 1, None
         if self.elastic_restarts:
@@ -278,10 +319,17 @@ class Runner:
                 f"torchrun restarts its ranks itself (--max-restarts {self.elastic_restarts}); "
                 "ckpt-ha reports a failure and relaunches only when torchrun gives up"
             )
+        if lost is not None:
+            self.say(f"taking over run {spec.run_id}: waiting for the plan after attempt {lost}")
+            await self._find_published(lost)
+            found = await self._next(lost)
+            if isinstance(found, int):
+                return found
+            attempt, plan = found
         while True:
             if self._stopped_by is not None:  # asked to stop before this attempt started
                 return 128 + self._stopped_by
-            started = JobStartedV1(
+            started = JobStartedV2(
                 job_id=spec.job_id,
                 run_id=spec.run_id,
                 attempt=attempt,
@@ -293,10 +341,21 @@ class Runner:
                 topology=Topology(world_size=spec.world_size),
                 code_version=spec.code_version,
                 command=spec.command,
+                heartbeat_s=spec.heartbeat_s,
+                deadline_s=spec.deadline_s if spec.heartbeat_s is not None else None,
             )
             key = f"{spec.job_id}|{spec.run_id}|{attempt}"
             await self._publish(bus, started, f"job.started|{key}")
-            info = await self._one_attempt(attempt, plan)
+            beats = None
+            if spec.heartbeat_s is not None:
+                beats = asyncio.create_task(self._heartbeats(bus, attempt, spec.heartbeat_s))
+            try:
+                info = await self._one_attempt(attempt, plan)
+            finally:
+                if beats is not None:
+                    beats.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await beats
             last_step = self._last_step()
             failure = classify(
                 info, forwarded=self._stopped_by, elastic_restarts=self.elastic_restarts or 0
@@ -347,27 +406,98 @@ class Runner:
             if spec.max_attempts is not None and attempt >= spec.max_attempts:
                 self.say(f"giving up after {attempt} attempts (--max-attempts {spec.max_attempts})")
                 return EXIT_FAILED
-            outcome = await self._await_plan(attempt + 1)
-            if isinstance(outcome, ResumeEscalatedV2):
-                self.say(f"escalated: {outcome.reason}")
-                if outcome.detail:
-                    self.say(f"why: {outcome.detail}")
-                self.say(f"next step: {outcome.next_step}")
-                self.say(f"every decision for this job: ckpt-ha restores --job {spec.job_id}")
-                return EXIT_ESCALATED
-            if outcome is None:
-                if self._stopped_by is not None:
-                    return 128 + self._stopped_by
-                self.say(
-                    f"no resume plan for attempt {attempt + 1} within {spec.plan_timeout_s:g} s "
-                    "(is the restore-coordinator running? `ckpt-ha status`)"
-                )
-                return EXIT_NO_PLAN
-            plan, attempt = outcome, attempt + 1
+            found = await self._next(attempt)
+            if isinstance(found, int):
+                return found
+            attempt, plan = found
+
+    async def _next(self, failed: int) -> tuple[int, ResumePlannedV2] | int:
+        """The plan for the attempt after ``failed`` (and its number), or the exit code."""
+        spec = self.spec
+        outcome = await self._await_plan(failed + 1)
+        if isinstance(outcome, ResumeEscalatedV2):
+            self.say(f"escalated: {outcome.reason}")
+            if outcome.detail:
+                self.say(f"why: {outcome.detail}")
+            self.say(f"next step: {outcome.next_step}")
+            self.say(f"every decision for this job: ckpt-ha restores --job {spec.job_id}")
+            return EXIT_ESCALATED
+        if outcome is None:
+            if self._stopped_by is not None:
+                return 128 + self._stopped_by
             self.say(
-                f"attempt {attempt}: {plan.mode.value} from {plan.checkpoint_id} "
-                f"(step {plan.step}, plan {plan.plan_id})"
+                f"no resume plan for attempt {failed + 1} within {spec.plan_timeout_s:g} s "
+                "(is the restore-coordinator running? `ckpt-ha status`)"
             )
+            return EXIT_NO_PLAN
+        self.say(
+            f"attempt {failed + 1}: {outcome.mode.value} from {outcome.checkpoint_id} "
+            f"(step {outcome.step}, plan {outcome.plan_id})"
+        )
+        return failed + 1, outcome
+
+    def _recorded_attempt(self) -> int:
+        """The attempt the run's state folder says was running (`ATTEMPT_FILE`)."""
+        where = self.spec.state_dir
+        try:
+            doc = json.loads((where / ATTEMPT_FILE).read_text())
+        except FileNotFoundError:
+            raise CannotResume(where, f"no {ATTEMPT_FILE}: this run never started here") from None
+        except (OSError, ValueError) as exc:
+            raise CannotResume(where, f"unreadable {ATTEMPT_FILE}: {exc}") from None
+        attempt = doc.get("attempt") if isinstance(doc, dict) else None
+        if not isinstance(attempt, int) or attempt < 1 or doc.get("run_id") != self.spec.run_id:
+            raise CannotResume(where, f"{ATTEMPT_FILE} names no attempt of run {self.spec.run_id}")
+        return attempt
+
+    async def _find_published(self, failed: int) -> None:
+        """Queue the job's last plan or escalation if it was published before this runner
+        subscribed (taking over a lost run: the coordinator may have decided already)."""
+        if self._nc is None:
+            return
+        js = self._nc.jetstream(timeout=self.cfg.request_timeout_s)
+        for event in ("resume.planned", "resume.escalated"):
+            subject = job_event_filter(self.cfg.prefix, event, self.spec.job_id)
+            try:
+                msg = await js.get_last_msg(self.cfg.events_stream, subject)
+            except NotFoundError:
+                continue
+            except (nats.errors.Error, TimeoutError) as exc:  # e.g. no STREAM.MSG.GET permission
+                self.say(
+                    f"cannot read earlier plans from the stream ({exc!r}): waiting for new ones"
+                )
+                return
+            try:
+                envelope = admit(self.cfg, CATALOG, msg.data or b"", msg.subject or "", msg.headers)
+            except ContractError as exc:
+                log.warning("ignoring an undecodable stored %s: %s", event, exc)
+                continue
+            data = envelope.data
+            escalated = isinstance(data, ResumeEscalatedV2) and data.attempt == failed
+            if escalated or (isinstance(data, ResumePlannedV2) and data.attempt == failed + 1):
+                await self._inbox.put(data)
+
+    async def _heartbeats(self, bus: Bus, attempt: int, every_s: float) -> None:
+        """``job.heartbeat`` every ``every_s`` while the attempt runs, independent of the
+        training's progress; one that cannot be published (the bus is away) is skipped."""
+        key = f"{self.spec.job_id}|{self.spec.run_id}|{attempt}"
+        sequence = 0
+        while True:
+            await asyncio.sleep(every_s)
+            sequence += 1
+            beat = JobHeartbeatV1(
+                job_id=self.spec.job_id,
+                run_id=self.spec.run_id,
+                attempt=attempt,
+                sequence=sequence,
+                last_step=self._last_step(),
+            )
+            try:
+                await asyncio.wait_for(
+                    self._publish(bus, beat, f"job.heartbeat|{key}|{sequence}"), timeout=every_s
+                )
+            except Exception as exc:  # noqa: BLE001 - the next heartbeat tries again
+                log.warning("heartbeat %d of attempt %d not published: %r", sequence, attempt, exc)
 
     async def _one_attempt(self, attempt: int, plan: ResumePlannedV2 | None) -> ExitInfo:
         spec = self.spec

@@ -548,6 +548,12 @@ class RestoreMetrics:
             ["service", "reason"],
             registry=reg,
         )
+        self.lost = Counter(
+            "ckpt_ha_jobs_lost_total",
+            "Attempts declared lost: neither progress nor heartbeat within their deadline.",
+            ["service"],
+            registry=reg,
+        )
         self.restarts = JobGauges(
             "ckpt_ha_job_restarts",
             "Automatic restarts planned for a job (per job; a job leaves when it succeeds or "

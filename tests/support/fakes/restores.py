@@ -5,7 +5,7 @@ on the monotonic clock like Redis's ``PX``."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -18,6 +18,7 @@ from ckpt_ha.core.restore_records import (
     PlanRecord,
     Point,
     Started,
+    Watch,
 )
 from tests.support.fakes.pins import InMemoryPins
 
@@ -55,6 +56,8 @@ class InMemoryRestores:
         self.observed: dict[str, list[Point]] = {}
         self.verdicts: dict[str, str] = {}
         self.ended: dict[str, int] = {}
+        self.watches: dict[str, Watch] = {}
+        self.heard_at: dict[str, datetime] = {}
 
     def _job(self, job: str) -> _Job:
         return self.jobs.setdefault(job, _Job())
@@ -198,3 +201,28 @@ class InMemoryRestores:
             started = self.starts.get((plan.job_id, plan.attempt))
             out.append(PlanInProgress(plan, started is not None and started.plan_id == plan_id))
         return out
+
+    async def update_watch(
+        self, job: str, change: Callable[[Watch | None], Watch | None]
+    ) -> Watch | None:
+        old = self.watches.get(job)
+        new = change(old)
+        if new is not None:
+            self.watches[job] = new
+            for member in new.unheard(old):
+                self.heard_at.pop(member, None)
+        return new
+
+    async def heard(self, attempt: str, at: datetime) -> None:
+        if attempt not in self.heard_at or self.heard_at[attempt] < at:
+            self.heard_at[attempt] = at
+
+    async def last_heard(self, attempts: Sequence[str]) -> dict[str, datetime]:
+        return {a: self.heard_at[a] for a in attempts if a in self.heard_at}
+
+    async def watch(self, job: str) -> Watch | None:
+        return self.watches.get(job)
+
+    async def overdue(self, now: datetime, limit: int) -> list[Watch]:
+        due = [(w.due, j) for j, w in self.watches.items() if w.due is not None and w.due < now]
+        return [self.watches[j] for _, j in sorted(due)[:limit]]
