@@ -176,7 +176,7 @@ def test_a_checkpoint_corrupted_after_registration_is_caught_at_load_and_falls_b
     # The stack's Prometheus (tools unpacked by scripts/test) saw the page-worthy alert.
     assert result["alerts_fired"]["available"], result["alerts_fired"]
     assert result["alerts_fired"]["alerts"]["CheckpointCorrupt"]["state"] == "firing"
-    assert result["alerts_fired"]["alerts"]["CheckpointCorrupt"]["severity"] == "page"
+    assert result["alerts_fired"]["alerts"]["CheckpointCorrupt"]["severity"] == "critical"
     assert result["load_failed"]
     assert "checksum" in result["load_failed"][0]["reason"]
     assert result["restored_from"] != result["damaged_checkpoint"]
