@@ -71,7 +71,8 @@ PRINCIPALS: tuple[Principal, ...] = (
                                       "resume.escalated", "resume.closed",
                                       "checkpoint.quarantined", "checkpoint.deleted"),
               consumers=("started", "progress", "failed", "load-failed", "registered",
-                         "verified", "loaded", "succeeded")),
+                         "verified", "loaded", "succeeded", "held", "unheld",
+                         "restore-requested")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
               consumers=("registered", "started")),
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.

@@ -45,6 +45,12 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
      "Measures the time from a failure to the resumed job's loaded checkpoint (metrics)."),
     ("succeeded", "job.succeeded", "on_succeeded",
      "Ends the run: its start records may expire like the rest of its state."),
+    ("held", "job.held", "on_held",
+     "Pauses automatic restores of a job: its failures are recorded, not planned."),
+    ("unheld", "job.unheld", "on_unheld",
+     "Resumes automatic restores; plans the latest failure if it is still undecided."),
+    ("restore-requested", "job.restore_requested", "on_restore_requested",
+     "Plans the latest failure from the valid checkpoint an operator chose (a rollback)."),
 )  # fmt: skip
 """(consumer, event type, handler method, description)."""
 
