@@ -117,7 +117,7 @@ def _act(args: argparse.Namespace, env: dict[str, str], home: Path, data_of: str
 
     settings = context.settings(env, home)
     who = context.actor(args, env)
-    common = {"job_id": args.job, "actor": who, "reason": args.reason}
+    common = {"job_id": args.job, "actor": who, "reason": args.reason or ""}
     data: EventData
     if data_of == "restore":
         data = contract.JobRestoreRequestedV1(**common, checkpoint_id=args.to)
@@ -148,7 +148,7 @@ def _act(args: argparse.Namespace, env: dict[str, str], home: Path, data_of: str
 
     ids = context.run(settings, act)
     doc = {"job_id": args.job, "event": data.EVENT_TYPE, "event_id": ids[0], "actor": who,
-           "reason": args.reason}  # fmt: skip
+           "reason": args.reason or ""}  # fmt: skip
     if args.json:
         print(render.dumps(doc))
     else:

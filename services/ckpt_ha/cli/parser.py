@@ -257,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "restore":
             act.add_argument("--to", required=True, type=_text, metavar="CHECKPOINT_ID",
                              help="a valid checkpoint of this job")  # fmt: skip
-        act.add_argument("--reason", type=_text, default="", help="why (recorded)")
+        act.add_argument("--reason", type=_text, help="why (recorded)")
         act.add_argument("--actor", type=_text, help=actor_help)
         _json(act)
 
