@@ -78,7 +78,7 @@ PRINCIPALS: tuple[Principal, ...] = (
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.
     Principal("runner", ("job.started", "job.progress", "job.failed", "job.succeeded",
                          "resume.loaded", "resume.load_failed"),
-              watches=("resume.planned", "resume.escalated")),
+              watches=("resume.planned", "resume.escalated", "job.stop_requested")),
     # Training processes (the SDK): what a job says about itself, signed with its job's key.
     Principal("job", ("job.progress", "resume.loaded", "resume.load_failed",
                       "checkpoint.writing", "checkpoint.committed")),
