@@ -97,3 +97,29 @@ async def test_a_hold_is_rebuilt_from_the_stream(world: base.World) -> None:
     assert await world.state.held(JOB)
     await projection.apply(unheld())
     assert not await world.state.held(JOB)
+
+
+async def test_a_rollback_of_a_running_attempt_plans_the_next_one_and_its_failure_is_decided(
+    world: base.World,
+) -> None:
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_progress(progress(350))
+    await h.on_restore_requested(rollback(f"{JOB}-c2"))
+    [plan] = world.data("resume.planned")
+    assert (plan.checkpoint_id, plan.attempt) == (f"{JOB}-c2", 2)
+    await h.on_failed(failed())  # the runner ended the attempt for the plan
+    assert len(world.data("resume.planned")) == 1
+
+
+async def test_a_rollback_after_the_next_attempt_started_plans_that_one(
+    world: base.World,
+) -> None:
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_failed(failed())
+    [first] = world.data("resume.planned")
+    await h.on_started(started(2, plan_id=first.plan_id))
+    await h.on_restore_requested(rollback(f"{JOB}-c1"))
+    second = world.data("resume.planned")[-1]
+    assert (second.checkpoint_id, second.attempt) == (f"{JOB}-c1", 3)

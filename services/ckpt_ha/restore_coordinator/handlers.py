@@ -422,10 +422,11 @@ class CoordinatorHandlers:
         await self._decide_latest(event.data.job_id, chosen=None)
 
     async def on_restore_requested(self, event: Envelope[JobRestoreRequestedV1]) -> None:
-        """A chosen rollback: the latest failure, still undecided (the job is held, or its plan
-        is awaited), is planned from the chosen checkpoint, which must be one of the job's own
-        and valid. Every newer checkpoint is left out of this one decision only (not
-        quarantined, not excluded for later ones)."""
+        """A chosen rollback, from a valid checkpoint of the job's own: the latest attempt is
+        decided now with a plan from it. A failed attempt not decided yet (the job is held, or
+        its plan is awaited) is planned; a running one too: its runner hears the plan for the
+        next attempt, ends the running one and relaunches from the plan. Every newer checkpoint
+        is left out of this one decision only (not quarantined, not excluded later)."""
         d = event.data
         record = await self.registry.get(d.checkpoint_id)
         refused = domain.refuse_rollback(
@@ -437,21 +438,30 @@ class CoordinatorHandlers:
         if refused is not None or record is None:
             log.warning("%s: rollback asked by %s refused: %s", d.job_id, d.actor, refused)
             return
-        await self._decide_latest(d.job_id, chosen=record)
+        await self._decide_latest(d.job_id, chosen=record, asked_at=event.time)
 
-    async def _decide_latest(self, job: str, chosen: CheckpointRecord | None) -> None:
+    async def _latest_attempt(self, job: str) -> tuple[int, datetime | None]:
+        """The job's latest started attempt and when it failed (None: it has not)."""
         failures = await self.state.failures(job)
-        if not failures:
-            log.info("%s: no failure to decide", job)
-            return
-        attempt, at = failures[-1].attempt, failures[-1].at
-        if await self.state.started(job, attempt + 1) is not None:
-            return  # a later attempt runs: the failure is history
-        if await self.state.decision(job, attempt) is not None:
-            log.info("%s attempt %d: already decided (see `ckpt-ha job show`)", job, attempt)
-            return
+        attempt = failures[-1].attempt if failures else 0
+        while await self.state.started(job, attempt + 1) is not None:
+            attempt += 1
+        failed_at = next((f.at for f in failures if f.attempt == attempt), None)
+        return attempt, failed_at
+
+    async def _decide_latest(
+        self, job: str, chosen: CheckpointRecord | None, asked_at: datetime | None = None
+    ) -> None:
+        """Decide the job's latest attempt: a failed one (unhold, rollback), or a running one
+        (rollback only: ``asked_at`` stands for its failure time)."""
+        attempt, at = await self._latest_attempt(job)
+        if at is None and (chosen is None or asked_at is None):
+            return  # nothing failed: nothing to decide
         started = await self.state.started(job, attempt)
         if started is None:
+            return
+        if await self.state.decision(job, attempt) is not None:
+            log.info("%s attempt %d: already decided (see `ckpt-ha job show`)", job, attempt)
             return
         excluded = await self.state.excluded(job)
         if chosen is not None:
@@ -469,7 +479,7 @@ class CoordinatorHandlers:
             await self.state.history(job, attempt, HISTORY_WINDOW),
             excluded,
             last=last,
-            failed_at=at,
+            failed_at=at or asked_at or self.clock(),
             failed_step=last.step if last is not None else None,
         )
 
