@@ -213,6 +213,10 @@ class Runner:
         self._stopped_by: int | None = None
         self._stop = asyncio.Event()
         self._stop_request: JobStopRequestedV1 | None = None
+        self._running: int | None = None
+        """The attempt running now (None: between attempts)."""
+        self._rollback: ResumePlannedV2 | None = None
+        """A plan for the next attempt heard while this one ran (`ckpt-ha job restore`)."""
 
     def say(self, text: str) -> None:
         print(f"ckpt-ha run: {text}", file=self.out, flush=True)
@@ -272,6 +276,7 @@ class Runner:
             log.warning("ignoring an undecodable message on %s: %s", msg.subject, exc)
             return
         await self._inbox.put(envelope.data)
+        self._end_for_rollback(envelope.data)
 
     # --- `ckpt-ha job stop`: job.stop_requested ends the run ---
 
@@ -292,9 +297,32 @@ class Runner:
         self.say(f"stop asked by {data.actor}" + (f": {data.reason}" if data.reason else ""))
         self._stop_request = data
         self._on_signal(signals.SIGTERM)
+        self.adapter.kill(signals.SIGCONT)  # a stopped (SIGSTOP) attempt gets it too
+
+    def _end_for_rollback(self, data: EventData) -> None:
+        """A plan for the next attempt while this one runs (not a fallback after a load
+        failure): an operator chose a rollback (``ckpt-ha job restore --to``). The running
+        attempt is killed (SIGKILL: it must not write a newer checkpoint on its way out, and a
+        stopped process dies too); its failure is reported, then the plan is carried out."""
+        if (
+            isinstance(data, ResumePlannedV2)
+            and self._running is not None
+            and data.attempt == self._running + 1
+            and data.failed_run_id == self.spec.run_id
+            and data.fallback_from is None
+        ):
+            self.say(f"rollback to {data.checkpoint_id} planned: ending attempt {self._running}")
+            self._rollback = data
+            self.adapter.kill(signals.SIGKILL)
 
     def _as_stopped(self, failure: Failure) -> Failure:
-        """The failure of an attempt an operator stopped: cancelled, never restored."""
+        """The failure of an attempt an operator stopped (cancelled, never restored) or ended
+        for a rollback (preempted)."""
+        if self._rollback is not None and self._stop_request is None:
+            plan, self._rollback = self._rollback, None
+            detail = f"ended for the rollback to {plan.checkpoint_id} (plan {plan.plan_id})"
+            return replace(failure, cause=FailureCause.PREEMPTED, side=FailureSide.JOB,
+                           detail=detail)  # fmt: skip
         stop = self._stop_request
         if stop is None:
             return failure
@@ -337,7 +365,9 @@ class Runner:
             )
             key = f"{spec.job_id}|{spec.run_id}|{attempt}"
             await self._publish(bus, started, f"job.started|{key}")
+            self._running = attempt
             info = await self._one_attempt(attempt, plan)
+            self._running = None
             last_step = self._last_step()
             failure = classify(
                 info, forwarded=self._stopped_by, elastic_restarts=self.elastic_restarts or 0
