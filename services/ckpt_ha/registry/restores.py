@@ -395,7 +395,7 @@ class RedisRestores:
         await self._r.set(k, "1")
 
     async def held(self, job: str) -> bool:
-        return bool(await self._r.exists(self._k("held", job)))
+        return await self._r.get(self._k("held", job)) is not None  # (the ACL has no EXISTS)
 
     async def record_storage_error(self, job: str, key: str, at: datetime) -> None:
         async with self._r.pipeline(transaction=False) as pipe:
