@@ -5,6 +5,11 @@ range), stops automatic retries on the R9 conditions, falls back after a load fa
 resumed job's continuity (R10), cleans up after a verified resume (R11) and keeps the fallback
 checkpoints pinned until the resumed job has a newer valid one (R15).
 
+Operators steer it through events (``ckpt-ha job ...``): ``job.held`` / ``job.unheld`` pause and
+resume automatic restores of a job (a held job's failures are recorded, not planned; on unhold
+the latest failure is planned if nothing decided it meanwhile), and ``job.restore_requested``
+plans the job's latest attempt, failed or running, from the valid checkpoint the operator chose.
+
 nats-server 2.9 allows one filter subject per consumer: one durable consumer per event type.
 Each consumer handles its events one at a time in stream order.
 """

@@ -12,6 +12,9 @@ awaited, the coordinator never restores it. SIGTERM / SIGINT are passed on to th
 then the runner exits 128 + the signal.
 ``ckpt-ha job stop J`` (``job.stop_requested``, heard like the plans) stops the attempt the same
 way, reports its failure as cause ``cancelled`` (never restored) and ends the run, exit 5.
+A ``resume.planned`` for the next attempt heard while an attempt runs (not a fallback) is a
+chosen rollback (``ckpt-ha job restore J --to CKPT``): the running attempt is killed, reported
+as ``preempted`` ("ended for the rollback to …"), and the plan is carried out.
 
 A torchrun command gets a per-attempt ``TORCHELASTIC_ERROR_FILE`` so that a failed rank's cause
 reaches ``job.failed`` (`ckpt_ha.runner.torchrun`). When torchrun restarts its ranks itself
