@@ -384,3 +384,56 @@ async def test_an_unreachable_bus_is_one_line_and_starts_nothing(
     assert len(runner.stderr) == 1
     assert runner.stderr[0].startswith("ckpt-ha: cannot reach NATS at nats://127.0.0.1:")
     assert not marker.exists()
+
+
+async def test_job_stop_stops_the_attempt_and_ends_the_run(
+    settings: ServiceSettings, nc: nats.NATS, tmp_path: Path, unique: str
+) -> None:
+    from tests.support.cli_tools import cli
+
+    job = f"opstop-{unique}"
+    watch = await watch_failures(nc, settings, job)
+    runner = await start_runner(
+        settings, tmp_path, job, command=example("--sleep-per-step", "0.2", "--steps", "1000")
+    )
+    pump = asyncio.create_task(runner.pump())
+    await wait_for(lambda: _true(runner.last_step() >= 1), timeout=60, what="the first step")
+    pid = runner.child_pid(1)
+    assert pid is not None
+    rc, _, err = await cli(settings, tmp_path / "operator", "job", "stop", job,
+                           "--actor", "carol", "--reason", "runaway")  # fmt: skip
+    assert rc == 0, err
+    assert await finish(runner, pump) == 5
+    failed = await asyncio.wait_for(watch.failed.get(), timeout=10)
+    assert (failed.cause.value, failed.detail) == (
+        "cancelled",
+        "stopped by carol (ckpt-ha job stop): runaway",
+    )
+    assert any("stop asked by carol: runaway" in line for line in runner.stderr)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the training process is gone too
+
+
+async def test_a_plan_for_the_next_attempt_ends_the_running_one_and_is_carried_out(
+    settings: ServiceSettings, producer: Bus, nc: nats.NATS, tmp_path: Path, unique: str
+) -> None:
+    """A chosen rollback (`ckpt-ha job restore --to`) of a running job: the coordinator plans
+    the next attempt while this one runs; the runner ends it and relaunches from the plan."""
+    job = f"rollback-{unique}"
+    watch = await watch_failures(nc, settings, job)
+    runner = await start_runner(
+        settings, tmp_path, job, command=example("--sleep-per-step", "0.05", "--steps", "1000")
+    )
+    pump = asyncio.create_task(runner.pump())
+    await wait_for(lambda: _true(runner.last_step() >= 25), timeout=60, what="step 25")
+    plan = plan_for(tmp_path / "storage", job, 10, attempt=2, failed_run_id=runner.run_id)
+    await producer.publish(build(plan, source="test/coordinator", time=_now(), key=plan.plan_id))
+    failed = await asyncio.wait_for(watch.failed.get(), timeout=30)
+    assert (failed.attempt, failed.cause.value) == (1, "preempted")
+    assert failed.detail == f"ended for the rollback to {plan.checkpoint_id} (plan {plan.plan_id})"
+    await wait_for(lambda: _true(2 in runner.losses()), timeout=60, what="attempt 2 training")
+    assert runner.losses()[2][0][0] == 11  # resumed after the chosen step
+    runner.proc.send_signal(signal.SIGTERM)
+    await finish(runner, pump)
+    assert any(f"rollback to {plan.checkpoint_id} planned: ending attempt 1" in line
+               for line in runner.stderr)  # fmt: skip

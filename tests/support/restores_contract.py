@@ -64,6 +64,18 @@ class RestoresContract:
         assert await state.started("job-a", 1) is None
         assert await state.started("job-b", 2) is None
 
+    async def test_a_hold_is_kept_until_unheld_per_job(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        assert not await state.held("job-a")
+        await state.set_held("job-a", True)
+        await state.set_held("job-a", True)  # twice is once
+        assert await state.held("job-a")
+        assert not await state.held("job-b")
+        await state.set_held("job-a", False)
+        assert not await state.held("job-a")
+        await state.set_held("job-a", False)  # unholding a job not held changes nothing
+        assert not await state.held("job-a")
+
     async def test_ending_a_run_keeps_its_starts_readable(self, stores: tuple[Any, Any]) -> None:
         """The run's end only lets its starts expire later (with the rest of the state): a
         failure heard late, or a closure, still finds them."""

@@ -218,6 +218,49 @@ class JobSucceededV1(EventData):
     last_step: Count | None = None
 
 
+class _OperatorAct(EventData):
+    """An operator's act on a job through ``ckpt-ha job ...``: who did it and why, recorded in
+    the stream like every decision (the restore-coordinator and the runner rebuild from it)."""
+
+    actor: Name = Field(min_length=1)
+    reason: Text = ""
+
+
+class JobHeldV1(_OperatorAct):
+    """Automatic restores of the job are paused: its failures are still recorded, but the
+    restore-coordinator plans none of them until ``job.unheld`` (then it plans the latest one,
+    if nothing was decided about it yet)."""
+
+    EVENT_TYPE: ClassVar[str] = "job.held"
+    EVENT_VERSION: ClassVar[int] = 1
+
+
+class JobUnheldV1(_OperatorAct):
+    """Automatic restores of the job resume (see `JobHeldV1`)."""
+
+    EVENT_TYPE: ClassVar[str] = "job.unheld"
+    EVENT_VERSION: ClassVar[int] = 1
+
+
+class JobRestoreRequestedV1(_OperatorAct):
+    """A chosen rollback: restore the job from ``checkpoint_id`` (one of its own, valid) rather
+    than from its newest valid checkpoint. The restore-coordinator answers with a
+    ``resume.planned`` for it, or refuses (another job's, or not valid) with a
+    ``resume.escalated``. Newer valid checkpoints stay valid: nothing is quarantined."""
+
+    EVENT_TYPE: ClassVar[str] = "job.restore_requested"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    checkpoint_id: Name = Field(min_length=1)
+
+
+class JobStopRequestedV1(_OperatorAct):
+    """Stop the job: its runner stops the running attempt and ends the run (no restore)."""
+
+    EVENT_TYPE: ClassVar[str] = "job.stop_requested"
+    EVENT_VERSION: ClassVar[int] = 1
+
+
 JOB_EVENTS: tuple[type[EventData], ...] = (
     JobStartedV1,
     JobStartedV2,
@@ -226,6 +269,10 @@ JOB_EVENTS: tuple[type[EventData], ...] = (
     JobFailedV1,
     JobFailedV2,
     JobSucceededV1,
+    JobHeldV1,
+    JobUnheldV1,
+    JobRestoreRequestedV1,
+    JobStopRequestedV1,
 )
 
 

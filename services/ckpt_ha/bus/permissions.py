@@ -78,13 +78,15 @@ PRINCIPALS: tuple[Principal, ...] = (
                                       # `job.failed`: an attempt it declares lost.
                                       "job.failed"),
               consumers=("started", "heartbeat", "progress", "failed", "load-failed", "registered",
-                         "verified", "loaded", "succeeded")),
+                         "verified", "loaded", "succeeded", "held", "unheld",
+                         "restore-requested")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
               consumers=("registered", "started")),
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.
     Principal("runner", ("job.started", "job.heartbeat", "job.progress", "job.failed",
                          "job.succeeded", "resume.loaded", "resume.load_failed"),
-              watches=("resume.planned", "resume.escalated"), reads_messages=True),
+              watches=("resume.planned", "resume.escalated", "job.stop_requested"),
+              reads_messages=True),
     # Training processes (the SDK): what a job says about itself, signed with its job's key.
     Principal("job", ("job.progress", "resume.loaded", "resume.load_failed",
                       "checkpoint.writing", "checkpoint.committed")),

@@ -234,6 +234,33 @@ def build_parser() -> argparse.ArgumentParser:
     _json(rs)
 
     actor_help = "who acts (default: $CKPT_HA_ACTOR, else the login name); recorded with the action"
+    jb = sub.add_parser(
+        "job",
+        help="a job's timeline (attempts, failures, plans, loads, verdicts, escalations) and the "
+        "operator's acts on it: hold, unhold, restore --to, stop",
+    )
+    jb_sub = jb.add_subparsers(dest="action", required=True, parser_class=_Parser)
+    _json(jb_sub.add_parser("list", help="every job in the event stream and where it stands"))
+    jsh = jb_sub.add_parser(
+        "show", help="one job: attempts, failures, plans, loads, verdicts, escalations, pins"
+    )
+    jsh.add_argument("job", type=_text)
+    _json(jsh)
+    for name, text in (
+        ("hold", "pause automatic restores of a job (its failures are recorded, not planned)"),
+        ("unhold", "resume automatic restores (the latest failure is planned if still undecided)"),
+        ("restore", "restore a job from a chosen valid checkpoint of its own (newer ones stay)"),
+        ("stop", "stop a job: its runner stops the running attempt and ends the run"),
+    ):
+        act = jb_sub.add_parser(name, help=text)
+        act.add_argument("job", type=_text)
+        if name == "restore":
+            act.add_argument("--to", required=True, type=_text, metavar="CHECKPOINT_ID",
+                             help="a valid checkpoint of this job")  # fmt: skip
+        act.add_argument("--reason", type=_text, help="why (recorded)")
+        act.add_argument("--actor", type=_text, help=actor_help)
+        _json(act)
+
     dlq = sub.add_parser("dead-letters", help="list dead-lettered messages and why")
     dlq.add_argument("--limit", type=_count, default=50)
     _json(dlq)

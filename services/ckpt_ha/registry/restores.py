@@ -395,6 +395,19 @@ class RedisRestores:
         raws = await self._r.hgetall(self._k("failures", job))
         return sorted((failure_of(v) for v in raws.values()), key=lambda f: f.attempt)
 
+    async def set_held(self, job: str, held: bool) -> None:
+        """``<p>:coord:held:<job>``: automatic restores paused (no expiry: until unheld)."""
+        k = self._k("held", job)
+        if not held:
+            await self._r.delete(k)
+            return
+        if self._replay is not None:
+            self._replay.persist(k)
+        await self._r.set(k, "1")
+
+    async def held(self, job: str) -> bool:
+        return await self._r.get(self._k("held", job)) is not None  # (the ACL has no EXISTS)
+
     async def record_storage_error(self, job: str, key: str, at: datetime) -> None:
         async with self._r.pipeline(transaction=False) as pipe:
             pipe.zadd(self._k("storage", job), {key: _ts(at)})

@@ -5,6 +5,11 @@ range), stops automatic retries on the R9 conditions, falls back after a load fa
 resumed job's continuity (R10), cleans up after a verified resume (R11) and keeps the fallback
 checkpoints pinned until the resumed job has a newer valid one (R15).
 
+Operators steer it through events (``ckpt-ha job ...``): ``job.held`` / ``job.unheld`` pause and
+resume automatic restores of a job (a held job's failures are recorded, not planned; on unhold
+the latest failure is planned if nothing decided it meanwhile), and ``job.restore_requested``
+plans the job's latest attempt, failed or running, from the valid checkpoint the operator chose.
+
 nats-server 2.9 allows one filter subject per consumer: one durable consumer per event type.
 Each consumer handles its events one at a time in stream order.
 """
@@ -51,6 +56,12 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
      "Measures the time from a failure to the resumed job's loaded checkpoint (metrics)."),
     ("succeeded", "job.succeeded", "on_succeeded",
      "Ends the run: its start records may expire like the rest of its state."),
+    ("held", "job.held", "on_held",
+     "Pauses automatic restores of a job: its failures are recorded, not planned."),
+    ("unheld", "job.unheld", "on_unheld",
+     "Resumes automatic restores; plans the latest failure if it is still undecided."),
+    ("restore-requested", "job.restore_requested", "on_restore_requested",
+     "Plans the latest failure from the valid checkpoint an operator chose (a rollback)."),
 )  # fmt: skip
 """(consumer, event type, handler method, description)."""
 JOB_CONSUMERS = ("started", "heartbeat", "progress", "failed", "succeeded")

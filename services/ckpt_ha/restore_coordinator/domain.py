@@ -931,3 +931,18 @@ def closure(
         return Closure((*tombstones, closed))
     stop = Escalation(Stop.UNRECLAIMABLE, "; ".join(unreclaimable))
     return Closure((*tombstones, closed, escalated(job, plan, stop)), stop)
+
+
+def refuse_rollback(
+    job: str, checkpoint_id: str, owner: str | None, state: CheckpointState | None
+) -> str | None:
+    """Why a rollback of ``job`` to ``checkpoint_id`` (registered for job ``owner`` in
+    ``state``; None: not registered) is refused, or None: only a valid checkpoint of the job's
+    own is restored."""
+    if owner is None or state is None:
+        return f"no checkpoint {checkpoint_id} in the registry"
+    if owner != job:
+        return f"checkpoint {checkpoint_id} belongs to job {owner}, not {job}"
+    if state is not CheckpointState.VALID:
+        return f"checkpoint {checkpoint_id} is {state.value}, not valid"
+    return None

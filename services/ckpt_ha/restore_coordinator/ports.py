@@ -132,6 +132,17 @@ class RestoreState(Protocol):
 
     async def decision(self, job: str, attempt: int) -> DecisionRecord | None: ...
 
+    async def failures(self, job: str) -> list[Failure]:
+        """The job's logged failures in attempt order."""
+        ...
+
+    async def set_held(self, job: str, held: bool) -> None:
+        """``ckpt-ha job hold`` / ``unhold``: automatic restores of the job paused or resumed
+        (kept until unheld: a hold never expires on its own)."""
+        ...
+
+    async def held(self, job: str) -> bool: ...
+
     async def lease(self, job: str, attempt: int, owner: str, ttl_s: float) -> bool:
         """Take the right to decide this failure for ``ttl_s`` (False: someone holds it)."""
         ...

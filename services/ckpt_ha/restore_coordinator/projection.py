@@ -22,6 +22,8 @@ job.failed                    the failure (one per attempt); an infrastructure-s
                               one (cause ``cancelled``) only ends the run, as job.succeeded
                               does
 job.succeeded                 the run is over: its start records may expire; the watch ends
+job.held / job.unheld         automatic restores of the job paused / resumed (``ckpt-ha job
+                              hold``): a held job's failures are recorded, not decided
 resume.load_failed            the checkpoint excluded (when the load blames it), a storage
                               error (when infrastructure-side)
 resume.planned                the decision about the failed attempt, its plan, the restart,
@@ -53,10 +55,12 @@ from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1, FailureSide
 from ckpt_ha.contracts.job import (
     JobFailedV1,
     JobHeartbeatV1,
+    JobHeldV1,
     JobPolicy,
     JobProgressV1,
     JobStartedV1,
     JobSucceededV1,
+    JobUnheldV1,
 )
 from ckpt_ha.contracts.resume import (
     ResumeDivergedV1,
@@ -141,8 +145,14 @@ class RestoreProjection:
             await self.registered(cast(Envelope[CheckpointRegisteredV1], event))
         elif isinstance(data, ResumeVerifiedV1 | ResumeDivergedV1):
             await self.verdict(cast(Envelope[ResumeVerifiedV1 | ResumeDivergedV1], event))
+        elif isinstance(data, JobHeldV1 | JobUnheldV1):
+            await self.hold(cast(Envelope[JobHeldV1 | JobUnheldV1], event))
 
     # --- job.* ---
+
+    async def hold(self, event: Envelope[JobHeldV1 | JobUnheldV1]) -> None:
+        """``job.held`` pauses automatic restores of the job, ``job.unheld`` resumes them."""
+        await self.state.set_held(event.data.job_id, isinstance(event.data, JobHeldV1))
 
     async def started(self, event: Envelope[JobStartedV1]) -> None:
         d = event.data

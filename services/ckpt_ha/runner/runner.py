@@ -10,6 +10,11 @@ restore-coordinator: ``resume.planned`` for the next attempt → relaunch with t
 is reported as ``job.failed`` cause ``cancelled`` and ends the run at once, exit 5: no plan is
 awaited, the coordinator never restores it. SIGTERM / SIGINT are passed on to the attempt,
 then the runner exits 128 + the signal.
+``ckpt-ha job stop J`` (``job.stop_requested``, heard like the plans) stops the attempt the same
+way, reports its failure as cause ``cancelled`` (never restored) and ends the run, exit 5.
+A ``resume.planned`` for the next attempt heard while an attempt runs (not a fallback) is a
+chosen rollback (``ckpt-ha job restore J --to CKPT``): the running attempt is killed, reported
+as ``preempted`` ("ended for the rollback to …"), and the plan is carried out.
 
 A torchrun command gets a per-attempt ``TORCHELASTIC_ERROR_FILE`` so that a failed rank's cause
 reaches ``job.failed`` (`ckpt_ha.runner.torchrun`). When torchrun restarts its ranks itself
@@ -48,7 +53,7 @@ import platform
 import signal as signals
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -61,7 +66,7 @@ from nats.js.errors import NotFoundError
 from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import CATALOG, EventData, build, signing
-from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
+from ckpt_ha.contracts.checkpoint import FailureSide, RuntimeEnvironment, Topology
 from ckpt_ha.contracts.errors import ContractError
 from ckpt_ha.contracts.job import (
     FailureCause,
@@ -69,6 +74,7 @@ from ckpt_ha.contracts.job import (
     JobHeartbeatV1,
     JobPolicy,
     JobStartedV2,
+    JobStopRequestedV1,
     JobSucceededV1,
 )
 from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumePlannedV1, ResumePlannedV2
@@ -77,7 +83,7 @@ from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.credentials import reveal
 from ckpt_ha.runner import torchrun
 from ckpt_ha.runner.adapter import ExitInfo, SchedulerAdapter
-from ckpt_ha.runner.domain import classify
+from ckpt_ha.runner.domain import Failure, classify
 from ckpt_ha.runtime.settings import SIGNING_KEY_ENV
 from ckpt_ha.sdk import protocol
 
@@ -245,6 +251,11 @@ class Runner:
         self._stopped_by: int | None = None
         self._stop = asyncio.Event()
         self._nc: NatsClient | None = None
+        self._stop_request: JobStopRequestedV1 | None = None
+        self._running: int | None = None
+        """The attempt running now (None: between attempts)."""
+        self._rollback: ResumePlannedV2 | None = None
+        """A plan for the next attempt heard while this one ran (`ckpt-ha job restore`)."""
 
     def say(self, text: str) -> None:
         print(f"ckpt-ha run: {text}", file=self.out, flush=True)
@@ -282,6 +293,7 @@ class Runner:
                 await nc.subscribe(
                     job_event_filter(self.cfg.prefix, event, self.spec.job_id), cb=self._on_msg
                 )
+            await self._watch_stop_requests(nc)
             await nc.flush()
             self._nc = nc
             await bus.broker.start()
@@ -306,6 +318,65 @@ class Runner:
             log.warning("ignoring an undecodable message on %s: %s", msg.subject, exc)
             return
         await self._inbox.put(envelope.data)
+        self._end_for_rollback(envelope.data)
+
+    # --- `ckpt-ha job stop`: job.stop_requested ends the run ---
+
+    async def _watch_stop_requests(self, nc: NatsClient) -> None:
+        subject = job_event_filter(self.cfg.prefix, JobStopRequestedV1.EVENT_TYPE, self.spec.job_id)
+        await nc.subscribe(subject, cb=self._on_stop_requested)
+
+    async def _on_stop_requested(self, msg: Msg) -> None:
+        """An operator asked to stop the job: the attempt gets SIGTERM and the run ends (its
+        failure is reported as cancelled, so it is never restored)."""
+        try:
+            data = admit(self.cfg, CATALOG, msg.data, msg.subject, msg.headers).data
+        except ContractError as exc:
+            log.warning("ignoring an undecodable message on %s: %s", msg.subject, exc)
+            return
+        if not isinstance(data, JobStopRequestedV1) or data.job_id != self.spec.job_id:
+            return
+        self.say(f"stop asked by {data.actor}" + (f": {data.reason}" if data.reason else ""))
+        self._stop_request = data
+        self._on_signal(signals.SIGTERM)
+        self.adapter.kill(signals.SIGCONT)  # a stopped (SIGSTOP) attempt gets it too
+
+    def _end_for_rollback(self, data: EventData) -> None:
+        """A plan for the next attempt while this one runs (not a fallback after a load
+        failure): an operator chose a rollback (``ckpt-ha job restore --to``). The running
+        attempt is killed (SIGKILL: it must not write a newer checkpoint on its way out, and a
+        stopped process dies too); its failure is reported, then the plan is carried out."""
+        if (
+            isinstance(data, ResumePlannedV2)
+            and self._running is not None
+            and data.attempt == self._running + 1
+            and data.failed_run_id == self.spec.run_id
+            and data.fallback_from is None
+        ):
+            self.say(f"rollback to {data.checkpoint_id} planned: ending attempt {self._running}")
+            self._rollback = data
+            self.adapter.kill(signals.SIGKILL)
+
+    def _as_stopped(self, failure: Failure) -> Failure:
+        """The failure of an attempt an operator stopped (cancelled, never restored) or ended
+        for a rollback (preempted)."""
+        if self._rollback is not None and self._stop_request is None:
+            plan, self._rollback = self._rollback, None
+            detail = f"ended for the rollback to {plan.checkpoint_id} (plan {plan.plan_id})"
+            return replace(failure, cause=FailureCause.PREEMPTED, side=FailureSide.JOB,
+                           detail=detail)  # fmt: skip
+        stop = self._stop_request
+        if stop is None:
+            return failure
+        why = f": {stop.reason}" if stop.reason else ""
+        detail = f"stopped by {stop.actor} (ckpt-ha job stop){why}"
+        return replace(failure, cause=FailureCause.CANCELLED, side=FailureSide.JOB, detail=detail)
+
+    def _stopped_exit(self) -> int | None:
+        if self._stop_request is not None:
+            self.say("the run ends here: stopped by an operator (`ckpt-ha job show` tells)")
+            return EXIT_CANCELLED
+        return 128 + self._stopped_by if self._stopped_by is not None else None
 
     async def _publish(self, bus: Bus, data: EventData, key: str) -> None:
         await bus.publish(build(data, source=SOURCE, time=self.clock(), key=key))
@@ -328,7 +399,7 @@ class Runner:
             attempt, plan = found
         while True:
             if self._stopped_by is not None:  # asked to stop before this attempt started
-                return 128 + self._stopped_by
+                return self._stopped_exit() or 128 + self._stopped_by
             started = JobStartedV2(
                 job_id=spec.job_id,
                 run_id=spec.run_id,
@@ -349,9 +420,11 @@ class Runner:
             beats = None
             if spec.heartbeat_s is not None:
                 beats = asyncio.create_task(self._heartbeats(bus, attempt, spec.heartbeat_s))
+            self._running = attempt
             try:
                 info = await self._one_attempt(attempt, plan)
             finally:
+                self._running = None
                 if beats is not None:
                     beats.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -360,6 +433,7 @@ class Runner:
             failure = classify(
                 info, forwarded=self._stopped_by, elastic_restarts=self.elastic_restarts or 0
             )
+            failure = self._as_stopped(failure) if failure is not None else None
             if failure is None:
                 done = JobSucceededV1(
                     job_id=spec.job_id, run_id=spec.run_id, attempt=attempt, last_step=last_step
@@ -396,7 +470,7 @@ class Runner:
             await self._publish(bus, failed, f"job.failed|{key}")
             self.say(f"attempt {attempt} failed: {failure.cause.value}: {failure.detail}")
             if self._stopped_by is not None:
-                return 128 + self._stopped_by
+                return self._stopped_exit() or 128 + self._stopped_by
             if failure.cause is FailureCause.CANCELLED:
                 self.say(
                     f"attempt {attempt} was cancelled by a user: the run ends here, nothing is "
@@ -424,7 +498,7 @@ class Runner:
             return EXIT_ESCALATED
         if outcome is None:
             if self._stopped_by is not None:
-                return 128 + self._stopped_by
+                return self._stopped_exit() or 128 + self._stopped_by
             self.say(
                 f"no resume plan for attempt {failed + 1} within {spec.plan_timeout_s:g} s "
                 "(is the restore-coordinator running? `ckpt-ha status`)"

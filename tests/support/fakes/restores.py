@@ -58,6 +58,7 @@ class InMemoryRestores:
         self.ended: dict[str, int] = {}
         self.watches: dict[str, Watch] = {}
         self.heard_at: dict[str, datetime] = {}
+        self.holds: set[str] = set()
 
     def _job(self, job: str) -> _Job:
         return self.jobs.setdefault(job, _Job())
@@ -131,6 +132,15 @@ class InMemoryRestores:
 
     async def failures(self, job: str) -> list[Failure]:
         return [f for _, f in sorted(self._job(job).failures.items())]
+
+    async def set_held(self, job: str, held: bool) -> None:
+        if held:
+            self.holds.add(job)
+        else:
+            self.holds.discard(job)
+
+    async def held(self, job: str) -> bool:
+        return job in self.holds
 
     async def record_storage_error(self, job: str, key: str, at: datetime) -> None:
         self._job(job).storage[key] = at
