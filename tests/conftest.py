@@ -21,10 +21,16 @@ from pydantic import SecretStr
 
 from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
+from ckpt_ha.integrity_checker.app import IntegrityChecker
+from ckpt_ha.integrity_checker.app import build as build_checker
+from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.registry.client import SentinelUrl, is_sentinel
+from ckpt_ha.restore_coordinator.app import RestoreCoordinator
+from ckpt_ha.restore_coordinator.app import build as build_coordinator
+from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import publisher
 from ckpt_ha.writer_watcher import adapters as watcher_adapters
@@ -128,6 +134,26 @@ async def registrar(settings: ServiceSettings) -> AsyncIterator[Registrar]:
     yield svc
     await svc.bus.broker.stop()
     await svc.registry.close()
+
+
+@pytest.fixture
+async def checker(settings: ServiceSettings) -> AsyncIterator[IntegrityChecker]:
+    """The real integrity-checker, in-process, on the test's stream and storage root."""
+    svc = build_checker(IntegrityCheckerSettings.model_validate(settings.model_dump()))
+    await svc.bus.broker.start()
+    yield svc
+    await svc.bus.broker.stop()
+    await svc.registry.close()
+
+
+@pytest.fixture
+async def coordinator(settings: ServiceSettings) -> AsyncIterator[RestoreCoordinator]:
+    """The real restore-coordinator, in-process, on the test's stream."""
+    svc = build_coordinator(RestoreCoordinatorSettings.model_validate(settings.model_dump()))
+    await svc.bus.broker.start()
+    yield svc
+    await svc.bus.broker.stop()
+    await svc.state.close()
 
 
 @pytest.fixture

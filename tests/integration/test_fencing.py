@@ -15,7 +15,6 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,12 +29,8 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.job import FailureCauseV1, JobFailedV1, JobPolicy, JobStartedV1
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.integrity_checker.app import IntegrityChecker
-from ckpt_ha.integrity_checker.app import build as build_checker
-from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
-from ckpt_ha.restore_coordinator.app import build as build_coordinator
-from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol
 from ckpt_ha.writer_watcher.app import build as build_watcher
@@ -55,24 +50,6 @@ def settings(settings: ServiceSettings, tmp_path: Path) -> ServiceSettings:
     """Every service and both attempts on one storage root."""
     (tmp_path / "store").mkdir()
     return settings.model_copy(update={"storage_root": str(tmp_path / "store")})
-
-
-@pytest.fixture
-async def checker(settings: ServiceSettings) -> AsyncIterator[IntegrityChecker]:
-    svc = build_checker(IntegrityCheckerSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.registry.close()
-
-
-@pytest.fixture
-async def coordinator(settings: ServiceSettings) -> AsyncIterator[RestoreCoordinator]:
-    svc = build_coordinator(RestoreCoordinatorSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.state.close()
 
 
 class Attempt:

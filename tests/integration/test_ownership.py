@@ -39,14 +39,10 @@ from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import native
 from ckpt_ha.integrity_checker.app import IntegrityChecker
-from ckpt_ha.integrity_checker.app import build as build_checker
-from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
-from ckpt_ha.restore_coordinator.app import build as build_coordinator
-from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore
@@ -71,24 +67,6 @@ def store(tmp_path: Path) -> FsStore:
 def settings(settings: ServiceSettings, store: FsStore) -> ServiceSettings:
     """Every service of the test on the test's storage root."""
     return settings.model_copy(update={"storage_root": str(store.root)})
-
-
-@pytest.fixture
-async def checker(settings: ServiceSettings) -> AsyncIterator[IntegrityChecker]:
-    svc = build_checker(IntegrityCheckerSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.registry.close()
-
-
-@pytest.fixture
-async def coordinator(settings: ServiceSettings) -> AsyncIterator[RestoreCoordinator]:
-    svc = build_coordinator(RestoreCoordinatorSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.state.close()
 
 
 class Clock:

@@ -31,8 +31,6 @@ from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumeLoadedV1, ResumePl
 from ckpt_ha.devstack import slurm
 from ckpt_ha.devstack.slurm import SlurmCluster
 from ckpt_ha.integrity_checker.app import IntegrityChecker
-from ckpt_ha.integrity_checker.app import build as build_checker
-from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
@@ -54,15 +52,6 @@ def settings(settings: ServiceSettings, tmp_path: Path) -> ServiceSettings:
     """One storage root for the job, the registrar, the checker and the coordinator."""
     (tmp_path / "storage").mkdir()
     return settings.model_copy(update={"storage_root": str(tmp_path / "storage")})
-
-
-@pytest.fixture
-async def checker(settings: ServiceSettings) -> AsyncIterator[IntegrityChecker]:
-    svc = build_checker(IntegrityCheckerSettings.model_validate(settings.model_dump()))
-    await svc.bus.broker.start()
-    yield svc
-    await svc.bus.broker.stop()
-    await svc.registry.close()
 
 
 @pytest.fixture
