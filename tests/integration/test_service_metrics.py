@@ -70,7 +70,7 @@ async def test_metrics_endpoint_shows_dead_letters_lag_and_faststream_messages(
         "ckpt_ha_dead_letters_total"
     ]
     pending = {s[0]["consumer"]: s[1] for s in found["ckpt_ha_consumer_pending_messages"]}
-    assert pending == {consumer: 0.0}
+    assert pending == {consumer: 0.0, "registrar--fences": 0.0}  # both of its consumers
     # JetStream storage: both streams hold what was published, without a byte limit.
     streams = {s[0]["stream"]: s[1] for s in found["ckpt_ha_stream_messages"]}
     assert streams[settings.events_stream] >= 2
