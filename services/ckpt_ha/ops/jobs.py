@@ -11,7 +11,7 @@ timeline entries (there are thousands); the last step reported is shown instead.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -123,54 +123,44 @@ class Summary:
         }
 
 
-@dataclass
-class _Acc:
-    job_id: str
-    run_id: str | None = None
-    attempt: int | None = None
-    state: str = "unknown"
-    held: bool = False
-    last_step: int | None = None
-    last_event_at: datetime | None = None
-    failures: int = 0
-
-    def apply(self, event: Envelope[EventData]) -> None:
-        d = event.data
-        self.last_event_at = event.time
-        if isinstance(d, JobStartedV1):
-            self.run_id, self.attempt, self.state = d.run_id, d.attempt, "running"
-        elif isinstance(d, JobProgressV1 | JobHeartbeatV1):
-            step = d.step if isinstance(d, JobProgressV1) else d.last_step
-            self.last_step = step if step is not None else self.last_step
-        elif isinstance(d, JobFailedV1):
-            self.failures += 1
-            self.state = "cancelled" if d.cause.value == "cancelled" else "failed"
-            self.last_step = d.last_step if d.last_step is not None else self.last_step
-        elif isinstance(d, JobSucceededV1):
-            self.state = "succeeded"
-        elif isinstance(d, JobHeldV1 | JobUnheldV1):
-            self.held = isinstance(d, JobHeldV1)
-        elif isinstance(d, JobStopRequestedV1):
-            self.state = "stopped"
-        elif d.EVENT_TYPE == "resume.planned":
-            self.state = "restoring"
-        elif isinstance(d, ResumeEscalatedV1) and self.state != "running":
-            self.state = "escalated"
-
-    def freeze(self) -> Summary:
-        return Summary(self.job_id, self.run_id, self.attempt, self.state, self.held,
-                       self.last_step, self.last_event_at, self.failures)  # fmt: skip
+def _applied(s: Summary, event: Envelope[EventData]) -> Summary:
+    """``s`` after one more of the job's events."""
+    d = event.data
+    s = replace(s, last_event_at=event.time)
+    if isinstance(d, JobStartedV1):
+        return replace(s, run_id=d.run_id, attempt=d.attempt, state="running")
+    if isinstance(d, JobProgressV1 | JobHeartbeatV1):
+        step = d.step if isinstance(d, JobProgressV1) else d.last_step
+        return s if step is None else replace(s, last_step=step)
+    if isinstance(d, JobFailedV1):
+        return replace(
+            s,
+            failures=s.failures + 1,
+            state="cancelled" if d.cause.value == "cancelled" else "failed",
+            last_step=d.last_step if d.last_step is not None else s.last_step,
+        )
+    if isinstance(d, JobSucceededV1):
+        return replace(s, state="succeeded")
+    if isinstance(d, JobHeldV1 | JobUnheldV1):
+        return replace(s, held=isinstance(d, JobHeldV1))
+    if isinstance(d, JobStopRequestedV1):
+        return replace(s, state="stopped")
+    if d.EVENT_TYPE == "resume.planned":
+        return replace(s, state="restoring")
+    if isinstance(d, ResumeEscalatedV1) and s.state != "running":
+        return replace(s, state="escalated")
+    return s
 
 
 def summaries(events: Iterable[Envelope[EventData]]) -> list[Summary]:
     """Every job seen in ``events`` (stream order), most recently active first."""
-    jobs: dict[str, _Acc] = {}
+    jobs: dict[str, Summary] = {}
     for event in events:
         if event.data.EVENT_TYPE.startswith("checkpoint."):
             continue  # `ckpt-ha checkpoints list` tells those
         job = event.data.job_id
-        jobs.setdefault(job, _Acc(job)).apply(event)
-    found = [a.freeze() for a in jobs.values()]
+        jobs[job] = _applied(jobs.get(job) or Summary(job), event)
+    found = list(jobs.values())
     return sorted(found, key=lambda s: (s.last_event_at is None, s.last_event_at), reverse=True)
 
 
@@ -215,11 +205,11 @@ def show(
     own = [e for e in events if e.data.job_id == job_id]
     if not own and not records:
         return None
-    acc = _Acc(job_id)
+    summary = Summary(job_id)
     for event in own:
-        acc.apply(event)
+        summary = _applied(summary, event)
     timeline = [e for e in (_entry(ev) for ev in own) if e is not None]
     pins = [(r.checkpoint_id, p.by, p.actor, p.reason) for r in records for p in r.pins]
     pins += [(p.checkpoint_id, f"plan:{p.plan_id}", "restore-coordinator", p.reason)
              for p in fallback_pins]  # fmt: skip
-    return JobView(acc.freeze(), timeline, newest_valid(records), pins)
+    return JobView(summary, timeline, newest_valid(records), pins)

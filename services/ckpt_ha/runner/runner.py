@@ -91,8 +91,7 @@ if TYPE_CHECKING:
     from ckpt_ha.bus.broker import Bus
 
 log = logging.getLogger("ckpt_ha.runner")
-SOURCE_NAME = "runner"
-SOURCE = f"ckpt-ha/{SOURCE_NAME}"
+SOURCE = "ckpt-ha/runner"
 EXIT_OK, EXIT_FAILED, EXIT_ESCALATED, EXIT_NO_PLAN, EXIT_CANCELLED = 0, 1, 3, 4, 5
 ATTEMPT_FILE = "attempt.json"
 """In the run's state folder: the running attempt's number and scheduler handle (its pid)."""
