@@ -68,9 +68,14 @@ WORK: dict[str, str] = {
     "retention-janitor": "registered",
 }
 """The consumer whose deliveries show each replica's share of a service's work."""
-LOOPS: dict[str, int] = {"writer-watcher": 1, "integrity-checker": 1, "retention-janitor": 1}
+LOOPS: dict[str, int] = {
+    "writer-watcher": 1,
+    "integrity-checker": 1,
+    "retention-janitor": 1,
+    "restore-coordinator": 1,
+}
 """Periodic loops per service in this stack (the fault stack runs no scrub: the checker's is
-its reconcile loop)."""
+its reconcile loop; the coordinator's is its lost-attempt watch)."""
 
 
 def scrape(proc: ManagedProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -80,8 +80,15 @@ def test_scancel_is_cancelled_whatever_the_signal(probe: Probe, how: tuple[str, 
     probe.wait_started(job)
     probe.cluster.run("scancel", *how, job)
     end = probe.wait_state(job, "CANCELLED")
-    assert (end["Reason"], end["ExitCode"], end["Restarts"]) == ("None", "143:0", "0")
-    assert probe.signals(job) == TERM  # SIGKILL to a job is Slurm's cancel: TERM first, too
+    seen = probe.signals(job)
+    assert (end["Reason"], end["Restarts"]) == ("None", "0")
+    # The job's shell ends on SIGTERM (143): SIGKILL to a job is Slurm's cancel, TERM first too.
+    # Once in some hundred cancels here (under a loaded CI run, never reproduced alone), Slurm
+    # escalated to SIGKILL after ``KillWait`` without the shell's TERM trap having run: the
+    # cancel is the same (CANCELLED, Reason None), which is all the adapter reads.
+    assert end["ExitCode"] in {"143:0", "0:9"}, (end, seen)
+    if end["ExitCode"] == "143:0":
+        assert seen == TERM
     [epilog] = probe.epilogs(job)
     # The controller runs the epilog when it deallocates, before the job's exit is known.
     assert epilog.env["SLURM_JOB_EXIT_CODE2"] == "0:0"
