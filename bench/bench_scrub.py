@@ -185,6 +185,7 @@ def main() -> None:
                 got = asyncio.run(run_once(store, records, budget, args.burst_mib))
                 medians[budget].append(got)
                 limit = f"{budget:g} MiB/s" if budget else "unlimited"
+                window = f"{got['window'] / MIB:7.1f} MiB/s" if got["window"] else "n/a (<1 s)"
                 check = ""
                 if budget:
                     ok = got["bytes"] <= budget * MIB * got["seconds"] + args.burst_mib * MIB
@@ -192,8 +193,8 @@ def main() -> None:
                              f"(burst {args.burst_mib:g})  within budget+burst: {ok}")  # fmt: skip
                 print(f"run {run + 1} budget {limit:>11}: {got['bytes'] / MIB:6.0f} MiB in "
                       f"{got['seconds']:6.2f} s = {got['rate'] / MIB:7.1f} MiB/s "
-                      f"(device {got['disk_rate'] / MIB:7.1f} MiB/s, best 1 s window "
-                      f"{got['window'] / MIB:7.1f} MiB/s, throttled {got['waited']:5.1f} s)"
+                      f"(device {got['disk_rate'] / MIB:7.1f} MiB/s, best 1 s window {window}, "
+                      f"throttled {got['waited']:5.1f} s)"
                       f"{check}")  # fmt: skip
         print("median over runs:")
         for budget, runs in medians.items():
