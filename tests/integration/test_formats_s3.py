@@ -240,3 +240,31 @@ def test_verify_and_latest_valid_cli_on_s3(
             assert out.returncode == 2, (command, where, out.stdout)
             assert len(out.stderr.strip().splitlines()) == 1, out.stderr
             assert where in out.stderr
+
+
+def test_a_read_budget_holds_verification_on_s3_to_pieces_it_paid_for(s3_store: S3Store) -> None:
+    """The scrub's budget on an S3 root: every byte verification reads is charged, in pieces
+    no larger than `PIECE`, each waited for before it is read (time is a fake the sleep moves)."""
+    from ckpt_ha.storage.read_budget import PIECE, BudgetedStore, ReadBudget
+
+    shards = {"rank-0.bin": os.urandom(3 * 1024 * 1024 + 7), "rank-1.bin": b"tail"}
+    native.write(s3_store, "budgeted/step-1", shards, step=1, created_at=NOW)
+    now = [0.0]
+    pieces: list[int] = []
+
+    class Recording(ReadBudget):
+        def take(self, n: int) -> None:
+            pieces.append(n)
+            super().take(n)
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    rate, burst = 1024 * 1024, 512 * 1024
+    budget = Recording(rate, burst, clock=lambda: now[0], sleep=sleep)
+    report = verify(BudgetedStore(s3_store, budget), "budgeted/step-1")
+    assert report.ok, report
+    on_s3 = sum(info.size for info in s3_store.list("budgeted/step-1/"))
+    assert budget.bytes_read >= on_s3
+    assert 0 < max(pieces) <= PIECE
+    assert now[0] == pytest.approx((budget.bytes_read - burst) / rate)

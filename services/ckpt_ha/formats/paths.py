@@ -9,6 +9,7 @@ from urllib.parse import unquote
 from ckpt_ha.storage.errors import InvalidKey
 from ckpt_ha.storage.fs_store import FsStore
 from ckpt_ha.storage.port import ObjectStore
+from ckpt_ha.storage.read_budget import BudgetedStore
 
 
 def inside(relative: object) -> str | None:
@@ -37,8 +38,12 @@ def confine(store: ObjectStore, prefix: str) -> tuple[ObjectStore, str]:
     out of the folder (into another job's checkpoint, say) is then refused (`InvalidKey`, which
     the readers report as unsafe) as it is by ``ckpt-ha verify``, instead of being followed
     anywhere under the storage root. A folder reached through a symlink raises `InvalidKey`.
-    Object stores have no links: they are returned as they are.
+    Object stores have no links: they are returned as they are. A `BudgetedStore` is confined
+    underneath and keeps its read budget.
     """
+    if isinstance(store, BudgetedStore):
+        inner, prefix = confine(store.inner, prefix)
+        return store.over(inner), prefix
     if not prefix or not isinstance(store, FsStore):
         return store, prefix
     folder = store.root / prefix

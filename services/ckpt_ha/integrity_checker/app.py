@@ -28,6 +28,7 @@ from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
+from ckpt_ha.storage.read_budget import ReadBudget
 from ckpt_ha.telemetry.metrics import ReconcileMetrics, ScrubMetrics, VerifyMetrics
 
 NAME = "integrity-checker"
@@ -48,6 +49,7 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
     registry = Registry(client, settings.registry_prefix)
     leases = RedisLeases(client, settings.registry_prefix)
     store = open_store(settings.storage_root)
+    scrub_metrics = ScrubMetrics(base.metrics)
     handlers = IntegrityHandlers(
         store, base.bus, clock, settings.checksum, registry, VerifyMetrics(base.metrics)
     )
@@ -59,7 +61,19 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
         on_stop=registry.close,
         registry=registry,
         scrubber=Scrubber(
-            store, registry, base.bus, clock, settings.checksum, ScrubMetrics(base.metrics)
+            store,
+            registry,
+            base.bus,
+            clock,
+            settings.checksum,
+            scrub_metrics,
+            # One budget for the scrub's reads on the one storage root this process serves.
+            ReadBudget(
+                settings.scrub_bytes_per_s,
+                settings.scrub_burst_bytes,
+                on_read=scrub_metrics.read,
+                on_wait=scrub_metrics.waited,
+            ),
         ),
         reconciler=Reconciler(
             store,

@@ -8,7 +8,7 @@ checkpoints waited too long for a verdict (`overdue_verification`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -76,6 +76,19 @@ def scrub_key(record: CheckpointRecord) -> str:
     """The id key of a scrub's verdict on ``record``: keyed on the verification it contradicts,
     so a repeated scrub of the same bytes publishes the same ids (deduplicated)."""
     return f"scrub|{record.history[-1].event_id if record.history else ''}"
+
+
+def scrub_order(
+    records: Iterable[CheckpointRecord], resume_after: str | None
+) -> list[CheckpointRecord]:
+    """The checkpoints a scrub round reads, in id order: after ``resume_after`` when the last
+    round stopped there (outage or time limit), so a pass reaches every checkpoint however
+    often it is cut short; a checkpoint that became valid behind that point waits for the
+    next pass."""
+    ordered = sorted(records, key=lambda record: record.checkpoint_id)
+    if resume_after is None:
+        return ordered
+    return [record for record in ordered if record.checkpoint_id > resume_after]
 
 
 def still_scrubbed(current: CheckpointRecord | None) -> bool:

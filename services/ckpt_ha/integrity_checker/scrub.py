@@ -6,6 +6,14 @@ checkpoint the registry holds, compares the checksums with those its `verified` 
 and reports a mismatch, a missing file or a failed verdict as `corrupt` + `quarantined`, moving
 the bytes aside first. A storage or registry outage ends the round early and is retried next
 round; it is never reported as corruption.
+
+The scrub reads through a read budget (`ReadBudget`, ``scrub_bytes_per_s``): it takes at most
+that share of the storage root's bandwidth from training's reads. When a round cannot read
+every valid checkpoint within its time limit (the scrub interval) at that rate, it stops there
+and the next round, started at once, continues where it stopped (checkpoints in id order), as a
+round cut short by an outage does: every checkpoint is still read once per pass, and a pass
+takes as long as the budget needs. Where it stopped is kept in memory: a restarted or new leader
+starts a pass from the beginning.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
@@ -25,6 +34,7 @@ from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore
 from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import owned_key
 from ckpt_ha.storage.quarantine_move import isolate
+from ckpt_ha.storage.read_budget import BudgetedStore, ReadBudget
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import ScrubMetrics
 
@@ -37,7 +47,12 @@ class ScrubRound:
     scrubbed: int
     corrupt: int
     complete: bool
-    """False when an outage cut the round short."""
+    """False when an outage or the round's time limit cut it short."""
+    resume_after: str | None = None
+    """The last checkpoint id the round scrubbed when it was cut short: the next round
+    continues after it (None: the next round starts a pass)."""
+    paused: bool = False
+    """True when the round's time limit cut it short (the scrub is behind at its budget)."""
 
 
 class Scrubber:
@@ -49,19 +64,27 @@ class Scrubber:
         clock: Clock,
         algorithm: str,
         metrics: ScrubMetrics,
+        budget: ReadBudget | None = None,
     ) -> None:
+        """``budget``: the read budget on ``store``'s root (None: unlimited, still counted)."""
         self.store = store
         self.registry = registry
         self.publisher = publisher
         self.clock = clock
         self.algorithm = algorithm
         self.metrics = metrics
+        self.budget = budget or ReadBudget(0, on_read=metrics.read, on_wait=metrics.waited)
+        self.metrics.budget.labels(metrics.service).set(self.budget.bytes_per_s)
+        self.reads = BudgetedStore(store, self.budget)
+        """What verification reads through; listing, ownership and quarantine use ``store``."""
+        self.resume_after: str | None = None
 
-    async def scrub_once(self) -> ScrubRound:
+    async def scrub_once(self, limit_s: float | None = None) -> ScrubRound:
         """One round, traced as a trace of its own; a corruption it finds is reported in the
-        checkpoint's own trace (from the registry) with a link back to the round."""
+        checkpoint's own trace (from the registry) with a link back to the round. ``limit_s``:
+        no checkpoint is started after the round has run this long (by the injected clock)."""
         with tracing.span("scrub.round") as current:
-            result = await self._round()
+            result = await self._round(limit_s)
             current.set_attributes(
                 {
                     "ckpt_ha.scrubbed": result.scrubbed,
@@ -71,11 +94,16 @@ class Scrubber:
             )
             return result
 
-    async def _round(self) -> ScrubRound:
+    async def _round(self, limit_s: float | None) -> ScrubRound:
         scrubbed = corrupt = 0
+        started = self.clock()
         try:
-            for record in await self.registry.by_state(CheckpointState.VALID):
+            records = await self.registry.by_state(CheckpointState.VALID)
+            for record in domain.scrub_order(records, self.resume_after):
+                if limit_s is not None and self.clock() - started >= timedelta(seconds=limit_s):
+                    return self._paused(scrubbed, corrupt, limit_s)
                 found = await self._scrub(record)
+                self.resume_after = record.checkpoint_id
                 if found is None:
                     continue
                 scrubbed += 1
@@ -86,14 +114,25 @@ class Scrubber:
             if not exc.transient:
                 raise
             return self._interrupted(scrubbed, corrupt, f"storage unavailable: {exc}")
+        self.resume_after = None
         self.metrics.last_round.labels(self.metrics.service).set(self.clock().timestamp())
         return ScrubRound(scrubbed, corrupt, complete=True)
 
     def _interrupted(self, scrubbed: int, corrupt: int, why: str) -> ScrubRound:
-        log.warning("scrub round stopped after %d checkpoints, retrying next round: %s",
+        log.warning("scrub round stopped after %d checkpoints, continuing next round: %s",
                     scrubbed, why)  # fmt: skip
         self.metrics.interrupted.labels(self.metrics.service).inc()
-        return ScrubRound(scrubbed, corrupt, complete=False)
+        return ScrubRound(scrubbed, corrupt, complete=False, resume_after=self.resume_after)
+
+    def _paused(self, scrubbed: int, corrupt: int, limit_s: float) -> ScrubRound:
+        rate = f"{self.budget.bytes_per_s / 2**20:g} MiB/s" if self.budget.limited else "no limit"
+        log.warning("scrub round reached its %gs limit after %d checkpoints at its read budget "
+                    "(%s); the next round continues after %s", limit_s, scrubbed, rate,
+                    self.resume_after)  # fmt: skip
+        self.metrics.paused.labels(self.metrics.service).inc()
+        return ScrubRound(
+            scrubbed, corrupt, complete=False, resume_after=self.resume_after, paused=True
+        )
 
     async def _scrub(self, record: CheckpointRecord) -> int | None:
         """1 if found corrupt (and reported), 0 if intact, None if not this store's or not at a
@@ -109,7 +148,9 @@ class Scrubber:
             "scrub.verify",
             attributes={"ckpt_ha.checkpoint_id": record.checkpoint_id, "ckpt_ha.storage_key": key},
         ):
-            report = await bounded.call(verify, self.store, key, self.algorithm)
+            # The time the budget makes the reads wait is not a hung mount: it extends the bound.
+            extra_s = self.budget.seconds_for(record.total_bytes or 0)
+            report = await bounded.call(verify, self.reads, key, self.algorithm, extra_s=extra_s)
         self.metrics.scrubbed.labels(self.metrics.service).inc()
         datas = domain.scrub_outcome(
             job_id=record.job_id,
@@ -145,9 +186,16 @@ class Scrubber:
         return 1
 
     async def run(self, interval_s: float) -> None:
+        """A round every ``interval_s``, each limited to ``interval_s``; a round that reached
+        its limit (behind at its budget) is followed at once by the next, which continues it."""
+        delay = interval_s
         while True:
-            await asyncio.sleep(interval_s)
+            await asyncio.sleep(delay)
+            delay = interval_s
             try:
-                await self.scrub_once()
+                result = await self.scrub_once(limit_s=interval_s)
             except Exception:  # a scrub must never stop for good: log and try next round
                 log.exception("scrub round failed")
+                continue
+            if result.paused:
+                delay = 0.0

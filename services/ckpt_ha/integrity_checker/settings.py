@@ -17,6 +17,16 @@ class IntegrityCheckerSettings(ServiceSettings):
     scrub_interval_s: float = Field(default=3600.0, ge=0)
     """How often every valid checkpoint is re-verified against the checksums recorded when it
     was verified (0 turns the scrub off)."""
+    scrub_bytes_per_s: int = Field(default=100 * 2**20, ge=0)
+    """The scrub's read budget on the storage root, in bytes per second (0: unlimited; default
+    100 MiB/s), so that re-reading every valid byte never takes more than this share from
+    training's reads. A round that cannot read everything within ``scrub_interval_s`` at this
+    rate stops there and the next round continues where it stopped. Verification of freshly
+    committed checkpoints is not budgeted: it decides when a checkpoint may be restored."""
+    scrub_burst_bytes: int = Field(default=8 * 2**20, gt=0)
+    """How many bytes the scrub may read at once above its rate after it was idle (the token
+    bucket's size; default 8 MiB). Over any ``t`` seconds the scrub reads at most
+    ``scrub_burst_bytes + scrub_bytes_per_s * t``."""
     verify_deadline_s: float = Field(default=1800.0, gt=0)
     """A checkpoint pending verification for longer than this lost its verdict (an outage
     longer than the retry budget) and is verified again."""

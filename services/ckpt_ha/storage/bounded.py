@@ -113,10 +113,14 @@ def _workers() -> _Workers:
         return _pool
 
 
-async def call(fn: Callable[..., T], /, *args: Any, timeout_s: float | None = None) -> T:
+async def call(
+    fn: Callable[..., T], /, *args: Any, timeout_s: float | None = None, extra_s: float = 0.0
+) -> T:
     """``fn(*args)`` on a storage worker thread (with the caller's context, e.g. its trace
-    span), waited for at most ``timeout_s`` (default: `configure`'s): `StorageTimeout` then."""
-    bound = _config["timeout_s"] if timeout_s is None else timeout_s
+    span), waited for at most ``timeout_s`` (default: `configure`'s): `StorageTimeout` then.
+    ``extra_s`` is added to the bound: time the call spends waiting on purpose (a read budget,
+    `read_budget`), which says nothing about a hung mount."""
+    bound = (_config["timeout_s"] if timeout_s is None else timeout_s) + extra_s
     workers = _workers()
     ctx = contextvars.copy_context()
     future = workers.submit(functools.partial(ctx.run, fn, *args))

@@ -262,10 +262,44 @@ class ScrubMetrics:
         )
         self.last_round = Gauge(
             "ckpt_ha_scrub_last_round_timestamp_seconds",
-            "When the last complete scrub round finished (Unix time).",
+            "When the last scrub round that finished a pass over every valid checkpoint ended "
+            "(Unix time).",
             ["service"],
             registry=metrics.registry,
         )
+        self.paused = Counter(
+            "ckpt_ha_scrub_paused_total",
+            "Scrub rounds that reached the scrub interval before reading every valid checkpoint "
+            "at their read budget (the next round continues where it stopped).",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.read_bytes = Counter(
+            "ckpt_ha_scrub_read_bytes_total",
+            "Bytes the scrub read from storage.",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.throttled = Counter(
+            "ckpt_ha_scrub_throttle_wait_seconds_total",
+            "Seconds the scrub's reads waited for their read budget (scrub_bytes_per_s).",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.budget = Gauge(
+            "ckpt_ha_scrub_budget_bytes_per_second",
+            "The scrub's read budget on the storage root (0: unlimited).",
+            ["service"],
+            registry=metrics.registry,
+        )
+
+    def read(self, n: int) -> None:
+        """``n`` bytes read by the scrub (called from storage worker threads)."""
+        self.read_bytes.labels(self.service).inc(n)
+
+    def waited(self, seconds: float) -> None:
+        """A scrub read waited ``seconds`` for its budget (called from storage worker threads)."""
+        self.throttled.labels(self.service).inc(seconds)
 
 
 class ReconcileMetrics:
