@@ -373,7 +373,8 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
 
     async def failed_and_progress() -> bool:
         msgs = await stream_messages_as(secured_nats.url, settings.events_stream)
-        return any(b"job.failed" in m for m in msgs) and any(b"job.progress" in m for m in msgs)
+        reports = await stream_messages_as(secured_nats.url, settings.progress_stream)
+        return any(b"job.failed" in m for m in msgs) and any(b"job.progress" in m for m in reports)
 
     await wait_for(failed_and_progress, timeout=30, what="job.failed and the SDK's job.progress")
     coordinator = Bus(
@@ -395,7 +396,8 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
     assert await asyncio.wait_for(running, timeout=30) == EXIT_ESCALATED
     assert "escalated: restart loop" in out.getvalue()
     msgs = await stream_messages_as(secured_nats.url, settings.events_stream)
-    assert any(b"job.heartbeat" in m for m in msgs)  # published as runner
+    reports = await stream_messages_as(secured_nats.url, settings.progress_stream)
+    assert any(b"job.heartbeat" in m for m in reports)  # published as runner
     assert any(b'"lost"' in m for m in msgs)
 
     # A runner taking the run over finds the decision already on the stream (STREAM.MSG.GET).

@@ -16,6 +16,7 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
 from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1, JobStartedV2
+from ckpt_ha.contracts.subjects import telemetry_filters
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import stream_messages
 from tests.support.events import T0
@@ -90,12 +91,15 @@ async def test_provision_migrates_an_event_stream_that_still_captures_reports(
             await js.delete_stream(name)
         await streams.provision(js, legacy)
         old = Bus(legacy, "test-old")
+        # An older coordinator's durable on the reports, in the event stream.
+        old.consumer("progress", telemetry_filters(legacy.prefix)[1])(_ignore)
         await old.broker.start()
         try:
             await old.publish(started("j1", 0))
             await old.publish(progress("j1", 1, 1))
         finally:
             await old.broker.stop()
+        assert old.consumers == {"test-old--progress": settings.events_stream}
         with pytest.raises(streams.StreamMisconfigured, match=r"need .*job\.started"):
             await streams.check(js, settings.bus())
         done = await streams.provision(js, settings.bus())
@@ -116,6 +120,34 @@ async def test_provision_migrates_an_event_stream_that_still_captures_reports(
     assert in_events == ["started", "progress", "started"]
     in_progress = subjects(await stream_messages(settings.nats_url, settings.progress_stream))
     assert in_progress == ["progress"]
+
+
+async def test_a_report_lands_in_whichever_stream_captures_it(settings: ServiceSettings) -> None:
+    """A runner configured for the old layout, still running while the operator migrates:
+    its heartbeats are not pinned to the event stream, so they land in the progress stream."""
+    legacy = dataclasses.replace(settings.bus(), progress_stream="")
+    runner = Bus(legacy, "test-runner")
+    nc = await nats.connect(settings.nats_url)
+    try:
+        await nc.jetstream().delete_stream(settings.progress_stream)
+        await nc.jetstream().delete_stream(settings.events_stream)
+        await streams.provision(nc.jetstream(), legacy)
+        await runner.broker.start()
+        await runner.publish(heartbeat("j1", 1, 1))
+        await streams.provision(nc.jetstream(), settings.bus())  # the operator migrates
+        await runner.publish(heartbeat("j1", 2, 2))
+        await runner.publish(started("j2", 3))
+    finally:
+        await runner.broker.stop()
+        await nc.close()
+    in_events = subjects(await stream_messages(settings.nats_url, settings.events_stream))
+    assert in_events == ["heartbeat", "started"]
+    in_progress = subjects(await stream_messages(settings.nats_url, settings.progress_stream))
+    assert in_progress == ["heartbeat"]
+
+
+async def _ignore(event: Envelope[EventData]) -> None:
+    del event
 
 
 async def test_a_service_refuses_a_deployment_without_the_progress_stream(

@@ -62,6 +62,7 @@ from ckpt_ha.contracts.subjects import (
     dead_letter_filter,
     dead_letter_subject,
     event_filter,
+    is_telemetry,
     parse_event_subject,
     telemetry_filters,
 )
@@ -799,17 +800,29 @@ class Bus:
             body = event.to_bytes()
             signed = signed_headers(self.cfg, event, body, headers)
             await publish_retrying(
-                lambda: self.broker.publish(
-                    body,
-                    subject,
-                    headers=dict(signed),
-                    stream=self.cfg.stream_of(subject),
-                    timeout=self.cfg.publish_timeout_s,
-                ),
+                lambda: self._send(subject, body, signed),
                 self.cfg,
                 f"{event.event_type} {event.id}",
             )
         return event
+
+    async def _send(self, subject: str, body: bytes, headers: Mapping[str, str]) -> object:
+        """One JetStream publish. A decision names the event stream it must land in; a report
+        (`ckpt_ha.contracts.subjects.TELEMETRY`) names none and lands in whichever stream
+        captures it: the progress stream once provisioned, the event stream before, so a
+        runner's heartbeats keep flowing while an operator migrates the streams under it."""
+        if is_telemetry(self.cfg.prefix, subject):
+            js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
+            return await js.publish(
+                subject, body, timeout=self.cfg.publish_timeout_s, headers=dict(headers)
+            )
+        return await self.broker.publish(
+            body,
+            subject,
+            headers=dict(headers),
+            stream=self.cfg.events_stream,
+            timeout=self.cfg.publish_timeout_s,
+        )
 
     async def publish_caused_by(
         self,

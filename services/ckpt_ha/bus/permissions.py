@@ -144,7 +144,11 @@ def render(
     for p in PRINCIPALS:
         pub = [f"{prefix}.{EVENTS}.{t}.*.*" for t in p.publishes] + common_pub
         sub = [f"{inbox_prefix(p.user)}.>", *(f"{prefix}.{EVENTS}.{t}.*.*" for t in p.watches)]
-        for durable, stream in p.durable_streams(events_stream, progress_stream).items():
+        durables = list(p.durable_streams(events_stream, progress_stream).items())
+        # Before `ckpt-ha streams provision` moves the reports (docs/UPGRADES.md), a release
+        # configured without a progress stream consumes them from the event stream.
+        durables += [(d, events_stream) for d, s in durables if s != events_stream]
+        for durable, stream in durables:
             pub += [
                 f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
                 f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
