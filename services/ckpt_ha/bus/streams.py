@@ -149,16 +149,15 @@ to tune (a wider window only dedupes more); `provision` still sets them. A strea
 more subjects than this release needs (a newer release's event types), never fewer."""
 
 _LIMITS = ("max_msgs", "max_bytes", "max_age", "max_msgs_per_subject")
-"""Not checked on a stream with limits (the progress stream): they are the operator's."""
+"""Not checked by a service on the progress stream: its limits are the operator's."""
 
 
-def differences(want: StreamConfig, have: StreamConfig, *, limits: bool = False) -> list[str]:
-    """Each checked setting that differs, as ``name is X, needs Y``. ``limits``: a limited
-    stream's limits too (`provision` sets them; a service does not check them)."""
+def differences(want: StreamConfig, have: StreamConfig, *, limits: bool = True) -> list[str]:
+    """Each checked setting that differs, as ``name is X, needs Y``; without ``limits``, the
+    stream's limits are not compared (a service checking the progress stream)."""
     problems = []
-    limited = _norm("max_age", want.max_age) != 0 or _norm("max_bytes", want.max_bytes) != -1
     for name in _CHECKED:
-        if limited and not limits and name in _LIMITS:
+        if not limits and name in _LIMITS:
             continue
         need, got = _norm(name, getattr(want, name)), _norm(name, getattr(have, name))
         if name == "subjects":
@@ -195,7 +194,7 @@ async def check(js: JetStreamContext, cfg: BusConfig) -> None:
             info = await js.stream_info(want.name)
         except NotFoundError:
             raise StreamMisconfigured(want.name, ["it does not exist"]) from None
-        problems = differences(want, info.config)
+        problems = differences(want, info.config, limits=want.name != cfg.progress_stream)
         if problems:
             raise StreamMisconfigured(want.name, problems)
 
@@ -212,7 +211,7 @@ async def provision(js: JetStreamContext, cfg: BusConfig) -> list[str]:
             await js.add_stream(want)
             done.append(f"{want.name}: created")
             continue
-        problems = differences(want, info.config, limits=True)
+        problems = differences(want, info.config)
         if not problems:
             done.append(f"{want.name}: as required")
             continue
