@@ -102,6 +102,7 @@ async def one_round(args: argparse.Namespace) -> tuple[float, float]:
         subject_prefix=f"bench{tag}",
         events_stream=f"BENCH_{tag}",
         dead_letter_stream=f"BENCHDLQ_{tag}",
+        progress_stream=f"BENCHPR_{tag}",
         registry_prefix=f"bench:{tag}",
         fetch_batch=args.batch,
     )
@@ -112,14 +113,18 @@ async def one_round(args: argparse.Namespace) -> tuple[float, float]:
         bare = await bare_rate(
             args.nats,
             settings.events_stream,
-            f"{settings.subject_prefix}.ev.>",
+            f"{settings.subject_prefix}.ev.checkpoint.>",
             args.events,
             args.batch,
         )
         service = await registrar_rate(settings, args.events)
     finally:
         js = producer.broker.connection.jetstream()
-        for stream in (settings.events_stream, settings.dead_letter_stream):
+        for stream in (
+            settings.events_stream,
+            settings.dead_letter_stream,
+            settings.progress_stream,
+        ):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(stream)
         await producer.broker.stop()

@@ -190,6 +190,7 @@ async def main() -> None:
         subject_prefix=f"bench{tag}",
         events_stream=f"BENCH_EV_{tag}",
         dead_letter_stream=f"BENCH_DLQ_{tag}",
+        progress_stream=f"BENCH_PR_{tag}",
         registry_prefix=f"bench-plan:{tag}",
         storage_root="/tmp/ckpt-ha-bench-plan",
     )
@@ -268,7 +269,11 @@ async def main() -> None:
             await coordinator.bus.broker.stop()
         await coordinator.state.close()
         js = nc.jetstream()
-        for stream in (settings.events_stream, settings.dead_letter_stream):
+        for stream in (
+            settings.events_stream,
+            settings.dead_letter_stream,
+            settings.progress_stream,
+        ):
             with contextlib.suppress(Exception):
                 await js.delete_stream(stream)
         await nc.close()

@@ -69,7 +69,8 @@ async def stream_figures(url: str) -> tuple[int, int, dict[str, list[int]]]:
         js = nc.jetstream()
         info = await js.stream_info(STREAM)
         sizes: dict[str, list[int]] = defaultdict(list)
-        sub = await js.pull_subscribe(">", stream=STREAM)
+        # No filter: the event stream lists its subjects, and ">" is not within them.
+        sub = await js.pull_subscribe("", stream=STREAM)
         left = info.state.messages
         while left > 0:
             batch = await sub.fetch(min(left, 500), timeout=10)

@@ -99,6 +99,7 @@ async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[
         subject_prefix=f"t{unique}",
         events_stream=f"EV_{unique}",
         dead_letter_stream=f"DLQ_{unique}",
+        progress_stream=f"PR_{unique}",
         registry_prefix=f"test:{unique}",
         ack_wait_s=2.0,
         max_deliver=3,
@@ -114,7 +115,7 @@ async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[
     yield s
     nc = await nats.connect(nats_url)
     js = nc.jetstream()
-    for stream in (s.events_stream, s.dead_letter_stream):
+    for stream in (s.events_stream, s.dead_letter_stream, s.progress_stream):
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_stream(stream)
     await nc.close()

@@ -104,7 +104,7 @@ async def test_max_deliveries_advisory_dead_letters_unanswered_messages(
     """A handler that never answers (crashed, hung) still ends in the dead-letter stream."""
     bus = Bus(settings.bus(), "svc")
     durable = bus.durable_name("stuck")
-    bus.consumers.append(durable)
+    bus.consumers[durable] = settings.events_stream
     bus.watch_max_deliveries()
     await bus.broker.start()
     nc = await nats.connect(settings.nats_url)

@@ -49,12 +49,12 @@ async def test_streams_provision_and_check_answer_in_json(
     code, out, err = await cli(settings, tmp_path, "streams", "provision", "--json")
     assert code == 0, err
     changes = json.loads(out)["changes"]
-    assert len(changes) == 2
+    assert len(changes) == 3
     assert any(settings.events_stream in line for line in changes)
     code, out, err = await cli(settings, tmp_path, "streams", "check", "--json")
     assert code == 0, err
     assert json.loads(out) == {
-        "streams": [settings.events_stream, settings.dead_letter_stream],
+        "streams": [settings.events_stream, settings.dead_letter_stream, settings.progress_stream],
         "as_required": True,
     }
 

@@ -57,6 +57,7 @@ def private_bus_config(url: str, unique: str, **changes: Any) -> BusConfig:
         prefix=f"t{unique}",
         events_stream=f"EV_{unique}",
         dead_letter_stream=f"DLQ_{unique}",
+        progress_stream=f"PR_{unique}",
         signing_keys=(bytes.fromhex(SIGNING_KEY),),
         ack_wait_s=2.0,
         max_deliver=3,

@@ -149,7 +149,7 @@ async def test_a_rebuild_fails_loudly_on_a_stream_that_lost_its_first_events(
     js = nc.jetstream()
     try:
         await js.delete_stream(settings.events_stream)
-        [want, _] = streams.desired(settings.bus())
+        want = streams.desired(settings.bus())[0]
         want.deny_purge = False
         await js.add_stream(want)
         event = committed("p1")

@@ -211,13 +211,16 @@ class Flow:
         return result
 
     async def settled(self) -> None:
-        """Every consumer of the stream handled everything published so far."""
+        """Every consumer of the streams handled everything published so far."""
 
         async def idle() -> bool:
             nc = await nats.connect(self.settings.nats_url)
             try:
                 js = nc.jetstream()
-                infos = await js.consumers_info(self.settings.events_stream)
+                infos = [
+                    *await js.consumers_info(self.settings.events_stream),
+                    *await js.consumers_info(self.settings.progress_stream),
+                ]
                 return all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos)
             finally:
                 await nc.close()

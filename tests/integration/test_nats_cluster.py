@@ -95,6 +95,7 @@ async def cluster_settings(
         subject_prefix=f"t{unique}",
         events_stream=f"EV_{unique}",
         dead_letter_stream=f"DLQ_{unique}",
+        progress_stream=f"PR_{unique}",
         registry_prefix=f"test:{unique}",
         stream_replicas=NODES,
         ack_wait_s=2.0,

@@ -15,7 +15,13 @@ from pydantic import SecretStr
 
 from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
-from ckpt_ha.bus.permissions import PRINCIPALS, main, render
+from ckpt_ha.bus.permissions import (
+    EVENTS_STREAM,
+    PRINCIPALS,
+    PROGRESS_STREAM,
+    main,
+    render,
+)
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.bus.streams import StreamMisconfigured
 from ckpt_ha.cli.serve import entries
@@ -38,10 +44,14 @@ def test_committed_permissions_match_the_table() -> None:
 
 
 def test_every_consumer_of_every_service_is_permitted() -> None:
-    permitted = {d for p in PRINCIPALS for d in p.durables()}
+    permitted = {
+        pair
+        for p in PRINCIPALS
+        for pair in p.durable_streams(EVENTS_STREAM, PROGRESS_STREAM).items()
+    }
     for entry in entries().values():
         svc = entry.build(entry.settings.model_construct())
-        assert set(svc.bus.consumers) <= permitted, entry.name
+        assert set(svc.bus.consumers.items()) <= permitted, entry.name
         assert any(p.user == entry.name for p in PRINCIPALS), entry.name
 
 
@@ -52,6 +62,7 @@ def secured_nats(tmp_path: Path, settings: ServiceSettings) -> Iterator[procs.Ma
         prefix=settings.subject_prefix,
         events_stream=settings.events_stream,
         dlq_stream=settings.dead_letter_stream,
+        progress_stream=settings.progress_stream,
     )
     proc = procs.start_nats(tmp_path, config_extra=conf)
 
@@ -362,7 +373,8 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
 
     async def failed_and_progress() -> bool:
         msgs = await stream_messages_as(secured_nats.url, settings.events_stream)
-        return any(b"job.failed" in m for m in msgs) and any(b"job.progress" in m for m in msgs)
+        reports = await stream_messages_as(secured_nats.url, settings.progress_stream)
+        return any(b"job.failed" in m for m in msgs) and any(b"job.progress" in m for m in reports)
 
     await wait_for(failed_and_progress, timeout=30, what="job.failed and the SDK's job.progress")
     coordinator = Bus(
@@ -384,7 +396,8 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
     assert await asyncio.wait_for(running, timeout=30) == EXIT_ESCALATED
     assert "escalated: restart loop" in out.getvalue()
     msgs = await stream_messages_as(secured_nats.url, settings.events_stream)
-    assert any(b"job.heartbeat" in m for m in msgs)  # published as runner
+    reports = await stream_messages_as(secured_nats.url, settings.progress_stream)
+    assert any(b"job.heartbeat" in m for m in reports)  # published as runner
     assert any(b'"lost"' in m for m in msgs)
 
     # A runner taking the run over finds the decision already on the stream (STREAM.MSG.GET).

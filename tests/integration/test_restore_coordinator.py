@@ -249,9 +249,11 @@ async def three_checkpoints(registrar: Registrar, producer: Bus, job: str) -> No
 
 
 async def consumer_idle(settings: ServiceSettings, durable: str) -> bool:
+    reports = durable.endswith(("--progress", "--heartbeat"))  # on the progress stream
+    stream = settings.progress_stream if reports else settings.events_stream
     nc = await nats.connect(settings.nats_url)
     try:
-        info = await nc.jetstream().consumer_info(settings.events_stream, durable)
+        info = await nc.jetstream().consumer_info(stream, durable)
         return info.num_pending == 0 and info.num_ack_pending == 0
     finally:
         await nc.close()

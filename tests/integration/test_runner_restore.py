@@ -27,17 +27,18 @@ from nats.aio.msg import Msg
 
 from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, EventData, build
 from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
 from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumeLoadedV1
-from ckpt_ha.contracts.subjects import job_event_filter
+from ckpt_ha.contracts.subjects import job_event_filter, job_token
 from ckpt_ha.examples import numpy_mlp
 from ckpt_ha.formats import latest_valid
 from ckpt_ha.runner.runner import ATTEMPT_FILE, state_dir
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import Context
 from ckpt_ha.storage import FsStore
-from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.bus_tools import wait_for
 from tests.support.cli_tools import stack_env
 from tests.support.resume_tools import bits, plan_for
 
@@ -180,12 +181,10 @@ def example(*extra: str) -> list[str]:
 
 
 async def events_of(settings: ServiceSettings, job: str) -> list[EventData]:
-    out = []
-    for msg in await stream_messages(settings.nats_url, settings.events_stream):
-        data = CATALOG.decode(msg.data).data
-        if data.job_id == job:
-            out.append(data)
-    return out
+    """The job's events and reports, merged by time."""
+    subject = f"{settings.subject_prefix}.ev.*.*.*.{job_token(job)}"
+    found, _ = await read_events(settings.bus(), CATALOG, subject, idle_timeout=2.0)
+    return [e.data for e in found]
 
 
 async def finish(runner: RunnerProcess, pump: asyncio.Task[None], timeout: float = 60) -> int:

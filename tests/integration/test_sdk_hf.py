@@ -57,6 +57,7 @@ def bus_settings() -> Iterator[ServiceSettings]:
         subject_prefix=f"t{unique}",
         events_stream=f"EV_{unique}",
         dead_letter_stream=f"DLQ_{unique}",
+        progress_stream=f"PR_{unique}",
         signing_key=SecretStr(SIGNING_KEY),
     )
 
@@ -67,7 +68,11 @@ def bus_settings() -> Iterator[ServiceSettings]:
 
     async def delete() -> None:
         nc = await nats.connect(settings.nats_url)
-        for stream in (settings.events_stream, settings.dead_letter_stream):
+        for stream in (
+            settings.events_stream,
+            settings.dead_letter_stream,
+            settings.progress_stream,
+        ):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await nc.jetstream().delete_stream(stream)
         await nc.close()

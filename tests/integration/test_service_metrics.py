@@ -71,14 +71,19 @@ async def test_metrics_endpoint_shows_dead_letters_lag_and_faststream_messages(
     ]
     pending = {s[0]["consumer"]: s[1] for s in found["ckpt_ha_consumer_pending_messages"]}
     assert pending == {consumer: 0.0, "registrar--fences": 0.0}  # both of its consumers
-    # JetStream storage: both streams hold what was published, without a byte limit.
+    # JetStream storage: both streams hold what was published, without a byte limit; the
+    # progress stream (empty here) has its cap.
     streams = {s[0]["stream"]: s[1] for s in found["ckpt_ha_stream_messages"]}
     assert streams[settings.events_stream] >= 2
     assert streams[settings.dead_letter_stream] >= 1
     sizes = {s[0]["stream"]: s[1] for s in found["ckpt_ha_stream_bytes"]}
     assert sizes[settings.events_stream] > 0
     limits = {s[0]["stream"]: s[1] for s in found["ckpt_ha_stream_max_bytes"]}
-    assert limits == {settings.events_stream: -1.0, settings.dead_letter_stream: -1.0}
+    assert limits == {
+        settings.events_stream: -1.0,
+        settings.dead_letter_stream: -1.0,
+        settings.progress_stream: float(settings.progress_max_bytes),
+    }
     ((_, used),) = found["ckpt_ha_jetstream_storage_bytes"]
     assert used >= sizes[settings.events_stream]
     assert found["ckpt_ha_jetstream_storage_limit_bytes"]

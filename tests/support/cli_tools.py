@@ -20,6 +20,7 @@ def stack_env(settings: ServiceSettings) -> dict[str, str]:
         "CKPT_HA_SUBJECT_PREFIX": settings.subject_prefix,
         "CKPT_HA_EVENTS_STREAM": settings.events_stream,
         "CKPT_HA_DEAD_LETTER_STREAM": settings.dead_letter_stream,
+        "CKPT_HA_PROGRESS_STREAM": settings.progress_stream,
         "CKPT_HA_REGISTRY_PREFIX": settings.registry_prefix,
         "CKPT_HA_SIGNING_KEY": SIGNING_KEY,
     }

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
+from ckpt_ha.contracts.subjects import event_subject
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol
@@ -63,9 +64,11 @@ def runner_env(settings: ServiceSettings, root: Path, job: str, **extra: str) ->
 async def events(
     settings: ServiceSettings, event_type: str, job_id: str | None = None
 ) -> list[dict[str, object]]:
-    """The data of every ``event_type`` event in the test's stream (of ``job_id`` if given)."""
+    """The data of every ``event_type`` event in the test's stream (of ``job_id`` if given):
+    the progress stream for a report."""
     out = []
-    for msg in await stream_messages(settings.nats_url, settings.events_stream):
+    stream = settings.bus().stream_of(event_subject(settings.subject_prefix, event_type, 1, "j"))
+    for msg in await stream_messages(settings.nats_url, stream):
         doc = json.loads(msg.data)
         wanted = job_id is None or doc["data"]["job_id"] == job_id
         if wanted and doc["type"].startswith(f"ckpt-ha.{event_type}.v"):

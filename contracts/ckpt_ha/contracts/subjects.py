@@ -10,6 +10,7 @@ characters NATS reserves (``.``, ``*``, ``>``, whitespace), so they are escaped 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 DEFAULT_PREFIX = "ckpt"
@@ -80,6 +81,42 @@ def event_filter(prefix: str, event_type: str | None = None, version: int | None
         return f"{prefix}.{EVENTS}.>"
     ver = "*" if version is None else f"v{version}"
     return f"{prefix}.{EVENTS}.{event_type}.{ver}.*"
+
+
+TELEMETRY = ("job.heartbeat", "job.progress")
+"""Event types that report, not decide: an attempt's liveness and its training progress. They go
+to their own stream, bounded by age and per job (`ckpt_ha.bus.streams`), so the event stream,
+which the registry is rebuilt from, grows with what was decided, not with how long jobs ran."""
+
+
+def telemetry_filters(prefix: str) -> list[str]:
+    """The subjects of `TELEMETRY`, every version and job: the progress stream's."""
+    return [event_filter(prefix, t) for t in TELEMETRY]
+
+
+def is_telemetry(prefix: str, subject: str) -> bool:
+    """Whether ``subject`` is a `TELEMETRY` event subject under ``prefix``."""
+    tokens = subject.split(".")
+    return (
+        len(tokens) == 6
+        and tokens[0] == prefix
+        and tokens[1] == EVENTS
+        and f"{tokens[2]}.{tokens[3]}" in TELEMETRY
+    )
+
+
+def record_filters(prefix: str, event_types: Iterable[str]) -> list[str]:
+    """The event stream's subjects when telemetry has its own stream: JetStream takes no
+    "all but", so each aggregate without telemetry is one wildcard and the others' event types
+    are listed one by one (every version and job). A new event type of such an aggregate
+    (``job``) needs ``ckpt-ha streams provision`` before it is published."""
+    types = sorted(set(event_types) - set(TELEMETRY))
+    mixed = {t.split(".")[0] for t in TELEMETRY}
+    filters = {
+        aggregate_filter(prefix, t.split(".")[0]) for t in types if t.split(".")[0] not in mixed
+    }
+    filters |= {event_filter(prefix, t) for t in types if t.split(".")[0] in mixed}
+    return sorted(filters)
 
 
 def job_event_filter(prefix: str, event_type: str, job_id: str) -> str:

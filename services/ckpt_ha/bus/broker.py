@@ -32,7 +32,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -62,7 +62,9 @@ from ckpt_ha.contracts.subjects import (
     dead_letter_filter,
     dead_letter_subject,
     event_filter,
+    is_telemetry,
     parse_event_subject,
+    telemetry_filters,
 )
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import PermanentError
@@ -118,6 +120,14 @@ def events_stream(cfg: BusConfig) -> JStream:
     """The event log, as this process refers to it: never declared here (`ckpt_ha.bus.streams`
     provisions it under the operator principal; the broker checks it at start)."""
     return JStream(cfg.events_stream, subjects=[event_filter(cfg.prefix)], declare=False)
+
+
+def progress_stream(cfg: BusConfig) -> JStream:
+    """The progress stream (telemetry: ``job.progress``, ``job.heartbeat``), never declared
+    here either. Without one (``cfg.progress_stream`` empty) telemetry is in the event stream."""
+    if not cfg.progress_stream:
+        return events_stream(cfg)
+    return JStream(cfg.progress_stream, subjects=telemetry_filters(cfg.prefix), declare=False)
 
 
 def dead_letter_stream(cfg: BusConfig) -> JStream:
@@ -277,7 +287,7 @@ class DeadLetters:
         headers = letters.original_headers(raw.headers)
         headers.update(
             {
-                "Nats-Msg-Id": f"dlq:{self.cfg.events_stream}:{stream_seq}:{consumer}",
+                "Nats-Msg-Id": f"dlq:{_stream_of(raw, self.cfg)}:{stream_seq}:{consumer}",
                 letters.ERROR_CODE: code,
                 letters.ERROR: error[:2000],
                 letters.DELIVERY_COUNT: str(delivered),
@@ -297,6 +307,14 @@ class DeadLetters:
         log.warning(
             "dead-lettered seq=%s consumer=%s code=%s: %s", stream_seq, consumer, code, error
         )
+
+
+def _stream_of(raw: Msg, cfg: BusConfig) -> str:
+    """The stream a delivered message is stored in (its subject's, for one read by sequence)."""
+    try:
+        return raw.metadata.stream
+    except Exception:  # noqa: BLE001 - not a JetStream delivery (an advisory's stored message)
+        return cfg.stream_of(raw.subject)
 
 
 def _classify(exc: BaseException) -> tuple[str, str] | None:
@@ -445,7 +463,7 @@ class _Broker(NatsBroker):
         self,
         cfg: BusConfig,
         pipelines: list[_BatchPipeline],
-        durables: list[str],
+        durables: dict[str, str],
         *args: Any,
         **kwargs: Any,
     ) -> None:
@@ -476,20 +494,21 @@ class _Broker(NatsBroker):
         await super().stop(*args, **kwargs)
 
 
-async def uncap_durables(js: JetStreamContext, cfg: BusConfig, durables: Sequence[str]) -> None:
+async def uncap_durables(js: JetStreamContext, cfg: BusConfig, durables: Mapping[str, str]) -> None:
     """Lift JetStream's own ``max_deliver`` from durables an older release created with one
     (nats-py never updates an existing durable's configuration): with a cap, JetStream would
-    stop redelivering a parked message. Only ``max_deliver`` changes."""
-    for durable in durables:
+    stop redelivering a parked message. Only ``max_deliver`` changes. ``durables``: each
+    durable's stream."""
+    for durable, stream in durables.items():
         try:
-            info = await js.consumer_info(cfg.events_stream, durable)
+            info = await js.consumer_info(stream, durable)
         except NotFoundError:
             continue  # created by faststream with `Bus._consumer_config`
         if info.config.max_deliver in (None, 0, UNLIMITED):
             continue
         log.info("durable %s: max_deliver %s -> unlimited", durable, info.config.max_deliver)
         await js.add_consumer(
-            cfg.events_stream, config=dataclasses.replace(info.config, max_deliver=UNLIMITED)
+            stream, config=dataclasses.replace(info.config, max_deliver=UNLIMITED)
         )
 
 
@@ -522,7 +541,8 @@ class Bus:
         self.catalog = catalog
         self.dead_letters = DeadLetters(cfg, service, catalog)
         self._pipelines: list[_BatchPipeline] = []
-        self.consumers: list[str] = []
+        self.consumers: dict[str, str] = {}
+        """Each durable of this bus and the stream it is on."""
         policy = cfg.connection_policy(lasting=lasting)
         self.reconnects: ReconnectBackoff | None = policy.get("reconnect_to_server_handler")
         """The backoff a lasting bus reconnects with (it counts its attempts)."""
@@ -546,7 +566,8 @@ class Bus:
         )
         self.dead_letters.bind(self.broker)
         self.events = events_stream(cfg)
-        # Publishers name both streams (declared by the operator's provisioning, not here).
+        self.progress = progress_stream(cfg)
+        # Publishers name the streams (declared by the operator's provisioning, not here).
         self.broker.publisher(event_filter(cfg.prefix), stream=self.events, include_in_schema=False)
         self.broker.publisher(
             dead_letter_filter(cfg.prefix),
@@ -559,8 +580,8 @@ class Bus:
         consumers, read from JetStream."""
         js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
         found: list[tuple[str, int, int, int]] = []
-        for durable in self.consumers:
-            info = await js.consumer_info(self.cfg.events_stream, durable)
+        for durable, stream in self.consumers.items():
+            info = await js.consumer_info(stream, durable)
             pending, acks = info.num_pending or 0, info.num_ack_pending or 0
             found.append((durable, pending, acks, info.num_redelivered or 0))
         return found
@@ -571,11 +592,12 @@ class Bus:
         return f"{self.cfg.inbox_prefix}.".encode()
 
     async def stream_usage(self) -> list[tuple[str, int, int, int]]:
-        """(stream, messages, bytes, max_bytes; -1 without a limit) of the event and the
-        dead-letter stream, read from JetStream."""
+        """(stream, messages, bytes, max_bytes; -1 without a limit) of the event, the
+        dead-letter and the progress stream, read from JetStream."""
         js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
         found: list[tuple[str, int, int, int]] = []
-        for stream in (self.cfg.events_stream, self.cfg.dead_letter_stream):
+        names = (self.cfg.events_stream, self.cfg.dead_letter_stream, self.cfg.progress_stream)
+        for stream in filter(None, names):
             info = await js.stream_info(stream)
             limit = info.config.max_bytes
             found.append(
@@ -602,6 +624,13 @@ class Bus:
             deliver_policy=DeliverPolicy.ALL,
         )
 
+    def _stream_for(self, filter_subject: str) -> JStream:
+        """A consumer's stream: the progress stream's subjects are consumed there. A filter
+        spanning both streams (``<prefix>.ev.>``) cannot be one durable: consume each."""
+        if self.cfg.progress_stream and filter_subject in telemetry_filters(self.cfg.prefix):
+            return self.progress
+        return self.events
+
     def consumer(
         self,
         consumer: str,
@@ -609,9 +638,11 @@ class Bus:
         *,
         description: str | None = None,
     ) -> Callable[[Handler], Any]:
-        """Decorator: a durable pull consumer with explicit acks on ``filter_subject``."""
+        """Decorator: a durable pull consumer with explicit acks on ``filter_subject``, on the
+        progress stream for a telemetry subject, else on the event stream."""
         durable = self.durable_name(consumer)
-        self.consumers.append(durable)
+        stream = self._stream_for(filter_subject)
+        self.consumers[durable] = stream.name
 
         async def decode(msg: StreamMessage[Any]) -> Envelope[EventData]:
             raw: Msg = msg.raw_message
@@ -626,7 +657,7 @@ class Bus:
 
         return self.broker.subscriber(
             filter_subject,
-            stream=self.events,
+            stream=stream,
             durable=durable,
             pull_sub=PullSub(batch_size=self.cfg.fetch_batch, timeout=self.cfg.fetch_timeout_s),
             inbox_prefix=self._fetch_inbox,
@@ -655,7 +686,8 @@ class Bus:
         AsyncAPI document only.
         """
         durable = self.durable_name(consumer)
-        self.consumers.append(durable)
+        stream = self._stream_for(filter_subject)
+        self.consumers[durable] = stream.name
 
         def register(handler: BatchHandler) -> BatchHandler:
             pipeline = _BatchPipeline(lambda raws: self._consume_batch(raws, handler, durable))
@@ -672,7 +704,7 @@ class Bus:
                 compat.document_payload(on_batch, "body", list[payload] | None)
             self.broker.subscriber(
                 filter_subject,
-                stream=self.events,
+                stream=stream,
                 durable=durable,
                 pull_sub=PullSub(
                     batch_size=self.cfg.fetch_batch, timeout=self.cfg.batch_linger_s, batch=True
@@ -717,15 +749,16 @@ class Bus:
 
     def watch_max_deliveries(self) -> None:
         """Dead-letter what exhausted ``max_deliver`` without any answer from a handler."""
-        for durable in self.consumers:
-            subject = f"{ADVISORY_MAX_DELIVERIES}.{self.cfg.events_stream}.{durable}"
+        for durable, stream in self.consumers.items():
+            subject = f"{ADVISORY_MAX_DELIVERIES}.{stream}.{durable}"
             self.broker.subscriber(subject, include_in_schema=False)(self._on_max_deliveries)
 
     async def _on_max_deliveries(self, advisory: dict[str, Any]) -> None:
         seq = int(advisory["stream_seq"])
         consumer = str(advisory["consumer"])
+        stream = str(advisory.get("stream") or self.cfg.events_stream)
         js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
-        stored = await js.get_msg(self.cfg.events_stream, seq)
+        stored = await js.get_msg(stream, seq)
         raw = Msg(
             self.broker.connection,
             subject=stored.subject or "",
@@ -742,8 +775,8 @@ class Bus:
         )
 
     async def publish(self, event: Envelope[EventData]) -> Envelope[EventData]:
-        """Publish into the event stream; ``Nats-Msg-Id`` = event id, so retries are deduped
-        (an unanswered publish is retried: `publish_retrying`).
+        """Publish into the event stream (the progress stream, for telemetry); ``Nats-Msg-Id`` =
+        event id, so retries are deduped (an unanswered publish is retried: `publish_retrying`).
 
         Traced: the publish is a child of the envelope's ``traceparent`` when it has one, else
         of the current span (a new trace when there is none); an envelope without a
@@ -767,17 +800,29 @@ class Bus:
             body = event.to_bytes()
             signed = signed_headers(self.cfg, event, body, headers)
             await publish_retrying(
-                lambda: self.broker.publish(
-                    body,
-                    subject,
-                    headers=dict(signed),
-                    stream=self.cfg.events_stream,
-                    timeout=self.cfg.publish_timeout_s,
-                ),
+                lambda: self._send(subject, body, signed),
                 self.cfg,
                 f"{event.event_type} {event.id}",
             )
         return event
+
+    async def _send(self, subject: str, body: bytes, headers: Mapping[str, str]) -> object:
+        """One JetStream publish. A decision names the event stream it must land in; a report
+        (`ckpt_ha.contracts.subjects.TELEMETRY`) names none and lands in whichever stream
+        captures it: the progress stream once provisioned, the event stream before, so a
+        runner's heartbeats keep flowing while an operator migrates the streams under it."""
+        if is_telemetry(self.cfg.prefix, subject):
+            js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
+            return await js.publish(
+                subject, body, timeout=self.cfg.publish_timeout_s, headers=dict(headers)
+            )
+        return await self.broker.publish(
+            body,
+            subject,
+            headers=dict(headers),
+            stream=self.cfg.events_stream,
+            timeout=self.cfg.publish_timeout_s,
+        )
 
     async def publish_caused_by(
         self,

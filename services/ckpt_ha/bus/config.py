@@ -11,6 +11,7 @@ from pydantic import SecretStr
 
 from ckpt_ha import credentials
 from ckpt_ha.bus.reconnect import ReconnectBackoff
+from ckpt_ha.contracts.subjects import DEAD_LETTERS, is_telemetry
 
 SHORT_RECONNECT_ATTEMPTS = 2
 """Attempts after the first that a short-lived connection makes before it gives up."""
@@ -33,6 +34,17 @@ class BusConfig:
     prefix: str = "ckpt"
     events_stream: str = "CKPT_EVENTS"
     dead_letter_stream: str = "CKPT_DLQ"
+    progress_stream: str = "CKPT_PROGRESS"
+    """Where ``job.progress`` and ``job.heartbeat`` go (`ckpt_ha.contracts.subjects.TELEMETRY`),
+    bounded by the limits below. Empty: they stay in the event stream, unbounded (the layout of
+    releases before it, for a deployment that has not run ``ckpt-ha streams provision`` yet)."""
+    progress_max_age_s: float = 86400.0
+    """Reports older than this leave the progress stream (0: no age limit)."""
+    progress_per_job: int = 100
+    """Reports kept per job and event type (newest first; -1: no such limit): the liveness
+    watch needs only the newest, a continuity verdict a few dozen."""
+    progress_max_bytes: int = 4 * 1024**3
+    """The progress stream's size cap; the oldest reports go first (-1: no cap)."""
     duplicate_window_s: float = 120.0
     max_event_bytes: int = 256 * 1024
     replicas: int = 1
@@ -89,6 +101,15 @@ class BusConfig:
             )
         if self.ca_file and credentials.scheme(self.url) != "tls":
             raise credentials.PlaintextWithCa("CKPT_HA_NATS_CA_FILE", self.url, "tls")
+
+    def stream_of(self, subject: str) -> str:
+        """The stream that stores ``subject``: the progress stream for telemetry (when there is
+        one), else the event stream (or the dead-letter stream, for a dead letter)."""
+        if self.progress_stream and is_telemetry(self.prefix, subject):
+            return self.progress_stream
+        if subject.startswith(f"{self.prefix}.{DEAD_LETTERS}."):
+            return self.dead_letter_stream
+        return self.events_stream
 
     def backoff(self, delivered: int) -> float:
         """Nak delay after the ``delivered``-th failed delivery."""

@@ -39,6 +39,7 @@ CONF = asset("nats", "permissions.conf")
 """Shipped as package data; in a checkout it is ``deploy/nats/permissions.conf``."""
 EVENTS_STREAM = "CKPT_EVENTS"
 DLQ_STREAM = "CKPT_DLQ"
+PROGRESS_STREAM = "CKPT_PROGRESS"
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,8 @@ class Principal:
     consumers: tuple[str, ...] = ()
     """Its durable consumers on the event stream (named ``<user>--<consumer>``). NATS has no
     partial-token wildcards, so every consumer is listed; a test checks this against the apps."""
+    reports: tuple[str, ...] = ()
+    """Its durable consumers on the progress stream (``job.progress``, ``job.heartbeat``)."""
     watches: tuple[str, ...] = ()
     """Event types it follows live with a plain subscription (no durable consumer): the
     runner waits for its job's ``resume.planned`` / ``resume.escalated`` this way."""
@@ -58,7 +61,12 @@ class Principal:
     --resume``), which may have been published before it subscribed."""
 
     def durables(self) -> list[str]:
-        return [f"{self.user}--{c}" for c in self.consumers]
+        return [f"{self.user}--{c}" for c in (*self.consumers, *self.reports)]
+
+    def durable_streams(self, events: str, progress: str) -> dict[str, str]:
+        """Each durable and the stream it is on."""
+        on_events = {f"{self.user}--{c}": events for c in self.consumers}
+        return on_events | {f"{self.user}--{c}": progress for c in self.reports}
 
 
 PRINCIPALS: tuple[Principal, ...] = (
@@ -77,9 +85,9 @@ PRINCIPALS: tuple[Principal, ...] = (
                                       "checkpoint.quarantined", "checkpoint.deleted",
                                       # `job.failed`: an attempt it declares lost.
                                       "job.failed"),
-              consumers=("started", "heartbeat", "progress", "failed", "load-failed", "registered",
-                         "verified", "loaded", "succeeded", "held", "unheld",
-                         "restore-requested")),
+              consumers=("started", "failed", "load-failed", "registered", "verified", "loaded",
+                         "succeeded", "held", "unheld", "restore-requested"),
+              reports=("heartbeat", "progress")),
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
               consumers=("registered", "started")),
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.
@@ -120,8 +128,11 @@ def render(
     prefix: str = DEFAULT_PREFIX,
     events_stream: str = EVENTS_STREAM,
     dlq_stream: str = DLQ_STREAM,
+    progress_stream: str = PROGRESS_STREAM,
 ) -> str:
-    streams = [events_stream, dlq_stream]
+    """``progress_stream`` empty: telemetry stays in the event stream, its durables too."""
+    streams = [events_stream, dlq_stream, *([progress_stream] if progress_stream else [])]
+    progress_stream = progress_stream or events_stream
     # Read-only: services check the streams at start and never change them.
     common_pub = ["$JS.API.INFO", *(f"$JS.API.STREAM.INFO.{s}" for s in streams)]
     lines = [
@@ -133,18 +144,24 @@ def render(
     for p in PRINCIPALS:
         pub = [f"{prefix}.{EVENTS}.{t}.*.*" for t in p.publishes] + common_pub
         sub = [f"{inbox_prefix(p.user)}.>", *(f"{prefix}.{EVENTS}.{t}.*.*" for t in p.watches)]
-        for durable in p.durables():
+        durables = list(p.durable_streams(events_stream, progress_stream).items())
+        # Before `ckpt-ha streams provision` moves the reports (docs/UPGRADES.md), a release
+        # configured without a progress stream consumes them from the event stream.
+        durables += [(d, events_stream) for d, s in durables if s != events_stream]
+        for durable, stream in durables:
             pub += [
-                f"$JS.API.CONSUMER.CREATE.{events_stream}.{durable}",
-                f"$JS.API.CONSUMER.CREATE.{events_stream}.{durable}.>",
-                f"$JS.API.CONSUMER.DURABLE.CREATE.{events_stream}.{durable}",
-                f"$JS.API.CONSUMER.INFO.{events_stream}.{durable}",
-                f"$JS.API.CONSUMER.MSG.NEXT.{events_stream}.{durable}",
-                f"$JS.ACK.{events_stream}.{durable}.>",
+                f"$JS.API.CONSUMER.CREATE.{stream}.{durable}",
+                f"$JS.API.CONSUMER.CREATE.{stream}.{durable}.>",
+                f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+                f"$JS.API.CONSUMER.INFO.{stream}.{durable}",
+                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}",
+                f"$JS.ACK.{stream}.{durable}.>",
             ]
-            sub.append(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{events_stream}.{durable}")
+            sub.append(f"$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.{stream}.{durable}")
         if p.consumers or p.reads_messages:
             pub.append(f"$JS.API.STREAM.MSG.GET.{events_stream}")
+        if p.reports and progress_stream != events_stream:
+            pub.append(f"$JS.API.STREAM.MSG.GET.{progress_stream}")
         if p.consumers:
             pub.append(f"{prefix}.{DEAD_LETTERS}.{p.user}.>")
         lines += [

@@ -1,4 +1,4 @@
-"""The two streams belong to the operator: provisioned once, checked by everyone else.
+"""The streams belong to the operator: provisioned once, checked by everyone else.
 
 The event stream is the source of truth (the registry is rebuilt from it), so no service and no
 job may create, change, purge or delete it: their NATS principals have no such permission, and
@@ -8,6 +8,16 @@ the streams or brings them to this configuration; every service runs `check` at 
 to run against a stream that differs, naming each difference, instead of rewriting it. A
 registry rebuild first asks `require_complete`: a stream whose first sequence is not 1 lost
 events, and a rebuild from it would silently forget checkpoints.
+
+Three streams: the events (unlimited: everything decided), the dead letters, and the progress
+stream: ``job.progress`` and ``job.heartbeat`` (`ckpt_ha.contracts.subjects.TELEMETRY`), which
+report and decide nothing, kept under limits (age, newest reports per job, bytes; the oldest go
+first). JetStream refuses two streams capturing one subject, so the event stream then lists
+its subjects instead of ``<prefix>.ev.>`` (`record_filters`). A deployment whose event stream
+still captures telemetry is migrated by `provision`: it narrows the event stream first (the
+reports already in it stay there), then creates the progress stream. The progress stream's
+limits are the operator's to tune (``CKPT_HA_PROGRESS_*`` at provisioning); services check its
+subjects and protections, not its limits.
 """
 
 from __future__ import annotations
@@ -19,7 +29,13 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from ckpt_ha.bus.config import BusConfig
-from ckpt_ha.contracts.subjects import dead_letter_filter, event_filter
+from ckpt_ha.contracts import CATALOG, EventCatalog
+from ckpt_ha.contracts.subjects import (
+    dead_letter_filter,
+    event_filter,
+    record_filters,
+    telemetry_filters,
+)
 from ckpt_ha.core.errors import PermanentError
 
 
@@ -52,8 +68,11 @@ class StreamTruncated(PermanentError):
         )
 
 
-def desired(cfg: BusConfig) -> list[StreamConfig]:
-    """The event stream and the dead-letter stream as ckpt-ha needs them."""
+def desired(cfg: BusConfig, catalog: EventCatalog = CATALOG) -> list[StreamConfig]:
+    """The event stream, the dead-letter stream and the progress stream (unless
+    ``cfg.progress_stream`` is empty) as ckpt-ha needs them, in the order `provision` applies
+    them: the event stream gives up the telemetry subjects before the progress stream takes
+    them."""
     common: dict[str, Any] = {
         "storage": StorageType.FILE,
         "retention": RetentionPolicy.LIMITS,
@@ -69,11 +88,16 @@ def desired(cfg: BusConfig) -> list[StreamConfig]:
         "allow_rollup_hdrs": False,
         "sealed": False,
     }
-    return [
+    events = (
+        record_filters(cfg.prefix, catalog.types())
+        if cfg.progress_stream
+        else [event_filter(cfg.prefix)]
+    )
+    found = [
         StreamConfig(
             name=cfg.events_stream,
             description="ckpt-ha events: the source of truth (the registry is rebuilt from it)",
-            subjects=[event_filter(cfg.prefix)],
+            subjects=events,
             max_msg_size=cfg.max_event_bytes,
             **common,
         ),
@@ -84,6 +108,26 @@ def desired(cfg: BusConfig) -> list[StreamConfig]:
             **common,
         ),
     ]
+    if cfg.progress_stream:
+        limits = {
+            "max_age": cfg.progress_max_age_s,
+            "max_bytes": cfg.progress_max_bytes,
+            "max_msgs_per_subject": cfg.progress_per_job,
+            # Never longer than the reports are kept (JetStream refuses that).
+            "duplicate_window": min(
+                cfg.duplicate_window_s, cfg.progress_max_age_s or cfg.duplicate_window_s
+            ),
+        }
+        found.append(
+            StreamConfig(
+                name=cfg.progress_stream,
+                description="ckpt-ha progress and heartbeats: telemetry, kept under limits",
+                subjects=telemetry_filters(cfg.prefix),
+                max_msg_size=cfg.max_event_bytes,
+                **(common | limits),
+            )
+        )
+    return found
 
 
 _CHECKED = (
@@ -101,15 +145,26 @@ _CHECKED = (
     "sealed",
 )
 """What a service refuses to run without. Replicas and the duplicate window are the operator's
-to tune (a wider window only dedupes more); `provision` still sets them."""
+to tune (a wider window only dedupes more); `provision` still sets them. A stream may capture
+more subjects than this release needs (a newer release's event types), never fewer."""
+
+_LIMITS = ("max_msgs", "max_bytes", "max_age", "max_msgs_per_subject")
+"""Not checked by a service on the progress stream: its limits are the operator's."""
 
 
-def differences(want: StreamConfig, have: StreamConfig) -> list[str]:
-    """Each checked setting that differs, as ``name is X, needs Y``."""
+def differences(want: StreamConfig, have: StreamConfig, *, limits: bool = True) -> list[str]:
+    """Each checked setting that differs, as ``name is X, needs Y``; without ``limits``, the
+    stream's limits are not compared (a service checking the progress stream)."""
     problems = []
     for name in _CHECKED:
+        if not limits and name in _LIMITS:
+            continue
         need, got = _norm(name, getattr(want, name)), _norm(name, getattr(have, name))
-        if need != got:
+        if name == "subjects":
+            missing = sorted(set(need) - set(got))
+            if missing:
+                problems.append(f"subjects are {got!r}, need {missing!r} too")
+        elif need != got:
             problems.append(f"{name} is {got!r}, needs {need!r}")
     if (have.num_replicas or 1) < (want.num_replicas or 1):
         problems.append(f"num_replicas is {have.num_replicas}, needs {want.num_replicas}")
@@ -132,14 +187,14 @@ def _norm(name: str, value: Any) -> Any:
 
 
 async def check(js: JetStreamContext, cfg: BusConfig) -> None:
-    """Raise `StreamMisconfigured` unless both streams exist as `desired` says. Reads only."""
+    """Raise `StreamMisconfigured` unless every stream exists as `desired` says. Reads only."""
     for want in desired(cfg):
         assert want.name is not None
         try:
             info = await js.stream_info(want.name)
         except NotFoundError:
             raise StreamMisconfigured(want.name, ["it does not exist"]) from None
-        problems = differences(want, info.config)
+        problems = differences(want, info.config, limits=want.name != cfg.progress_stream)
         if problems:
             raise StreamMisconfigured(want.name, problems)
 

@@ -154,9 +154,10 @@ def cmd_streams_check(args: argparse.Namespace, env: dict[str, str], home: Path)
 
     settings = context.settings(env, home)
     context.run(settings, lambda: check_streams(settings.bus()))
+    names = [settings.events_stream, settings.dead_letter_stream]
+    names += [settings.progress_stream] if settings.progress_stream else []
     if args.json:
-        names = [settings.events_stream, settings.dead_letter_stream]
         print(render.dumps({"streams": names, "as_required": True}))
         return 0
-    print(f"{settings.events_stream} and {settings.dead_letter_stream}: as required")
+    print(f"{', '.join(names)}: as required")
     return 0

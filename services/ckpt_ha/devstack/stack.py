@@ -448,6 +448,7 @@ def _start_nats(
         prefix=env.get("CKPT_HA_SUBJECT_PREFIX") or DEFAULT_PREFIX,
         events_stream=env.get("CKPT_HA_EVENTS_STREAM") or permissions.EVENTS_STREAM,
         dlq_stream=env.get("CKPT_HA_DEAD_LETTER_STREAM") or permissions.DLQ_STREAM,
+        progress_stream=env.get("CKPT_HA_PROGRESS_STREAM", permissions.PROGRESS_STREAM),
     )
     passwords = {
         permissions.env_password(user).removeprefix("$"): keep.read(keep.nats(user))

@@ -252,10 +252,14 @@ async def _republish(js: JetStreamContext, cfg: BusConfig, s: _Stored) -> int:
     assert s.letter.subject is not None
     headers = letters.original_headers(s.headers)
     source = s.original_seq if s.original_seq is not None else f"dlq{s.letter.seq}"
-    headers["Nats-Msg-Id"] = f"replay:{cfg.events_stream}:{source}"
+    headers["Nats-Msg-Id"] = f"replay:{cfg.stream_of(s.letter.subject)}:{source}"
     headers[letters.REPLAYED_FROM] = f"{cfg.dead_letter_stream}:{s.letter.seq}"
     ack = await js.publish(
-        s.letter.subject, s.data, headers=headers, stream=cfg.events_stream, timeout=5.0
+        s.letter.subject,
+        s.data,
+        headers=headers,
+        stream=cfg.stream_of(s.letter.subject),
+        timeout=5.0,
     )
     return ack.seq
 

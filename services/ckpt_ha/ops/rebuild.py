@@ -23,6 +23,16 @@ projections the live services use:
   pins (`ckpt_ha.restore_coordinator.projection`), on the events' own clock, so state the live
   coordinator let expire is not brought back (`RedisRestores`, ``replaying``).
 
+Progress and heartbeats (`ckpt_ha.contracts.subjects.TELEMETRY`) live in the progress stream,
+under limits: nothing decided depends on them alone. Every decision the coordinator took from
+reports (a continuity verdict, an attempt declared lost) is an event in the event stream. The
+rebuild still replays what the progress stream kept, merged with the events by time
+(`iter_history`): the newest reports of each job give its liveness watch its last sign of life
+(without them a running attempt would look silent since its start and be declared lost at
+once) and the trajectory a pending continuity verdict compares with. Reports the limits dropped
+(older than ``CKPT_HA_PROGRESS_MAX_AGE_S``, or beyond the newest ``CKPT_HA_PROGRESS_PER_JOB``)
+are not replayed; the event stream alone still has to start at sequence 1.
+
 Not replayed: leases (transient) and the reconcile log (not in the stream: a rebuild keeps it).
 """
 
@@ -35,7 +45,7 @@ from datetime import datetime
 from typing import Protocol
 
 from ckpt_ha.bus.config import BusConfig
-from ckpt_ha.bus.stream_reader import iter_events
+from ckpt_ha.bus.stream_reader import iter_history
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
 from ckpt_ha.contracts.errors import ContractError
@@ -137,7 +147,7 @@ async def _replay(
 ) -> RebuildReport:
     report = RebuildReport()
     deferred: list[Envelope[EventData]] = []
-    async with aclosing(iter_events(cfg, catalog, event_filter(cfg.prefix))) as stream:
+    async with aclosing(iter_history(cfg, catalog, event_filter(cfg.prefix))) as stream:
         async for item in stream:
             report.read += 1
             if progress is not None:

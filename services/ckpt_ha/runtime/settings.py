@@ -103,8 +103,19 @@ class ServiceSettings(BaseSettings):
     """The JetStream stream of the events."""
     dead_letter_stream: str = Field(default="CKPT_DLQ", pattern=r"^[A-Za-z0-9_-]+$")
     """The JetStream stream of dead letters."""
+    progress_stream: str = Field(default="CKPT_PROGRESS", pattern=r"^[A-Za-z0-9_-]*$")
+    """The JetStream stream of ``job.progress`` and ``job.heartbeat``, kept under the limits
+    below. Empty: they stay in the event stream, unbounded (a deployment not yet migrated by
+    ``ckpt-ha streams provision``; docs/UPGRADES.md)."""
+    progress_max_age_s: float = Field(default=86400.0, ge=0)
+    """``streams provision``: reports older than this leave the progress stream (0: kept)."""
+    progress_per_job: int = Field(default=100, ge=-1)
+    """``streams provision``: reports kept per job and event type, the newest (-1: all)."""
+    progress_max_bytes: int = Field(default=4 * 1024**3, ge=-1)
+    """``streams provision``: the progress stream's size; the oldest reports go first (-1:
+    no cap)."""
     stream_replicas: int = Field(default=1, ge=1, le=5)
-    """Replicas ``ckpt-ha streams provision`` gives both streams: 3 on the three-node cluster
+    """Replicas ``ckpt-ha streams provision`` gives the streams: 3 on the three-node cluster
     (deploy/nats/nats-cluster.conf), 1 on a single server. Services check at least this many."""
     registry_prefix: str = Field(default="ckpt-ha", pattern=r"^[A-Za-z0-9_:.-]+$")
     """Prefix of every Redis key of the registry."""
@@ -229,6 +240,10 @@ class ServiceSettings(BaseSettings):
             prefix=self.subject_prefix,
             events_stream=self.events_stream,
             dead_letter_stream=self.dead_letter_stream,
+            progress_stream=self.progress_stream,
+            progress_max_age_s=self.progress_max_age_s,
+            progress_per_job=self.progress_per_job,
+            progress_max_bytes=self.progress_max_bytes,
             replicas=self.stream_replicas,
             ack_wait_s=self.ack_wait_s,
             max_deliver=self.max_deliver,
