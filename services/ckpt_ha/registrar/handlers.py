@@ -51,6 +51,7 @@ class RegistrarHandlers:
         ):
             applied = iter(await self.registry.apply_many(taken) if taken else [])
         results = [why if why is not None else next(applied) for why in refused]
+        recording = tracing.recording()
         for event, result in zip(events, results, strict=True):
             # One span per event in the checkpoint's trace (the batch's own span is a root
             # linking all of them): what the registry decided for this event.
@@ -58,7 +59,7 @@ class RegistrarHandlers:
                 f"registrar {event.event_type}",
                 event.traceparent,
                 tracestate=event.tracestate,
-                attributes=tracing.event_attributes(event),
+                attributes=tracing.event_attributes(event) if recording else None,
                 link_origin=False,
             ):
                 outcomes.append(await self._settle(event, result))
