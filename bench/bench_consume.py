@@ -17,7 +17,7 @@ it instead runs the registrar as one, then two separate processes on one stream 
 prints both rates, their ratio and how many events each replica handled. ``--profile DIR``
 profiles the in-process registrar (cProfile) and writes the 25 most expensive functions by
 cumulative and by own time to ``DIR/registrar.txt``. Usage:
-    .venv/bin/python bench/bench_consume.py [--events 10000] [--rounds 3] [--batch 64]
+    .venv/bin/python bench/bench_consume.py [--events 10000] [--rounds 3] [--batch 256]
         [--replicas 2] [--profile bench/profiles] [--nats URL] [--redis URL]
 """
 
@@ -96,7 +96,7 @@ async def bare_rate(url: str, stream: str, subject: str, n: int, batch: int) -> 
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=5),
     )
     got = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while got < n:
         msgs = await sub.fetch(batch, timeout=5)
         for m in msgs:
@@ -104,6 +104,8 @@ async def bare_rate(url: str, stream: str, subject: str, n: int, batch: int) -> 
         got += len(msgs)
     await nc.flush()
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    print(f"  bare CPU per event: {1e6 * cpu / n:.0f} µs")
     await nc.close()
     return n / elapsed
 
@@ -163,6 +165,7 @@ def run_settings(args: argparse.Namespace, root: str, **extra: Any) -> Registrar
         dead_letter_stream=f"BENCHDLQ_{tag}",
         registry_prefix=f"bench:{tag}",
         fetch_batch=args.batch,
+        projection_batch=args.batch,
         signing_key=SecretStr(SIGNING_KEY),
         storage_root=root,
         **extra,
@@ -310,7 +313,12 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
-    ap.add_argument("--batch", type=int, default=64, help="fetch batch size, same for both")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=256,
+        help="fetch batch size, the same for both (256: the registrar's default projection_batch)",
+    )
     ap.add_argument("--replicas", type=int, default=0, help="compare 1 and N registrar processes")
     ap.add_argument("--profile", type=Path, default=None, help="cProfile the registrar (round 1)")
     args = ap.parse_args()

@@ -677,7 +677,9 @@ class Bus:
                 stream=self.events,
                 durable=durable,
                 pull_sub=PullSub(
-                    batch_size=self.cfg.fetch_batch, timeout=self.cfg.batch_linger_s, batch=True
+                    batch_size=self.cfg.projection_batch,
+                    timeout=self.cfg.batch_linger_s,
+                    batch=True,
                 ),
                 inbox_prefix=self._fetch_inbox,
                 config=self._consumer_config(),

@@ -80,9 +80,7 @@ class RegistrarHandlers:
                 tracing.annotate(
                     **{"ckpt_ha.state.previous": step.previous, "ckpt_ha.state": step.new}
                 )
-                self.metrics.transitions.labels(
-                    self.metrics.service, step.previous or "none", step.new
-                ).inc()
+                self.metrics.transition(step.previous or "none", step.new)
                 self.lifecycle.observe(event, result)
             if isinstance(event.data, CheckpointCorruptV1 | CheckpointQuarantinedV1):
                 tracing.fail(event.data.reason, code=event.data.EVENT_TYPE)
@@ -95,4 +93,6 @@ class RegistrarHandlers:
         return None
 
     async def _publish(self, cause: Envelope[EventData], datas: list[EventData]) -> None:
+        if not datas:
+            return  # most events announce nothing
         await self.publisher.publish_caused_by(cause, datas, source=SOURCE, time=self.clock())

@@ -317,16 +317,19 @@ def continue_trace(
     parents). Without a stored context it is a plain child of the current span.
     """
     stored = context_of(traceparent, tracestate)
-    if stored is None:
-        with span(name, attributes=attributes) as current:
-            yield current
-        return
-    if not recording():  # the stored context current, as the no-op tracer would make it
+    if not recording():  # no span: the context the no-op tracer would make current
+        if stored is None:
+            yield trace.get_current_span()
+            return
         token = otel_context.attach(stored)
         try:
             yield trace.get_current_span()
         finally:
             otel_context.detach(token)
+        return
+    if stored is None:
+        with span(name, attributes=attributes) as current:
+            yield current
         return
     trigger = trace.get_current_span().get_span_context()
     links = [Link(trigger, attributes={"ckpt_ha.link": "trigger"})] if trigger.is_valid else []
