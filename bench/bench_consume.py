@@ -201,7 +201,9 @@ async def dead_lettered(js: Any, settings: RegistrarSettings) -> int:
     return int(info.state.messages)
 
 
-async def one_round(args: argparse.Namespace, root: str, profile: Path | None) -> tuple[float, float]:
+async def one_round(
+    args: argparse.Namespace, root: str, profile: Path | None
+) -> tuple[float, float]:
     """One fresh stream, N events, read once by each consumer: (bare rate, registrar rate)."""
     settings = run_settings(args, root)
     async with private_streams(settings, args) as js:
@@ -221,16 +223,15 @@ async def one_round(args: argparse.Namespace, root: str, profile: Path | None) -
 # --- replicas: the registrar as separate processes on one stream ------------------------------
 
 
-def replica_main(settings_json: str, n: int, out: Any, go: Any) -> None:
+def replica_main(settings: RegistrarSettings, n: int, out: Any, go: Any) -> None:
     """A registrar process: start, count its own acks until the registry holds all N."""
     import logging
 
     logging.disable(logging.INFO)
-    settings = RegistrarSettings.model_validate_json(settings_json)
     out.send(asyncio.run(_replica(settings, n, go)))
 
 
-async def _replica(settings: RegistrarSettings, n: int, go: Any) -> tuple[int, float, float]:
+async def _replica(settings: RegistrarSettings, n: int, go: Any) -> tuple[int, float, float, float]:
     svc = build_registrar(settings)
     seen = {"acks": 0, "first": 0.0, "last": 0.0}
     counted = svc.bus.dead_letters.on_outcome
@@ -245,11 +246,13 @@ async def _replica(settings: RegistrarSettings, n: int, go: Any) -> tuple[int, f
 
     svc.bus.dead_letters.on_outcome = on_outcome
     go.wait()  # every replica connects at once
+    cpu = time.process_time()
     await svc.bus.broker.start()
     await wait_projected(settings, n)
+    cpu = time.process_time() - cpu
     await svc.bus.broker.stop()
     await svc.registry.close()
-    return int(seen["acks"]), seen["first"], seen["last"]
+    return int(seen["acks"]), seen["first"], seen["last"], cpu
 
 
 def cpu_ticks(pid: int) -> int:
@@ -279,7 +282,7 @@ async def replicas_round(args: argparse.Namespace, root: str, k: int) -> tuple[f
             mine, theirs = ctx.Pipe(duplex=False)
             proc = ctx.Process(
                 target=replica_main,
-                args=(settings.model_dump_json(), args.events, theirs, go),
+                args=(settings, args.events, theirs, go),
             )
             proc.start()
             pipes.append(mine)
@@ -303,7 +306,11 @@ async def replicas_round(args: argparse.Namespace, root: str, k: int) -> tuple[f
     last = max(r[2] for r in results if r[0])
     acks = [r[0] for r in results]
     rate = sum(acks) / (last - first)
-    print(f"  {k} replica(s): {rate:8.0f} ev/s, handled {acks}, dead-lettered {dead}; {busy}")
+    cpu = ", ".join(f"{1e6 * r[3] / max(r[0], 1):.0f}" for r in results)
+    print(
+        f"  {k} replica(s): {rate:8.0f} ev/s, handled {acks}, dead-lettered {dead}; "
+        f"CPU per event each (µs): {cpu}; {busy}"
+    )
     return rate, acks
 
 

@@ -198,7 +198,12 @@ class Registry:
             *(k.fence(job) for job, _ in scope.fences),
         ]
         counts = [len(scope.jobs), len(record_keys), len(scope.uris), len(scope.fences)]
-        read_args = [*counts, len(events), *(e.id for e in events), *(r for _, r in scope.fences)]
+        read_args: list[str | int] = [
+            *counts,
+            len(events),
+            *(e.id for e in events),
+            *(r for _, r in scope.fences),
+        ]
         with _reachable():
             while True:
                 # One command for the whole batch (`_READ_LUA`), then one compare-and-set.
