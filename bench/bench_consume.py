@@ -262,6 +262,13 @@ def cpu_ticks(pid: int) -> int:
     return 0
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores so far (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
 def server_pids() -> dict[str, int]:
     found = {}
     for name in ("nats-server", "redis-server"):
@@ -290,10 +297,12 @@ async def replicas_round(args: argparse.Namespace, root: str, k: int) -> tuple[f
         await asyncio.sleep(2.0)  # let the interpreters import
         servers = server_pids()
         ticks = {name: cpu_ticks(pid) for name, pid in servers.items()}
+        machine = machine_ticks()
         wall = time.perf_counter()
         go.set()
         results = [await asyncio.to_thread(p.recv) for p in pipes]
         wall = time.perf_counter() - wall
+        busy_now, total_now = machine_ticks()
         for proc in procs:
             proc.join()
         dead = await dead_lettered(js, settings)
@@ -307,9 +316,12 @@ async def replicas_round(args: argparse.Namespace, root: str, k: int) -> tuple[f
     acks = [r[0] for r in results]
     rate = sum(acks) / (last - first)
     cpu = ", ".join(f"{1e6 * r[3] / max(r[0], 1):.0f}" for r in results)
+    got = ", ".join(f"{100 * r[3] / max(r[2] - r[1], 1e-9):.0f}%" for r in results)
+    used = 100 * (busy_now - machine[0]) / max(total_now - machine[1], 1)
     print(
         f"  {k} replica(s): {rate:8.0f} ev/s, handled {acks}, dead-lettered {dead}; "
-        f"CPU per event each (µs): {cpu}; {busy}"
+        f"CPU per event each (µs): {cpu}; each replica got {got} of a core; {busy}; "
+        f"machine {used:.0f}% busy (all {os.cpu_count()} cores, every process)"
     )
     return rate, acks
 
