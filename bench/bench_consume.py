@@ -14,7 +14,13 @@ folder of a scratch storage root, so the registrar does its real work: every one
 
 Prints both rates and their ratio for each round, then the median ratio. With ``--replicas 2``
 it instead runs the registrar as one, then two separate processes on one stream each time and
-prints both rates, their ratio and how many events each replica handled. ``--profile DIR``
+prints both rates, their ratio and how many events each replica handled. Replicas share one
+durable pull consumer (``registrar--checkpoints``): JetStream gives each fetch to whichever
+replica pulls, so the work splits by batch; each process keeps its own batches in order, and
+across replicas the registry's compare-and-set and its wait for an earlier event
+(``DependencyNotReady``, nak'ed) keep a checkpoint's events in order. A second replica only adds
+throughput when a core is free for it: the run prints each replica's CPU per event, the share of
+a core it got, and how busy the whole machine was. ``--profile DIR``
 profiles the in-process registrar (cProfile) and writes the 25 most expensive functions by
 cumulative and by own time to ``DIR/registrar.txt``. Usage:
     .venv/bin/python bench/bench_consume.py [--events 10000] [--rounds 3] [--batch 256]
@@ -292,6 +298,7 @@ async def replicas_round(args: argparse.Namespace, root: str, k: int) -> tuple[f
                 args=(settings, args.events, theirs, go),
             )
             proc.start()
+            theirs.close()  # a replica that dies then ends our recv (EOFError), not a hang
             pipes.append(mine)
             procs.append(proc)
         await asyncio.sleep(2.0)  # let the interpreters import
