@@ -3,10 +3,28 @@
 Both read the same N events from the same stream on the same nats-server, in the same run:
 
 * bare:      nats-py durable pull consumer, fetch batches, ack each message (no decoding, no work)
-* registrar: the real registrar consumer (decode + validate, Redis transition, explicit ack)
+* registrar: the real registrar consumer (admission with the job signature check, decode,
+  location check, Redis transition, explicit ack)
 
-Prints both rates and their ratio for each round, then the median ratio. Usage:
-    .venv/bin/python bench/bench_consume.py [--events 10000] [--rounds 3] [--nats URL] [--redis URL]
+The streams are private to the run and provisioned as an operator does (``ckpt-ha streams
+provision``: services never create them). The events are ``checkpoint.committed`` signed as the
+SDK signs them (the job's key derived from the master key) at locations under each job's own
+folder of a scratch storage root, so the registrar does its real work: every one must end up
+``pending_verification``, and the run prints how many were dead-lettered (must be 0).
+
+Prints both rates and their ratio for each round, then the median ratio. With ``--replicas 2``
+it instead runs the registrar as one, then two separate processes on one stream each time and
+prints both rates, their ratio and how many events each replica handled. Replicas share one
+durable pull consumer (``registrar--checkpoints``): JetStream gives each fetch to whichever
+replica pulls, so the work splits by batch; each process keeps its own batches in order, and
+across replicas the registry's compare-and-set and its wait for an earlier event
+(``DependencyNotReady``, nak'ed) keep a checkpoint's events in order. A second replica only adds
+throughput when a core is free for it: the run prints each replica's CPU per event, the share of
+a core it got, and how busy the whole machine was. ``--profile DIR``
+profiles the in-process registrar (cProfile) and writes the 25 most expensive functions by
+cumulative and by own time to ``DIR/registrar.txt``. Usage:
+    .venv/bin/python bench/bench_consume.py [--events 10000] [--rounds 3] [--batch 256]
+        [--replicas 2] [--profile bench/profiles] [--nats URL] [--redis URL]
 """
 
 from __future__ import annotations
@@ -14,31 +32,49 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
+import io
+import multiprocessing as mp
+import os
+import pstats
 import statistics
+import subprocess
+import tempfile
 import time
 import uuid
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import nats
 import redis.asyncio as aioredis
 from nats.js.api import AckPolicy, ConsumerConfig
+from pydantic import SecretStr
 
+from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.storage import open_store
+
+SIGNING_KEY = "5e" * 32
+"""The run's master key: the producer signs each job's events with that job's derived key."""
+JOBS = 50
 
 
-async def publish_events(bus: Bus, n: int) -> None:
+async def publish_events(bus: Bus, root: str, n: int) -> None:
+    store = open_store(root)
     now = datetime.now(UTC)
     pending = []
     for i in range(n):
+        job = f"job-{i % JOBS}"
         event = build(
             CheckpointCommittedV1(
-                job_id=f"job-{i % 50}",
+                job_id=job,
                 checkpoint_id=f"ck-{i}",
-                uri=f"file:///bench/job-{i % 50}/step-{i}",
+                uri=store.uri(f"{job}/step-{i}"),  # under the job's own folder of the root
                 run_id="run-1",
                 step=i,
                 format=CheckpointFormat.NATIVE,
@@ -49,7 +85,7 @@ async def publish_events(bus: Bus, n: int) -> None:
             time=now,
             key=str(i),
         )
-        pending.append(bus.publish(event))
+        pending.append(bus.publish(event))  # signed: the bus holds the master key
         if len(pending) >= 500:
             await asyncio.gather(*pending)
             pending.clear()
@@ -66,7 +102,7 @@ async def bare_rate(url: str, stream: str, subject: str, n: int, batch: int) -> 
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=5),
     )
     got = 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     while got < n:
         msgs = await sub.fetch(batch, timeout=5)
         for m in msgs:
@@ -74,29 +110,60 @@ async def bare_rate(url: str, stream: str, subject: str, n: int, batch: int) -> 
         got += len(msgs)
     await nc.flush()
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    print(f"  bare CPU per event: {1e6 * cpu / n:.0f} µs")
     await nc.close()
     return n / elapsed
 
 
-async def registrar_rate(settings: RegistrarSettings, n: int) -> float:
-    svc = build_registrar(settings)
+async def wait_projected(settings: RegistrarSettings, n: int) -> None:
     r = aioredis.Redis.from_url(settings.redis_url)
-    key = svc.registry.keys.state("pending_verification")
+    key = f"{settings.registry_prefix}:state:pending_verification"
+    try:
+        while await r.scard(key) < n:  # noqa: ASYNC110 - light polling of Redis, not an event
+            await asyncio.sleep(0.02)
+    finally:
+        await r.aclose()
+
+
+async def registrar_rate(settings: RegistrarSettings, n: int, profile: Path | None) -> float:
+    svc = build_registrar(settings)
+    assert svc.registry.keys.state("pending_verification") == (
+        f"{settings.registry_prefix}:state:pending_verification"
+    )
+    profiler = cProfile.Profile() if profile is not None else None
+    if profiler is not None:
+        profiler.enable()
     await svc.bus.broker.start()  # like the bare loop, timing starts once subscribed
-    start = time.perf_counter()
-    while await r.scard(key) < n:  # noqa: ASYNC110 - light polling of Redis, not an event
-        await asyncio.sleep(0.05)
+    start, cpu = time.perf_counter(), time.process_time()
+    await wait_projected(settings, n)
     elapsed = time.perf_counter() - start
+    cpu = time.process_time() - cpu
+    print(f"  registrar CPU per event: {1e6 * cpu / n:.0f} µs (this process, load-independent)")
+    if profiler is not None:
+        profiler.disable()
+        write_profile(profiler, profile, n, elapsed)  # type: ignore[arg-type]
     await svc.bus.broker.stop()
     await svc.registry.close()
-    await r.aclose()
     return n / elapsed
 
 
-async def one_round(args: argparse.Namespace) -> tuple[float, float]:
-    """One fresh stream, N events, read once by each consumer: (bare rate, registrar rate)."""
+def write_profile(profiler: cProfile.Profile, path: Path, n: int, elapsed: float) -> None:
+    out = io.StringIO()
+    out.write(f"registrar consuming {n} events in {elapsed:.2f}s ({n / elapsed:.0f}/s)\n")
+    for order in ("cumulative", "tottime"):
+        out.write(f"\n=== top 25 by {order} ===\n")
+        pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(order).print_stats(25)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(out.getvalue())
+    if os.environ.get("BENCH_PROFILE_RAW"):
+        profiler.dump_stats(os.environ["BENCH_PROFILE_RAW"])
+    print(f"profile written to {path}")
+
+
+def run_settings(args: argparse.Namespace, root: str, **extra: Any) -> RegistrarSettings:
     tag = uuid.uuid4().hex[:8]
-    settings = RegistrarSettings(
+    return RegistrarSettings(
         NATS_URL=args.nats,
         REDIS_URL=args.redis,
         subject_prefix=f"bench{tag}",
@@ -105,21 +172,26 @@ async def one_round(args: argparse.Namespace) -> tuple[float, float]:
         progress_stream=f"BENCHPR_{tag}",
         registry_prefix=f"bench:{tag}",
         fetch_batch=args.batch,
+        projection_batch=args.batch,
+        signing_key=SecretStr(SIGNING_KEY),
+        storage_root=root,
+        **extra,
     )
+
+
+@contextlib.asynccontextmanager
+async def private_streams(settings: RegistrarSettings, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Provision the run's streams as the operator does, publish the events, then clean up."""
+    nc = await nats.connect(args.nats)
+    js = nc.jetstream()
+    await streams.provision(js, settings.bus())
     producer = Bus(settings.bus(), "bench-producer")
     await producer.broker.start()
     try:
-        await publish_events(producer, args.events)
-        bare = await bare_rate(
-            args.nats,
-            settings.events_stream,
-            f"{settings.subject_prefix}.ev.checkpoint.>",
-            args.events,
-            args.batch,
-        )
-        service = await registrar_rate(settings, args.events)
+        await publish_events(producer, settings.storage_root, args.events)
+        yield js
     finally:
-        js = producer.broker.connection.jetstream()
+        await producer.broker.stop()
         for stream in (
             settings.events_stream,
             settings.dead_letter_stream,
@@ -127,13 +199,143 @@ async def one_round(args: argparse.Namespace) -> tuple[float, float]:
         ):
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await js.delete_stream(stream)
-        await producer.broker.stop()
+        await nc.close()
         r = aioredis.Redis.from_url(args.redis)
         keys = [k async for k in r.scan_iter(match=f"{settings.registry_prefix}:*")]
         if keys:
             await r.delete(*keys)
         await r.aclose()
+
+
+async def dead_lettered(js: Any, settings: RegistrarSettings) -> int:
+    info = await js.stream_info(settings.dead_letter_stream)
+    return int(info.state.messages)
+
+
+async def one_round(
+    args: argparse.Namespace, root: str, profile: Path | None
+) -> tuple[float, float]:
+    """One fresh stream, N events, read once by each consumer: (bare rate, registrar rate)."""
+    settings = run_settings(args, root)
+    async with private_streams(settings, args) as js:
+        bare = await bare_rate(
+            args.nats,
+            settings.events_stream,
+            f"{settings.subject_prefix}.ev.checkpoint.>",
+            args.events,
+            args.batch,
+        )
+        service = await registrar_rate(settings, args.events, profile)
+        dead = await dead_lettered(js, settings)
+    print(f"  dead-lettered: {dead}")
     return bare, service
+
+
+# --- replicas: the registrar as separate processes on one stream ------------------------------
+
+
+def replica_main(settings: RegistrarSettings, n: int, out: Any, go: Any) -> None:
+    """A registrar process: start, count its own acks until the registry holds all N."""
+    import logging
+
+    logging.disable(logging.INFO)
+    out.send(asyncio.run(_replica(settings, n, go)))
+
+
+async def _replica(settings: RegistrarSettings, n: int, go: Any) -> tuple[int, float, float, float]:
+    svc = build_registrar(settings)
+    seen = {"acks": 0, "first": 0.0, "last": 0.0}
+    counted = svc.bus.dead_letters.on_outcome
+
+    def on_outcome(consumer: str, outcome: str) -> None:
+        counted(consumer, outcome)
+        if outcome == "ack":
+            now = time.time()
+            seen["first"] = seen["first"] or now
+            seen["last"] = now
+            seen["acks"] += 1
+
+    svc.bus.dead_letters.on_outcome = on_outcome
+    go.wait()  # every replica connects at once
+    cpu = time.process_time()
+    await svc.bus.broker.start()
+    await wait_projected(settings, n)
+    cpu = time.process_time() - cpu
+    await svc.bus.broker.stop()
+    await svc.registry.close()
+    return int(seen["acks"]), seen["first"], seen["last"], cpu
+
+
+def cpu_ticks(pid: int) -> int:
+    with contextlib.suppress(OSError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    return 0
+
+
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores so far (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def server_pids() -> dict[str, int]:
+    found = {}
+    for name in ("nats-server", "redis-server"):
+        out = subprocess.run(["pgrep", "-o", "-x", name], capture_output=True, text=True).stdout
+        if out.strip():
+            found[name] = int(out.split()[0])
+    return found
+
+
+async def replicas_round(args: argparse.Namespace, root: str, k: int) -> tuple[float, list[int]]:
+    """N events on a fresh stream, consumed by ``k`` registrar processes: (rate, acks each)."""
+    settings = run_settings(args, root)
+    ctx = mp.get_context("spawn")
+    async with private_streams(settings, args) as js:
+        go = ctx.Event()
+        pipes, procs = [], []
+        for _ in range(k):
+            mine, theirs = ctx.Pipe(duplex=False)
+            proc = ctx.Process(
+                target=replica_main,
+                args=(settings, args.events, theirs, go),
+            )
+            proc.start()
+            theirs.close()  # a replica that dies then ends our recv (EOFError), not a hang
+            pipes.append(mine)
+            procs.append(proc)
+        await asyncio.sleep(2.0)  # let the interpreters import
+        servers = server_pids()
+        ticks = {name: cpu_ticks(pid) for name, pid in servers.items()}
+        machine = machine_ticks()
+        wall = time.perf_counter()
+        go.set()
+        results = [await asyncio.to_thread(p.recv) for p in pipes]
+        wall = time.perf_counter() - wall
+        busy_now, total_now = machine_ticks()
+        for proc in procs:
+            proc.join()
+        dead = await dead_lettered(js, settings)
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = ", ".join(
+        f"{name} {100 * (cpu_ticks(pid) - ticks[name]) / hz / wall:.0f}% of a core"
+        for name, pid in servers.items()
+    )
+    first = min(r[1] for r in results if r[0])
+    last = max(r[2] for r in results if r[0])
+    acks = [r[0] for r in results]
+    rate = sum(acks) / (last - first)
+    cpu = ", ".join(f"{1e6 * r[3] / max(r[0], 1):.0f}" for r in results)
+    got = ", ".join(f"{100 * r[3] / max(r[2] - r[1], 1e-9):.0f}%" for r in results)
+    used = 100 * (busy_now - machine[0]) / max(total_now - machine[1], 1)
+    print(
+        f"  {k} replica(s): {rate:8.0f} ev/s, handled {acks}, dead-lettered {dead}; "
+        f"CPU per event each (µs): {cpu}; each replica got {got} of a core; {busy}; "
+        f"machine {used:.0f}% busy (all {os.cpu_count()} cores, every process)"
+    )
+    return rate, acks
 
 
 async def main() -> None:
@@ -142,18 +344,48 @@ async def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
     ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
-    ap.add_argument("--batch", type=int, default=64, help="fetch batch size, same for both")
+    ap.add_argument(
+        "--batch",
+        type=int,
+        default=256,
+        help="fetch batch size, the same for both (256: the registrar's default projection_batch)",
+    )
+    ap.add_argument("--replicas", type=int, default=0, help="compare 1 and N registrar processes")
+    ap.add_argument("--profile", type=Path, default=None, help="cProfile the registrar (round 1)")
     args = ap.parse_args()
-    print(f"events per round: {args.events}, fetch batch {args.batch}, rounds {args.rounds}")
+    with tempfile.TemporaryDirectory(prefix="bench-root-") as root:
+        if args.replicas:
+            await replicas_main(args, root)
+            return
+        print(f"events per round: {args.events}, fetch batch {args.batch}, rounds {args.rounds}")
+        ratios = []
+        for i in range(1, args.rounds + 1):
+            bare, service = await one_round(args, root, args.profile if i == 1 else None)
+            ratios.append(service / bare)
+            print(
+                f"round {i}: bare nats-py consume+ack {bare:8.0f} msg/s | "
+                f"registrar consume→transition→ack {service:8.0f} msg/s | "
+                f"ratio {service / bare:.2f}"
+            )
+        print(f"median ratio registrar/bare: {statistics.median(ratios):.2f}  (target >= 0.5)")
+
+
+async def replicas_main(args: argparse.Namespace, root: str) -> None:
+    print(
+        f"events per round: {args.events}, fetch batch {args.batch}, rounds {args.rounds}, "
+        f"1 vs {args.replicas} registrar processes, {os.cpu_count()} cores"
+    )
     ratios = []
     for i in range(1, args.rounds + 1):
-        bare, service = await one_round(args)
-        ratios.append(service / bare)
-        print(
-            f"round {i}: bare nats-py consume+ack {bare:8.0f} msg/s | "
-            f"registrar consume→transition→ack {service:8.0f} msg/s | ratio {service / bare:.2f}"
-        )
-    print(f"median ratio registrar/bare: {statistics.median(ratios):.2f}  (target >= 0.5)")
+        print(f"round {i}:")
+        one, _ = await replicas_round(args, root, 1)
+        many, _ = await replicas_round(args, root, args.replicas)
+        ratios.append(many / one)
+        print(f"  ratio {args.replicas}/1: {many / one:.2f}")
+    print(
+        f"median ratio {args.replicas} replicas / 1: {statistics.median(ratios):.2f}"
+        "  (target >= 1.7)"
+    )
 
 
 if __name__ == "__main__":

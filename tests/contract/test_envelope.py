@@ -260,6 +260,18 @@ def test_old_versions_are_upcast_to_the_newest() -> None:
     assert catalog.decode(new.to_bytes()) == new
 
 
+def test_a_version_registered_after_a_decode_is_known_at_once() -> None:
+    """The catalogue keeps each type's versions once worked out; registering one more forgets
+    them, so a consumer never decodes against a stale list."""
+    catalog = EventCatalog()
+    catalog.register(_OldV1)
+    assert catalog.versions("job.renamed") == (1,)
+    catalog.register(_NewV2)
+    assert catalog.versions("job.renamed") == (1, 2)
+    new = build(_NewV2(job_id="j", first="A", last="B"), source="t", time=NOW, key="k")
+    assert catalog.decode(new.to_bytes()) == new
+
+
 def test_missing_upcaster_is_an_unsupported_version() -> None:
     catalog = EventCatalog()
     catalog.register(_OldV1)

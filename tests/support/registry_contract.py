@@ -176,6 +176,59 @@ class RegistryContract:
         assert (await registry.get("c1")).state is S.VALID
         assert await registry.get("c2") is None
 
+    async def test_a_mixed_batch_settles_every_event_on_its_own(self, registry: Any) -> None:
+        """One batch (one read, one write) holding an event applied before, an illegal
+        transition, a verdict before its commit, a repeat within the batch, a second checkpoint
+        at a location, an ownership transfer and a plan that fences a later commit: each gets
+        its own outcome, and only the ones that apply change the registry."""
+        await registry.apply(committed("old", step=1, key="o"))
+        await registry.apply(committed("failed", step=2, key="f"))
+        await registry.apply(write_failed("failed"))
+        new = committed("new", step=3, key="n")
+        results = await registry.apply_many(
+            [
+                committed("old", step=1, key="o"),  # applied before: a duplicate
+                verified("failed", step=2),  # write_failed -> valid: illegal
+                new,
+                verified("ghost", step=9),  # no commit yet: waits
+                new,  # the same event again within the batch
+                committed("twin", step=3, key="t"),  # the location of "new"
+                transfer("job-1", None, "proj-a", key="x"),
+                planned(attempt=2, key="p"),
+                committed("zombie", step=4, attempt=1, key="z"),
+            ]
+        )
+        dup, illegal, fresh, waits, again, twin, moved, plan, zombie = results
+        assert isinstance(dup, Applied)
+        assert dup.duplicate
+        assert isinstance(illegal, IllegalTransition)
+        assert isinstance(fresh, Applied)
+        assert not fresh.duplicate
+        assert isinstance(waits, DependencyNotReady)
+        assert isinstance(again, Applied)
+        assert again.duplicate
+        assert isinstance(twin, Applied)
+        assert twin.others_at_uri == ("new",)
+        assert isinstance(moved, Applied)
+        assert moved.owner == "proj-a"
+        assert isinstance(plan, Applied)
+        assert isinstance(zombie, Applied)
+        assert zombie.record.state is S.FENCED
+        assert (await registry.get("failed")).state is S.WRITE_FAILED
+        assert await registry.get("ghost") is None
+        assert (await registry.get("new")).state is S.PENDING_VERIFICATION
+        assert [r.checkpoint_id for r in await registry.by_uri(new.data.uri)] == ["new", "twin"]
+        assert await registry.owner("job-1") == "proj-a"
+        assert await registry.planned_attempt("job-1", "run-1") == 2
+        # The whole batch again: every event that applied is a duplicate now, the refused
+        # ones are refused again, and nothing changes.
+        before = await registry.get("new")
+        again_results = await registry.apply_many([new, verified("failed", step=2)])
+        assert isinstance(again_results[0], Applied)
+        assert again_results[0].duplicate
+        assert isinstance(again_results[1], IllegalTransition)
+        assert await registry.get("new") == before
+
     async def test_expiry_and_deletion_keep_a_tombstone(self, registry: Any) -> None:
         await registry.apply(committed("c1"))
         await registry.apply(verified("c1"))

@@ -8,7 +8,6 @@ import asyncio
 import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -29,14 +28,16 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointWritingV1,
     FailureSide,
 )
+from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.lifecycle import IllegalTransition
+from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
 from ckpt_ha.integrity_checker.reconcile import Reconciler, ReconcileRound
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.registrar.handlers import RegistrarHandlers
-from ckpt_ha.storage import FsStore, key_for_uri
+from ckpt_ha.storage import FsStore, keys_in
 from ckpt_ha.telemetry.metrics import ReconcileMetrics, ScrubMetrics, ServiceMetrics
 from ckpt_ha.writer_watcher.handlers import Redrive, Watcher
 from ckpt_ha.writer_watcher.ports import WatchStateUnavailable
@@ -70,7 +71,7 @@ class Intake:
             self.publisher,
             ServiceMetrics("registrar", CollectorRegistry()),
             self.clock,
-            key_of=partial(key_for_uri, self.store),
+            key_of=keys_in(self.store),
         )
         self.checker = IntegrityHandlers(
             self.store, self.publisher, self.clock, "xxh3_64", self.registry
@@ -273,6 +274,37 @@ async def test_an_illegal_transition_is_refused_and_reported_as_a_conflict(
     assert isinstance(outcome, IllegalTransition)
     assert intake.publisher.types() == ["checkpoint.conflict"]
     assert await intake.state(cid) is S.WRITE_FAILED
+
+
+async def test_a_batch_settles_each_event_on_its_own(intake: Intake) -> None:
+    """One fetched batch: a commit, a commit at a location its job does not own (refused before
+    the registry), the first commit again, and a verdict before its commit. Each gets its own
+    outcome; the refused and the waiting one take nothing from their neighbours."""
+    cid = write(intake.store)
+    first = committed_event(intake.store, cid)
+    foreign = build(
+        CheckpointCommittedV1(
+            job_id="job-1", checkpoint_id="foreign", uri=intake.store.uri("job-2/step-10"),
+            run_id="run-7", step=10, format=CheckpointFormat.NATIVE,
+        ),
+        source="sdk", time=T0, key="foreign",
+    )  # fmt: skip
+    early = build(
+        CheckpointVerifiedV1(
+            job_id="job-1", checkpoint_id="ghost", uri=intake.store.uri("job-1/step-11"),
+            checks=("x",),
+        ),
+        source="test/checker", time=T0, key="early",
+    )  # fmt: skip
+    outcomes = await intake.registrar.on_checkpoint_events([first, foreign, first, early])
+    assert outcomes[0] is None
+    assert outcomes[2] is None
+    assert isinstance(outcomes[1], LocationNotOwned)
+    assert isinstance(outcomes[3], DependencyNotReady)
+    assert await intake.state(cid) is S.PENDING_VERIFICATION
+    assert await intake.state("foreign") is None
+    assert await intake.state("ghost") is None
+    assert intake.publisher.types() == ["checkpoint.conflict"]  # the refused location, once
 
 
 # --- the watcher: commit, stall, lost files, restart ---------------------------------------------

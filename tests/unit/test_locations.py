@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from pathlib import Path
 
 import pytest
 
@@ -26,7 +27,7 @@ from ckpt_ha.core.locations import (
     quarantine_not_owned,
 )
 from ckpt_ha.sdk import folder_for
-from ckpt_ha.storage import FsStore, key_for_uri
+from ckpt_ha.storage import FsStore, key_for_uri, keys_in
 from ckpt_ha.storage.quarantine import TOP, quarantine_key
 
 ROOT = "file:///root/"
@@ -175,3 +176,22 @@ def test_removal_around_other_live_records_spares_their_subtrees() -> None:
     assert not removal.removes("j/a/x.bin")
     assert not removal.removes("j/b/deep/x.bin")
     assert "j/a (checkpoint n1)" in removal.note()
+
+
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "file:///root/job-1/step-1",
+        "file:///root/job-1/step-1/",
+        "file:///root/a%20b/step-1",
+        "file:///root/",
+        "file:///root",
+        "file:///rooted/job-1/step-1",
+        "s3://bucket/job-1/step-1",
+    ],
+)
+def test_keys_in_a_store_are_what_key_for_uri_says(tmp_path: Path, uri: str) -> None:
+    """`keys_in` works the root out once; every answer is `key_for_uri`'s."""
+    store = FsStore(tmp_path / "root")
+    moved = uri.replace("file:///root", store.uri("x")[: -len("/x")])
+    assert keys_in(store)(moved) == key_for_uri(store, moved)

@@ -18,6 +18,7 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.core.records import Applied, project
 from ckpt_ha.runtime.server import bounded_subject
 from ckpt_ha.telemetry.metrics import (
+    CounterChildren,
     JobGauges,
     LifecycleMetrics,
     RestoreMetrics,
@@ -161,3 +162,27 @@ def test_seeding_from_the_registry_skips_jobs_idle_past_the_forget_time() -> Non
     assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds",
                   job_id="fresh") == now.timestamp()  # fmt: skip
     assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds", job_id="old") is None
+
+
+def test_counter_children_count_into_the_labelled_series() -> None:
+    """A child looked up once keeps counting into the counter's series, per label set."""
+    metrics = ServiceMetrics("registrar")
+    for _ in range(3):
+        metrics.message("checkpoints", "ack")
+    metrics.message("checkpoints", "nak")
+    metrics.transition("none", "pending_verification")
+    children = CounterChildren(metrics.messages)
+    children.inc("registrar", "checkpoints", "ack")
+    text = generate_latest(metrics.registry).decode()
+    assert (
+        'ckpt_ha_messages_total{consumer="checkpoints",outcome="ack",service="registrar"} 4.0'
+        in text
+    )
+    assert (
+        'ckpt_ha_messages_total{consumer="checkpoints",outcome="nak",service="registrar"} 1.0'
+        in text
+    )
+    assert (
+        'ckpt_ha_checkpoint_transitions_total{from_state="none",service="registrar",'
+        'to_state="pending_verification"} 1.0' in text
+    )

@@ -131,6 +131,25 @@ def test_fail_marks_the_span_error_with_the_reason(spans: InMemorySpanExporter) 
     assert [e.name for e in done.events] == ["ckpt_ha.failure"]
 
 
+def test_without_a_provider_a_continued_trace_is_current_and_nothing_records() -> None:
+    """Without a tracer no span is made, but the stored context is current inside (follow-ups
+    published there carry it) and the one before is current again after."""
+    assert not tracing.recording()
+    stored = tracing.new_traceparent()
+    with tracing.continue_trace("x", stored) as current:
+        assert not current.is_recording()
+        assert tracing.current_traceparent() == (stored, None)
+    assert tracing.current_traceparent() is None
+    with tracing.continue_trace("y", None) as current:
+        assert tracing.current_traceparent() is None
+
+
+def test_a_provider_makes_spans_record(spans: InMemorySpanExporter) -> None:
+    assert tracing.recording()
+    with tracing.span("x") as current:
+        assert current.is_recording()
+
+
 def test_without_a_provider_spans_cost_nothing_and_record_nothing() -> None:
     assert tracing._provider is None
     with tracing.span("x") as current:

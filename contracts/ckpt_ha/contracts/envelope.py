@@ -147,9 +147,12 @@ class EventCatalog:
         self.max_bytes = max_bytes
         self._models: dict[tuple[str, int], type[EventData]] = {}
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
+        self._versions: dict[str, tuple[int, ...]] = {}
+        """`versions` per type, worked out once (every decode asks): cleared by `register`."""
 
     def register(self, model: type[EventData]) -> type[EventData]:
         self._models[(model.EVENT_TYPE, model.EVENT_VERSION)] = model
+        self._versions.clear()
         return model
 
     def upcaster(self, event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
@@ -162,7 +165,11 @@ class EventCatalog:
         return deco
 
     def versions(self, event_type: str) -> tuple[int, ...]:
-        return tuple(sorted(v for t, v in self._models if t == event_type))
+        found = self._versions.get(event_type)
+        if found is None:
+            found = tuple(sorted(v for t, v in self._models if t == event_type))
+            self._versions[event_type] = found
+        return found
 
     def types(self) -> tuple[str, ...]:
         return tuple(sorted({t for t, _ in self._models}))
@@ -266,9 +273,9 @@ _TYPE_PEEK = re.compile(rb'"type"\s*:\s*"([^"\\]{1,100})"')
 def _check_address(address: EventAddress | None, event_type: str, version: int, job: str) -> None:
     if address is None:
         return
-    said = f"{address.event_type} v{address.version} for job {address.job_id!r}"
-    body = f"{event_type} v{version} for job {job!r}"
     if (address.event_type, address.version, address.job_id) != (event_type, version, job):
+        said = f"{address.event_type} v{address.version} for job {address.job_id!r}"
+        body = f"{event_type} v{version} for job {job!r}"
         raise SubjectMismatch(f"the subject says {said}, the body {body}")
 
 

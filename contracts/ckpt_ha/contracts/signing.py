@@ -22,6 +22,7 @@ a rotation). An unsigned or wrongly signed event of a signed type is refused
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 from collections.abc import Iterable, Mapping
@@ -52,8 +53,11 @@ from one service's own NATS principal only (deploy/nats/permissions.conf)."""
 MIN_MASTER_BYTES = 16
 
 
+@functools.lru_cache(maxsize=4096)
 def job_key(master: bytes, job_id: str) -> bytes:
-    """The key one job signs with; derived, so the master never leaves trusted processes."""
+    """The key one job signs with; derived, so the master never leaves trusted processes.
+
+    Cached: a consumer verifies every event of a job with the same derived key."""
     if len(master) < MIN_MASTER_BYTES:
         raise ValueError(f"a signing master key needs at least {MIN_MASTER_BYTES} bytes")
     return hmac.new(master, _KEY_LABEL + job_id.encode(), hashlib.sha256).digest()

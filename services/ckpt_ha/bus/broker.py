@@ -219,6 +219,8 @@ class DeadLetters:
         past the cap already, so the earlier deliveries got no answer at all (the handler
         crashed the process or hung, or the delivery was lost in a pull). A message this
         consumer would park is never past the cap: it never reaches a handler here."""
+        if raw.metadata.num_delivered <= self.cfg.max_deliver:
+            return False  # the common case, cheaply: `attempts` never exceeds this count
         attempts = self.attempts(raw)
         if attempts <= self.cfg.max_deliver:
             return False
@@ -707,7 +709,9 @@ class Bus:
                 stream=stream,
                 durable=durable,
                 pull_sub=PullSub(
-                    batch_size=self.cfg.fetch_batch, timeout=self.cfg.batch_linger_s, batch=True
+                    batch_size=self.cfg.projection_batch,
+                    timeout=self.cfg.batch_linger_s,
+                    batch=True,
                 ),
                 inbox_prefix=self._fetch_inbox,
                 config=self._consumer_config(),

@@ -59,6 +59,8 @@ class BusConfig:
     """How long an event of a version newer than the consumer knows waits before it is offered
     again (`ckpt_ha.bus.delivery`): a rolling upgrade's new consumers take it meanwhile."""
     fetch_batch: int = 64
+    projection_batch: int = 256
+    """Messages a batch consumer (`Bus.batch_consumer`) pulls per fetch."""
     fetch_timeout_s: float = 1.0
     batch_linger_s: float = 0.1
     """How long a batch consumer waits to fill a batch: the latency it may add to one event."""

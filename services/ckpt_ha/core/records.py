@@ -584,10 +584,11 @@ def project_batch(
     at_uri = {u: set(ids) for u, ids in ids_at_uri.items()}
     latest = dict(planned or {})
     out = BatchOutcome(results=[])
+    fresh: set[str] = set()  # `out.fresh` as a set: a list lookup per event was quadratic
     for event, was_seen in zip(events, seen, strict=True):
         cid = checkpoint_id_of(event)
         job = event.data.job_id
-        if was_seen or event.id in out.fresh:
+        if was_seen or event.id in fresh:
             record = current.get(cid)
             others: tuple[str, ...] = ()
             if record is not None and record.history[0].event_id == event.id:
@@ -625,6 +626,7 @@ def project_batch(
             out.changes.append(change)
             owned[job] = change.to_project
         out.fresh.append(event.id)
+        fresh.add(event.id)
         out.results.append(
             Applied(new, step, duplicate=False, owner=owned.get(job), others_at_uri=others)
         )

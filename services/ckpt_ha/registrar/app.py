@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from functools import partial
 
 from faststream import FastStream
 from redis.exceptions import RedisError
@@ -18,7 +17,7 @@ from ckpt_ha.registrar.handlers import RegistrarHandlers
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.service import Service, new_service
-from ckpt_ha.storage import ObjectStore, key_for_uri, open_store
+from ckpt_ha.storage import ObjectStore, keys_in, open_store
 from ckpt_ha.telemetry.metrics import LifecycleMetrics
 
 NAME = "registrar"
@@ -61,7 +60,7 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
     svc.on_start = seed_metrics
     svc.bus.broker.on_stream = registry.remember_stream  # a rebuild then refuses another stream
     handlers = RegistrarHandlers(
-        registry, svc.bus, svc.metrics, clock, lifecycle, key_of=partial(key_for_uri, store)
+        registry, svc.bus, svc.metrics, clock, lifecycle, key_of=keys_in(store)
     )
     svc.bus.batch_consumer(
         "checkpoints",

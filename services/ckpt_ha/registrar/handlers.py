@@ -51,6 +51,7 @@ class RegistrarHandlers:
         ):
             applied = iter(await self.registry.apply_many(taken) if taken else [])
         results = [why if why is not None else next(applied) for why in refused]
+        recording = tracing.recording()
         for event, result in zip(events, results, strict=True):
             # One span per event in the checkpoint's trace (the batch's own span is a root
             # linking all of them): what the registry decided for this event.
@@ -58,7 +59,7 @@ class RegistrarHandlers:
                 f"registrar {event.event_type}",
                 event.traceparent,
                 tracestate=event.tracestate,
-                attributes=tracing.event_attributes(event),
+                attributes=tracing.event_attributes(event) if recording else None,
                 link_origin=False,
             ):
                 outcomes.append(await self._settle(event, result))
@@ -79,9 +80,7 @@ class RegistrarHandlers:
                 tracing.annotate(
                     **{"ckpt_ha.state.previous": step.previous, "ckpt_ha.state": step.new}
                 )
-                self.metrics.transitions.labels(
-                    self.metrics.service, step.previous or "none", step.new
-                ).inc()
+                self.metrics.transition(step.previous or "none", step.new)
                 self.lifecycle.observe(event, result)
             if isinstance(event.data, CheckpointCorruptV1 | CheckpointQuarantinedV1):
                 tracing.fail(event.data.reason, code=event.data.EVENT_TYPE)
@@ -94,4 +93,6 @@ class RegistrarHandlers:
         return None
 
     async def _publish(self, cause: Envelope[EventData], datas: list[EventData]) -> None:
+        if not datas:
+            return  # most events announce nothing
         await self.publisher.publish_caused_by(cause, datas, source=SOURCE, time=self.clock())

@@ -82,8 +82,9 @@ LEASES = ("evalsha", "script|load", "time", "hget", "hset")
 `ckpt_ha.registry.leases`, on hashes only (no command that writes a string or sets an expiry,
 which on Redis 6 would reach the registry records these users only read)."""
 
-PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush", "hget", "hset")
-"""What the registry's compare-and-set script runs (`redis_registry._WRITE_LUA`)."""
+PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush", "hget", "hset", "sismember")
+"""What the registry's read and compare-and-set scripts run (`redis_registry._READ_LUA`,
+`redis_registry._WRITE_LUA`)."""
 
 
 @dataclass(frozen=True)

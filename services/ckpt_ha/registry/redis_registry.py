@@ -62,6 +62,31 @@ def _reachable() -> Iterator[None]:
         raise RegistryUnavailable(describe(exc)) from exc
 
 
+_READ_LUA = """
+-- One read of everything a batch's projection needs, as one command (a pipeline of one
+-- command per location cost the client more than the server). Formats no key: KEYS are
+-- the applied set, then the owners, records, location sets and fence hashes the batch names
+-- (ARGV[1..4] say how many of each); ARGV[5] is how many event ids follow, then the event
+-- ids, then one run per fence hash. Loops, not unpack: no limit on the batch's size.
+local n_owners, n_records, n_uris, n_fences = tonumber(ARGV[1]), tonumber(ARGV[2]),
+  tonumber(ARGV[3]), tonumber(ARGV[4])
+local n_events = tonumber(ARGV[5])
+local seen, owners, records, at_uri, fences = {}, {}, {}, {}, {}
+for i = 1, n_events do seen[i] = redis.call('SISMEMBER', KEYS[1], ARGV[5 + i]) end
+local k = 1
+for i = 1, n_owners do owners[i] = redis.call('GET', KEYS[k + i]) end
+k = k + n_owners
+for i = 1, n_records do records[i] = redis.call('GET', KEYS[k + i]) end
+k = k + n_records
+for i = 1, n_uris do at_uri[i] = redis.call('SMEMBERS', KEYS[k + i]) end
+k = k + n_uris
+for i = 1, n_fences do
+  fences[i] = redis.call('HGET', KEYS[k + i], ARGV[5 + n_events + i])
+end
+return {seen, owners, records, at_uri, fences}
+"""
+
+
 _WRITE_LUA = """
 -- Compare-and-set: write what the Python projection computed, but only if every record and
 -- owner is still exactly what that projection read. It decides nothing about the lifecycle,
@@ -128,6 +153,7 @@ class Registry:
         self.r = client
         self.p = prefix
         self.keys = RegistryKeys(prefix)
+        self._read_script = client.register_script(_READ_LUA)
         self._write_script = client.register_script(_WRITE_LUA)
 
     @classmethod
@@ -159,28 +185,35 @@ class Registry:
         changed one in between, the whole batch is read and projected again, so two racers never
         both apply a transition.
         """
+        if not events:
+            return []
         scope = batch_scope(events)
         k = self.keys
         record_keys = [k.checkpoint(i) for i in scope.checkpoint_ids]
+        read_keys = [
+            k.applied,
+            *(k.owner(j) for j in scope.jobs),
+            *record_keys,
+            *(k.uri(u) for u in scope.uris),
+            *(k.fence(job) for job, _ in scope.fences),
+        ]
+        counts = [len(scope.jobs), len(record_keys), len(scope.uris), len(scope.fences)]
+        read_args: list[str | int] = [
+            *counts,
+            len(events),
+            *(e.id for e in events),
+            *(r for _, r in scope.fences),
+        ]
         with _reachable():
             while True:
-                async with self.r.pipeline(transaction=False) as pipe:
-                    pipe.smismember(k.applied, [e.id for e in events])
-                    pipe.mget([k.owner(j) for j in scope.jobs])
-                    if record_keys:  # none when the batch holds only ownership transfers
-                        pipe.mget(record_keys)
-                    for uri in scope.uris:
-                        pipe.smembers(k.uri(uri))
-                    for job, run in scope.fences:
-                        pipe.hget(k.fence(job), run)
-                    seen, owner_raws, *rest = await pipe.execute()
-                n_fences = len(scope.fences)
-                rest, fence_raws = rest[: len(rest) - n_fences], rest[len(rest) - n_fences :]
+                # One command for the whole batch (`_READ_LUA`), then one compare-and-set.
+                seen, owner_raws, raws, at_uri, fence_raws = await self._read_script(
+                    keys=read_keys, args=read_args
+                )
                 planned: dict[FenceKey, int | None] = {
                     run: int(raw) if raw else None
                     for run, raw in zip(scope.fences, fence_raws, strict=True)
                 }
-                raws, at_uri = (rest[0], rest[1:]) if record_keys else ([], rest)
                 raw_by_id = dict(zip(scope.checkpoint_ids, raws, strict=True))
                 before = {
                     i: CheckpointRecord.model_validate_json(raw) if raw else None

@@ -140,6 +140,10 @@ class ServiceSettings(BaseSettings):
     docs/UPGRADES.md)."""
     fetch_batch: int = Field(default=64, ge=1, le=1024)
     """Messages pulled per fetch."""
+    projection_batch: int = Field(default=256, ge=1, le=1024)
+    """Messages a batch consumer (the registrar's projection) pulls per fetch: its Redis work
+    is two round trips per batch, so a larger batch costs less per event. All of a batch is
+    held (in-progress acks) until the batch is settled."""
     graceful_timeout_s: float = Field(default=20.0, gt=0)
     """On SIGTERM, how long in-flight handlers may finish before the process stops (the rest
     are redelivered)."""
@@ -250,6 +254,7 @@ class ServiceSettings(BaseSettings):
             backoff_s=self.backoff_s,
             park_delay_s=self.park_delay_s,
             fetch_batch=self.fetch_batch,
+            projection_batch=self.projection_batch,
             graceful_timeout_s=self.graceful_timeout_s,
             request_timeout_s=self.nats_request_timeout_s,
             handler_deadline_s=self.handler_deadline_s,

@@ -7,6 +7,7 @@ boto3 (it is the `s3` extra).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Unpack
 from urllib.parse import unquote, urlsplit
@@ -48,6 +49,7 @@ __all__ = [
     "StorageError",
     "StorageUnavailable",
     "key_for_uri",
+    "keys_in",
     "open_store",
     "validate_key",
     "validate_prefix",
@@ -109,9 +111,20 @@ def open_store(uri_root: str, **s3_options: Unpack[S3Options]) -> ObjectStore:
 
 def key_for_uri(store: ObjectStore, uri: str) -> str | None:
     """Inverse of `ObjectStore.uri`: the key ``uri`` names in ``store``, or None if outside it."""
+    return keys_in(store)(uri)
+
+
+def keys_in(store: ObjectStore) -> Callable[[str], str | None]:
+    """`key_for_uri` for one store, its root's URI worked out once: for a consumer that maps
+    every event's location (the filesystem store resolves the path on each `ObjectStore.uri`)."""
     probe = store.uri("x")
     root = probe[: -len("x")]
-    if not uri.startswith(root) or len(uri) == len(root):
-        return None
-    rest = uri[len(root) :].rstrip("/")
-    return unquote(rest) if root.startswith("file:") else rest
+    quoted = root.startswith("file:")
+
+    def key_of(uri: str) -> str | None:
+        if not uri.startswith(root) or len(uri) == len(root):
+            return None
+        rest = uri[len(root) :].rstrip("/")
+        return unquote(rest) if quoted else rest
+
+    return key_of

@@ -123,6 +123,22 @@ class JobGauges(Collector):
         yield family
 
 
+class CounterChildren:
+    """A labelled counter's children, each looked up once: prometheus_client's ``labels``
+    validates and takes a lock on every call, and a consumer counts every message. For label
+    sets that are few and fixed (services, consumers, outcomes, states), never removed."""
+
+    def __init__(self, counter: Counter) -> None:
+        self.counter = counter
+        self._children: dict[tuple[str, ...], Counter] = {}
+
+    def inc(self, *labels: str) -> None:
+        child = self._children.get(labels)
+        if child is None:
+            child = self._children[labels] = self.counter.labels(*labels)
+        child.inc()
+
+
 class ServiceMetrics:
     def __init__(self, service: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -139,6 +155,8 @@ class ServiceMetrics:
             ["service", "from_state", "to_state"],
             registry=self.registry,
         )
+        self._messages = CounterChildren(self.messages)
+        self._transitions = CounterChildren(self.transitions)
         self.up = Gauge(
             "ckpt_ha_service_up", "1 while the service runs.", ["service"], registry=self.registry
         )
@@ -228,7 +246,11 @@ class ServiceMetrics:
         )
 
     def message(self, consumer: str, outcome: str) -> None:
-        self.messages.labels(self.service, consumer, outcome).inc()
+        self._messages.inc(self.service, consumer, outcome)
+
+    def transition(self, previous: str, new: str) -> None:
+        """A lifecycle transition the registry applied (``previous`` 'none': a new record)."""
+        self._transitions.inc(self.service, previous, new)
 
     def dead_letter(self, consumer: str, code: str) -> None:
         self.dead_letters.labels(self.service, consumer, code).inc()
@@ -380,6 +402,7 @@ class LifecycleMetrics:
             ["service", "state", "format"],
             registry=reg,
         )
+        self._states = CounterChildren(self.states)
         self.corrupt = Counter(
             "ckpt_ha_checkpoint_corrupt_total",
             "Checkpoints found corrupt (or quarantined automatically after a failed load or "
@@ -462,7 +485,7 @@ class LifecycleMetrics:
         if step is None or record is None:
             return
         service = self.service
-        self.states.labels(service, step.new, record.format).inc()
+        self._states.inc(service, step.new, record.format)
         job, at = record.job_id, event.time.timestamp()
         if step.new == CheckpointState.WRITING:
             self.write_opened(job, record.checkpoint_id, at)

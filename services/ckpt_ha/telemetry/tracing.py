@@ -192,6 +192,16 @@ def shutdown() -> None:
         _provider = None
 
 
+def recording() -> bool:
+    """Whether any span would be recorded: a provider `setup` installed, or one the host process
+    installed globally. Without one, `span` and `continue_trace` only make a context current
+    (what OpenTelemetry's no-op tracer does too), without building spans, links or attributes:
+    a consumer opens one per event."""
+    return _provider is not None or not isinstance(
+        trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+    )
+
+
 def tracer() -> trace.Tracer:
     """This project's tracer: from the provider `setup` installed, else the global one."""
     if _provider is not None:
@@ -280,6 +290,9 @@ def span(
     links: list[Link] | None = None,
 ) -> Iterator[Span]:
     """A child of the current span; an exception marks it ERROR and propagates."""
+    if not recording():
+        yield trace.get_current_span()  # the no-op tracer's child: the same context
+        return
     with tracer().start_as_current_span(
         name, kind=kind, attributes=clean_attributes(attributes), links=links
     ) as current:
@@ -304,6 +317,16 @@ def continue_trace(
     parents). Without a stored context it is a plain child of the current span.
     """
     stored = context_of(traceparent, tracestate)
+    if not recording():  # no span: the context the no-op tracer would make current
+        if stored is None:
+            yield trace.get_current_span()
+            return
+        token = otel_context.attach(stored)
+        try:
+            yield trace.get_current_span()
+        finally:
+            otel_context.detach(token)
+        return
     if stored is None:
         with span(name, attributes=attributes) as current:
             yield current
