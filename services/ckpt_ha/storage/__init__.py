@@ -108,9 +108,11 @@ def open_store(uri_root: str, **s3_options: Unpack[S3Options]) -> ObjectStore:
 
 
 def key_for_uri(store: ObjectStore, uri: str) -> str | None:
-    """Inverse of `ObjectStore.uri`: the key ``uri`` names in ``store``, or None if outside it."""
-    probe = store.uri("x")
-    root = probe[: -len("x")]
+    """Inverse of `ObjectStore.uri`: the key ``uri`` names in ``store``, or None if outside it.
+
+    Called per event on consumers' hot paths: a filesystem root's prefix is the one it computed
+    once (a probe `uri` would resolve a path, a few ``lstat`` calls on the event loop)."""
+    root = store.uri_root if isinstance(store, FsStore) else store.uri("x")[: -len("x")]
     if not uri.startswith(root) or len(uri) == len(root):
         return None
     rest = uri[len(root) :].rstrip("/")
