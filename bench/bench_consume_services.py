@@ -15,7 +15,8 @@ Which events:
   key like a runner signs them, for ``--jobs`` running attempts (each one ``job.started`` with a
   heartbeat deadline first, so every report moves a live watch: the lost-attempt path). This is
   what the coordinator gets at volume: every running job reports every few seconds; failures,
-  plans and verdicts are rare.
+  plans and verdicts are rare. The starts are handled by the service before the reports are
+  published (a warm-up, not timed); the bare loop reads the whole stream (starts included).
 * integrity-checker: ``checkpoint.committed`` of TINY real checkpoints (a native manifest and one
   64-byte shard each, written to a temp storage root before the run). The checker's path per
   commit is registry read → verify (storage reads, offloaded to a thread) → publish the verdict
@@ -25,9 +26,11 @@ Which events:
   so would not measure the path a commit normally takes. Verification throughput on real sizes
   is `bench_verify.py`.
 
-Every event passes admission (the ``job.*`` ones are signed); the dead letters stored per round
-are printed and must be 0. Usage:
-    .venv/bin/python bench/bench_consume_services.py [--events 5000] [--rounds 3]
+Besides the rates, each round prints this process's CPU time per message for both loops
+(``cpu_us_*``; nats-server and Redis not included): less swayed than the rates when other work
+shares the machine. Every event passes admission (the ``job.*`` ones are signed); the dead
+letters stored per round are printed and must be 0. Usage:
+    .venv/bin/python bench/bench_consume_services.py [--events 5000] [--jobs 500] [--rounds 3]
         [--service checker|coordinator|both] [--profile DIR] [--nats URL] [--redis URL]
 
 ``--profile TEMPLATE`` (e.g. ``bench/profiles/{service}-after.txt``) runs each service side under
@@ -88,11 +91,15 @@ async def publish_all(bus: Bus, datas: list[EventData], start: datetime) -> None
     await asyncio.gather(*pending)
 
 
-def coordinator_events(n: int, jobs: int) -> list[EventData]:
-    datas: list[EventData] = [
+def coordinator_starts(jobs: int) -> list[EventData]:
+    return [
         JobStartedV2(job_id=f"job-{j}", run_id="run-1", attempt=1, heartbeat_s=30)
         for j in range(jobs)
     ]
+
+
+def coordinator_events(n: int, jobs: int) -> list[EventData]:
+    datas: list[EventData] = []
     for i in range(n):
         job = f"job-{i % jobs}"
         if i % 2:
@@ -177,9 +184,11 @@ async def one_round(
     }
     settings: Settings
     make: Callable[[Any], Service]
+    warmup: list[EventData] = []
     if service == "coordinator":
         settings = RestoreCoordinatorSettings(**common, lost_check_interval_s=0)
         make = build_coordinator
+        warmup = coordinator_starts(args.jobs)
         datas = coordinator_events(args.events, args.jobs)
     else:
         settings = IntegrityCheckerSettings(**common, scrub_interval_s=0, reconcile_interval_s=0)
@@ -192,13 +201,27 @@ async def one_round(
     producer = Bus(settings.bus(), "bench-producer")  # holds the key: signs job.* events
     await producer.broker.start()
     try:
-        await publish_all(producer, datas, datetime.now(UTC))
+        start = datetime.now(UTC) - timedelta(hours=1)
+        if warmup:
+            await publish_all(producer, warmup, start)
+            svc = make(settings)
+            await settled(svc, len(warmup))
+            if svc.on_stop is not None:
+                await svc.on_stop()
+        await publish_all(producer, datas, start + timedelta(minutes=1))
         filter_subject = f"{settings.subject_prefix}.ev.>"
-        bare = await bare_rate(args.nats, settings.events_stream, filter_subject, total, args.batch)
+        everything = len(warmup) + total
+        cpu = time.process_time()
+        bare = await bare_rate(
+            args.nats, settings.events_stream, filter_subject, everything, args.batch
+        )
+        bare_cpu = (time.process_time() - cpu) / everything
         svc = make(settings)
         if profile is not None:
             profile.enable()
+        cpu = time.process_time()
         elapsed, counts = await settled(svc, total)
+        service_cpu = (time.process_time() - cpu) / total
         if profile is not None:
             profile.disable()
         if svc.on_stop is not None:
@@ -207,6 +230,8 @@ async def one_round(
     finally:
         await _cleanup(producer, settings, args.redis)
         shutil.rmtree(root, ignore_errors=True)
+    counts["cpu_us_bare"] = round(bare_cpu * 1e6)
+    counts["cpu_us_service"] = round(service_cpu * 1e6)
     return bare, total / elapsed, dead, counts
 
 
@@ -261,7 +286,7 @@ async def run_service(args: argparse.Namespace, service: str) -> None:
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--events", type=int, default=5000)
-    ap.add_argument("--jobs", type=int, default=50)
+    ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--service", choices=["checker", "coordinator", "both"], default="both")
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")

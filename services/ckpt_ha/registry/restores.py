@@ -564,33 +564,46 @@ class RedisRestores:
                         await pipe.reset()  # type: ignore[no-untyped-call]
                         return dict.fromkeys(jobs)
                     pipe.multi()  # type: ignore[no-untyped-call]
-                    for job, k, old, new in zip(jobs, keys, olds, news, strict=True):
-                        if new is not None:
-                            self._stage_watch(pipe, job, k, old, new)
+                    self._stage_watches(pipe, zip(jobs, keys, olds, news, strict=True))
                     await pipe.execute()
                 except WatchError:
                     continue
                 return dict(zip(jobs, news, strict=True))
 
-    def _stage_watch(self, pipe: Pipeline, job: str, k: str, old: Watch | None, new: Watch) -> None:
-        """Queue the writes of one job's new watch (inside MULTI)."""
-        at = new.due
-        # The note of when an attempt was heard goes with its watch (ended, or superseded by a
-        # newer attempt).
-        if members := new.unheard(old):
-            pipe.zrem(self._k("heard"), *members)
-        if at is None:
-            # Ended (a tombstone expires) or never watched (kept while it runs).
-            ttl = self._ttl(k) if new.ended else None
-            if not new.ended and self._replay is not None:
-                self._replay.persist(k)
-            pipe.set(k, new.model_dump_json(), ex=ttl)
-            pipe.zrem(self._k("due"), job)
-        else:
-            if self._replay is not None:
-                self._replay.persist(k)
-            pipe.set(k, new.model_dump_json())
-            pipe.zadd(self._k("due"), {job: _ts(at)})
+    def _stage_watches(
+        self, pipe: Pipeline, changed: Iterable[tuple[str, str, Watch | None, Watch | None]]
+    ) -> None:
+        """Queue the writes of the new watches (inside MULTI): a handful of commands for all
+        of them, whatever their number (a batch of reports moves one watch per job)."""
+        unheard: list[str] = []
+        kept: dict[str, str] = {}
+        due: dict[str, float] = {}
+        undue: list[str] = []
+        for job, k, old, new in changed:
+            if new is None:
+                continue
+            # The note of when an attempt was heard goes with its watch (ended, or superseded
+            # by a newer attempt).
+            unheard += new.unheard(old)
+            at = new.due
+            if new.ended:
+                pipe.set(k, new.model_dump_json(), ex=self._ttl(k))  # a tombstone expires
+            else:  # watched, or never watched: kept while it runs
+                if self._replay is not None:
+                    self._replay.persist(k)
+                kept[k] = new.model_dump_json()
+            if at is None:
+                undue.append(job)
+            else:
+                due[job] = _ts(at)
+        if unheard:
+            pipe.zrem(self._k("heard"), *unheard)
+        if kept:
+            pipe.mset(kept)
+        if undue:
+            pipe.zrem(self._k("due"), *undue)
+        if due:
+            pipe.zadd(self._k("due"), due)
 
     async def watch(self, job: str) -> Watch | None:
         raw = await self._r.get(self._k("watch", job))
