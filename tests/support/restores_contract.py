@@ -294,3 +294,77 @@ class RestoresContract:
         assert await state.last_heard(["job-h|r|1", "job-h|r|2"]) == {"job-h|r|2": at(7)}
         await state.update_watch("job-h", lambda w: w.model_copy(update={"ended": True}))
         assert await state.last_heard(["job-h|r|2"]) == {}
+
+    async def test_a_batch_of_progress_lands_as_one_report_after_another(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        """`record_progress_many` leaves what `record_progress` of each report in turn leaves:
+        a step reported twice keeps the later point, each attempt its latest point, and each
+        job's trajectory its bound."""
+        state, _ = stores
+        again = point(3, loss=0.5)
+        await state.record_progress_many(
+            {
+                "job-a": [point(1), point(2), point(3), again, point(4, attempt=2)],
+                "job-b": [point(7)],
+                "job-c": [],
+            }
+        )
+        assert await state.trajectory("job-a", [1, 2, 3]) == {
+            1: point(1),
+            2: point(2),
+            3: again,
+            4: point(4, attempt=2),
+        }
+        assert (await state.last("job-a", 1), await state.last("job-a", 2)) == (
+            again,
+            point(4, attempt=2),
+        )
+        assert await state.last("job-b", 1) == point(7)
+        await state.record_progress_many({"job-a": [point(s) for s in range(5, 9)]})
+        assert await state.point_at("job-a", 3) is None  # trimmed: only the newest 5 steps stay
+        assert await state.point_at("job-a", 4) == point(4, attempt=2)
+        assert await state.point_at("job-a", 8) == point(8)
+
+    async def test_plans_and_verdicts_are_read_many_at_once(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        await state.record_decision("job-a", 1, DecisionRecord(events=()), plan=plan("p1"))
+        await state.record_decision("job-a", 2, DecisionRecord(events=()), plan=plan("p2"))
+        await state.set_verdict("p2", "diverged")
+        assert await state.plans_of([]) == {}
+        assert await state.plans_of(["p2", "nope", "p1", "p2"]) == {
+            "p1": plan("p1"),
+            "p2": plan("p2"),
+        }
+        assert await state.verdicts_of(["p1", "p2", "nope"]) == {"p2": "diverged"}
+
+    async def test_watches_of_several_jobs_change_together(self, stores: tuple[Any, Any]) -> None:
+        """`update_watches` is `update_watch` of each job (None: that job's is left alone),
+        and two batches racing on the same jobs lose no change."""
+        state, _ = stores
+        w = Watch(job_id="job-1", run_id="r", attempt=1, started_at=T0, seen=T0, deadline_s=30)
+        assert await state.update_watches({}) == {}
+        first = {
+            f"job-{i}": w.model_copy(update={"job_id": f"job-{i}", "last_step": 0}) for i in (1, 2)
+        }
+        written = await state.update_watches({j: (lambda _, x=x: x) for j, x in first.items()})
+        assert written == first
+        assert await state.update_watches({"job-1": lambda _: None}) == {"job-1": None}
+        assert await state.watch("job-1") == first["job-1"]
+
+        def bump(w: Watch | None) -> Watch | None:
+            assert w is not None
+            return w.model_copy(update={"last_step": (w.last_step or 0) + 1})
+
+        await asyncio.gather(
+            *(state.update_watches({"job-1": bump, "job-2": bump}) for _ in range(10))
+        )
+        assert [(await state.watch(j)).last_step for j in first] == [10, 10]
+        assert [w.job_id for w in await state.overdue(at(45), 10)] == ["job-1", "job-2"]
+
+    async def test_heard_many_keeps_the_latest_of_each(self, stores: tuple[Any, Any]) -> None:
+        state, _ = stores
+        await state.heard_many({})
+        await state.heard_many({"j|r|1": at(10), "j|r|2": at(3)})
+        await state.heard_many({"j|r|1": at(5), "j|r|2": at(4)})  # an older note never wins
+        assert await state.last_heard(["j|r|1", "j|r|2"]) == {"j|r|1": at(10), "j|r|2": at(4)}

@@ -189,6 +189,46 @@ async def test_a_redelivered_event_changes_nothing_and_publishes_nothing_new(
     assert intake.publisher.events == published
 
 
+async def test_a_batch_of_commits_settles_each_commit_by_its_own_outcome(intake: Intake) -> None:
+    """The checker's consumer hands it fetched batches (`IntegrityHandlers.on_commits`): each
+    commit is verified and published as `on_committed` does it, and one it refuses (bytes
+    outside the storage root) or that was decided already fails or skips alone."""
+    good, bad = write(intake.store), write(intake.store, "job-1/step-20", 20)
+    decided = write(intake.store, "job-1/step-30", 30)
+    (intake.store.root / "job-1/step-20/rank-1.bin").write_bytes(b"flipped")
+    done = committed_event(intake.store, decided, "job-1/step-30")
+    await intake.registrar.on_checkpoint_events([done])
+    await intake.checker.on_committed(done)  # type: ignore[arg-type]
+    await intake.registrar.on_checkpoint_events(intake.publisher.of_type("checkpoint.verified"))
+    assert await intake.state(decided) is S.VALID
+    intake.publisher.events.clear()
+    elsewhere = committed_event(intake.store, "c-x")
+    outside = elsewhere.model_copy(
+        update={"data": elsewhere.data.model_copy(update={"uri": "file:///elsewhere/job-1/x"})}
+    )
+    batch = [
+        committed_event(intake.store, good),
+        outside,
+        committed_event(intake.store, bad, "job-1/step-20"),
+        done,
+    ]
+    results = await intake.checker.on_commits(batch)
+    assert [type(r).__name__ for r in results] == [
+        "NoneType",
+        "OutsideStorageRoot",
+        "NoneType",
+        "NoneType",
+    ]
+    verdicts = [(e.data.checkpoint_id, e.event_type) for e in intake.publisher.events]  # type: ignore[attr-defined]
+    assert sorted(verdicts) == sorted(
+        [
+            (good, "checkpoint.verified"),
+            (bad, "checkpoint.corrupt"),
+            (bad, "checkpoint.quarantined"),
+        ]
+    )
+
+
 async def test_a_commit_heard_twice_before_its_verdict_is_verified_once(intake: Intake) -> None:
     cid = write(intake.store)
     event = committed_event(intake.store, cid)

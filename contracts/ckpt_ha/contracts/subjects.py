@@ -59,12 +59,12 @@ class EventAddress:
 _VERSION_TOKEN = re.compile(r"^v([1-9][0-9]{0,3})$")
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=8192)
 def parse_event_subject(prefix: str, subject: str) -> EventAddress | None:
     """Invert `event_subject`; None when ``subject`` is not an event subject under ``prefix``.
 
-    Cached (a pure function of two strings): every consumed message asks, and a job's subjects
-    repeat."""
+    Cached (the answer is immutable): every delivery asks it at least twice (its admission,
+    its delivery count), and a job's events share a handful of subjects."""
     tokens = subject.split(".")
     if len(tokens) != 6 or tokens[0] != prefix or tokens[1] != EVENTS:
         return None

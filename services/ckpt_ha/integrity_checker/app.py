@@ -16,6 +16,8 @@ from datetime import timedelta
 
 from faststream import FastStream
 
+from ckpt_ha.contracts import Envelope
+from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
@@ -84,11 +86,12 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
             ReconcileMetrics(base.metrics),
         ),
     )
-    svc.bus.consumer(
+    svc.bus.batch_consumer(
         "committed",
         event_filter(svc.bus.cfg.prefix, "checkpoint.committed"),
+        payload=Envelope[CheckpointCommittedV1],
         description="Verifies each committed checkpoint and publishes verified or corrupt.",
-    )(handlers.on_committed)
+    )(handlers.on_commits)
     svc.bus.consumer(
         "released",
         event_filter(svc.bus.cfg.prefix, "checkpoint.released"),

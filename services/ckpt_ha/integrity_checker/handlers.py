@@ -6,8 +6,11 @@ checkpoint's bytes aside) → publish. Every dependency is a port (`integrity_ch
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Sequence
+from typing import cast
 
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
@@ -22,7 +25,7 @@ from ckpt_ha.core.records import CheckpointRecord, job_mismatch
 from ckpt_ha.formats import verify
 from ckpt_ha.formats.report import Report
 from ckpt_ha.integrity_checker import domain
-from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
+from ckpt_ha.integrity_checker.ports import CheckerRegistry, Clock, ObjectStore, Publisher
 from ckpt_ha.storage import bounded, key_for_uri
 from ckpt_ha.storage.owned import job_neighbours, owned_key, owned_quarantine_key
 from ckpt_ha.storage.quarantine import quarantine_key, restore
@@ -49,7 +52,7 @@ class IntegrityHandlers:
         publisher: Publisher,
         clock: Clock,
         algorithm: str,
-        registry: CheckpointReader,
+        registry: CheckerRegistry,
         metrics: VerifyMetrics | None = None,
     ) -> None:
         self.store = store
@@ -59,13 +62,56 @@ class IntegrityHandlers:
         self.registry = registry
         self.metrics = metrics
 
+    async def on_commits(self, batch: list[Envelope[EventData]]) -> list[BaseException | None]:
+        """A fetched batch of commits: their records read in one round trip, then each commit
+        verified and its verdict published as `on_committed` does, the commits side by side
+        (each checkpoint's verdict depends on its own bytes and record only; storage calls share
+        the bounded pool). Returns each commit's own outcome, so one that fails (corrupt bytes
+        are a verdict, not a failure; an outage, a refusal) is settled alone."""
+        events = cast(Sequence[Envelope[CheckpointCommittedV1]], batch)  # the consumer's filter
+        with tracing.span(
+            "registry.get_many",
+            attributes={"db.system": "redis", "ckpt_ha.batch_size": len(events)},
+        ):
+            records = await self.registry.get_many([e.data.checkpoint_id for e in events])
+        return list(
+            await asyncio.gather(
+                *(self._commit(e, r) for e, r in zip(events, records, strict=True))
+            )
+        )
+
+    async def _commit(
+        self, event: Envelope[CheckpointCommittedV1], record: CheckpointRecord | None
+    ) -> BaseException | None:
+        """One commit of a batch, in its checkpoint's trace (the batch's span is its link)."""
+        with tracing.continue_trace(
+            f"integrity-checker {event.event_type}",
+            event.traceparent,
+            tracestate=event.tracestate,
+            attributes=tracing.event_attributes(event),
+            link_origin=False,
+        ):
+            try:
+                await self._committed(event, record)
+            except Exception as exc:  # noqa: BLE001 - this commit's own outcome
+                tracing.annotate(**{"ckpt_ha.error": repr(exc)[:500]})
+                return exc
+            return None
+
     async def on_committed(self, event: Envelope[CheckpointCommittedV1]) -> None:
         """Verify a commit, only at a location its job owns and for a record (if any) of its
         job: anything else is refused unread (`LocationNotOwned`, `JobMismatch`)."""
-        key = self._owned(event.data.job_id, event.data.checkpoint_id, event.data.uri)
+        self._owned(event.data.job_id, event.data.checkpoint_id, event.data.uri)
         tracing.annotate(**tracing.event_attributes(event))
         with tracing.span("registry.get", attributes={"db.system": "redis"}):
             record = await self.registry.get(event.data.checkpoint_id)
+        await self._committed(event, record)
+
+    async def _committed(
+        self, event: Envelope[CheckpointCommittedV1], record: CheckpointRecord | None
+    ) -> None:
+        """`on_committed` once the record (if any) was read."""
+        key = self._owned(event.data.job_id, event.data.checkpoint_id, event.data.uri)
         refused = job_mismatch(record, event.data)
         if refused is not None:
             raise refused

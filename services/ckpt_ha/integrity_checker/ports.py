@@ -2,17 +2,31 @@
 
 * ``store``: the storage root it verifies and quarantines in (`ObjectStore`);
 * ``publisher``: where verdicts go (`Publisher`, deduplicated on the event id);
-* ``registry``: read only. The handlers ask one checkpoint's record (`CheckpointLookup`: is it
-  decided already, did the registrar apply this release); the scrub lists the valid ones
-  (`CheckpointReader`). The registrar alone writes the registry;
+* ``registry``: read only. The handlers ask the records of a fetched batch of commits at once
+  and one checkpoint's record (`CheckerRegistry`: is it decided already, did the registrar
+  apply this release); the scrub lists the valid ones (`CheckpointReader`). The registrar alone
+  writes the registry;
 * ``clock``: injected time (`Clock`).
 """
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from ckpt_ha.bus.port import Publisher
 from ckpt_ha.core.clock import Clock
-from ckpt_ha.registry.port import CheckpointLookup, CheckpointReader
+from ckpt_ha.registry.port import CheckpointBatchLookup, CheckpointLookup, CheckpointReader
 from ckpt_ha.storage.port import ObjectStore
 
-__all__ = ["CheckpointLookup", "CheckpointReader", "Clock", "ObjectStore", "Publisher"]
+__all__ = [
+    "CheckerRegistry",
+    "CheckpointLookup",
+    "CheckpointReader",
+    "Clock",
+    "ObjectStore",
+    "Publisher",
+]
+
+
+class CheckerRegistry(CheckpointBatchLookup, CheckpointReader, Protocol):
+    """What the handlers read: a batch's records at once, one record, a job's records."""

@@ -125,8 +125,8 @@ USERS: tuple[RedisUser, ...] = (
     # lost-attempt loop.
     RedisUser("restore-coordinator", ("restore-state", "pins", "leases"),
               ("checkpoints", "job-index"),
-              (*CONNECT, *LEASES, "get", "set", "mget", "del", "expire", "hset", "hget", "hmget",
-               "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
+              (*CONNECT, *LEASES, "get", "set", "mget", "mset", "del", "expire", "hset", "hget",
+               "hmget", "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
                "zremrangebyrank", "zrem", "zrangebyscore", "zscore", "sadd", "smembers",
                "rpush", "ltrim", "lrange", "multi", "exec", "discard", "watch", "unwatch")),
     # Reads jobs, records, tiers, pins and plans in progress; records the declared tier.
@@ -140,7 +140,8 @@ USERS: tuple[RedisUser, ...] = (
     # audits, manual actions), no server administration. A rebuild writes the coordinator's
     # state as the coordinator does (trimming included) and sets its expiry (pexpireat).
     RedisUser("operator", ("everything",), (),
-              (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire", "pexpireat",
+              (*CONNECT, "get", "set", "mget", "mset", "del", "type", "scan", "expire",
+               "pexpireat",
                "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
                "zrevrange", "zpopmin", "zremrangebyrank", "zrem", "sadd", "srem", "smembers",
                "sismember", "smismember", "rpush", "ltrim", "lrange", "evalsha", "script|load",

@@ -45,6 +45,13 @@ class CheckpointLookup(Protocol):
         ...
 
 
+class CheckpointBatchLookup(CheckpointLookup, Protocol):
+    async def get_many(self, checkpoint_ids: Sequence[str]) -> list[CheckpointRecord | None]:
+        """The records of these checkpoints, in their order (None: never heard of), read at
+        once: a consumer that handles a fetched batch asks for all of its records together."""
+        ...
+
+
 class CheckpointReader(CheckpointLookup, Protocol):
     """Read the checkpoint records (what the CLI, the checker's scrub and restores select)."""
 

@@ -372,6 +372,14 @@ class Registry:
             raw = await self.r.get(self.keys.checkpoint(checkpoint_id))
         return CheckpointRecord.model_validate_json(raw) if raw else None
 
+    async def get_many(self, checkpoint_ids: Sequence[str]) -> list[CheckpointRecord | None]:
+        """The records of these checkpoints, in their order, in one round trip."""
+        if not checkpoint_ids:
+            return []
+        with _reachable():
+            raws = await self.r.mget([self.keys.checkpoint(i) for i in checkpoint_ids])
+        return [CheckpointRecord.model_validate_json(r) if r else None for r in raws]
+
     async def _many(self, ids: Iterable[str]) -> list[CheckpointRecord]:
         keys = [self.keys.checkpoint(i) for i in ids]
         if not keys:

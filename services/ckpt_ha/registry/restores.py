@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import heapq
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Any
@@ -88,9 +88,16 @@ def key(prefix: str, *parts: str | int) -> str:
 
 
 def point_json(p: Point) -> str:
-    doc = asdict(p)
-    doc["at"] = p.at.isoformat()
-    doc["metrics"] = dict(p.metrics)
+    """``asdict(p)`` as JSON, built field by field: one per progress report on the hot path,
+    where ``asdict`` (a deep copy) cost more than the JSON itself."""
+    doc = {
+        "step": p.step,
+        "at": p.at.isoformat(),
+        "attempt": p.attempt,
+        "data_position": p.data_position,
+        "rng_fingerprint": p.rng_fingerprint,
+        "metrics": dict(p.metrics),
+    }
     return json.dumps(doc, separators=(",", ":"))
 
 
@@ -293,9 +300,39 @@ class RedisRestores:
             result = await pipe.execute()
         size = int(result[-1]) if points else 0
         if size > self.trajectory_limit:
-            dropped = await self._r.zpopmin(idx, size - self.trajectory_limit)
-            if dropped:
-                await self._r.hdel(traj, *[_str(pair[0]) for pair in dropped])
+            await self._trim(job, size)
+
+    async def record_progress_many(self, points: Mapping[str, Sequence[Point]]) -> None:
+        """`record_progress` of a batch of reports, one round trip for every job in it (plus
+        one per job whose trajectory went past its bound): each job's points in stream order,
+        so a step reported twice keeps the later point, as does each attempt's last point."""
+        jobs = [job for job, pts in points.items() if pts]
+        if not jobs:
+            return
+        async with self._r.pipeline(transaction=False) as pipe:
+            for job in jobs:
+                docs = [(p, point_json(p)) for p in points[job]]
+                lasts = {p.attempt: doc for p, doc in docs}
+                for attempt, doc in lasts.items():
+                    k = self._k("last", job, attempt)
+                    pipe.set(k, doc, ex=self._ttl(k))
+                traj, idx = self._k("traj", job), self._k("trajidx", job)
+                pipe.hset(traj, mapping={str(p.step): doc for p, doc in docs})
+                pipe.zadd(idx, {str(p.step): p.step for p in points[job]})
+                self._expire(pipe, traj)
+                self._expire(pipe, idx)
+            for job in jobs:
+                pipe.zcard(self._k("trajidx", job))
+            sizes = (await pipe.execute())[-len(jobs) :]
+        for job, size in zip(jobs, sizes, strict=True):
+            if int(size) > self.trajectory_limit:
+                await self._trim(job, int(size))
+
+    async def _trim(self, job: str, size: int) -> None:
+        traj, idx = self._k("traj", job), self._k("trajidx", job)
+        dropped = await self._r.zpopmin(idx, size - self.trajectory_limit)
+        if dropped:
+            await self._r.hdel(traj, *[_str(pair[0]) for pair in dropped])
 
     async def point_at(self, job: str, step: int) -> Point | None:
         raw = await self._r.hget(self._k("traj", job), str(step))
@@ -484,6 +521,20 @@ class RedisRestores:
         raw = await self._r.get(self._k("plan", plan_id))
         return PlanRecord.model_validate_json(raw) if raw else None
 
+    async def plans_of(self, plan_ids: Sequence[str]) -> dict[str, PlanRecord]:
+        ids = list(dict.fromkeys(plan_ids))
+        if not ids:
+            return {}
+        raws = await self._r.mget([self._k("plan", i) for i in ids])
+        return {i: PlanRecord.model_validate_json(r) for i, r in zip(ids, raws, strict=True) if r}
+
+    async def verdicts_of(self, plan_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(plan_ids))
+        if not ids:
+            return {}
+        raws = await self._r.mget([self._k("verdict", i) for i in ids])
+        return {i: _str(r) for i, r in zip(ids, raws, strict=True) if r}
+
     # --- lost attempts (heartbeat deadlines) ---
 
     async def update_watch(
@@ -491,39 +542,68 @@ class RedisRestores:
     ) -> Watch | None:
         """Read-modify-write under WATCH (optimistic: retried when another consumer wrote the
         same job's watch meanwhile)."""
-        k, due = self._k("watch", job), self._k("due")
+        return (await self.update_watches({job: change}))[job]
+
+    async def update_watches(
+        self, changes: Mapping[str, Callable[[Watch | None], Watch | None]]
+    ) -> dict[str, Watch | None]:
+        """`update_watch` of several jobs in three round trips (WATCH, MGET, MULTI/EXEC),
+        retried as a whole when another consumer wrote one of their watches meanwhile."""
+        jobs = list(changes)
+        if not jobs:
+            return {}
+        keys = [self._k("watch", job) for job in jobs]
         while True:
             async with self._r.pipeline(transaction=True) as pipe:
                 try:
-                    await pipe.watch(k)
-                    raw = await pipe.get(k)
-                    old = Watch.model_validate_json(raw) if raw else None
-                    new = change(old)
-                    if new is None:
+                    await pipe.watch(*keys)
+                    raws = await pipe.mget(keys)
+                    olds = [Watch.model_validate_json(r) if r else None for r in raws]
+                    news = [changes[job](old) for job, old in zip(jobs, olds, strict=True)]
+                    if all(new is None for new in news):
                         await pipe.reset()  # type: ignore[no-untyped-call]
-                        return None
+                        return dict.fromkeys(jobs)
                     pipe.multi()  # type: ignore[no-untyped-call]
-                    at = new.due
-                    # The note of when an attempt was heard goes with its watch (ended, or
-                    # superseded by a newer attempt).
-                    if members := new.unheard(old):
-                        pipe.zrem(self._k("heard"), *members)
-                    if at is None:
-                        # Ended (a tombstone expires) or never watched (kept while it runs).
-                        ttl = self._ttl(k) if new.ended else None
-                        if not new.ended and self._replay is not None:
-                            self._replay.persist(k)
-                        pipe.set(k, new.model_dump_json(), ex=ttl)
-                        pipe.zrem(due, job)
-                    else:
-                        if self._replay is not None:
-                            self._replay.persist(k)
-                        pipe.set(k, new.model_dump_json())
-                        pipe.zadd(due, {job: _ts(at)})
+                    self._stage_watches(pipe, zip(jobs, keys, olds, news, strict=True))
                     await pipe.execute()
                 except WatchError:
                     continue
-                return new
+                return dict(zip(jobs, news, strict=True))
+
+    def _stage_watches(
+        self, pipe: Pipeline, changed: Iterable[tuple[str, str, Watch | None, Watch | None]]
+    ) -> None:
+        """Queue the writes of the new watches (inside MULTI): a handful of commands for all
+        of them, whatever their number (a batch of reports moves one watch per job)."""
+        unheard: list[str] = []
+        kept: dict[str, str] = {}
+        due: dict[str, float] = {}
+        undue: list[str] = []
+        for job, k, old, new in changed:
+            if new is None:
+                continue
+            # The note of when an attempt was heard goes with its watch (ended, or superseded
+            # by a newer attempt).
+            unheard += new.unheard(old)
+            at = new.due
+            if new.ended:
+                pipe.set(k, new.model_dump_json(), ex=self._ttl(k))  # a tombstone expires
+            else:  # watched, or never watched: kept while it runs
+                if self._replay is not None:
+                    self._replay.persist(k)
+                kept[k] = new.model_dump_json()
+            if at is None:
+                undue.append(job)
+            else:
+                due[job] = _ts(at)
+        if unheard:
+            pipe.zrem(self._k("heard"), *unheard)
+        if kept:
+            pipe.mset(kept)
+        if undue:
+            pipe.zrem(self._k("due"), *undue)
+        if due:
+            pipe.zadd(self._k("due"), due)
 
     async def watch(self, job: str) -> Watch | None:
         raw = await self._r.get(self._k("watch", job))
@@ -531,6 +611,12 @@ class RedisRestores:
 
     async def heard(self, attempt: str, at: datetime) -> None:
         await self._r.zadd(self._k("heard"), {attempt: _ts(at)}, gt=True)
+
+    async def heard_many(self, attempts: Mapping[str, datetime]) -> None:
+        if attempts:
+            await self._r.zadd(
+                self._k("heard"), {a: _ts(at) for a, at in attempts.items()}, gt=True
+            )
 
     async def last_heard(self, attempts: Sequence[str]) -> dict[str, datetime]:
         if not attempts:

@@ -17,10 +17,13 @@ Each consumer handles its events one at a time in stream order.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from faststream import FastStream
 
 from ckpt_ha.bus.broker import Bus
+from ckpt_ha.contracts import Envelope
+from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.registry.client import connect
@@ -64,6 +67,12 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
      "Plans the latest failure from the valid checkpoint an operator chose (a rollback)."),
 )  # fmt: skip
 """(consumer, event type, handler method, description)."""
+BATCHED: dict[str, tuple[str, Any]] = {
+    "heartbeat": ("on_heartbeats", Envelope[JobHeartbeatV1]),
+    "progress": ("on_progress_batch", Envelope[JobProgressV1]),
+}
+"""The consumers of what every running job reports often: handled a fetched batch at a time
+(batch handler, payload for the AsyncAPI document), their Redis round trips per batch."""
 JOB_CONSUMERS = ("started", "heartbeat", "progress", "failed", "succeeded")
 """Their backlog holds the lost-attempt loop back (`watchdog`)."""
 
@@ -115,9 +124,13 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         ),
     )
     for consumer, event_type, method, description in CONSUMERS:
-        svc.bus.consumer(
-            consumer, event_filter(svc.bus.cfg.prefix, event_type), description=description
-        )(getattr(handlers, method))
+        subject = event_filter(svc.bus.cfg.prefix, event_type)
+        if batched := BATCHED.get(consumer):
+            svc.bus.batch_consumer(consumer, subject, payload=batched[1], description=description)(
+                getattr(handlers, batched[0])
+            )
+        else:
+            svc.bus.consumer(consumer, subject, description=description)(getattr(handlers, method))
     svc.finish(
         title="ckpt-ha restore-coordinator",
         description="Plans, watches and verifies resumes after job failures.",

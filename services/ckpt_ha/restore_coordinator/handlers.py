@@ -9,8 +9,10 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime
+from typing import cast
 
 from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
@@ -43,7 +45,7 @@ from ckpt_ha.restore_coordinator.ports import (
     Publisher,
     RestoreState,
 )
-from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.restore_coordinator.projection import Progress, RestoreProjection
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import RestoreMetrics
@@ -118,10 +120,46 @@ class CoordinatorHandlers:
         behind never makes a living attempt lost)."""
         await self.state.heard(liveness.attempt_key(d.job_id, d.run_id, d.attempt), self.clock())
 
+    async def on_heartbeats(self, batch: list[Envelope[EventData]]) -> list[BaseException | None]:
+        """`on_heartbeat` of a fetched batch: every watch moved and every attempt heard in a
+        few round trips for the whole batch (what the coordinator gets most of)."""
+        events = cast(Sequence[Envelope[JobHeartbeatV1]], batch)  # the consumer's filter
+        await self.projection.heartbeats(events)
+        await self._heard_all([e.data for e in events])
+        return [None] * len(events)
+
+    async def on_progress_batch(
+        self, batch: list[Envelope[EventData]]
+    ) -> list[BaseException | None]:
+        """`on_progress` of a fetched batch: attempts heard and reports recorded for the whole
+        batch at once (`RestoreProjection.progress_many`), then each report's own outcome
+        (metrics, a verdict to publish), settled on its own."""
+        events = cast(Sequence[Envelope[JobProgressV1]], batch)  # the consumer's filter
+        await self._heard_all([e.data for e in events])
+        outcomes = await self.projection.progress_many(events)
+        results: list[BaseException | None] = []
+        for event, outcome in zip(events, outcomes, strict=True):
+            try:
+                await self._progressed(event, outcome)
+            except Exception as exc:  # noqa: BLE001 - this report's own outcome
+                results.append(exc)
+            else:
+                results.append(None)
+        return results
+
+    async def _heard_all(self, ds: Sequence[JobHeartbeatV1 | JobProgressV1]) -> None:
+        now = self.clock()
+        await self.state.heard_many(
+            {liveness.attempt_key(d.job_id, d.run_id, d.attempt): now for d in ds}
+        )
+
     async def on_progress(self, event: Envelope[JobProgressV1]) -> None:
+        await self._heard(event.data)
+        await self._progressed(event, await self.projection.progress(event))
+
+    async def _progressed(self, event: Envelope[JobProgressV1], outcome: Progress) -> None:
+        """What a recorded report leads to: metrics, and the verdict it decided, published."""
         d = event.data
-        await self._heard(d)
-        outcome = await self.projection.progress(event)
         if outcome.stale:
             self.metrics.stale_progress.labels(self.metrics.service).inc()
             log.info("%s: progress of stale attempt %s ignored (fenced)", d.job_id, d.attempt)

@@ -8,7 +8,7 @@ The handlers take these, never a concrete Redis, NATS or S3 class: the compositi
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -166,6 +166,26 @@ class RestoreState(Protocol):
 
     async def plan(self, plan_id: str) -> PlanRecord | None: ...
 
+    async def plans_of(self, plan_ids: Sequence[str]) -> dict[str, PlanRecord]:
+        """The stored plans among ``plan_ids``, read at once (absent: no such plan)."""
+        ...
+
+    async def verdicts_of(self, plan_ids: Sequence[str]) -> dict[str, str]:
+        """The verdicts of these plans, read at once (absent: none yet)."""
+        ...
+
+    async def record_progress_many(self, points: Mapping[str, Sequence[Point]]) -> None:
+        """`record_progress` of many reports at once: each job's ``points`` (in stream order)
+        join its trajectory, and the latest of each attempt is that attempt's last point."""
+        ...
+
+    async def update_watches(
+        self, changes: Mapping[str, Callable[[Watch | None], Watch | None]]
+    ) -> dict[str, Watch | None]:
+        """`update_watch` of several jobs in one atomic step; returns what was written for
+        each (None: nothing)."""
+        ...
+
     async def update_watch(
         self, job: str, change: Callable[[Watch | None], Watch | None]
     ) -> Watch | None:
@@ -180,6 +200,10 @@ class RestoreState(Protocol):
         """A sign of life of ``attempt`` (`liveness.attempt_key`) was handled at ``at`` (the
         coordinator's clock; kept if later than the last). Not a projection of the stream: a
         rebuild has none, and an ended watch forgets it."""
+        ...
+
+    async def heard_many(self, attempts: Mapping[str, datetime]) -> None:
+        """`heard` of several attempts at once."""
         ...
 
     async def last_heard(self, attempts: Sequence[str]) -> dict[str, datetime]:

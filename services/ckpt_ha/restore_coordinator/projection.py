@@ -45,7 +45,7 @@ their outcomes are events of their own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import cast
@@ -76,6 +76,7 @@ from ckpt_ha.core.restore_records import (
     PlanRecord,
     Point,
     Started,
+    Watch,
     planned_pins,
 )
 from ckpt_ha.restore_coordinator import domain, liveness
@@ -111,6 +112,32 @@ class LoadFailure:
     plan: PlanRecord | None
     outcome: domain.LoadOutcome
     excluded: set[str] = field(default_factory=set)
+
+
+Alive = tuple[str, str, int, datetime, int | None]
+"""A sign of life: (job, run, attempt, time of the event, step or None)."""
+
+
+def alive_changes(
+    signs: Iterable[Alive],
+) -> dict[str, Callable[[Watch | None], Watch | None]]:
+    """For each job: the change of its watch that `liveness.on_alive` makes for each of its
+    signs of life in turn (None: none of them moved it)."""
+    by_job: dict[str, list[Alive]] = {}
+    for sign in signs:
+        by_job.setdefault(sign[0], []).append(sign)
+    return {job: _all_alive(mine) for job, mine in by_job.items()}
+
+
+def _all_alive(signs: Sequence[Alive]) -> Callable[[Watch | None], Watch | None]:
+    def change(watch: Watch | None) -> Watch | None:
+        moved = None
+        for _, run_id, attempt, at, step in signs:
+            new = liveness.on_alive(moved or watch, run_id, attempt, at, step)
+            moved = new or moved
+        return moved
+
+    return change
 
 
 class RestoreProjection:
@@ -165,6 +192,16 @@ class RestoreProjection:
             d.job_id, lambda w: liveness.on_alive(w, d.run_id, d.attempt, event.time, d.last_step)
         )
 
+    async def heartbeats(self, events: Sequence[Envelope[JobHeartbeatV1]]) -> None:
+        """`heartbeat` of a fetched batch: each job's watch moves once for all of its reports
+        (applied in stream order), every job's in one atomic step."""
+        await self.state.update_watches(
+            alive_changes(
+                (e.data.job_id, e.data.run_id, e.data.attempt, e.time, e.data.last_step)
+                for e in events
+            )
+        )
+
     async def ended(self, event: Envelope[JobFailedV1] | Envelope[JobSucceededV1]) -> None:
         """The attempt is over (failed, succeeded, or declared lost): no longer watched."""
         d = event.data
@@ -213,6 +250,61 @@ class RestoreProjection:
         # Decided: the observed reports join the trajectory.
         await self.state.record_progress(d.job_id, observed, last=point)
         return Progress(plan, result, verdict_event if first else None)
+
+    async def progress_many(self, events: Sequence[Envelope[JobProgressV1]]) -> list[Progress]:
+        """`progress` of a fetched batch, in stream order, with the same outcome for each
+        report. What a report needs is read for the whole batch at once (the plans that would
+        fence it, the plans it names and their verdicts); the reports that only extend a
+        trajectory (the common case: a running job, not a resumed one awaiting its verdict)
+        are written together: their watches in one atomic step, their points in one round
+        trip. A report compared for continuity goes through `progress` on its own, in its
+        place (the reports before it written first), so it sees what they wrote."""
+        fences = [domain.plan_id(e.data.job_id, e.data.run_id, e.data.attempt) for e in events]
+        named = [e.data.plan_id for e in events if e.data.plan_id]
+        plans = await self.state.plans_of([*fences, *named])
+        owned = [
+            domain.own_plan(plans.get(e.data.plan_id), e.data.job_id) if e.data.plan_id else None
+            for e in events
+        ]
+        verdicts = await self.state.verdicts_of([p.plan_id for p in owned if p is not None])
+        out: list[Progress] = []
+        pending: list[Envelope[JobProgressV1]] = []
+        for event, fence, plan in zip(events, fences, owned, strict=True):
+            if fence in plans:
+                out.append(Progress(stale=True))
+            elif plan is not None and domain.watches_continuity(plan, verdicts.get(plan.plan_id)):
+                await self._trajectory(pending)
+                pending = []
+                out.append(await self.progress(event))
+            else:
+                pending.append(event)
+                out.append(Progress())
+        await self._trajectory(pending)
+        return out
+
+    async def _trajectory(self, events: Sequence[Envelope[JobProgressV1]]) -> None:
+        """Reports that are neither fenced nor compared: signs of life, and trajectory."""
+        if not events:
+            return
+        await self.state.update_watches(
+            alive_changes(
+                (e.data.job_id, e.data.run_id, e.data.attempt, e.time, e.data.step) for e in events
+            )
+        )
+        points: dict[str, list[Point]] = {}
+        for e in events:
+            d = e.data
+            points.setdefault(d.job_id, []).append(
+                Point(
+                    step=d.step,
+                    at=e.time,
+                    attempt=d.attempt,
+                    data_position=d.data_position,
+                    rng_fingerprint=d.rng_fingerprint,
+                    metrics=d.metrics,
+                )
+            )
+        await self.state.record_progress_many(points)
 
     async def failed(self, event: Envelope[JobFailedV1], same_window: int = 1) -> FailureContext:
         """Record the failure (idempotent: one per attempt) and read back, in the same round

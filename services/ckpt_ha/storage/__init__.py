@@ -116,9 +116,9 @@ def key_for_uri(store: ObjectStore, uri: str) -> str | None:
 
 def keys_in(store: ObjectStore) -> Callable[[str], str | None]:
     """`key_for_uri` for one store, its root's URI worked out once: for a consumer that maps
-    every event's location (the filesystem store resolves the path on each `ObjectStore.uri`)."""
-    probe = store.uri("x")
-    root = probe[: -len("x")]
+    every event's location. A filesystem root's prefix is the one it computed once (a probe
+    `uri` would resolve a path, a few ``lstat`` calls on the event loop)."""
+    root = store.uri_root if isinstance(store, FsStore) else store.uri("x")[: -len("x")]
     quoted = root.startswith("file:")
 
     def key_of(uri: str) -> str | None:

@@ -185,6 +185,8 @@ class FsStore(ObjectStore):
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self._root = Path(root).resolve()
+        self.uri_root = (self._root / "x").as_uri()[: -len("x")]
+        """What every key's `uri` starts with (computed once: `uri` resolves the path)."""
 
     def __repr__(self) -> str:
         return f"FsStore({str(self._root)!r})"

@@ -111,6 +111,10 @@ class InMemoryRegistry:
         self._reachable()
         return self.records.get(checkpoint_id)
 
+    async def get_many(self, checkpoint_ids: Sequence[str]) -> list[CheckpointRecord | None]:
+        self._reachable()
+        return [self.records.get(i) for i in checkpoint_ids]
+
     def _newest_first(self, job_id: str) -> list[CheckpointRecord]:
         # As Redis orders a sorted set read in reverse: by score (step, -1 when unknown), then
         # by member, both descending.

@@ -5,7 +5,7 @@ on the monotonic clock like Redis's ``PX``."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -84,6 +84,11 @@ class InMemoryRestores:
         traj.update({p.step: p for p in points})
         for step in sorted(traj)[: max(0, len(traj) - self.trajectory_limit)]:
             del traj[step]
+
+    async def record_progress_many(self, points: Mapping[str, Sequence[Point]]) -> None:
+        for job, pts in points.items():
+            for p in pts:
+                await self.record_progress(job, [p], last=p)
 
     async def point_at(self, job: str, step: int) -> Point | None:
         return self._job(job).trajectory.get(step)
@@ -202,6 +207,12 @@ class InMemoryRestores:
     async def plan(self, plan_id: str) -> PlanRecord | None:
         return self.plans.get(plan_id)
 
+    async def plans_of(self, plan_ids: Sequence[str]) -> dict[str, PlanRecord]:
+        return {i: self.plans[i] for i in plan_ids if i in self.plans}
+
+    async def verdicts_of(self, plan_ids: Sequence[str]) -> dict[str, str]:
+        return {i: self.verdicts[i] for i in plan_ids if i in self.verdicts}
+
     async def plans_in_progress(self) -> list[PlanInProgress]:
         out = []
         for plan_id in sorted(self.plans):
@@ -223,9 +234,18 @@ class InMemoryRestores:
                 self.heard_at.pop(member, None)
         return new
 
+    async def update_watches(
+        self, changes: Mapping[str, Callable[[Watch | None], Watch | None]]
+    ) -> dict[str, Watch | None]:
+        return {job: await self.update_watch(job, change) for job, change in changes.items()}
+
     async def heard(self, attempt: str, at: datetime) -> None:
         if attempt not in self.heard_at or self.heard_at[attempt] < at:
             self.heard_at[attempt] = at
+
+    async def heard_many(self, attempts: Mapping[str, datetime]) -> None:
+        for attempt, at in attempts.items():
+            await self.heard(attempt, at)
 
     async def last_heard(self, attempts: Sequence[str]) -> dict[str, datetime]:
         return {a: self.heard_at[a] for a in attempts if a in self.heard_at}

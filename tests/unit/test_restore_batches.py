@@ -1,0 +1,120 @@
+"""The coordinator's batch handlers for what running jobs report often (``job.progress``,
+``job.heartbeat``: `CoordinatorHandlers.on_progress_batch`, `on_heartbeats`) leave the state,
+the notes of life and the published events exactly as the one-event handlers do given the same
+events in the same order: trajectories, last points, watches, a resumed attempt's continuity
+verdict (published once), and the fencing of a stale attempt's reports."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1
+from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.storage import FsStore
+from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from tests.support.fakes.pins import InMemoryPins
+from tests.support.fakes.publisher import RecordingPublisher
+from tests.support.fakes.registry import InMemoryRegistry
+from tests.support.fakes.restores import InMemoryRestores
+from tests.unit.test_restore_projection import JOB, RECORDS, T0, failed, memory, progress, started
+
+
+class Coordinator:
+    def __init__(self, tmp: Path) -> None:
+        self.pins = InMemoryPins()
+        self.state = InMemoryRestores(self.pins)
+        self.bus = RecordingPublisher()
+        registry = InMemoryRegistry()
+        registry.put(*RECORDS)
+        tmp.mkdir()
+        self.handlers = CoordinatorHandlers(
+            self.state, self.pins, registry, FsStore(tmp), self.bus,
+            lambda: T0 + timedelta(hours=1), RestoreMetrics(ServiceMetrics("rc")),
+            load_failed_grace_s=0.0,
+        )  # fmt: skip
+
+    async def one_by_one(self, events: list[Envelope[EventData]]) -> None:
+        for event in events:
+            handler = "on_progress" if isinstance(event.data, JobProgressV1) else "on_heartbeat"
+            await getattr(self.handlers, handler)(event)
+
+    async def batched(self, events: list[Envelope[EventData]]) -> None:
+        """As the two consumers get them: each type's events in stream order, one batch."""
+        reports = [e for e in events if isinstance(e.data, JobProgressV1)]
+        beats = [e for e in events if isinstance(e.data, JobHeartbeatV1)]
+        assert await self.handlers.on_progress_batch(reports) == [None] * len(reports)
+        assert await self.handlers.on_heartbeats(beats) == [None] * len(beats)
+
+    def seen(self) -> dict[str, Any]:
+        published = [(e.event_type, e.data.model_dump_json()) for e in self.bus.events]
+        return {**memory(self.state, self.pins), "heard": self.state.heard_at, "out": published}
+
+
+class Events:
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, *datas: EventData) -> list[Envelope[EventData]]:
+        out = []
+        for data in datas:
+            self.n += 1
+            out.append(
+                build(data, source="t", time=T0 + timedelta(seconds=self.n), key=str(self.n))
+            )
+        return out
+
+
+def beat(attempt: int, step: int) -> JobHeartbeatV1:
+    return JobHeartbeatV1(
+        job_id=JOB, run_id="run-1", attempt=attempt, sequence=step, last_step=step
+    )
+
+
+async def test_batches_leave_what_one_event_at_a_time_leaves(tmp_path: Path) -> None:
+    ev = Events()
+    start = ev(started(1))
+    running = ev(
+        *[progress(s) for s in (*range(195, 206), *range(295, 306))],
+        beat(1, 305),
+        progress(305),  # a step reported again
+        beat(1, 306),
+    )
+    failure = ev(failed(1))
+    one, many = Coordinator(tmp_path / "one"), Coordinator(tmp_path / "many")
+    for c, feed in ((one, one.one_by_one), (many, many.batched)):
+        await c.handlers.on_started(start[0])
+        await feed(running)
+        await c.handlers.on_failed(failure[0])  # plans from the trajectory the reports left
+    [plan] = [e.data for e in one.bus.of_type("resume.planned")]
+    restart = ev(started(2, plan.plan_id))
+    resumed = ev(
+        progress(306),  # the failed attempt, after its plan: fenced
+        progress(301, 2, plan.plan_id),
+        beat(2, 301),
+        progress(302, 2, plan.plan_id),  # continuity_steps 2: the verdict
+        progress(303, 2, plan.plan_id),  # after the verdict: trajectory
+        beat(2, 303),
+        progress(307),  # fenced again
+    )
+    for c, feed in ((one, one.one_by_one), (many, many.batched)):
+        await c.handlers.on_started(restart[0])
+        await feed(resumed)
+    assert [e.event_type for e in one.bus.events][-1] == "resume.verified"
+    assert many.seen() == one.seen()
+    assert many.state.lasts[(JOB, 1)].step == 305  # the fenced reports moved nothing
+    assert many.state.watches[JOB].last_step == 303
+
+
+async def test_a_batch_moves_each_watch_once_to_its_newest_sign_of_life(tmp_path: Path) -> None:
+    ev = Events()
+    c = Coordinator(tmp_path / "c")
+    await c.handlers.on_started(ev(started(1))[0])
+    beats = ev(beat(1, 10), beat(1, 11), beat(1, 12))
+    older = beats[0].model_copy(update={"time": T0})  # delivered late: never moves it back
+    await c.handlers.on_heartbeats([*beats, older])
+    watch = c.state.watches[JOB]
+    assert (watch.seen, watch.last_step) == (beats[-1].time, 12)
+    assert list(c.state.heard_at) == [f"{JOB}|run-1|1"]
