@@ -149,10 +149,10 @@ class EventCatalog:
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
         self._versions: dict[str, tuple[int, ...]] = {}
         """`versions` per type, worked out once (every decode asks): cleared by `register`."""
-        self._current: dict[bytes, tuple[type[EventData], type[Envelope[Any]]]] = {}
-        """A newest version's ``type`` attribute as it appears on the wire → its model and
-        the envelope class parametrised with it (pydantic looks ``Envelope[model]`` up anew on
-        each subscript): only known newest types are kept, cleared by `register`."""
+        self._current: dict[bytes, tuple[str, type[Envelope[Any]]]] = {}
+        """A newest version's ``type`` attribute as it appears on the wire → its type name and
+        the envelope class parametrised with its model (pydantic looks ``Envelope[model]`` up
+        anew on each subscript): only known newest types are kept, cleared by `register`."""
 
     def register(self, model: type[EventData]) -> type[EventData]:
         self._models[(model.EVENT_TYPE, model.EVENT_VERSION)] = model
@@ -263,16 +263,16 @@ class EventCatalog:
             current = self._newest(match.group(1))
             if current is None:
                 return None
-        model, envelope = current
+        type_name, envelope = current
         try:
             event = envelope.model_validate_json(raw)
         except ValidationError:
             return None
-        return event if event.type == model.type_name() else None
+        return event if event.type == type_name else None
 
-    def _newest(self, type_attr: bytes) -> tuple[type[EventData], type[Envelope[Any]]] | None:
-        """The model and envelope class for ``type_attr`` when it names a newest version (kept
-        in ``_current``), else None."""
+    def _newest(self, type_attr: bytes) -> tuple[str, type[Envelope[Any]]] | None:
+        """The type name and envelope class for ``type_attr`` when it names a newest version
+        (kept in ``_current``), else None."""
         t = _TYPE_RE.match(type_attr.decode("ascii", "replace"))
         if t is None:
             return None
@@ -280,7 +280,7 @@ class EventCatalog:
         if not versions or int(t.group(2)) != versions[-1]:
             return None
         model = self._models[(t.group(1), versions[-1])]
-        found = (model, Envelope[model])  # type: ignore[valid-type]
+        found = (model.type_name(), Envelope[model])  # type: ignore[valid-type]
         self._current[type_attr] = found
         return found
 
