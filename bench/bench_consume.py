@@ -20,11 +20,11 @@ replica pulls, so the work splits by batch; each process keeps its own batches i
 across replicas the registry's compare-and-set and its wait for an earlier event
 (``DependencyNotReady``, nak'ed) keep a checkpoint's events in order. A second replica only adds
 throughput when a core is free for it: the run prints each replica's CPU per event, the share of
-a core it got, and how busy the whole machine was. ``--profile DIR``
-profiles the in-process registrar (cProfile) and writes the 25 most expensive functions by
-cumulative and by own time to ``DIR/registrar.txt``. Usage:
+a core it got, and how busy the whole machine was. ``--profile FILE`` profiles the in-process
+registrar (cProfile) and writes the 60 most expensive functions by cumulative and by own time,
+and the callers of the 15 most expensive by own time, to ``FILE``. Usage:
     .venv/bin/python bench/bench_consume.py [--events 10000] [--rounds 3] [--batch 256]
-        [--replicas 2] [--profile bench/profiles] [--nats URL] [--redis URL]
+        [--replicas 2] [--profile bench/profiles/registrar-after.txt] [--nats URL] [--redis URL]
 """
 
 from __future__ import annotations
@@ -148,12 +148,20 @@ async def registrar_rate(settings: RegistrarSettings, n: int, profile: Path | No
     return n / elapsed
 
 
+PROFILE_TOP = 60
+PROFILE_CALLERS = 15
+
+
 def write_profile(profiler: cProfile.Profile, path: Path, n: int, elapsed: float) -> None:
     out = io.StringIO()
     out.write(f"registrar consuming {n} events in {elapsed:.2f}s ({n / elapsed:.0f}/s)\n")
     for order in ("cumulative", "tottime"):
-        out.write(f"\n=== top 25 by {order} ===\n")
-        pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(order).print_stats(25)
+        out.write(f"\n=== top {PROFILE_TOP} by {order} ===\n")
+        pstats.Stats(profiler, stream=out).strip_dirs().sort_stats(order).print_stats(PROFILE_TOP)
+    # Who calls the most expensive functions (by own time): where the cost comes from.
+    stats = pstats.Stats(profiler, stream=out).strip_dirs().sort_stats("tottime")
+    out.write(f"\n=== callers of the top {PROFILE_CALLERS} by tottime ===\n")
+    stats.print_callers(PROFILE_CALLERS)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(out.getvalue())
     if os.environ.get("BENCH_PROFILE_RAW"):

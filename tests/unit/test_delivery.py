@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from nats.aio.msg import Msg
 
 from ckpt_ha.bus import delivery
 from ckpt_ha.contracts import CATALOG, EventCatalog
@@ -82,3 +83,31 @@ def test_attempts_excuse_only_the_parks_time_allows(
     now = T0 + timedelta(seconds=waited_s)
     got = delivery.attempts(delivered, T0, now, parkable=parkable, park_delay_s=300)
     assert got == counted
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "$JS.ACK.events.registrar--checkpoints.3.1042.17.1764620000000000000.5",
+        "$JS.ACK._.acchash.events.registrar--checkpoints.3.1042.17.1764620000000000000.5",
+        "$JS.ACK.hub.acchash.events.registrar--checkpoints.1.7.7.1764620000000000000.0.r4nd0m",
+    ],
+)
+def test_counts_read_from_the_ack_subject_agree_with_nats_py(reply: str) -> None:
+    meta = Msg.Metadata._from_reply(reply)
+    assert delivery.counts(reply) == (meta.num_delivered, meta.sequence.stream)
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        None,
+        "",
+        "_INBOX.abc.1",
+        "$JS.ACK.too.short",
+        "$JS.ACK.s.c.x.1.1.1.0",
+        "$JS.NAK.s.c.1.1.1.1.0",
+    ],
+)
+def test_what_is_no_ack_subject_has_no_counts(reply: str | None) -> None:
+    assert delivery.counts(reply) is None

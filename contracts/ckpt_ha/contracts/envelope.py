@@ -149,10 +149,15 @@ class EventCatalog:
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
         self._versions: dict[str, tuple[int, ...]] = {}
         """`versions` per type, worked out once (every decode asks): cleared by `register`."""
+        self._current: dict[bytes, tuple[str, type[Envelope[Any]]]] = {}
+        """A newest version's ``type`` attribute as it appears on the wire → its type name and
+        the envelope class parametrised with its model (pydantic looks ``Envelope[model]`` up
+        anew on each subscript): only known newest types are kept, cleared by `register`."""
 
     def register(self, model: type[EventData]) -> type[EventData]:
         self._models[(model.EVENT_TYPE, model.EVENT_VERSION)] = model
         self._versions.clear()
+        self._current.clear()
         return model
 
     def upcaster(self, event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
@@ -253,18 +258,31 @@ class EventCatalog:
         match = _TYPE_PEEK.search(raw, 0, 512)
         if match is None:
             return None
-        t = _TYPE_RE.match(match.group(1).decode("ascii", "replace"))
+        current = self._current.get(match.group(1))
+        if current is None:
+            current = self._newest(match.group(1))
+            if current is None:
+                return None
+        type_name, envelope = current
+        try:
+            event = envelope.model_validate_json(raw)
+        except ValidationError:
+            return None
+        return event if event.type == type_name else None
+
+    def _newest(self, type_attr: bytes) -> tuple[str, type[Envelope[Any]]] | None:
+        """The type name and envelope class for ``type_attr`` when it names a newest version
+        (kept in ``_current``), else None."""
+        t = _TYPE_RE.match(type_attr.decode("ascii", "replace"))
         if t is None:
             return None
         versions = self.versions(t.group(1))
         if not versions or int(t.group(2)) != versions[-1]:
             return None
         model = self._models[(t.group(1), versions[-1])]
-        try:
-            event = Envelope[model].model_validate_json(raw)  # type: ignore[valid-type]
-        except ValidationError:
-            return None
-        return event if event.type == model.type_name() else None
+        found = (model.type_name(), Envelope[model])  # type: ignore[valid-type]
+        self._current[type_attr] = found
+        return found
 
 
 _TYPE_PEEK = re.compile(rb'"type"\s*:\s*"([^"\\]{1,100})"')

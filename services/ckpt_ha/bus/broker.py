@@ -372,6 +372,12 @@ class _DeadLetterScope(BaseMiddleware):
 Handler = Callable[..., Awaitable[None]]
 
 
+def _counts(raw: Msg) -> tuple[int, int]:
+    """(times delivered, stream sequence) by nats-py's own parse (`delivery.counts` read none)."""
+    meta = raw.metadata
+    return meta.num_delivered, meta.sequence.stream
+
+
 async def _raw_batch(msg: StreamMessage[Any]) -> None:
     """Batch decoder that decodes nothing: faststream would JSON-parse every body once more."""
 
@@ -725,16 +731,17 @@ class Bus:
         return register
 
     async def _consume_batch(self, raws: list[Msg], handler: BatchHandler, consumer: str) -> None:
-        deadline = self.cfg.handler_deadline_s
+        deadline, max_deliver = self.cfg.handler_deadline_s, self.cfg.max_deliver
         heartbeat = keep_alive_task(raws, self.cfg.ack_wait_s, deadline)
         try:
             events: list[Envelope[EventData]] = []
             decoded: list[Msg] = []
             for raw in raws:
-                if await self.dead_letters.past_cap(raw, consumer):
+                delivered, seq = delivery.counts(raw.reply) or _counts(raw)
+                # Past the cap only when delivered more often (`past_cap` excuses parks).
+                if delivered > max_deliver and await self.dead_letters.past_cap(raw, consumer):
                     continue
                 try:
-                    seq = raw.metadata.sequence.stream
                     events.append(
                         admit(self.cfg, self.catalog, raw.data, raw.subject, raw.headers, seq)
                     )

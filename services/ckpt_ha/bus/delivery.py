@@ -73,3 +73,31 @@ def attempts(
     waited = max((now - stored_at).total_seconds(), 0.0)
     excused = min(delivered - 1, math.floor(waited / park_delay_s))
     return delivered - excused
+
+
+def counts(reply: str | None) -> tuple[int, int] | None:
+    """(times delivered, stream sequence) read from a JetStream message's ack subject, None when
+    it is not one. What a consumer needs of every message, without nats-py's full metadata (two
+    frozen dataclasses and a datetime per message); anything else still reads that.
+
+    The subject is ``$JS.ACK.<stream>.<consumer>.<delivered>.<stream seq>.<consumer seq>.<time>
+    .<pending>``, or since nats-server 2.9 with ``<domain>.<account hash>`` after ``ACK`` and
+    possibly a random token at the end (11 or more tokens).
+    """
+    tokens = reply.split(".") if reply else []
+    if len(tokens) == _V1_TOKENS:
+        at = 4
+    elif len(tokens) >= _V2_TOKENS:
+        at = 6
+    else:
+        return None
+    if tokens[0] != "$JS" or tokens[1] != "ACK":
+        return None
+    try:
+        return int(tokens[at]), int(tokens[at + 1])
+    except ValueError:
+        return None
+
+
+_V1_TOKENS = 9
+_V2_TOKENS = 11

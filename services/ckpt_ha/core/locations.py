@@ -19,6 +19,7 @@ the third.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -38,6 +39,12 @@ no job owns it, or a job named so would own every quarantined checkpoint."""
 
 RESERVED = frozenset({QUARANTINE})
 
+_UNSAFE = re.compile(r"[/\\\s\x00-\x1f\x7f]")
+"""What a job folder's name never holds: a separator, whitespace (``\\s`` is what
+`str.isspace` calls whitespace) or a control character. One regex search per event, not a
+Python loop over the id's characters."""
+_DOTTED = frozenset(("", ".", ".."))
+
 KeyOf = Callable[[str], "str | None"]
 """A URI → its key in the storage root (None: outside it); `ckpt_ha.storage.key_for_uri`."""
 
@@ -51,7 +58,7 @@ def job_folder(job_id: str) -> str | None:
     """
     if not job_id or job_id in (".", "..") or job_id in RESERVED:
         return None
-    if any(c in "/\\" or c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in job_id):
+    if _UNSAFE.search(job_id) is not None:
         return None
     return job_id
 
@@ -61,7 +68,7 @@ def _parts(key: str) -> list[str] | None:
     if not key or key.startswith("/") or "\\" in key or "\x00" in key:
         return None
     parts = key.split("/")
-    if any(part in ("", ".", "..") for part in parts):
+    if not _DOTTED.isdisjoint(parts):
         return None
     return parts
 

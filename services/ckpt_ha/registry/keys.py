@@ -69,19 +69,21 @@ class RegistryKeys:
     prefix: str
 
     def _k(self, *parts: str) -> str:
+        # The per-item keys below are f-strings of the same shape: one is built per key read
+        # or written, several per event.
         return ":".join((self.prefix, *parts))
 
     def checkpoint(self, checkpoint_id: str) -> str:
-        return self._k("ckpt", checkpoint_id)
+        return f"{self.prefix}:ckpt:{checkpoint_id}"
 
     def job(self, job_id: str) -> str:
-        return self._k("job", job_id)
+        return f"{self.prefix}:job:{job_id}"
 
     def state(self, state: CheckpointState | str) -> str:
-        return self._k("state", state.value if isinstance(state, CheckpointState) else state)
+        return f"{self.prefix}:state:{state.value if isinstance(state, CheckpointState) else state}"
 
     def uri(self, uri: str) -> str:
-        return self._k("uri", uri)
+        return f"{self.prefix}:uri:{uri}"
 
     @property
     def jobs(self) -> str:
@@ -92,25 +94,25 @@ class RegistryKeys:
         return self._k("applied")
 
     def owner(self, job_id: str) -> str:
-        return self._k("owner", job_id)
+        return f"{self.prefix}:owner:{job_id}"
 
     def project(self, project: str) -> str:
-        return self._k("project", project)
+        return f"{self.prefix}:project:{project}"
 
     def owner_log(self, job_id: str) -> str:
-        return self._k("owner-log", job_id)
+        return f"{self.prefix}:owner-log:{job_id}"
 
     def tier(self, job_id: str) -> str:
-        return self._k("tier", job_id)
+        return f"{self.prefix}:tier:{job_id}"
 
     def tier_log(self, job_id: str) -> str:
-        return self._k("tier-log", job_id)
+        return f"{self.prefix}:tier-log:{job_id}"
 
     def tier_declared(self, job_id: str) -> str:
-        return self._k("tier-declared", job_id)
+        return f"{self.prefix}:tier-declared:{job_id}"
 
     def fence(self, job_id: str) -> str:
-        return self._k("fence", job_id)
+        return f"{self.prefix}:fence:{job_id}"
 
     @property
     def stream(self) -> str:

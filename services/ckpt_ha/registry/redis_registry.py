@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import pydantic_core
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -255,9 +256,10 @@ class Registry:
         tiers: list[TierRecord],
         planned_before: dict[FenceKey, int | None],
         fences: dict[FenceKey, int],
-    ) -> str:
+    ) -> bytes:
         k = self.keys
-        return json.dumps(
+        # pydantic_core's encoder: a batch is mostly records' JSON documents, escaped once more.
+        return pydantic_core.to_json(
             {
                 "events": event_ids,
                 "records": [
