@@ -5,8 +5,9 @@ An operation (not part of the registry package): it reads the bus and replays th
 services' own projections, which sit above the registry in the import layers.
 
 Refuses (`StreamIncomplete`) a stream that no longer starts at sequence 1. Replays the whole
-stream, one event at a time in stream order (it never holds the stream in memory), through the
-projections the live services use:
+stream in stream order, streamed (it never holds the stream in memory: one batch of `BATCH`
+checkpoint events, projected in one `Registry.apply_many` round trip, plus the few deferred),
+through the projections the live services use:
 
 * checkpoint events → the registry (`RegistryWriter.apply`, the registrar's projection: records,
   indexes, owners, chosen tiers), after the same intake check (a location its job does not own
@@ -39,7 +40,7 @@ from ckpt_ha.bus.stream_reader import iter_events
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
 from ckpt_ha.contracts.errors import ContractError
-from ckpt_ha.contracts.job import JobStartedV1
+from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1, JobStartedV1
 from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
@@ -126,6 +127,53 @@ async def rebuild(
     return await _replay(registry, cfg, catalog, key_of, restores, clock, progress)
 
 
+BATCH = 500
+"""Checkpoint events projected per registry round trip (`Registry.apply_many`)."""
+
+UNREAD = (JobProgressV1, JobHeartbeatV1, CheckpointRegisteredV1)
+"""Coordinated events whose projection reads nothing of the registry (the frequent ones): the
+checkpoint events before them need not be written first."""
+
+
+class RegistryBatch:
+    """Checkpoint events held until `BATCH` of them are projected in one `apply_many`, in
+    stream order. An event that came before the one it depends on (the live consumer nak'ed it
+    and heard it again) is deferred and retried after the rest, as redelivery did."""
+
+    def __init__(self, registry: RegistryReplay, report: RebuildReport, size: int) -> None:
+        self.registry = registry
+        self.report = report
+        self.size = size
+        self.pending: list[Envelope[EventData]] = []
+        self.deferred: list[Envelope[EventData]] = []
+
+    async def add(self, event: Envelope[EventData]) -> None:
+        self.pending.append(event)
+        if len(self.pending) >= self.size:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.pending:
+            return
+        events, self.pending = self.pending, []
+        await _apply(self.registry, events, self.report, self.deferred.append)
+
+    async def retry(self) -> None:
+        """Deferred checkpoint events, again and again while any of them applies."""
+        await self.flush()
+        pending, self.deferred = self.deferred, []
+        while pending:
+            deferred: list[Envelope[EventData]] = []
+            for start in range(0, len(pending), self.size):
+                chunk = pending[start : start + self.size]
+                await _apply(self.registry, chunk, self.report, deferred.append)
+            if len(deferred) == len(pending):
+                for _ in deferred:
+                    self.report.skip(DependencyNotReady.code)
+                return
+            pending = deferred
+
+
 async def _replay(
     registry: RegistryReplay,
     cfg: BusConfig,
@@ -134,9 +182,10 @@ async def _replay(
     restores: RestoreReplay | None,
     clock: Clock,
     progress: Progress | None = None,
+    batch: int = BATCH,
 ) -> RebuildReport:
     report = RebuildReport()
-    deferred: list[Envelope[EventData]] = []
+    checkpoints = RegistryBatch(registry, report, batch)
     async with aclosing(iter_events(cfg, catalog, event_filter(cfg.prefix))) as stream:
         async for item in stream:
             report.read += 1
@@ -146,64 +195,42 @@ async def _replay(
                 report.skip(item.code)
                 continue
             if item.event_type.startswith("checkpoint.") or isinstance(item.data, ResumePlannedV1):
-                await _checkpoint_event(registry, item, key_of, report, deferred)
+                refused = intake_refusal(item.data, key_of)
+                if refused is not None:
+                    report.skip(refused.code)
+                else:
+                    await checkpoints.add(item)
             if item.event_type.startswith(COORDINATED) or isinstance(
                 item.data, CheckpointRegisteredV1
             ):
+                if not isinstance(item.data, UNREAD):
+                    await checkpoints.flush()  # it may read what the events before it wrote
                 await _coordinated(registry, restores, item, report)
-    await _retry(registry, deferred, report)
+    await checkpoints.retry()
     if restores is not None:
         await restores.finish(clock())
     return report
 
 
-async def _checkpoint_event(
-    registry: RegistryWriter,
-    event: Envelope[EventData],
-    key_of: KeyOf,
-    report: RebuildReport,
-    deferred: list[Envelope[EventData]],
-) -> None:
-    refused = intake_refusal(event.data, key_of)
-    if refused is not None:
-        report.skip(refused.code)
-        return
-    await _apply(registry, event, report, deferred.append)
-
-
 async def _apply(
-    registry: RegistryWriter,
-    event: Envelope[EventData],
+    registry: RegistryReplay,
+    events: list[Envelope[EventData]],
     report: RebuildReport,
     defer: Callable[[Envelope[EventData]], None],
 ) -> None:
-    try:
-        result = await registry.apply(event)
-    except DependencyNotReady:
-        defer(event)
-        return
-    except PermanentError as exc:
-        report.skip(exc.code)
-        return
-    if result.duplicate:
-        report.duplicates += 1
-    else:
-        report.applied += 1
-
-
-async def _retry(
-    registry: RegistryWriter, pending: list[Envelope[EventData]], report: RebuildReport
-) -> None:
-    """Deferred checkpoint events, again and again while any of them applies."""
-    while pending:
-        deferred: list[Envelope[EventData]] = []
-        for event in pending:
-            await _apply(registry, event, report, deferred.append)
-        if len(deferred) == len(pending):
-            for _ in deferred:
-                report.skip(DependencyNotReady.code)
-            return
-        pending = deferred
+    """One round trip for ``events``; each event's own error decides what happens to it."""
+    results = await registry.apply_many(events)
+    for event, result in zip(events, results, strict=True):
+        if isinstance(result, DependencyNotReady):
+            defer(event)
+        elif isinstance(result, PermanentError):
+            report.skip(result.code)
+        elif isinstance(result, Exception):
+            raise result
+        elif result.duplicate:
+            report.duplicates += 1
+        else:
+            report.applied += 1
 
 
 async def _coordinated(

@@ -82,7 +82,7 @@ LEASES = ("evalsha", "script|load", "time", "hget", "hset")
 `ckpt_ha.registry.leases`, on hashes only (no command that writes a string or sets an expiry,
 which on Redis 6 would reach the registry records these users only read)."""
 
-PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush", "hget", "hset")
+PROJECTION = ("get", "set", "sadd", "srem", "zadd", "zremrangebyscore", "rpush", "hget", "hset")
 """What the registry's compare-and-set script runs (`redis_registry._WRITE_LUA`)."""
 
 
@@ -117,7 +117,7 @@ USERS: tuple[RedisUser, ...] = (
                             "applied", "owners", "projects", "owner-log", "tiers", "tier-log",
                             "fences", "stream"),
               ("tier-declared",),
-              (*CONNECT, "mget", "smembers", "smismember", "evalsha", "script|load",
+              (*CONNECT, "mget", "smembers", "zmscore", "evalsha", "script|load",
                *PROJECTION)),
     # Its own memory and the pins; reads a job's records to choose a restore. The heartbeat
     # watches (optimistic WATCH transactions, the deadlines' sorted set) and the lease of its
@@ -142,7 +142,8 @@ USERS: tuple[RedisUser, ...] = (
               (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire", "pexpireat",
                "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
                "zrevrange", "zpopmin", "zremrangebyrank", "zrem", "sadd", "srem", "smembers",
-               "sismember", "smismember", "rpush", "ltrim", "lrange", "evalsha", "script|load",
+               "sismember", "smismember", "zmscore", "zremrangebyscore", "rpush", "ltrim", "lrange",
+               "evalsha", "script|load",
                "multi", "exec", "discard", "watch", "unwatch")),
 )  # fmt: skip
 

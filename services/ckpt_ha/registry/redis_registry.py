@@ -13,6 +13,14 @@ replays it from the same events.
 A batch of transitions is written by one Lua compare-and-set on the records it read, so two
 replicas racing on one checkpoint cannot both apply one; the loser re-reads and sees the new
 state.
+
+The applied-event ids (dedupe) are scored by their event's time and trimmed by every write to
+the last `APPLIED_WINDOW_S` on the registry's clock, so the set holds one window of traffic, not
+the whole history; the score is the event's, not the moment it was applied, so a rebuild leaves
+exactly the window the live registrar had. Within the window an id is a duplicate because it
+is there; past it, every event that changed a record is in that record's history
+(`ckpt_ha.core.records.project_batch` dedupes on it too), and an event that changed nothing
+changes nothing again.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import hashlib
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import redis.asyncio as aioredis
@@ -31,6 +40,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.records import (
     Applied,
     CheckpointRecord,
@@ -45,7 +55,14 @@ from ckpt_ha.registry.client import RedisConfig, connect, describe
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
-__all__ = ["Registry", "RegistryUnavailable"]
+__all__ = ["APPLIED_WINDOW_S", "Registry", "RegistryUnavailable"]
+
+APPLIED_WINDOW_S = 3600.0
+"""How long an applied event id is remembered as such, counted from its event's time (kept while
+that time is within this much of the registry's clock). It must cover every way the same message
+comes back: JetStream's duplicate window (``duplicate_window_s``, 120 s by default: a republish
+within it is dropped by the server anyway) and a redelivery (``max_deliver`` times ``ack_wait_s``
+plus the nak back-off, minutes). An hour is many times both."""
 
 
 def _strs(values: Iterable[Any]) -> list[str]:
@@ -80,7 +97,15 @@ for _, f in ipairs(batch.fences) do
   local planned = redis.call('HGET', f.key, f.run) or ''
   if planned ~= f.expect then return 0 end
 end
-if #batch.events > 0 then redis.call('SADD', KEYS[1], unpack(batch.events)) end
+if #batch.events > 0 then
+  local scored = {}
+  for i, e in ipairs(batch.events) do
+    scored[2 * i - 1] = e[2]
+    scored[2 * i] = e[1]
+  end
+  redis.call('ZADD', KEYS[1], unpack(scored))
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. batch.forget_before)
+end
 for _, r in ipairs(batch.records) do
   redis.call('SET', r.key, r.doc)
   if r.old_state ~= '' then redis.call('SREM', r.old_state, r.id) end
@@ -108,6 +133,10 @@ return 1
 """
 
 
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
 def _sha1(text: str) -> str:
     """Digest for compare-and-set (matches Lua's redis.sha1hex); not a security boundary."""
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
@@ -124,10 +153,19 @@ class _RecordWrite:
 class Registry:
     """Async Redis adapter for the checkpoint registry (implements `port.CheckpointRegistry`)."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str = "ckpt-ha") -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str = "ckpt-ha",
+        *,
+        applied_window_s: float = APPLIED_WINDOW_S,
+        clock: Clock = utc_now,
+    ) -> None:
         self.r = client
         self.p = prefix
         self.keys = RegistryKeys(prefix)
+        self.applied_window_s = applied_window_s
+        self.clock = clock
         self._write_script = client.register_script(_WRITE_LUA)
 
     @classmethod
@@ -165,7 +203,7 @@ class Registry:
         with _reachable():
             while True:
                 async with self.r.pipeline(transaction=False) as pipe:
-                    pipe.smismember(k.applied, [e.id for e in events])
+                    pipe.zmscore(k.applied, [e.id for e in events])
                     pipe.mget([k.owner(j) for j in scope.jobs])
                     if record_keys:  # none when the batch holds only ownership transfers
                         pipe.mget(record_keys)
@@ -189,7 +227,7 @@ class Registry:
                 owners: dict[str, str | None] = dict(zip(scope.jobs, owner_raws, strict=True))
                 outcome = project_batch(
                     events,
-                    [bool(s) for s in seen],
+                    [s is not None for s in seen],
                     before,
                     owners,
                     {u: _strs(m) for u, m in zip(scope.uris, at_uri, strict=True)},
@@ -202,7 +240,8 @@ class Registry:
                     for cid, new in outcome.records.items()
                 ]
                 batch = self._write_batch(
-                    outcome.fresh,
+                    _ms(self.clock()) - int(self.applied_window_s * 1000),
+                    [(e.id, _ms(e.time)) for e in events if e.id in outcome.fresh],
                     changed,
                     outcome.changes,
                     owners,
@@ -215,7 +254,8 @@ class Registry:
 
     def _write_batch(
         self,
-        event_ids: list[str],
+        forget_before: int,
+        fresh: list[tuple[str, int]],
         changed: list[_RecordWrite],
         changes: list[OwnershipChange],
         owners_before: dict[str, str | None],
@@ -226,7 +266,9 @@ class Registry:
         k = self.keys
         return json.dumps(
             {
-                "events": event_ids,
+                # Scores as strings: cjson would hand Lua a double, whose text may be e-notation.
+                "events": [[event_id, str(at)] for event_id, at in fresh],
+                "forget_before": str(forget_before),
                 "records": [
                     {
                         "id": w.new.checkpoint_id,
