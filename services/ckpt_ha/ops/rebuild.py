@@ -29,6 +29,7 @@ Not replayed: leases (transient) and the reconcile log (not in the stream: a reb
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -49,7 +50,7 @@ from ckpt_ha.core.locations import KeyOf, intake_refusal
 from ckpt_ha.core.tiers import declared_tier
 from ckpt_ha.ops.errors import RebuildWithoutSigningKey, RegistryNotEmpty, StreamReplaced
 from ckpt_ha.ops.streams import require_complete_stream
-from ckpt_ha.registry.pins import RedisPins
+from ckpt_ha.registry.pins import RedisPins, ReplayedPins
 from ckpt_ha.registry.port import RegistryWriter, TierDeclarer
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
@@ -130,7 +131,7 @@ async def rebuild(
 BATCH = 500
 """Checkpoint events projected per registry round trip (`Registry.apply_many`)."""
 
-UNREAD = (JobProgressV1, JobHeartbeatV1, CheckpointRegisteredV1)
+UNREAD = (JobProgressV1, JobHeartbeatV1, JobStartedV1, CheckpointRegisteredV1)
 """Coordinated events whose projection reads nothing of the registry (the frequent ones): the
 checkpoint events before them need not be written first."""
 
@@ -186,6 +187,9 @@ async def _replay(
 ) -> RebuildReport:
     report = RebuildReport()
     checkpoints = RegistryBatch(registry, report, batch)
+    # A checkpoint's events name its location again and again (writing, committed, verified,
+    # registered, ...): each is resolved once while they come.
+    key_of = functools.lru_cache(maxsize=4096)(key_of)
     async with aclosing(iter_events(cfg, catalog, event_filter(cfg.prefix))) as stream:
         async for item in stream:
             report.read += 1
@@ -281,7 +285,7 @@ async def rebuild_registry(
     recorded = await registry.built_from()
     if recorded is not None and recorded != current and not accept_new_stream:
         raise StreamReplaced(recorded, current)
-    pins = RedisPins(registry.r, registry.p)
+    pins = ReplayedPins(registry.r, registry.p)  # emptied below, unless empty already
     state = RedisRestores(
         registry.r,
         registry.p,
