@@ -61,6 +61,9 @@ COORDINATED = ("job.", "resume.")
 ``checkpoint.registered`` (the pins it releases)."""
 
 
+BATCH = 500
+"""Checkpoint events projected per registry round trip (`Registry.apply_many`)."""
+
 Progress = Callable[[int, int | None], None]
 """``(events read, None)``: the stream's length is not known ahead."""
 
@@ -116,20 +119,19 @@ async def rebuild(
     restores: RestoreReplay | None = None,
     clock: Clock = utc_now,
     progress: Progress | None = None,
+    batch: int = BATCH,
 ) -> RebuildReport:
     """``key_of``: a location's key in the storage root, as the live registrar had it (an event
     naming a location its job does not own is refused here as it was there). ``restores``: the
-    coordinator's state to replay too (None: the registry's key spaces only). Refuses
+    coordinator's state to replay too (None: the registry's key spaces only). ``batch``:
+    checkpoint events per registry round trip (the result does not depend on it). Refuses
     (`StreamIncomplete`) a stream whose first events are gone, and a rebuild without the
     job-signing key (`RebuildWithoutSigningKey`)."""
     if not cfg.signing_keys:
         raise RebuildWithoutSigningKey
     await require_complete_stream(cfg)
-    return await _replay(registry, cfg, catalog, key_of, restores, clock, progress)
+    return await _replay(registry, cfg, catalog, key_of, restores, clock, progress, batch)
 
-
-BATCH = 500
-"""Checkpoint events projected per registry round trip (`Registry.apply_many`)."""
 
 UNREAD = (JobProgressV1, JobHeartbeatV1, JobStartedV1, CheckpointRegisteredV1)
 """Coordinated events whose projection reads nothing of the registry (the frequent ones): the
