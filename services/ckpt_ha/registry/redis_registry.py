@@ -169,8 +169,14 @@ class Registry:
         self._write_script = client.register_script(_WRITE_LUA)
 
     @classmethod
-    def from_url(cls, where: str | RedisConfig, prefix: str = "ckpt-ha") -> Registry:
-        return cls(connect(where), prefix)
+    def from_url(
+        cls,
+        where: str | RedisConfig,
+        prefix: str = "ckpt-ha",
+        *,
+        applied_window_s: float = APPLIED_WINDOW_S,
+    ) -> Registry:
+        return cls(connect(where), prefix, applied_window_s=applied_window_s)
 
     async def close(self) -> None:
         await self.r.aclose()
