@@ -211,7 +211,7 @@ async def converge(
 
 
 INDEXES = (":job:", ":state:", ":uri:", ":project:")
-INDEX_SETS = (":jobs", ":applied")
+INDEX_SETS = (":jobs", ":applied", ":applied-at")
 
 
 def lost_keys(changed: Iterable[str]) -> list[str]:

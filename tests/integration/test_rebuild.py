@@ -34,7 +34,8 @@ async def consumer_idle(settings: ServiceSettings, durable: str) -> bool:
         await nc.close()
 
 
-async def test_rebuild_reproduces_identical_records(settings: ServiceSettings) -> None:
+@pytest.mark.parametrize("batch", [1, 3, 500])
+async def test_rebuild_reproduces_identical_records(settings: ServiceSettings, batch: int) -> None:
     svc = build(RegistrarSettings.model_validate(settings.model_dump()))
     producer = Bus(settings.bus(), "test-producer")
     await svc.bus.broker.start()
@@ -84,7 +85,8 @@ async def test_rebuild_reproduces_identical_records(settings: ServiceSettings) -
     assert await svc.registry.clear() > 0
     assert list(await svc.registry.dump()) == [svc.registry.keys.stream]  # which stream: kept
 
-    report = await rebuild(svc.registry, settings.bus(), CATALOG, partial(key_for_uri, svc.store))
+    key_of = partial(key_for_uri, svc.store)
+    report = await rebuild(svc.registry, settings.bus(), CATALOG, key_of, batch=batch)
     rebuilt = await svc.registry.dump()
     await svc.registry.close()
 

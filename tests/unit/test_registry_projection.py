@@ -213,3 +213,19 @@ def test_a_report_no_stage_leads_to_is_still_refused() -> None:
             _at(CheckpointState.QUARANTINED),
             _event(CheckpointVerifiedV1(**base, checks=("sizes",)), "late"),
         )
+
+
+def test_an_event_in_its_records_history_is_a_duplicate_the_applied_window_forgot() -> None:
+    """The registry's window of applied ids forgets; the record's history does not: an event
+    that changed the record, heard again after the window (``seen`` False), changes nothing."""
+    first, verdict = committed("c1"), verified("c1")
+    record, _ = project(None, first)
+    record, _ = project(record, verdict)
+    assert record is not None
+    for again in (first, verdict):
+        outcome = project_batch([again], [False], {"c1": record}, {"job-1": None}, {}, {})
+        [result] = outcome.results
+        assert not isinstance(result, Exception)
+        assert result.duplicate
+        assert result.record == record
+        assert (outcome.fresh, outcome.records) == ([], {})

@@ -183,12 +183,14 @@ def render(
         # Provisioning: create and change the streams; never PURGE or DELETE (nor MSG.DELETE).
         *(f"$JS.API.STREAM.{op}.{s}" for s in streams for op in ("INFO", "CREATE", "UPDATE")),
         *(f"$JS.API.STREAM.MSG.GET.{s}" for s in streams),
-        # Reading the streams back (rebuild, audits, dead letters): ephemeral ordered consumers.
+        # Reading the streams back (rebuild, audits, dead letters): ephemeral consumers, pushed
+        # (ordered) or pulled a batch at a time.
         *(f"$JS.API.CONSUMER.CREATE.{s}" for s in streams),
         *(f"$JS.API.CONSUMER.CREATE.{s}.>" for s in streams),
         *(f"$JS.API.CONSUMER.INFO.{s}.*" for s in streams),
         *(f"$JS.API.CONSUMER.DELETE.{s}.*" for s in streams),
         *(f"$JS.API.CONSUMER.LIST.{s}" for s in streams),
+        *(f"$JS.API.CONSUMER.MSG.NEXT.{s}.*" for s in streams),
         *(f"$JS.FC.{s}.>" for s in streams),
     ]
     lines += [

@@ -8,12 +8,13 @@ already), so a reader sees a job's reports between its events as they happened.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 import nats
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
@@ -23,6 +24,9 @@ from ckpt_ha.contracts.subjects import telemetry_filters
 
 Item = Envelope[EventData] | ContractError
 
+BATCH = 256
+"""Messages one pull brings: what the reader holds at most, whatever the stream's length."""
+
 
 async def iter_events(
     cfg: BusConfig,
@@ -31,10 +35,15 @@ async def iter_events(
     *,
     idle_timeout: float = 5.0,
     stream: str | None = None,
+    batch: int = BATCH,
 ) -> AsyncGenerator[Item, None]:
     """Every message on ``subject_filter`` now in ``stream`` (the event stream unless given),
-    in order, one at a time (a reader of the whole stream holds one event, not the stream): the
-    event, or why the same `admit` as the live consumers refused it."""
+    in order: the event, or why the same `admit` as the live consumers refused it.
+
+    Pulled ``batch`` at a time by an ephemeral consumer that acknowledges nothing, so a reader
+    of the whole stream holds one batch, not the stream (a pushed subscription queues what the
+    server sends faster than it is read). Ordered: a delivery that skips one (a pull whose
+    answer was lost) starts a new consumer after the last message read."""
     name = stream or cfg.events_stream
     nc = await nats.connect(
         cfg.servers, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
@@ -50,24 +59,50 @@ async def iter_events(
         # 2.10 takes one filter): a filter across several (``<prefix>.ev.>`` on the event
         # stream, which lists its subjects) reads the whole stream and matches here.
         server_filter = within.pop() if len(within) == 1 else ""
-        sub = await js.subscribe(
-            server_filter,
-            stream=name,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-        )
-        try:
-            while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle_timeout)
-                except TimeoutError:
-                    break  # nothing matches, or the stream ended
-                if server_filter == subject_filter or matches(msg.subject, subject_filter):
-                    yield _admitted(cfg, catalog, msg)
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            await sub.unsubscribe()
+        after = 0  # stream sequence of the last message read
+        while True:
+            consumer = await js.add_consumer(
+                name,
+                ConsumerConfig(
+                    filter_subject=server_filter or None,
+                    ack_policy=AckPolicy.NONE,
+                    deliver_policy=(
+                        DeliverPolicy.BY_START_SEQUENCE if after else DeliverPolicy.ALL
+                    ),
+                    opt_start_seq=after + 1 if after else None,
+                    mem_storage=True,
+                    inactive_threshold=max(30.0, 4 * idle_timeout),
+                ),
+            )
+            durable = consumer.name
+            assert durable is not None
+            sub = await js.pull_subscribe_bind(durable, stream=name)
+            try:
+                delivered = 0
+                while True:
+                    try:
+                        msgs = await sub.fetch(batch, timeout=idle_timeout)
+                    except TimeoutError:
+                        return  # nothing matches, or the stream ended
+                    skipped = False
+                    for msg in msgs:
+                        meta = msg.metadata
+                        if meta.sequence.consumer != delivered + 1:
+                            skipped = True  # start again after the last message read
+                            break
+                        delivered += 1
+                        after = meta.sequence.stream
+                        if server_filter == subject_filter or matches(msg.subject, subject_filter):
+                            yield _admitted(cfg, catalog, msg)
+                        if meta.num_pending == 0:
+                            return
+                    if skipped:
+                        break
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+                with contextlib.suppress(Exception):
+                    await js.delete_consumer(name, durable)
     finally:
         await nc.close()
 

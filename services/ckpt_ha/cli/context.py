@@ -95,7 +95,9 @@ def run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
 async def registry(settings: ServiceSettings) -> AsyncIterator[Registry]:
     from ckpt_ha.registry.redis_registry import Registry
 
-    reg = Registry.from_url(settings.redis(), settings.registry_prefix)
+    reg = Registry.from_url(
+        settings.redis(), settings.registry_prefix, applied_window_s=settings.applied_window_s
+    )
     try:
         yield reg
     finally:

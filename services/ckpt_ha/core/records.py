@@ -561,6 +561,13 @@ class BatchOutcome:
         return bool(self.fresh or self.records)
 
 
+def in_history(record: CheckpointRecord | None, event_id: str) -> bool:
+    """Whether ``event_id`` already changed ``record`` (a transition or a pin: each leaves an
+    entry). The registry's window of applied ids forgets; a record's history does not, so a
+    message redelivered or republished after the window is still recognised."""
+    return record is not None and any(h.event_id == event_id for h in record.history)
+
+
 def project_batch(
     events: Sequence[Envelope[EventData]],
     seen: Sequence[bool],
@@ -571,7 +578,9 @@ def project_batch(
 ) -> BatchOutcome:
     """Project ``events`` in order onto what the registry read for them (`batch_scope`).
 
-    ``seen[i]`` says event i's id was applied before (a duplicate: nothing changes, but the
+    ``seen[i]`` says event i's id was applied before, as far as the registry's window of
+    applied ids remembers; an event in its record's history (`in_history`) was too, however
+    long ago (a duplicate either way: nothing changes, but the
     result carries the record, owner and, for a redelivered creator, its URI conflict again so
     follow-ups can be re-published). An event that raises a `PermanentError` or
     `TransientError` gets that error as its result; the others still apply. ``planned``: the
@@ -588,7 +597,7 @@ def project_batch(
     for event, was_seen in zip(events, seen, strict=True):
         cid = checkpoint_id_of(event)
         job = event.data.job_id
-        if was_seen or event.id in fresh:
+        if was_seen or event.id in fresh or in_history(current.get(cid), event.id):
             record = current.get(cid)
             others: tuple[str, ...] = ()
             if record is not None and record.history[0].event_id == event.id:

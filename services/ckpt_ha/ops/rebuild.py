@@ -5,8 +5,9 @@ An operation (not part of the registry package): it reads the bus and replays th
 services' own projections, which sit above the registry in the import layers.
 
 Refuses (`StreamIncomplete`) a stream that no longer starts at sequence 1. Replays the whole
-stream, one event at a time in stream order (it never holds the stream in memory), through the
-projections the live services use:
+stream in stream order, streamed (it never holds the stream in memory: one batch of `BATCH`
+checkpoint events, projected in one `Registry.apply_many` round trip, plus the few deferred),
+through the projections the live services use:
 
 * checkpoint events → the registry (`RegistryWriter.apply`, the registrar's projection: records,
   indexes, owners, chosen tiers), after the same intake check (a location its job does not own
@@ -38,6 +39,7 @@ Not replayed: leases (transient) and the reconcile log (not in the stream: a reb
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -49,7 +51,7 @@ from ckpt_ha.bus.stream_reader import iter_history
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
 from ckpt_ha.contracts.errors import ContractError
-from ckpt_ha.contracts.job import JobStartedV1
+from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1, JobStartedV1
 from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
@@ -58,7 +60,7 @@ from ckpt_ha.core.locations import KeyOf, intake_refusal
 from ckpt_ha.core.tiers import declared_tier
 from ckpt_ha.ops.errors import RebuildWithoutSigningKey, RegistryNotEmpty, StreamReplaced
 from ckpt_ha.ops.streams import require_complete_stream
-from ckpt_ha.registry.pins import RedisPins
+from ckpt_ha.registry.pins import RedisPins, ReplayedPins
 from ckpt_ha.registry.port import RegistryWriter, TierDeclarer
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
@@ -68,6 +70,9 @@ COORDINATED = ("job.", "resume.")
 """Event types (by prefix) the restore-coordinator's state is projected from, besides
 ``checkpoint.registered`` (the pins it releases)."""
 
+
+BATCH = 500
+"""Checkpoint events projected per registry round trip (`Registry.apply_many`)."""
 
 Progress = Callable[[int, int | None], None]
 """``(events read, None)``: the stream's length is not known ahead."""
@@ -124,16 +129,62 @@ async def rebuild(
     restores: RestoreReplay | None = None,
     clock: Clock = utc_now,
     progress: Progress | None = None,
+    batch: int = BATCH,
 ) -> RebuildReport:
     """``key_of``: a location's key in the storage root, as the live registrar had it (an event
     naming a location its job does not own is refused here as it was there). ``restores``: the
-    coordinator's state to replay too (None: the registry's key spaces only). Refuses
+    coordinator's state to replay too (None: the registry's key spaces only). ``batch``:
+    checkpoint events per registry round trip (the result does not depend on it). Refuses
     (`StreamIncomplete`) a stream whose first events are gone, and a rebuild without the
     job-signing key (`RebuildWithoutSigningKey`)."""
     if not cfg.signing_keys:
         raise RebuildWithoutSigningKey
     await require_complete_stream(cfg)
-    return await _replay(registry, cfg, catalog, key_of, restores, clock, progress)
+    return await _replay(registry, cfg, catalog, key_of, restores, clock, progress, batch)
+
+
+UNREAD = (JobProgressV1, JobHeartbeatV1, JobStartedV1, CheckpointRegisteredV1)
+"""Coordinated events whose projection reads nothing of the registry (the frequent ones): the
+checkpoint events before them need not be written first."""
+
+
+class RegistryBatch:
+    """Checkpoint events held until `BATCH` of them are projected in one `apply_many`, in
+    stream order. An event that came before the one it depends on (the live consumer nak'ed it
+    and heard it again) is deferred and retried after the rest, as redelivery did."""
+
+    def __init__(self, registry: RegistryReplay, report: RebuildReport, size: int) -> None:
+        self.registry = registry
+        self.report = report
+        self.size = size
+        self.pending: list[Envelope[EventData]] = []
+        self.deferred: list[Envelope[EventData]] = []
+
+    async def add(self, event: Envelope[EventData]) -> None:
+        self.pending.append(event)
+        if len(self.pending) >= self.size:
+            await self.flush()
+
+    async def flush(self) -> None:
+        if not self.pending:
+            return
+        events, self.pending = self.pending, []
+        await _apply(self.registry, events, self.report, self.deferred.append)
+
+    async def retry(self) -> None:
+        """Deferred checkpoint events, again and again while any of them applies."""
+        await self.flush()
+        pending, self.deferred = self.deferred, []
+        while pending:
+            deferred: list[Envelope[EventData]] = []
+            for start in range(0, len(pending), self.size):
+                chunk = pending[start : start + self.size]
+                await _apply(self.registry, chunk, self.report, deferred.append)
+            if len(deferred) == len(pending):
+                for _ in deferred:
+                    self.report.skip(DependencyNotReady.code)
+                return
+            pending = deferred
 
 
 async def _replay(
@@ -144,9 +195,13 @@ async def _replay(
     restores: RestoreReplay | None,
     clock: Clock,
     progress: Progress | None = None,
+    batch: int = BATCH,
 ) -> RebuildReport:
     report = RebuildReport()
-    deferred: list[Envelope[EventData]] = []
+    checkpoints = RegistryBatch(registry, report, batch)
+    # A checkpoint's events name its location again and again (writing, committed, verified,
+    # registered, ...): each is resolved once while they come.
+    key_of = functools.lru_cache(maxsize=4096)(key_of)
     async with aclosing(iter_history(cfg, catalog, event_filter(cfg.prefix))) as stream:
         async for item in stream:
             report.read += 1
@@ -156,64 +211,42 @@ async def _replay(
                 report.skip(item.code)
                 continue
             if item.event_type.startswith("checkpoint.") or isinstance(item.data, ResumePlannedV1):
-                await _checkpoint_event(registry, item, key_of, report, deferred)
+                refused = intake_refusal(item.data, key_of)
+                if refused is not None:
+                    report.skip(refused.code)
+                else:
+                    await checkpoints.add(item)
             if item.event_type.startswith(COORDINATED) or isinstance(
                 item.data, CheckpointRegisteredV1
             ):
+                if not isinstance(item.data, UNREAD):
+                    await checkpoints.flush()  # it may read what the events before it wrote
                 await _coordinated(registry, restores, item, report)
-    await _retry(registry, deferred, report)
+    await checkpoints.retry()
     if restores is not None:
         await restores.finish(clock())
     return report
 
 
-async def _checkpoint_event(
-    registry: RegistryWriter,
-    event: Envelope[EventData],
-    key_of: KeyOf,
-    report: RebuildReport,
-    deferred: list[Envelope[EventData]],
-) -> None:
-    refused = intake_refusal(event.data, key_of)
-    if refused is not None:
-        report.skip(refused.code)
-        return
-    await _apply(registry, event, report, deferred.append)
-
-
 async def _apply(
-    registry: RegistryWriter,
-    event: Envelope[EventData],
+    registry: RegistryReplay,
+    events: list[Envelope[EventData]],
     report: RebuildReport,
     defer: Callable[[Envelope[EventData]], None],
 ) -> None:
-    try:
-        result = await registry.apply(event)
-    except DependencyNotReady:
-        defer(event)
-        return
-    except PermanentError as exc:
-        report.skip(exc.code)
-        return
-    if result.duplicate:
-        report.duplicates += 1
-    else:
-        report.applied += 1
-
-
-async def _retry(
-    registry: RegistryWriter, pending: list[Envelope[EventData]], report: RebuildReport
-) -> None:
-    """Deferred checkpoint events, again and again while any of them applies."""
-    while pending:
-        deferred: list[Envelope[EventData]] = []
-        for event in pending:
-            await _apply(registry, event, report, deferred.append)
-        if len(deferred) == len(pending):
-            for _ in deferred:
-                report.skip(DependencyNotReady.code)
-            return
-        pending = deferred
+    """One round trip for ``events``; each event's own error decides what happens to it."""
+    results = await registry.apply_many(events)
+    for event, result in zip(events, results, strict=True):
+        if isinstance(result, DependencyNotReady):
+            defer(event)
+        elif isinstance(result, PermanentError):
+            report.skip(result.code)
+        elif isinstance(result, Exception):
+            raise result
+        elif result.duplicate:
+            report.duplicates += 1
+        else:
+            report.applied += 1
 
 
 async def _coordinated(
@@ -264,7 +297,7 @@ async def rebuild_registry(
     recorded = await registry.built_from()
     if recorded is not None and recorded != current and not accept_new_stream:
         raise StreamReplaced(recorded, current)
-    pins = RedisPins(registry.r, registry.p)
+    pins = ReplayedPins(registry.r, registry.p)  # emptied below, unless empty already
     state = RedisRestores(
         registry.r,
         registry.p,

@@ -34,7 +34,9 @@ class Registrar(Service):
 def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
     """Wire the registrar; nothing connects until the app starts."""
     base = new_service(NAME, settings)
-    registry = Registry.from_url(settings.redis(), settings.registry_prefix)
+    registry = Registry.from_url(
+        settings.redis(), settings.registry_prefix, applied_window_s=settings.applied_window_s
+    )
     store = open_store(settings.storage_root)
     svc = Registrar(
         name=NAME,

@@ -82,7 +82,9 @@ LEASES = ("evalsha", "script|load", "time", "hget", "hset")
 `ckpt_ha.registry.leases`, on hashes only (no command that writes a string or sets an expiry,
 which on Redis 6 would reach the registry records these users only read)."""
 
-PROJECTION = ("get", "set", "sadd", "srem", "zadd", "rpush", "hget", "hset", "sismember")
+PROJECTION = (
+    "get", "set", "sadd", "srem", "zadd", "zscore", "zremrangebyscore", "rpush", "hget", "hset",
+)  # fmt: skip
 """What the registry's read and compare-and-set scripts run (`redis_registry._READ_LUA`,
 `redis_registry._WRITE_LUA`)."""
 
@@ -118,7 +120,7 @@ USERS: tuple[RedisUser, ...] = (
                             "applied", "owners", "projects", "owner-log", "tiers", "tier-log",
                             "fences", "stream"),
               ("tier-declared",),
-              (*CONNECT, "mget", "smembers", "smismember", "evalsha", "script|load",
+              (*CONNECT, "mget", "smembers", "zmscore", "evalsha", "script|load",
                *PROJECTION)),
     # Its own memory and the pins; reads a job's records to choose a restore. The heartbeat
     # watches (optimistic WATCH transactions, the deadlines' sorted set) and the lease of its
@@ -144,7 +146,8 @@ USERS: tuple[RedisUser, ...] = (
                "pexpireat",
                "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
                "zrevrange", "zpopmin", "zremrangebyrank", "zrem", "sadd", "srem", "smembers",
-               "sismember", "smismember", "rpush", "ltrim", "lrange", "evalsha", "script|load",
+               "sismember", "smismember", "zmscore", "zremrangebyscore", "rpush", "ltrim", "lrange",
+               "evalsha", "script|load",
                "multi", "exec", "discard", "watch", "unwatch")),
 )  # fmt: skip
 

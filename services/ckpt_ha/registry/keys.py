@@ -8,7 +8,9 @@ All keys live under one prefix, so tests and stacks can share a Redis:
 * ``<p>:uri:<uri>``       set of checkpoint ids ever written at that location (display only: a
   resubmitted job writing the same path gets a new checkpoint id)
 * ``<p>:jobs``            set of job ids
-* ``<p>:applied``         set of event ids already projected (dedupe)
+* ``<p>:applied-at``      sorted set: event id → when it was projected (ms); dedupe within
+  `ckpt_ha.registry.redis_registry.APPLIED_WINDOW_S`, trimmed past it (older replays are
+  recognised by the record's own history)
 * ``<p>:owner:<job>``     the project that owns a job's checkpoints (R5)
 * ``<p>:project:<proj>``  set of job ids the project owns
 * ``<p>:owner-log:<job>`` list of ownership changes (JSON `OwnershipChange`), oldest first
@@ -22,8 +24,10 @@ All keys live under one prefix, so tests and stacks can share a Redis:
   and creation time): a rebuild refuses a stream deleted and created again
 
 All but the reconcile log and the stream's identity are a projection of the event stream
-(`REBUILT`): the first eleven from the checkpoint events, the fences of ``resume.planned`` (the
-registrar records them live), the declared tiers of ``job.started`` (the retention-janitor
+(`REBUILT`): the first eleven from the checkpoint events (``applied``, the unbounded set of
+every id that earlier versions kept, is cleared by a rebuild too), the fences of
+``resume.planned`` (the registrar records them live), the declared tiers of ``job.started``
+(the retention-janitor
 records them live). A rebuild clears and replays them. The reconcile log is not in the stream
 and survives a rebuild; a rebuild checks the stream's identity before it clears anything and
 records it after. Two other owners keep keys under the prefix, projections of the stream too,
@@ -45,6 +49,7 @@ REBUILT = (
     "uri:",
     "jobs",
     "applied",
+    "applied-at",
     "owner:",
     "project:",
     "owner-log:",
@@ -91,7 +96,7 @@ class RegistryKeys:
 
     @property
     def applied(self) -> str:
-        return self._k("applied")
+        return self._k("applied-at")
 
     def owner(self, job_id: str) -> str:
         return f"{self.prefix}:owner:{job_id}"

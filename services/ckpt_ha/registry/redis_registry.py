@@ -13,6 +13,14 @@ replays it from the same events.
 A batch of transitions is written by one Lua compare-and-set on the records it read, so two
 replicas racing on one checkpoint cannot both apply one; the loser re-reads and sees the new
 state.
+
+The applied-event ids (dedupe) are scored by their event's time and trimmed by every write to
+the last `APPLIED_WINDOW_S` on the registry's clock, so the set holds one window of traffic, not
+the whole history; the score is the event's, not the moment it was applied, so a rebuild leaves
+exactly the window the live registrar had. Within the window an id is a duplicate because it
+is there; past it, every event that changed a record is in that record's history
+(`ckpt_ha.core.records.project_batch` dedupes on it too), and an event that changed nothing
+changes nothing again.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import hashlib
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import pydantic_core
@@ -32,6 +41,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.records import (
     Applied,
     CheckpointRecord,
@@ -46,7 +56,14 @@ from ckpt_ha.registry.client import RedisConfig, connect, describe
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
-__all__ = ["Registry", "RegistryUnavailable"]
+__all__ = ["APPLIED_WINDOW_S", "Registry", "RegistryUnavailable"]
+
+APPLIED_WINDOW_S = 3600.0
+"""How long an applied event id is remembered as such, counted from its event's time (kept while
+that time is within this much of the registry's clock). It must cover every way the same message
+comes back: JetStream's duplicate window (``duplicate_window_s``, 120 s by default: a republish
+within it is dropped by the server anyway) and a redelivery (``max_deliver`` times ``ack_wait_s``
+plus the nak back-off, minutes). An hour is many times both."""
 
 
 def _strs(values: Iterable[Any]) -> list[str]:
@@ -66,14 +83,15 @@ def _reachable() -> Iterator[None]:
 _READ_LUA = """
 -- One read of everything a batch's projection needs, as one command (a pipeline of one
 -- command per location cost the client more than the server). Formats no key: KEYS are
--- the applied set, then the owners, records, location sets and fence hashes the batch names
--- (ARGV[1..4] say how many of each); ARGV[5] is how many event ids follow, then the event
+-- the applied ids (a sorted set by event time: a score, or false when not applied), then
+-- the owners, records, location sets and fence hashes the batch names (ARGV[1..4] say how
+-- many of each); ARGV[5] is how many event ids follow, then the event
 -- ids, then one run per fence hash. Loops, not unpack: no limit on the batch's size.
 local n_owners, n_records, n_uris, n_fences = tonumber(ARGV[1]), tonumber(ARGV[2]),
   tonumber(ARGV[3]), tonumber(ARGV[4])
 local n_events = tonumber(ARGV[5])
 local seen, owners, records, at_uri, fences = {}, {}, {}, {}, {}
-for i = 1, n_events do seen[i] = redis.call('SISMEMBER', KEYS[1], ARGV[5 + i]) end
+for i = 1, n_events do seen[i] = redis.call('ZSCORE', KEYS[1], ARGV[5 + i]) end
 local k = 1
 for i = 1, n_owners do owners[i] = redis.call('GET', KEYS[k + i]) end
 k = k + n_owners
@@ -106,7 +124,15 @@ for _, f in ipairs(batch.fences) do
   local planned = redis.call('HGET', f.key, f.run) or ''
   if planned ~= f.expect then return 0 end
 end
-if #batch.events > 0 then redis.call('SADD', KEYS[1], unpack(batch.events)) end
+if #batch.events > 0 then
+  local scored = {}
+  for i, e in ipairs(batch.events) do
+    scored[2 * i - 1] = e[2]
+    scored[2 * i] = e[1]
+  end
+  redis.call('ZADD', KEYS[1], unpack(scored))
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. batch.forget_before)
+end
 for _, r in ipairs(batch.records) do
   redis.call('SET', r.key, r.doc)
   if r.old_state ~= '' then redis.call('SREM', r.old_state, r.id) end
@@ -134,6 +160,10 @@ return 1
 """
 
 
+def _ms(at: datetime) -> int:
+    return int(at.timestamp() * 1000)
+
+
 def _sha1(text: str) -> str:
     """Digest for compare-and-set (matches Lua's redis.sha1hex); not a security boundary."""
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
@@ -150,16 +180,31 @@ class _RecordWrite:
 class Registry:
     """Async Redis adapter for the checkpoint registry (implements `port.CheckpointRegistry`)."""
 
-    def __init__(self, client: aioredis.Redis, prefix: str = "ckpt-ha") -> None:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        prefix: str = "ckpt-ha",
+        *,
+        applied_window_s: float = APPLIED_WINDOW_S,
+        clock: Clock = utc_now,
+    ) -> None:
         self.r = client
         self.p = prefix
         self.keys = RegistryKeys(prefix)
+        self.applied_window_s = applied_window_s
+        self.clock = clock
         self._read_script = client.register_script(_READ_LUA)
         self._write_script = client.register_script(_WRITE_LUA)
 
     @classmethod
-    def from_url(cls, where: str | RedisConfig, prefix: str = "ckpt-ha") -> Registry:
-        return cls(connect(where), prefix)
+    def from_url(
+        cls,
+        where: str | RedisConfig,
+        prefix: str = "ckpt-ha",
+        *,
+        applied_window_s: float = APPLIED_WINDOW_S,
+    ) -> Registry:
+        return cls(connect(where), prefix, applied_window_s=applied_window_s)
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -223,7 +268,7 @@ class Registry:
                 owners: dict[str, str | None] = dict(zip(scope.jobs, owner_raws, strict=True))
                 outcome = project_batch(
                     events,
-                    [bool(s) for s in seen],
+                    [s is not None for s in seen],
                     before,
                     owners,
                     {u: _strs(m) for u, m in zip(scope.uris, at_uri, strict=True)},
@@ -236,7 +281,8 @@ class Registry:
                     for cid, new in outcome.records.items()
                 ]
                 batch = self._write_batch(
-                    outcome.fresh,
+                    _ms(self.clock()) - int(self.applied_window_s * 1000),
+                    [(e.id, _ms(e.time)) for e in events if e.id in outcome.fresh],
                     changed,
                     outcome.changes,
                     owners,
@@ -249,7 +295,8 @@ class Registry:
 
     def _write_batch(
         self,
-        event_ids: list[str],
+        forget_before: int,
+        fresh: list[tuple[str, int]],
         changed: list[_RecordWrite],
         changes: list[OwnershipChange],
         owners_before: dict[str, str | None],
@@ -261,7 +308,9 @@ class Registry:
         # pydantic_core's encoder: a batch is mostly records' JSON documents, escaped once more.
         return pydantic_core.to_json(
             {
-                "events": event_ids,
+                # Scores as strings: cjson would hand Lua a double, whose text may be e-notation.
+                "events": [[event_id, str(at)] for event_id, at in fresh],
+                "forget_before": str(forget_before),
                 "records": [
                     {
                         "id": w.new.checkpoint_id,

@@ -119,6 +119,12 @@ class ServiceSettings(BaseSettings):
     (deploy/nats/nats-cluster.conf), 1 on a single server. Services check at least this many."""
     registry_prefix: str = Field(default="ckpt-ha", pattern=r"^[A-Za-z0-9_:.-]+$")
     """Prefix of every Redis key of the registry."""
+    applied_window_s: float = Field(default=3600.0, gt=0)
+    """How long the registry remembers an applied event id (counted from the event's time) to
+    ignore it when heard again; older ids are trimmed (the record's history still knows every
+    event that changed it). Keep it well above every way a message comes back: JetStream's
+    duplicate window (120 s) and a redelivery (``max_deliver`` times ``ack_wait_s`` plus the
+    back-off). The registrar and ``registry rebuild`` must use the same."""
     storage_root: str = Field(default=str(Path.home() / ".ckpt-ha" / "storage"))
     """Where checkpoints live: a plain path, ``file:///path`` or ``s3://bucket/prefix``."""
     http_host: str = "127.0.0.1"
