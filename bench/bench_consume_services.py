@@ -177,6 +177,7 @@ async def one_round(
         "subject_prefix": f"bench{tag}",
         "events_stream": f"BENCH_{tag}",
         "dead_letter_stream": f"BENCHDLQ_{tag}",
+        "progress_stream": f"BENCHPR_{tag}",
         "registry_prefix": f"bench:{tag}",
         "fetch_batch": args.batch,
         "signing_key": SecretStr(secrets.token_hex(32)),
@@ -209,13 +210,16 @@ async def one_round(
             if svc.on_stop is not None:
                 await svc.on_stop()
         await publish_all(producer, datas, start + timedelta(minutes=1))
-        filter_subject = f"{settings.subject_prefix}.ev.>"
-        everything = len(warmup) + total
+        # The bare loop reads the same messages the service will: the coordinator's reports are
+        # in the progress stream (its warm-up starts, already handled, are not), the checker's
+        # commits in the event stream.
+        if service == "coordinator":
+            where, filter_subject = settings.progress_stream, f"{settings.subject_prefix}.ev.job.>"
+        else:
+            where, filter_subject = settings.events_stream, f"{settings.subject_prefix}.ev.>"
         cpu = time.process_time()
-        bare = await bare_rate(
-            args.nats, settings.events_stream, filter_subject, everything, args.batch
-        )
-        bare_cpu = (time.process_time() - cpu) / everything
+        bare = await bare_rate(args.nats, where, filter_subject, total, args.batch)
+        bare_cpu = (time.process_time() - cpu) / total
         svc = make(settings)
         if profile is not None:
             profile.enable()
@@ -237,7 +241,7 @@ async def one_round(
 
 async def _cleanup(producer: Bus, settings: ServiceSettings, redis_url: str) -> None:
     js = producer.broker.connection.jetstream()
-    for stream in (settings.events_stream, settings.dead_letter_stream):
+    for stream in (settings.events_stream, settings.dead_letter_stream, settings.progress_stream):
         with contextlib.suppress(nats.js.errors.NotFoundError):
             await js.delete_stream(stream)
     await producer.broker.stop()
