@@ -204,15 +204,18 @@ async def test_a_failed_pass_makes_the_next_one_list_everything(store: CountingS
     assert published(w)[-1][0] == FAILED
 
 
+@pytest.mark.parametrize("batch", [2000, 2])
 async def test_reading_only_what_changed_decides_what_reading_everything_decides(
-    tmp_path: Path,
+    tmp_path: Path, batch: int
 ) -> None:
     """Two watchers on one root through a day of writes, commits, stalls, losses and removals:
-    one lists what the feed names and reads what changed, the other reads every folder on every
-    scan (its cursor forgotten before each). Same events, same order, same state."""
+    one lists what the feed names and reads what changed (deciding ``batch`` folders at a
+    time), the other reads every folder on every scan (its cursor forgotten before each) in one
+    batch. Same events, same order, same state."""
     store = CountingStore(tmp_path)
     clock = Clock()
     lean, full = watcher(store, clock), watcher(store, clock, full_every=None)
+    lean.decide_batch = batch
     feed = Feed()
     lean.changes = feed
 

@@ -56,12 +56,14 @@ class ScanStats:
     listed: int
     """Folders listed."""
     read: int
-    """Folders whose commit evidence was read."""
+    """Folders whose commit evidence was read (decided)."""
     vanished: int
 
 
 READ_BATCH = 500
 """Folders whose commit evidence one storage call reads."""
+DECIDE_BATCH = 2000
+"""Folders one step of a pass reads, decides and publishes (bounds what a pass holds)."""
 
 
 class Watcher:
@@ -97,6 +99,7 @@ class Watcher:
         """Each folder's fingerprint as last listed; ``full_every``: how often the whole root is
         listed even when the change feed names what changed."""
         self.last_scan: ScanStats | None = None
+        self.decide_batch = DECIDE_BATCH
 
     async def scan_once(self) -> int:
         """One pass; returns how many events were published."""
@@ -123,40 +126,63 @@ class Watcher:
         listed = adapters.fingerprints(groups)
         change = changes.diff(self.cursor.seen, listed, scope)
         wanted = sorted((change.changed | extra) & groups.keys())
-        observations = await self._observe(groups, wanted)
+        vanished = set(change.vanished)
+        if full:  # also what an earlier life tracked and is gone (the cursor starts empty)
+            vanished |= kept.folders.keys() - listed.keys()
         # Decide on a copy; keep it only once every event is published, so a failed publish
         # is decided (and, with its deterministic id, deduplicated) again on the next pass.
         state = domain.WatchState(dict(kept.folders))
-        vanished = set(change.vanished)
-        if full:  # also what an earlier life tracked and is gone (the cursor starts empty)
-            vanished |= state.folders.keys() - listed.keys()
-        asked = domain.needs_registry(state, observations)
-        registered = {cid: await self._registered(cid) for cid in asked}
         now = self.clock()
-        events = domain.observe(
-            state,
-            observations,
-            now,
-            self.stall_after,
-            registered,
-            self.storage_trouble,
-            vanished=vanished,
-        )
-        self.last_scan = ScanStats(full, len(groups), len(observations), len(vanished))
-        if stuck is not None and self.redrive is not None:
-            overdue = domain.overdue_writes(stuck, state, observations, now, self.redrive.deadline)
-            self._round_done(stuck, overdue, now)
-            events += overdue
+        # Read, decide and publish a batch of folders at a time: what a pass holds stays
+        # bounded when many folders changed (a first scan of a large root).
+        size = self.decide_batch
+        batches = [wanted[i : i + size] for i in range(0, len(wanted), size)]
+        published = 0
+        redriven_seen: list[domain.Observation] = []
+        for i, batch in enumerate(batches or [[]]):
+            last = i == max(len(batches) - 1, 0)
+            observations = await self._observe(groups, batch)
+            redriven_seen += [o for o in observations if o.folder in redriven]
+            asked = domain.needs_registry(state, observations)
+            registered = {cid: await self._registered(cid) for cid in asked}
+            events = domain.observe(
+                state,
+                observations,
+                now,
+                self.stall_after,
+                registered,
+                self.storage_trouble,
+                vanished=vanished if last else (),
+            )
+            if last and stuck is not None and self.redrive is not None:
+                deadline = self.redrive.deadline
+                overdue = domain.overdue_writes(stuck, state, redriven_seen, now, deadline)
+                self._round_done(stuck, overdue, now)
+                events += overdue
+            await self._publish(state, events, {o.folder for o in observations} | redriven)
+            published += len(events)
+        self.last_scan = ScanStats(full, len(groups), len(wanted), len(vanished))
+        self.state = state
+        await self.state_store.save(state)
+        self.cursor.advance(listed, change, full, started)
+        return published
+
+    async def _publish(
+        self, state: domain.WatchState, events: list[EventData], folders: set[str]
+    ) -> None:
+        """Log the notes, move quarantined bytes aside, publish ``events`` (about checkpoints
+        tracked in ``folders``, or no longer tracked), each continuing its checkpoint's trace."""
         for note in state.notes:
             log.warning("%s", note)
+        state.notes.clear()
         # A checkpoint quarantined here has its remaining bytes moved aside first.
         with tracing.span("storage.isolate") if events else contextlib.nullcontext():
             isolated = await isolate(self.store, events, self.registry)
-        folders = {t.checkpoint_id: f for f, t in state.folders.items()} if isolated else {}
+        by_id = {state.folders[f].checkpoint_id: f for f in folders if f in state.folders}
         for data in isolated:
             key = f"{data.EVENT_TYPE}|{data.subject_key()}"
             # The first event about a checkpoint starts its trace; later ones continue it.
-            folder = folders.get(data.subject_key())
+            folder = by_id.get(data.subject_key())
             tracked = state.folders.get(folder) if folder is not None else None
             parent = tracked.traceparent if tracked is not None else None
             sent = await self.publisher.publish(
@@ -164,11 +190,6 @@ class Watcher:
             )
             if tracked is not None and folder is not None and tracked.traceparent is None:
                 state.folders[folder] = dataclasses.replace(tracked, traceparent=sent.traceparent)
-        state.notes.clear()
-        self.state = state
-        await self.state_store.save(state)
-        self.cursor.advance(listed, change, full, started)
-        return len(events)
 
     async def _observe(
         self, groups: adapters.Listed, folders: list[str]
