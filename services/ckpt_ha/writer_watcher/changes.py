@@ -42,11 +42,6 @@ def fingerprint(entries: Iterable[Entry]) -> Fingerprint:
     return hash(tuple(sorted(entries)))
 
 
-def within(folder: str, scope: Collection[str]) -> bool:
-    """``folder`` (``<job>/<folder>``) lies in ``scope``: it is one of them, or its job is."""
-    return folder in scope or folder.split("/", 1)[0] in scope
-
-
 @dataclass(frozen=True)
 class Diff:
     changed: frozenset[str]
@@ -67,9 +62,13 @@ def diff(
     if scope is None:
         vanished = frozenset(previous.keys() - listed.keys())
     else:
-        vanished = frozenset(
-            f for f in previous if f not in listed and within(f, scope)
-        )  # a scope is a handful of folders; `previous` is walked only for partial scans
+        # A scope names a handful of folders: look those up. Only a whole job (rare: a change
+        # in the job's own folder) walks what is known.
+        jobs = {s for s in scope if "/" not in s}
+        candidates = [s for s in scope if "/" in s]
+        if jobs:
+            candidates += [f for f in previous if f.split("/", 1)[0] in jobs]
+        vanished = frozenset(f for f in candidates if f in previous and f not in listed)
     return Diff(changed, vanished)
 
 
@@ -90,10 +89,6 @@ class Cursor:
         if self.last_full is None or self.full_every is None:
             return True
         return now - self.last_full >= self.full_every
-
-    def present(self, change: Diff, listed: Mapping[str, Fingerprint]) -> set[str]:
-        """Every folder on the root after a scan that listed ``listed`` and found ``change``."""
-        return (self.seen.keys() | listed.keys()) - change.vanished
 
     def advance(
         self, listed: Mapping[str, Fingerprint], change: Diff, full: bool, now: datetime
