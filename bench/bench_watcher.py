@@ -283,6 +283,8 @@ async def bench_fs(jobs: int, per_job: int, rounds: int, redis_url: str | None) 
         )
         del w
 
+        if not rounds:
+            return
         first: list[float] = []
         idle_named: list[float] = []
         idle_full: list[float] = []

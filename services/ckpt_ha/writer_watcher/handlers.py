@@ -3,6 +3,11 @@
 Fetch (storage listing, watch state, the registry's state of the checkpoints that lost files)
 → decide (`domain.observe`) → persist (move a lost checkpoint's bytes aside, save the state)
 → publish. Every dependency is a port (`ckpt_ha.writer_watcher.ports`).
+
+A pass lists the whole root, or only the folders the change feed names (`ports.ChangeFeed`),
+and reads the commit evidence of the folders `domain.to_read` names: those whose listing
+differs from the cursor (`changes.Cursor`, one fingerprint per folder) and those decided by
+time. The cursor advances only with the state, once every event is published.
 """
 
 from __future__ import annotations
