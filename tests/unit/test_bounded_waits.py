@@ -4,10 +4,12 @@ options and storage calls that give up on a hung filesystem (a FIFO nobody write
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -223,3 +225,22 @@ async def test_storage_calls_run_with_the_callers_context_and_raise_its_errors(
         await bounded.call(lambda: 1 / 0)
     with pytest.raises(ValueError, match="timeout_s > 0"):
         bounded.configure(timeout_s=0)
+
+
+async def test_an_idle_storage_worker_keeps_nothing_of_its_last_call() -> None:
+    """A worker waiting for its next call holds neither the last call nor its result (a
+    watcher's last evidence read would otherwise keep the whole listing alive)."""
+
+    class Listing:
+        pass
+
+    held = Listing()
+    result = await bounded.call(lambda listing=held: [listing])
+    gone = weakref.ref(held)
+    del held, result
+    for _ in range(500):  # the worker drops them right after handing the result over
+        gc.collect()
+        if gone() is None:
+            break
+        await asyncio.sleep(0.01)
+    assert gone() is None

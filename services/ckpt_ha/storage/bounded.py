@@ -83,6 +83,9 @@ class _Workers:
                 future.set_result(fn())
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting caller
                 future.set_exception(exc)
+            # An idle worker must not keep its last call (its closure, its result) alive until
+            # the next one: a watcher's last read would hold its whole listing.
+            del future, fn
 
     def late(self, delta: int) -> None:
         with self._lock:

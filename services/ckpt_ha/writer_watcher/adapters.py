@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
 from contextlib import asynccontextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.storage import ObjectInfo, ObjectStore, quarantine
-from ckpt_ha.writer_watcher import evidence
+from ckpt_ha.writer_watcher import changes, evidence
 from ckpt_ha.writer_watcher.domain import Observation, Tracked, WatchState
 from ckpt_ha.writer_watcher.ports import WatchStateStore, WatchStateUnavailable
 
@@ -28,25 +28,60 @@ SKIP_TOP = {quarantine.TOP}  # quarantined checkpoints' bytes, moved aside
 log = logging.getLogger("ckpt_ha.writer_watcher")
 
 
+Listed = dict[str, dict[str, ObjectInfo]]
+"""A listing grouped by folder: ``<job>/<folder>`` → path in the folder → what was listed."""
+
+
+def list_folders(store: ObjectStore, scope: Collection[str] | None = None) -> Listed:
+    """The folders under the root that hold files (``scope`` None), or only those in ``scope``
+    (``<job>/<folder>``, or ``<job>`` for all of a job's), each listed with one listing of its
+    own prefix. Quarantined bytes (`SKIP_TOP`) are never listed."""
+    groups: Listed = {}
+    prefixes = [""] if scope is None else _prefixes(scope)
+    for prefix in prefixes:
+        for info in store.list(prefix):
+            parts = info.key.split("/", 2)
+            if len(parts) < 3 or parts[0] in SKIP_TOP:
+                continue
+            groups.setdefault(f"{parts[0]}/{parts[1]}", {})[parts[2]] = info
+    return groups
+
+
+def _prefixes(scope: Collection[str]) -> list[str]:
+    jobs = {s for s in scope if "/" not in s}
+    folders = {s for s in scope if "/" in s and s.split("/", 1)[0] not in jobs}
+    return sorted(f"{s}/" for s in jobs | folders if s.split("/", 1)[0] not in SKIP_TOP)
+
+
+def fingerprints(groups: Listed) -> dict[str, changes.Fingerprint]:
+    """Each listed folder's `changes.fingerprint`."""
+    return {
+        folder: changes.fingerprint(
+            (path, info.size, info.mtime, info.etag) for path, info in infos.items()
+        )
+        for folder, infos in groups.items()
+    }
+
+
+def observation(store: ObjectStore, folder: str, infos: Mapping[str, ObjectInfo]) -> Observation:
+    """What ``folder`` holds (``infos``: its listing) with its commit evidence (`evidence.read`,
+    the only part that reads objects)."""
+    files = {path: info.size for path, info in infos.items()}
+    return Observation(
+        folder=folder,
+        uri=store.uri(folder),
+        files=files,
+        first_written=min(i.mtime for i in infos.values()),
+        last_written=max(i.mtime for i in infos.values()),
+        evidence=evidence.read(store, folder, files),
+    )
+
+
 def scan(store: ObjectStore) -> Iterator[Observation]:
     """Every ``<job>/<folder>`` under the root that holds files, with its commit evidence
     (`evidence.read`)."""
-    groups: dict[str, dict[str, ObjectInfo]] = {}
-    for info in store.list(""):
-        parts = info.key.split("/", 2)
-        if len(parts) < 3 or parts[0] in SKIP_TOP:
-            continue
-        groups.setdefault(f"{parts[0]}/{parts[1]}", {})[parts[2]] = info
-    for folder, infos in sorted(groups.items()):
-        files = {path: info.size for path, info in infos.items()}
-        yield Observation(
-            folder=folder,
-            uri=store.uri(folder),
-            files=files,
-            first_written=min(i.mtime for i in infos.values()),
-            last_written=max(i.mtime for i in infos.values()),
-            evidence=evidence.read(store, folder, files),
-        )
+    for folder, infos in sorted(list_folders(store).items()):
+        yield observation(store, folder, infos)
 
 
 def tracked_to_json(tracked: Tracked) -> str:
@@ -152,8 +187,8 @@ class RedisWatchState:
         changed: dict[Any, Any] = {
             folder: tracked_to_json(tracked)
             for folder, tracked in state.folders.items()
-            if self._saved.get(folder) != tracked
-        }
+            if (saved := self._saved.get(folder)) is not tracked and saved != tracked
+        }  # an unchanged entry is the same object: no field-by-field compare of every folder
         gone = [folder for folder in self._saved if folder not in state.folders]
         if not changed and not gone:
             return

@@ -69,6 +69,7 @@ def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatc
             )
             if settings.reconcile_interval_s > 0
             else None,
+            full_every=timedelta(seconds=settings.full_rescan_interval_s),
         ),
     )
     svc.finish(

@@ -36,7 +36,7 @@ that loads it announces nothing it announced before.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 
@@ -88,7 +88,7 @@ class Observation:
     evidence: Evidence
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Tracked:
     checkpoint_id: str
     first_seen: datetime
@@ -110,7 +110,14 @@ class WatchState:
     folders: dict[str, Tracked] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     """Things a human should know that are not events (the handler logs and clears them)."""
+    retry: set[str] = field(default_factory=set)
+    """Folders no decision could be made for this scan (`observe`): read again on the next
+    one, whether or not their listing changes."""
 
+
+ACTIVE = frozenset({"new", "writing"})
+"""Phases whose next decision depends on time, not only on the folder's files (the id settling,
+the stall timeout): such a folder is read on every scan (`to_read`)."""
 
 IGNORED = "ignored"
 """The phase of a folder that is no job's: remembered only so its note is written once."""
@@ -148,6 +155,23 @@ def needs_registry(state: WatchState, seen: list[Observation]) -> list[str]:
             and missing(obs.evidence, obs.files)
         ):
             out.append(known.checkpoint_id)
+    return out
+
+
+def to_read(
+    state: WatchState, changed: Collection[str], redriven: Collection[str] = ()
+) -> set[str]:
+    """The folders a scan must read (list, and read the commit evidence of) so that `observe`
+    decides exactly as if it had read every folder: those whose listing ``changed`` (new or
+    different), those in a phase decided by time (`ACTIVE`), those left undecided last
+    time (`WatchState.retry`) and those a re-drive announces from (``redriven``).
+
+    Every other folder is in a final phase (committed, failed, ignored) with the same files at
+    the same sizes, times and versions as when it was last decided: its commit evidence, read
+    from those files, is the same, so `observe` would decide nothing for it.
+    """
+    out = set(changed) | state.retry | set(redriven)
+    out.update(folder for folder, known in state.folders.items() if known.phase in ACTIVE)
     return out
 
 
@@ -235,8 +259,13 @@ def observe(
     stall_after: timedelta,
     registry: Mapping[str, CheckpointState | None] | None = None,
     storage_trouble: tuple[datetime, str] | None = None,
+    vanished: Collection[str] | None = None,
 ) -> list[EventData]:
     """Advance the watch state by one scan; return the events to publish, in order.
+
+    ``vanished`` None: ``seen`` is every folder on the root, and a tracked folder missing from
+    it is gone. Else ``seen`` holds only the folders this scan read (`to_read`) and
+    ``vanished`` the folders gone from the root.
 
     ``registry`` holds the registry's state for the ids `needs_registry` named (missing: the
     registry does not know the checkpoint). ``storage_trouble`` is the time and message of the
@@ -257,10 +286,15 @@ def observe(
                 f"{obs.folder}: no event can describe it ({where}: {first['msg']}); "
                 "left as it was, decided again on the next scan"
             )
+            state.retry.add(obs.folder)
             continue
         events.extend(decided)
         state.folders[obs.folder] = _with_failure(known, decided)
-    events.extend(_forget_vanished(state, {obs.folder for obs in seen}))
+    if vanished is None:
+        gone: Collection[str] = set(state.folders) - {obs.folder for obs in seen}
+    else:
+        gone = vanished
+    events.extend(_forget_vanished(state, gone))
     return events
 
 
@@ -351,12 +385,14 @@ def _stalled(
     )
 
 
-def _forget_vanished(state: WatchState, present: set[str]) -> list[EventData]:
+def _forget_vanished(state: WatchState, gone: Collection[str]) -> list[EventData]:
     """Folders gone from the listing are forgotten (the state stays bounded). One that was still
     being written is reported failed: its writer removed it, it will never commit."""
     events: list[EventData] = []
-    for folder in sorted(set(state.folders) - present):
-        known = state.folders.pop(folder)
+    for folder in sorted(gone):
+        known = state.folders.pop(folder, None)
+        if known is None:
+            continue
         if known.phase == "writing" and known.uri:
             reason = "folder removed before it was committed"
             events.append(_failed(folder, known.checkpoint_id, known.uri, reason))

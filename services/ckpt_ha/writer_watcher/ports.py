@@ -9,7 +9,9 @@
   writing (re-driven past their deadline);
 * ``state``: its own memory of what it announced per folder (`WatchStateStore`), so a restart
   announces nothing twice; the service's own key space (`adapters.RedisWatchState` owns it);
-* ``clock``: injected time (`Clock`).
+* ``clock``: injected time (`Clock`);
+* ``changes``: what names the folders that changed since the last scan (`ChangeFeed`), so a
+  scan lists and reads only those (`notify.Inotify`); without one every scan lists everything.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from ckpt_ha.storage.port import ObjectStore
 from ckpt_ha.writer_watcher.domain import WatchState
 
 __all__ = [
+    "ChangeFeed",
     "Clock",
     "ObjectStore",
     "Publisher",
@@ -64,3 +67,15 @@ class WatchStateStore(Protocol):
     async def load(self) -> WatchState: ...
 
     async def save(self, state: WatchState) -> None: ...
+
+
+class ChangeFeed(Protocol):
+    """The folders that changed on the storage root since the last call.
+
+    Invariant: every change made after a call returning a set is named by a later call
+    (``<job>/<folder>``, or ``<job>`` for anything in a job's folder itself), or a later call
+    returns None. None: the feed cannot say (polling, notifications lost or overflowed): the
+    scan lists the whole root.
+    """
+
+    def changed(self) -> frozenset[str] | None: ...

@@ -15,6 +15,10 @@ class WriterWatcherSettings(ServiceSettings):
     """How often the storage root is listed (level-triggered)."""
     stall_timeout_s: float = Field(default=300.0, gt=0)
     """An incomplete checkpoint unchanged this long has failed."""
+    full_rescan_interval_s: float = Field(default=300.0, gt=0)
+    """With change notifications, a scan lists only the folders they name; the whole root is
+    listed this often anyway, so a lost or overflowed notification delays detection by at most
+    this long (without notifications, on S3, every scan lists everything)."""
     watch_mode: Literal["auto", "inotify", "poll"] = "auto"
     """``auto`` (inotify on a local filesystem root, polling on S3), ``inotify`` (insist) or
     ``poll``."""
