@@ -120,7 +120,7 @@ USERS: tuple[RedisUser, ...] = (
                             "applied", "owners", "projects", "owner-log", "tiers", "tier-log",
                             "fences", "stream"),
               ("tier-declared",),
-              (*CONNECT, "mget", "smembers", "zmscore", "evalsha", "script|load",
+              (*CONNECT, "mget", "smembers", "evalsha", "script|load",
                *PROJECTION)),
     # Its own memory and the pins; reads a job's records to choose a restore. The heartbeat
     # watches (optimistic WATCH transactions, the deadlines' sorted set) and the lease of its
@@ -146,7 +146,7 @@ USERS: tuple[RedisUser, ...] = (
                "pexpireat",
                "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
                "zrevrange", "zpopmin", "zremrangebyrank", "zrem", "sadd", "srem", "smembers",
-               "sismember", "smismember", "zmscore", "zremrangebyscore", "rpush", "ltrim", "lrange",
+               "sismember", "smismember", "zscore", "zremrangebyscore", "rpush", "ltrim", "lrange",
                "evalsha", "script|load",
                "multi", "exec", "discard", "watch", "unwatch")),
 )  # fmt: skip
