@@ -16,7 +16,8 @@ Which events:
   heartbeat deadline first, so every report moves a live watch: the lost-attempt path). This is
   what the coordinator gets at volume: every running job reports every few seconds; failures,
   plans and verdicts are rare. The starts are handled by the service before the reports are
-  published (a warm-up, not timed); the bare loop reads the whole stream (starts included).
+  published (a warm-up, not timed); reports are in the progress stream, which the bare loop
+  reads (the starts are in the event stream).
 * integrity-checker: ``checkpoint.committed`` of TINY real checkpoints (a native manifest and one
   64-byte shard each, written to a temp storage root before the run). The checker's path per
   commit is registry read → verify (storage reads, offloaded to a thread) → publish the verdict
