@@ -747,16 +747,32 @@ class Bus:
                     )
                     decoded.append(raw)
                 except ContractError as exc:
-                    await self.dead_letters.settle(raw, exc, consumer)
+                    await self._settle_failed(raw, exc, consumer)
             results: Sequence[BaseException | None]
             try:
                 results = await within_deadline(_isolated(handler, events), deadline)
             except HandlerDeadlineExceeded as exc:
                 results = [exc] * len(events)  # none settled yet: every one is nak'ed
             for raw, result in zip(decoded, results, strict=True):
-                await self.dead_letters.settle(raw, result, consumer)
+                if result is None:
+                    await self.dead_letters.settle(raw, None, consumer)
+                else:
+                    await self._settle_failed(raw, result, consumer)
         finally:
             heartbeat.cancel()
+
+    async def _settle_failed(self, raw: Msg, error: BaseException, consumer: str) -> None:
+        """Nak, park or dead-letter one message of a batch in its own trace (the one its
+        ``traceparent`` header names), as a per-message consumer's span would: what is logged
+        about it (a dead letter's warning) carries that trace's id."""
+        headers = raw.headers or {}
+        with tracing.continue_trace(
+            f"settle {consumer}",
+            headers.get("traceparent"),
+            tracestate=headers.get("tracestate"),
+            link_origin=False,
+        ):
+            await self.dead_letters.settle(raw, error, consumer)
 
     def watch_max_deliveries(self) -> None:
         """Dead-letter what exhausted ``max_deliver`` without any answer from a handler."""
