@@ -847,6 +847,8 @@ class Bus:
             body,
             subject,
             headers=dict(headers),
+            # The event's id: faststream would draw a random uuid4 for each publish.
+            correlation_id=headers.get("Nats-Msg-Id"),
             stream=self.cfg.events_stream,
             timeout=self.cfg.publish_timeout_s,
         )
