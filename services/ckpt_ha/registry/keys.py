@@ -8,7 +8,7 @@ All keys live under one prefix, so tests and stacks can share a Redis:
 * ``<p>:uri:<uri>``       set of checkpoint ids ever written at that location (display only: a
   resubmitted job writing the same path gets a new checkpoint id)
 * ``<p>:jobs``            set of job ids
-* ``<p>:applied-at``      sorted set: event id → when it was projected (ms); dedupe within
+* ``<p>:applied-at``      sorted set: event id → its event's time (ms); dedupe within
   `ckpt_ha.registry.redis_registry.APPLIED_WINDOW_S`, trimmed past it (older replays are
   recognised by the record's own history)
 * ``<p>:owner:<job>``     the project that owns a job's checkpoints (R5)
