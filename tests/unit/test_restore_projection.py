@@ -287,6 +287,45 @@ async def test_a_replayed_cancellation_ends_the_run_and_records_no_failure() -> 
     assert await state.failures(JOB) == []
 
 
+async def test_a_report_sent_before_the_failure_counts_when_read_after_the_plan(
+    tmp_path: Path,
+) -> None:
+    """A coordinator catching up (restarted, or its report consumer behind) may read an
+    attempt's last report after that attempt's failure was planned. Sent before the failure,
+    it is the attempt's own progress, not a zombie's: it counts as if read in time order (as a
+    rebuild reads it), so the live state and a rebuild's agree."""
+    (tmp_path / "late").mkdir()
+    late = Stream(tmp_path / "late")
+    await late.handle(started(1), "on_started")
+    for step in range(295, 305):
+        await late.handle(progress(step), "on_progress")
+    sent_before = build(
+        progress(305), source="test", time=T0 + timedelta(seconds=late.n + 1), key="late"
+    )
+    late.n += 1  # the report's own time comes before the failure's
+    await late.handle(failed(1), "on_failed")
+    assert late.published("resume.planned")
+    await late.handlers.on_progress(sent_before)
+    stale = late.handlers.metrics.stale_progress.labels("rc")._value.get()
+    assert stale == 0
+    assert late.state.lasts[(JOB, 1)].step == 305
+
+    (tmp_path / "in-order").mkdir()
+    in_order = Stream(tmp_path / "in-order")
+    await in_order.handle(started(1), "on_started")
+    for step in range(295, 306):
+        await in_order.handle(progress(step), "on_progress")
+    await in_order.handle(failed(1), "on_failed")
+    assert late.state.lasts[(JOB, 1)].step == in_order.state.lasts[(JOB, 1)].step
+    assert late.state.jobs[JOB].trajectory == in_order.state.jobs[JOB].trajectory
+
+    # Sent after the failure (a zombie's) it is fenced, whenever it is read.
+    zombie = build(progress(306), source="test", time=T0 + timedelta(hours=1), key="zombie")
+    await late.handlers.on_progress(zombie)
+    assert late.handlers.metrics.stale_progress.labels("rc")._value.get() == 1
+    assert late.state.lasts[(JOB, 1)].step == 305
+
+
 async def test_progress_of_a_stale_attempt_is_ignored(tmp_path: Path) -> None:
     """Fencing (R17): once attempt 2 is planned, attempt 1's reports (a zombie behind a
     partition) neither join the trajectory nor feed attempt 2's continuity verdict; they are

@@ -330,6 +330,14 @@ def verification_to_await(
     return selection.verifying
 
 
+def fenced(plan: PlanRecord | None, sent_at: datetime) -> bool:
+    """Whether a report of the attempt ``plan`` resumes from (R17) is a stale writer's: sent
+    at or after that attempt's failure. One sent before it is the attempt's own progress, read
+    late (a coordinator catching up), and counts: the answer depends on the report and the plan,
+    never on the order they are read in."""
+    return plan is not None and sent_at >= plan.failed_at
+
+
 def plan_id(job_id: str, run_id: str, failed_attempt: int) -> str:
     """One plan per failure: the same failure, heard twice or by two replicas, names one plan."""
     return str(uuid.uuid5(PLAN_NAMESPACE, f"{job_id}|{run_id}|{failed_attempt}"))

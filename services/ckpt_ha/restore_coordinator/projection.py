@@ -215,10 +215,13 @@ class RestoreProjection:
 
         Fencing (R17): a report of an attempt whose failure already has a plan (a later attempt
         of the run is planned: the plan id of a failure is fixed by job, run and attempt) comes
-        from a stale writer, a zombie behind a partition. It is ignored: it neither joins the
-        trajectory nor feeds a continuity verdict."""
+        from a stale writer, a zombie behind a partition, if it was sent after that failure
+        (`domain.fenced`). It is ignored: it neither joins the trajectory nor feeds a continuity
+        verdict. A report sent before the failure counts whenever it is read, so a rebuild,
+        which reads reports and plans in time order, decides as the live coordinator did."""
         d = event.data
-        if await self.state.plan(domain.plan_id(d.job_id, d.run_id, d.attempt)) is not None:
+        fence = await self.state.plan(domain.plan_id(d.job_id, d.run_id, d.attempt))
+        if domain.fenced(fence, event.time):
             return Progress(stale=True)
         point = Point(
             step=d.step,
@@ -270,7 +273,7 @@ class RestoreProjection:
         out: list[Progress] = []
         pending: list[Envelope[JobProgressV1]] = []
         for event, fence, plan in zip(events, fences, owned, strict=True):
-            if fence in plans:
+            if domain.fenced(plans.get(fence), event.time):
                 out.append(Progress(stale=True))
             elif plan is not None and domain.watches_continuity(plan, verdicts.get(plan.plan_id)):
                 await self._trajectory(pending)
