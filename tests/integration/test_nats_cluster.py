@@ -178,7 +178,19 @@ async def test_killing_the_stream_leader_loses_no_event(
             return True
 
         await wait_for(all_valid, timeout=60, what=f"{2 * BEFORE} checkpoints valid")
-        assert await stream_messages(survivor, s.dead_letter_stream) == []
+        letters: list[object] = []
+
+        async def dead_letter_stream_answers() -> bool:
+            # Nothing was written to it, so if its leader was the killed node its election may
+            # still be under way (a request timing out): ask again until it answers.
+            try:
+                letters[:] = await stream_messages(survivor, s.dead_letter_stream)
+            except nats.errors.TimeoutError:
+                return False
+            return True
+
+        await wait_for(dead_letter_stream_answers, timeout=60, what="the dead-letter stream")
+        assert letters == []
     finally:
         with contextlib.suppress(Exception):
             await writer.broker.stop()
