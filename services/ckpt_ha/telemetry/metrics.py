@@ -574,8 +574,9 @@ class RestoreMetrics:
         )
         self.stale_progress = Counter(
             "ckpt_ha_stale_progress_total",
-            "Progress reports of an attempt older than one already planned for its run (a "
-            "fenced writer): ignored, never part of the trajectory or a continuity verdict.",
+            "Progress reports of an attempt older than one already planned for its run, sent "
+            "at or after that attempt's failure (a fenced writer): ignored, never part of the "
+            "trajectory or a continuity verdict.",
             ["service"],
             registry=reg,
         )
