@@ -23,6 +23,7 @@ from faststream.nats.message import NatsBatchMessage
 from faststream.nats.subscriber.usecases import stream_pull_subscriber
 from faststream.specification import AsyncAPI
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from pydantic import BaseModel
 
@@ -130,6 +131,100 @@ def test_building_buses_installs_it_once() -> None:
     fetch = JetStreamContext.PullSubscription.fetch
     assert getattr(fetch, "ckpt_nats_timeouts", False)
     assert not getattr(fetch.__wrapped__, "ckpt_nats_timeouts", False)  # not wrapped twice
+    next_msg = Subscription.next_msg
+    assert getattr(next_msg, "ckpt_queued_next_msg", False)
+    assert not getattr(next_msg.__wrapped__, "ckpt_queued_next_msg", False)
+
+
+# -- queued_next_msg: nats-py starts tasks for a message already queued ------------------------
+
+
+def _unpatched_next_msg() -> Any:
+    """nats-py's own ``Subscription.next_msg``, whether or not a Bus wrapped it already."""
+    next_msg = Subscription.next_msg
+    return getattr(next_msg, "__wrapped__", next_msg)
+
+
+@pytest.fixture
+async def queued(nats_url: str) -> AsyncIterator[tuple[nats.NATS, Subscription, str]]:
+    """A plain subscription (no callback) on a subject of its own, and that subject."""
+    nc = await nats.connect(nats_url)
+    subject = f"compat.queued.{uuid.uuid4().hex[:10]}"
+    sub = await nc.subscribe(subject)
+    try:
+        yield nc, sub, subject
+    finally:
+        await nc.close()
+
+
+async def _queue_one(nc: nats.NATS, sub: Subscription, subject: str, data: bytes) -> None:
+    await nc.publish(subject, data)
+    await nc.flush()
+    for _ in range(200):  # the read loop queues it shortly after the flush returns
+        if sub.pending_msgs:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the published message never reached the subscription's queue")
+
+
+def _counting_tasks() -> list[int]:
+    """Count the tasks the running loop creates from now on (one entry per task)."""
+    loop = asyncio.get_running_loop()
+    made: list[int] = []
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> asyncio.Task[Any]:
+        made.append(1)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)  # type: ignore[arg-type]
+    return made
+
+
+async def test_upstream_next_msg_still_starts_tasks_for_a_queued_message(
+    queued: tuple[nats.NATS, Subscription, str],
+) -> None:
+    """nats-py gap behind `compat.queued_next_msg`: fails once nats-py hands a queued message
+    over without starting a task (remove the workaround then)."""
+    nc, sub, subject = queued
+    await _queue_one(nc, sub, subject, b"one")
+    made = _counting_tasks()
+    try:
+        msg = await _unpatched_next_msg()(sub, timeout=1)
+    finally:
+        asyncio.get_running_loop().set_task_factory(None)
+    assert msg.data == b"one"
+    assert made, "nats-py took a queued message without a task: drop compat.queued_next_msg"
+
+
+async def test_with_the_workaround_a_queued_message_is_taken_at_once(
+    queued: tuple[nats.NATS, Subscription, str],
+) -> None:
+    nc, sub, subject = queued
+    next_msg = compat.queued_next_msg(_unpatched_next_msg())
+    await _queue_one(nc, sub, subject, b"12345")
+    assert (sub.pending_msgs, sub.pending_bytes) == (1, 5)
+    made = _counting_tasks()
+    try:
+        msg = await next_msg(sub, timeout=1)
+    finally:
+        asyncio.get_running_loop().set_task_factory(None)
+    assert msg.data == b"12345"
+    assert made == []
+    assert (sub.pending_msgs, sub.pending_bytes) == (0, 0)  # upstream's bookkeeping, kept
+
+
+async def test_with_the_workaround_an_empty_queue_waits_as_upstream_does(
+    queued: tuple[nats.NATS, Subscription, str],
+) -> None:
+    nc, sub, subject = queued
+    next_msg = compat.queued_next_msg(_unpatched_next_msg())
+    with pytest.raises(nats.errors.TimeoutError):
+        await next_msg(sub, timeout=0.05)
+    later = asyncio.create_task(next_msg(sub, timeout=2))
+    await asyncio.sleep(0.05)
+    await nc.publish(subject, b"later")
+    assert (await later).data == b"later"
+    assert (sub.pending_msgs, sub.pending_bytes) == (0, 0)
 
 
 # -- document_payload: faststream documents a payload only from the handler's signature -------

@@ -411,35 +411,56 @@ async def _isolated(
     return results
 
 
+@dataclasses.dataclass
+class _Admitted:
+    """A fetched batch once admitted: its events in stream order, the messages they came from,
+    and the in-progress acks that keep all of them held until they are settled."""
+
+    events: list[Envelope[EventData]]
+    raws: list[Msg]
+    heartbeat: asyncio.Task[None]
+
+
 class _BatchPipeline:
     """Handles a consumer's batches one after another, in fetch order, on one worker task.
 
-    faststream fetches the next batch only after the handler returns; handing the batch to this
-    worker lets the next fetch overlap with the current batch's Redis work, while batches are
-    still processed strictly in order. At most one batch waits behind the one in progress.
+    faststream fetches the next batch only after the handler returns. Here its task admits the
+    batch (signature, decoding: ``admit``) and hands it to this worker, so the next fetch and
+    its admission overlap with the current batch's Redis round trips, while batches are still
+    handled strictly in order. At most one admitted batch waits behind the one in progress.
     """
 
-    def __init__(self, process: Callable[[list[Msg]], Awaitable[None]]) -> None:
+    def __init__(
+        self,
+        admit: Callable[[list[Msg]], Awaitable[_Admitted]],
+        process: Callable[[_Admitted], Awaitable[None]],
+    ) -> None:
+        self.admit = admit
         self.process = process
-        self.queue: asyncio.Queue[list[Msg]] = asyncio.Queue(maxsize=1)
+        self.queue: asyncio.Queue[_Admitted] = asyncio.Queue(maxsize=1)
         self.worker: asyncio.Task[None] | None = None
         self.closing = False
 
     async def submit(self, raws: list[Msg]) -> None:
         if self.closing:
             return  # not acked: JetStream redelivers it to the next consumer instance
+        admitted = await self.admit(raws)
+        if self.closing:
+            admitted.heartbeat.cancel()
+            return
         if self.worker is None or self.worker.done():
             self.worker = asyncio.create_task(self._run())
-        await self.queue.put(raws)
+        await self.queue.put(admitted)
 
     async def _run(self) -> None:
         while True:
-            raws = await self.queue.get()
+            admitted = await self.queue.get()
             try:
-                await self.process(raws)
+                await self.process(admitted)
             except Exception:
                 log.exception("batch failed; its unsettled messages will be redelivered")
             finally:
+                admitted.heartbeat.cancel()
                 self.queue.task_done()
 
     async def drain(self, within_s: float) -> None:
@@ -452,6 +473,9 @@ class _BatchPipeline:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.worker
             self.worker = None
+        while not self.queue.empty():  # left unsettled: redelivered after ack_wait
+            self.queue.get_nowait().heartbeat.cancel()
+            self.queue.task_done()
         self.closing = False
 
 
@@ -544,6 +568,7 @@ class Bus:
         command, a test's publisher) a few attempts, then `nats.errors.NoServersError`
         (`BusConfig.connection_policy`)."""
         compat.install_nats_fetch_timeouts()
+        compat.install_queued_next_msg()
         self.cfg = cfg
         self.service = service
         self.catalog = catalog
@@ -698,7 +723,10 @@ class Bus:
         self.consumers[durable] = stream.name
 
         def register(handler: BatchHandler) -> BatchHandler:
-            pipeline = _BatchPipeline(lambda raws: self._consume_batch(raws, handler, durable))
+            pipeline = _BatchPipeline(
+                lambda raws: self._admit_batch(raws, durable),
+                lambda admitted: self._handle_batch(admitted, handler, durable),
+            )
             self._pipelines.append(pipeline)
 
             async def on_batch(
@@ -722,7 +750,7 @@ class Bus:
                 inbox_prefix=self._fetch_inbox,
                 config=self._consumer_config(),
                 ack_policy=AckPolicy.MANUAL,
-                decoder=_raw_batch,  # the catalogue decodes each message in _consume_batch
+                decoder=_raw_batch,  # the catalogue decodes each message in _admit_batch
                 title=f"{self.service}:{consumer}",
                 description=description,
             )(on_batch)
@@ -730,12 +758,14 @@ class Bus:
 
         return register
 
-    async def _consume_batch(self, raws: list[Msg], handler: BatchHandler, consumer: str) -> None:
-        deadline, max_deliver = self.cfg.handler_deadline_s, self.cfg.max_deliver
-        heartbeat = keep_alive_task(raws, self.cfg.ack_wait_s, deadline)
+    async def _admit_batch(self, raws: list[Msg], consumer: str) -> _Admitted:
+        """Admit a fetched batch (`admit`): what fails admission, or was delivered past the
+        cap, is settled here; in-progress acks hold the rest from now until it is settled."""
+        max_deliver = self.cfg.max_deliver
+        heartbeat = keep_alive_task(raws, self.cfg.ack_wait_s, self.cfg.handler_deadline_s)
+        events: list[Envelope[EventData]] = []
+        decoded: list[Msg] = []
         try:
-            events: list[Envelope[EventData]] = []
-            decoded: list[Msg] = []
             for raw in raws:
                 delivered, seq = delivery.counts(raw.reply) or _counts(raw)
                 # Past the cap only when delivered more often (`past_cap` excuses parks).
@@ -748,18 +778,27 @@ class Bus:
                     decoded.append(raw)
                 except ContractError as exc:
                     await self._settle_failed(raw, exc, consumer)
-            results: Sequence[BaseException | None]
-            try:
-                results = await within_deadline(_isolated(handler, events), deadline)
-            except HandlerDeadlineExceeded as exc:
-                results = [exc] * len(events)  # none settled yet: every one is nak'ed
-            for raw, result in zip(decoded, results, strict=True):
-                if result is None:
-                    await self.dead_letters.settle(raw, None, consumer)
-                else:
-                    await self._settle_failed(raw, result, consumer)
-        finally:
+        except BaseException:
             heartbeat.cancel()
+            raise
+        return _Admitted(events, decoded, heartbeat)
+
+    async def _handle_batch(
+        self, admitted: _Admitted, handler: BatchHandler, consumer: str
+    ) -> None:
+        """Handle an admitted batch, then settle each message by its own event's result."""
+        results: Sequence[BaseException | None]
+        try:
+            results = await within_deadline(
+                _isolated(handler, admitted.events), self.cfg.handler_deadline_s
+            )
+        except HandlerDeadlineExceeded as exc:
+            results = [exc] * len(admitted.events)  # none settled yet: every one is nak'ed
+        for raw, result in zip(admitted.raws, results, strict=True):
+            if result is None:
+                await self.dead_letters.settle(raw, None, consumer)
+            else:
+                await self._settle_failed(raw, result, consumer)
 
     async def _settle_failed(self, raw: Msg, error: BaseException, consumer: str) -> None:
         """Nak, park or dead-letter one message of a batch in its own trace (the one its

@@ -53,6 +53,12 @@ class RegistrarHandlers:
         results = [why if why is not None else next(applied) for why in refused]
         recording = tracing.recording()
         for event, result in zip(events, results, strict=True):
+            if not recording and not isinstance(result, Exception) and self._quiet(event, result):
+                # Most events: applied, nothing to announce, no span to record. Only the
+                # metrics move; entering the checkpoint's trace context would change nothing.
+                self._observe(event, result)
+                outcomes.append(None)
+                continue
             # One span per event in the checkpoint's trace (the batch's own span is a root
             # linking all of them): what the registry decided for this event.
             with tracing.continue_trace(
@@ -80,8 +86,7 @@ class RegistrarHandlers:
                 tracing.annotate(
                     **{"ckpt_ha.state.previous": step.previous, "ckpt_ha.state": step.new}
                 )
-                self.metrics.transition(step.previous or "none", step.new)
-                self.lifecycle.observe(event, result)
+            self._observe(event, result)
             if isinstance(event.data, CheckpointCorruptV1 | CheckpointQuarantinedV1):
                 tracing.fail(event.data.reason, code=event.data.EVENT_TYPE)
             tier = None
@@ -91,6 +96,23 @@ class RegistrarHandlers:
         except Exception as exc:  # noqa: BLE001 - a failed publish naks just this event
             return exc
         return None
+
+    def _observe(self, event: Envelope[EventData], result: Applied) -> None:
+        """The metrics of an applied event: its transition, when it made one."""
+        step = result.transition
+        if step is not None and step.changed:
+            self.metrics.transition(step.previous or "none", step.new)
+            self.lifecycle.observe(event, result)
+
+    @staticmethod
+    def _quiet(event: Envelope[EventData], result: Applied) -> bool:
+        """Whether settling an applied event only counts it: not a verdict that fails a span,
+        and announcing nothing (no registration, conflict or fence to publish)."""
+        return (
+            not isinstance(event.data, CheckpointCorruptV1 | CheckpointQuarantinedV1)
+            and not domain.announces_registration(event, result)
+            and not domain.follow_ups(event, result)
+        )
 
     async def _publish(self, cause: Envelope[EventData], datas: list[EventData]) -> None:
         if not datas:
