@@ -22,6 +22,7 @@ from faststream.nats import NatsBroker, PullSub
 from faststream.nats.message import NatsBatchMessage
 from faststream.nats.subscriber.usecases import stream_pull_subscriber
 from faststream.specification import AsyncAPI
+from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
@@ -276,3 +277,55 @@ def test_document_payload_refuses_an_unknown_parameter() -> None:
     with pytest.raises(ValueError, match="payload"):
         compat.document_payload(handler, "payload", int)
     assert inspect.signature(handler).parameters["body"].annotation == "Any"
+
+
+# -- header_lines: nats-py checks header names for whitespace a character at a time -----------
+
+
+def _upstream_header_lines() -> Any:
+    """nats-py's own header parse, whether or not a Bus replaced it already."""
+    parse = Client.__dict__["_parse_header_lines"].__func__
+    return getattr(parse, "__wrapped__", parse)
+
+
+def test_upstream_header_parse_still_checks_names_a_character_at_a_time() -> None:
+    """nats-py cost behind `compat.header_lines`: fails once nats-py checks a header name
+    without a generator step per character (drop the workaround then)."""
+    assert "any(c.isspace() for c in key)" in inspect.getsource(_upstream_header_lines())
+
+
+HEADER_BLOCKS = [
+    b"",
+    b"Nats-Msg-Id: abc\r\ntraceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n",
+    b"A:1\r\nA: 2\r\n",  # the later value wins
+    b"Name:Value\r\nTabbed:\tv\r\n  Spaced  :  x  \r\n",
+    b"no colon\r\n:empty name\r\n",
+    b"Bad Name: v\r\nBad\tName: v\r\nBad\x1cName: v\r\nGood-Name: v\r\n",
+    b"\x1cLead: v\r\nTrail\x1f: v\r\n\x0bVt: v\r\n",
+    "Caf\u00e9: v\r\nutf8: caf\u00e9\r\n".encode(),
+    b"bad-utf8: \xff\xfe\r\nx: y",
+    b"Ckpt-Error: a: b: c\r\n\r\n\r\nlast: 1",
+]
+
+
+@pytest.mark.parametrize("block", HEADER_BLOCKS)
+def test_the_workaround_parses_headers_exactly_as_upstream(block: bytes) -> None:
+    assert compat.header_lines(block) == _upstream_header_lines()(block)
+
+
+def test_the_workaround_agrees_with_upstream_on_every_one_byte_name() -> None:
+    """Every byte as a header name, alone and inside one: the whitespace rule is upstream's."""
+    upstream = _upstream_header_lines()
+    for b in range(256):
+        for name in (bytes([b]), b"a" + bytes([b]) + b"z"):
+            block = name + b": v\r\n"
+            assert compat.header_lines(block) == upstream(block), name
+
+
+def test_building_a_bus_installs_the_header_parse_once() -> None:
+    Bus(BusConfig(url="nats://127.0.0.1:1"), "a")
+    Bus(BusConfig(url="nats://127.0.0.1:1"), "b")
+    parse = Client.__dict__["_parse_header_lines"].__func__
+    assert getattr(parse, "ckpt_header_lines", False)
+    assert not getattr(parse.__wrapped__, "ckpt_header_lines", False)
+    assert Client._parse_header_lines(b"k: v\r\n") == {"k": "v"}

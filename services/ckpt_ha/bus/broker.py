@@ -479,6 +479,20 @@ class _BatchPipeline:
         self.closing = False
 
 
+class _Telemetry(NatsTelemetryMiddleware):
+    """faststream's tracing middleware, except around a fetched batch while no span is recorded.
+
+    For a batch, faststream's middleware reads every message's headers for baggage and links
+    to build one span; a batch consumer enters each event's own trace itself
+    (`Bus.batch_consumer`). With tracing off that span records nothing and only costs: the
+    batch then goes straight to the handler. Single messages and publishes are unchanged."""
+
+    def __call__(self, msg: Any, /, *, context: Any) -> Any:
+        if isinstance(msg, list) and not tracing.recording():
+            return BaseMiddleware(msg, context=context)
+        return super().__call__(msg, context=context)
+
+
 def _logger_option() -> dict[str, logging.Logger]:
     """The broker's logger when `ckpt_ha.telemetry.logs` asks for one (JSON lines), else
     faststream's own."""
@@ -569,6 +583,7 @@ class Bus:
         (`BusConfig.connection_policy`)."""
         compat.install_nats_fetch_timeouts()
         compat.install_queued_next_msg()
+        compat.install_header_lines()
         self.cfg = cfg
         self.service = service
         self.catalog = catalog
@@ -590,7 +605,7 @@ class Bus:
             # Telemetry outermost: the consume span is current while DeadLetters settles, and
             # every publish (follow-ups, dead letters) carries the trace in its headers.
             middlewares=[
-                NatsTelemetryMiddleware(include_messages_counters=False),
+                _Telemetry(include_messages_counters=False),
                 self.dead_letters,
             ],
             graceful_timeout=cfg.graceful_timeout_s,
