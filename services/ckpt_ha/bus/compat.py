@@ -156,7 +156,7 @@ def install_header_lines() -> None:
         return header_lines(raw)
 
     setattr(parse, _HEADERS_MARK, True)
-    Client._parse_header_lines = staticmethod(parse)  # type: ignore[method-assign,assignment]
+    Client._parse_header_lines = staticmethod(parse)  # type: ignore[method-assign]
 
 
 def document_payload(handler: Callable[..., Any], parameter: str, annotation: Any) -> None:
