@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, generate_latest
 
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
@@ -157,6 +157,22 @@ async def test_a_written_checkpoint_is_committed_verified_and_registered(intake:
     assert registered.data.identity.run_id == "run-7"
     # One trace: every follow-up continues the trace the watcher's first event started.
     assert len({e.traceparent for e in intake.publisher.events}) == 1
+
+
+async def test_every_transition_is_counted_whether_or_not_it_announces_anything(
+    intake: Intake,
+) -> None:
+    """The commit announces nothing (settled without entering its trace when no span is
+    recorded), the verdict announces the registration: both transitions are counted."""
+    write(intake.store)
+    assert await intake.watcher.scan_once() == 1
+    assert await intake.deliver() == [None, None, None]
+    text = generate_latest(intake.registrar.metrics.registry).decode()
+    for before, after in (("none", "pending_verification"), ("pending_verification", "valid")):
+        assert (
+            f'ckpt_ha_checkpoint_transitions_total{{from_state="{before}",service="registrar",'
+            f'to_state="{after}"}} 1.0'
+        ) in text
 
 
 async def test_the_registrar_announces_the_jobs_chosen_tier(intake: Intake) -> None:
