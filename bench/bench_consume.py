@@ -2,7 +2,10 @@
 
 Both read the same N events from the same stream on the same nats-server, in the same run:
 
-* bare:      nats-py durable pull consumer, fetch batches, ack each message (no decoding, no work)
+* bare:      nats-py durable pull consumer, fetch batches, ack each message (no decoding, no work),
+             in a fresh interpreter: nats-py as released, without the workarounds a `Bus`
+             installs (`ckpt_ha.bus.compat`; ``--patched-bare`` also times this loop with them,
+             for reference)
 * registrar: the real registrar consumer (admission with the job signature check, decode,
   location check, Redis transition, explicit ack)
 
@@ -24,7 +27,8 @@ a core it got, and how busy the whole machine was. ``--profile FILE`` profiles t
 registrar (cProfile) and writes the 60 most expensive functions by cumulative and by own time,
 and the callers of the 15 most expensive by own time, to ``FILE``. Usage:
     .venv/bin/python bench/bench_consume.py [--events 10000] [--rounds 3] [--batch 256]
-        [--replicas 2] [--profile bench/profiles/registrar-after.txt] [--nats URL] [--redis URL]
+        [--replicas 2] [--profile bench/profiles/registrar-after.txt] [--patched-bare]
+        [--nats URL] [--redis URL]
 """
 
 from __future__ import annotations
@@ -121,14 +125,14 @@ def _bare_child(url: str, stream: str, subject: str, n: int, batch: int, out: An
 
 
 async def _bare_loop(
-    url: str, stream: str, subject: str, n: int, batch: int
+    url: str, stream: str, subject: str, n: int, batch: int, *, durable: str = "bench-bare"
 ) -> tuple[float, float]:
     """(rate, CPU seconds) of a durable pull consumer fetching batches and acking each message."""
     nc = await nats.connect(url)
     js = nc.jetstream()
     sub = await js.pull_subscribe(
         subject,
-        durable="bench-bare",
+        durable=durable,
         stream=stream,
         config=ConsumerConfig(ack_policy=AckPolicy.EXPLICIT, ack_wait=30, max_deliver=5),
     )
@@ -265,6 +269,21 @@ async def one_round(
         )
         service = await registrar_rate(settings, args.events, profile)
         dead = await dead_lettered(js, settings)
+        if args.patched_bare:
+            # For reference only: the same bare loop in this process, where building a Bus
+            # installed ckpt-ha's nats-py workarounds (`ckpt_ha.bus.compat`).
+            rate, cpu = await _bare_loop(
+                args.nats,
+                settings.events_stream,
+                f"{settings.subject_prefix}.ev.checkpoint.>",
+                args.events,
+                args.batch,
+                durable="bench-bare-patched",
+            )
+            print(
+                f"  bare loop on nats-py with ckpt-ha's workarounds: {rate:.0f} msg/s, "
+                f"CPU per event {1e6 * cpu / args.events:.0f} µs (reference, not the target's)"
+            )
     print(f"  dead-lettered: {dead}")
     return bare, service
 
@@ -390,6 +409,11 @@ async def main() -> None:
     )
     ap.add_argument("--replicas", type=int, default=0, help="compare 1 and N registrar processes")
     ap.add_argument("--profile", type=Path, default=None, help="cProfile the registrar (round 1)")
+    ap.add_argument(
+        "--patched-bare",
+        action="store_true",
+        help="also time the bare loop on nats-py with ckpt-ha's workarounds (for reference)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-root-") as root:
         if args.replicas:
