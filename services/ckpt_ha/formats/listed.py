@@ -2,21 +2,34 @@
 sidecar): each must be inside the checkpoint, present, at its size, with its checksum.
 
 Files are read and hashed on several threads (file reads and xxh3/sha256 release the GIL), so
-verification keeps up with storage; results come back in the order listed.
+verification keeps up with storage; results come back in the order listed. The threads are one
+long-lived pool per process, shared by every verification; the calling thread checks files too,
+so a verification never waits for a pool thread (all of them may be busy with other checkpoints,
+or stuck on a hung mount). A single file, or files small enough that a thread hand-off would
+cost more than reading them, are checked on the calling thread alone.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from contextvars import copy_context
 from dataclasses import dataclass
+from functools import partial
 
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
+from ckpt_ha.storage.bounded import Workers
+
+INLINE_BYTES = cs.READ_CHUNK
+"""Listed files that together hold at most this many bytes are checked on the calling thread."""
+
+_pool = Workers(os.cpu_count() or 1)
+"""Threads that help check the files of a checkpoint (started on first use)."""
 
 
 @dataclass(frozen=True)
@@ -55,18 +68,39 @@ def check_all(
     one in the listed algorithm is compared instead of reading the file again.
     """
     digests = known or {}
-    workers = max(1, min(len(files), os.cpu_count() or 1))
     # Each file's check runs in a copy of the caller's context, so a read observer
-    # (`checksum.observe_reads`: progress) sees the workers' reads too.
-    contexts = [copy_context() for _ in files]
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return list(
-            pool.map(
-                lambda c, f: c.run(check, store, prefix, f, source, digests.get(f.path)),
-                contexts,
-                files,
-            )
-        )
+    # (`checksum.observe_reads`: progress) sees the pool threads' reads too.
+    jobs = [
+        partial(copy_context().run, check, store, prefix, f, source, digests.get(f.path))
+        for f in files
+    ]
+    if len(jobs) <= 1 or sum(f.size for f in files) <= INLINE_BYTES:
+        return [job() for job in jobs]
+    return _shared(jobs)
+
+
+def _shared(jobs: list[Callable[[], FileCheck]]) -> list[FileCheck]:
+    """Run ``jobs`` on the calling thread and up to one pool thread per CPU besides, each
+    taking the next job not yet taken; their results (or errors) in the order of ``jobs``."""
+    futures: list[Future[FileCheck]] = [Future() for _ in jobs]
+    taken = iter(range(len(jobs)))
+    lock = threading.Lock()
+
+    def work() -> None:
+        while True:
+            with lock:
+                i = next(taken, None)
+            if i is None:
+                return
+            try:
+                futures[i].set_result(jobs[i]())
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller, in order
+                futures[i].set_exception(exc)
+
+    for _ in range(min(_pool.size, len(jobs) - 1)):
+        _pool.submit(work)  # a helper that starts after the last job was taken does nothing
+    work()
+    return [future.result() for future in futures]
 
 
 def check(

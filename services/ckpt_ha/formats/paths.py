@@ -7,7 +7,7 @@ from pathlib import PurePosixPath
 from urllib.parse import unquote
 
 from ckpt_ha.storage.errors import InvalidKey
-from ckpt_ha.storage.fs_store import FsStore
+from ckpt_ha.storage.fs_store import FsStore, real_path
 from ckpt_ha.storage.port import ObjectStore
 from ckpt_ha.storage.read_budget import BudgetedStore
 
@@ -47,7 +47,7 @@ def confine(store: ObjectStore, prefix: str) -> tuple[ObjectStore, str]:
     if not prefix or not isinstance(store, FsStore):
         return store, prefix
     folder = store.root / prefix
-    if folder.resolve() != folder:
+    if real_path(folder) != folder:
         raise InvalidKey(prefix, reason="the checkpoint folder is reached through a symlink")
     if not folder.is_dir():  # nothing there (yet): read as before, it lists empty
         return store, prefix

@@ -52,8 +52,9 @@ class StorageTimeout(StorageUnavailable):
 _Job = tuple[concurrent.futures.Future[Any], Callable[[], Any]]
 
 
-class _Workers:
-    """A fixed set of daemon threads taking calls from one queue, started on first use."""
+class Workers:
+    """A fixed set of daemon threads taking calls from one queue, started on first use (also
+    the pool `formats.listed` checks a checkpoint's files on)."""
 
     def __init__(self, size: int) -> None:
         self.size = size
@@ -93,7 +94,7 @@ class _Workers:
 
 
 _config = {"timeout_s": DEFAULT_TIMEOUT_S, "workers": DEFAULT_WORKERS}
-_pool: _Workers | None = None
+_pool: Workers | None = None
 _pool_lock = threading.Lock()
 
 
@@ -108,11 +109,11 @@ def configure(*, timeout_s: float, workers: int = DEFAULT_WORKERS) -> None:
             _pool = None  # the old threads finish what they hold, then idle on as daemons
 
 
-def _workers() -> _Workers:
+def _workers() -> Workers:
     global _pool
     with _pool_lock:
         if _pool is None:
-            _pool = _Workers(int(_config["workers"]))
+            _pool = Workers(int(_config["workers"]))
         return _pool
 
 

@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
-from stat import S_ISDIR, S_ISREG
+from stat import S_ISDIR, S_ISLNK, S_ISREG
 from types import TracebackType
 from typing import BinaryIO, Self
 
@@ -113,6 +113,36 @@ def _info(key: str, st: os.stat_result, metadata: Mapping[str, str] | None) -> O
     return ObjectInfo(key=key, size=st.st_size, mtime=mtime, etag=_version(st), metadata=metadata)
 
 
+def real_path(path: Path) -> Path:
+    """``path.resolve()``, cheaply when there is nothing to resolve.
+
+    An absolute path without '..' components and without a symbolic link on the way is its
+    own real path: that takes one ``lstat`` per component. Anything else (a link anywhere, a
+    relative path, '..') goes through ``Path.resolve`` as before, with its errors.
+    """
+    if path.is_absolute() and ".." not in path.parts and not _through_link(str(path)):
+        return path
+    return path.resolve()
+
+
+def _through_link(path: str) -> bool:
+    """Whether a component of the absolute, normalised ``path`` (its last one included) is a
+    symbolic link. Like ``os.path.realpath``, a component that cannot be looked up counts as
+    no link; nothing below it can be looked up either, so the walk ends there."""
+    current = ""
+    for part in path.split("/")[1:]:
+        if not part:  # the root directory itself ("/")
+            continue
+        current = f"{current}/{part}"
+        try:
+            mode = os.lstat(current).st_mode
+        except OSError:
+            return False
+        if S_ISLNK(mode):
+            return True
+    return False
+
+
 def _sidecar(path: Path, version: str) -> Path:
     return path.with_name(f".{path.name}.{version}{_META_SUFFIX}")
 
@@ -184,7 +214,7 @@ class FsStore(ObjectStore):
     """ObjectStore rooted at an existing directory; see the module docstring for the layout."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self._root = Path(root).resolve()
+        self._root = real_path(Path(root))
         self.uri_root = (self._root / "x").as_uri()[: -len("x")]
         """What every key's `uri` starts with (computed once: `uri` resolves the path)."""
 
@@ -344,6 +374,12 @@ class FsStore(ObjectStore):
         return path
 
     def _require_inside(self, path: Path, key: str) -> None:
+        """``path`` (the root joined with a validated key, so absolute and without '.' or '..')
+        must resolve inside the root. Checked on every call, all the way from '/': any
+        component may have become a link since the last one (the root's own included, when it
+        is a checkpoint folder a job writes, `formats.paths.confine`)."""
+        if not _through_link(str(path)):
+            return  # its own real path, and it starts with the root
         try:
             real = path.resolve()
         except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop, before 3.13
@@ -446,7 +482,7 @@ class FsStore(ObjectStore):
         if start:
             self._require_inside(self._root / start, prefix)
         self._require_root()
-        if start and (self._root / start).resolve() != self._root / start:
+        if start and real_path(self._root / start) != self._root / start:
             # Reached through a symlink: not followed here either, as in a walk from the root
             # (listing, then moving or deleting, "a/" must never reach another folder's files).
             return iter(())
