@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import mmap
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -52,8 +53,9 @@ def observe_reads(callback: Callable[[int], None]) -> Iterator[None]:
 def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[str, int]:
     """(``algorithm:hex``, bytes read) of one object, streamed.
 
-    Streams that can ``readinto`` (local files) fill one reused page-aligned buffer: reading
-    into fresh ``bytes`` objects costs several times the hashing itself.
+    Streams that can ``readinto`` (local files) fill one reused page-aligned buffer (one per
+    thread, `_buffer`): reading into fresh ``bytes`` objects costs several times the hashing
+    itself.
     """
     hasher = ALGORITHMS[algorithm]()
     total = 0
@@ -66,16 +68,25 @@ def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -
                 total += len(chunk)
                 seen(len(chunk))
         else:
-            with mmap.mmap(-1, READ_CHUNK) as buf:
-                view = memoryview(buf)
-                try:
-                    while n := readinto(view):
-                        hasher.update(view[:n])
-                        total += n
-                        seen(n)
-                finally:
-                    view.release()
+            view = _buffer()
+            while n := readinto(view):
+                hasher.update(view[:n])
+                total += n
+                seen(n)
     return f"{algorithm}:{hasher.hexdigest()}", total
+
+
+_buffers = threading.local()
+
+
+def _buffer() -> memoryview:
+    """This thread's read buffer: page-aligned, `READ_CHUNK` bytes, made once per thread (an
+    mmap per file costs more than hashing a small file; only the pages a read fills are ever
+    backed by memory)."""
+    view: memoryview | None = getattr(_buffers, "view", None)
+    if view is None:
+        view = _buffers.view = memoryview(mmap.mmap(-1, READ_CHUNK))
+    return view
 
 
 def _ignore(_: int) -> None:

@@ -28,6 +28,8 @@ def join(prefix: str, relative: str) -> str:
 
 def folder_name(store: ObjectStore, prefix: str) -> str:
     """The checkpoint folder's own name, also when the store is rooted at it (prefix "")."""
+    if isinstance(store, FsStore):  # what its `uri` names, without resolving a path for it
+        return (store.root / prefix).name
     uri = store.uri(join(prefix, "x"))
     return unquote(uri.rsplit("/", 2)[-2]) if uri.count("/") >= 2 else ""
 
@@ -51,4 +53,4 @@ def confine(store: ObjectStore, prefix: str) -> tuple[ObjectStore, str]:
         raise InvalidKey(prefix, reason="the checkpoint folder is reached through a symlink")
     if not folder.is_dir():  # nothing there (yet): read as before, it lists empty
         return store, prefix
-    return FsStore(folder), ""
+    return FsStore.at_real_path(folder), ""

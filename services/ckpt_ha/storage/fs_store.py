@@ -214,8 +214,20 @@ class FsStore(ObjectStore):
     """ObjectStore rooted at an existing directory; see the module docstring for the layout."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
-        self._root = real_path(Path(root))
-        self.uri_root = (self._root / "x").as_uri()[: -len("x")]
+        self._set_root(real_path(Path(root)))
+
+    @classmethod
+    def at_real_path(cls, root: Path) -> FsStore:
+        """A store rooted at ``root``, which the caller just found to be its own real path
+        (``real_path(root) == root``): not resolved a second time."""
+        store = cls.__new__(cls)
+        store._set_root(root)
+        return store
+
+    def _set_root(self, root: Path) -> None:
+        self._root = root
+        self._root_str = str(root).rstrip("/")  # "" for "/": keys are joined with "/"
+        self.uri_root = (root / "x").as_uri()[: -len("x")]
         """What every key's `uri` starts with (computed once: `uri` resolves the path)."""
 
     def __repr__(self) -> str:
@@ -370,18 +382,18 @@ class FsStore(ObjectStore):
         if any(_is_reserved(part) for part in key.split("/")):
             raise InvalidKey(key, reason="name reserved for temp/metadata files", backend=BACKEND)
         path = self._root / key
-        self._require_inside(path, key)
+        self._require_inside(key, key)
         return path
 
-    def _require_inside(self, path: Path, key: str) -> None:
-        """``path`` (the root joined with a validated key, so absolute and without '.' or '..')
-        must resolve inside the root. Checked on every call, all the way from '/': any
+    def _require_inside(self, relative: str, key: str) -> None:
+        """The root joined with ``relative`` (validated like a key: no empty, '.' or '..'
+        parts) must resolve inside the root (else `InvalidKey` for ``key``). Checked on every call, all the way from '/': any
         component may have become a link since the last one (the root's own included, when it
         is a checkpoint folder a job writes, `formats.paths.confine`)."""
-        if not _through_link(str(path)):
+        if not _through_link(f"{self._root_str}/{relative}"):
             return  # its own real path, and it starts with the root
         try:
-            real = path.resolve()
+            real = (self._root / relative).resolve()
         except (OSError, RuntimeError) as err:  # RuntimeError: a symlink loop, before 3.13
             raise InvalidKey(key, reason=f"cannot resolve: {err}", backend=BACKEND) from err
         if not real.is_relative_to(self._root):
@@ -480,7 +492,7 @@ class FsStore(ObjectStore):
         validate_prefix(prefix)
         start = prefix.rpartition("/")[0]
         if start:
-            self._require_inside(self._root / start, prefix)
+            self._require_inside(start, prefix)
         self._require_root()
         if start and real_path(self._root / start) != self._root / start:
             # Reached through a symlink: not followed here either, as in a walk from the root
