@@ -387,9 +387,10 @@ class FsStore(ObjectStore):
 
     def _require_inside(self, relative: str, key: str) -> None:
         """The root joined with ``relative`` (validated like a key: no empty, '.' or '..'
-        parts) must resolve inside the root (else `InvalidKey` for ``key``). Checked on every call, all the way from '/': any
-        component may have become a link since the last one (the root's own included, when it
-        is a checkpoint folder a job writes, `formats.paths.confine`)."""
+        parts) must resolve inside the root, else `InvalidKey` for ``key``. Checked on every
+        call, all the way from '/': any component may have become a link since the last call
+        (the root's own included, when it is a checkpoint folder a job writes:
+        `formats.paths.confine`)."""
         if not _through_link(f"{self._root_str}/{relative}"):
             return  # its own real path, and it starts with the root
         try:
