@@ -17,7 +17,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from contextvars import copy_context
 from dataclasses import dataclass
-from functools import partial
 
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats.paths import inside, join
@@ -68,18 +67,20 @@ def check_all(
     one in the listed algorithm is compared instead of reading the file again.
     """
     digests = known or {}
+
     # Each file's check runs in a copy of the caller's context, so a read observer
     # (`checksum.observe_reads`: progress) sees the pool threads' reads too.
-    jobs = [
-        partial(copy_context().run, check, store, prefix, f, source, digests.get(f.path))
-        for f in files
-    ]
+    def job(listed: Listed) -> Callable[[], FileCheck]:
+        context = copy_context()
+        return lambda: context.run(check, store, prefix, listed, source, digests.get(listed.path))
+
+    jobs = [job(f) for f in files]
     if len(jobs) <= 1 or sum(f.size for f in files) <= INLINE_BYTES:
         return [job() for job in jobs]
     return _shared(jobs)
 
 
-def _shared(jobs: list[Callable[[], FileCheck]]) -> list[FileCheck]:
+def _shared(jobs: Sequence[Callable[[], FileCheck]]) -> list[FileCheck]:
     """Run ``jobs`` on the calling thread and up to one pool thread per CPU besides, each
     taking the next job not yet taken; their results (or errors) in the order of ``jobs``."""
     futures: list[Future[FileCheck]] = [Future() for _ in jobs]

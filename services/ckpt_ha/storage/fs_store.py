@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import itertools
 import json
 import os
@@ -227,8 +228,11 @@ class FsStore(ObjectStore):
     def _set_root(self, root: Path) -> None:
         self._root = root
         self._root_str = str(root).rstrip("/")  # "" for "/": keys are joined with "/"
-        self.uri_root = (root / "x").as_uri()[: -len("x")]
+
+    @functools.cached_property
+    def uri_root(self) -> str:
         """What every key's `uri` starts with (computed once: `uri` resolves the path)."""
+        return (self._root / "x").as_uri()[: -len("x")]
 
     def __repr__(self) -> str:
         return f"FsStore({str(self._root)!r})"
@@ -255,7 +259,7 @@ class FsStore(ObjectStore):
         return ListPage(items=items[:page_size], next_cursor=items[page_size - 1].key)
 
     def stat(self, key: str) -> ObjectInfo:
-        path = self._path(key)
+        path = self._checked(key)
         with _os_errors(key):
             try:
                 st = os.stat(path)
@@ -267,14 +271,15 @@ class FsStore(ObjectStore):
 
     def open_read(self, key: str, *, offset: int = 0, length: int | None = None) -> ReadStream:
         validate_range(offset, length)
-        path = self._path(key)
+        path = self._checked(key)
         with _os_errors(key):
             try:
-                file = path.open("rb")
+                file = open(path, "rb")  # noqa: SIM115 - closed by the stream it is returned in
             except (*_MISSING, IsADirectoryError):
                 raise self._not_found(key) from None
             try:
-                file.seek(offset)
+                if offset:
+                    file.seek(offset)
             except BaseException:
                 file.close()
                 raise
@@ -378,12 +383,16 @@ class FsStore(ObjectStore):
         return self._path(key).as_uri()
 
     def _path(self, key: str) -> Path:
+        self._checked(key)
+        return self._root / key
+
+    def _checked(self, key: str) -> str:
+        """The file path of a valid ``key`` that resolves inside the root (`_path` as a str)."""
         validate_key(key)
         if any(_is_reserved(part) for part in key.split("/")):
             raise InvalidKey(key, reason="name reserved for temp/metadata files", backend=BACKEND)
-        path = self._root / key
         self._require_inside(key, key)
-        return path
+        return f"{self._root_str}/{key}"
 
     def _require_inside(self, relative: str, key: str) -> None:
         """The root joined with ``relative`` (validated like a key: no empty, '.' or '..'
@@ -410,9 +419,11 @@ class FsStore(ObjectStore):
         self._require_root()
         return ObjectNotFound(key, backend=BACKEND)
 
-    def _read_metadata(self, path: Path, version: str, key: str) -> dict[str, str]:
-        try:
-            raw = _sidecar(path, version).read_bytes()
+    def _read_metadata(self, path: str | Path, version: str, key: str) -> dict[str, str]:
+        directory, _, name = os.fspath(path).rpartition("/")
+        try:  # the sidecar `_sidecar` names, without pathlib (on every `stat`)
+            with open(f"{directory}/.{name}.{version}{_META_SUFFIX}", "rb") as sidecar:
+                raw = sidecar.read()
         except FileNotFoundError:
             return {}
         try:
