@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import struct
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
-from ckpt_ha.formats import detect, native, safetensors, verify, verify_path
+from ckpt_ha.formats import checksum, detect, listed, native, safetensors, verify, verify_path
 from ckpt_ha.formats.report import Verdict
 from ckpt_ha.storage import FsStore, ObjectExists
 from tests.support.torch_tools import write_hf_torch_files
@@ -82,6 +83,50 @@ def test_truncated_and_flipped_shards_are_corrupt(tmp_path: Path) -> None:
     assert report.verdict is Verdict.CORRUPT
     assert any("rank-0.bin: checksum" in r for r in report.reasons)
     assert any("rank-1.bin: size 5" in r for r in report.reasons)
+
+
+def write_large_native(root: Path) -> dict[str, bytes]:
+    """Eight shards holding more than `listed.INLINE_BYTES` together: checked on the pool."""
+    shards = {f"model/rank-{i}.bin": os.urandom(300_000) for i in range(8)}
+    assert sum(map(len, shards.values())) > listed.INLINE_BYTES
+    native.write(FsStore(root), "step-1", shards, step=1, created_at=NOW)
+    return shards
+
+
+def test_files_checked_side_by_side_keep_their_order_and_every_read_is_observed(
+    tmp_path: Path,
+) -> None:
+    shards = write_large_native(tmp_path)
+    seen: list[int] = []
+    with checksum.observe_reads(seen.append):  # called on the pool's threads too
+        report = verify(FsStore(tmp_path), "step-1")
+    assert report.ok, report.reasons
+    assert list(report.checksums) == list(shards)
+    assert sum(seen) == report.bytes_read == sum(map(len, shards.values()))
+
+    folder = tmp_path / "step-1" / "model"
+    (folder / "rank-6.bin").write_bytes(b"short")
+    data = bytearray((folder / "rank-2.bin").read_bytes())
+    data[7] ^= 0x01
+    (folder / "rank-2.bin").write_bytes(bytes(data))
+    report = verify(FsStore(tmp_path), "step-1")
+    assert report.verdict is Verdict.CORRUPT
+    assert [r.split(":")[0] for r in report.reasons] == ["model/rank-2.bin", "model/rank-6.bin"]
+
+
+def test_a_verification_never_waits_for_a_busy_pool(tmp_path: Path) -> None:
+    """Every pool thread busy (other checkpoints, a hung mount): the calling thread checks
+    every file itself."""
+    write_large_native(tmp_path)
+    release = threading.Event()
+    busy = [listed._pool.submit(release.wait) for _ in range(listed._pool.size)]
+    try:
+        report = verify(FsStore(tmp_path), "step-1")
+        assert report.ok, report.reasons
+        assert not any(b.done() for b in busy)  # verified while all of them were still busy
+    finally:
+        release.set()
+    assert all(b.result(timeout=10) for b in busy)
 
 
 def _rewrite_manifest(folder: Path, **changes: object) -> None:
