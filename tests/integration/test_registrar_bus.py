@@ -167,3 +167,24 @@ async def test_oversized_payload_is_refused_at_publish(
     finally:
         await nc.close()
     assert await stream_messages(settings.nats_url, settings.events_stream) == []
+
+
+async def test_a_publish_carries_its_events_trace_context_in_the_headers(
+    producer: Bus, settings: ServiceSettings
+) -> None:
+    """With no span recorded (tracing off, as here), a publish still hands the event's trace
+    on: ``traceparent`` and ``tracestate`` headers, as the tracing middleware would inject."""
+    traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    event = committed("ck-traced", traceparent=traceparent).model_copy(
+        update={"tracestate": "vendor=abc"}
+    )
+    plain = committed("ck-plain", key="other")
+    assert plain.traceparent is None
+    await producer.publish(event)
+    await producer.publish(plain)
+    msgs = await stream_messages(settings.nats_url, settings.events_stream)
+    headers = {json.loads(m.data)["data"]["checkpoint_id"]: m.headers or {} for m in msgs}
+    assert headers["ck-traced"]["traceparent"] == traceparent
+    assert headers["ck-traced"]["tracestate"] == "vendor=abc"
+    # Published outside any span: no trace context is made up.
+    assert "traceparent" not in headers["ck-plain"]

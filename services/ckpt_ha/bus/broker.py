@@ -485,10 +485,13 @@ class _Telemetry(NatsTelemetryMiddleware):
     For a batch, faststream's middleware reads every message's headers for baggage and links
     to build one span; a batch consumer enters each event's own trace itself
     (`Bus.batch_consumer`). With tracing off that span records nothing and only costs: the
-    batch then goes straight to the handler. Single messages and publishes are unchanged."""
+    batch then goes straight to the handler. A publish (``msg`` None) with tracing off passes
+    through too: `Bus.publish` already put the event's trace context in its headers, which is
+    what the middleware's non-recording span would have injected. Single messages consumed
+    are unchanged."""
 
     def __call__(self, msg: Any, /, *, context: Any) -> Any:
-        if isinstance(msg, list) and not tracing.recording():
+        if (msg is None or isinstance(msg, list)) and not tracing.recording():
             return BaseMiddleware(msg, context=context)
         return super().__call__(msg, context=context)
 
@@ -864,6 +867,15 @@ class Bus:
         ``traceparent`` gets this span's. Returns the envelope as published.
         """
         subject = subject_of(self.cfg, event)
+        if not tracing.recording():
+            # No span to record: the headers carry the event's own trace context, as the
+            # no-op tracer's span and faststream's middleware would (`_Telemetry`).
+            if event.traceparent is None and (current := tracing.current_traceparent()):
+                event = event.model_copy(
+                    update={"traceparent": current[0], "tracestate": current[1]}
+                )
+            await self._publish_event(subject, event, with_state=True)
+            return event
         parent = tracing.context_of(event.traceparent, event.tracestate)
         with tracing.tracer().start_as_current_span(
             f"publish {event.event_type}",
@@ -875,17 +887,26 @@ class Bus:
                     update={"traceparent": current[0], "tracestate": current[1]}
                 )
             # faststream's telemetry middleware replaces this with its own (child) span's.
-            headers = {"Nats-Msg-Id": event.id}
-            if event.traceparent:
-                headers["traceparent"] = event.traceparent
-            body = event.to_bytes()
-            signed = signed_headers(self.cfg, event, body, headers)
-            await publish_retrying(
-                lambda: self._send(subject, body, signed),
-                self.cfg,
-                f"{event.event_type} {event.id}",
-            )
+            await self._publish_event(subject, event, with_state=False)
         return event
+
+    async def _publish_event(
+        self, subject: str, event: Envelope[EventData], *, with_state: bool
+    ) -> None:
+        """Sign and send ``event`` with its id and trace context in the headers (its
+        ``tracestate`` too when ``with_state``: no middleware will inject it)."""
+        headers = {"Nats-Msg-Id": event.id}
+        if event.traceparent:
+            headers["traceparent"] = event.traceparent
+            if with_state and event.tracestate:
+                headers["tracestate"] = event.tracestate
+        body = event.to_bytes()
+        signed = signed_headers(self.cfg, event, body, headers)
+        await publish_retrying(
+            lambda: self._send(subject, body, signed),
+            self.cfg,
+            f"{event.event_type} {event.id}",
+        )
 
     async def _send(self, subject: str, body: bytes, headers: Mapping[str, str]) -> object:
         """One JetStream publish. A decision names the event stream it must land in; a report
