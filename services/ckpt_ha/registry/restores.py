@@ -50,6 +50,7 @@ decision's transaction through it.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -86,6 +87,11 @@ def key(prefix: str, *parts: str | int) -> str:
     return f"{prefix}:{KEY_SPACE}" + ":".join(str(x) for x in parts)
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"))
+"""Compact JSON, one encoder for every document written (``json.dumps`` with options builds
+one per call)."""
+
+
 def point_json(p: Point) -> str:
     """``asdict(p)`` as JSON, built field by field: one per progress report on the hot path,
     where ``asdict`` (a deep copy) cost more than the JSON itself."""
@@ -97,7 +103,7 @@ def point_json(p: Point) -> str:
         "rng_fingerprint": p.rng_fingerprint,
         "metrics": dict(p.metrics),
     }
-    return json.dumps(doc, separators=(",", ":"))
+    return _JSON.encode(doc)
 
 
 def point_of(raw: str | bytes) -> Point:
@@ -118,6 +124,15 @@ def failure_of(raw: str | bytes) -> Failure:
 
 def _str(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _sha1(raw: str | bytes | None) -> str:
+    """Digest of a value read, to compare with Lua's ``redis.sha1hex`` ('' for none); not a
+    security boundary."""
+    if raw is None:
+        return ""
+    data = raw.encode() if isinstance(raw, str) else raw
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()
 
 
 def _ts(at: datetime) -> float:
@@ -226,14 +241,15 @@ _WATCHES_LUA = """
 -- retries, as a WATCH transaction would). It decides nothing: the writes are what the Python
 -- rules computed. Formats no key: KEYS are the batch's watches, then the heard and the due
 -- sorted sets. ARGV[1]: seconds an ended watch lives (0: no expiry: a replay notes it);
--- ARGV[2]: how many watches; ARGV[3..]: the JSON each one held ('' for none), then one JSON
--- {"ended": [[i, doc]...], "kept": [[i, doc]...], "unheard": [...], "undue": [...],
--- "due": [[job, time]...]} (i: the watch's place in KEYS).
-local ttl, n = tonumber(ARGV[1]), tonumber(ARGV[2])
+-- ARGV[2]: JSON {"expect": [SHA-1 of what each watch held, '' for none], "ended": [[i, doc]...],
+-- "kept": [[i, doc]...], "unheard": [...], "undue": [...], "due": [[job, time]...]}
+-- (i: the watch's place in KEYS).
+local ttl, n = tonumber(ARGV[1]), #KEYS - 2
+local w = cjson.decode(ARGV[2])
 for i = 1, n do
-  if (redis.call('GET', KEYS[i]) or '') ~= ARGV[2 + i] then return 0 end
+  local current = redis.call('GET', KEYS[i])
+  if (current and redis.sha1hex(current) or '') ~= w.expect[i] then return 0 end
 end
-local w = cjson.decode(ARGV[3 + n])
 local CHUNK = 1000
 local function chunked(cmd, key, args)
   for i = 1, #args, CHUNK do
@@ -426,7 +442,7 @@ class RedisRestores:
         ttl = self.ttl_s if self._replay is None else 0
         await self._progress_script(
             keys=keys,
-            args=[ttl, self.trajectory_limit, json.dumps(jobs, separators=(",", ":"))],
+            args=[ttl, self.trajectory_limit, _JSON.encode(jobs)],
         )
 
     async def point_at(self, job: str, step: int) -> Point | None:
@@ -650,7 +666,7 @@ class RedisRestores:
             return {}
         keys = [self._k("watch", job) for job in jobs]
         while True:
-            raws = [_str(r) if r else "" for r in await self._r.mget(keys)]
+            raws = await self._r.mget(keys)
             olds = [Watch.model_validate_json(r) if r else None for r in raws]
             news = [changes[job](old) for job, old in zip(jobs, olds, strict=True)]
             if all(new is None for new in news):
@@ -659,7 +675,7 @@ class RedisRestores:
             ttl = self.ttl_s if self._replay is None else 0
             written = await self._watches_script(
                 keys=[*keys, self._k("heard"), self._k("due")],
-                args=[ttl, len(keys), *raws, json.dumps(writes, separators=(",", ":"))],
+                args=[ttl, _JSON.encode({"expect": [_sha1(r) for r in raws], **writes})],
             )
             if int(written):
                 return dict(zip(jobs, news, strict=True))
