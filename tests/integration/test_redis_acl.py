@@ -135,7 +135,7 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
             settings_for(settings, acl_redis, "registrar", **common))),
         build_coordinator(RestoreCoordinatorSettings.model_validate(
             settings_for(settings, acl_redis, "restore-coordinator", lost_check_interval_s=0.2,
-                         **common))),
+                         trajectory_limit=2, **common))),
     ]  # fmt: skip
     operator = Registry.from_url(as_user(acl_redis, "operator"), settings.registry_prefix)
     started: list[Service] = []
@@ -182,7 +182,8 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
         await wait_for(quarantined, timeout=30, what="the damaged checkpoint quarantined")
         assert not (root / job / folder.name).exists()  # moved under quarantine/
 
-        # The coordinator's path: an attempt starts, reports progress, fails; a decision follows.
+        # The coordinator's path: an attempt starts, reports progress (three steps: its script
+        # trims the trajectory to its bound of 2), fails; a decision follows.
         policy = JobPolicy(max_restarts=3, tier="standard")
         await producer.publish(
             _ev(
