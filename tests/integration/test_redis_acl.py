@@ -222,7 +222,7 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
         await wait_for(decided, timeout=30, what="the coordinator's decision")
 
         # Heartbeat deadlines: an attempt that goes silent is declared lost by the coordinator's
-        # loop (its lease, the watch transactions, the deadlines, the notes of when it heard).
+        # loop (its lease, the watch compare-and-set, the deadlines, the notes of when it heard).
         silent = JobStartedV2(job_id="job-acl-lost", run_id="run-1", heartbeat_s=0.2,
                               deadline_s=1.0)  # fmt: skip
         await producer.publish(build(silent, source="test/runner", time=datetime.now(UTC),
