@@ -135,7 +135,7 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
             settings_for(settings, acl_redis, "registrar", **common))),
         build_coordinator(RestoreCoordinatorSettings.model_validate(
             settings_for(settings, acl_redis, "restore-coordinator", lost_check_interval_s=0.2,
-                         **common))),
+                         trajectory_limit=2, **common))),
     ]  # fmt: skip
     operator = Registry.from_url(as_user(acl_redis, "operator"), settings.registry_prefix)
     started: list[Service] = []
@@ -182,7 +182,8 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
         await wait_for(quarantined, timeout=30, what="the damaged checkpoint quarantined")
         assert not (root / job / folder.name).exists()  # moved under quarantine/
 
-        # The coordinator's path: an attempt starts, reports progress, fails; a decision follows.
+        # The coordinator's path: an attempt starts, reports progress (three steps: its script
+        # trims the trajectory to its bound of 2), fails; a decision follows.
         policy = JobPolicy(max_restarts=3, tier="standard")
         await producer.publish(
             _ev(
@@ -221,7 +222,7 @@ async def test_every_service_runs_its_redis_code_under_its_own_user(
         await wait_for(decided, timeout=30, what="the coordinator's decision")
 
         # Heartbeat deadlines: an attempt that goes silent is declared lost by the coordinator's
-        # loop (its lease, the watch transactions, the deadlines, the notes of when it heard).
+        # loop (its lease, the watch compare-and-set, the deadlines, the notes of when it heard).
         silent = JobStartedV2(job_id="job-acl-lost", run_id="run-1", heartbeat_s=0.2,
                               deadline_s=1.0)  # fmt: skip
         await producer.publish(build(silent, source="test/runner", time=datetime.now(UTC),

@@ -8,12 +8,14 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 
-from ckpt_ha.core.restore_records import DecisionRecord, Pin, Point, Started
+from ckpt_ha.core.restore_records import DecisionRecord, Pin, Point, Started, Watch
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
+from ckpt_ha.restore_coordinator import liveness
 from tests.support.pins_contract import PinsContract
 from tests.support.restores_contract import T0, TRAJECTORY_LIMIT, RestoresContract, plan, point
 
@@ -131,3 +133,86 @@ async def test_a_replay_expires_state_on_the_events_clock(
     assert await r.pttl(f"{prefix}:coord:started:job-a:1") == -1
     expires_in = await r.pttl(f"{prefix}:coord:traj:job-b") / 1000
     assert 20 * day - 60 < expires_in <= 20 * day
+
+
+async def test_a_batch_of_progress_expires_every_key_it_writes(
+    client: tuple[aioredis.Redis, str],
+) -> None:
+    """Live, each key a batch of reports writes (the trajectory, its index, each attempt's last
+    point) lives ``ttl_s`` from that write; replayed, none has an expiry until the replay ends,
+    and then each expires when the live one would have."""
+    r, prefix = client
+    live = RedisRestores(r, prefix, ttl_s=3600)
+    await live.record_progress_many({"job-a": [point(1), point(2, attempt=2)]})
+    for name in ("traj:job-a", "trajidx:job-a", "last:job-a:1", "last:job-a:2"):
+        assert 3500_000 < await r.pttl(f"{prefix}:coord:{name}") <= 3600_000, name
+
+    day = 86400
+    now = datetime.now(UTC)
+    replay = RedisRestores(r, prefix, ttl_s=30 * day, replaying=True)
+    await replay.replay_to(now - timedelta(days=10))
+    back = Point(7, now - timedelta(days=10), 1, None, None, {})
+    await replay.record_progress_many({"job-b": [back]})
+    for name in ("traj:job-b", "trajidx:job-b", "last:job-b:1"):
+        assert await r.pttl(f"{prefix}:coord:{name}") == -1, name
+    await replay.finish_replay(now)
+    for name in ("traj:job-b", "trajidx:job-b", "last:job-b:1"):
+        assert 20 * day - 60 < await r.pttl(f"{prefix}:coord:{name}") / 1000 <= 20 * day, name
+
+
+async def test_batches_larger_than_a_script_chunk(client: tuple[aioredis.Redis, str]) -> None:
+    """The scripts write in chunks (Lua's unpack has a limit): a trajectory written and trimmed
+    by thousands of steps at once, and the watches of more jobs than a chunk, land whole."""
+    r, prefix = client
+    state = RedisRestores(r, prefix, trajectory_limit=TRAJECTORY_LIMIT)
+    await state.record_progress_many({"job-a": [point(s) for s in range(1, 2501)]})
+    assert sorted(map(int, await r.hkeys(f"{prefix}:coord:traj:job-a"))) == list(
+        range(2501 - TRAJECTORY_LIMIT, 2501)
+    )
+    assert await r.zcard(f"{prefix}:coord:trajidx:job-a") == TRAJECTORY_LIMIT
+    assert await state.last("job-a", 1) == point(2500)
+
+    jobs = [f"job-{i}" for i in range(1200)]
+    watch = Watch(job_id="x", run_id="r", attempt=1, started_at=T0, seen=T0, deadline_s=30)
+    await state.update_watches(
+        {j: (lambda _, j=j: watch.model_copy(update={"job_id": j})) for j in jobs}
+    )
+    assert await r.zcard(f"{prefix}:coord:due") == 1200
+    ended = watch.model_copy(update={"ended": True})
+    await state.update_watches({j: (lambda _: ended) for j in jobs})
+    assert await r.zcard(f"{prefix}:coord:due") == 0
+
+
+async def test_a_watch_written_meanwhile_is_read_again(
+    client: tuple[aioredis.Redis, str], redis_url: str
+) -> None:
+    """Compare-and-set: a batch whose watches another consumer wrote between its read and its
+    write reads them again and applies its changes to what is there, including a job whose
+    change left the watch as it first read it (the new watch may be one it moves)."""
+    r, prefix = client
+    state = RedisRestores(r, prefix)
+    w1 = Watch(job_id="job-1", run_id="r", attempt=1, started_at=T0, seen=T0, deadline_s=30)
+    w2 = w1.model_copy(update={"job_id": "job-2", "attempt": 2})
+    await state.update_watches({"job-1": lambda _: w1, "job-2": lambda _: w2})
+    other = redis.Redis.from_url(redis_url, decode_responses=True)
+    newer = w2.model_copy(update={"attempt": 3})
+    seen: list[Watch | None] = []
+
+    def move_1(w: Watch | None) -> Watch | None:
+        assert w is not None
+        return w.model_copy(update={"last_step": 1})
+
+    def alive_3(w: Watch | None) -> Watch | None:
+        seen.append(w)
+        if len(seen) == 1:  # another consumer starts attempt 3 between the read and the write
+            other.set(f"{prefix}:coord:watch:job-2", newer.model_dump_json())
+        return liveness.on_alive(w, "r", 3, T0 + timedelta(seconds=5), 7)
+
+    try:
+        written = await state.update_watches({"job-1": move_1, "job-2": alive_3})
+    finally:
+        other.close()
+    assert seen == [w2, newer]
+    assert written["job-2"] == await state.watch("job-2")
+    assert (written["job-2"].attempt, written["job-2"].last_step) == (3, 7)
+    assert (await state.watch("job-1")).last_step == 1

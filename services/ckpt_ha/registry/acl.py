@@ -123,14 +123,15 @@ USERS: tuple[RedisUser, ...] = (
               (*CONNECT, "mget", "smembers", "evalsha", "script|load",
                *PROJECTION)),
     # Its own memory and the pins; reads a job's records to choose a restore. The heartbeat
-    # watches (optimistic WATCH transactions, the deadlines' sorted set) and the lease of its
-    # lost-attempt loop.
+    # watches (compare-and-set, the deadlines' sorted set) and the lease of its lost-attempt
+    # loop. Its scripts (`restores._PROGRESS_LUA`, `restores._WATCHES_LUA`: EVALSHA and SCRIPT
+    # LOAD, granted with LEASES) run only commands granted here.
     RedisUser("restore-coordinator", ("restore-state", "pins", "leases"),
               ("checkpoints", "job-index"),
-              (*CONNECT, *LEASES, "get", "set", "mget", "mset", "del", "expire", "hset", "hget",
+              (*CONNECT, *LEASES, "get", "set", "mget", "del", "expire", "hset", "hget",
                "hmget", "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
                "zremrangebyrank", "zrem", "zrangebyscore", "zscore", "sadd", "smembers",
-               "rpush", "ltrim", "lrange", "multi", "exec", "discard", "watch", "unwatch")),
+               "rpush", "ltrim", "lrange", "multi", "exec", "discard")),
     # Reads jobs, records, tiers, pins and plans in progress; records the declared tier.
     # And the lease of its periodic rounds.
     RedisUser("retention-janitor", ("tier-declared", "leases"),
@@ -140,15 +141,16 @@ USERS: tuple[RedisUser, ...] = (
                "hgetall", "scan")),
     # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
     # audits, manual actions), no server administration. A rebuild writes the coordinator's
-    # state as the coordinator does (trimming included) and sets its expiry (pexpireat).
+    # state as the coordinator does (its scripts, trimming included) and sets its expiry
+    # (pexpireat).
     RedisUser("operator", ("everything",), (),
-              (*CONNECT, "get", "set", "mget", "mset", "del", "type", "scan", "expire",
+              (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire",
                "pexpireat",
                "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
                "zrevrange", "zpopmin", "zremrangebyrank", "zrem", "sadd", "srem", "smembers",
                "sismember", "smismember", "zscore", "zremrangebyscore", "rpush", "ltrim", "lrange",
                "evalsha", "script|load",
-               "multi", "exec", "discard", "watch", "unwatch")),
+               "multi", "exec", "discard")),
 )  # fmt: skip
 
 

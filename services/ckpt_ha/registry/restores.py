@@ -50,6 +50,7 @@ decision's transaction through it.
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -61,7 +62,6 @@ import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
-from redis.exceptions import WatchError
 
 from ckpt_ha.core.restore_records import (
     DecisionRecord,
@@ -87,6 +87,11 @@ def key(prefix: str, *parts: str | int) -> str:
     return f"{prefix}:{KEY_SPACE}" + ":".join(str(x) for x in parts)
 
 
+_JSON = json.JSONEncoder(separators=(",", ":"))
+"""Compact JSON, one encoder for every document written (``json.dumps`` with options builds
+one per call)."""
+
+
 def point_json(p: Point) -> str:
     """``asdict(p)`` as JSON, built field by field: one per progress report on the hot path,
     where ``asdict`` (a deep copy) cost more than the JSON itself."""
@@ -98,7 +103,7 @@ def point_json(p: Point) -> str:
         "rng_fingerprint": p.rng_fingerprint,
         "metrics": dict(p.metrics),
     }
-    return json.dumps(doc, separators=(",", ":"))
+    return _JSON.encode(doc)
 
 
 def point_of(raw: str | bytes) -> Point:
@@ -119,6 +124,15 @@ def failure_of(raw: str | bytes) -> Failure:
 
 def _str(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _sha1(raw: str | bytes | None) -> str:
+    """Digest of a value read, to compare with Lua's ``redis.sha1hex`` ('' for none); not a
+    security boundary."""
+    if raw is None:
+        return ""
+    data = raw.encode() if isinstance(raw, str) else raw
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()
 
 
 def _ts(at: datetime) -> float:
@@ -170,6 +184,97 @@ class _ReplayExpiry:
 _CHUNK = 500
 """Keys per command when a replay deletes or expires many at once."""
 
+_PROGRESS_LUA = """
+-- The progress of a batch of reports (RedisRestores._write_progress) as one command, one job
+-- after another (a pipeline of six commands per report cost the client more than the
+-- server). Formats no key: KEYS are, per job, its trajectory hash, its step index, then the
+-- last-point key of each attempt it reports. ARGV[1]: seconds each key written lives (0: no
+-- expiry: a replay notes it instead); ARGV[2]: the trajectory's bound; ARGV[3]: JSON, per job
+-- [[last point of each attempt, in the order of its KEYS], [step, point, step, point, ...]].
+-- The oldest steps past the bound go in the same call. Chunks, not one unpack of a list:
+-- no limit on the batch's size.
+local ttl, limit = tonumber(ARGV[1]), tonumber(ARGV[2])
+local CHUNK = 1000
+local k = 0
+for _, job in ipairs(cjson.decode(ARGV[3])) do
+  local traj, idx, lasts, steps = KEYS[k + 1], KEYS[k + 2], job[1], job[2]
+  for i, doc in ipairs(lasts) do
+    if ttl > 0 then
+      redis.call('SET', KEYS[k + 2 + i], doc, 'EX', ttl)
+    else
+      redis.call('SET', KEYS[k + 2 + i], doc)
+    end
+  end
+  k = k + 2 + #lasts
+  if #steps > 0 then
+    for i = 1, #steps, CHUNK do
+      local j = math.min(i + CHUNK - 1, #steps)
+      redis.call('HSET', traj, unpack(steps, i, j))
+      local scored = {}
+      for s = i, j, 2 do
+        scored[#scored + 1] = steps[s]
+        scored[#scored + 1] = steps[s]
+      end
+      redis.call('ZADD', idx, unpack(scored))
+    end
+    if ttl > 0 then
+      redis.call('EXPIRE', traj, ttl)
+      redis.call('EXPIRE', idx, ttl)
+    end
+    local over = redis.call('ZCARD', idx) - limit
+    if over > 0 then
+      local dropped = redis.call('ZPOPMIN', idx, over)
+      local steps_dropped = {}
+      for i = 1, #dropped, 2 do steps_dropped[#steps_dropped + 1] = dropped[i] end
+      for i = 1, #steps_dropped, CHUNK do
+        redis.call('HDEL', traj, unpack(steps_dropped, i, math.min(i + CHUNK - 1, #steps_dropped)))
+      end
+    end
+  end
+end
+return 0
+"""
+
+_WATCHES_LUA = """
+-- Compare-and-set of a batch's watches (RedisRestores.update_watches): writes only if every
+-- watch is still exactly what the caller read, else returns 0 (the caller reads again and
+-- retries, as a WATCH transaction would). It decides nothing: the writes are what the Python
+-- rules computed. Formats no key: KEYS are the batch's watches, then the heard and the due
+-- sorted sets. ARGV[1]: seconds an ended watch lives (0: no expiry: a replay notes it);
+-- ARGV[2]: JSON {"expect": [SHA-1 of what each watch held, '' for none], "ended": [[i, doc]...],
+-- "kept": [[i, doc]...], "unheard": [...], "undue": [...], "due": [[job, time]...]}
+-- (i: the watch's place in KEYS).
+local ttl, n = tonumber(ARGV[1]), #KEYS - 2
+local w = cjson.decode(ARGV[2])
+for i = 1, n do
+  local current = redis.call('GET', KEYS[i])
+  if (current and redis.sha1hex(current) or '') ~= w.expect[i] then return 0 end
+end
+local CHUNK = 1000
+local function chunked(cmd, key, args)
+  for i = 1, #args, CHUNK do
+    redis.call(cmd, key, unpack(args, i, math.min(i + CHUNK - 1, #args)))
+  end
+end
+for _, e in ipairs(w.ended) do
+  if ttl > 0 then
+    redis.call('SET', KEYS[e[1]], e[2], 'EX', ttl)
+  else
+    redis.call('SET', KEYS[e[1]], e[2])
+  end
+end
+for _, e in ipairs(w.kept) do redis.call('SET', KEYS[e[1]], e[2]) end
+chunked('ZREM', KEYS[n + 1], w.unheard)
+chunked('ZREM', KEYS[n + 2], w.undue)
+local scored = {}
+for _, d in ipairs(w.due) do
+  scored[#scored + 1] = d[2]
+  scored[#scored + 1] = d[1]
+end
+chunked('ZADD', KEYS[n + 2], scored)
+return 1
+"""
+
 
 class RedisRestores:
     """Async Redis adapter for the coordinator's per-job state (see the module doc).
@@ -200,6 +305,8 @@ class RedisRestores:
         self.history_limit = history_limit
         self.ttl_s = ttl_s
         self._replay = _ReplayExpiry() if replaying else None
+        self._progress_script = client.register_script(_PROGRESS_LUA)
+        self._watches_script = client.register_script(_WATCHES_LUA)
 
     @classmethod
     def from_url(cls, where: str | RedisConfig, prefix: str, **kwargs: Any) -> RedisRestores:
@@ -286,53 +393,57 @@ class RedisRestores:
     ) -> None:
         """``points`` into the trajectory (bounded: the oldest steps go first); ``last`` as its
         attempt's last progress (for the recompute range)."""
-        traj, idx = self._k("traj", job), self._k("trajidx", job)
-        async with self._r.pipeline(transaction=False) as pipe:
-            if last is not None:
-                k = self._k("last", job, last.attempt)
-                pipe.set(k, point_json(last), ex=self._ttl(k))
-            if points:
-                pipe.hset(traj, mapping={str(p.step): point_json(p) for p in points})
-                pipe.zadd(idx, {str(p.step): p.step for p in points})
-                self._expire(pipe, traj)
-                self._expire(pipe, idx)
-                pipe.zcard(idx)
-            result = await pipe.execute()
-        size = int(result[-1]) if points else 0
-        if size > self.trajectory_limit:
-            await self._trim(job, size)
+        lasts = {last.attempt: point_json(last)} if last is not None else {}
+        await self._write_progress([(job, lasts, {str(p.step): point_json(p) for p in points})])
 
     async def record_progress_many(self, points: Mapping[str, Sequence[Point]]) -> None:
-        """`record_progress` of a batch of reports, one round trip for every job in it (plus
-        one per job whose trajectory went past its bound): each job's points in stream order,
-        so a step reported twice keeps the later point, as does each attempt's last point."""
-        jobs = [job for job, pts in points.items() if pts]
+        """`record_progress` of a batch of reports, one command for every job in it: each
+        job's points in stream order, so a step reported twice keeps the later point, as does
+        each attempt's last point."""
+        writes: list[tuple[str, dict[int, str], dict[str, str]]] = []
+        for job, pts in points.items():
+            if not pts:
+                continue
+            lasts: dict[int, str] = {}
+            steps: dict[str, str] = {}
+            for p in pts:
+                doc = point_json(p)
+                lasts[p.attempt] = doc
+                steps[str(p.step)] = doc
+            writes.append((job, lasts, steps))
+        await self._write_progress(writes)
+
+    async def _write_progress(
+        self, writes: Sequence[tuple[str, Mapping[int, str], Mapping[str, str]]]
+    ) -> None:
+        """One `_PROGRESS_LUA` call for ``writes``: per job, the last point of each attempt
+        (attempt → JSON) and the trajectory's new points (step → JSON, the later point of a
+        step reported twice), the trajectory trimmed to its bound in the same call. While
+        replaying, the keys are written without expiry and their expiry noted instead."""
+        keys: list[str] = []
+        jobs: list[list[list[str]]] = []
+        for job, lasts, steps in writes:
+            if not lasts and not steps:
+                continue
+            traj, idx = self._k("traj", job), self._k("trajidx", job)
+            keys += (traj, idx)
+            for attempt in lasts:
+                keys.append(self._k("last", job, attempt))
+            if self._replay is not None:
+                for k in keys[len(keys) - len(lasts) :]:
+                    self._replay.touch(k, self.ttl_s)
+                if steps:
+                    self._replay.touch(traj, self.ttl_s)
+                    self._replay.touch(idx, self.ttl_s)
+            flat = [x for pair in steps.items() for x in pair]
+            jobs.append([list(lasts.values()), flat])
         if not jobs:
             return
-        async with self._r.pipeline(transaction=False) as pipe:
-            for job in jobs:
-                docs = [(p, point_json(p)) for p in points[job]]
-                lasts = {p.attempt: doc for p, doc in docs}
-                for attempt, doc in lasts.items():
-                    k = self._k("last", job, attempt)
-                    pipe.set(k, doc, ex=self._ttl(k))
-                traj, idx = self._k("traj", job), self._k("trajidx", job)
-                pipe.hset(traj, mapping={str(p.step): doc for p, doc in docs})
-                pipe.zadd(idx, {str(p.step): p.step for p in points[job]})
-                self._expire(pipe, traj)
-                self._expire(pipe, idx)
-            for job in jobs:
-                pipe.zcard(self._k("trajidx", job))
-            sizes = (await pipe.execute())[-len(jobs) :]
-        for job, size in zip(jobs, sizes, strict=True):
-            if int(size) > self.trajectory_limit:
-                await self._trim(job, int(size))
-
-    async def _trim(self, job: str, size: int) -> None:
-        traj, idx = self._k("traj", job), self._k("trajidx", job)
-        dropped = await self._r.zpopmin(idx, size - self.trajectory_limit)
-        if dropped:
-            await self._r.hdel(traj, *[_str(pair[0]) for pair in dropped])
+        ttl = self.ttl_s if self._replay is None else 0
+        await self._progress_script(
+            keys=keys,
+            args=[ttl, self.trajectory_limit, _JSON.encode(jobs)],
+        )
 
     async def point_at(self, job: str, step: int) -> Point | None:
         raw = await self._r.hget(self._k("traj", job), str(step))
@@ -540,70 +651,66 @@ class RedisRestores:
     async def update_watch(
         self, job: str, change: Callable[[Watch | None], Watch | None]
     ) -> Watch | None:
-        """Read-modify-write under WATCH (optimistic: retried when another consumer wrote the
-        same job's watch meanwhile)."""
+        """Read-modify-write, compare-and-set (optimistic: retried when another consumer wrote
+        the same job's watch meanwhile)."""
         return (await self.update_watches({job: change}))[job]
 
     async def update_watches(
         self, changes: Mapping[str, Callable[[Watch | None], Watch | None]]
     ) -> dict[str, Watch | None]:
-        """`update_watch` of several jobs in three round trips (WATCH, MGET, MULTI/EXEC),
-        retried as a whole when another consumer wrote one of their watches meanwhile."""
+        """`update_watch` of several jobs in two round trips (MGET, then one compare-and-set
+        command, `_WATCHES_LUA`), retried as a whole when another consumer wrote one of their
+        watches meanwhile."""
         jobs = list(changes)
         if not jobs:
             return {}
         keys = [self._k("watch", job) for job in jobs]
         while True:
-            async with self._r.pipeline(transaction=True) as pipe:
-                try:
-                    await pipe.watch(*keys)
-                    raws = await pipe.mget(keys)
-                    olds = [Watch.model_validate_json(r) if r else None for r in raws]
-                    news = [changes[job](old) for job, old in zip(jobs, olds, strict=True)]
-                    if all(new is None for new in news):
-                        await pipe.reset()  # type: ignore[no-untyped-call]
-                        return dict.fromkeys(jobs)
-                    pipe.multi()  # type: ignore[no-untyped-call]
-                    self._stage_watches(pipe, zip(jobs, keys, olds, news, strict=True))
-                    await pipe.execute()
-                except WatchError:
-                    continue
+            raws = await self._r.mget(keys)
+            olds = [Watch.model_validate_json(r) if r else None for r in raws]
+            news = [changes[job](old) for job, old in zip(jobs, olds, strict=True)]
+            if all(new is None for new in news):
+                return dict.fromkeys(jobs)
+            writes = self._watch_writes(zip(jobs, keys, olds, news, strict=True))
+            ttl = self.ttl_s if self._replay is None else 0
+            written = await self._watches_script(
+                keys=[*keys, self._k("heard"), self._k("due")],
+                args=[ttl, _JSON.encode({"expect": [_sha1(r) for r in raws], **writes})],
+            )
+            if int(written):
                 return dict(zip(jobs, news, strict=True))
 
-    def _stage_watches(
-        self, pipe: Pipeline, changed: Iterable[tuple[str, str, Watch | None, Watch | None]]
-    ) -> None:
-        """Queue the writes of the new watches (inside MULTI): a handful of commands for all
-        of them, whatever their number (a batch of reports moves one watch per job)."""
+    def _watch_writes(
+        self, changed: Iterable[tuple[str, str, Watch | None, Watch | None]]
+    ) -> dict[str, list[Any]]:
+        """The writes of the new watches, for `_WATCHES_LUA` (a watch by its place in the
+        batch, counted from 1 as Lua's KEYS are). While replaying, the ended watches' expiry is
+        noted and the running ones' forgotten (they are kept while they run)."""
+        ended: list[tuple[int, str]] = []
+        kept: list[tuple[int, str]] = []
         unheard: list[str] = []
-        kept: dict[str, str] = {}
-        due: dict[str, float] = {}
+        due: list[tuple[str, str]] = []
         undue: list[str] = []
-        for job, k, old, new in changed:
+        for i, (job, k, old, new) in enumerate(changed, start=1):
             if new is None:
                 continue
             # The note of when an attempt was heard goes with its watch (ended, or superseded
             # by a newer attempt).
             unheard += new.unheard(old)
             at = new.due
-            if new.ended:
-                pipe.set(k, new.model_dump_json(), ex=self._ttl(k))  # a tombstone expires
+            if new.ended:  # a tombstone expires
+                if self._replay is not None:
+                    self._replay.touch(k, self.ttl_s)
+                ended.append((i, new.model_dump_json()))
             else:  # watched, or never watched: kept while it runs
                 if self._replay is not None:
                     self._replay.persist(k)
-                kept[k] = new.model_dump_json()
+                kept.append((i, new.model_dump_json()))
             if at is None:
                 undue.append(job)
             else:
-                due[job] = _ts(at)
-        if unheard:
-            pipe.zrem(self._k("heard"), *unheard)
-        if kept:
-            pipe.mset(kept)
-        if undue:
-            pipe.zrem(self._k("due"), *undue)
-        if due:
-            pipe.zadd(self._k("due"), due)
+                due.append((job, repr(_ts(at))))  # as redis-py sends a float
+        return {"ended": ended, "kept": kept, "unheard": unheard, "undue": undue, "due": due}
 
     async def watch(self, job: str) -> Watch | None:
         raw = await self._r.get(self._k("watch", job))

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -338,8 +339,11 @@ def fenced(plan: PlanRecord | None, sent_at: datetime) -> bool:
     return plan is not None and sent_at >= plan.failed_at
 
 
+@functools.lru_cache(maxsize=16_384)
 def plan_id(job_id: str, run_id: str, failed_attempt: int) -> str:
-    """One plan per failure: the same failure, heard twice or by two replicas, names one plan."""
+    """One plan per failure: the same failure, heard twice or by two replicas, names one plan.
+    (Cached: every progress report asks for the plan that would fence it, and a running
+    attempt asks again with each report.)"""
     return str(uuid.uuid5(PLAN_NAMESPACE, f"{job_id}|{run_id}|{failed_attempt}"))
 
 
