@@ -450,7 +450,13 @@ class _BatchPipeline:
             return
         if self.worker is None or self.worker.done():
             self.worker = asyncio.create_task(self._run())
-        await self.queue.put(admitted)
+        try:
+            await self.queue.put(admitted)
+        except BaseException:  # cancelled while waiting (faststream stopping): not handed over
+            admitted.heartbeat.cancel()
+            raise
+        if self.closing and self.worker is None:
+            self._discard()  # handed over after the drain: nobody will handle it
 
     async def _run(self) -> None:
         while True:
@@ -473,9 +479,18 @@ class _BatchPipeline:
             with contextlib.suppress(asyncio.CancelledError):
                 await self.worker
             self.worker = None
-        while not self.queue.empty():  # left unsettled: redelivered after ack_wait
+        self._discard()
+
+    def _discard(self) -> None:
+        """Drop what waits in the queue: left unsettled, redelivered after ``ack_wait``."""
+        while not self.queue.empty():
             self.queue.get_nowait().heartbeat.cancel()
             self.queue.task_done()
+
+    def reopen(self) -> None:
+        """Take batches again (the broker starts after a stop): closed from `drain` until
+        then, so nothing handed over while faststream stops starts another worker."""
+        self._discard()
         self.closing = False
 
 
@@ -535,6 +550,8 @@ class _Broker(NatsBroker):
                 await self.on_stream(await streams.identity(js, self._ckpt_cfg))
             except Exception as exc:  # noqa: BLE001 - recorded at the next start instead
                 log.warning("the event stream's identity was not recorded: %r", exc)
+        for pipeline in self._ckpt_pipelines:
+            pipeline.reopen()
         await super().start()
 
     async def stop(self, *args: Any, **kwargs: Any) -> None:
