@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import pytest
 
@@ -11,6 +12,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.subjects import event_subject
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.telemetry import logs
 from tests.support.bus_tools import publish_raw, stream_messages, wait_for
 from tests.support.events import committed, deleted, expired, verified
 
@@ -188,3 +190,32 @@ async def test_a_publish_carries_its_events_trace_context_in_the_headers(
     assert headers["ck-traced"]["tracestate"] == "vendor=abc"
     # Published outside any span: no trace context is made up.
     assert "traceparent" not in headers["ck-plain"]
+
+
+class _SeeingBus(Bus):
+    """A bus that notes the trace current while each message goes out (what a log line
+    written then, a retried publish's warning say, carries)."""
+
+    seen: list[tuple[str, str] | None]
+
+    async def _send(self, subject: str, body: bytes, headers: Mapping[str, str]) -> object:
+        self.seen.append(logs.current_ids())
+        return await super()._send(subject, body, headers)
+
+
+async def test_while_an_event_is_published_its_trace_is_the_current_one(
+    settings: ServiceSettings,
+) -> None:
+    bus = _SeeingBus(settings.bus(), "test-seeing")
+    bus.seen = []
+    await bus.broker.start()
+    try:
+        trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+        await bus.publish(committed("ck-seen", traceparent=f"00-{trace_id}-00f067aa0ba902b7-01"))
+        await bus.publish(committed("ck-unseen", key="other"))
+    finally:
+        await bus.broker.stop()
+    [traced, plain] = bus.seen
+    assert traced is not None
+    assert traced[0] == trace_id
+    assert plain is None

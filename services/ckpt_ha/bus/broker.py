@@ -886,12 +886,16 @@ class Bus:
         subject = subject_of(self.cfg, event)
         if not tracing.recording():
             # No span to record: the headers carry the event's own trace context, as the
-            # no-op tracer's span and faststream's middleware would (`_Telemetry`).
+            # no-op tracer's span and faststream's middleware would (`_Telemetry`). That
+            # context is current meanwhile, as it was, so what is logged carries its trace id.
             if event.traceparent is None and (current := tracing.current_traceparent()):
                 event = event.model_copy(
                     update={"traceparent": current[0], "tracestate": current[1]}
                 )
-            await self._publish_event(subject, event, with_state=True)
+            with tracing.continue_trace(
+                "publish", event.traceparent, tracestate=event.tracestate, link_origin=False
+            ):
+                await self._publish_event(subject, event, with_state=True)
             return event
         parent = tracing.context_of(event.traceparent, event.tracestate)
         with tracing.tracer().start_as_current_span(
