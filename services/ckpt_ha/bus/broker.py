@@ -884,50 +884,41 @@ class Bus:
         ``traceparent`` gets this span's. Returns the envelope as published.
         """
         subject = subject_of(self.cfg, event)
-        if not tracing.recording():
-            # No span to record: the headers carry the event's own trace context, as the
-            # no-op tracer's span and faststream's middleware would (`_Telemetry`). That
-            # context is current meanwhile, as it was, so what is logged carries its trace id.
-            if event.traceparent is None and (current := tracing.current_traceparent()):
-                event = event.model_copy(
-                    update={"traceparent": current[0], "tracestate": current[1]}
-                )
-            with tracing.continue_trace(
+        recording = tracing.recording()
+        # With no span to record, the event's own context is made current (no span objects):
+        # the headers then carry it as the no-op span and faststream's middleware would
+        # (`_Telemetry`), and what is logged meanwhile carries its trace id.
+        scope = (
+            tracing.tracer().start_as_current_span(
+                f"publish {event.event_type}",
+                context=tracing.context_of(event.traceparent, event.tracestate),
+                attributes=tracing.event_attributes(event),
+            )
+            if recording
+            else tracing.continue_trace(
                 "publish", event.traceparent, tracestate=event.tracestate, link_origin=False
-            ):
-                await self._publish_event(subject, event, with_state=True)
-            return event
-        parent = tracing.context_of(event.traceparent, event.tracestate)
-        with tracing.tracer().start_as_current_span(
-            f"publish {event.event_type}",
-            context=parent,
-            attributes=tracing.event_attributes(event),
-        ):
+            )
+        )
+        with scope:
             if event.traceparent is None and (current := tracing.current_traceparent()):
                 event = event.model_copy(
                     update={"traceparent": current[0], "tracestate": current[1]}
                 )
-            # faststream's telemetry middleware replaces this with its own (child) span's.
-            await self._publish_event(subject, event, with_state=False)
+            headers = {"Nats-Msg-Id": event.id}
+            if event.traceparent:
+                # With a span, faststream's telemetry middleware replaces this with its own
+                # (child) span's; without one, nothing else sets the trace headers.
+                headers["traceparent"] = event.traceparent
+                if not recording and event.tracestate:
+                    headers["tracestate"] = event.tracestate
+            body = event.to_bytes()
+            signed = signed_headers(self.cfg, event, body, headers)
+            await publish_retrying(
+                lambda: self._send(subject, body, signed),
+                self.cfg,
+                f"{event.event_type} {event.id}",
+            )
         return event
-
-    async def _publish_event(
-        self, subject: str, event: Envelope[EventData], *, with_state: bool
-    ) -> None:
-        """Sign and send ``event`` with its id and trace context in the headers (its
-        ``tracestate`` too when ``with_state``: no middleware will inject it)."""
-        headers = {"Nats-Msg-Id": event.id}
-        if event.traceparent:
-            headers["traceparent"] = event.traceparent
-            if with_state and event.tracestate:
-                headers["tracestate"] = event.tracestate
-        body = event.to_bytes()
-        signed = signed_headers(self.cfg, event, body, headers)
-        await publish_retrying(
-            lambda: self._send(subject, body, signed),
-            self.cfg,
-            f"{event.event_type} {event.id}",
-        )
 
     async def _send(self, subject: str, body: bytes, headers: Mapping[str, str]) -> object:
         """One JetStream publish. A decision names the event stream it must land in; a report

@@ -19,6 +19,7 @@ the sentinels' own login, if they have one, is ``sentinel_user`` / ``sentinel_pa
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
@@ -236,3 +237,13 @@ def _retrying(cfg: RedisConfig) -> dict[str, Any]:
         ),
         "retry_on_error": [RedisConnectionError],
     }
+
+
+def cas_digest(raw: str | bytes | None) -> str:
+    """The digest a compare-and-set script compares a value read with: Lua's
+    ``redis.sha1hex`` of it, '' for no value (every owner's scripts use ``current and
+    redis.sha1hex(current) or ''``). Not a security boundary."""
+    if raw is None:
+        return ""
+    data = raw.encode() if isinstance(raw, str) else raw
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()

@@ -26,7 +26,6 @@ changes nothing again.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from ckpt_ha.core.records import (
     project_batch,
 )
 from ckpt_ha.core.tiers import TierChoice, resolve_tier
-from ckpt_ha.registry.client import RedisConfig, connect, describe
+from ckpt_ha.registry.client import RedisConfig, cas_digest, connect, describe
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
@@ -162,11 +161,6 @@ return 1
 
 def _ms(at: datetime) -> int:
     return int(at.timestamp() * 1000)
-
-
-def _sha1(text: str) -> str:
-    """Digest for compare-and-set (matches Lua's redis.sha1hex); not a security boundary."""
-    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -315,7 +309,7 @@ class Registry:
                     {
                         "id": w.new.checkpoint_id,
                         "key": k.checkpoint(w.new.checkpoint_id),
-                        "expect": _sha1(w.read) if w.read else "",
+                        "expect": cas_digest(w.read),
                         "doc": w.new.model_dump_json(),
                         "old_state": k.state(w.old.state) if w.old is not None else "",
                         "new_state": k.state(w.new.state),

@@ -50,7 +50,6 @@ decision's transaction through it.
 
 from __future__ import annotations
 
-import hashlib
 import heapq
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -75,7 +74,7 @@ from ckpt_ha.core.restore_records import (
     Watch,
 )
 from ckpt_ha.registry import leases
-from ckpt_ha.registry.client import RedisConfig, connect
+from ckpt_ha.registry.client import RedisConfig, cas_digest, connect
 from ckpt_ha.registry.pins import RedisPins
 
 KEY_SPACE = "coord:"
@@ -124,15 +123,6 @@ def failure_of(raw: str | bytes) -> Failure:
 
 def _str(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _sha1(raw: str | bytes | None) -> str:
-    """Digest of a value read, to compare with Lua's ``redis.sha1hex`` ('' for none); not a
-    security boundary."""
-    if raw is None:
-        return ""
-    data = raw.encode() if isinstance(raw, str) else raw
-    return hashlib.sha1(data, usedforsecurity=False).hexdigest()
 
 
 def _ts(at: datetime) -> float:
@@ -675,7 +665,7 @@ class RedisRestores:
             ttl = self.ttl_s if self._replay is None else 0
             written = await self._watches_script(
                 keys=[*keys, self._k("heard"), self._k("due")],
-                args=[ttl, _JSON.encode({"expect": [_sha1(r) for r in raws], **writes})],
+                args=[ttl, _JSON.encode({"expect": [cas_digest(r) for r in raws], **writes})],
             )
             if int(written):
                 return dict(zip(jobs, news, strict=True))
