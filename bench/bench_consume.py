@@ -61,6 +61,7 @@ from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
+from ckpt_ha.runtime import heap
 from ckpt_ha.storage import open_store
 
 SIGNING_KEY = "5e" * 32
@@ -168,6 +169,7 @@ async def registrar_rate(settings: RegistrarSettings, n: int, profile: Path | No
     profiler = cProfile.Profile() if profile is not None else None
     if profiler is not None:
         profiler.enable()
+    heap.settle()  # as `Service.run` does before it serves
     await svc.bus.broker.start()  # like the bare loop, timing starts once subscribed
     start, cpu = time.perf_counter(), time.process_time()
     await wait_projected(settings, n)
@@ -314,6 +316,7 @@ async def _replica(settings: RegistrarSettings, n: int, go: Any) -> tuple[int, f
 
     svc.bus.dead_letters.on_outcome = on_outcome
     go.wait()  # every replica connects at once
+    heap.settle()  # as `Service.run` does before it serves
     cpu = time.process_time()
     await svc.bus.broker.start()
     await wait_projected(settings, n)

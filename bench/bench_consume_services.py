@@ -73,6 +73,7 @@ from ckpt_ha.integrity_checker.app import build as build_checker
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
+from ckpt_ha.runtime import heap
 from ckpt_ha.runtime.service import Service
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore
@@ -147,6 +148,7 @@ async def settled(svc: Service, n: int) -> tuple[float, dict[str, int]]:
             done.set()
 
     svc.bus.dead_letters.on_outcome = count
+    heap.settle()  # as `Service.run` does before it serves
     await svc.bus.broker.start()  # like the bare loop, timing starts once subscribed
     start = time.perf_counter()
     await asyncio.wait_for(done.wait(), timeout=600)

@@ -11,6 +11,7 @@ from typing import Any
 from faststream import FastStream
 
 from ckpt_ha.bus.broker import Bus
+from ckpt_ha.runtime import heap
 from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.server import HealthCheck, faststream_metrics, make_app, serve
 from ckpt_ha.runtime.settings import ServiceSettings
@@ -71,6 +72,7 @@ class Service:
             raise RuntimeError(f"{self.name}: finish() was not called")
         tracing.setup(self.name)  # exports only when OTEL_* configures it
         user_stop = self.on_stop
+        heap.settle()  # everything is imported and built: the collector stops walking it
 
         async def stop() -> None:
             try:
