@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+import nats
 import pytest
 
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.subjects import event_subject
 from ckpt_ha.registrar.app import Registrar
+from ckpt_ha.registrar.app import build as build_registrar
+from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.telemetry import logs
 from tests.support.bus_tools import publish_raw, stream_messages, wait_for
@@ -219,3 +222,38 @@ async def test_while_an_event_is_published_its_trace_is_the_current_one(
     assert traced is not None
     assert traced[0] == trace_id
     assert plain is None
+
+
+async def test_a_verdict_waits_for_a_commit_held_by_a_dead_replica(
+    producer: Bus, settings: ServiceSettings
+) -> None:
+    """A registrar replica is killed holding a commit (unacked, so JetStream gives it back only
+    after ``ack_wait``) while the other replica hears the commit's verdict. The verdict waits
+    for it (`ckpt_ha.bus.delivery.nak_delay`): it is not dead-lettered after its back-off, which
+    is shorter than ``ack_wait`` here, and the checkpoint ends valid."""
+    registrar_settings = RegistrarSettings.model_validate(settings.model_dump())
+    first = build_registrar(registrar_settings)
+    await first.bus.broker.start()  # creates the durable the replicas share
+    durable = first.bus.durable_name("checkpoints")
+    await first.bus.broker.stop()
+    await first.registry.close()
+    await producer.publish(committed("held"))
+    # The replica that dies: it fetched the commit and never answers.
+    nc = await nats.connect(settings.nats_url)
+    dead = await nc.jetstream().pull_subscribe_bind(durable, stream=settings.events_stream)
+    [held] = await dead.fetch(1, timeout=5)
+    assert json.loads(held.data)["type"] == "ckpt-ha.checkpoint.committed.v1"
+    await producer.publish(verified("held"))
+    survivor = build_registrar(registrar_settings)
+    await survivor.bus.broker.start()
+    try:
+        await wait_for(
+            lambda: state_of(survivor, "held", CheckpointState.VALID),
+            timeout=3 * 2.0 + 2 * 0.2 + 5,  # the settings' redelivery bound, and some
+            what="valid",
+        )
+        assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
+    finally:
+        await survivor.bus.broker.stop()
+        await survivor.registry.close()
+        await nc.close()

@@ -8,6 +8,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from ckpt_ha.bus import delivery
+from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import CATALOG, EventCatalog
 from ckpt_ha.contracts.errors import MalformedEvent, UnknownEventType, UnsupportedEventVersion
 from ckpt_ha.contracts.resume import ResumeLoadFailedV1, ResumeLoadFailedV2
@@ -111,3 +112,32 @@ def test_counts_read_from_the_ack_subject_agree_with_nats_py(reply: str) -> None
 )
 def test_what_is_no_ack_subject_has_no_counts(reply: str | None) -> None:
     assert delivery.counts(reply) is None
+
+
+def test_a_failure_waits_its_back_off() -> None:
+    for attempts in (1, 2, 3, 4):
+        for waits in (False, True):
+            if waits and attempts == 4:
+                continue  # the last nak of a dependency wait: below
+            delay = delivery.nak_delay(
+                7.0, attempts, 5, waits_for_earlier=waits, age_s=1.0, bound_s=201.0
+            )
+            assert delay == 7.0
+
+
+def test_the_last_wait_for_an_earlier_event_lasts_until_it_can_have_come_back() -> None:
+    # max_deliver 5: the 4th delivery's nak is the last; the 5th delivery dead-letters.
+    assert delivery.nak_delay(30.0, 4, 5, waits_for_earlier=True, age_s=51.0, bound_s=201.0) == 150
+    # Already that old: the back-off alone.
+    assert delivery.nak_delay(30.0, 4, 5, waits_for_earlier=True, age_s=300.0, bound_s=201.0) == 30
+    # Any other failure's last nak is its back-off.
+    assert delivery.nak_delay(30.0, 4, 5, waits_for_earlier=False, age_s=51.0, bound_s=201.0) == 30
+
+
+def test_the_redelivery_bound_is_every_delivery_held_to_ack_wait_and_the_back_off() -> None:
+    cfg = BusConfig(
+        url="nats://127.0.0.1:4222", ack_wait_s=30.0, max_deliver=5, backoff_s=(1, 5, 15, 30)
+    )
+    assert cfg.redelivery_bound_s == 5 * 30 + 1 + 5 + 15 + 30
+    short = BusConfig(url="nats://127.0.0.1:4222", ack_wait_s=5.0, max_deliver=4, backoff_s=(1,))
+    assert short.redelivery_bound_s == 4 * 5 + 3 * 1  # the last back-off repeats

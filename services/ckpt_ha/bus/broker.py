@@ -67,7 +67,7 @@ from ckpt_ha.contracts.subjects import (
     telemetry_filters,
 )
 from ckpt_ha.core.clock import Clock, utc_now
-from ckpt_ha.core.errors import PermanentError
+from ckpt_ha.core.errors import DependencyNotReady, PermanentError
 from ckpt_ha.credentials import reveal
 from ckpt_ha.telemetry import logs, tracing
 
@@ -187,19 +187,34 @@ class DeadLetters:
         permanent = _classify(error)
         attempts = self.attempts(raw)
         if permanent is None and attempts < self.cfg.max_deliver:
+            delay = self._nak_delay(raw, error, attempts)
             log.info(
-                "nak seq=%s consumer=%s attempt=%s: %r",
+                "nak seq=%s consumer=%s attempt=%s delay=%.1fs: %r",
                 meta.sequence.stream,
                 consumer,
                 attempts,
+                delay,
                 error,
             )
-            await raw.nak(delay=self.cfg.backoff(attempts))
+            await raw.nak(delay=delay)
             self.on_outcome(consumer, "nak")
             tracing.annotate(**{"ckpt_ha.outcome": "nak", "ckpt_ha.error": repr(error)[:500]})
             return
         code, text = permanent or ("max_deliver", f"last delivery failed: {error!r}")
         await self._dead_letter(raw, code, text, consumer, attempts)
+
+    def _nak_delay(self, raw: Msg, error: BaseException, attempts: int) -> float:
+        """The back-off; the last one of an event waiting for an earlier one lasts until the
+        earlier one can have come back from a consumer that died with it
+        (`ckpt_ha.bus.delivery.nak_delay`)."""
+        return delivery.nak_delay(
+            self.cfg.backoff(attempts),
+            attempts,
+            self.cfg.max_deliver,
+            waits_for_earlier=isinstance(error, DependencyNotReady),
+            age_s=(self.clock() - raw.metadata.timestamp).total_seconds(),
+            bound_s=self.cfg.redelivery_bound_s,
+        )
 
     def attempts(self, raw: Msg) -> int:
         """This delivery's number against the cap: JetStream's count less the parks it may

@@ -117,6 +117,15 @@ class BusConfig:
         """Nak delay after the ``delivered``-th failed delivery."""
         return self.backoff_s[min(max(delivered, 1), len(self.backoff_s)) - 1]
 
+    @property
+    def redelivery_bound_s(self) -> float:
+        """The longest a message can take from its first delivery to its last: ``max_deliver``
+        deliveries, each held up to ``ack_wait_s`` by a consumer that died with it, and the
+        back-off between them. An event waiting for an earlier one (`DependencyNotReady`)
+        waits at least this long before it is dead-lettered (`ckpt_ha.bus.delivery.nak_delay`)."""
+        naks = range(1, self.max_deliver)
+        return self.max_deliver * self.ack_wait_s + sum(self.backoff(n) for n in naks)
+
     def tls(self) -> ssl.SSLContext | None:
         """The client TLS context for a ``tls://`` URL (None: plain NATS)."""
         return credentials.nats_tls(self.url, self.ca_file)

@@ -75,6 +75,27 @@ def attempts(
     return delivered - excused
 
 
+def nak_delay(
+    backoff_s: float,
+    attempts: int,
+    max_deliver: int,
+    *,
+    waits_for_earlier: bool,
+    age_s: float,
+    bound_s: float,
+) -> float:
+    """How long a failed delivery waits before the next: its back-off (``backoff_s``), except
+    the last nak of an event that waits for an earlier one (``waits_for_earlier``:
+    `DependencyNotReady`), which waits until the event is ``bound_s`` old (`BusConfig.
+    redelivery_bound_s`). The earlier event may be held by a consumer that died with it, and
+    JetStream gives it back only after ``ack_wait``; a back-off shorter than that would
+    dead-letter the later event while the earlier one is still on its way. Short back-offs
+    first, so an event heard a moment before its predecessor (two replicas) is not slowed."""
+    if waits_for_earlier and attempts == max_deliver - 1:
+        return max(backoff_s, bound_s - age_s)
+    return backoff_s
+
+
 def counts(reply: str | None) -> tuple[int, int] | None:
     """(times delivered, stream sequence) read from a JetStream message's ack subject, None when
     it is not one. What a consumer needs of every message, without nats-py's full metadata (two
