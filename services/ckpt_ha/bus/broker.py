@@ -211,7 +211,7 @@ class DeadLetters:
             self.cfg.backoff(attempts),
             attempts,
             self.cfg.max_deliver,
-            waits_for_earlier=isinstance(error, DependencyNotReady),
+            waits_for_earlier=isinstance(error, DependencyNotReady) and error.in_stream,
             age_s=(self.clock() - raw.metadata.timestamp).total_seconds(),
             bound_s=self.cfg.redelivery_bound_s,
         )

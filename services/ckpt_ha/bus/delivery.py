@@ -85,8 +85,8 @@ def nak_delay(
     bound_s: float,
 ) -> float:
     """How long a failed delivery waits before the next: its back-off (``backoff_s``), except
-    the last nak of an event that waits for an earlier one (``waits_for_earlier``:
-    `DependencyNotReady`), which waits until the event is ``bound_s`` old (`BusConfig.
+    the last nak of an event that waits for an earlier one (``waits_for_earlier``: a
+    `DependencyNotReady` with ``in_stream``), which waits until the event is ``bound_s`` old (`BusConfig.
     redelivery_bound_s`). The earlier event may be held by a consumer that died with it, and
     JetStream gives it back only after ``ack_wait``; a back-off shorter than that would
     dead-letter the later event while the earlier one is still on its way. Short back-offs

@@ -22,7 +22,13 @@ class DependencyNotReady(TransientError):
 
     code = "not_ready"
 
-    def __init__(self, what: str, needed: str) -> None:
+    def __init__(self, what: str, needed: str, *, in_stream: bool = True) -> None:
         self.what = what
         self.needed = needed
+        self.in_stream = in_stream
+        """True when what is needed is an earlier event, or its effect: a consumer that died
+        holding it gives it back only after ``ack_wait``, so the bus waits as long as that can
+        take before dead-lettering (`ckpt_ha.bus.delivery.nak_delay`). False for a wait with a
+        deadline of its own (the coordinator's grace for a pending verification): the plain
+        back-off."""
         super().__init__(f"{what} needs {needed}, which has not arrived yet")

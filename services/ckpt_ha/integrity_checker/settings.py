@@ -29,6 +29,8 @@ class IntegrityCheckerSettings(ServiceSettings):
     ``scrub_burst_bytes + scrub_bytes_per_s * t``."""
     verify_deadline_s: float = Field(default=1800.0, gt=0)
     """A checkpoint pending verification for longer than this lost its verdict (an outage
-    longer than the retry budget) and is verified again."""
+    longer than the retry budget) and is verified again. Keep it above JetStream's duplicate
+    window (120 s): the verdict of a re-drive has the lost one's id, and within the window the
+    stream drops it as a duplicate of a verdict the registrar may have dead-lettered."""
     reconcile_interval_s: float = Field(default=300.0, ge=0)
     """How often the registry is read for checkpoints past their deadline (0 turns it off)."""

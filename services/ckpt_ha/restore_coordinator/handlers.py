@@ -370,6 +370,7 @@ class CoordinatorHandlers:
                 raise DependencyNotReady(
                     f"job.failed of {job} attempt {attempt}",
                     f"the verification of {awaited.checkpoint_id} (step {awaited.step})",
+                    in_stream=False,  # its own deadline: the grace
                 )
         if selection.chosen is not None:
             starts = await self._starts(job, attempt, selection.chosen)
