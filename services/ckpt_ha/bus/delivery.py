@@ -86,11 +86,12 @@ def nak_delay(
 ) -> float:
     """How long a failed delivery waits before the next: its back-off (``backoff_s``), except
     the last nak of an event that waits for an earlier one (``waits_for_earlier``: a
-    `DependencyNotReady` with ``in_stream``), which waits until the event is ``bound_s`` old (`BusConfig.
-    redelivery_bound_s`). The earlier event may be held by a consumer that died with it, and
-    JetStream gives it back only after ``ack_wait``; a back-off shorter than that would
-    dead-letter the later event while the earlier one is still on its way. Short back-offs
-    first, so an event heard a moment before its predecessor (two replicas) is not slowed."""
+    `DependencyNotReady` with ``in_stream``), which waits until the event is ``bound_s`` old
+    (`BusConfig.redelivery_bound_s`). The earlier event may be held by a consumer that died
+    with it, and JetStream gives it back only after ``ack_wait``; a back-off shorter than that
+    would dead-letter the later event while the earlier one is still on its way. Short
+    back-offs first, so an event heard a moment before its predecessor (two replicas) is not
+    slowed."""
     if waits_for_earlier and attempts == max_deliver - 1:
         return max(backoff_s, bound_s - age_s)
     return backoff_s
