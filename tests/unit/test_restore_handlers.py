@@ -13,6 +13,7 @@ import pytest
 
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
     CheckpointFormat,
     CheckpointIdentity,
     CheckpointRegisteredV1,
@@ -40,6 +41,8 @@ from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry
 from tests.support.fakes.restores import InMemoryRestores
+from tests.support.fakes.stream import InMemoryStream
+from tests.support.stored_events_contract import check_stored_events
 
 JOB = "job-u"
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -124,6 +127,7 @@ class World:
         self.pins = InMemoryPins()
         self.state = InMemoryRestores(self.pins)
         self.bus = RecordingPublisher()
+        self.stream = InMemoryStream()
         self.store = store
         self.service_metrics = ServiceMetrics("restore-coordinator")
         self.metrics = RestoreMetrics(self.service_metrics)
@@ -138,6 +142,7 @@ class World:
             self.metrics,
             new_id=lambda: f"owner-{next(ids)}",
             load_failed_grace_s=0.2,
+            stored=self.stream,
         )
 
     def data(self, event_type: str) -> list[Any]:
@@ -592,3 +597,65 @@ async def test_only_a_checkpoint_being_verified_waits_then_escalates_when_it_nev
     await world.handlers.on_failed(fail)
     [esc] = world.data("resume.escalated")
     assert esc.reason == "no_valid_checkpoint"
+
+
+def commit_at(step: int, seconds: float) -> Envelope[Any]:
+    data = CheckpointCommittedV1(
+        job_id=JOB, checkpoint_id=f"{JOB}-{step}", uri=f"file:///nowhere/{JOB}/step-{step}",
+        run_id="run-1", step=step, format=CheckpointFormat.NATIVE, shard_count=1, total_bytes=1,
+    )  # fmt: skip
+    return ev(data, f"commit-{step}", seconds)
+
+
+async def test_a_failure_a_moment_after_a_save_waits_for_its_commit_to_be_registered(
+    store: FsStore,
+) -> None:
+    """The job crashed right after a save and its failure is heard before the registrar handled
+    the commit: deciding now would restore the older checkpoint and leave the newer one to be
+    fenced. The failure waits (nak'ed, within the verification grace) until the commit is
+    registered, then for its verification, then plans it."""
+    world = World(store, record(f"{JOB}-100", 100))
+    fail = failed()
+    world.stream.add(commit_at(200, 1499))
+    world.handlers.clock = lambda: fail.time + timedelta(seconds=2)
+    await world.handlers.on_started(started())
+    with pytest.raises(DependencyNotReady, match=f"register its commit {JOB}-200") as waits:
+        await world.handlers.on_failed(fail)
+    assert not waits.value.in_stream  # the grace is its deadline, not a redelivery's
+    assert world.data("resume.planned") == []
+    world.registry.put(record(f"{JOB}-200", 200, state=CheckpointState.PENDING_VERIFICATION))
+    with pytest.raises(DependencyNotReady, match=f"verification of {JOB}-200"):
+        await world.handlers.on_failed(fail)
+    world.registry.put(record(f"{JOB}-200", 200))
+    await world.handlers.on_failed(fail)
+    [plan] = world.data("resume.planned")
+    assert plan.checkpoint_id == f"{JOB}-200"
+
+
+@pytest.mark.parametrize(
+    ("committed_s", "now_s"),
+    [
+        (+1, 2),  # committed after the failure: a stale writer's, never waited for
+        (-1, 41),  # past the grace: decided with what is valid
+    ],
+)
+async def test_a_commit_is_not_waited_for_after_the_failure_or_past_the_grace(
+    store: FsStore, committed_s: float, now_s: float
+) -> None:
+    world = World(store, record(f"{JOB}-100", 100))
+    fail = failed()
+    world.stream.add(commit_at(200, 1500 + committed_s))
+    world.handlers.clock = lambda: fail.time + timedelta(seconds=now_s)
+    await world.handlers.on_started(started())
+    await world.handlers.on_failed(fail)
+    [plan] = world.data("resume.planned")
+    assert plan.checkpoint_id == f"{JOB}-100"
+
+
+async def test_the_in_memory_stream_answers_as_the_bus_does() -> None:
+    stream = InMemoryStream()
+
+    async def add(event: Envelope[EventData]) -> None:
+        stream.add(event)
+
+    await check_stored_events(stream, add)

@@ -43,6 +43,7 @@ from faststream.nats.message import NatsBatchMessage, NatsMessage
 from faststream.nats.opentelemetry import NatsTelemetryMiddleware
 from faststream.nats.security import NatsSecurity, NatsUserPassword
 from nats.aio.msg import Msg
+from nats.errors import Error as NatsError
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import AckPolicy as JsAckPolicy
@@ -63,6 +64,7 @@ from ckpt_ha.contracts.subjects import (
     dead_letter_subject,
     event_filter,
     is_telemetry,
+    job_event_filter,
     parse_event_subject,
     telemetry_filters,
 )
@@ -934,6 +936,28 @@ class Bus:
                 f"{event.event_type} {event.id}",
             )
         return event
+
+    async def last_event(self, event_type: str, job_id: str) -> Envelope[EventData] | None:
+        """The newest stored event of ``event_type`` (any version) about ``job_id``, admitted as
+        a consumer admits it (`admit`). None when there is none, when it is refused (forged,
+        malformed: logged), and when the stream cannot be read now (logged): a caller uses it
+        to wait for what is on its way, never to decide from it alone."""
+        js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
+        subject = job_event_filter(self.cfg.prefix, event_type, job_id)
+        try:
+            msg = await js.get_last_msg(self.cfg.events_stream, subject)
+        except NotFoundError:
+            return None
+        except (NatsError, TimeoutError) as exc:
+            log.warning("cannot read the last %s of %s: %r", event_type, job_id, exc)
+            return None
+        try:
+            return admit(
+                self.cfg, self.catalog, msg.data or b"", msg.subject or "", msg.headers, msg.seq
+            )
+        except ContractError as exc:
+            log.warning("the last %s of %s in the stream is refused: %s", event_type, job_id, exc)
+            return None
 
     async def _send(self, subject: str, body: bytes, headers: Mapping[str, str]) -> object:
         """One JetStream publish. A decision names the event stream it must land in; a report

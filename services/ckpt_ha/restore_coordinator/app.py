@@ -109,6 +109,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         lease_ttl_s=settings.lease_ttl_s,
         load_failed_grace_s=settings.load_failed_grace_s,
         verification_grace_s=settings.verification_grace_s,
+        stored=base.bus,
     )
     svc = RestoreCoordinator(
         name=NAME,

@@ -331,6 +331,21 @@ def verification_to_await(
     return selection.verifying
 
 
+def awaits_commit(
+    committed_at: datetime, failed_at: datetime, now: datetime, grace_s: float
+) -> bool:
+    """Whether a fresh failure waits for the registry to record the job's newest commit (made
+    at ``committed_at``), if it has not yet.
+
+    A job that crashes a moment after a save can be heard failing before the registrar has
+    handled that save's commit: deciding then restores an older checkpoint, and the commit,
+    handled after the plan, is fenced as a stale writer's (R17) although it was written before
+    the failure. So within ``grace_s`` of the failure (the grace `verification_to_await` gives,
+    which takes over once the commit is registered) a commit made before the failure is waited
+    for. One made at or after the failure is a stale writer's: never waited for."""
+    return committed_at < failed_at and (now - failed_at).total_seconds() < grace_s
+
+
 def fenced(plan: PlanRecord | None, sent_at: datetime) -> bool:
     """Whether a report of the attempt ``plan`` resumes from (R17) is a stale writer's: sent
     at or after that attempt's failure. One sent before it is the attempt's own progress, read

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import cast
 
 from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
-from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1
+from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointRegisteredV1
 from ckpt_ha.contracts.job import (
     JobFailedV1,
     JobHeartbeatV1,
@@ -44,6 +44,7 @@ from ckpt_ha.restore_coordinator.ports import (
     PinStore,
     Publisher,
     RestoreState,
+    StoredEvents,
 )
 from ckpt_ha.restore_coordinator.projection import Progress, RestoreProjection
 from ckpt_ha.storage.quarantine_move import isolate
@@ -89,6 +90,7 @@ class CoordinatorHandlers:
         lease_ttl_s: float = 30.0,
         load_failed_grace_s: float = 3.0,
         verification_grace_s: float = 40.0,
+        stored: StoredEvents | None = None,
     ) -> None:
         self.state = state
         self.pins = pins
@@ -101,6 +103,8 @@ class CoordinatorHandlers:
         self.lease_ttl_s = lease_ttl_s
         self.load_failed_grace_s = load_failed_grace_s
         self.verification_grace_s = verification_grace_s
+        self.stored = stored
+        """The stream's newest commit of a failed job (`_unregistered_commit`); None: not read."""
         self.projection = RestoreProjection(state, pins, registry)
 
     # --- job.started / job.progress ---
@@ -346,6 +350,23 @@ class CoordinatorHandlers:
                 found.append(started)
         return found
 
+    async def _unregistered_commit(self, job: str, failed_at: datetime) -> str | None:
+        """The job's newest commit in the stream, when the failure waits for the registry to
+        record it (`domain.awaits_commit`) and it has not yet; None: nothing to wait for."""
+        if self.stored is None:
+            return None
+        newest = await self.stored.last_event(CheckpointCommittedV1.EVENT_TYPE, job)
+        if newest is None or not isinstance(newest.data, CheckpointCommittedV1):
+            return None
+        if not domain.awaits_commit(
+            newest.time, failed_at, self.clock(), self.verification_grace_s
+        ):
+            return None
+        checkpoint_id = newest.data.checkpoint_id
+        if await self.registry.get(checkpoint_id) is not None:
+            return None
+        return checkpoint_id
+
     async def _decide_now(
         self,
         job: str,
@@ -371,6 +392,13 @@ class CoordinatorHandlers:
                     f"job.failed of {job} attempt {attempt}",
                     f"the verification of {awaited.checkpoint_id} (step {awaited.step})",
                     in_stream=False,  # its own deadline: the grace
+                )
+            unheard = await self._unregistered_commit(job, failed_at)
+            if unheard is not None:
+                raise DependencyNotReady(
+                    f"job.failed of {job} attempt {attempt}",
+                    f"the registrar to register its commit {unheard}",
+                    in_stream=False,  # the same grace
                 )
         if selection.chosen is not None:
             starts = await self._starts(job, attempt, selection.chosen)

@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Protocol
 
 from ckpt_ha.bus.port import Publisher
+from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.core.clock import Clock
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.restore_records import (
@@ -35,6 +36,7 @@ __all__ = [
     "PinStore",
     "Publisher",
     "RestoreState",
+    "StoredEvents",
 ]
 
 NewId = Callable[[], str]
@@ -54,6 +56,14 @@ class CheckpointReads(Protocol):
         self, job_id: str, page_size: int = 64
     ) -> AsyncIterator[list[CheckpointRecord]]:
         """The same, ``page_size`` records per round trip."""
+        ...
+
+
+class StoredEvents(Protocol):
+    """The event stream's newest event of a kind for a job (owner: `ckpt_ha.bus.broker.Bus`)."""
+
+    async def last_event(self, event_type: str, job_id: str) -> Envelope[EventData] | None:
+        """Admitted as a consumer admits it; None when there is none or it cannot be read."""
         ...
 
 

@@ -16,9 +16,10 @@ class RestoreCoordinatorSettings(ServiceSettings):
     ``resume.load_failed``, so the fallback (not the checkpoint that failed to load) is
     planned."""
     verification_grace_s: float = Field(default=40.0, ge=0)
-    """How long after a failure a newer checkpoint still pending verification is waited for
-    before the failure is decided with what is valid (the failure is nak'ed meanwhile: keep it
-    inside the bus's retry budget, 51 s by default)."""
+    """How long after a failure a newer checkpoint still pending verification (or committed
+    before the failure and not registered yet) is waited for before the failure is decided
+    with what is valid (the failure is nak'ed meanwhile: keep it inside the bus's retry budget,
+    51 s by default)."""
     trajectory_limit: int = Field(default=10_000, ge=1)
     """Progress steps kept per job for continuity checks."""
     state_ttl_s: int = Field(default=30 * 24 * 3600, ge=60)
