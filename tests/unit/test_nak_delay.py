@@ -12,6 +12,8 @@ import pytest
 from ckpt_ha.bus.broker import DeadLetters
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.core.errors import DependencyNotReady
+from ckpt_ha.restore_coordinator.app import grace
+from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 CFG = BusConfig(ack_wait_s=5.0, max_deliver=4, backoff_s=(0.5, 1.0, 2.0))
@@ -66,3 +68,17 @@ async def test_an_event_already_that_old_waits_its_back_off() -> None:
     error = DependencyNotReady("checkpoint.verified for c", "its committed event")
     await letters(age_s=60.0).settle(raw, error, "registrar--checkpoints")  # type: ignore[arg-type]
     assert raw.delays == [2.0]
+
+
+def test_the_retry_budget_is_the_back_off_before_the_last_delivery() -> None:
+    assert CFG.retry_budget_s == 0.5 + 1.0 + 2.0
+    assert CFG.redelivery_bound_s == 4 * 5.0 + CFG.retry_budget_s
+
+
+@pytest.mark.parametrize(("grace_s", "want"), [(40.0, 3.5), (2.0, 2.0)])
+def test_the_verification_grace_is_cut_to_the_retry_budget(grace_s: float, want: float) -> None:
+    """A failure nak'ed for longer than the budget would be dead-lettered, never planned."""
+    settings = RestoreCoordinatorSettings(
+        max_deliver=4, backoff_s=(0.5, 1.0, 2.0), verification_grace_s=grace_s
+    )
+    assert grace(settings) == want

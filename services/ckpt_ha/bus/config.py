@@ -118,13 +118,18 @@ class BusConfig:
         return self.backoff_s[min(max(delivered, 1), len(self.backoff_s)) - 1]
 
     @property
+    def retry_budget_s(self) -> float:
+        """The back-off between a message's first delivery and its last (``max_deliver``): a
+        handler that keeps failing it for longer has it dead-lettered."""
+        return sum(self.backoff(n) for n in range(1, self.max_deliver))
+
+    @property
     def redelivery_bound_s(self) -> float:
         """The longest a message can take from its first delivery to its last: ``max_deliver``
         deliveries, each held up to ``ack_wait_s`` by a consumer that died with it, and the
         back-off between them. An event waiting for an earlier one (`DependencyNotReady`)
         waits at least this long before it is dead-lettered (`ckpt_ha.bus.delivery.nak_delay`)."""
-        naks = range(1, self.max_deliver)
-        return self.max_deliver * self.ack_wait_s + sum(self.backoff(n) for n in naks)
+        return self.max_deliver * self.ack_wait_s + self.retry_budget_s
 
     def tls(self) -> ssl.SSLContext | None:
         """The client TLS context for a ``tls://`` URL (None: plain NATS)."""

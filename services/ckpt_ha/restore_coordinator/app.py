@@ -16,6 +16,7 @@ Each consumer handles its events one at a time in stream order.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,7 @@ from ckpt_ha.storage import open_store
 from ckpt_ha.telemetry.metrics import RestoreMetrics
 
 NAME = "restore-coordinator"
+log = logging.getLogger("ckpt_ha.restore_coordinator")
 
 CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
     ("started", "job.started", "on_started", "Records each attempt's policy and restore target."),
@@ -108,7 +110,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         metrics,
         lease_ttl_s=settings.lease_ttl_s,
         load_failed_grace_s=settings.load_failed_grace_s,
-        verification_grace_s=settings.verification_grace_s,
+        verification_grace_s=grace(settings),
         stored=base.bus,
     )
     svc = RestoreCoordinator(
@@ -157,6 +159,23 @@ async def backlog(bus: Bus) -> bool:
     job = {bus.durable_name(c) for c in JOB_CONSUMERS}
     infos = await bus.consumer_info()
     return any(durable in job and pending > 0 for durable, pending, _, _ in infos)
+
+
+def grace(settings: RestoreCoordinatorSettings) -> float:
+    """The verification grace (`CKPT_HA_VERIFICATION_GRACE_S`), cut to the bus's retry budget:
+    a failure waiting longer than that would be dead-lettered, never planned. Cut, it is past
+    its grace on its last delivery and decided with what is valid then."""
+    budget = settings.bus().retry_budget_s
+    if settings.verification_grace_s <= budget:
+        return settings.verification_grace_s
+    log.warning(
+        "verification grace %.1f s is longer than the retry budget (%.1f s of back-off): "
+        "a failure waits %.1f s at most",
+        settings.verification_grace_s,
+        budget,
+        budget,
+    )
+    return budget
 
 
 def asyncapi_app() -> FastStream:
