@@ -15,7 +15,6 @@ from an outage.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +24,7 @@ from ckpt_ha.core.errors import PermanentError, TransientError
 from ckpt_ha.integrity_checker import domain
 from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
 from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore
+from ckpt_ha.runtime.leader import next_round
 from ckpt_ha.storage import StorageError, key_for_uri
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import ReconcileMetrics
@@ -125,4 +125,4 @@ class Reconciler:
                 await self.reconcile_once()
             except Exception:  # the reconciler must never stop for good: log, try next round
                 log.exception("reconcile round failed")
-            await asyncio.sleep(interval_s)
+            await next_round(interval_s)

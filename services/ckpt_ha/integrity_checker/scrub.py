@@ -18,7 +18,6 @@ starts a pass from the beginning.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -31,6 +30,7 @@ from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import verify
 from ckpt_ha.integrity_checker import domain
 from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
+from ckpt_ha.runtime.leader import next_round
 from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import owned_key
 from ckpt_ha.storage.quarantine_move import isolate
@@ -190,7 +190,7 @@ class Scrubber:
         its limit (behind at its budget) is followed at once by the next, which continues it."""
         delay = interval_s
         while True:
-            await asyncio.sleep(delay)
+            await next_round(delay)
             delay = interval_s
             try:
                 result = await self.scrub_once(limit_s=interval_s)

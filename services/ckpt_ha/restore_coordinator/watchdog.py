@@ -36,6 +36,7 @@ from ckpt_ha.core.restore_records import Watch
 from ckpt_ha.restore_coordinator import liveness
 from ckpt_ha.restore_coordinator.ports import Clock, Publisher, RestoreState
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.runtime.leader import next_round
 from ckpt_ha.telemetry.metrics import RestoreMetrics
 
 log = logging.getLogger("ckpt_ha.restore_coordinator.watchdog")
@@ -118,4 +119,4 @@ class LostAttempts:
                 raise
             except Exception as exc:  # noqa: BLE001 - the next round tries again
                 log.warning("lost-attempt round failed: %r", exc)
-            await asyncio.sleep(interval_s)
+            await next_round(interval_s)

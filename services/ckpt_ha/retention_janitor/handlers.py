@@ -37,6 +37,7 @@ from ckpt_ha.retention_janitor.ports import (
     ResumeReads,
     RetentionRegistry,
 )
+from ckpt_ha.runtime.leader import next_round
 from ckpt_ha.storage import StorageError, key_for_uri
 from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import RetentionMetrics
@@ -219,7 +220,7 @@ class Janitor:
                 await self.run_once()
             except Exception:  # one failed round must not stop the janitor
                 log.exception("retention round failed; retrying in %.0f s", interval_s)
-            await asyncio.sleep(interval_s)
+            await next_round(interval_s)
 
 
 class JanitorHandlers:

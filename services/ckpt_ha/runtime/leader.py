@@ -41,6 +41,24 @@ def replica_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+def stop_if_cancelled() -> None:
+    """Raise `asyncio.CancelledError` if the current task was cancelled, even when the code it
+    ran lost that cancellation. CPython 3.11's ``asyncio.wait_for`` (under nats-py's and
+    redis-py's calls) returns its result when the cancellation arrives as that result does,
+    and the task runs on; it still counts the request (`asyncio.Task.cancelling`). A periodic
+    loop checks here between rounds, so it stops at its next round instead of running on while
+    whoever cancelled it (a shutdown, a lost lease) waits for it forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
+async def next_round(seconds: float) -> None:
+    """Between two rounds of a periodic loop: `stop_if_cancelled`, then sleep ``seconds``."""
+    stop_if_cancelled()
+    await asyncio.sleep(seconds)
+
+
 class Leader:
     """Runs one loop of a service on the replica holding its lease ``<service>:<loop>``."""
 
@@ -97,7 +115,7 @@ class Leader:
     async def _until_held(self) -> None:
         held = await self._take()
         while held is not True:
-            await asyncio.sleep(self.every_s)
+            await next_round(self.every_s)
             held = await self._take()
 
     async def _while_held(self, task: asyncio.Task[None]) -> None:
@@ -105,6 +123,7 @@ class Leader:
         loop = asyncio.get_running_loop()
         renewed = loop.time()
         while not task.done():
+            stop_if_cancelled()
             await asyncio.wait({task}, timeout=self.every_s)
             if task.done():
                 break

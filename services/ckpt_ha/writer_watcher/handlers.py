@@ -22,6 +22,7 @@ from ckpt_ha.contracts import EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.errors import TransientError
 from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.runtime.leader import stop_if_cancelled
 from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
@@ -268,4 +269,5 @@ class Watcher:
                 log.warning("watch state or registry unavailable, retrying: %s", exc)
             except Exception:  # the loop must outlive any one bad pass
                 log.exception("scan failed, retrying")
+            stop_if_cancelled()
             await wakeup.wait(interval_s)
