@@ -249,7 +249,7 @@ async def test_a_verdict_waits_for_a_commit_held_by_a_dead_replica(
     try:
         await wait_for(
             lambda: state_of(survivor, "held", CheckpointState.VALID),
-            timeout=3 * 2.0 + 2 * 0.2 + 5,  # the settings' redelivery bound, and some
+            timeout=settings.bus().redelivery_bound_s + 5,
             what="valid",
         )
         assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
