@@ -23,11 +23,13 @@ replica pulls, so the work splits by batch; each process keeps its own batches i
 across replicas the registry's compare-and-set and its wait for an earlier event
 (``DependencyNotReady``, nak'ed) keep a checkpoint's events in order. A second replica only adds
 throughput when a core is free for it: the run prints each replica's CPU per event, the share of
-a core it got, and how busy the whole machine was. ``--profile FILE`` profiles the in-process
-registrar (cProfile) and writes the 60 most expensive functions by cumulative and by own time,
-and the callers of the 15 most expensive by own time, to ``FILE``; cProfile's figures for calls
-that release the GIL are wall time, so ``--stages`` instead prints the thread CPU per event of
-each synchronous step of the registrar's path (`STAGES`; not with ``--replicas``). Usage:
+a core it got, how busy the whole machine was, and the most the machine's cores allow
+(`ceiling`: its CPU per event with one replica, servers included, against the cores).
+``--profile FILE`` profiles the in-process registrar (cProfile) and writes the 60 most
+expensive functions by cumulative and by own time, and the callers of the 15 most expensive by
+own time, to ``FILE``; cProfile's figures for calls that release the GIL are wall time, so
+``--stages`` instead prints the thread CPU per event of each synchronous step of the
+registrar's path (`STAGES`; not with ``--replicas``). Usage:
     .venv/bin/python bench/bench_consume.py [--events 10000] [--rounds 3] [--batch 256]
         [--replicas 2] [--profile bench/profiles/registrar-after.txt] [--patched-bare] [--stages]
         [--nats URL] [--redis URL]
@@ -423,8 +425,11 @@ def server_pids() -> dict[str, int]:
     return found
 
 
-async def replicas_round(args: argparse.Namespace, root: str, k: int) -> tuple[float, list[int]]:
-    """N events on a fresh stream, consumed by ``k`` registrar processes: (rate, acks each)."""
+async def replicas_round(
+    args: argparse.Namespace, root: str, k: int
+) -> tuple[float, list[int], float]:
+    """N events on a fresh stream, consumed by ``k`` registrar processes: (rate, acks each, the
+    whole machine's CPU seconds per event: replicas, servers and everything else running)."""
     settings = run_settings(args, root)
     ctx = mp.get_context("spawn")
     async with private_streams(settings, args) as js:
@@ -464,12 +469,22 @@ async def replicas_round(args: argparse.Namespace, root: str, k: int) -> tuple[f
     cpu = ", ".join(f"{1e6 * r[3] / max(r[0], 1):.0f}" for r in results)
     got = ", ".join(f"{100 * r[3] / max(r[2] - r[1], 1e-9):.0f}%" for r in results)
     used = 100 * (busy_now - machine[0]) / max(total_now - machine[1], 1)
+    per_event = (busy_now - machine[0]) / hz / max(sum(acks), 1)
     print(
         f"  {k} replica(s): {rate:8.0f} ev/s, handled {acks}, dead-lettered {dead}; "
         f"CPU per event each (µs): {cpu}; each replica got {got} of a core; {busy}; "
-        f"machine {used:.0f}% busy (all {os.cpu_count()} cores, every process)"
+        f"machine {used:.0f}% busy (all {os.cpu_count()} cores, every process), "
+        f"{1e6 * per_event:.0f} µs of machine CPU per event"
     )
-    return rate, acks
+    return rate, acks, per_event
+
+
+def ceiling(one_rate: float, per_event: float, cores: int, k: int) -> float:
+    """The most ``k`` replicas can reach against one on ``cores`` cores, if every event costs the
+    machine what it cost with one replica (replicas, nats-server, redis-server): the cores run
+    out at ``cores / per_event`` events a second. A second replica never makes an event
+    cheaper for the servers, so this bounds the ratio from above."""
+    return min(float(k), cores / per_event / one_rate)
 
 
 async def main() -> None:
@@ -522,16 +537,22 @@ async def replicas_main(args: argparse.Namespace, root: str) -> None:
         f"events per round: {args.events}, fetch batch {args.batch}, rounds {args.rounds}, "
         f"1 vs {args.replicas} registrar processes, {os.cpu_count()} cores"
     )
-    ratios = []
+    ratios, ceilings = [], []
+    cores = len(os.sched_getaffinity(0))
     for i in range(1, args.rounds + 1):
         print(f"round {i}:")
-        one, _ = await replicas_round(args, root, 1)
-        many, _ = await replicas_round(args, root, args.replicas)
+        one, _, per_event = await replicas_round(args, root, 1)
+        many, _, _ = await replicas_round(args, root, args.replicas)
         ratios.append(many / one)
-        print(f"  ratio {args.replicas}/1: {many / one:.2f}")
+        ceilings.append(ceiling(one, per_event, cores, args.replicas))
+        print(
+            f"  ratio {args.replicas}/1: {many / one:.2f}; the {cores} cores allow at most "
+            f"{ceilings[-1]:.2f} ({1e6 * per_event:.0f} µs of machine CPU per event at "
+            f"{one:.0f} ev/s with one replica)"
+        )
     print(
         f"median ratio {args.replicas} replicas / 1: {statistics.median(ratios):.2f}"
-        "  (target >= 1.7)"
+        f"  (target >= 1.7; median ceiling on {cores} cores: {statistics.median(ceilings):.2f})"
     )
 
 
