@@ -636,7 +636,7 @@ async def test_a_failure_a_moment_after_a_save_waits_for_its_commit_to_be_regist
     ("committed_s", "now_s"),
     [
         (+1, 2),  # committed after the failure: a stale writer's, never waited for
-        (-1, 41),  # past the grace: decided with what is valid
+        (-1, 41),  # past the grace: decided with what is valid, the stream not even read
     ],
 )
 async def test_a_commit_is_not_waited_for_after_the_failure_or_past_the_grace(
@@ -650,6 +650,7 @@ async def test_a_commit_is_not_waited_for_after_the_failure_or_past_the_grace(
     await world.handlers.on_failed(fail)
     [plan] = world.data("resume.planned")
     assert plan.checkpoint_id == f"{JOB}-100"
+    assert world.stream.reads == (1 if now_s < 40 else 0)
 
 
 async def test_the_in_memory_stream_answers_as_the_bus_does() -> None:

@@ -52,7 +52,7 @@ from nats.js.client import JetStreamContext
 from nats.js.errors import NoStreamResponseError, NotFoundError, ServiceUnavailableError
 from pydantic import ValidationError
 
-from ckpt_ha.bus import compat, delivery, letters, streams
+from ckpt_ha.bus import compat, delivery, letters, stream_reader, streams
 from ckpt_ha.bus.admission import admit, signed_headers, subject_of
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.deadline import HandlerDeadlineExceeded, keep_alive_task, within_deadline
@@ -64,7 +64,6 @@ from ckpt_ha.contracts.subjects import (
     dead_letter_subject,
     event_filter,
     is_telemetry,
-    job_event_filter,
     parse_event_subject,
     telemetry_filters,
 )
@@ -938,25 +937,14 @@ class Bus:
         return event
 
     async def last_event(self, event_type: str, job_id: str) -> Envelope[EventData] | None:
-        """The newest stored event of ``event_type`` (any version) about ``job_id``, admitted as
-        a consumer admits it (`admit`). None when there is none, when it is refused (forged,
-        malformed: logged), and when the stream cannot be read now (logged): a caller uses it
-        to wait for what is on its way, never to decide from it alone."""
+        """The newest stored event of ``event_type`` about ``job_id`` (`stream_reader.
+        last_event`). None also when the stream cannot be read now (logged): a caller uses it to
+        wait for what is on its way, never to decide from it alone."""
         js = self.broker.connection.jetstream(timeout=self.cfg.request_timeout_s)
-        subject = job_event_filter(self.cfg.prefix, event_type, job_id)
         try:
-            msg = await js.get_last_msg(self.cfg.events_stream, subject)
-        except NotFoundError:
-            return None
+            return await stream_reader.last_event(js, self.cfg, self.catalog, event_type, job_id)
         except (NatsError, TimeoutError) as exc:
             log.warning("cannot read the last %s of %s: %r", event_type, job_id, exc)
-            return None
-        try:
-            return admit(
-                self.cfg, self.catalog, msg.data or b"", msg.subject or "", msg.headers, msg.seq
-            )
-        except ContractError as exc:
-            log.warning("the last %s of %s in the stream is refused: %s", event_type, job_id, exc)
             return None
 
     async def _send(self, subject: str, body: bytes, headers: Mapping[str, str]) -> object:

@@ -1,31 +1,56 @@
 """Read events back from the streams in order (registry rebuild, drills, audits).
 
-`iter_events` reads one stream in stream order. `iter_history` reads what ckpt-ha recorded
-on a subject filter: the event stream and, where the filter reaches telemetry, the progress
-stream (what its limits kept), merged by the events' own time (each stream is in time order
-already), so a reader sees a job's reports between its events as they happened.
+`iter_events` reads one stream in stream order; `last_event` reads a job's newest event of a
+type. `iter_history` reads what ckpt-ha recorded on a subject filter: the event stream and,
+where the filter reaches telemetry, the progress stream (what its limits kept), merged by the
+events' own time (each stream is in time order already), so a reader sees a job's reports
+between its events as they happened.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
 
 import nats
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.errors import ContractError
-from ckpt_ha.contracts.subjects import telemetry_filters
+from ckpt_ha.contracts.subjects import job_event_filter, telemetry_filters
 
 Item = Envelope[EventData] | ContractError
 
 BATCH = 256
 """Messages one pull brings: what the reader holds at most, whatever the stream's length."""
+
+log = logging.getLogger("ckpt_ha.bus.stream_reader")
+
+
+async def last_event(
+    js: JetStreamContext, cfg: BusConfig, catalog: EventCatalog, event_type: str, job_id: str
+) -> Envelope[EventData] | None:
+    """The newest stored event of ``event_type`` (any version) about ``job_id`` in the event
+    stream (one ``STREAM.MSG.GET``), admitted as a consumer admits it (`admit`). None when
+    there is none, and when it is refused (forged, malformed: logged). A stream that cannot be
+    read raises (a NATS error, a timeout): each caller says what it does then."""
+    subject = job_event_filter(cfg.prefix, event_type, job_id)
+    try:
+        msg = await js.get_last_msg(cfg.events_stream, subject)
+    except NotFoundError:
+        return None
+    try:
+        return admit(cfg, catalog, msg.data or b"", msg.subject or "", msg.headers, msg.seq)
+    except ContractError as exc:
+        log.warning("the last %s of %s in the stream is refused: %s", event_type, job_id, exc)
+        return None
 
 
 async def iter_events(

@@ -324,26 +324,29 @@ def verification_to_await(
     yet, escalates `no_valid_checkpoint` although a good checkpoint is seconds from valid. Until
     ``grace_s`` after the failure, the newest one pending verification (newer than the chosen
     one) is waited for; after it, the failure is decided with what is valid then."""
-    if selection.verifying is None:
-        return None
-    if (now - failed_at).total_seconds() >= grace_s:
+    if selection.verifying is None or not within_grace(failed_at, now, grace_s):
         return None
     return selection.verifying
 
 
-def awaits_commit(
-    committed_at: datetime, failed_at: datetime, now: datetime, grace_s: float
-) -> bool:
-    """Whether a fresh failure waits for the registry to record the job's newest commit (made
-    at ``committed_at``), if it has not yet.
+def within_grace(failed_at: datetime, now: datetime, grace_s: float) -> bool:
+    """Whether a fresh failure may still wait for a checkpoint on its way (`verification_to_
+    await`, `awaits_commit`): until ``grace_s`` after it; then it is decided with what is
+    valid."""
+    return (now - failed_at).total_seconds() < grace_s
+
+
+def awaits_commit(committed_at: datetime, failed_at: datetime) -> bool:
+    """Whether a fresh failure, `within_grace`, waits for the registry to record the job's
+    newest commit (made at ``committed_at``), if it has not yet.
 
     A job that crashes a moment after a save can be heard failing before the registrar has
     handled that save's commit: deciding then restores an older checkpoint, and the commit,
     handled after the plan, is fenced as a stale writer's (R17) although it was written before
-    the failure. So within ``grace_s`` of the failure (the grace `verification_to_await` gives,
-    which takes over once the commit is registered) a commit made before the failure is waited
-    for. One made at or after the failure is a stale writer's: never waited for."""
-    return committed_at < failed_at and (now - failed_at).total_seconds() < grace_s
+    the failure. So a commit made before the failure is waited for (once registered, the wait
+    for its verification, `verification_to_await`, takes over). One made at or after the
+    failure is a stale writer's: never waited for."""
+    return committed_at < failed_at
 
 
 def fenced(plan: PlanRecord | None, sent_at: datetime) -> bool:

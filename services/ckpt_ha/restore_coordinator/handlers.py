@@ -352,15 +352,16 @@ class CoordinatorHandlers:
 
     async def _unregistered_commit(self, job: str, failed_at: datetime) -> str | None:
         """The job's newest commit in the stream, when the failure waits for the registry to
-        record it (`domain.awaits_commit`) and it has not yet; None: nothing to wait for."""
-        if self.stored is None:
+        record it (`domain.awaits_commit`) and it has not yet; None: nothing to wait for. Past
+        the grace nothing is read."""
+        if self.stored is None or not domain.within_grace(
+            failed_at, self.clock(), self.verification_grace_s
+        ):
             return None
         newest = await self.stored.last_event(CheckpointCommittedV1.EVENT_TYPE, job)
         if newest is None or not isinstance(newest.data, CheckpointCommittedV1):
             return None
-        if not domain.awaits_commit(
-            newest.time, failed_at, self.clock(), self.verification_grace_s
-        ):
+        if not domain.awaits_commit(newest.time, failed_at):
             return None
         checkpoint_id = newest.data.checkpoint_id
         if await self.registry.get(checkpoint_id) is not None:

@@ -61,10 +61,10 @@ from typing import TYPE_CHECKING, TextIO
 import nats
 from nats.aio.client import Client as NatsClient
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
 
 from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.bus.stream_reader import last_event
 from ckpt_ha.contracts import CATALOG, EventData, build, signing
 from ckpt_ha.contracts.checkpoint import FailureSide, RuntimeEnvironment, Topology
 from ckpt_ha.contracts.errors import ContractError
@@ -530,20 +530,14 @@ class Runner:
             return
         js = self._nc.jetstream(timeout=self.cfg.request_timeout_s)
         for event in ("resume.planned", "resume.escalated"):
-            subject = job_event_filter(self.cfg.prefix, event, self.spec.job_id)
             try:
-                msg = await js.get_last_msg(self.cfg.events_stream, subject)
-            except NotFoundError:
-                continue
+                envelope = await last_event(js, self.cfg, CATALOG, event, self.spec.job_id)
             except (nats.errors.Error, TimeoutError) as exc:  # e.g. no STREAM.MSG.GET permission
                 self.say(
                     f"cannot read earlier plans from the stream ({exc!r}): waiting for new ones"
                 )
                 return
-            try:
-                envelope = admit(self.cfg, CATALOG, msg.data or b"", msg.subject or "", msg.headers)
-            except ContractError as exc:
-                log.warning("ignoring an undecodable stored %s: %s", event, exc)
+            if envelope is None:
                 continue
             data = envelope.data
             escalated = isinstance(data, ResumeEscalatedV2) and data.attempt == failed
