@@ -36,9 +36,9 @@ import nats
 import redis.asyncio as aioredis
 
 from ckpt_ha.bus import streams
-from ckpt_ha.bus.admission import signed_headers, subject_of
+from ckpt_ha.bus.admission import job_key
 from ckpt_ha.bus.config import BusConfig
-from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts import Envelope, EventData, build, framing
 from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
@@ -68,9 +68,8 @@ def heartbeat(job: str, seq: int, now: datetime) -> Envelope[EventData]:
 
 def wire(cfg: BusConfig, event: Envelope[EventData]) -> tuple[str, bytes, dict[str, str]]:
     """Subject, body and headers as published: the dedupe id and the job's signature."""
-    body = event.to_bytes()
-    headers = signed_headers(cfg, event, body, {"Nats-Msg-Id": event.id})
-    return subject_of(cfg, event), body, headers
+    body, subject = event.to_bytes(), framing.subject(cfg.prefix, event)
+    return subject, body, framing.headers(event.id, subject, body, key=job_key(cfg, event))
 
 
 def encoded(cfg: BusConfig, event: Envelope[EventData]) -> int:

@@ -40,8 +40,8 @@ from nats.js.client import JetStreamContext
 from pydantic import SecretStr
 
 from ckpt_ha.bus import streams
-from ckpt_ha.bus.admission import signed_headers, subject_of
-from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.bus.admission import job_key
+from ckpt_ha.contracts import Envelope, EventData, build, framing
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointDeletedV1,
@@ -155,9 +155,9 @@ async def publish(settings: ServiceSettings, args: argparse.Namespace) -> int:
     await streams.provision(js, cfg)
     n = 0
     for event in history(args, settings.storage_root):
-        body = event.to_bytes()
-        headers = signed_headers(cfg, event, body, {"Nats-Msg-Id": event.id})
-        await nc.publish(subject_of(cfg, event), body, headers=headers)
+        body, subject = event.to_bytes(), framing.subject(cfg.prefix, event)
+        headers = framing.headers(event.id, subject, body, key=job_key(cfg, event))
+        await nc.publish(subject, body, headers=headers)
         n += 1
         if n % args.in_flight == 0:
             # Not acknowledged one by one: the stream is counted once it holds them all.

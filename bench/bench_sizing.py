@@ -165,7 +165,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> None:
         for j in range(args.jobs):
             job = f"size-{j:05d}"
             key = signing.job_key(bytes.fromhex(master), job)
-            bus = sdk.Bus(state.nats_url, job_key=key, timeout_s=5.0)  # unsecured servers
+            bus = sdk.BusEndpoint(state.nats_url, job_key=key, timeout_s=5.0)  # unsecured servers
             for i in range(args.per_job):
                 tensors = {f"layer{a}": np.full(256, i, np.float32) for a in range(args.arrays)}
                 sdk.save(str(root), job, (i + 1) * 100, {"model": tensors, "step": i},

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ckpt_ha.contracts import CATALOG, signing
+from ckpt_ha.contracts import CATALOG, framing, signing
 from ckpt_ha.contracts.errors import ForgedEvent, SubjectMismatch, UnsignedEvent
 from ckpt_ha.contracts.subjects import EventAddress, event_subject, parse_event_subject
 from tests.support.events import committed, expired
@@ -52,17 +52,17 @@ def test_the_body_must_agree_with_its_subject() -> None:
 
 def test_only_the_jobs_own_key_signs_for_it() -> None:
     subject, body = "px.ev.checkpoint.committed.v1.job-1", b"{}"
-    own = {signing.HEADER: signing.signature(signing.job_key(MASTER, "job-1"), subject, body)}
-    signing.verify([MASTER], "job-1", subject, body, own)
-    signing.verify([bytes(32), MASTER], "job-1", subject, body, own)  # during a rotation
+    own = {framing.SIGNATURE: framing.signature(signing.job_key(MASTER, "job-1"), subject, body)}
+    framing.verify([MASTER], "job-1", subject, body, own)
+    framing.verify([bytes(32), MASTER], "job-1", subject, body, own)  # during a rotation
     with pytest.raises(UnsignedEvent):
-        signing.verify([MASTER], "job-1", subject, body, {})
-    other = {signing.HEADER: signing.signature(signing.job_key(MASTER, "job-2"), subject, body)}
+        framing.verify([MASTER], "job-1", subject, body, {})
+    other = {framing.SIGNATURE: framing.signature(signing.job_key(MASTER, "job-2"), subject, body)}
     with pytest.raises(ForgedEvent):
-        signing.verify([MASTER], "job-1", subject, body, other)
+        framing.verify([MASTER], "job-1", subject, body, other)
     with pytest.raises(ForgedEvent):  # the same signature moved to another subject
-        signing.verify([MASTER], "job-1", subject.replace("v1", "v2"), body, own)
+        framing.verify([MASTER], "job-1", subject.replace("v1", "v2"), body, own)
     with pytest.raises(ForgedEvent):  # or over other bytes
-        signing.verify([MASTER], "job-1", subject, b"{ }", own)
+        framing.verify([MASTER], "job-1", subject, b"{ }", own)
     with pytest.raises(ValueError, match="at least 16 bytes"):
         signing.parse_master("abcd")

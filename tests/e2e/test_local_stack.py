@@ -19,7 +19,7 @@ import redis
 from pydantic import SecretStr
 
 from ckpt_ha.bus.broker import Bus
-from ckpt_ha.contracts import build, signing
+from ckpt_ha.contracts import build, framing, signing
 from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
 from ckpt_ha.devstack import procs, stack
 from ckpt_ha.devstack.stack import StackState, _prometheus_binary
@@ -270,7 +270,7 @@ async def publish_raw_bytes(state: StackState, data: bytes) -> None:
     subject = "ckpt.ev.checkpoint.committed.v1.e2e-job"
     # Signed by its job (the signature holds; the payload is what is broken).
     key = signing.job_key(cfg.signing_keys[0], "e2e-job")
-    headers = {signing.HEADER: signing.signature(key, subject, data)}
+    headers = {framing.SIGNATURE: framing.signature(key, subject, data)}
     nc = await nats.connect(cfg.url, **cfg.connect_options())
     try:
         await nc.jetstream().publish(subject, data, headers=headers)

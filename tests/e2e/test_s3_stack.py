@@ -147,7 +147,9 @@ async def test_good_checkpoint_registered_corrupt_one_quarantined_on_s3(
     registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
     weights = np.random.default_rng(0).standard_normal((256, 64)).astype(np.float32)
     state = {"weights": weights, "optimizer": {"step": 1, "lr": 3e-4}, "rng": b"\x07" * 32}
-    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-s3"))
+    bus = sdk.BusEndpoint(
+        settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-s3")
+    )
 
     async def record(checkpoint_id: str) -> CheckpointRecord | None:
         return await registry.get(checkpoint_id)
@@ -392,7 +394,9 @@ async def test_a_killed_job_resumes_from_s3_then_retention_and_reconcile_clean_t
         # Attempt 1 dies mid-save of step 30 (announced writing, its index on S3, no more): the
         # coordinator is to delete that partial write once the resume is verified.
         partial = folder(job, 30)
-        bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key(job))
+        bus = sdk.BusEndpoint(
+            settings.nats_url, prefix=settings.subject_prefix, job_key=job_key(job)
+        )
         with pytest.raises(Killed):
             await asyncio.to_thread(
                 sdk.save, DyingS3Store(s3_stack), job, 30, {"weights": np.zeros(4)},

@@ -125,7 +125,7 @@ root, job, nats_url, user, password_file, job_key = sys.argv[1:7]
 password = read_secret_file(password_file) if password_file else None
 key = bytes.fromhex(job_key) if job_key else None
 bus = (
-    sdk.Bus(nats_url, timeout_s=5, user=user or None, password=password, job_key=key)
+    sdk.BusEndpoint(nats_url, timeout_s=5, user=user or None, password=password, job_key=key)
     if nats_url else None
 )
 state = {"model": {"w": np.arange(6, dtype=np.float32)}, "epoch": 2, "blob": b"raw"}

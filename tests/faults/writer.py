@@ -65,7 +65,7 @@ class CheckpointWriter:
         self.every_s = every_s
         self.store = store if store is not None else fs.writer_store()
         self.bus = (
-            sdk.Bus(
+            sdk.BusEndpoint(
                 fs.nats_url, prefix=prefix, job_key=job_key(job), timeout_s=2.0, retry_after_s=1.0
             )
             if announce

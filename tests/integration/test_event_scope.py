@@ -15,7 +15,7 @@ import pytest
 from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.permissions import PRINCIPALS
-from ckpt_ha.contracts import signing
+from ckpt_ha.contracts import framing, signing
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.subjects import event_subject
 from ckpt_ha.core.locations import KeyOf
@@ -40,7 +40,7 @@ def subject(settings: ServiceSettings, event_type: str, job: str, version: int =
 
 
 def signed_by(job: str, subj: str, body: bytes) -> dict[str, str]:
-    return {signing.HEADER: signing.signature(job_key(job), subj, body)}
+    return {framing.SIGNATURE: framing.signature(job_key(job), subj, body)}
 
 
 async def dead_letter_codes(settings: ServiceSettings, n: int) -> list[str]:

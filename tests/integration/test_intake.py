@@ -180,7 +180,9 @@ async def test_sdk_save_is_announced_verified_and_registered(
     saved = await asyncio.to_thread(
         sdk.save, root, "job-s", 7, {"weights": weights, "optimizer.bin": b"adam" * 100},
         run_id="run-9", code_version="abc123",
-        bus=sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-s")),
+        bus=sdk.BusEndpoint(
+            settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-s")
+        ),
     )  # fmt: skip
     assert saved.announced
 
@@ -210,7 +212,7 @@ def test_sdk_save_survives_a_broker_that_is_down(tmp_path: Path) -> None:
         closed = probe.getsockname()[1]
     saved = sdk.save(
         str(tmp_path), "job-d", 1, {"w": np.zeros(4)}, run_id="r",
-        bus=sdk.Bus(f"nats://127.0.0.1:{closed}", timeout_s=1),
+        bus=sdk.BusEndpoint(f"nats://127.0.0.1:{closed}", timeout_s=1),
     )  # fmt: skip
     assert not saved.announced
     assert not saved.announced_writing

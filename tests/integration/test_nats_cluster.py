@@ -5,7 +5,7 @@ gives both streams three replicas; the registrar (in-process) and a writer (a `B
 checkpoint events, as the writer-watcher does) are given all three servers in one URL. The node
 leading the event stream is SIGKILLed while the writer publishes: every event published before
 and after is applied (every checkpoint valid in the registry, no dead letter), because a publish
-unanswered during the election is retried (`ckpt_ha.bus.broker.publish_retrying`) and the
+unanswered during the election is retried (`ckpt_ha.bus.publishing.publish_retrying`) and the
 consumers carry on from the remaining replicas.
 """
 

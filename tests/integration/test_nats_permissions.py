@@ -171,7 +171,7 @@ async def test_the_sdk_announces_as_the_job_user(
 ) -> None:
     from ckpt_ha import sdk
 
-    bus = sdk.Bus(
+    bus = sdk.BusEndpoint(
         secured_nats.url,
         prefix=settings.subject_prefix,
         user="job",

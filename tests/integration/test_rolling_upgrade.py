@@ -13,7 +13,8 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from ckpt_ha.bus.broker import UNLIMITED, Bus
+from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus.nats_broker import UNLIMITED
 from ckpt_ha.contracts import CATALOG, Envelope, EventCatalog, EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV1, ResumeLoadFailedV2

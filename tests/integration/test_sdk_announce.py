@@ -91,7 +91,9 @@ class PausingStore(FsStore):
 async def test_writing_precedes_the_shards_and_both_sources_agree(
     settings: ServiceSettings, tmp_path: Path
 ) -> None:
-    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-a"))
+    bus = sdk.BusEndpoint(
+        settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-a")
+    )
     assert await watcher_pass(settings, tmp_path) == {}  # the streams are there, nothing seen
 
     async def probe() -> tuple[list[str], dict[str, str]]:
@@ -134,7 +136,9 @@ async def test_the_sdk_puts_writing_and_committed_in_one_trace(
     """Both announcements carry one W3C trace context, in the envelope and the NATS header, so
     everything the services do about the checkpoint joins that trace; and the watcher reporting
     the same save afterwards publishes nothing new (same ids) and keeps that trace in its state."""
-    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-t"))
+    bus = sdk.BusEndpoint(
+        settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-t")
+    )
     assert await watcher_pass(settings, tmp_path) == {}
     saved = await asyncio.to_thread(
         sdk.save, FsStore(tmp_path), "job-t", 3, {"w": b"x" * 64}, run_id="r", bus=bus

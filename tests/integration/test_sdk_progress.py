@@ -48,7 +48,7 @@ async def progress_events(settings: ServiceSettings, n: int) -> list[dict[str, o
     return out if len(out) >= n else []
 
 
-def ctx_for(bus: sdk.Bus, job: str, tmp_path: Path) -> sdk.Context:
+def ctx_for(bus: sdk.BusEndpoint, job: str, tmp_path: Path) -> sdk.Context:
     return sdk.Context(job, "run-1", 1, str(tmp_path), bus, progress_file=str(tmp_path / "p"))
 
 
@@ -61,7 +61,9 @@ def closed_port() -> int:
 async def test_many_reports_go_out_over_one_connection(
     settings: ServiceSettings, producer: Bus, tmp_path: Path
 ) -> None:
-    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-many"))
+    bus = sdk.BusEndpoint(
+        settings.nats_url, prefix=settings.subject_prefix, job_key=job_key("job-many")
+    )
     ctx = ctx_for(bus, "job-many", tmp_path)
     for step in range(1, 201):
         assert sdk.progress(step, metrics={"loss": 1 / step}, ctx=ctx)
@@ -84,7 +86,9 @@ async def test_a_broker_that_does_not_answer_never_holds_a_step(
     reports, and once the broker answers the next report says how many were dropped."""
     nats = urlparse(settings.nats_url)
     with TcpGate((nats.hostname or "127.0.0.1", nats.port or 4222)) as gate:
-        bus = sdk.Bus(gate.url, prefix=settings.subject_prefix, timeout_s=20, progress_queue=5)
+        bus = sdk.BusEndpoint(
+            gate.url, prefix=settings.subject_prefix, timeout_s=20, progress_queue=5
+        )
         ctx = ctx_for(bus, "job-held", tmp_path)
         started = time.monotonic()
         accepted = [sdk.progress(step, ctx=ctx) for step in range(1, 21)]
@@ -110,7 +114,7 @@ async def test_a_broker_that_does_not_answer_never_holds_a_step(
 def test_with_the_broker_unreachable_calls_return_at_once_and_drops_are_counted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    bus = sdk.Bus(f"nats://127.0.0.1:{closed_port()}", timeout_s=1, progress_queue=10)
+    bus = sdk.BusEndpoint(f"nats://127.0.0.1:{closed_port()}", timeout_s=1, progress_queue=10)
     ctx = ctx_for(bus, "job-down", tmp_path)
     caplog.set_level(logging.WARNING, logger="ckpt_ha.sdk")
     started = time.monotonic()
@@ -174,7 +178,7 @@ async def test_a_non_finite_metric_is_refused_before_anything_is_written_or_sent
 ) -> None:
     """JSON has no NaN: such a report would be dead-lettered by every consumer. It is refused
     in the training process, naming the metric, and nothing of it is written or published."""
-    bus = sdk.Bus(settings.nats_url, prefix=settings.subject_prefix)
+    bus = sdk.BusEndpoint(settings.nats_url, prefix=settings.subject_prefix)
     ctx = ctx_for(bus, "job-nan", tmp_path)
     with pytest.raises(ValueError, match=r"metric 'loss' is (nan|inf|-inf): .*finite numbers only"):
         sdk.progress(3, metrics={"acc": 0.5, "loss": bad}, ctx=ctx)

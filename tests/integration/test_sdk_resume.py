@@ -57,7 +57,7 @@ def test_context_reads_the_runner_protocol(tmp_path: Path) -> None:
     ctx = sdk.context(env)
     assert ctx is not None
     assert (ctx.job_id, ctx.run_id, ctx.attempt, ctx.plan) == ("job-c", "r9", 3, plan)
-    assert ctx.bus == sdk.Bus(
+    assert ctx.bus == sdk.BusEndpoint(
         "nats://example:4222", prefix="px", user="runner", password=SecretStr("secret")
     )
     assert "secret" not in repr(ctx.bus)
@@ -236,7 +236,7 @@ def test_progress_is_best_effort_when_the_bus_is_down(tmp_path: Path) -> None:
         "run-1",
         1,
         str(tmp_path),
-        sdk.Bus(f"nats://127.0.0.1:{closed}", timeout_s=1),
+        sdk.BusEndpoint(f"nats://127.0.0.1:{closed}", timeout_s=1),
         progress_file=str(tmp_path / "progress"),
     )
     started = time.monotonic()

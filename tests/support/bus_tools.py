@@ -11,7 +11,7 @@ from typing import TypeVar
 import nats
 from nats.aio.msg import Msg
 
-from ckpt_ha.contracts import signing
+from ckpt_ha.contracts import framing, signing
 from ckpt_ha.contracts.subjects import parse_event_subject
 from ckpt_ha.credentials import nats_inbox_prefix
 
@@ -42,7 +42,7 @@ def job_signed(subject: str, data: bytes, headers: dict[str, str] | None = None)
     out = dict(headers or {})
     address = parse_event_subject(subject.split(".", 1)[0], subject)
     if address is not None:
-        out[signing.HEADER] = signing.signature(job_key(address.job_id), subject, data)
+        out[framing.SIGNATURE] = framing.signature(job_key(address.job_id), subject, data)
     return out
 
 

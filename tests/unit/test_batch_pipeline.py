@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ckpt_ha.bus.broker import _Admitted, _BatchPipeline
+from ckpt_ha.bus.batching import Admitted, BatchPipeline
 
 
 class Recorder:
@@ -20,13 +20,13 @@ class Recorder:
         self.release = asyncio.Event()
         self.release.set()
 
-    async def admit(self, raws: list[Any]) -> _Admitted:
+    async def admit(self, raws: list[Any]) -> Admitted:
         [name] = raws
         self.admitted.append(name)
         self.heartbeats[name] = asyncio.create_task(asyncio.sleep(3600))
-        return _Admitted([name], [name], self.heartbeats[name])  # type: ignore[list-item]
+        return Admitted([name], [name], self.heartbeats[name])  # type: ignore[list-item]
 
-    async def process(self, admitted: _Admitted) -> None:
+    async def process(self, admitted: Admitted) -> None:
         await self.release.wait()
         self.handled.extend(admitted.events)  # type: ignore[arg-type]
 
@@ -38,7 +38,7 @@ async def settle() -> None:
 
 async def test_batches_are_handled_one_at_a_time_in_fetch_order() -> None:
     r = Recorder()
-    pipeline = _BatchPipeline(r.admit, r.process)
+    pipeline = BatchPipeline(r.admit, r.process)
     for name in ("a", "b", "c"):
         await pipeline.submit([name])
     await pipeline.drain(5.0)
@@ -49,7 +49,7 @@ async def test_batches_are_handled_one_at_a_time_in_fetch_order() -> None:
 async def test_a_stop_leaves_what_was_not_handled_unsettled_and_no_worker_behind() -> None:
     r = Recorder()
     r.release.clear()  # the first batch's handling hangs
-    pipeline = _BatchPipeline(r.admit, r.process)
+    pipeline = BatchPipeline(r.admit, r.process)
     await pipeline.submit(["a"])  # taken by the worker
     await settle()
     await pipeline.submit(["b"])  # waits in the queue
@@ -78,7 +78,7 @@ async def test_a_stop_leaves_what_was_not_handled_unsettled_and_no_worker_behind
 async def test_a_hand_over_cancelled_by_the_stop_ends_its_in_progress_acks() -> None:
     r = Recorder()
     r.release.clear()
-    pipeline = _BatchPipeline(r.admit, r.process)
+    pipeline = BatchPipeline(r.admit, r.process)
     await pipeline.submit(["a"])
     await settle()
     await pipeline.submit(["b"])

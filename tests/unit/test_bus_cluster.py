@@ -8,8 +8,8 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 from ckpt_ha.bus import streams
-from ckpt_ha.bus.broker import publish_retrying
 from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.bus.publishing import publish_retrying
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol as sdk_protocol
 
@@ -25,7 +25,7 @@ def test_a_url_may_list_the_servers_of_a_cluster() -> None:
     ]
     assert BusConfig().servers == ["nats://127.0.0.1:4222"]
     # A training process is handed the same NATS_URL by its runner.
-    job_bus = sdk_protocol.Bus(url="nats://n1:4222,nats://n2:4222")
+    job_bus = sdk_protocol.BusEndpoint(url="nats://n1:4222,nats://n2:4222")
     assert job_bus.servers == ["nats://n1:4222", "nats://n2:4222"]
 
 

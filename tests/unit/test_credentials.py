@@ -102,7 +102,7 @@ def test_a_ca_file_with_a_plaintext_url_is_refused() -> None:
     with pytest.raises(credentials.PlaintextWithCa, match="CKPT_HA_REDIS_CA_FILE"):
         RedisConfig(url=f"redis://:{SECRET}@h:6379", ca_file="/ca.pem")
     with pytest.raises(credentials.PlaintextWithCa) as exc:
-        sdk.Bus("nats://h:4222", ca_file="/ca.pem")
+        sdk.BusEndpoint("nats://h:4222", ca_file="/ca.pem")
     assert SECRET not in str(exc.value)
     assert BusConfig(url="tls://h:4222", ca_file=None).tls() is not None  # system trust store
     assert BusConfig(url="nats://h:4222").tls() is None
@@ -194,7 +194,7 @@ def test_the_sdk_logs_its_bus_without_the_password(caplog: pytest.LogCaptureFixt
 
     from ckpt_ha.sdk import publisher
 
-    bus = sdk.Bus(f"nats://job:{SECRET}@127.0.0.1:9", timeout_s=0.2, retry_after_s=0.1)
+    bus = sdk.BusEndpoint(f"nats://job:{SECRET}@127.0.0.1:9", timeout_s=0.2, retry_after_s=0.1)
     ctx = protocol.Context(job_id="j", run_id="r", attempt=1, storage_root=None, bus=bus)
     with caplog.at_level(logging.DEBUG, logger="ckpt_ha.sdk"):
         sdk.progress(10, metrics={"loss": 1.0}, ctx=ctx)

@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from ckpt_ha.bus.broker import DeadLetters
 from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.bus.dead_letter_policy import DeadLetters
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.restore_coordinator.app import grace
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings

@@ -114,7 +114,9 @@ def test_the_attempts_environment_carries_the_protocol_and_drops_a_stale_plan(
         1,
         "/data/ckpt",
     )
-    assert ctx.bus == sdk.Bus("nats://n:4222", prefix="px", user="runner", password=SecretStr("pw"))
+    assert ctx.bus == sdk.BusEndpoint(
+        "nats://n:4222", prefix="px", user="runner", password=SecretStr("pw")
+    )
     assert (ctx.environment, ctx.topology, ctx.code_version) == (
         environment,
         Topology(world_size=1),

@@ -209,3 +209,11 @@ def test_committed_carries_the_id_the_watcher_derives_even_if_the_clock_stepped(
     [seen] = adapters.scan(FsStore(tmp_path))
     [committed] = observe(WatchState(), [seen], T, STALL)
     assert saved.checkpoint_id == committed.checkpoint_id  # type: ignore[attr-defined]
+
+
+def test_the_old_name_of_the_sdks_bus_endpoint_still_resolves_with_a_warning() -> None:
+    """Training code written against ``ckpt_ha.sdk.Bus`` keeps running after the rename."""
+    with pytest.warns(DeprecationWarning, match="BusEndpoint"):
+        assert sdk.Bus is sdk.BusEndpoint
+    with pytest.raises(AttributeError):
+        sdk.Nope  # noqa: B018

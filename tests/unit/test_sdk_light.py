@@ -66,7 +66,7 @@ from ckpt_ha import sdk
 saved = sdk.save({str(tmp_path / "ckpts")!r}, "job-l", 3, {{"w": np.ones(4)}}, run_id="r1")
 back = sdk.load(saved.uri)
 assert back.step == 3 and np.array_equal(back.state["w"], np.ones(4))
-ctx = sdk.Context("job-l", "r1", 1, None, sdk.Bus("nats://127.0.0.1:9", timeout_s=0.5))
+ctx = sdk.Context("job-l", "r1", 1, None, sdk.BusEndpoint("nats://127.0.0.1:9", timeout_s=0.5))
 assert sdk.progress(4, ctx=ctx)
 sdk.flush_progress(2)
 """

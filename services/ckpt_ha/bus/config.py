@@ -53,7 +53,8 @@ class BusConfig:
     ack_wait_s: float = 30.0
     max_deliver: int = 5
     """Deliveries a message gets before it is dead-lettered, enforced by the bus
-    (`ckpt_ha.bus.broker.DeadLetters`); JetStream's own cap is unlimited so parking works."""
+    (`ckpt_ha.bus.dead_letter_policy.DeadLetters`); JetStream's own cap is unlimited so parking
+    works."""
     backoff_s: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0)
     park_delay_s: float = 300.0
     """How long an event of a version newer than the consumer knows waits before it is offered
@@ -68,7 +69,7 @@ class BusConfig:
     publish_timeout_s: float = 5.0
     """Bound on one attempt to publish (JetStream's ack included)."""
     publish_retry_s: float = 30.0
-    """How long an unanswered publish is retried (`ckpt_ha.bus.broker.publish_retrying`): long
+    """How long an unanswered publish is retried (`ckpt_ha.bus.publishing.publish_retrying`): long
     enough for a cluster to elect a new stream leader after a node died, or for a connection
     to come back, before the caller sees the error (and naks, or retries on its next pass)."""
     request_timeout_s: float = 5.0

@@ -7,13 +7,13 @@ in the durable until a consumer that knows the version takes it. An older versio
 known (retired, or a gap) and an unknown type are still refused: no consumer will ever know them.
 
 Parking needs JetStream's own ``max_deliver`` unlimited (it would stop redelivering a parked
-message), so the bus enforces the cap itself (`ckpt_ha.bus.broker.DeadLetters`). Every park is a
-JetStream delivery too, so a message an old consumer parked ten times would reach a new consumer
-already past the cap. `attempts` therefore excuses the deliveries parking can explain: a message
-can have been parked at most once per ``park_delay_s`` since it was stored, and only if its
-version is newer than its type's first (a first version is known to every consumer of the type,
-so it is never parked). What is left are the deliveries that reached a handler (or were lost in a
-pull): those count.
+message), so the bus enforces the cap itself (`ckpt_ha.bus.dead_letter_policy.DeadLetters`).
+Every park is a JetStream delivery too, so a message an old consumer parked ten times would reach
+a new consumer already past the cap. `attempts` therefore excuses the deliveries parking can
+explain: a message can have been parked at most once per ``park_delay_s`` since it was stored,
+and only if its version is newer than its type's first (a first version is known to every
+consumer of the type, so it is never parked). What is left are the deliveries that reached a
+handler (or were lost in a pull): those count.
 
 The bound is conservative the other way: a message of a later version that waited long in the
 stream before its first delivery (a consumer down for hours) is excused as many deliveries as it

@@ -1,5 +1,6 @@
 """What a dead letter carries besides the original message, written once for the writer
-(`ckpt_ha.bus.broker.DeadLetters`) and the readers (``ckpt-ha dead-letters`` and its replay).
+(`ckpt_ha.bus.dead_letter_policy.DeadLetters`) and the readers (``ckpt-ha dead-letters`` and its
+replay).
 
 A dead letter is the refused message's own bytes and headers (the job's signature among them)
 plus the headers below. Taking those off (and the dead letter's own ``Nats-Msg-Id``) gives back

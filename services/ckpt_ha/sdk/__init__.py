@@ -36,6 +36,8 @@ it already.
 
 from __future__ import annotations
 
+import warnings
+
 from ckpt_ha.sdk.checkpoints import (
     CheckpointExists,
     CheckpointUnreadable,
@@ -47,7 +49,7 @@ from ckpt_ha.sdk.checkpoints import (
     save,
 )
 from ckpt_ha.sdk.progress import fingerprint, flush_progress, progress, progress_stats
-from ckpt_ha.sdk.protocol import BadContext, Bus, Context, context
+from ckpt_ha.sdk.protocol import BadContext, BusEndpoint, Context, context
 from ckpt_ha.sdk.publisher import PublisherStats
 from ckpt_ha.sdk.resuming import Resumed, ResumeFailed, resume
 from ckpt_ha.sdk.state import INDEX, NeedsTorch, UnsupportedState
@@ -55,7 +57,7 @@ from ckpt_ha.sdk.state import INDEX, NeedsTorch, UnsupportedState
 __all__ = [
     "INDEX",
     "BadContext",
-    "Bus",
+    "BusEndpoint",
     "CheckpointExists",
     "CheckpointUnreadable",
     "Context",
@@ -77,3 +79,15 @@ __all__ = [
     "resume",
     "save",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``ckpt_ha.sdk.Bus``: `BusEndpoint`'s name before it was told apart from the services'
+    ``ckpt_ha.bus.broker.Bus``; training code written against it keeps working (with a
+    `DeprecationWarning`)."""
+    if name == "Bus":
+        warnings.warn(
+            "ckpt_ha.sdk.Bus is now ckpt_ha.sdk.BusEndpoint", DeprecationWarning, stacklevel=2
+        )
+        return BusEndpoint
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -30,7 +30,7 @@ from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.sdk import state as codec
-from ckpt_ha.sdk.protocol import Bus, Context, context, trace_context, try_announce
+from ckpt_ha.sdk.protocol import BusEndpoint, Context, context, trace_context, try_announce
 from ckpt_ha.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState
 from ckpt_ha.storage import ObjectNotFound, ObjectStore, open_store
 
@@ -140,7 +140,7 @@ class Writer:
     attempt: int
     code_version: str | None
     topology: Topology | None
-    bus: Bus | None
+    bus: BusEndpoint | None
     environment: RuntimeEnvironment | None
     """The runner's (``job.started``); None outside a runner."""
 
@@ -185,7 +185,7 @@ def writer_for(
     attempt: int | None = None,
     code_version: str | None = None,
     topology: Topology | None = None,
-    bus: Bus | None = None,
+    bus: BusEndpoint | None = None,
 ) -> Writer:
     """Resolve who writes: explicit arguments first, then ``ctx`` when it is ``job_id``'s."""
     environment = None
@@ -236,7 +236,7 @@ def save(
     topology: Topology | None = None,
     image: str | None = None,
     exact_resume: bool = True,
-    bus: Bus | None = None,
+    bus: BusEndpoint | None = None,
     clock: Clock = utc_now,
     ctx: Context | None = None,
     whole_state: bool = False,

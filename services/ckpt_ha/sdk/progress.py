@@ -16,7 +16,7 @@ from ckpt_ha.contracts.bounds import MAX_METRICS, MAX_NAME, MAX_SAFE_INT
 from ckpt_ha.contracts.job import JobProgressV1
 from ckpt_ha.core.clock import utc_now
 from ckpt_ha.sdk import publisher as background
-from ckpt_ha.sdk.protocol import Bus, Context, context
+from ckpt_ha.sdk.protocol import BusEndpoint, Context, context
 from ckpt_ha.sdk.publisher import PublisherStats
 
 log = logging.getLogger("ckpt_ha.sdk")
@@ -96,7 +96,7 @@ def finite_metrics(metrics: Mapping[str, float] | None) -> dict[str, float]:
     return values
 
 
-def progress_stats(bus: Bus | None = None) -> PublisherStats | None:
+def progress_stats(bus: BusEndpoint | None = None) -> PublisherStats | None:
     """What the progress publisher of ``bus`` (default: this attempt's) has published, dropped
     and still holds; None when it has not been used in this process."""
     if bus is None:

@@ -9,7 +9,7 @@ a runner it returns None and the SDK behaves as before.
 
 Publishing is best effort. A checkpoint's and a resume's announcements (`try_announce`) are
 published before the call returns, on a short-lived connection; a bus that is down costs one
-failed connect, then they are skipped for `Bus.retry_after_s`. Per-step progress reports go
+failed connect, then they are skipped for `BusEndpoint.retry_after_s`. Per-step progress reports go
 through one background publisher per bus instead (`ckpt_ha.sdk.publisher`), so a training step
 never waits for the bus.
 """
@@ -32,10 +32,10 @@ import nats.errors
 from pydantic import SecretStr, ValidationError
 
 from ckpt_ha import credentials
-from ckpt_ha.contracts import EventData, build, signing
+from ckpt_ha.contracts import EventData, build, framing
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.resume import ResumePlannedV2
-from ckpt_ha.contracts.subjects import DEFAULT_PREFIX, event_subject
+from ckpt_ha.contracts.subjects import DEFAULT_PREFIX
 from ckpt_ha.telemetry import traceparent as w3c
 
 log = logging.getLogger("ckpt_ha.sdk")
@@ -67,7 +67,7 @@ class BadContext(ValueError):
 
 
 @dataclass(frozen=True)
-class Bus:
+class BusEndpoint:
     """Where to announce: a NATS URL plus the subject prefix (defaults match the services).
 
     Where NATS requires authentication, the SDK connects as the user its runner gave it (the
@@ -117,7 +117,7 @@ class Context:
     run_id: str
     attempt: int
     storage_root: str | None
-    bus: Bus | None
+    bus: BusEndpoint | None
     plan: ResumePlannedV2 | None = None
     """Set on a relaunch: the restore this attempt must carry out (`sdk.resume`)."""
     progress_file: str | None = None
@@ -145,7 +145,7 @@ def context(env: Mapping[str, str] | None = None) -> Context | None:
     url = env.get(NATS_URL)
     try:
         bus = (
-            Bus(
+            BusEndpoint(
                 url,
                 prefix=env.get(SUBJECT_PREFIX) or DEFAULT_PREFIX,
                 user=env.get(NATS_USER) or None,
@@ -208,7 +208,7 @@ _down_lock = threading.Lock()
 
 
 def try_announce(
-    bus: Bus | None,
+    bus: BusEndpoint | None,
     data: EventData,
     time_: datetime,
     key: str | None = None,
@@ -221,7 +221,7 @@ def try_announce(
     ``traceparent`` (W3C) puts the event in that trace: set on the envelope and the NATS
     header, so the services' spans about it join the trace (see `trace_context`).
 
-    A failure makes later calls skip the bus for `Bus.retry_after_s`, unless ``always`` (for
+    A failure makes later calls skip the bus for `BusEndpoint.retry_after_s`, unless ``always`` (for
     the few events that matter more than a second's delay: resume outcomes).
     """
     if bus is None:
@@ -264,24 +264,20 @@ def trace_context() -> str:
 
 
 def envelope_bytes(
-    bus: Bus, data: EventData, time_: datetime, key: str, traceparent: str | None = None
+    bus: BusEndpoint, data: EventData, time_: datetime, key: str, traceparent: str | None = None
 ) -> tuple[str, bytes, dict[str, str]]:
     """Subject, body and NATS headers (JetStream dedupe id, trace, the job's signature when
-    the runner gave this process its job key) of the SDK's envelope for ``data``."""
+    the runner gave this process its job key: `ckpt_ha.contracts.framing`) of the SDK's
+    envelope for ``data``."""
     envelope = build(data, source=SOURCE, time=time_, key=key, traceparent=traceparent)
-    subject = event_subject(bus.prefix, data.EVENT_TYPE, data.EVENT_VERSION, data.job_id)
+    subject = framing.subject(bus.prefix, envelope)
     body = envelope.to_bytes()
-    headers = {"Nats-Msg-Id": envelope.id}
-    if traceparent is not None:
-        headers["traceparent"] = traceparent
-    if bus.job_key is not None:
-        headers[signing.HEADER] = signing.signature(bus.job_key, subject, body)
-        headers["Nats-Msg-Id"] = signing.message_id(bus.job_key, envelope.id)
+    headers = framing.headers(envelope.id, subject, body, key=bus.job_key, traceparent=traceparent)
     return subject, body, headers
 
 
 async def _announce(
-    bus: Bus, data: EventData, time_: datetime, key: str, traceparent: str | None = None
+    bus: BusEndpoint, data: EventData, time_: datetime, key: str, traceparent: str | None = None
 ) -> None:
     subject, body, headers = envelope_bytes(bus, data, time_, key, traceparent)
     nc = await nats.connect(

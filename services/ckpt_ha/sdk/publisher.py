@@ -13,7 +13,7 @@ broker did not take it), logged at the first and then every `LOG_EVERY`-th, avai
 `stats()`, and carried in the next published report as ``dropped_reports`` (the total so far).
 
 The bus being down costs a failed connect, then a back-off (doubling from
-`FIRST_RETRY_S` up to `Bus.retry_after_s`) while reports keep queueing.
+`FIRST_RETRY_S` up to `BusEndpoint.retry_after_s`) while reports keep queueing.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import nats
 import nats.errors
 
 from ckpt_ha.contracts.job import JobProgressV1
-from ckpt_ha.sdk.protocol import Bus, envelope_bytes
+from ckpt_ha.sdk.protocol import BusEndpoint, envelope_bytes
 
 log = logging.getLogger("ckpt_ha.sdk")
 
@@ -75,7 +75,7 @@ class _Report:
 class ProgressPublisher:
     """Publishes `JobProgressV1` reports for one bus in the background (see the module doc)."""
 
-    def __init__(self, bus: Bus, *, capacity: int | None = None) -> None:
+    def __init__(self, bus: BusEndpoint, *, capacity: int | None = None) -> None:
         self.bus = bus
         self.capacity = capacity if capacity is not None else bus.progress_queue
         if self.capacity < 1:
@@ -303,11 +303,11 @@ async def _close_quietly(nc: Any) -> None:
         await nc.close()
 
 
-_publishers: dict[tuple[int, Bus], ProgressPublisher] = {}
+_publishers: dict[tuple[int, BusEndpoint], ProgressPublisher] = {}
 _registry_lock = threading.Lock()
 
 
-def publisher_for(bus: Bus) -> ProgressPublisher:
+def publisher_for(bus: BusEndpoint) -> ProgressPublisher:
     """This process's publisher for ``bus`` (created on first use; a forked child gets its own,
     since the parent's thread does not exist in the child)."""
     key = (os.getpid(), bus)
@@ -320,7 +320,7 @@ def publisher_for(bus: Bus) -> ProgressPublisher:
         return found
 
 
-def stats_for(bus: Bus) -> PublisherStats | None:
+def stats_for(bus: BusEndpoint) -> PublisherStats | None:
     """The stats of this process's publisher for ``bus``; None if it has none."""
     with _registry_lock:
         found = _publishers.get((os.getpid(), bus))

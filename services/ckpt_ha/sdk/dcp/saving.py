@@ -41,7 +41,7 @@ from ckpt_ha.sdk.checkpoints import writer_for as resolve_writer
 from ckpt_ha.sdk.dcp.checksumming import ChecksummingFileSystem
 from ckpt_ha.sdk.dcp.files import filesystem_store, written_by
 from ckpt_ha.sdk.dcp.group import Group
-from ckpt_ha.sdk.protocol import Bus, Context, context, trace_context, try_announce
+from ckpt_ha.sdk.protocol import BusEndpoint, Context, context, trace_context, try_announce
 from ckpt_ha.storage import FsStore, ObjectExists, ObjectStore
 from ckpt_ha.storage.fs_store import fsync
 
@@ -108,7 +108,7 @@ class _Request:
     topology: Topology | None
     exact_resume: bool
     data_position: int | None
-    bus: Bus | None
+    bus: BusEndpoint | None
     clock: Clock
 
 
@@ -357,7 +357,7 @@ def save(
     topology: Topology | None = None,
     exact_resume: bool = True,
     data_position: int | None = None,
-    bus: Bus | None = None,
+    bus: BusEndpoint | None = None,
     writer: Callable[[str], FileSystemWriter] | None = None,
     clock: Clock = utc_now,
 ) -> DcpSaved:
@@ -488,7 +488,7 @@ def async_save(
     topology: Topology | None = None,
     exact_resume: bool = True,
     data_position: int | None = None,
-    bus: Bus | None = None,
+    bus: BusEndpoint | None = None,
     writer: Callable[[str], FileSystemWriter] | None = None,
     clock: Clock = utc_now,
 ) -> Future[DcpSaved]:

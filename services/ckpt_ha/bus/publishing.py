@@ -1,0 +1,109 @@
+"""How a service publishes an event: framed, traced, and retried through a leader election.
+
+Every publish is framed as every producer frames it (`ckpt_ha.contracts.framing`): its
+``Nats-Msg-Id`` is the event's deterministic id (keyed, for a signed event), so JetStream dedupes
+retries; a publish that goes unanswered or is refused for now (a stream leader election in a
+cluster, a reconnect) is retried for up to ``publish_retry_s`` (`publish_retrying`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+
+from ckpt_ha.bus.admission import job_key
+from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.contracts import Envelope, EventData, framing
+from ckpt_ha.telemetry import tracing
+
+log = logging.getLogger("ckpt_ha.bus")
+
+UNANSWERED_PUBLISH = (
+    NatsTimeout,
+    NoRespondersError,
+    NoStreamResponseError,
+    ServiceUnavailableError,
+)
+"""What a JetStream publish meets while the stream has no leader (an election after a node
+died, a reconnect to another server): worth retrying. Any other refusal (a wrong stream, a
+message too large, a permission) is final."""
+
+_PUBLISH_RETRY_FIRST_S = 0.1
+_PUBLISH_RETRY_MAX_S = 1.0
+
+
+async def publish_retrying(
+    send: Callable[[], Awaitable[object]], cfg: BusConfig, what: str
+) -> None:
+    """``send`` until it succeeds, retrying `UNANSWERED_PUBLISH` for up to ``publish_retry_s``
+    (waits from 0.1 s doubling to 1 s), then raising the last error.
+
+    Safe because every publish carries the event's id as ``Nats-Msg-Id``: a publish that was
+    stored but whose ack was lost is dropped by JetStream's duplicate window when retried."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + cfg.publish_retry_s
+    wait = _PUBLISH_RETRY_FIRST_S
+    while True:
+        try:
+            await send()
+        except UNANSWERED_PUBLISH as exc:
+            if loop.time() + wait > deadline:
+                raise
+            log.warning("publish %s unanswered (%r); retrying in %.1fs", what, exc, wait)
+        else:
+            return
+        await asyncio.sleep(wait)
+        wait = min(wait * 2, _PUBLISH_RETRY_MAX_S)
+
+
+Send = Callable[[str, bytes, Mapping[str, str]], Awaitable[object]]
+"""One JetStream publish of (subject, body, headers)."""
+
+
+async def publish(cfg: BusConfig, event: Envelope[EventData], send: Send) -> Envelope[EventData]:
+    """Publish ``event`` through ``send``; ``Nats-Msg-Id`` = event id, so retries are deduped
+    (an unanswered publish is retried: `publish_retrying`).
+
+    Traced: the publish is a child of the envelope's ``traceparent`` when it has one, else
+    of the current span (a new trace when there is none); an envelope without a
+    ``traceparent`` gets this span's. Returns the envelope as published.
+    """
+    subject = framing.subject(cfg.prefix, event)
+    recording = tracing.recording()
+    # With no span to record, the event's own context is made current (no span objects):
+    # the headers then carry it as the no-op span and faststream's middleware would
+    # (`ckpt_ha.bus.nats_broker.Telemetry`), and what is logged meanwhile carries its trace id.
+    scope = (
+        tracing.tracer().start_as_current_span(
+            f"publish {event.event_type}",
+            context=tracing.context_of(event.traceparent, event.tracestate),
+            attributes=tracing.event_attributes(event),
+        )
+        if recording
+        else tracing.continue_trace(
+            "publish", event.traceparent, tracestate=event.tracestate, link_origin=False
+        )
+    )
+    with scope:
+        if event.traceparent is None and (current := tracing.current_traceparent()):
+            event = event.model_copy(update={"traceparent": current[0], "tracestate": current[1]})
+        body = event.to_bytes()
+        # With a span, faststream's telemetry middleware replaces the trace headers with its own
+        # (child) span's; without one, nothing else sets them.
+        headers = framing.headers(
+            event.id,
+            subject,
+            body,
+            key=job_key(cfg, event),
+            traceparent=event.traceparent,
+            tracestate=None if recording else event.tracestate,
+        )
+        await publish_retrying(
+            lambda: send(subject, body, headers), cfg, f"{event.event_type} {event.id}"
+        )
+    return event
