@@ -6,8 +6,10 @@ in its file. A contract test fails when a committed table and the code drift apa
 committed JSON Schemas. Each table is read from what the code itself holds at run time:
 
 * ``settings-table`` (docs/CONFIGURATION.md): the settings classes, `ckpt_ha.cli.settings_table`;
-* ``cli-table`` (docs/CLI.md): the whole command line as `ckpt_ha.cli.parser.build_parser` builds it;
-* ``events-table`` (docs/EVENTS.md): every event type and version of `ckpt_ha.contracts.CATALOG`;
+* ``cli-table`` (docs/CLI.md): the whole command line, as `ckpt_ha.cli.parser.build_parser`
+  builds it;
+* ``events-table`` (docs/EVENTS.md): every event type and version of
+  `ckpt_ha.contracts.CATALOG`;
 * ``metrics-table`` (docs/OBSERVABILITY.md): the Prometheus registry each of the five services
   builds (its composition root, `ckpt_ha.cli.serve.entries`), whichever module defines a metric;
 * ``alerts-table`` (docs/OBSERVABILITY.md): the shipped alert rules, ``observability/alerts.yml``.
@@ -79,10 +81,7 @@ def _commands(
 def cli_table() -> str:
     from ckpt_ha.cli.parser import build_parser
 
-    rows = [
-        (f"`{cell(_usage(p))}`", cell(text))
-        for p, text in _commands(build_parser())
-    ]
+    rows = [(f"`{cell(_usage(p))}`", cell(text)) for p, text in _commands(build_parser())]
     return block("cli-table", ("command", "does"), rows)
 
 

@@ -2,12 +2,13 @@
 
 ``python -m ckpt_ha.cli.settings_table [--check]`` (or ``python -m ckpt_ha.cli.doc_tables``,
 which renders every table of ``docs/`` that mirrors code) rewrites the block between the
-``settings-table`` markers of docs/CONFIGURATION.md. Rows come from the settings classes (`ServiceSettings`, each
-service's subclass as `ckpt_ha.cli.serve` lists them, `RunnerSettings`: name, default, and the
-field's docstring as its meaning), then from `OTHER_VARIABLES`: what is read before settings
-exist (logging, the CLI's home), by the training process (the runner's protocol,
-`ckpt_ha.sdk.protocol`), or by a library from its standard variables. A test fails when the
-docs and this output differ, and when a ``CKPT_HA_*`` name in the sources is in neither.
+``settings-table`` markers of docs/CONFIGURATION.md. Rows come from the settings classes
+(`ServiceSettings`, each service's subclass as `ckpt_ha.cli.serve` lists them, `RunnerSettings`:
+name, default, and the field's docstring as its meaning), then from `OTHER_VARIABLES`: what is
+read before settings exist (logging, the CLI's home), by the training process (the runner's
+protocol, `ckpt_ha.sdk.protocol`), or by a library from its standard variables. A test fails
+when the docs and this output differ, and when a ``CKPT_HA_*`` name in the sources is in
+neither.
 """
 
 from __future__ import annotations
@@ -90,7 +91,8 @@ OTHER_VARIABLES = (
              "How long a restore waits for unavailable storage before it fails."),
     Variable("`OTEL_EXPORTER_OTLP_ENDPOINT`, `OTEL_*`", "unset (no tracing)",
              "every service, `ckpt-ha run`, the SDK",
-             "OpenTelemetry export, the standard variables (see [Tracing](OBSERVABILITY.md#tracing))."),
+             "OpenTelemetry export, the standard variables (see "
+             "[Tracing](OBSERVABILITY.md#tracing))."),
     Variable("`AWS_ENDPOINT_URL`, `AWS_ACCESS_KEY_ID`, `AWS_*`", "AWS, the default chain",
              "whatever touches `s3://` storage",
              "S3 endpoint and credentials, the standard variables (see "
