@@ -129,7 +129,9 @@ class MetricRow:
 
 def _described(collector: Any) -> Iterable[tuple[str, str, tuple[str, ...], str]]:
     for family in collector.describe():
-        labels = getattr(collector, "_labelnames", None) or getattr(family, "_labelnames", ())
+        labels: Iterable[str] = (
+            getattr(collector, "_labelnames", None) or getattr(family, "_labelnames", None) or ()
+        )
         name = f"{family.name}_total" if family.type == "counter" else family.name
         yield name, family.type, tuple(labels), family.documentation
 
