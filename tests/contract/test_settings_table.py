@@ -1,5 +1,5 @@
-"""The README's one table of environment variables is generated from the settings classes and
-`OTHER_VARIABLES`; it fails here when the README, the code, or a variable the sources read
+"""The one table of environment variables (docs/CONFIGURATION.md) is generated from the settings
+classes and `OTHER_VARIABLES`; it fails here when the docs, the code, or a variable the sources read
 drift apart (like the committed JSON Schemas and AsyncAPI documents)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ TEST_ONLY = frozenset({"CKPT_HA_TEST_PROBE_NATS_PORT", "CKPT_HA_TEST_PROBE_REDIS
 """Read by the test infrastructure only (`ckpt_ha.devstack.testinfra`), never by a deployment."""
 
 
-def test_the_readme_table_matches_the_settings_classes() -> None:
+def test_the_docs_table_matches_the_settings_classes() -> None:
     assert settings_table.main(["--check"]) == 0, "run: python -m ckpt_ha.cli.settings_table"
 
 

@@ -1,4 +1,5 @@
-"""The README's "Use it with your training code" snippets run as they stand.
+"""The training-code snippets run as they stand: the README's (any training loop) and those of
+docs/SDK.md (PyTorch DCP under torchrun, the Hugging Face Trainer).
 
 Each ``<!-- snippet: NAME run="COMMAND" -->`` block is written to a file and started with its
 command (``ckpt-ha run --job J -- python {file}``, or torchrun for the multi-rank one) against
@@ -32,6 +33,7 @@ SNIPPET = re.compile(
     re.DOTALL,
 )
 EXPECTED = {"native", "dcp", "hf"}
+PAGES = (ROOT / "README.md", ROOT / "docs" / "SDK.md")
 PROGRAMS = {
     "ckpt-ha": [sys.executable, "-m", "ckpt_ha.cli.main"],
     "python": [sys.executable],
@@ -39,13 +41,23 @@ PROGRAMS = {
 }
 
 
+def found() -> list[tuple[str, str, str]]:
+    return [
+        (m["name"], m["run"], m["code"])
+        for page in PAGES
+        for m in SNIPPET.finditer(page.read_text())
+    ]
+
+
 def snippets() -> dict[str, tuple[str, str]]:
-    text = (ROOT / "README.md").read_text()
-    return {m["name"]: (m["run"], m["code"]) for m in SNIPPET.finditer(text)}
+    return {name: (run, code) for name, run, code in found()}
 
 
-def test_the_readme_has_a_snippet_per_framework() -> None:
-    assert set(snippets()) == EXPECTED
+def test_the_docs_have_one_snippet_per_framework() -> None:
+    names = [name for name, _, _ in found()]
+    assert sorted(names) == sorted(EXPECTED), "each snippet once, in the README or docs/SDK.md"
+    readme = {m["name"] for m in SNIPPET.finditer(PAGES[0].read_text())}
+    assert readme == {"native"}, "the README shows the one-process loop"
 
 
 def argv(run: str, file: Path, job: str) -> list[str]:

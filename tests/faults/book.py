@@ -3,7 +3,8 @@
 Each fault prints one line, ``FAULT <name>: written=N valid=N lost=0 doubled=0 stuck=0
 converge_s=T.T``; the lines are repeated in the terminal summary and written as JSON to
 ``$CKPT_HA_FAULT_FIGURES`` (default: ``fault-figures.json`` in pytest's base temporary folder),
-from which the README's reliability table is made: ``python -m tests.faults.book FILE``.
+from which the reliability table of docs/RELIABILITY.md is made:
+``python -m tests.faults.book FILE``.
 """
 
 from __future__ import annotations
@@ -90,11 +91,11 @@ FAULTS = {
     "stream-purged": "event stream deleted and provisioned again; `registry rebuild --clear` "
     "must refuse and change nothing",
 }
-"""What each fault does, for the README's table."""
+"""What each fault does, for the table of docs/RELIABILITY.md."""
 
 
 def table(kept: list[dict[str, Any]]) -> str:
-    """The README's reliability table from the figures' JSON."""
+    """The reliability table of docs/RELIABILITY.md from the figures' JSON."""
     lines = [
         "| fault | what happens | written | valid | lost | doubled | stuck | converge (s) |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",

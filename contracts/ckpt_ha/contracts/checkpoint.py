@@ -151,6 +151,8 @@ class CheckpointVerifiedV1(_CheckpointEvent):
 
 
 class CheckpointCorruptV1(_CheckpointEvent):
+    """Integrity check failed, with its findings: never a restore candidate."""
+
     EVENT_TYPE: ClassVar[str] = "checkpoint.corrupt"
     EVENT_VERSION: ClassVar[int] = 1
 
@@ -176,6 +178,9 @@ class CheckpointRegisteredV1(_CheckpointEvent):
 
 
 class CheckpointQuarantinedV1(_CheckpointEvent):
+    """Isolated after a failed check or load, or by hand (``actor`` set): its bytes are moved
+    to ``quarantine/`` and it is never offered for restore until released."""
+
     EVENT_TYPE: ClassVar[str] = "checkpoint.quarantined"
     EVENT_VERSION: ClassVar[int] = 1
 

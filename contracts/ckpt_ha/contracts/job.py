@@ -105,6 +105,9 @@ class JobPolicy(_Frozen):
 
 
 class JobStartedV1(EventData):
+    """An attempt of the job started, with its declared policy, runtime environment, topology
+    and code version: what a restore's compatibility is judged against."""
+
     EVENT_TYPE: ClassVar[str] = "job.started"
     EVENT_VERSION: ClassVar[int] = 1
 
@@ -156,6 +159,9 @@ class JobHeartbeatV1(EventData):
 
 
 class JobProgressV1(EventData):
+    """A training step the job reached (data position, RNG fingerprint, metrics): the
+    trajectory the continuity check compares a resumed attempt against."""
+
     EVENT_TYPE: ClassVar[str] = "job.progress"
     EVENT_VERSION: ClassVar[int] = 1
 
@@ -174,6 +180,9 @@ class JobProgressV1(EventData):
 
 
 class JobFailedV1(EventData):
+    """An attempt of the job ended in failure, with its cause, side, last step and failure
+    signature: the restore-coordinator plans its restore."""
+
     EVENT_TYPE: ClassVar[str] = "job.failed"
     EVENT_VERSION: ClassVar[int] = 1
 

@@ -59,6 +59,9 @@ class _ResumeEvent(EventData):
 
 
 class ResumePlannedV1(_ResumeEvent):
+    """A restore plan after a failure: the checkpoint, the mode, the recompute range and the
+    attempt that will run it."""
+
     EVENT_TYPE: ClassVar[str] = "resume.planned"
     EVENT_VERSION: ClassVar[int] = 1
 
@@ -105,6 +108,8 @@ class ResumePlannedV2(ResumePlannedV1):
 
 
 class ResumeLoadedV1(_ResumeEvent):
+    """The resumed attempt loaded the plan's checkpoint, every shard checked."""
+
     EVENT_TYPE: ClassVar[str] = "resume.loaded"
     EVENT_VERSION: ClassVar[int] = 1
 
@@ -118,6 +123,8 @@ class ResumeLoadedV1(_ResumeEvent):
 
 
 class ResumeLoadFailedV1(_ResumeEvent):
+    """The resumed attempt could not load the plan's checkpoint: the coordinator falls back."""
+
     EVENT_TYPE: ClassVar[str] = "resume.load_failed"
     EVENT_VERSION: ClassVar[int] = 1
 
@@ -165,6 +172,8 @@ def load_failed_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
 
 
 class ResumeVerifiedV1(_ResumeEvent):
+    """The resumed attempt continued within the declared tolerances (R10)."""
+
     EVENT_TYPE: ClassVar[str] = "resume.verified"
     EVENT_VERSION: ClassVar[int] = 1
 
@@ -175,6 +184,8 @@ class ResumeVerifiedV1(_ResumeEvent):
 
 
 class ResumeDivergedV1(_ResumeEvent):
+    """The resumed attempt left the recorded trajectory beyond the declared tolerances (R10)."""
+
     EVENT_TYPE: ClassVar[str] = "resume.diverged"
     EVENT_VERSION: ClassVar[int] = 1
 
