@@ -10,7 +10,7 @@ import pytest
 from pydantic import SecretStr
 
 from ckpt_ha.registry import acl
-from ckpt_ha.writer_watcher.adapters import state_keys
+from ckpt_ha.writer_watcher.api import state_keys
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "redis"
 
