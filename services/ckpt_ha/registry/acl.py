@@ -70,7 +70,10 @@ def key_spaces(prefix: str) -> dict[str, str]:
         "everything": k.everything,
     }
     for user in USERS:
-        spaces |= user.key_spaces(prefix)
+        own = user.key_spaces(prefix)
+        if twice := sorted(own.keys() & spaces.keys()):
+            raise ValueError(f"key spaces with two owners ({user.user} and another): {twice}")
+        spaces |= own
     return spaces
 
 
