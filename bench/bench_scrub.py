@@ -35,10 +35,11 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import native, verify
 from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.integrity_checker.metrics import ScrubMetrics
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.storage import FsStore
 from ckpt_ha.storage.read_budget import ReadBudget
-from ckpt_ha.telemetry.metrics import ScrubMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 
 MIB = 2**20
 SHARD = 64 * MIB

@@ -47,8 +47,9 @@ from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
+from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.storage import key_for_uri, open_store
-from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 
 STREAM = "CKPT_EVENTS"
 PREFIX = "ckpt-ha"

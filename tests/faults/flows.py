@@ -37,8 +37,9 @@ from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
+from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.storage import ObjectStore
-from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.faults.stack import FaultStack
 from tests.faults.tally import NON_FINAL, Figures, converge
 from tests.faults.writer import CheckpointWriter, Save

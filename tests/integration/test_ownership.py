@@ -44,9 +44,10 @@ from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
 from ckpt_ha.retention_janitor.handlers import Janitor
+from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
 

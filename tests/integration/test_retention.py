@@ -26,10 +26,11 @@ from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.app import build as build_janitor_app
 from ckpt_ha.retention_janitor.handlers import Janitor
+from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore, key_for_uri
-from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
 from tests.support.events import T0, committed, verified

@@ -34,11 +34,12 @@ from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
+from ckpt_ha.integrity_checker.metrics import ScrubMetrics
 from ckpt_ha.integrity_checker.reconcile import Reconciler, ReconcileRound
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.registrar.handlers import RegistrarHandlers
 from ckpt_ha.storage import FsStore, keys_in
-from ckpt_ha.telemetry.metrics import ReconcileMetrics, ScrubMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ReconcileMetrics, ServiceMetrics
 from ckpt_ha.writer_watcher.handlers import Redrive, Watcher
 from ckpt_ha.writer_watcher.ports import WatchStateUnavailable
 from tests.support.fakes.publisher import RecordingPublisher

@@ -16,15 +16,9 @@ from ckpt_ha.contracts.checkpoint import (
     FailureSide,
 )
 from ckpt_ha.core.records import Applied, project
+from ckpt_ha.registrar.metrics import LifecycleMetrics, reason_class
 from ckpt_ha.runtime.server import bounded_subject
-from ckpt_ha.telemetry.metrics import (
-    CounterChildren,
-    JobGauges,
-    LifecycleMetrics,
-    RestoreMetrics,
-    ServiceMetrics,
-    reason_class,
-)
+from ckpt_ha.telemetry.metrics import CounterChildren, JobGauges, RestoreMetrics, ServiceMetrics
 from tests.support.events import T0, committed, verified
 
 

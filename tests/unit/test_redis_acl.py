@@ -10,7 +10,7 @@ import pytest
 from pydantic import SecretStr
 
 from ckpt_ha.registry import acl
-from ckpt_ha.writer_watcher.adapters import state_keys
+from ckpt_ha.writer_watcher.api import state_keys
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "redis"
 
@@ -30,6 +30,16 @@ def test_the_committed_file_lets_nobody_in() -> None:
 
 def test_the_watcher_state_pattern_is_the_watchers_own() -> None:
     assert acl.key_spaces("p")["watcher-state"] == state_keys("p")
+
+
+def test_a_key_space_has_one_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    def claims_the_records(prefix: str) -> dict[str, str]:
+        return {"checkpoints": f"{prefix}:mine:*"}
+
+    thief = acl.RedisUser("thief", ("checkpoints",), (), (), key_spaces=claims_the_records)
+    monkeypatch.setattr(acl, "USERS", (*acl.USERS, thief))
+    with pytest.raises(ValueError, match=r"two owners \(thief and another\): \['checkpoints'\]"):
+        acl.key_spaces("p")
 
 
 def test_every_user_names_known_key_spaces_and_no_admin_command() -> None:

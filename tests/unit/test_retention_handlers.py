@@ -17,8 +17,9 @@ from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
 from ckpt_ha.core.records import CheckpointRecord, Expiry, PinRecord
 from ckpt_ha.core.restore_records import DecisionRecord, Pin, PlanRecord, Started
 from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers
+from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry

@@ -18,11 +18,12 @@ from ckpt_ha.formats import native, verify
 from ckpt_ha.formats.checksum import checksum
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.report import Verdict
+from ckpt_ha.integrity_checker.metrics import ScrubMetrics
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.storage import FsStore
 from ckpt_ha.storage.read_budget import PIECE, BudgetedStore, ReadBudget
-from ckpt_ha.telemetry.metrics import ScrubMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry
 

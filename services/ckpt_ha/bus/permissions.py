@@ -1,8 +1,10 @@
-"""Who may publish and consume what on NATS: one table, rendered into ``deploy/nats/``.
+"""Who may publish and consume what on NATS, rendered into ``deploy/nats/``.
 
+Each service declares what it publishes and consumes in its own ``access.py`` (a `Principal`);
+the scheduler side, training processes and the operator are declared here.
 ``python -m ckpt_ha.bus.permissions [--check]`` writes ``deploy/nats/permissions.conf``; a test
-fails when the committed file and this table drift, and another runs the services under their
-rendered users against a real nats-server. Each service may publish only the events it owns
+fails when the committed file and these declarations drift, and another runs the services under
+their rendered users against a real nats-server. Each service may publish only the events it owns
 (the restore-coordinator also ``job.failed``, for an attempt it declares lost), consume only
 through its own durable consumers, and dead-letter only under its own name.
 Passwords are never in the file: each is read from ``$CKPT_HA_NATS_PASSWORD_<USER>``.
@@ -24,9 +26,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from ckpt_ha.assets import asset, write_or_check
+from ckpt_ha.bus.access import Principal
 from ckpt_ha.contracts.subjects import (
     DEAD_LETTERS,
     DEFAULT_PREFIX,
@@ -34,6 +36,11 @@ from ckpt_ha.contracts.subjects import (
     REPLAYED,
     inbox_prefix,
 )
+from ckpt_ha.integrity_checker import access as integrity_checker
+from ckpt_ha.registrar import access as registrar
+from ckpt_ha.restore_coordinator import access as restore_coordinator
+from ckpt_ha.retention_janitor import access as retention_janitor
+from ckpt_ha.writer_watcher import access as writer_watcher
 
 CONF = asset("nats", "permissions.conf")
 """Shipped as package data; in a checkout it is ``deploy/nats/permissions.conf``."""
@@ -42,54 +49,12 @@ DLQ_STREAM = "CKPT_DLQ"
 PROGRESS_STREAM = "CKPT_PROGRESS"
 
 
-@dataclass(frozen=True)
-class Principal:
-    user: str
-    publishes: tuple[str, ...]
-    """Event types (``checkpoint.committed``) this principal is the source of."""
-    consumers: tuple[str, ...] = ()
-    """Its durable consumers on the event stream (named ``<user>--<consumer>``). NATS has no
-    partial-token wildcards, so every consumer is listed; a test checks this against the apps."""
-    reports: tuple[str, ...] = ()
-    """Its durable consumers on the progress stream (``job.progress``, ``job.heartbeat``)."""
-    watches: tuple[str, ...] = ()
-    """Event types it follows live with a plain subscription (no durable consumer): the
-    runner waits for its job's ``resume.planned`` / ``resume.escalated`` this way."""
-    reads_messages: bool = False
-    """May read single stored messages of the event stream (``STREAM.MSG.GET``): the runner
-    looks up the last plan of its job when it takes over a lost run (``ckpt-ha run
-    --resume``), which may have been published before it subscribed."""
-
-    def durables(self) -> list[str]:
-        return [f"{self.user}--{c}" for c in (*self.consumers, *self.reports)]
-
-    def durable_streams(self, events: str, progress: str) -> dict[str, str]:
-        """Each durable and the stream it is on."""
-        on_events = {f"{self.user}--{c}": events for c in self.consumers}
-        return on_events | {f"{self.user}--{c}": progress for c in self.reports}
-
-
 PRINCIPALS: tuple[Principal, ...] = (
-    Principal("writer-watcher", ("checkpoint.writing", "checkpoint.committed",
-                                 "checkpoint.write_failed", "checkpoint.corrupt",
-                                 "checkpoint.quarantined")),
-    Principal("integrity-checker", ("checkpoint.verified", "checkpoint.corrupt",
-                                    "checkpoint.quarantined"),
-              consumers=("committed", "released")),
-    # "fences": the plans (``resume.planned``) that fence a run's older attempts.
-    Principal("registrar", ("checkpoint.registered", "checkpoint.conflict", "checkpoint.fenced"),
-              consumers=("checkpoints", "fences")),
-    # `checkpoint.deleted`: the tombstones of a failed attempt's partial writes it reclaims.
-    Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",
-                                      "resume.escalated", "resume.closed",
-                                      "checkpoint.quarantined", "checkpoint.deleted",
-                                      # `job.failed`: an attempt it declares lost.
-                                      "job.failed"),
-              consumers=("started", "failed", "load-failed", "registered", "verified", "loaded",
-                         "succeeded", "held", "unheld", "restore-requested"),
-              reports=("heartbeat", "progress")),
-    Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
-              consumers=("registered", "started")),
+    writer_watcher.NATS,
+    integrity_checker.NATS,
+    registrar.NATS,
+    restore_coordinator.NATS,
+    retention_janitor.NATS,
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.
     Principal("runner", ("job.started", "job.heartbeat", "job.progress", "job.failed",
                          "job.succeeded", "resume.loaded", "resume.load_failed"),

@@ -130,7 +130,7 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
 
 def cmd_plan(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     from ckpt_ha.ops import retention
-    from ckpt_ha.retention_janitor.domain import Decision
+    from ckpt_ha.retention_janitor.api import Decision
 
     settings = context.settings(env, home)
 

@@ -21,6 +21,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
+from ckpt_ha.integrity_checker.metrics import ScrubMetrics, VerifyMetrics
 from ckpt_ha.integrity_checker.reconcile import Reconciler
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
@@ -31,7 +32,7 @@ from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
 from ckpt_ha.storage.read_budget import ReadBudget
-from ckpt_ha.telemetry.metrics import ReconcileMetrics, ScrubMetrics, VerifyMetrics
+from ckpt_ha.telemetry.metrics import ReconcileMetrics
 
 NAME = "integrity-checker"
 

@@ -25,13 +25,13 @@ from ckpt_ha.core.records import CheckpointRecord, job_mismatch
 from ckpt_ha.formats import verify
 from ckpt_ha.formats.report import Report
 from ckpt_ha.integrity_checker import domain
+from ckpt_ha.integrity_checker.metrics import VerifyMetrics
 from ckpt_ha.integrity_checker.ports import CheckerRegistry, Clock, ObjectStore, Publisher
 from ckpt_ha.storage import bounded, key_for_uri
 from ckpt_ha.storage.owned import job_neighbours, owned_key, owned_quarantine_key
 from ckpt_ha.storage.quarantine import quarantine_key, restore
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
-from ckpt_ha.telemetry.metrics import VerifyMetrics
 
 SOURCE = "ckpt-ha/integrity-checker"
 log = logging.getLogger("ckpt_ha.integrity_checker")

@@ -29,6 +29,7 @@ from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import verify
 from ckpt_ha.integrity_checker import domain
+from ckpt_ha.integrity_checker.metrics import ScrubMetrics
 from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
 from ckpt_ha.runtime.leader import next_round
 from ckpt_ha.storage import StorageError, bounded, key_for_uri
@@ -36,7 +37,6 @@ from ckpt_ha.storage.owned import owned_key
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.storage.read_budget import BudgetedStore, ReadBudget
 from ckpt_ha.telemetry import tracing
-from ckpt_ha.telemetry.metrics import ScrubMetrics
 
 SOURCE = "ckpt-ha/integrity-checker"
 log = logging.getLogger("ckpt_ha.integrity_checker.scrub")

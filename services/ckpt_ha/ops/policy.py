@@ -14,6 +14,7 @@ from ckpt_ha.core import interval
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.restore_records import Failure
 from ckpt_ha.ops.errors import NothingToMeasure
+from ckpt_ha.registry import restores
 from ckpt_ha.registry.port import CheckpointReader
 
 DEFAULT_PRIOR_MTBF_S = 24 * 3600.0
@@ -113,7 +114,7 @@ def measure(
         mtbf_s = m.value
         sources["mtbf_seconds"] = (
             f"estimated from {m.failures} failure(s) in the restore coordinator's log "
-            f"(<prefix>:coord:failures:{job_id}): {m.how}"
+            f"({restores.key('<prefix>', 'failures', job_id)}): {m.how}"
         )
         notes.extend(m.notes)
     current_s = given.current_s

@@ -11,7 +11,7 @@ from typing import Any
 from ckpt_ha.core.clock import Clock
 from ckpt_ha.ops.errors import DeletionFailed, ListingFailed
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.retention_janitor import adapters, domain
+from ckpt_ha.retention_janitor import api as retention
 from ckpt_ha.storage import ObjectStore, StorageError, bounded
 
 Progress = Callable[[int, int | None, str], None]
@@ -82,14 +82,14 @@ async def reconcile(
     jobs = await registry.jobs()
     for done, job in enumerate(jobs, 1):
         for record in await registry.by_job(job):
-            known += adapters.locations(store, record)
+            known += retention.locations(store, record)
         progress(done, len(jobs), "registry jobs read")
     try:
         infos = await bounded.call(lambda: list(store.list("")))
     except StorageError as exc:
         raise ListingFailed(exc) from None
     progress(len(infos), None, "storage objects listed")
-    unknown = set(domain.unknown_objects([i.key for i in infos], known))
+    unknown = set(retention.unknown_objects([i.key for i in infos], known))
     now = clock()
     found = [
         UnknownObject(

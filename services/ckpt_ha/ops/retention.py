@@ -6,9 +6,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 
-from ckpt_ha.retention_janitor.domain import Action, Decision
-from ckpt_ha.retention_janitor.handlers import plan_round
-from ckpt_ha.retention_janitor.ports import PinReads, ResumeReads, RetentionRegistry
+from ckpt_ha.retention_janitor.api import (
+    Action,
+    Decision,
+    PinReads,
+    ResumeReads,
+    RetentionRegistry,
+    plan_round,
+)
 
 
 async def plan(

@@ -14,11 +14,11 @@ from ckpt_ha.contracts.resume import ResumePlannedV2
 from ckpt_ha.contracts.subjects import aggregate_filter, event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.registrar.handlers import RegistrarHandlers
+from ckpt_ha.registrar.metrics import LifecycleMetrics
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import ObjectStore, keys_in, open_store
-from ckpt_ha.telemetry.metrics import LifecycleMetrics
 
 NAME = "registrar"
 log = logging.getLogger("ckpt_ha.registrar")

@@ -11,9 +11,10 @@ from ckpt_ha.contracts.checkpoint import CheckpointCorruptV1, CheckpointQuaranti
 from ckpt_ha.core.locations import KeyOf
 from ckpt_ha.core.records import Applied
 from ckpt_ha.registrar import domain
+from ckpt_ha.registrar.metrics import LifecycleMetrics
 from ckpt_ha.registrar.ports import Clock, Publisher, RegistrarRegistry
 from ckpt_ha.telemetry import tracing
-from ckpt_ha.telemetry.metrics import LifecycleMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 
 SOURCE = "ckpt-ha/registrar"
 

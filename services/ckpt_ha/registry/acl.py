@@ -1,12 +1,11 @@
-"""Who may run which Redis command on which keys: one table, rendered into ``deploy/redis/``.
+"""Who may run which Redis command on which keys, rendered into ``deploy/redis/``.
 
 Each service logs in to Redis as its own ACL user (settings ``redis_user`` and
 ``redis_password``) and may run only the commands its code issues, on only the key spaces it
-reads or writes (the owners in `ckpt_ha.registry.keys`, `restores`, `pins` and the
-writer-watcher's state). The registry's compare-and-set is a Lua script (EVALSHA, SCRIPT LOAD
-when the server lost it): Redis checks every ``redis.call`` inside it against the caller's ACL
-too, so the registrar is granted the commands the script runs. The ``default`` user is off: a
-connection that does not log in can do nothing.
+reads or writes. Each service declares its user in its own ``access.py`` (`RedisUser`, with the
+key spaces it owns, formatted by the module that owns those keys); the registry's key spaces
+(`ckpt_ha.registry.keys`, `pins`, `leases`) and the operator's user are here. The ``default``
+user is off: a connection that does not log in can do nothing.
 
 Passwords are never in the committed file (an ACL file cannot read the environment, and allows
 no comments): ``python -m ckpt_ha.registry.acl [--check]`` writes (checks) the committed
@@ -18,8 +17,7 @@ renders its own with
 reading ``CKPT_HA_REDIS_PASSWORD_<USER>`` (or ``..._FILE``) for each user and writing only the
 SHA-256 of each password (``#<hex>``). A key space a user only reads is granted read-only
 (``%R~``, Redis 7); ``--redis-6`` renders for Redis 6.2 (the embedded stack's), which has no
-read-only patterns, so there a user may write what it reads. SCAN names keys of every space (it
-takes no key), which is why only the retention-janitor and operators have it.
+read-only patterns, so there a user may write what it reads.
 """
 
 from __future__ import annotations
@@ -28,14 +26,19 @@ import hashlib
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from pydantic import SecretStr
 
 from ckpt_ha import credentials
 from ckpt_ha.assets import asset, write_or_check
-from ckpt_ha.registry import leases, pins, restores
+from ckpt_ha.integrity_checker import access as integrity_checker
+from ckpt_ha.registrar import access as registrar
+from ckpt_ha.registry import leases, pins
+from ckpt_ha.registry.access import CONNECT, RedisUser
 from ckpt_ha.registry.keys import RegistryKeys
+from ckpt_ha.restore_coordinator import access as restore_coordinator
+from ckpt_ha.retention_janitor import access as retention_janitor
+from ckpt_ha.writer_watcher import access as writer_watcher
 
 CONF = asset("redis", "users.acl")
 """Shipped as package data; in a checkout it is ``deploy/redis/users.acl``."""
@@ -43,9 +46,10 @@ DEFAULT_PREFIX = "ckpt-ha"
 
 
 def key_spaces(prefix: str) -> dict[str, str]:
-    """Every key space by name, as the ACL key pattern its owner formats for ``prefix``."""
+    """Every key space by name, as the ACL key pattern its owner formats for ``prefix``: the
+    registry's here, each service's own in its ``access.py``."""
     k = RegistryKeys(prefix)
-    return {
+    spaces = {
         "checkpoints": k.checkpoint("*"),
         "job-index": k.job("*"),
         "state-index": k.state("*"),
@@ -61,84 +65,24 @@ def key_spaces(prefix: str) -> dict[str, str]:
         "fences": k.fence("*"),
         "reconcile-log": k.reconcile_log,
         "stream": k.stream,
-        "restore-state": restores.key(prefix, "*"),
-        "restore-plans": restores.key(prefix, "plan", "*"),
-        "restore-verdicts": restores.key(prefix, "verdict", "*"),
-        "restore-starts": restores.key(prefix, "started", "*"),
         "pins": pins.key(prefix, "*"),
         "leases": leases.key(prefix, "*"),
-        # Owned by ckpt_ha.writer_watcher.adapters.state_keys (a service: not importable from
-        # here); tests/unit/test_redis_acl.py checks this stays equal to it.
-        "watcher-state": f"{prefix}-watcher:*",
         "everything": k.everything,
     }
-
-
-CONNECT = ("ping",)
-"""Health checks. (`client.connect` turns off the client's CLIENT SETINFO on connect: Redis
-before 7.2 has no such subcommand to grant.)"""
-LEASES = ("evalsha", "script|load", "time", "hget", "hset")
-"""What taking, renewing and giving up a loop lease runs: the scripts of
-`ckpt_ha.registry.leases`, on hashes only (no command that writes a string or sets an expiry,
-which on Redis 6 would reach the registry records these users only read)."""
-
-PROJECTION = (
-    "get", "set", "sadd", "srem", "zadd", "zscore", "zremrangebyscore", "rpush", "hget", "hset",
-)  # fmt: skip
-"""What the registry's read and compare-and-set scripts run (`redis_registry._READ_LUA`,
-`redis_registry._WRITE_LUA`)."""
-
-
-@dataclass(frozen=True)
-class RedisUser:
-    user: str
-    writes: tuple[str, ...]
-    """Names of `key_spaces` this user writes (and reads)."""
-    reads: tuple[str, ...]
-    """Names of `key_spaces` this user only reads."""
-    commands: tuple[str, ...]
-    """Commands (``command|subcommand``) its code issues; everything else is refused."""
+    for user in USERS:
+        own = user.key_spaces(prefix)
+        if twice := sorted(own.keys() & spaces.keys()):
+            raise ValueError(f"key spaces with two owners ({user.user} and another): {twice}")
+        spaces |= own
+    return spaces
 
 
 USERS: tuple[RedisUser, ...] = (
-    # Watch state per storage root; reads a record to tell a failed write from a lost file,
-    # and the writing records (state index) to re-drive them past their deadline.
-    # Both quarantine: a move first reads the job's other live records (storage.owned).
-    # The lease of its scan (one replica scans a root at a time).
-    RedisUser("writer-watcher", ("watcher-state", "leases"),
-              ("checkpoints", "state-index", "job-index"),
-              (*CONNECT, *LEASES, "get", "mget", "smembers", "zrevrange", "hgetall", "hdel",
-               "multi", "exec", "discard")),
-    # Reads records (verify, scrub); never writes the registry. The leases of its scrub and
-    # reconcile loops.
-    RedisUser("integrity-checker", ("leases",), ("checkpoints", "state-index", "job-index"),
-              (*CONNECT, *LEASES, "get", "mget", "smembers", "zrevrange")),
-    # Projects every checkpoint event and the fences of the plans: the compare-and-set script
-    # and the reads before it. And which event stream the registry is built from (`stream`),
-    # once, at start.
-    RedisUser("registrar", ("checkpoints", "job-index", "state-index", "uri-index", "jobs",
-                            "applied", "owners", "projects", "owner-log", "tiers", "tier-log",
-                            "fences", "stream"),
-              ("tier-declared",),
-              (*CONNECT, "mget", "smembers", "evalsha", "script|load",
-               *PROJECTION)),
-    # Its own memory and the pins; reads a job's records to choose a restore. The heartbeat
-    # watches (compare-and-set, the deadlines' sorted set) and the lease of its lost-attempt
-    # loop. Its scripts (`restores._PROGRESS_LUA`, `restores._WATCHES_LUA`: EVALSHA and SCRIPT
-    # LOAD, granted with LEASES) run only commands granted here.
-    RedisUser("restore-coordinator", ("restore-state", "pins", "leases"),
-              ("checkpoints", "job-index"),
-              (*CONNECT, *LEASES, "get", "set", "mget", "del", "expire", "hset", "hget",
-               "hmget", "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
-               "zremrangebyrank", "zrem", "zrangebyscore", "zscore", "sadd", "smembers",
-               "rpush", "ltrim", "lrange", "multi", "exec", "discard")),
-    # Reads jobs, records, tiers, pins and plans in progress; records the declared tier.
-    # And the lease of its periodic rounds.
-    RedisUser("retention-janitor", ("tier-declared", "leases"),
-              ("jobs", "job-index", "checkpoints", "tiers", "pins", "restore-plans",
-               "restore-verdicts", "restore-starts"),
-              (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange",
-               "hgetall", "scan")),
+    writer_watcher.REDIS,
+    integrity_checker.REDIS,
+    registrar.REDIS,
+    restore_coordinator.REDIS,
+    retention_janitor.REDIS,
     # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
     # audits, manual actions), no server administration. A rebuild writes the coordinator's
     # state as the coordinator does (its scripts, trimming included) and sets its expiry
@@ -152,6 +96,7 @@ USERS: tuple[RedisUser, ...] = (
                "evalsha", "script|load",
                "multi", "exec", "discard")),
 )  # fmt: skip
+"""The services' own declarations (each service's ``access.py``), then the operator's."""
 
 
 def users() -> tuple[str, ...]:

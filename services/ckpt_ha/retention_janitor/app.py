@@ -24,11 +24,11 @@ from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers
+from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
 from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
-from ckpt_ha.telemetry.metrics import RetentionMetrics
 
 NAME = "retention-janitor"
 

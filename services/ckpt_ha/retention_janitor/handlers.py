@@ -29,6 +29,7 @@ from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.tiers import declared_tier
 from ckpt_ha.retention_janitor import adapters, domain
 from ckpt_ha.retention_janitor.domain import Action, Decision
+from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.retention_janitor.ports import (
     Clock,
     ObjectStore,
@@ -40,7 +41,6 @@ from ckpt_ha.retention_janitor.ports import (
 from ckpt_ha.runtime.leader import next_round
 from ckpt_ha.storage import StorageError, key_for_uri
 from ckpt_ha.telemetry import tracing
-from ckpt_ha.telemetry.metrics import RetentionMetrics
 
 __all__ = ["Janitor", "JanitorHandlers", "RoundResult", "plan_round"]
 

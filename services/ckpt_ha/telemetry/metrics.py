@@ -1,4 +1,7 @@
-"""Prometheus metrics shared by every service (one registry per process).
+"""Prometheus metrics shared by every service (one registry per process): the consumers',
+handlers' and loops' own (`ServiceMetrics`), the reconcile rounds of the writer-watcher and the
+integrity-checker (`ReconcileMetrics`), and the per-job series that forget idle jobs
+(`JobGauges`). Each service's own metrics live in its ``metrics.py``.
 
 Label sets stay bounded: never a checkpoint id. Per-job series (recovery point, restarts,
 last resume outcome) are bounded by the number of active jobs: a job that stays idle for
@@ -15,44 +18,10 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ckpt_ha.contracts import Envelope, EventData
-from ckpt_ha.contracts.checkpoint import (
-    CheckpointCorruptV1,
-    CheckpointQuarantinedV1,
-    CheckpointState,
-    CheckpointWriteFailedV1,
-)
-from ckpt_ha.core.records import Applied, CheckpointRecord
-
 FORGET_AFTER_S = 7 * 24 * 3600.0
 """A job with no update for this long leaves the per-job series."""
 
-REASON_CLASSES = (
-    ("corrupt", "corrupt"),
-    ("incomplete", "incomplete"),
-    ("unsafe", "unsafe"),
-    ("unknown", "unknown"),
-    ("scrub", "scrub"),
-    ("re-verification failed", "scrub"),
-    ("integrity check failed", "integrity_check_failed"),
-    ("load failed", "load_failed"),
-    ("files missing after commit", "files_missing"),
-    ("write stalled", "stalled"),
-    ("folder removed", "folder_removed"),
-)
-"""Free-text reasons map onto these classes by how they start; anything else is ``other``."""
-
-VERIFY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 RESUME_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
-
-
-def reason_class(reason: str) -> str:
-    """A bounded label for a free-text reason: its verdict or leading words, else ``other``."""
-    text = reason.strip().lower()
-    for prefix, label in REASON_CLASSES:
-        if text.startswith(prefix):
-            return label
-    return "other"
 
 
 class JobGauges(Collector):
@@ -259,71 +228,6 @@ class ServiceMetrics:
         self.parked.labels(self.service, consumer, event).inc()
 
 
-class ScrubMetrics:
-    """The integrity-checker's periodic re-verification of valid checkpoints."""
-
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self.service = metrics.service
-        self.scrubbed = Counter(
-            "ckpt_ha_scrubbed_checkpoints_total",
-            "Valid checkpoints re-verified on storage by a scrub.",
-            ["service"],
-            registry=metrics.registry,
-        )
-        self.corrupt = Counter(
-            "ckpt_ha_scrub_corrupt_total",
-            "Valid checkpoints a scrub found changed or missing, and quarantined.",
-            ["service"],
-            registry=metrics.registry,
-        )
-        self.interrupted = Counter(
-            "ckpt_ha_scrub_interrupted_total",
-            "Scrub rounds cut short by a storage or registry outage (retried next round).",
-            ["service"],
-            registry=metrics.registry,
-        )
-        self.last_round = Gauge(
-            "ckpt_ha_scrub_last_round_timestamp_seconds",
-            "When the last scrub round that finished a pass over every valid checkpoint ended "
-            "(Unix time).",
-            ["service"],
-            registry=metrics.registry,
-        )
-        self.paused = Counter(
-            "ckpt_ha_scrub_paused_total",
-            "Scrub rounds that reached the scrub interval before reading every valid checkpoint "
-            "at their read budget (the next round continues where it stopped).",
-            ["service"],
-            registry=metrics.registry,
-        )
-        self.read_bytes = Counter(
-            "ckpt_ha_scrub_read_bytes_total",
-            "Bytes the scrub read from storage.",
-            ["service"],
-            registry=metrics.registry,
-        )
-        self.throttled = Counter(
-            "ckpt_ha_scrub_throttle_wait_seconds_total",
-            "Seconds the scrub's reads waited for their read budget (scrub_bytes_per_s).",
-            ["service"],
-            registry=metrics.registry,
-        )
-        self.budget = Gauge(
-            "ckpt_ha_scrub_budget_bytes_per_second",
-            "The scrub's read budget on the storage root (0: unlimited).",
-            ["service"],
-            registry=metrics.registry,
-        )
-
-    def read(self, n: int) -> None:
-        """``n`` bytes read by the scrub (called from storage worker threads)."""
-        self.read_bytes.labels(self.service).inc(n)
-
-    def waited(self, seconds: float) -> None:
-        """A scrub read waited ``seconds`` for its budget (called from storage worker threads)."""
-        self.throttled.labels(self.service).inc(seconds)
-
-
 class ReconcileMetrics:
     """The re-drive of checkpoints left in a non-final state past their deadline (the
     integrity-checker for ``pending_verification``, the writer-watcher for ``writing``)."""
@@ -363,195 +267,6 @@ class ReconcileMetrics:
         if redriven:
             self.redriven.labels(self.service, state).inc(redriven)
         self.last_round.labels(self.service).set(at)
-
-
-class VerifyMetrics:
-    """The integrity-checker's verification work: how long it took and how many bytes it read."""
-
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self.service = metrics.service
-        self.seconds = Histogram(
-            "ckpt_ha_verification_seconds",
-            "Time spent verifying one checkpoint on storage, by format and verdict.",
-            ["service", "format", "verdict"],
-            buckets=VERIFY_BUCKETS,
-            registry=metrics.registry,
-        )
-        self.bytes = Counter(
-            "ckpt_ha_verified_bytes_total",
-            "Bytes read while verifying checkpoints, by format and verdict.",
-            ["service", "format", "verdict"],
-            registry=metrics.registry,
-        )
-
-    def observe(self, fmt: str, verdict: str, seconds: float, nbytes: int) -> None:
-        self.seconds.labels(self.service, fmt, verdict).observe(seconds)
-        self.bytes.labels(self.service, fmt, verdict).inc(nbytes)
-
-
-class LifecycleMetrics:
-    """What the registrar sees of every checkpoint: states by format, corruption, write failures,
-    the recovery point per job, and the newest corrupt checkpoint per job (for pages)."""
-
-    def __init__(self, metrics: ServiceMetrics, *, forget_after_s: float = FORGET_AFTER_S) -> None:
-        self.service = metrics.service
-        reg = metrics.registry
-        self.states = Counter(
-            "ckpt_ha_checkpoint_states_total",
-            "Checkpoints entering each lifecycle state, by format.",
-            ["service", "state", "format"],
-            registry=reg,
-        )
-        self._states = CounterChildren(self.states)
-        self.corrupt = Counter(
-            "ckpt_ha_checkpoint_corrupt_total",
-            "Checkpoints found corrupt (or quarantined automatically after a failed load or "
-            "scrub), by reason class and side.",
-            ["service", "reason", "side"],
-            registry=reg,
-        )
-        self.quarantined = Counter(
-            "ckpt_ha_checkpoint_quarantined_total",
-            "Checkpoints quarantined, by who decided (automatic or manual).",
-            ["service", "by"],
-            registry=reg,
-        )
-        self.write_failures = Counter(
-            "ckpt_ha_checkpoint_write_failures_total",
-            "Checkpoint writes that failed or stalled, by classification (side).",
-            ["service", "side", "reason"],
-            registry=reg,
-        )
-        self.last_valid = JobGauges(
-            "ckpt_ha_last_valid_checkpoint_timestamp_seconds",
-            "When the newest valid checkpoint of a job was committed (Unix time); the recovery "
-            "point is time() minus this.",
-            [],
-            forget_after_s=forget_after_s,
-            registry=reg,
-        )
-        self.recovery_point = _Age(
-            "ckpt_ha_recovery_point_age_seconds",
-            "Seconds since the newest valid checkpoint of a job was committed.",
-            self.last_valid,
-            registry=reg,
-        )
-        self.last_corrupt_at = JobGauges(
-            "ckpt_ha_last_corrupt_checkpoint_timestamp_seconds",
-            "When the newest corrupt checkpoint of a job was found (Unix time).",
-            [],
-            forget_after_s=forget_after_s,
-            registry=reg,
-        )
-        self.last_corrupt_step = JobGauges(
-            "ckpt_ha_last_corrupt_checkpoint_step",
-            "Training step of the newest corrupt checkpoint of a job (-1 when unknown).",
-            [],
-            forget_after_s=forget_after_s,
-            registry=reg,
-        )
-        self.oldest_write = JobGauges(
-            "ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds",
-            "When the oldest checkpoint write of a job still open (state writing) started.",
-            [],
-            forget_after_s=forget_after_s,
-            registry=reg,
-        )
-        self.last_write_failure = JobGauges(
-            "ckpt_ha_last_write_failure_timestamp_seconds",
-            "When a checkpoint write of a job last failed or stalled (Unix time), by side and "
-            "reason class.",
-            ["side", "reason"],
-            forget_after_s=forget_after_s,
-            registry=reg,
-        )
-        self._open_writes: dict[str, dict[str, float]] = {}
-
-    def seed(self, valid: Iterable[CheckpointRecord], writing: Iterable[CheckpointRecord]) -> None:
-        """Continue after a restart from what the registry holds: each job's newest valid
-        checkpoint and its open writes (jobs idle longer than ``forget_after_s`` stay out)."""
-        for record in valid:
-            self.last_valid.set_max(
-                record.job_id,
-                value=record.created_at.timestamp(),
-                updated=record.updated_at.timestamp(),
-            )
-        for record in writing:
-            self.write_opened(record.job_id, record.checkpoint_id, record.created_at.timestamp())
-
-    def observe(self, event: Envelope[EventData], result: Applied) -> None:
-        """One event the registry applied (call it only when it changed the state)."""
-        step, record = result.transition, result.record
-        if step is None or record is None:
-            return
-        service = self.service
-        self._states.inc(service, step.new, record.format)
-        job, at = record.job_id, event.time.timestamp()
-        if step.new == CheckpointState.WRITING:
-            self.write_opened(job, record.checkpoint_id, at)
-        else:
-            self.write_closed(job, record.checkpoint_id)
-        if step.new == CheckpointState.VALID:
-            self.last_valid.set_max(job, value=record.created_at.timestamp())
-        data = event.data
-        corrupt = False
-        if isinstance(data, CheckpointWriteFailedV1):
-            why = reason_class(data.reason)
-            self.write_failures.labels(service, data.side, why).inc()
-            self.last_write_failure.set(job, data.side, why, value=at)
-        elif isinstance(data, CheckpointCorruptV1):
-            corrupt = True
-            self.corrupt.labels(service, reason_class(data.reason), data.side).inc()
-        elif isinstance(data, CheckpointQuarantinedV1):
-            self.quarantined.labels(service, "manual" if data.actor else "automatic").inc()
-            if step.previous == CheckpointState.VALID and not data.actor:
-                # A failed load or a scrub found a valid checkpoint damaged: corrupt as well.
-                corrupt = True
-                self.corrupt.labels(service, reason_class(data.reason), "unknown").inc()
-        if corrupt:
-            self.last_corrupt_at.set(job, value=at)
-            self.last_corrupt_step.set(job, value=-1 if record.step is None else record.step)
-
-    def write_opened(self, job_id: str, checkpoint_id: str, at: float) -> None:
-        self._open_writes.setdefault(job_id, {}).setdefault(checkpoint_id, at)
-        self.oldest_write.set(job_id, value=min(self._open_writes[job_id].values()))
-
-    def write_closed(self, job_id: str, checkpoint_id: str) -> None:
-        opened = self._open_writes.get(job_id)
-        if opened is None or opened.pop(checkpoint_id, None) is None:
-            return
-        if opened:
-            self.oldest_write.set(job_id, value=min(opened.values()))
-        else:
-            del self._open_writes[job_id]
-            self.oldest_write.forget(job_id)
-
-
-class _Age(Collector):
-    """``now - timestamp`` for every series of a `JobGauges` of timestamps."""
-
-    def __init__(
-        self,
-        name: str,
-        documentation: str,
-        source: JobGauges,
-        registry: CollectorRegistry,
-    ) -> None:
-        self.name = name
-        self.documentation = documentation
-        self.source = source
-        registry.register(self)
-
-    def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(self.name, self.documentation, labels=self.source.labels)]
-
-    def collect(self) -> Iterable[Metric]:
-        now = self.source.now()
-        family = GaugeMetricFamily(self.name, self.documentation, labels=self.source.labels)
-        for series in self.source.collect():
-            for sample in series.samples:
-                family.add_metric(list(sample.labels.values()), max(0.0, now - sample.value))
-        yield family
 
 
 class RestoreMetrics:
@@ -671,43 +386,3 @@ class RestoreMetrics:
             self.escalations.labels(self.service, reason).inc()
         if seconds is not None:
             self.durations.labels(self.service, outcome).observe(max(0.0, seconds))
-
-
-class RetentionMetrics:
-    """The retention-janitor's rounds: decisions by tier and action, deletions, failures."""
-
-    def __init__(self, metrics: ServiceMetrics) -> None:
-        self.service = metrics.service
-        self.registry = metrics.registry
-        self.decisions = Counter(
-            "ckpt_ha_retention_actions_total",
-            "Retention actions carried out (expire, delete) by the job's protection tier.",
-            ["service", "tier", "action"],
-            registry=metrics.registry,
-        )
-        self.protected = Gauge(
-            "ckpt_ha_retention_protected_checkpoints",
-            "Checkpoints a reference protects (pin, plan, resume, fallback, last valid), by tier "
-            "and the kind of their first protection.",
-            ["service", "tier", "kind"],
-            registry=metrics.registry,
-        )
-        self.checkpoints = Gauge(
-            "ckpt_ha_retention_checkpoints",
-            "Checkpoints not yet deleted, by their job's protection tier and lifecycle state "
-            "(set by each full retention round).",
-            ["service", "tier", "state"],
-            registry=metrics.registry,
-        )
-        self.delete_failures = Counter(
-            "ckpt_ha_retention_delete_failures_total",
-            "Deletions that failed on storage (kept expired; retried next round).",
-            ["service"],
-            registry=metrics.registry,
-        )
-        self.last_round = Gauge(
-            "ckpt_ha_retention_last_round_timestamp_seconds",
-            "When the last complete retention round finished (Unix time).",
-            ["service"],
-            registry=metrics.registry,
-        )

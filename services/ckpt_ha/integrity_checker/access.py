@@ -1,0 +1,20 @@
+"""What the integrity-checker may do on NATS and Redis (rendered into ``deploy/nats/`` and
+``deploy/redis/`` by `ckpt_ha.bus.permissions` and `ckpt_ha.registry.acl`)."""
+
+from __future__ import annotations
+
+from ckpt_ha.bus.access import Principal
+from ckpt_ha.registry.access import CONNECT, LEASES, RedisUser
+
+NATS = Principal("integrity-checker", ("checkpoint.verified", "checkpoint.corrupt",
+                                       "checkpoint.quarantined"),
+                 consumers=("committed", "released"))  # fmt: skip
+
+REDIS = RedisUser(
+    "integrity-checker",
+    # Reads records (verify, scrub); never writes the registry. The leases of its scrub and
+    # reconcile loops.
+    ("leases",),
+    ("checkpoints", "state-index", "job-index"),
+    (*CONNECT, *LEASES, "get", "mget", "smembers", "zrevrange"),
+)  # fmt: skip
