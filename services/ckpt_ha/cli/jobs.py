@@ -35,6 +35,9 @@ from ckpt_ha.cli.errors import CommandError
 
 if TYPE_CHECKING:
     from ckpt_ha.contracts import Envelope, EventData
+    from ckpt_ha.contracts.job import JobPolicy
+    from ckpt_ha.runner.runner import RunSpec
+    from ckpt_ha.runner.settings import RunnerSettings
     from ckpt_ha.runtime.settings import ServiceSettings
 
 IDLE_S = 2.0
@@ -294,17 +297,34 @@ def cmd_stop(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     """Run the training command under the embedded adapter (`ckpt_ha.runner`)."""
-    from uuid import uuid4
-
-    from pydantic import ValidationError
-
-    from ckpt_ha.contracts.job import JobPolicy
+    from ckpt_ha.runner import torchrun
     from ckpt_ha.runner.adapter import LocalProcess, SchedulerAdapter
-    from ckpt_ha.runner.runner import CannotResume, LaunchFailed, Runner, RunSpec, state_dir
+    from ckpt_ha.runner.runner import CannotResume, LaunchFailed, Runner
     from ckpt_ha.runner.settings import RunnerSettings
     from ckpt_ha.runner.slurm import SlurmBatch
 
     command = tuple(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+    _check_run(args, command)
+    world_size = args.world_size or torchrun.world_size(command, env) or 1
+    if world_size < 1:
+        raise CommandError("--world-size must be >= 1")
+    policy = _policy(args)
+    settings = context.settings_of(RunnerSettings, env, home, "runner")
+    spec = _spec(args, env, home, settings, command, policy, world_size)
+    adapter: SchedulerAdapter = LocalProcess()
+    if args.scheduler == "slurm":
+        adapter = SlurmBatch(
+            partition=args.partition, sbatch_args=args.sbatch_arg, output_dir=spec.state_dir
+        )
+    runner = Runner(spec, settings.bus(), adapter, base_env=env, job_bus=settings.job_bus())
+    try:
+        return context.run(settings, runner.run)
+    except (LaunchFailed, CannotResume) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _check_run(args: argparse.Namespace, command: tuple[str, ...]) -> None:
+    """What `run` refuses before it reads any setting."""
     if not command:
         raise CommandError("no training command: ckpt-ha run --job J [options] -- COMMAND ...")
     if shutil.which(command[0]) is None:
@@ -319,22 +339,40 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         raise CommandError("--max-attempts must be >= 1")
     if args.resume and not args.run_id:
         raise CommandError("--resume takes over a run: give its --run-id")
-    from ckpt_ha.runner import torchrun
 
-    world_size = args.world_size or torchrun.world_size(command, env) or 1
-    if world_size < 1:
-        raise CommandError("--world-size must be >= 1")
+
+def _policy(args: argparse.Namespace) -> JobPolicy:
+    """The job's policy: ``--policy FILE``, else the defaults with ``--tier``."""
+    from pydantic import ValidationError
+
+    from ckpt_ha.contracts.job import JobPolicy
+
     policy = JobPolicy(tier=args.tier)
-    if args.policy is not None:
-        try:
-            policy = JobPolicy.model_validate_json(args.policy.read_bytes())
-        except OSError as exc:
-            raise CommandError(f"cannot read --policy {args.policy}: {exc.strerror}") from None
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(document)"
-            raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
-    settings = context.settings_of(RunnerSettings, env, home, "runner")
+    if args.policy is None:
+        return policy
+    try:
+        return JobPolicy.model_validate_json(args.policy.read_bytes())
+    except OSError as exc:
+        raise CommandError(f"cannot read --policy {args.policy}: {exc.strerror}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(document)"
+        raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
+
+
+def _spec(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    home: Path,
+    settings: RunnerSettings,
+    command: tuple[str, ...],
+    policy: JobPolicy,
+    world_size: int,
+) -> RunSpec:
+    from uuid import uuid4
+
+    from ckpt_ha.runner.runner import RunSpec, state_dir
+
     beat = args.heartbeat_s if args.heartbeat_s is not None else settings.heartbeat_s
     if beat < 0:
         raise CommandError("--heartbeat-s must be >= 0")
@@ -343,7 +381,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     if deadline_s is not None and (heartbeat_s is None or deadline_s <= heartbeat_s):
         raise CommandError("--deadline-s must be longer than --heartbeat-s (which must be > 0)")
     run_id = args.run_id or f"run-{uuid4().hex[:12]}"
-    spec = RunSpec(
+    return RunSpec(
         job_id=args.job,
         run_id=run_id,
         command=command,
@@ -359,13 +397,3 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         deadline_s=deadline_s,
         resume=args.resume,
     )
-    adapter: SchedulerAdapter = LocalProcess()
-    if args.scheduler == "slurm":
-        adapter = SlurmBatch(
-            partition=args.partition, sbatch_args=args.sbatch_arg, output_dir=spec.state_dir
-        )
-    runner = Runner(spec, settings.bus(), adapter, base_env=env, job_bus=settings.job_bus())
-    try:
-        return context.run(settings, runner.run)
-    except (LaunchFailed, CannotResume) as exc:
-        raise CommandError(str(exc)) from None

@@ -95,7 +95,12 @@ def cmd_advise(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
     if args.json:
         print(render.dumps(_doc(args.job, advice, notes)))
         return code
-    head = f"job {args.job}: " if args.job else ""
+    _print_advice(args.job, advice, notes)
+    return code
+
+
+def _print_advice(job: str | None, advice: interval.Advice, notes: list[str]) -> None:
+    head = f"job {job}: " if job else ""
     print(f"{head}checkpoint interval advice (model estimates, not measurements of the future)")
     rows: list[tuple[str, str, str]] = [
         ("write time S", render.span(advice.write_s), ""),
@@ -131,7 +136,6 @@ def cmd_advise(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
     for warning in advice.warnings:
         print(f"warning: {warning}")
     print(f"verdict: {advice.verdict}")
-    return code
 
 
 def _doc(job: str | None, advice: interval.Advice, notes: list[str]) -> dict[str, Any]:
