@@ -94,6 +94,9 @@ def test_version_is_the_installed_distribution_s() -> None:
         (["latest-valid"], "the following arguments are required: root"),
         (["registry", "rebuild", "--progress=yes"], "ignored explicit argument"),
         (["streams", "check", "--jsn"], "unrecognized arguments"),
+        ([], "the following arguments are required: command"),
+        (["checkpoints"], "the following arguments are required: action"),
+        (["bogus"], "argument command: invalid choice: 'bogus'"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(

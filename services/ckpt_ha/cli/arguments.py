@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, NoReturn
@@ -74,7 +75,6 @@ class Parser(argparse.ArgumentParser):
         parser = self._commands.add_parser(name, help=help, **kw)
         if handler is not None:
             parser.set_defaults(handler=handler)
-        self._show_only_listed()
         return parser
 
     def alias(self, old: str, parser: Parser) -> None:
@@ -85,12 +85,29 @@ class Parser(argparse.ArgumentParser):
             raise ValueError(f"{old!r} is already a command of {self.prog!r}")
         self._commands.choices[old] = parser
         self.hidden.append(old)
-        self._show_only_listed()
 
-    def _show_only_listed(self) -> None:
-        assert self._commands is not None
+    def format_usage(self) -> str:
+        with self._listing_shown_only():
+            return super().format_usage()
+
+    def format_help(self) -> str:
+        with self._listing_shown_only():
+            return super().format_help()
+
+    @contextmanager
+    def _listing_shown_only(self) -> Iterator[None]:
+        """Usage lists the sub-commands without the old spellings. Only while formatting: an
+        error message names the argument as before (`the following arguments are required:
+        command`)."""
+        if self._commands is None or not self.hidden:
+            yield
+            return
         shown = [name for name in self._commands.choices if name not in self.hidden]
         self._commands.metavar = "{" + ",".join(shown) + "}"
+        try:
+            yield
+        finally:
+            self._commands.metavar = None
 
 
 def text(value: str) -> str:
