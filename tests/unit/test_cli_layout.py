@@ -6,38 +6,119 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib
+import inspect
+import re
+import sys
 from pathlib import Path
+
+import pytest
 
 import ckpt_ha.ops
 from ckpt_ha.cli import render
-from ckpt_ha.cli.main import COMMANDS
-from ckpt_ha.cli.parser import build_parser
+from ckpt_ha.cli.arguments import Parser
+from ckpt_ha.cli.parser import COMMAND_MODULES, build_parser, registrars
 from ckpt_ha.cli.serve import entries
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 
 
-def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
-    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return dict(sub.choices)
-
-
-def _parsed_commands() -> set[tuple[str, str | None]]:
-    found: set[tuple[str, str | None]] = set()
-    for name, parser in _subcommands(build_parser()).items():
-        actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-        if actions:
-            found |= {(name, action) for action in _subcommands(parser)}
-        if not actions or not actions[0].required:  # the noun alone is a command too
-            found.add((name, None))
+def tree(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every parser of the command line with the words that reach it, old spellings included."""
+    found = [(path, parser)]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += tree(sub, (*path, name))
     return found
 
 
+def _verbs_required(parser: argparse.ArgumentParser) -> bool:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return bool(subs) and subs[0].required
+
+
 def test_every_parsed_command_has_one_handler_and_every_handler_a_command() -> None:
-    assert set(COMMANDS) == _parsed_commands()
-    for (command, action), (module, function) in COMMANDS.items():
-        handler = getattr(importlib.import_module(f"ckpt_ha.cli.{module}"), function, None)
-        assert callable(handler), (command, action, module, function)
+    used: set[object] = set()
+    for path, parser in tree(build_parser())[1:]:
+        handler = parser.get_default("handler")
+        if _verbs_required(parser):  # a noun: its verbs run, it never does
+            assert handler is None, path
+        else:  # a command: the one function its module registered for it
+            assert callable(handler), path
+            used.add(handler)
+    # The product's modules and any an installed distribution adds (the `ckpt_ha.cli` group).
+    modules = [sys.modules[register.__module__] for register in registrars()]
+    assert set(COMMAND_MODULES) <= set(modules)
+    defined = {
+        f
+        for module in modules
+        for name, f in inspect.getmembers(module, inspect.isfunction)
+        if name.startswith("cmd_") and f.__module__ == module.__name__
+    }
+    assert defined - used == set()  # every handler a command
+    assert {h.__module__ for h in used} == {m.__name__ for m in modules}
+
+
+def test_the_command_modules_are_the_parser_s_and_distributions_may_add_theirs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One place adds a command: the module's `register`; an installed distribution adds its
+    own modules through the `ckpt_ha.cli` entry-point group."""
+    product = [m.register for m in COMMAND_MODULES]
+    assert registrars()[: len(product)] == product
+
+    class Entry:
+        def load(self) -> object:
+            def register(top: Parser) -> None:
+                top.command("extra", help="a command from outside", handler=lambda *_: 0)
+
+            return register
+
+    def entry_points(group: str) -> list[Entry]:
+        assert group == "ckpt_ha.cli"
+        return [Entry()]
+
+    monkeypatch.setattr("importlib.metadata.entry_points", entry_points)
+    assert build_parser().parse_args(["extra"]).handler(None, {}, Path()) == 0
+
+
+def test_old_spellings_parse_as_the_command_they_name_and_stay_out_of_help() -> None:
+    parser = build_parser()
+    help_text = parser.format_help()
+    listed = set(re.findall(r"^    (\S+)", help_text, re.MULTILINE))
+    [usage] = set(re.findall(r"\{([^}]*)\}", help_text))
+    assert listed == set(usage.split(",")) == {"checkpoint", "job", "stack", "service"} | listed
+    for old, new in [
+        (["serve", "registrar"], ["service", "run", "registrar"]),
+        (["up"], ["stack", "up"]),
+        (["down", "--json"], ["stack", "down", "--json"]),
+        (["status"], ["stack", "status"]),
+        (["demo"], ["stack", "demo"]),
+        (["drill", "--scenario", "all"], ["stack", "drill", "--scenario", "all"]),
+        (["checkpoints", "list", "--job", "j"], ["checkpoint", "list", "--job", "j"]),
+        (["verify", "/x"], ["checkpoint", "verify", "/x"]),
+        (["latest-valid", "/x"], ["checkpoint", "latest-valid", "/x"]),
+        (["quarantine", "c", "--reason", "r"], ["checkpoint", "quarantine", "c", "--reason", "r"]),
+        (["release", "c", "--reason", "r"], ["checkpoint", "release", "c", "--reason", "r"]),
+        (["pin", "c", "--by", "b"], ["checkpoint", "pin", "c", "--by", "b"]),
+        (["unpin", "c", "--by", "b"], ["checkpoint", "unpin", "c", "--by", "b"]),
+        (["streams", "check"], ["stream", "check"]),
+        (["restores", "--job", "j"], ["restore", "list", "--job", "j"]),
+        (["dead-letters", "--limit", "5"], ["dead-letter", "list", "--limit", "5"]),
+        (["dead-letters", "replay", "--dry-run"], ["dead-letter", "replay", "--dry-run"]),
+        (["audit", "--job", "j"], ["retention", "audit", "--job", "j"]),
+        (["reconcile"], ["retention", "reconcile"]),
+        (["run", "--job", "j", "--", "true"], ["job", "run", "--job", "j", "--", "true"]),
+    ]:
+        before, after = vars(parser.parse_args(old)), vars(parser.parse_args(new))
+        for key in ("command", "action"):  # the words typed; everything else the same
+            before.pop(key, None), after.pop(key, None)
+        before.pop("since", None), after.pop("since", None)
+        assert before == after, old
+        assert old[0] not in listed
+    assert parser.parse_args(["serve", "registrar"]).default_log_level == "INFO"
+    assert not hasattr(parser.parse_args(["stack", "status"]), "default_log_level")
 
 
 def test_the_serve_table_names_exactly_the_services_the_stack_starts() -> None:

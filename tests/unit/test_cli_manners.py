@@ -18,20 +18,20 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_ha.cli import completion
+from ckpt_ha.cli import completion, jobs, local_stack, serve
 from ckpt_ha.cli.main import main
 from ckpt_ha.cli.parser import build_parser, version
 from ckpt_ha.cli.progress import Progress
 from tests.support.hostile import write_native
 
 NO_JSON = {
-    ("serve",): "runs a service until stopped",
-    ("run",): "runs the training command; its exit code is the result",
-    ("demo",): "a guided tour for people",
-    ("completion",): "prints a shell script",
+    serve.cmd_serve: "runs a service until stopped",
+    jobs.cmd_run: "runs the training command; its exit code is the result",
+    local_stack.cmd_demo: "a guided tour for people",
+    completion.cmd_completion: "prints a shell script",
 }
-"""Leaf commands without `--json`, and why: they run something or print a script, they do not
-report a result."""
+"""Commands (by handler) without `--json`, and why: they run something or print a script, they
+do not report a result."""
 
 
 def _tree(
@@ -43,11 +43,6 @@ def _tree(
             for name, sub in action.choices.items():
                 found += _tree(sub, (*path, name))
     return found
-
-
-def _leaf(parser: argparse.ArgumentParser) -> bool:
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return not subs or not subs[0].required
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -70,12 +65,16 @@ def test_no_help_output_names_a_requirement_id() -> None:
 
 
 def test_every_command_that_reports_takes_json() -> None:
-    leaves = {path: p for path, p in _tree(build_parser()) if path and _leaf(p)}
-    assert set(NO_JSON) <= set(leaves)
+    """Every parser of the tree that runs something (old spellings and nouns that run alone
+    included) takes `--json`, unless it is one of the few that report nothing."""
+    commands = [(path, p) for path, p in _tree(build_parser()) if p.get_default("handler")]
+    assert len(commands) > 40
+    assert set(NO_JSON) <= {p.get_default("handler") for _, p in commands}
     lacking = [
         path
-        for path, parser in leaves.items()
-        if path not in NO_JSON and not any("--json" in a.option_strings for a in parser._actions)
+        for path, parser in commands
+        if parser.get_default("handler") not in NO_JSON
+        and not any("--json" in a.option_strings for a in parser._actions)
     ]
     assert lacking == []
 
@@ -95,6 +94,9 @@ def test_version_is_the_installed_distribution_s() -> None:
         (["latest-valid"], "the following arguments are required: root"),
         (["registry", "rebuild", "--progress=yes"], "ignored explicit argument"),
         (["streams", "check", "--jsn"], "unrecognized arguments"),
+        ([], "the following arguments are required: command"),
+        (["checkpoints"], "the following arguments are required: action"),
+        (["bogus"], "argument command: invalid choice: 'bogus'"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(
@@ -119,13 +121,18 @@ try() {
     echo "${COMPREPLY[*]}"
 }
 try ckpt-ha ""
+try ckpt-ha checkpoint ""
+try ckpt-ha checkpoint list --st
+try ckpt-ha checkpoint list --state v
+try ckpt-ha checkpoint list --job list ""
+try ckpt-ha service run reg
+try ckpt-ha checkpoint latest-valid --
+try ckpt-ha completion ""
+try ckpt-ha job run --job j -- pyth
+try ckpt-ha ch
 try ckpt-ha checkpoints ""
-try ckpt-ha checkpoints list --st
-try ckpt-ha checkpoints list --state v
-try ckpt-ha checkpoints list --job list ""
 try ckpt-ha serve reg
 try ckpt-ha latest-valid --
-try ckpt-ha completion ""
 try ckpt-ha run --job j -- pyth
 """
 
@@ -147,9 +154,11 @@ def test_bash_completion_completes_commands_options_and_choices_in_a_real_bash(
     assert done.stderr == ""
     lines = done.stdout.splitlines()
     assert lines[0] == "complete -o default -F _ckpt_ha ckpt-ha"
-    top = [name for path, _ in _tree(build_parser()) if len(path) == 1 for name in path]
+    parser = build_parser()
+    top = [path[0] for path, _ in _tree(parser) if len(path) == 1 and path[0] not in parser.hidden]
     assert lines[1].split() == top
-    assert lines[2].split() == ["list", "show"]
+    verbs = ["list", "show", "verify", "latest-valid", "quarantine", "release", "pin", "unpin"]
+    assert lines[2].split() == verbs
     assert lines[3] == "--state"
     assert lines[4] == "valid"
     assert lines[5] == ""  # after an option's value: nothing fixed, file names (-o default)
@@ -157,6 +166,8 @@ def test_bash_completion_completes_commands_options_and_choices_in_a_real_bash(
     assert set(lines[7].split()) == {"--help", "--json", "--progress"}
     assert lines[8].split() == ["bash", "zsh"]
     assert lines[9] == ""  # after `--`: the training command's own words
+    assert lines[10] == "checkpoint"  # an old spelling is never offered (`checkpoints`)...
+    assert lines[11:] == [" ".join(verbs), "registrar", lines[7], ""]  # ...but followed, typed
 
 
 _ZSH_TRY = """
@@ -169,7 +180,7 @@ try() {
     _ckpt_ha || exit 5
     echo "${COMPREPLY[*]}"
 }
-emulate sh -c 'try ckpt-ha checkpoints ""'
+emulate sh -c 'try ckpt-ha checkpoint ""'
 emulate sh -c 'try ckpt-ha verify x --checksum ""'
 """
 
@@ -192,7 +203,7 @@ def test_the_zsh_script_loads_in_a_real_zsh_through_bashcompinit(tmp_path: Path)
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         "_bash_complete -o default -F _ckpt_ha",
-        "list show",
+        "list show verify latest-valid quarantine release pin unpin",
         "xxh3_64 sha256",
     ]
 
@@ -202,8 +213,8 @@ def test_completion_follows_the_parser() -> None:
     parser = build_parser()
     nodes = {n.path: n for n in completion.nodes(parser)}
     assert set(nodes) == {path for path, _ in _tree(parser)}
-    assert nodes[("checkpoints", "list")].valued["--job"] == []
-    assert "fenced" in nodes[("checkpoints", "list")].valued["--state"]
+    assert nodes[("checkpoint", "list")].valued["--job"] == []
+    assert "fenced" in nodes[("checkpoint", "list")].valued["--state"]
 
 
 # -- progress -------------------------------------------------------------------------------

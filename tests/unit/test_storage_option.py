@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_ha.cli.parser import UsageError, build_parser, needs_s3_endpoint
+from ckpt_ha.cli.arguments import UsageError, needs_s3_endpoint
+from ckpt_ha.cli.parser import build_parser
 
 
 def storage(*args: str) -> str | None:

@@ -1,12 +1,112 @@
-"""`ckpt-ha checkpoints list|show`: the registry's view of a job's checkpoints."""
+"""`ckpt-ha checkpoint ...`: one checkpoint or a job's checkpoints.
+
+- `list`, `show`: the registry's view of a job's checkpoints, or of one with its history.
+- `verify`, `latest-valid`: a verdict from the files alone, no NATS, Redis or services. They need
+  only the base install (no `server` extra), so a training image or a laptop with the light SDK
+  can still check a checkpoint folder: what they import is nothing server-side. Both take a local
+  path or an `s3://bucket/prefix` URI (boto3 is then needed: the `s3` extra).
+- `quarantine`, `release`, `pin`, `unpin`: manual actions on one checkpoint, each recorded with
+  its actor and reason (see `ckpt_ha.ops.checkpoints`).
+
+The old spellings `checkpoints list|show`, `verify`, `latest-valid`, `quarantine`, `release`, `pin`
+and `unpin` keep working.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ckpt_ha.cli import context, render
+from ckpt_ha.cli import context, progress, render
+from ckpt_ha.cli.arguments import ACTOR_HELP, Parser, add_json, add_progress, text
+from ckpt_ha.contracts.checkpoint import CheckpointState
+
+if TYPE_CHECKING:
+    from ckpt_ha.core.records import CheckpointRecord
+    from ckpt_ha.registry.redis_registry import Registry
+    from ckpt_ha.runtime.settings import ServiceSettings
+
+    Act = Callable[[Registry, context.LazyPublisher, datetime], Awaitable[CheckpointRecord]]
+
+
+def register(top: Parser) -> None:
+    ck = top.command("checkpoint", help="one checkpoint or a job's checkpoints")
+    top.alias("checkpoints", ck)
+    ls = ck.command("list", help="a job's checkpoints, newest step first", handler=cmd_list)
+    ls.add_argument("--job", required=True)
+    ls.add_argument("--state", choices=[s.value for s in CheckpointState])
+    add_json(ls)
+    show = ck.command("show", help="one checkpoint with its history", handler=cmd_show)
+    show.add_argument("checkpoint_id")
+    add_json(show)
+    _register_offline(top, ck)
+    _register_manual(top, ck)
+
+
+def _register_offline(top: Parser, ck: Parser) -> None:
+    vf = ck.command(
+        "verify",
+        help="offline verdict for one checkpoint folder or file (exit 0 only if valid)",
+        handler=cmd_verify,
+    )
+    vf.add_argument("path", help="a local folder or file, or s3://bucket/prefix")
+    add_json(vf)
+    add_progress(vf)
+    vf.add_argument("--checksum", choices=["xxh3_64", "sha256"], default="xxh3_64")
+    lv = ck.command(
+        "latest-valid",
+        help="the newest valid checkpoint under a run's root, and why newer failed",
+        handler=cmd_latest_valid,
+    )
+    lv.add_argument("root", help="a local directory, or s3://bucket/prefix")
+    add_json(lv)
+    add_progress(lv)
+    top.alias("verify", vf)
+    top.alias("latest-valid", lv)
+
+
+def _register_manual(top: Parser, ck: Parser) -> None:
+    qu = ck.command(
+        "quarantine",
+        help="take a checkpoint out of restore candidates by hand",
+        handler=cmd_quarantine,
+    )
+    rl = ck.command(
+        "release",
+        help="after a human check: verify a quarantined checkpoint again",
+        handler=cmd_release,
+    )
+    for p in (qu, rl):
+        p.add_argument("checkpoint_id")
+        p.add_argument("--reason", required=True, type=text)
+        p.add_argument("--actor", type=text, help=ACTOR_HELP)
+        add_json(p)
+    pn = ck.command(
+        "pin",
+        help="keep a checkpoint for an evaluation or candidate model (retention honours it)",
+        handler=cmd_pin,
+    )
+    pn.add_argument("checkpoint_id")
+    pn.add_argument("--by", required=True, type=text, help="who holds it, e.g. eval:mmlu")
+    pn.add_argument("--reason", type=text, help="default: held by the --by name")
+    un = ck.command(
+        "unpin",
+        help="release a pin (retention may then expire the checkpoint)",
+        handler=cmd_unpin,
+    )
+    un.add_argument("checkpoint_id")
+    un.add_argument("--by", required=True, type=text)
+    un.add_argument("--reason", type=text, help="default: released by the --by name")
+    for p in (pn, un):
+        p.add_argument("--actor", type=text, help=ACTOR_HELP)
+        add_json(p)
+    for old, parser in (("quarantine", qu), ("release", rl), ("pin", pn), ("unpin", un)):
+        top.alias(old, parser)
 
 
 def cmd_list(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
@@ -77,3 +177,138 @@ def cmd_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         )
     )
     return 0
+
+
+def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Exit 0 valid, 1 anything else; a location that holds nothing, or S3 that cannot be
+    read, is a usage error (2)."""
+    from ckpt_ha.ops.offline import NothingThere, verify_location
+    from ckpt_ha.storage import NeedsS3Extra, StorageError
+
+    try:
+        with progress.reporting(args, f"verify {args.path}", "bytes") as tick:
+            report = verify_location(args.path, args.checksum, tick)
+    except (NothingThere, StorageError, NeedsS3Extra) as exc:
+        print(f"ckpt-ha: {_one_line(exc, args.path)}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(render.dumps(report.to_json()))
+    else:
+        step = "-" if report.step is None else report.step
+        verdict, fmt = report.verdict.value.upper(), report.format.value
+        print(f"{verdict}  {args.path}  format={fmt}  step={step}")
+        for reason in report.reasons:
+            print(f"  - {reason}")
+        for note in report.notes:
+            print(f"  note: {note}")
+        if report.ok:
+            print(f"  checks: {', '.join(report.checks)}; {report.bytes_read} bytes read")
+    return 0 if report.ok else 1
+
+
+def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    """Exit 0 when a valid checkpoint exists, 1 when none does, 2 for a missing root (or S3
+    that cannot be read)."""
+    from ckpt_ha.ops.offline import NothingThere, newest_valid
+    from ckpt_ha.storage import NeedsS3Extra, StorageError
+
+    try:
+        with progress.reporting(args, f"latest-valid {args.root}", "folders checked") as tick:
+            found = newest_valid(args.root, tick)
+    except (NothingThere, StorageError, NeedsS3Extra) as exc:
+        print(f"ckpt-ha: {_one_line(exc, args.root)}", file=sys.stderr)
+        return 2
+    if args.json:
+        doc = {
+            "path": found.path,
+            "step": found.report.step if found.report else None,
+            "format": found.report.format.value if found.report else None,
+            "rejected": [r.to_json() for r in found.rejected],
+        }
+        print(render.dumps(doc))
+    else:
+        for r in found.rejected:
+            why = r.report.reasons[0] if r.report.reasons else ""
+            print(f"rejected  {r.path}  step={r.report.step}  {r.report.verdict.value}: {why}")
+        if found.report is not None:
+            weights_only = "  (weights only: not an exact resume)"
+            label = weights_only if found.report.exact_resume is False else ""
+            print(f"LATEST VALID  {found.path}  step={found.report.step}{label}")
+        else:
+            print(f"no valid checkpoint under {args.root}")
+    return 0 if found.path is not None else 1
+
+
+def _one_line(exc: Exception, location: str) -> str:
+    text = " ".join(str(exc).split())
+    return text if text.startswith(location) else f"{location}: {text}"
+
+
+def _manual(settings: ServiceSettings, args: argparse.Namespace, act: Act) -> int:
+    async def run() -> CheckpointRecord:
+        async with context.registry(settings) as registry, context.publisher(settings) as pub:
+            return await act(registry, pub, datetime.now(UTC))
+
+    record = context.run(settings, run)
+    if args.json:
+        print(record.model_dump_json(indent=2))
+    else:
+        print(render.transition(record))
+    return 0
+
+
+def cmd_quarantine(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import checkpoints as ops
+
+    settings, actor = context.settings(env, home), context.actor(args, env)
+    return _manual(
+        settings,
+        args,
+        lambda reg, pub, now: ops.quarantine(
+            reg, pub, args.checkpoint_id, reason=args.reason, actor=actor, now=now
+        ),
+    )
+
+
+def cmd_release(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import checkpoints as ops
+
+    settings, actor = context.settings(env, home), context.actor(args, env)
+    code = _manual(
+        settings,
+        args,
+        lambda reg, pub, now: ops.release(
+            reg, pub, args.checkpoint_id, reason=args.reason, actor=actor, now=now
+        ),
+    )
+    if not args.json:
+        print("it is verified again and becomes valid only if the integrity checks pass")
+    return code
+
+
+def cmd_pin(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import checkpoints as ops
+
+    settings, actor = context.settings(env, home), context.actor(args, env)
+    reason = args.reason or f"held by {args.by}"
+    return _manual(
+        settings,
+        args,
+        lambda reg, pub, now: ops.pin(
+            reg, pub, args.checkpoint_id, by=args.by, reason=reason, actor=actor, now=now
+        ),
+    )
+
+
+def cmd_unpin(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import checkpoints as ops
+
+    settings, actor = context.settings(env, home), context.actor(args, env)
+    reason = args.reason or f"released by {args.by}"
+    return _manual(
+        settings,
+        args,
+        lambda reg, pub, now: ops.unpin(
+            reg, pub, args.checkpoint_id, by=args.by, reason=reason, actor=actor, now=now
+        ),
+    )

@@ -18,7 +18,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ckpt_ha.cli.parser import build_parser
+from ckpt_ha.cli.arguments import Parser
 
 _WORD = re.compile(r"^[A-Za-z0-9_.:/=+-]+$")
 """What may appear unquoted in the script: every command, option and choice is such a word."""
@@ -35,6 +35,8 @@ class Node:
     """Options that take a value, with its choices (empty: any value, file names offered)."""
     positional: list[str] = field(default_factory=list)
     """Choices of the positional arguments."""
+    hidden: list[str] = field(default_factory=list)
+    """Old spellings of commands: followed when typed, never offered."""
 
 
 def nodes(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[Node]:
@@ -43,8 +45,9 @@ def nodes(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[N
     children: list[Node] = []
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
+            hidden = parser.hidden if isinstance(parser, Parser) else []
             for name, sub in action.choices.items():
-                node.commands.append(name)
+                (node.hidden if name in hidden else node.commands).append(name)
                 children += nodes(sub, (*path, name))
         elif action.option_strings:
             node.options += action.option_strings
@@ -65,14 +68,17 @@ def _words(values: list[str]) -> str:
 
 def bash(prog: str = "ckpt-ha") -> str:
     """The bash script: `eval "$(ckpt-ha completion bash)"`."""
+    from ckpt_ha.cli.parser import build_parser  # which builds this module's command too
+
     tree = nodes(build_parser())
     fn = "_" + re.sub(r"\W", "_", prog)
     node_cases, choice_cases = [], []
     for n in tree:
         key = " ".join(n.path)
         node_cases.append(
-            f'        "{key}") subs="{_words(n.commands)}"; opts="{_words(n.options)}";'
-            f' vals="{_words(list(n.valued))}"; pos="{_words(n.positional)}" ;;'
+            f'        "{key}") subs="{_words(n.commands)}"; hid="{_words(n.hidden)}";'
+            f' opts="{_words(n.options)}"; vals="{_words(list(n.valued))}";'
+            f' pos="{_words(n.positional)}" ;;'
         )
         for option, choices in n.valued.items():
             if choices:
@@ -95,6 +101,18 @@ def zsh(prog: str = "ckpt-ha") -> str:
     )
 
 
+def register(top: Parser) -> None:
+    co = top.command(
+        "completion",
+        help="print a shell completion script",
+        description="Prints a static completion script generated from this command line. "
+        'bash: eval "$(ckpt-ha completion bash)" in ~/.bashrc; zsh: eval '
+        '"$(ckpt-ha completion zsh)" in ~/.zshrc (after compinit).',
+        handler=cmd_completion,
+    )
+    co.add_argument("shell", choices=["bash", "zsh"])
+
+
 def cmd_completion(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     print(bash() if args.shell == "bash" else zsh(), end="")
     return 0
@@ -105,7 +123,7 @@ _BASH = """\
 {fn}_node() {{
     case "$1" in
 {node_cases}
-        *) subs=""; opts=""; vals=""; pos="" ;;
+        *) subs=""; hid=""; opts=""; vals=""; pos="" ;;
     esac
 }}
 {fn}_choices() {{
@@ -115,7 +133,7 @@ _BASH = """\
 }}
 {fn}() {{
     local cur="${{COMP_WORDS[COMP_CWORD]}}" prev="" path="" word skip="" i
-    local subs opts vals pos
+    local subs hid opts vals pos
     (( COMP_CWORD > 0 )) && prev="${{COMP_WORDS[COMP_CWORD-1]}}"
     {fn}_node ""
     for (( i = 1; i < COMP_CWORD; i++ )); do
@@ -123,7 +141,7 @@ _BASH = """\
         if [[ -n $skip ]]; then skip=""; continue; fi
         [[ $word == -- ]] && return 0  # a command of its own follows (`run -- ...`)
         if [[ " $vals " == *" $word "* ]]; then skip=1; continue; fi
-        if [[ " $subs " == *" $word "* ]]; then
+        if [[ " $subs $hid " == *" $word "* ]]; then
             path="${{path:+$path }}$word"
             {fn}_node "$path"
         fi

@@ -2,8 +2,9 @@
 otherwise), the registry and a publisher for one command, who is acting, and the one place that
 turns an unreachable dependency into a one-line failure.
 
-Commands import what only they need (faststream, boto3) inside their module, so that the
-read-only commands an operator runs at 3 a.m. start fast."""
+Every command module is imported to build the parser: this one, like them, imports the settings,
+faststream, redis and boto3 only inside the function that needs them, so that the read-only
+commands an operator runs at 3 a.m. start fast and `verify` runs on the light install."""
 
 from __future__ import annotations
 
@@ -16,8 +17,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ckpt_ha.cli.errors import CommandError, Handler
-from ckpt_ha.credentials import redact_url
-from ckpt_ha.runtime.settings import ServiceSettings
 
 __all__ = ["CommandError", "Handler"]
 
@@ -27,13 +26,16 @@ if TYPE_CHECKING:
     from ckpt_ha.registry.pins import RedisPins
     from ckpt_ha.registry.redis_registry import Registry
     from ckpt_ha.registry.restores import RedisRestores
+    from ckpt_ha.runtime.settings import ServiceSettings
 
 T = TypeVar("T")
-S = TypeVar("S", bound=ServiceSettings)
+S = TypeVar("S", bound="ServiceSettings")
 
 
 def settings(env: Mapping[str, str], home: Path, principal: str = "operator") -> ServiceSettings:
     """`settings_of` the shared settings."""
+    from ckpt_ha.runtime.settings import ServiceSettings
+
     return settings_of(ServiceSettings, env, home, principal)
 
 
@@ -66,6 +68,7 @@ def run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
     import nats.errors
     import redis.exceptions
 
+    from ckpt_ha.credentials import redact_url
     from ckpt_ha.registry.port import RegistryUnavailable
 
     try:

@@ -1,31 +1,330 @@
-"""`ckpt-ha run` (a training command under the runner: relaunched from the restore-coordinator's
-plan on failure) and `ckpt-ha drill` (a fault injected into a real job, recovery proven)."""
+"""`ckpt-ha job list|show|hold|unhold|restore|stop|run`: a job as on-call sees and steers it, and
+a job's training command run under the runner (`job run`, also spelled `run`).
+
+Reading (`list`, `show`) goes to the event stream and the registry with the operator's
+credentials, like `ckpt-ha restores` and `ckpt-ha checkpoints list`: it works against any
+deployment, and nothing is read from the runner's host (no pid files, no logs).
+
+Acting goes through events the operator publishes, each recorded with its actor and reason:
+
+- ``hold`` / ``unhold`` publish ``job.held`` / ``job.unheld``. The restore-coordinator applies them
+  to its projection (rebuildable from the stream): a held job's failures are recorded, not
+  planned (each one's decision waits as *held*); on ``unhold`` the latest failure is planned if
+  nothing was decided about it yet. Older held failures stay undecided: only the latest attempt
+  can be restored.
+- ``restore --to CKPT`` publishes ``job.restore_requested``; the coordinator answers with a
+  ``resume.planned`` for that checkpoint (mode exact when compatible) and the runner relaunches
+  from it. Newer valid checkpoints stay valid (nothing is quarantined). The CLI refuses
+  another job's checkpoint or one that is not valid with one line before publishing anything.
+- ``stop`` publishes ``job.stop_requested``; the job's runner stops the attempt and ends the run.
+
+``run`` runs a training command; on failure the runner relaunches it from the
+restore-coordinator's plan.
+"""
 
 from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ckpt_ha.cli import context
-from ckpt_ha.cli.context import CommandError
-from ckpt_ha.cli.parser import UsageError
+from ckpt_ha.cli import context, render
+from ckpt_ha.cli.arguments import ACTOR_HELP, Parser, UsageError, add_json, positive, text
+from ckpt_ha.cli.errors import CommandError
+
+if TYPE_CHECKING:
+    from ckpt_ha.contracts import Envelope, EventData
+    from ckpt_ha.contracts.job import JobPolicy
+    from ckpt_ha.runner.runner import RunSpec
+    from ckpt_ha.runner.settings import RunnerSettings
+    from ckpt_ha.runtime.settings import ServiceSettings
+
+IDLE_S = 2.0
+"""How long a read of the stream waits for a matching message before it calls the stream read."""
+
+ACTS = (
+    ("hold", "pause automatic restores of a job (its failures are recorded, not planned)"),
+    ("unhold", "resume automatic restores (the latest failure is planned if still undecided)"),
+    ("restore", "restore a job from a chosen valid checkpoint of its own (newer ones stay)"),
+    ("stop", "stop a job: its runner stops the running attempt and ends the run"),
+)
+
+
+def register(top: Parser) -> None:
+    jb = top.command(
+        "job",
+        help="a job's timeline (attempts, failures, plans, loads, verdicts, escalations) and the "
+        "operator's acts on it: hold, unhold, restore --to, stop; run: its training command "
+        "under the runner",
+    )
+    add_json(jb.command("list", help="every job in the event stream and where it stands",
+                        handler=cmd_list))  # fmt: skip
+    jsh = jb.command(
+        "show",
+        help="one job: attempts, failures, plans, loads, verdicts, escalations, pins",
+        handler=cmd_show,
+    )
+    jsh.add_argument("job", type=text)
+    add_json(jsh)
+    handlers = {"hold": cmd_hold, "unhold": cmd_unhold, "restore": cmd_restore, "stop": cmd_stop}
+    for name, help_text in ACTS:
+        act = jb.command(name, help=help_text, handler=handlers[name])
+        act.add_argument("job", type=text)
+        if name == "restore":
+            act.add_argument("--to", required=True, type=text, metavar="CHECKPOINT_ID",
+                             help="a valid checkpoint of this job")  # fmt: skip
+        act.add_argument("--reason", type=text, help="why (recorded)")
+        act.add_argument("--actor", type=text, help=ACTOR_HELP)
+        add_json(act)
+    run = jb.command(
+        "run",
+        help="run a training command; on failure relaunch it from the restore-coordinator's plan",
+        description="Exit codes: 0 the command succeeded; 1 gave up (--max-attempts) or a "
+        "dependency is unreachable; 2 bad arguments; 3 escalated to a human (reason and next "
+        "step on stderr); 4 no resume plan within --plan-timeout; 5 a user cancelled the "
+        "attempt (scancel; never restored); 128+N stopped by signal N.",
+        handler=cmd_run,
+    )
+    _run_arguments(run)
+    top.alias("run", run)
+
+
+def _run_arguments(run: Parser) -> None:
+    run.add_argument("--job", required=True, type=text)
+    pol = run.add_mutually_exclusive_group()
+    pol.add_argument("--policy", type=Path, help="the job's JobPolicy as a JSON file")
+    pol.add_argument("--tier", type=text, help="only a tier name; the other policy defaults")
+    run.add_argument("--run-id", type=text, help="default: a new id")
+    run.add_argument(
+        "--plan-timeout",
+        type=positive,
+        default=120.0,
+        metavar="SECONDS",
+        help="after a failure, how long to wait for the coordinator's plan (default 120)",
+    )
+    run.add_argument("--max-attempts", type=int, metavar="N", help="stop after N attempts")
+    run.add_argument(
+        "--world-size",
+        type=int,
+        help="recorded topology (default: torchrun's --nproc-per-node x --nnodes, else 1)",
+    )
+    run.add_argument("--code-version", type=text, help="default: $CKPT_HA_CODE_VERSION")
+    _scheduler_arguments(run)
+    _liveness_arguments(run)
+    run.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+
+
+def _scheduler_arguments(run: Parser) -> None:
+    run.add_argument(
+        "--scheduler",
+        choices=["local", "slurm"],
+        default="local",
+        help="local: a child process (default); slurm: each attempt is an sbatch job "
+        "(--no-requeue), its end read from scontrol (docs/SCHEDULERS.md)",
+    )
+    run.add_argument("--partition", type=text, help="with --scheduler slurm: sbatch --partition")
+    run.add_argument(
+        "--sbatch-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="with --scheduler slurm: one more sbatch option, as --sbatch-arg=--mem=4G "
+        "(repeatable)",
+    )
+
+
+def _liveness_arguments(run: Parser) -> None:
+    run.add_argument(
+        "--heartbeat-s",
+        type=float,
+        metavar="SECONDS",
+        help="publish job.heartbeat this often while an attempt runs (default "
+        "$CKPT_HA_HEARTBEAT_S, else 10; 0: never, and the attempt is never declared lost)",
+    )
+    run.add_argument(
+        "--deadline-s",
+        type=positive,
+        metavar="SECONDS",
+        help="silence (no progress, no heartbeat) after which the restore-coordinator declares "
+        "an attempt lost (default $CKPT_HA_DEADLINE_S, else the tier's: `ckpt-ha tier show`); "
+        "above --heartbeat-s",
+    )
+    run.add_argument(
+        "--resume",
+        action="store_true",
+        help="take over a lost run (same --job and --run-id): wait for the coordinator's plan "
+        "after the attempt the run's state folder records, then carry on",
+    )
+
+
+async def _events(settings: ServiceSettings, subject_filter: str) -> list[Envelope[EventData]]:
+    """The events on ``subject_filter`` (``{p}`` is the subject prefix), in stream order."""
+    from ckpt_ha.bus.stream_reader import read_events
+    from ckpt_ha.contracts import CATALOG
+
+    cfg = settings.bus()
+    f = subject_filter.format(p=cfg.prefix)
+    events, _ = await read_events(cfg, CATALOG, f, idle_timeout=IDLE_S)
+    return events
+
+
+def cmd_list(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import jobs
+
+    settings = context.settings(env, home)
+
+    async def read() -> list[jobs.Summary]:
+        return jobs.summaries(await _events(settings, "{p}.ev.>"))
+
+    found = context.run(settings, read)
+    if args.json:
+        print(render.dumps([s.to_json() for s in found]))
+        return 0
+    if not found:
+        print("no jobs in the event stream")
+        return 0
+    rows = [
+        (s.job_id, s.state + (" (held)" if s.held else ""), str(s.attempt or "-"),
+         str(s.last_step if s.last_step is not None else "-"), str(s.failures),
+         s.last_event_at.isoformat(timespec="seconds") if s.last_event_at else "-")
+        for s in found
+    ]  # fmt: skip
+    print(render.table(["JOB", "STATE", "ATTEMPT", "STEP", "FAILURES", "LAST EVENT"], rows))
+    return 0
+
+
+def cmd_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.contracts.subjects import job_token
+    from ckpt_ha.ops import jobs
+
+    settings = context.settings(env, home)
+
+    async def read() -> jobs.JobView | None:
+        events = await _events(settings, "{p}.ev.*.*.*." + job_token(args.job))
+        async with context.registry(settings) as registry:
+            records = await registry.by_job(args.job)
+        async with context.restore_owners(settings) as (pins, _):
+            fallback = await pins.pins(args.job)
+        return jobs.show(args.job, events, records, fallback)
+
+    view = context.run(settings, read)
+    if view is None:
+        raise CommandError(f"no job {args.job!r}: no event and no checkpoint of it")
+    if args.json:
+        print(render.dumps(view.to_json()))
+        return 0
+    s = view.summary
+    held = ", automatic restores HELD" if s.held else ""
+    print(f"job {s.job_id}: {s.state}{held}; run {s.run_id or '-'}, attempt {s.attempt or '-'}, "
+          f"last step {s.last_step if s.last_step is not None else '-'}")  # fmt: skip
+    nv = view.newest_valid
+    print(f"newest valid checkpoint: {f'{nv.checkpoint_id} (step {nv.step})' if nv else 'none'}")
+    for ckpt, by, actor, reason in view.pins:
+        print(f"pinned: {ckpt} by {by} ({actor}): {reason}")
+    print()
+    for e in view.timeline:
+        print(f"{e.at.isoformat(timespec='seconds')}  {e.kind:<17} {e.summary}")
+        for line in e.details:
+            print(f"{'':>39}{line}")
+    return 0
+
+
+def _act(args: argparse.Namespace, env: dict[str, str], home: Path, data_of: str) -> int:
+    """Publish one operator act on a job (`data_of`: which event), recorded with its actor."""
+    from datetime import UTC, datetime
+
+    from ckpt_ha.contracts import job as contract
+    from ckpt_ha.contracts.checkpoint import CheckpointState
+    from ckpt_ha.ops import manual
+
+    settings = context.settings(env, home)
+    who = context.actor(args, env)
+    common = {"job_id": args.job, "actor": who, "reason": args.reason or ""}
+    data: EventData
+    if data_of == "restore":
+        data = contract.JobRestoreRequestedV1(**common, checkpoint_id=args.to)
+    else:
+        kinds: dict[str, type[EventData]] = {"hold": contract.JobHeldV1,
+                                             "unhold": contract.JobUnheldV1,
+                                             "stop": contract.JobStopRequestedV1}  # fmt: skip
+        data = kinds[data_of](**common)
+
+    async def act() -> list[str]:
+        if isinstance(data, contract.JobRestoreRequestedV1):
+            async with context.registry(settings) as registry:
+                record = await registry.get(data.checkpoint_id)
+            if record is None:
+                raise CommandError(f"no checkpoint {data.checkpoint_id!r} in the registry")
+            if record.job_id != data.job_id:
+                raise CommandError(
+                    f"checkpoint {record.checkpoint_id} belongs to job {record.job_id}, "
+                    f"not {data.job_id}"
+                )
+            if record.state is not CheckpointState.VALID:
+                raise CommandError(
+                    f"checkpoint {record.checkpoint_id} is {record.state.value}, not valid: "
+                    "only a valid checkpoint can be restored"
+                )
+        async with context.publisher(settings) as pub:
+            return await manual.publish(pub, [data], now=datetime.now(UTC))
+
+    ids = context.run(settings, act)
+    doc = {"job_id": args.job, "event": data.EVENT_TYPE, "event_id": ids[0], "actor": who,
+           "reason": args.reason or ""}  # fmt: skip
+    if args.json:
+        print(render.dumps(doc))
+    else:
+        print(f"{data.EVENT_TYPE} recorded for job {args.job} by {who} (event {ids[0]})")
+    return 0
+
+
+def cmd_hold(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    return _act(args, env, home, "hold")
+
+
+def cmd_unhold(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    return _act(args, env, home, "unhold")
+
+
+def cmd_restore(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    return _act(args, env, home, "restore")
+
+
+def cmd_stop(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    return _act(args, env, home, "stop")
 
 
 def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     """Run the training command under the embedded adapter (`ckpt_ha.runner`)."""
-    from uuid import uuid4
-
-    from pydantic import ValidationError
-
-    from ckpt_ha.contracts.job import JobPolicy
+    from ckpt_ha.runner import torchrun
     from ckpt_ha.runner.adapter import LocalProcess, SchedulerAdapter
-    from ckpt_ha.runner.runner import CannotResume, LaunchFailed, Runner, RunSpec, state_dir
+    from ckpt_ha.runner.runner import CannotResume, LaunchFailed, Runner
     from ckpt_ha.runner.settings import RunnerSettings
     from ckpt_ha.runner.slurm import SlurmBatch
 
     command = tuple(args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+    _check_run(args, command)
+    world_size = args.world_size or torchrun.world_size(command, env) or 1
+    if world_size < 1:
+        raise CommandError("--world-size must be >= 1")
+    policy = _policy(args)
+    settings = context.settings_of(RunnerSettings, env, home, "runner")
+    spec = _spec(args, env, home, settings, command, policy, world_size)
+    adapter: SchedulerAdapter = LocalProcess()
+    if args.scheduler == "slurm":
+        adapter = SlurmBatch(
+            partition=args.partition, sbatch_args=args.sbatch_arg, output_dir=spec.state_dir
+        )
+    runner = Runner(spec, settings.bus(), adapter, base_env=env, job_bus=settings.job_bus())
+    try:
+        return context.run(settings, runner.run)
+    except (LaunchFailed, CannotResume) as exc:
+        raise CommandError(str(exc)) from None
+
+
+def _check_run(args: argparse.Namespace, command: tuple[str, ...]) -> None:
+    """What `run` refuses before it reads any setting."""
     if not command:
         raise CommandError("no training command: ckpt-ha run --job J [options] -- COMMAND ...")
     if shutil.which(command[0]) is None:
@@ -40,22 +339,40 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         raise CommandError("--max-attempts must be >= 1")
     if args.resume and not args.run_id:
         raise CommandError("--resume takes over a run: give its --run-id")
-    from ckpt_ha.runner import torchrun
 
-    world_size = args.world_size or torchrun.world_size(command, env) or 1
-    if world_size < 1:
-        raise CommandError("--world-size must be >= 1")
+
+def _policy(args: argparse.Namespace) -> JobPolicy:
+    """The job's policy: ``--policy FILE``, else the defaults with ``--tier``."""
+    from pydantic import ValidationError
+
+    from ckpt_ha.contracts.job import JobPolicy
+
     policy = JobPolicy(tier=args.tier)
-    if args.policy is not None:
-        try:
-            policy = JobPolicy.model_validate_json(args.policy.read_bytes())
-        except OSError as exc:
-            raise CommandError(f"cannot read --policy {args.policy}: {exc.strerror}") from None
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "(document)"
-            raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
-    settings = context.settings_of(RunnerSettings, env, home, "runner")
+    if args.policy is None:
+        return policy
+    try:
+        return JobPolicy.model_validate_json(args.policy.read_bytes())
+    except OSError as exc:
+        raise CommandError(f"cannot read --policy {args.policy}: {exc.strerror}") from None
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(document)"
+        raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
+
+
+def _spec(
+    args: argparse.Namespace,
+    env: dict[str, str],
+    home: Path,
+    settings: RunnerSettings,
+    command: tuple[str, ...],
+    policy: JobPolicy,
+    world_size: int,
+) -> RunSpec:
+    from uuid import uuid4
+
+    from ckpt_ha.runner.runner import RunSpec, state_dir
+
     beat = args.heartbeat_s if args.heartbeat_s is not None else settings.heartbeat_s
     if beat < 0:
         raise CommandError("--heartbeat-s must be >= 0")
@@ -64,7 +381,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     if deadline_s is not None and (heartbeat_s is None or deadline_s <= heartbeat_s):
         raise CommandError("--deadline-s must be longer than --heartbeat-s (which must be > 0)")
     run_id = args.run_id or f"run-{uuid4().hex[:12]}"
-    spec = RunSpec(
+    return RunSpec(
         job_id=args.job,
         run_id=run_id,
         command=command,
@@ -80,49 +397,3 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         deadline_s=deadline_s,
         resume=args.resume,
     )
-    adapter: SchedulerAdapter = LocalProcess()
-    if args.scheduler == "slurm":
-        adapter = SlurmBatch(
-            partition=args.partition, sbatch_args=args.sbatch_arg, output_dir=spec.state_dir
-        )
-    runner = Runner(spec, settings.bus(), adapter, base_env=env, job_bus=settings.job_bus())
-    try:
-        return context.run(settings, runner.run)
-    except (LaunchFailed, CannotResume) as exc:
-        raise CommandError(str(exc)) from None
-
-
-def cmd_drill(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    from ckpt_ha.drill import run as drill
-
-    def log(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    from ckpt_ha.cli.parser import needs_s3_endpoint
-    from ckpt_ha.devstack.stack import StackConflict
-
-    needs_s3_endpoint(args.storage, env)
-    try:
-        result = drill.run(args.scenario, home, env, log, budget_s=args.budget,
-                           storage=args.storage)  # fmt: skip
-    except StackConflict as exc:
-        raise CommandError(str(exc)) from None
-    results = result if isinstance(result, list) else [result]
-    if args.report:
-        from ckpt_ha.drill import report
-
-        folder = Path(args.report)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, text in report.files(result).items():
-            (folder / name).write_text(text, encoding="utf-8")
-        log(f"report: {folder / 'report.html'} (also report.md, report.json)")
-    if args.json:
-        print(drill.as_json(result))
-    else:
-        print("\n\n".join(drill.as_text(r) for r in results))
-        if args.report:
-            print(f"\nreport: {Path(args.report) / 'report.html'}")
-    # Under `all`, a drill this installation cannot run says so in its result and fails nothing;
-    # asked for by name, not running it is a failure.
-    fine = ("pass", drill.NOT_RUN) if args.scenario == "all" else ("pass",)
-    return 0 if all(r["verdict"] in fine for r in results) else 1

@@ -5,14 +5,42 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, render
-from ckpt_ha.cli.context import CommandError
-from ckpt_ha.ops import owners
-from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.cli.arguments import ACTOR_HELP, add_json, text
+from ckpt_ha.cli.errors import CommandError
+
+if TYPE_CHECKING:
+    from ckpt_ha.cli.arguments import Parser
+    from ckpt_ha.runtime.settings import ServiceSettings
+
+
+def register(top: Parser) -> None:
+    ow = top.command("owner", help="which project owns a job's checkpoints")
+    tr = ow.command(
+        "transfer", help="move jobs from one project to another (recorded)", handler=cmd_transfer
+    )
+    tr.add_argument("--from", dest="from_project", type=text, help="the current owner")
+    tr.add_argument("--to", dest="to_project", required=True, type=text)
+    tr.add_argument("--job", action="append", type=text, help="only these jobs (repeatable)")
+    tr.add_argument("--reason", required=True, type=text)
+    tr.add_argument("--actor", type=text, help=ACTOR_HELP)
+    add_json(tr)
+    osh = ow.command(
+        "show",
+        help="a job's owner and its ownership log, or the jobs a project owns",
+        handler=cmd_show,
+    )
+    which = osh.add_mutually_exclusive_group(required=True)
+    which.add_argument("--job")
+    which.add_argument("--project", help="every job the project owns, deleted ones included")
+    add_json(osh)
 
 
 def cmd_transfer(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import owners
+
     if args.from_project is None and not args.job:
         raise CommandError("give --from PROJECT, or --job J for jobs that have no project yet")
     settings = context.settings(env, home)
@@ -41,6 +69,8 @@ def cmd_transfer(args: argparse.Namespace, env: dict[str, str], home: Path) -> i
 
 
 def cmd_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import owners
+
     settings = context.settings(env, home)
     if args.project is not None:
         return _project_show(args, settings)
@@ -69,6 +99,8 @@ def cmd_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 
 def _project_show(args: argparse.Namespace, settings: ServiceSettings) -> int:
+    from ckpt_ha.ops import owners
+
     async def query() -> list[owners.ProjectJob]:
         async with context.registry(settings) as registry:
             return await owners.of_project(registry, args.project)

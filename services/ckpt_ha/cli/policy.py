@@ -6,14 +6,51 @@ import argparse
 import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ckpt_ha.cli import context, render
-from ckpt_ha.core import interval
-from ckpt_ha.ops import policy
+from ckpt_ha.cli.arguments import add_json, count, non_negative, positive, text
+
+if TYPE_CHECKING:
+    from ckpt_ha.cli.arguments import Parser
+    from ckpt_ha.core import interval
+    from ckpt_ha.ops import policy
+
+
+def register(top: Parser) -> None:
+    po = top.command("policy", help="checkpoint policy")
+    adv = po.command(
+        "advise",
+        help="how often to checkpoint: Young's and Daly's interval, time lost, storage per day",
+        description="Either --job J (measured from the registry; any other option overrides "
+        "the measured value) or --write-seconds and --mtbf-hours. All numbers are model "
+        "estimates. Exit codes: 0 advice given (warnings possible); 1 no interval is workable "
+        "(write time >= MTBF), nothing to measure, or a dependency is unreachable; 2 bad "
+        "arguments.",
+        handler=cmd_advise,
+    )
+    adv.add_argument("--job", type=text, help="measure from this job's registry records")
+    adv.add_argument("--write-seconds", type=positive, metavar="S",
+                     help="time one checkpoint write holds training up")  # fmt: skip
+    adv.add_argument("--mtbf-hours", type=positive, metavar="H",
+                     help="mean time between failures")  # fmt: skip
+    adv.add_argument("--restart-seconds", type=non_negative, metavar="R",
+                     help="failure to training again: relaunch + load (default 0)")  # fmt: skip
+    adv.add_argument("--current-interval-seconds", type=positive, metavar="C",
+                     help="compute time between checkpoints now (end of one write to the "
+                     "start of the next)")  # fmt: skip
+    adv.add_argument("--checkpoint-bytes", type=non_negative, metavar="B",
+                     help="size of one checkpoint (with --job: median total_bytes)")  # fmt: skip
+    adv.add_argument("--keep", type=count, metavar="N",
+                     help="retention keeps the last N (steady-state footprint)")  # fmt: skip
+    adv.add_argument("--prior-mtbf-hours", type=positive, default=24.0, metavar="H",
+                     help="with --job: the MTBF prior, worth one failure (default 24)")  # fmt: skip
+    add_json(adv)
 
 
 def _given(args: argparse.Namespace) -> policy.Given:
+    from ckpt_ha.ops import policy
+
     return policy.Given(
         write_s=args.write_seconds,
         mtbf_s=args.mtbf_hours * 3600 if args.mtbf_hours is not None else None,
@@ -27,6 +64,9 @@ def _given(args: argparse.Namespace) -> policy.Given:
 
 def cmd_advise(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     """Interval advice (R3): exit 0 advice, 1 unworkable or nothing to measure, 2 usage."""
+    from ckpt_ha.core import interval
+    from ckpt_ha.ops import policy
+
     given = _given(args)
     if args.job is None:
         missing = [o for o, v in (("--write-seconds", args.write_seconds),
@@ -55,7 +95,12 @@ def cmd_advise(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
     if args.json:
         print(render.dumps(_doc(args.job, advice, notes)))
         return code
-    head = f"job {args.job}: " if args.job else ""
+    _print_advice(args.job, advice, notes)
+    return code
+
+
+def _print_advice(job: str | None, advice: interval.Advice, notes: list[str]) -> None:
+    head = f"job {job}: " if job else ""
     print(f"{head}checkpoint interval advice (model estimates, not measurements of the future)")
     rows: list[tuple[str, str, str]] = [
         ("write time S", render.span(advice.write_s), ""),
@@ -91,7 +136,6 @@ def cmd_advise(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
     for warning in advice.warnings:
         print(f"warning: {warning}")
     print(f"verdict: {advice.verdict}")
-    return code
 
 
 def _doc(job: str | None, advice: interval.Advice, notes: list[str]) -> dict[str, Any]:

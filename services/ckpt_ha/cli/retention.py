@@ -1,14 +1,60 @@
-"""`ckpt-ha audit`, `reconcile` and `retention plan`: what was removed or kept and why, storage
-the registry does not know, and what the janitor would do now (R6, R11, R13)."""
+"""`ckpt-ha retention plan|audit|reconcile`: what the janitor would do now, what was removed or
+kept and why, and storage the registry does not know (R6, R11, R13). The old spellings `audit`
+and `reconcile` keep working."""
 
 from __future__ import annotations
 
 import argparse
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, progress, render
-from ckpt_ha.cli.context import CommandError
+from ckpt_ha.cli.arguments import ACTOR_HELP, add_json, add_progress, text
+from ckpt_ha.cli.errors import CommandError
+
+if TYPE_CHECKING:
+    from ckpt_ha.cli.arguments import Parser
+
+
+def register(top: Parser) -> None:
+    rt = top.command("retention", help="retention by tier")
+    rp = rt.command(
+        "plan",
+        help="dry run: what the janitor would expire or delete now, and what protects what",
+        handler=cmd_plan,
+    )
+    rp.add_argument("--job")
+    rp.add_argument("--all", action="store_true", help="also list checkpoints simply kept")
+    add_json(rp)
+    au = rt.command(
+        "audit",
+        help="tombstones, expiries and pins: who removed or kept what, when and why",
+        handler=cmd_audit,
+    )
+    au.add_argument("--job")
+    au.add_argument("--checkpoint")
+    add_json(au)
+    rc = rt.command(
+        "reconcile",
+        help="storage objects the registry does not know (deleted only with --delete)",
+        handler=cmd_reconcile,
+    )
+    rc.add_argument("--delete", action="store_true", help="delete the reported objects")
+    rc.add_argument(
+        "--min-age",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="only objects older than this are reported for deletion (default 3600: never a "
+        "write in progress)",
+    )
+    rc.add_argument("--reason", type=text, help="required with --delete; recorded")
+    rc.add_argument("--actor", type=text, help=ACTOR_HELP)
+    add_json(rc)
+    add_progress(rc)
+    top.alias("audit", au)
+    top.alias("reconcile", rc)
 
 
 def cmd_audit(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:

@@ -1,6 +1,7 @@
-"""`ckpt-ha serve NAME`: the five services by name, each with its composition root (settings
-class, app factory) and its AsyncAPI app. The composition side owns this table, so that the
-runtime package never imports a service; the plain names are `ckpt_ha.runtime.catalog`."""
+"""`ckpt-ha service run NAME` (also spelled `serve NAME`): the five services by name, each with
+its composition root (settings class, app factory) and its AsyncAPI app. The composition side
+owns this table, so that the runtime package never imports a service; the plain names are
+`ckpt_ha.runtime.catalog`."""
 
 from __future__ import annotations
 
@@ -11,9 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ckpt_ha.runtime.catalog import SERVICE_NAMES
+
 if TYPE_CHECKING:
     from faststream import FastStream
 
+    from ckpt_ha.cli.arguments import Parser
     from ckpt_ha.runtime.service import Service
     from ckpt_ha.runtime.settings import ServiceSettings
 
@@ -86,3 +90,11 @@ def cmd_serve(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     except StreamMisconfigured as exc:
         raise CommandError(f"{args.name}: {exc}") from None
     return 0
+
+
+def register(top: Parser) -> None:
+    service = top.command("service", help="the services of ckpt-ha")
+    run = service.command("run", help="run one service process", handler=cmd_serve)
+    run.add_argument("name", choices=SERVICE_NAMES)
+    run.set_defaults(default_log_level="INFO")  # a service logs what it does; commands only warn
+    top.alias("serve", run)

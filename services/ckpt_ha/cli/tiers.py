@@ -5,12 +5,33 @@ from __future__ import annotations
 import argparse
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, render
-from ckpt_ha.ops import tiers
+from ckpt_ha.cli.arguments import ACTOR_HELP, add_json, text
+
+if TYPE_CHECKING:
+    from ckpt_ha.cli.arguments import Parser
+
+
+def register(top: Parser) -> None:
+    ti = top.command("tier", help="a job's protection tier")
+    ts = ti.command("set", help="record an explicit tier choice for a job", handler=cmd_set)
+    ts.add_argument("--job", required=True, type=text)
+    ts.add_argument("tier", type=text)
+    ts.add_argument("--reason", required=True, type=text)
+    ts.add_argument("--actor", type=text, help=ACTOR_HELP)
+    add_json(ts)
+    tsh = ti.command(
+        "show", help="a job's tier, where it comes from, and the tier table", handler=cmd_show
+    )
+    tsh.add_argument("--job")
+    add_json(tsh)
 
 
 def cmd_set(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
+    from ckpt_ha.ops import tiers
+
     settings = context.settings(env, home)
     actor = context.actor(args, env)
 
@@ -40,6 +61,7 @@ def cmd_set(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 def cmd_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     from ckpt_ha.core.tiers import span
+    from ckpt_ha.ops import tiers
 
     if args.job is None:
         table = tiers.table()
