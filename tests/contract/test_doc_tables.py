@@ -64,9 +64,9 @@ def test_every_event_type_of_the_catalogue_has_a_row_with_its_versions_and_meani
 
 def test_every_command_the_parser_runs_has_a_row() -> None:
     commands = [row.split("`")[1] for row in rows("cli-table")]
-    for expected in ("ckpt-ha job stop", "ckpt-ha dead-letters replay", "ckpt-ha run --job JOB"):
+    for expected in ("ckpt-ha job stop", "ckpt-ha dead-letter replay", "ckpt-ha job run --job JOB"):
         assert any(c.startswith(expected) for c in commands), expected
-    groups = ("ckpt-ha job {", "ckpt-ha checkpoints {")
+    groups = ("ckpt-ha job {", "ckpt-ha checkpoint {")
     assert not [c for c in commands if c.startswith(groups)], "a group is not a command"
     assert not [c for c in commands if "[-h]" in c]
 
