@@ -16,12 +16,12 @@ from ckpt_ha.contracts.checkpoint import (
     FailureSide,
 )
 from ckpt_ha.core.records import Applied, project
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.runtime.server import bounded_subject
 from ckpt_ha.telemetry.metrics import (
     CounterChildren,
     JobGauges,
     LifecycleMetrics,
-    RestoreMetrics,
     ServiceMetrics,
     reason_class,
 )

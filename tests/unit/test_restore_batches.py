@@ -13,8 +13,9 @@ from typing import Any
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry

@@ -35,8 +35,9 @@ from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2, ResumeVerifi
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers, DecisionInProgress
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry

@@ -41,12 +41,13 @@ from ckpt_ha.contracts.resume import (
     ResumePlannedV2,
 )
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import Failure, PlanRecord, Started
 from ckpt_ha.restore_coordinator import domain
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.restore_coordinator.records import Failure, PlanRecord, Started
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry

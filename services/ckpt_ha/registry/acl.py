@@ -2,11 +2,12 @@
 
 Each service logs in to Redis as its own ACL user (settings ``redis_user`` and
 ``redis_password``) and may run only the commands its code issues, on only the key spaces it
-reads or writes (the owners in `ckpt_ha.registry.keys`, `restores`, `pins` and the
-writer-watcher's state). The registry's compare-and-set is a Lua script (EVALSHA, SCRIPT LOAD
-when the server lost it): Redis checks every ``redis.call`` inside it against the caller's ACL
-too, so the registrar is granted the commands the script runs. The ``default`` user is off: a
-connection that does not log in can do nothing.
+reads or writes (the owners in `ckpt_ha.registry.keys`, `pins`, the restore-coordinator's
+`ckpt_ha.restore_coordinator.api` and the writer-watcher's state). The registry's
+compare-and-set is a Lua script (EVALSHA, SCRIPT LOAD when the server lost it): Redis checks
+every ``redis.call`` inside it against the caller's ACL too, so the registrar is granted the
+commands the script runs. The ``default`` user is off: a connection that does not log in can do
+nothing.
 
 Passwords are never in the committed file (an ACL file cannot read the environment, and allows
 no comments): ``python -m ckpt_ha.registry.acl [--check]`` writes (checks) the committed
@@ -34,8 +35,9 @@ from pydantic import SecretStr
 
 from ckpt_ha import credentials
 from ckpt_ha.assets import asset, write_or_check
-from ckpt_ha.registry import leases, pins, restores
+from ckpt_ha.registry import leases, pins
 from ckpt_ha.registry.keys import RegistryKeys
+from ckpt_ha.restore_coordinator import api as restores
 
 CONF = asset("redis", "users.acl")
 """Shipped as package data; in a checkout it is ``deploy/redis/users.acl``."""
@@ -124,7 +126,7 @@ USERS: tuple[RedisUser, ...] = (
                *PROJECTION)),
     # Its own memory and the pins; reads a job's records to choose a restore. The heartbeat
     # watches (compare-and-set, the deadlines' sorted set) and the lease of its lost-attempt
-    # loop. Its scripts (`restores._PROGRESS_LUA`, `restores._WATCHES_LUA`: EVALSHA and SCRIPT
+    # loop. Its scripts (``ckpt_ha/restore_coordinator/store/lua/*.lua``: EVALSHA and SCRIPT
     # LOAD, granted with LEASES) run only commands granted here.
     RedisUser("restore-coordinator", ("restore-state", "pins", "leases"),
               ("checkpoints", "job-index"),

@@ -1,6 +1,6 @@
 """The coordinator's reads of the registry and its storage clean-up, over its ports.
 
-Its own memory (``<p>:coord:*``) is owned by `ckpt_ha.registry.restores`, the pins
+Its own memory (``<p>:coord:*``) is owned by `ckpt_ha.restore_coordinator.store`, the pins
 (``<p>:pins:<job>``) by `ckpt_ha.registry.pins`; the registry is read through its public
 methods only (`CheckpointReads`), never by its key layout.
 """

@@ -31,14 +31,14 @@ from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
+from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.restore_coordinator.watchdog import LostAttempts
 from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
-from ckpt_ha.telemetry.metrics import RestoreMetrics
 
 NAME = "restore-coordinator"
 log = logging.getLogger("ckpt_ha.restore_coordinator")

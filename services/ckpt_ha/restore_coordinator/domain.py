@@ -53,10 +53,10 @@ from ckpt_ha.contracts.resume import (
     ResumeVerifiedV1,
 )
 from ckpt_ha.core.locations import JobMismatch
-from ckpt_ha.core.restore_records import (
+from ckpt_ha.core.pins import Pin
+from ckpt_ha.restore_coordinator.records import (
     Failure,
     History,
-    Pin,
     PlanRecord,
     Point,
     Started,

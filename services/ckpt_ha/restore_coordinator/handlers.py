@@ -34,8 +34,8 @@ from ckpt_ha.contracts.resume import (
 )
 from ckpt_ha.core.errors import DependencyNotReady, TransientError
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import DecisionRecord, History, Point, Started
 from ckpt_ha.restore_coordinator import adapters, domain, liveness
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.ports import (
     CheckpointReads,
     Clock,
@@ -47,9 +47,9 @@ from ckpt_ha.restore_coordinator.ports import (
     StoredEvents,
 )
 from ckpt_ha.restore_coordinator.projection import Progress, RestoreProjection
+from ckpt_ha.restore_coordinator.records import DecisionRecord, History, Point, Started
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
-from ckpt_ha.telemetry.metrics import RestoreMetrics
 
 SOURCE = "ckpt-ha/restore-coordinator"
 HISTORY_WINDOW = 64
