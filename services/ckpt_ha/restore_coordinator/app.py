@@ -32,7 +32,28 @@ from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.handlers.closing import Closings
+from ckpt_ha.restore_coordinator.handlers.decide import (
+    Decider,
+    DecisionRules,
+    Sources,
+    new_owner_id,
+)
+from ckpt_ha.restore_coordinator.handlers.failures import Failures, Quarantine
+from ckpt_ha.restore_coordinator.handlers.operator import OperatorActs
+from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
+from ckpt_ha.restore_coordinator.handlers.reports import Reports
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
+from ckpt_ha.restore_coordinator.ports import (
+    CheckpointReads,
+    NewId,
+    ObjectStore,
+    PinStore,
+    Publisher,
+    RestoreState,
+    StoredEvents,
+)
+from ckpt_ha.restore_coordinator.projection import RestoreProjection
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.restore_coordinator.watchdog import LostAttempts
@@ -100,7 +121,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         ttl_s=settings.state_ttl_s,
     )
     metrics = RestoreMetrics(base.metrics, forget_after_s=settings.metrics_forget_after_s)
-    handlers = CoordinatorHandlers(
+    handlers = compose_handlers(
         state,
         pins,
         Registry(client, settings.registry_prefix),
@@ -149,6 +170,49 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
             ),
         )
     return svc
+
+
+def compose_handlers(
+    state: RestoreState,
+    pins: PinStore,
+    registry: CheckpointReads,
+    store: ObjectStore,
+    bus: Publisher,
+    clock: Clock,
+    metrics: RestoreMetrics,
+    *,
+    new_id: NewId = new_owner_id,
+    lease_ttl_s: float = 30.0,
+    load_failed_grace_s: float = 3.0,
+    verification_grace_s: float = 40.0,
+    stored: StoredEvents | None = None,
+) -> CoordinatorHandlers:
+    """Each handler with the collaborators of its unit of work, over one projection (the one
+    writer of the coordinator's state). ``stored``: the stream's newest commit of a failed job
+    (None: not read)."""
+    projection = RestoreProjection(state, pins, registry)
+    outbox = Outbox(bus, clock, state)
+    decider = Decider(
+        state,
+        projection,
+        Sources(registry, stored),
+        outbox,
+        metrics,
+        DecisionRules(lease_ttl_s, verification_grace_s, new_id),
+    )
+    return CoordinatorHandlers(
+        reports=Reports(state, projection, outbox, metrics),
+        failures=Failures(
+            state,
+            projection,
+            decider,
+            Quarantine(store, registry, outbox),
+            metrics,
+            load_failed_grace_s=load_failed_grace_s,
+        ),
+        operator=OperatorActs(state, projection, registry, decider),
+        closings=Closings(state, projection, registry, store, outbox, metrics),
+    )
 
 
 async def backlog(bus: Bus) -> bool:
