@@ -130,7 +130,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         clock,
         metrics,
         lease_ttl_s=settings.lease_ttl_s,
-        load_failed_grace_s=settings.load_failed_grace_s,
+        load_failed_grace_s=load_failed_grace(settings),
         verification_grace_s=grace(settings),
         stored=base.bus,
     )
@@ -229,13 +229,24 @@ def grace(settings: RestoreCoordinatorSettings) -> float:
     """The verification grace (`CKPT_HA_VERIFICATION_GRACE_S`), cut to the bus's retry budget:
     a failure waiting longer than that would be dead-lettered, never planned. Cut, it is past
     its grace on its last delivery and decided with what is valid then."""
+    return _within_budget(settings, "verification grace", settings.verification_grace_s)
+
+
+def load_failed_grace(settings: RestoreCoordinatorSettings) -> float:
+    """The load-failure grace (`CKPT_HA_LOAD_FAILED_GRACE_S`), cut like `grace`: a resumed
+    attempt's failure waits for its ``resume.load_failed`` nak'ed, so within the retry budget."""
+    return _within_budget(settings, "load-failure grace", settings.load_failed_grace_s)
+
+
+def _within_budget(settings: RestoreCoordinatorSettings, what: str, grace_s: float) -> float:
     budget = settings.bus().retry_budget_s
-    if settings.verification_grace_s <= budget:
-        return settings.verification_grace_s
+    if grace_s <= budget:
+        return grace_s
     log.warning(
-        "verification grace %.1f s is longer than the retry budget (%.1f s of back-off): "
+        "%s %.1f s is longer than the retry budget (%.1f s of back-off): "
         "a failure waits %.1f s at most",
-        settings.verification_grace_s,
+        what,
+        grace_s,
         budget,
         budget,
     )
