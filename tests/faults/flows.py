@@ -35,7 +35,7 @@ from ckpt_ha.devstack import stack
 from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.registry.restores import RedisRestores
+from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.storage import ObjectStore

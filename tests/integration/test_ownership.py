@@ -41,8 +41,8 @@ from ckpt_ha.formats import native
 from ckpt_ha.integrity_checker.app import IntegrityChecker
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registry.pins import RedisPins
-from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
+from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.runtime.settings import ServiceSettings

@@ -22,9 +22,9 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointWritingV1,
 )
 from ckpt_ha.core.records import Applied
-from ckpt_ha.core.restore_records import Failure
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.registry.restores import RedisRestores
+from ckpt_ha.restore_coordinator.records import Failure
+from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.cli_tools import cli
 

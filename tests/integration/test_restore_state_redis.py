@@ -11,11 +11,11 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 
-from ckpt_ha.core.restore_records import DecisionRecord, Pin, Point, Started, Watch
-from ckpt_ha.registry.pins import RedisPins
+from ckpt_ha.registry.pins import Pin, RedisPins
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.restore_coordinator import liveness
+from ckpt_ha.restore_coordinator.records import DecisionRecord, Point, Started, Watch
+from ckpt_ha.restore_coordinator.store import RedisRestores
 from tests.support.pins_contract import PinsContract
 from tests.support.restores_contract import T0, TRAJECTORY_LIMIT, RestoresContract, plan, point
 

@@ -19,11 +19,11 @@ from ckpt_ha.contracts import CATALOG, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import DecisionRecord, Pin, PlanRecord, Started
 from ckpt_ha.ops.rebuild import rebuild
 from ckpt_ha.registrar.app import Registrar
-from ckpt_ha.registry.pins import RedisPins
-from ckpt_ha.registry.restores import RedisRestores
+from ckpt_ha.registry.pins import Pin, RedisPins
+from ckpt_ha.restore_coordinator.records import DecisionRecord, PlanRecord, Started
+from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.retention_janitor.app import build as build_janitor_app
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics

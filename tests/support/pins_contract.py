@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_ha.core.restore_records import Pin
+from ckpt_ha.core.pins import Pin
 
 P1 = Pin("c-300", "restored from", "plan-a", 300, 2)
 P2 = Pin("c-200", "fallback", "plan-a", 300, 2)

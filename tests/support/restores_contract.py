@@ -1,5 +1,5 @@
 """The behaviour every store of the restore-coordinator's state must show, written once and run
-against the in-memory fake and the Redis owner (`ckpt_ha.registry.restores.RedisRestores`).
+against the in-memory fake and the Redis owner (`ckpt_ha.restore_coordinator.store.RedisRestores`).
 
 Subclass `RestoresContract` in a `Test*` class and give it a `stores` fixture returning an empty
 ``(state, pins)`` pair wired together (the state writes a decision's pins through the pins
@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from ckpt_ha.contracts.job import JobPolicy
-from ckpt_ha.core.restore_records import (
+from ckpt_ha.core.pins import Pin
+from ckpt_ha.restore_coordinator.records import (
     DecisionRecord,
     Failure,
-    Pin,
     PlanRecord,
     Point,
     Started,

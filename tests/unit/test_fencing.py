@@ -11,7 +11,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointFencedV1, CheckpointState
 from ckpt_ha.core.records import Applied, project
 from ckpt_ha.registrar.domain import follow_ups
 from ckpt_ha.restore_coordinator import adapters as coordinator_adapters
-from ckpt_ha.restore_coordinator.domain import leftovers
+from ckpt_ha.restore_coordinator.domain.pins import leftovers
 from tests.support.events import T0, committed, planned, verified
 from tests.support.fakes.registry import InMemoryRegistry
 

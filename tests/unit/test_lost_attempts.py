@@ -22,10 +22,11 @@ from ckpt_ha.contracts.job import (
 )
 from ckpt_ha.core.tiers import TIERS, lost_after
 from ckpt_ha.restore_coordinator import liveness
-from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.app import compose_handlers
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.watchdog import LostAttempts
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry
@@ -140,7 +141,7 @@ class Coordinator:
         (tmp / "store").mkdir(exist_ok=True)
         self.now = T0
         self.metrics = RestoreMetrics(ServiceMetrics("restore-coordinator"))
-        self.handlers = CoordinatorHandlers(
+        self.handlers = compose_handlers(
             self.state, self.pins, InMemoryRegistry(), FsStore(tmp / "store"), self.bus,
             lambda: self.now, self.metrics,
         )  # fmt: skip

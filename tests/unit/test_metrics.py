@@ -17,8 +17,9 @@ from ckpt_ha.contracts.checkpoint import (
 )
 from ckpt_ha.core.records import Applied, project
 from ckpt_ha.registrar.metrics import LifecycleMetrics, reason_class
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.runtime.server import bounded_subject
-from ckpt_ha.telemetry.metrics import CounterChildren, JobGauges, RestoreMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import CounterChildren, JobGauges, ServiceMetrics
 from tests.support.events import T0, committed, verified
 
 

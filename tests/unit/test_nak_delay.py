@@ -12,7 +12,7 @@ import pytest
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.dead_letter_policy import DeadLetters
 from ckpt_ha.core.errors import DependencyNotReady
-from ckpt_ha.restore_coordinator.app import grace
+from ckpt_ha.restore_coordinator.app import grace, load_failed_grace
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -82,3 +82,13 @@ def test_the_verification_grace_is_cut_to_the_retry_budget(grace_s: float, want:
         max_deliver=4, backoff_s=(0.5, 1.0, 2.0), verification_grace_s=grace_s
     )
     assert grace(settings) == want
+
+
+@pytest.mark.parametrize(("grace_s", "want"), [(40.0, 3.5), (2.0, 2.0)])
+def test_the_load_failure_grace_is_cut_to_the_retry_budget(grace_s: float, want: float) -> None:
+    """A resumed attempt's failure waits for its load failure nak'ed like a failure awaiting a
+    verification: never past the last delivery (it would be dead-lettered, never planned)."""
+    settings = RestoreCoordinatorSettings(
+        max_deliver=4, backoff_s=(0.5, 1.0, 2.0), load_failed_grace_s=grace_s
+    )
+    assert load_failed_grace(settings) == want

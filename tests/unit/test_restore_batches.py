@@ -12,9 +12,10 @@ from typing import Any
 
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1
-from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.app import compose_handlers
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry
@@ -30,7 +31,7 @@ class Coordinator:
         registry = InMemoryRegistry()
         registry.put(*RECORDS)
         tmp.mkdir()
-        self.handlers = CoordinatorHandlers(
+        self.handlers = compose_handlers(
             self.state, self.pins, registry, FsStore(tmp), self.bus,
             lambda: T0 + timedelta(hours=1), RestoreMetrics(ServiceMetrics("rc")),
             load_failed_grace_s=0.0,

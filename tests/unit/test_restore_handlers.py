@@ -5,6 +5,7 @@ pins released, closure. The same flows run against the real services in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,9 +35,11 @@ from ckpt_ha.contracts.job import (
 from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2, ResumeVerifiedV1
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers, DecisionInProgress
+from ckpt_ha.restore_coordinator.app import compose_handlers
+from ckpt_ha.restore_coordinator.handlers.decide import DecisionInProgress
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry
@@ -132,13 +135,14 @@ class World:
         self.service_metrics = ServiceMetrics("restore-coordinator")
         self.metrics = RestoreMetrics(self.service_metrics)
         ids = iter(range(1_000_000))
-        self.handlers = CoordinatorHandlers(
+        self.clock: Callable[[], datetime] = lambda: T0 + timedelta(hours=1)
+        self.handlers = compose_handlers(
             self.state,
             self.pins,
             self.registry,
             store,
             self.bus,
-            lambda: T0 + timedelta(hours=1),
+            lambda: self.clock(),
             self.metrics,
             new_id=lambda: f"owner-{next(ids)}",
             load_failed_grace_s=0.2,
@@ -286,6 +290,44 @@ async def test_a_load_failure_quarantines_and_falls_back_once(world: World, stor
     await h.on_failed(failed(2, plan_id=first.plan_id))
     assert len(world.data("resume.planned")) == 2
     assert world.data("resume.escalated") == []
+
+
+async def test_a_resumed_attempt_failing_before_progress_waits_for_its_load_failure(
+    world: World,
+) -> None:
+    """A resumed attempt that failed before any progress most likely failed to load: within the
+    load-failure grace its failure is not ready yet (nak'ed, the bus redelivers it later, no
+    clock read but the coordinator's), so the fallback its ``resume.load_failed`` plans is what
+    gets planned, once. Past the grace, with no load failure heard, it is decided itself."""
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_failed(failed())
+    [first] = world.data("resume.planned")
+    await h.on_started(started(2, plan_id=first.plan_id))
+    fail = failed(2, plan_id=first.plan_id)
+    world.clock = lambda: fail.time + timedelta(seconds=0.1)  # within the 0.2 s grace
+    with pytest.raises(DependencyNotReady, match="load failure") as waits:
+        await h.on_failed(fail)
+    assert not waits.value.in_stream  # its own deadline: the grace
+    assert len(world.data("resume.planned")) == 1
+    load_failed = ResumeLoadFailedV2(
+        job_id=JOB, plan_id=first.plan_id, run_id="run-1", checkpoint_id=first.checkpoint_id,
+        reason="checksum mismatch in shard 0", side=FailureSide.JOB, blame=LoadBlame.CHECKPOINT,
+    )  # fmt: skip
+    await h.on_load_failed(ev(load_failed, "lf", 2100))
+    await h.on_failed(fail)  # redelivered: finds the fallback decided
+    plans = world.data("resume.planned")
+    assert [(p.attempt, p.fallback_from) for p in plans] == [(2, None), (3, first.checkpoint_id)]
+    # Another resumed attempt failing before progress, with no load failure: decided itself
+    # once past the grace.
+    await h.on_started(started(3, plan_id=plans[1].plan_id))
+    again = failed(3, plan_id=plans[1].plan_id)
+    world.clock = lambda: again.time + timedelta(seconds=0.1)
+    with pytest.raises(DependencyNotReady):
+        await h.on_failed(again)
+    world.clock = lambda: again.time + timedelta(seconds=1)
+    await h.on_failed(again)
+    assert [p.attempt for p in world.data("resume.planned")] == [2, 3, 4]
 
 
 async def test_a_load_failure_blaming_the_attempt_never_quarantines(
@@ -558,7 +600,7 @@ async def test_a_fresh_failure_waits_for_a_newer_checkpoint_still_being_verified
     pending = record(f"{JOB}-200", 200, state=CheckpointState.PENDING_VERIFICATION)
     world = World(store, record(f"{JOB}-100", 100), pending)
     fail = failed()
-    world.handlers.clock = lambda: fail.time + timedelta(seconds=2)
+    world.clock = lambda: fail.time + timedelta(seconds=2)
     await world.handlers.on_started(started())
     with pytest.raises(DependencyNotReady, match=f"verification of {JOB}-200"):
         await world.handlers.on_failed(fail)
@@ -576,7 +618,7 @@ async def test_a_failure_past_the_verification_grace_is_decided_with_what_is_val
     pending = record(f"{JOB}-200", 200, state=CheckpointState.PENDING_VERIFICATION)
     world = World(store, record(f"{JOB}-100", 100), pending)
     fail = failed()
-    world.handlers.clock = lambda: fail.time + timedelta(seconds=41)
+    world.clock = lambda: fail.time + timedelta(seconds=41)
     await world.handlers.on_started(started())
     await world.handlers.on_failed(fail)
     [plan] = world.data("resume.planned")
@@ -589,7 +631,7 @@ async def test_only_a_checkpoint_being_verified_waits_then_escalates_when_it_nev
     world = World(store, record(f"{JOB}-200", 200, state=CheckpointState.PENDING_VERIFICATION))
     fail = failed()
     now = [fail.time + timedelta(seconds=1)]
-    world.handlers.clock = lambda: now[0]
+    world.clock = lambda: now[0]
     await world.handlers.on_started(started())
     with pytest.raises(DependencyNotReady):
         await world.handlers.on_failed(fail)
@@ -617,7 +659,7 @@ async def test_a_failure_a_moment_after_a_save_waits_for_its_commit_to_be_regist
     world = World(store, record(f"{JOB}-100", 100))
     fail = failed()
     world.stream.add(commit_at(200, 1499))
-    world.handlers.clock = lambda: fail.time + timedelta(seconds=2)
+    world.clock = lambda: fail.time + timedelta(seconds=2)
     await world.handlers.on_started(started())
     with pytest.raises(DependencyNotReady, match=f"register its commit {JOB}-200") as waits:
         await world.handlers.on_failed(fail)
@@ -645,7 +687,7 @@ async def test_a_commit_is_not_waited_for_after_the_failure_or_past_the_grace(
     world = World(store, record(f"{JOB}-100", 100))
     fail = failed()
     world.stream.add(commit_at(200, 1500 + committed_s))
-    world.handlers.clock = lambda: fail.time + timedelta(seconds=now_s)
+    world.clock = lambda: fail.time + timedelta(seconds=now_s)
     await world.handlers.on_started(started())
     await world.handlers.on_failed(fail)
     [plan] = world.data("resume.planned")

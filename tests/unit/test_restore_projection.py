@@ -41,12 +41,13 @@ from ckpt_ha.contracts.resume import (
     ResumePlannedV2,
 )
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import Failure, PlanRecord, Started
 from ckpt_ha.restore_coordinator import domain
-from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.app import compose_handlers
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.restore_coordinator.records import Failure, PlanRecord, Started
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import RestoreMetrics, ServiceMetrics
+from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry
@@ -91,9 +92,10 @@ class Stream:
         registry = InMemoryRegistry()
         registry.put(*RECORDS)
         (tmp / "store").mkdir()
-        self.handlers = CoordinatorHandlers(
+        self.metrics = RestoreMetrics(ServiceMetrics("rc"))
+        self.handlers = compose_handlers(
             self.state, self.pins, registry, FsStore(tmp / "store"), self.bus,
-            lambda: T0 + timedelta(hours=1), RestoreMetrics(ServiceMetrics("rc")),
+            lambda: T0 + timedelta(hours=1), self.metrics,
             load_failed_grace_s=0.2,
         )  # fmt: skip
         self.events: list[Envelope[EventData]] = []
@@ -306,7 +308,7 @@ async def test_a_report_sent_before_the_failure_counts_when_read_after_the_plan(
     await late.handle(failed(1), "on_failed")
     assert late.published("resume.planned")
     await late.handlers.on_progress(sent_before)
-    stale = late.handlers.metrics.stale_progress.labels("rc")._value.get()
+    stale = late.metrics.stale_progress.labels("rc")._value.get()
     assert stale == 0
     assert late.state.lasts[(JOB, 1)].step == 305
 
@@ -322,7 +324,7 @@ async def test_a_report_sent_before_the_failure_counts_when_read_after_the_plan(
     # Sent after the failure (a zombie's) it is fenced, whenever it is read.
     zombie = build(progress(306), source="test", time=T0 + timedelta(hours=1), key="zombie")
     await late.handlers.on_progress(zombie)
-    assert late.handlers.metrics.stale_progress.labels("rc")._value.get() == 1
+    assert late.metrics.stale_progress.labels("rc")._value.get() == 1
     assert late.state.lasts[(JOB, 1)].step == 305
 
 
@@ -344,7 +346,7 @@ async def test_progress_of_a_stale_attempt_is_ignored(tmp_path: Path) -> None:
         await live.handle(zombie, "on_progress")
     assert live.state.lasts[(JOB, 1)] == last_before
     assert live.state.jobs[JOB].trajectory == trajectory_before
-    stale = live.handlers.metrics.stale_progress.labels("rc")._value.get()
+    stale = live.metrics.stale_progress.labels("rc")._value.get()
     assert stale == 3
     for step in (301, 302):
         await live.handle(progress(step, 2, plan.plan_id), "on_progress")

@@ -14,8 +14,9 @@ import pytest
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
+from ckpt_ha.core.pins import Pin
 from ckpt_ha.core.records import CheckpointRecord, Expiry, PinRecord
-from ckpt_ha.core.restore_records import DecisionRecord, Pin, PlanRecord, Started
+from ckpt_ha.restore_coordinator.records import DecisionRecord, PlanRecord, Started
 from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.storage import FsStore

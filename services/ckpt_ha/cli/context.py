@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ckpt_ha.contracts import Envelope, EventData
     from ckpt_ha.registry.pins import RedisPins
     from ckpt_ha.registry.redis_registry import Registry
-    from ckpt_ha.registry.restores import RedisRestores
+    from ckpt_ha.restore_coordinator.api import RestoreReader
     from ckpt_ha.runtime.settings import ServiceSettings
 
 T = TypeVar("T")
@@ -110,17 +110,17 @@ async def registry(settings: ServiceSettings) -> AsyncIterator[Registry]:
 @asynccontextmanager
 async def restore_owners(
     settings: ServiceSettings,
-) -> AsyncIterator[tuple[RedisPins, RedisRestores]]:
+) -> AsyncIterator[tuple[RedisPins, RestoreReader]]:
     """The owners of the pins and of the restore state (plans, verdicts, failures) for one
     command, on one connection."""
     from ckpt_ha.registry.client import connect
     from ckpt_ha.registry.pins import RedisPins
-    from ckpt_ha.registry.restores import RedisRestores
+    from ckpt_ha.restore_coordinator.api import RestoreReader
 
     client = connect(settings.redis())
     pins = RedisPins(client, settings.registry_prefix)
     try:
-        yield pins, RedisRestores(client, settings.registry_prefix, pins=pins)
+        yield pins, RestoreReader(client, settings.registry_prefix)
     finally:
         await client.aclose()
 

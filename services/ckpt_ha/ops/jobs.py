@@ -30,8 +30,8 @@ from ckpt_ha.contracts.job import (
     JobUnheldV1,
 )
 from ckpt_ha.contracts.resume import ResumeEscalatedV1
+from ckpt_ha.core.pins import Pin
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import Pin
 from ckpt_ha.ops import restores
 
 

@@ -12,10 +12,10 @@ from typing import Protocol
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core import interval
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import Failure
 from ckpt_ha.ops.errors import NothingToMeasure
-from ckpt_ha.registry import restores
+from ckpt_ha.restore_coordinator import api as restores
 from ckpt_ha.registry.port import CheckpointReader
+from ckpt_ha.restore_coordinator.api import Failure
 
 DEFAULT_PRIOR_MTBF_S = 24 * 3600.0
 
@@ -142,7 +142,8 @@ def measure(
 
 
 class FailureLog(Protocol):
-    """The restore coordinator's failure log, read through its owner (`RedisRestores`)."""
+    """The restore coordinator's failure log, read through its published reader
+    (`ckpt_ha.restore_coordinator.api.RestoreReader`)."""
 
     async def failures(self, job: str) -> list[Failure]: ...
 

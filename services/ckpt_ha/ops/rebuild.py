@@ -21,8 +21,8 @@ through the projections the live services use:
 * ``job.started`` → the tier it declares (`ckpt_ha.core.tiers.declared_tier`, what the
   retention-janitor records);
 * job, resume and ``checkpoint.registered`` events → the restore-coordinator's state and the R15
-  pins (`ckpt_ha.restore_coordinator.projection`), on the events' own clock, so state the live
-  coordinator let expire is not brought back (`RedisRestores`, ``replaying``).
+  pins (through the coordinator's own projection, `ckpt_ha.restore_coordinator.replay`), on the
+  events' own clock, so state the live coordinator let expire is not brought back.
 
 Progress and heartbeats (`ckpt_ha.contracts.subjects.TELEMETRY`) live in the progress stream,
 under limits: nothing decided depends on them alone. Every decision the coordinator took from
@@ -43,7 +43,6 @@ import functools
 from collections.abc import Callable
 from contextlib import aclosing
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Protocol
 
 from ckpt_ha.bus.config import BusConfig
@@ -60,11 +59,10 @@ from ckpt_ha.core.locations import KeyOf, intake_refusal
 from ckpt_ha.core.tiers import declared_tier
 from ckpt_ha.ops.errors import RebuildWithoutSigningKey, RegistryNotEmpty, StreamReplaced
 from ckpt_ha.ops.streams import require_complete_stream
-from ckpt_ha.registry.pins import RedisPins, ReplayedPins
+from ckpt_ha.registry.pins import ReplayedPins
 from ckpt_ha.registry.port import RegistryWriter, TierDeclarer
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.registry.restores import RedisRestores
-from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.restore_coordinator.replay import RestoreReplay, restore_replay
 
 COORDINATED = ("job.", "resume.")
 """Event types (by prefix) the restore-coordinator's state is projected from, besides
@@ -103,21 +101,6 @@ class RebuildReport:
 
 class RegistryReplay(RegistryWriter, TierDeclarer, Protocol):
     """The registry's side of a replay: checkpoint events and declared tiers."""
-
-
-class RestoreReplay:
-    """The restore-coordinator's state and pins, replayed on the events' clock."""
-
-    def __init__(self, state: RedisRestores, pins: RedisPins, registry: Registry) -> None:
-        self.state = state
-        self.projection = RestoreProjection(state, pins, registry)
-
-    async def apply(self, event: Envelope[EventData]) -> None:
-        await self.state.replay_to(event.time)
-        await self.projection.apply(event)
-
-    async def finish(self, now: datetime) -> None:
-        await self.state.finish_replay(now)
 
 
 async def rebuild(
@@ -298,21 +281,20 @@ async def rebuild_registry(
     if recorded is not None and recorded != current and not accept_new_stream:
         raise StreamReplaced(recorded, current)
     pins = ReplayedPins(registry.r, registry.p)  # emptied below, unless empty already
-    state = RedisRestores(
+    replay = restore_replay(
         registry.r,
         registry.p,
-        pins=pins,
+        pins,
+        registry,
         trajectory_limit=trajectory_limit,
         ttl_s=state_ttl_s,
-        replaying=True,
     )
     if await registry.dump():
         if not clear:
             raise RegistryNotEmpty
         await registry.clear()
-        await state.clear()
+        await replay.clear()
         await pins.clear()
-    replay = RestoreReplay(state, pins, registry)
     report = await _replay(registry, bus, catalog, key_of, replay, clock, progress)
     await registry.remember_stream(current, replace=True)
     return report

@@ -32,7 +32,7 @@ records them live). A rebuild clears and replays them. The reconcile log is not 
 and survives a rebuild; a rebuild checks the stream's identity before it clears anything and
 records it after. Two other owners keep keys under the prefix, projections of the stream too,
 cleared and replayed by the same rebuild: the restore-coordinator's state
-(`ckpt_ha.registry.restores`, ``<p>:coord:*``) and the R15 pins (`ckpt_ha.registry.pins`,
+(`ckpt_ha.restore_coordinator.store`, ``<p>:coord:*``) and the R15 pins (`ckpt_ha.registry.pins`,
 ``<p>:pins:<job>``).
 """
 
@@ -63,7 +63,7 @@ REBUILT = (
 TRANSIENT = ("lease:", "coord:lease:", "coord:heard")
 """Key spaces (after ``<p>:``) of other owners that are neither in the stream nor needed from
 it: the loop leases (`ckpt_ha.registry.leases`), the coordinator's lease on a failure and its
-note of when it last heard from each watched attempt (`ckpt_ha.registry.restores`). Services
+note of when it last heard from each watched attempt (`ckpt_ha.restore_coordinator.store`). Services
 running during a rebuild keep taking them."""
 
 

@@ -18,7 +18,7 @@ lifetime. Two forms share these rules:
   loop) after its holder gives it up.
 * ``<p>:coord:lease:<job>:<attempt>``: who decides one failure, a string set with
   ``SET NX PX`` (`acquire`) by the restore-coordinator, which writes its own key space anyway
-  (owned and formatted by `ckpt_ha.registry.restores`).
+  (owned and formatted by `ckpt_ha.restore_coordinator.store`).
 
 Leases are transient: a rebuild neither replays nor needs them.
 """

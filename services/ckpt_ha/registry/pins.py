@@ -18,7 +18,7 @@ from dataclasses import asdict
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
 
-from ckpt_ha.core.restore_records import Pin
+from ckpt_ha.core.pins import Pin
 from ckpt_ha.registry.client import RedisConfig, connect
 
 KEY_SPACE = "pins:"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ckpt_ha.bus.access import Principal
-from ckpt_ha.registry import restores
 from ckpt_ha.registry.access import CONNECT, LEASES, RedisUser
+from ckpt_ha.restore_coordinator import api as restores
 
 # `checkpoint.deleted`: the tombstones of a failed attempt's partial writes it reclaims.
 NATS = Principal("restore-coordinator", ("resume.planned", "resume.verified", "resume.diverged",
@@ -34,8 +34,8 @@ REDIS = RedisUser(
     "restore-coordinator",
     # Its own memory and the pins; reads a job's records to choose a restore. The heartbeat
     # watches (compare-and-set, the deadlines' sorted set) and the lease of its lost-attempt
-    # loop. Its scripts (`restores._PROGRESS_LUA`, `restores._WATCHES_LUA`: EVALSHA and SCRIPT
-    # LOAD, granted with LEASES) run only commands granted here.
+    # loop. Its scripts (`store/lua/*.lua`: EVALSHA and SCRIPT LOAD,
+    # granted with LEASES) run only commands granted here.
     ("restore-state", "pins", "leases"),
     ("checkpoints", "job-index"),
     (*CONNECT, *LEASES, "get", "set", "mget", "del", "expire", "hset", "hget",

@@ -1,6 +1,6 @@
 """The coordinator's reads of the registry and its storage clean-up, over its ports.
 
-Its own memory (``<p>:coord:*``) is owned by `ckpt_ha.registry.restores`, the pins
+Its own memory (``<p>:coord:*``) is owned by `ckpt_ha.restore_coordinator.store`, the pins
 (``<p>:pins:<job>``) by `ckpt_ha.registry.pins`; the registry is read through its public
 methods only (`CheckpointReads`), never by its key layout.
 """
@@ -11,7 +11,8 @@ from collections.abc import Iterable, Sequence
 
 from ckpt_ha.core.locations import LocationNotOwned, plan_removal
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.restore_coordinator.domain import Candidate, Reclaimed, Selection, select
+from ckpt_ha.restore_coordinator.domain.closure import Reclaimed
+from ckpt_ha.restore_coordinator.domain.selection import Candidate, Selection, select
 from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore
 from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import neighbours, owned_key, remove

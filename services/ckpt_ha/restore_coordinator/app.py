@@ -31,14 +31,35 @@ from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.restore_coordinator.handlers import CoordinatorHandlers
+from ckpt_ha.restore_coordinator.handlers.closing import Closings
+from ckpt_ha.restore_coordinator.handlers.decide import (
+    Decider,
+    DecisionRules,
+    Sources,
+    new_owner_id,
+)
+from ckpt_ha.restore_coordinator.handlers.failures import Failures, Quarantine
+from ckpt_ha.restore_coordinator.handlers.operator import OperatorActs
+from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
+from ckpt_ha.restore_coordinator.handlers.reports import Reports
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
+from ckpt_ha.restore_coordinator.ports import (
+    CheckpointReads,
+    NewId,
+    ObjectStore,
+    PinStore,
+    Publisher,
+    RestoreState,
+    StoredEvents,
+)
+from ckpt_ha.restore_coordinator.projection import RestoreProjection
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
+from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.restore_coordinator.watchdog import LostAttempts
 from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
-from ckpt_ha.telemetry.metrics import RestoreMetrics
 
 NAME = "restore-coordinator"
 log = logging.getLogger("ckpt_ha.restore_coordinator")
@@ -100,7 +121,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         ttl_s=settings.state_ttl_s,
     )
     metrics = RestoreMetrics(base.metrics, forget_after_s=settings.metrics_forget_after_s)
-    handlers = CoordinatorHandlers(
+    handlers = compose_handlers(
         state,
         pins,
         Registry(client, settings.registry_prefix),
@@ -109,7 +130,7 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         clock,
         metrics,
         lease_ttl_s=settings.lease_ttl_s,
-        load_failed_grace_s=settings.load_failed_grace_s,
+        load_failed_grace_s=load_failed_grace(settings),
         verification_grace_s=grace(settings),
         stored=base.bus,
     )
@@ -151,6 +172,49 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
     return svc
 
 
+def compose_handlers(
+    state: RestoreState,
+    pins: PinStore,
+    registry: CheckpointReads,
+    store: ObjectStore,
+    bus: Publisher,
+    clock: Clock,
+    metrics: RestoreMetrics,
+    *,
+    new_id: NewId = new_owner_id,
+    lease_ttl_s: float = 30.0,
+    load_failed_grace_s: float = 3.0,
+    verification_grace_s: float = 40.0,
+    stored: StoredEvents | None = None,
+) -> CoordinatorHandlers:
+    """Each handler with the collaborators of its unit of work, over one projection (the one
+    writer of the coordinator's state). ``stored``: the stream's newest commit of a failed job
+    (None: not read)."""
+    projection = RestoreProjection(state, pins, registry)
+    outbox = Outbox(bus, clock, state)
+    decider = Decider(
+        state,
+        projection,
+        Sources(registry, stored),
+        outbox,
+        metrics,
+        DecisionRules(lease_ttl_s, verification_grace_s, new_id),
+    )
+    return CoordinatorHandlers(
+        reports=Reports(state, projection, outbox, metrics),
+        failures=Failures(
+            state,
+            projection,
+            decider,
+            Quarantine(store, registry, outbox),
+            metrics,
+            load_failed_grace_s=load_failed_grace_s,
+        ),
+        operator=OperatorActs(state, projection, registry, decider),
+        closings=Closings(state, projection, registry, store, outbox, metrics),
+    )
+
+
 async def backlog(bus: Bus) -> bool:
     """Whether a job-event consumer of this coordinator has messages not yet delivered.
     Delivered but unacknowledged ones do not count: a batch in hand is handled within moments,
@@ -165,13 +229,24 @@ def grace(settings: RestoreCoordinatorSettings) -> float:
     """The verification grace (`CKPT_HA_VERIFICATION_GRACE_S`), cut to the bus's retry budget:
     a failure waiting longer than that would be dead-lettered, never planned. Cut, it is past
     its grace on its last delivery and decided with what is valid then."""
+    return _within_budget(settings, "verification grace", settings.verification_grace_s)
+
+
+def load_failed_grace(settings: RestoreCoordinatorSettings) -> float:
+    """The load-failure grace (`CKPT_HA_LOAD_FAILED_GRACE_S`), cut like `grace`: a resumed
+    attempt's failure waits for its ``resume.load_failed`` nak'ed, so within the retry budget."""
+    return _within_budget(settings, "load-failure grace", settings.load_failed_grace_s)
+
+
+def _within_budget(settings: RestoreCoordinatorSettings, what: str, grace_s: float) -> float:
     budget = settings.bus().retry_budget_s
-    if settings.verification_grace_s <= budget:
-        return settings.verification_grace_s
+    if grace_s <= budget:
+        return grace_s
     log.warning(
-        "verification grace %.1f s is longer than the retry budget (%.1f s of back-off): "
+        "%s %.1f s is longer than the retry budget (%.1f s of back-off): "
         "a failure waits %.1f s at most",
-        settings.verification_grace_s,
+        what,
+        grace_s,
         budget,
         budget,
     )

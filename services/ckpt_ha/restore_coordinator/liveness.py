@@ -34,8 +34,8 @@ from datetime import datetime
 
 from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.contracts.job import FailureCause, JobFailedV2, JobStartedV1
-from ckpt_ha.core.restore_records import Watch, attempt_key
 from ckpt_ha.core.tiers import lost_after
+from ckpt_ha.restore_coordinator.records import Watch, attempt_key
 
 __all__ = ["attempt_key", "event_key", "lost", "lost_event", "on_alive", "on_end", "on_start"]
 

@@ -15,12 +15,12 @@ from typing import Protocol
 from ckpt_ha.bus.port import Publisher
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.core.clock import Clock
+from ckpt_ha.core.pins import Pin
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import (
+from ckpt_ha.restore_coordinator.records import (
     DecisionRecord,
     Failure,
     History,
-    Pin,
     PlanRecord,
     Point,
     Started,
@@ -79,7 +79,7 @@ class PinStore(Protocol):
 
 
 class RestoreState(Protocol):
-    """The coordinator's own memory (owner: `ckpt_ha.registry.restores`).
+    """The coordinator's own memory (owner: `ckpt_ha.restore_coordinator.store`).
 
     Invariants both the Redis adapter and the fake keep (``tests/support/restores_contract.py``):
     one failure per attempt (recording it twice changes nothing); one stored decision per

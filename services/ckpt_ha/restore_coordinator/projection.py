@@ -70,7 +70,9 @@ from ckpt_ha.contracts.resume import (
     ResumeVerifiedV1,
 )
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import (
+from ckpt_ha.restore_coordinator import domain, liveness
+from ckpt_ha.restore_coordinator.ports import CheckpointReads, PinStore, RestoreState
+from ckpt_ha.restore_coordinator.records import (
     DecisionRecord,
     History,
     PlanRecord,
@@ -79,8 +81,6 @@ from ckpt_ha.core.restore_records import (
     Watch,
     planned_pins,
 )
-from ckpt_ha.restore_coordinator import domain, liveness
-from ckpt_ha.restore_coordinator.ports import CheckpointReads, PinStore, RestoreState
 from ckpt_ha.telemetry import tracing
 
 __all__ = ["FailureContext", "LoadFailure", "Progress", "RestoreProjection"]

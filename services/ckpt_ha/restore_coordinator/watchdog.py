@@ -32,12 +32,12 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 
 from ckpt_ha.contracts import build
-from ckpt_ha.core.restore_records import Watch
 from ckpt_ha.restore_coordinator import liveness
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.ports import Clock, Publisher, RestoreState
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.restore_coordinator.records import Watch
 from ckpt_ha.runtime.leader import next_round
-from ckpt_ha.telemetry.metrics import RestoreMetrics
 
 log = logging.getLogger("ckpt_ha.restore_coordinator.watchdog")
 SOURCE = "ckpt-ha/restore-coordinator"

@@ -1,7 +1,7 @@
 """What the janitor reads (registry, pins, restore plans, storage) and deletes.
 
 Reads only, through the owners' typed APIs (its ports): the registrar owns the registry,
-`ckpt_ha.registry.pins` the R15 pins, `ckpt_ha.registry.restores` the coordinator's plans,
+`ckpt_ha.registry.pins` the R15 pins, `ckpt_ha.restore_coordinator.api` the coordinator's plans,
 verdicts and attempt starts. No key of theirs is formatted here.
 """
 

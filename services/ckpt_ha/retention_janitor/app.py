@@ -22,7 +22,7 @@ from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.registry.restores import RedisRestores
+from ckpt_ha.restore_coordinator.api import RestoreReader
 from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
@@ -47,7 +47,7 @@ def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> Retenti
     janitor = Janitor(
         registry,
         RedisPins(client, settings.registry_prefix),
-        RedisRestores(client, settings.registry_prefix),
+        RestoreReader(client, settings.registry_prefix),
         open_store(settings.storage_root),
         base.bus,
         clock,

@@ -25,9 +25,10 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from ckpt_ha.contracts.checkpoint import CheckpointState as S
+from ckpt_ha.core.pins import Pin
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import Pin, PlanInProgress
 from ckpt_ha.core.tiers import Tier
+from ckpt_ha.restore_coordinator.records import PlanInProgress
 
 SETTLE = timedelta(minutes=10)
 """No checkpoint expires within this time of its last transition. The watcher and the writer

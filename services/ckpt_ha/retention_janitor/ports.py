@@ -2,7 +2,7 @@
 
 The janitor never formats another owner's keys: the registry through its public methods
 (`RetentionRegistry`), the R15 pins through `ckpt_ha.registry.pins` (`PinReads`), restore plans
-and resumes in progress through `ckpt_ha.registry.restores` (`ResumeReads`). The composition
+and resumes in progress through `ckpt_ha.restore_coordinator.api` (`ResumeReads`). The composition
 root passes the Redis adapters, the unit tests the fakes of ``tests/support/fakes``.
 """
 
@@ -12,9 +12,10 @@ from typing import Protocol
 
 from ckpt_ha.bus.port import Publisher
 from ckpt_ha.core.clock import Clock
+from ckpt_ha.core.pins import Pin
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import Pin, PlanInProgress
 from ckpt_ha.core.tiers import TierChoice
+from ckpt_ha.restore_coordinator.records import PlanInProgress
 from ckpt_ha.storage.port import ObjectStore
 
 __all__ = ["Clock", "ObjectStore", "PinReads", "Publisher", "ResumeReads", "RetentionRegistry"]

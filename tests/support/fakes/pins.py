@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ckpt_ha.core.restore_records import Pin
+from ckpt_ha.core.pins import Pin
 
 
 class InMemoryPins:

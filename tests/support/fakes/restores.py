@@ -1,4 +1,4 @@
-"""In-memory coordinator state: the fake of `ckpt_ha.registry.restores.RedisRestores` (same
+"""In-memory coordinator state: the fake of `ckpt_ha.restore_coordinator.store.RedisRestores` (same
 contract suite, ``tests/support/restores_contract.py``). No expiry of idle state; leases expire
 on the monotonic clock like Redis's ``PX``."""
 
@@ -9,11 +9,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ckpt_ha.core.restore_records import (
+from ckpt_ha.core.pins import Pin
+from ckpt_ha.restore_coordinator.records import (
     DecisionRecord,
     Failure,
     History,
-    Pin,
     PlanInProgress,
     PlanRecord,
     Point,

@@ -1,20 +1,23 @@
-"""What the restore path remembers, as plain values: pure, shared by the owner of the
-coordinator's key space (`ckpt_ha.registry.restores`), the owner of the pins
-(`ckpt_ha.registry.pins`), the restore-coordinator's domain and the retention-janitor, which
-reads pins and resumes in progress. No I/O here; every Redis detail lives with the owners.
+"""What the restore path remembers, as plain values, and their JSON in the coordinator's key
+space: pure, shared by the coordinator's store (`ckpt_ha.restore_coordinator.store`), its
+domain and its read API (`ckpt_ha.restore_coordinator.api`, the one face other code imports).
+No I/O here; every Redis detail lives with the store. The R15 `Pin` is the pins' owner's
+(`ckpt_ha.registry.pins`).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
 
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment, Topology
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
 from ckpt_ha.contracts.resume import ResumePlannedV2
+from ckpt_ha.core.pins import Pin
 
 
 @dataclass(frozen=True)
@@ -60,18 +63,6 @@ class History:
     """Infrastructure-side failures (job failures and load failures)."""
     fallbacks: int = 0
     """Load failures already answered with an older checkpoint in this chain."""
-
-
-@dataclass(frozen=True)
-class Pin:
-    """R15: a checkpoint a resumed job may still fall back to; retention never removes it."""
-
-    checkpoint_id: str
-    reason: str
-    plan_id: str
-    restored_step: int
-    attempt: int
-    """The resumed attempt: its own newer valid checkpoint releases the pin."""
 
 
 def planned_pins(data: ResumePlannedV2) -> list[Pin]:
@@ -230,3 +221,52 @@ class PlanInProgress:
     plan: PlanRecord
     resuming: bool
     """The resumed attempt has started (its ``job.started`` named this plan)."""
+
+
+# --- JSON in the key space ---
+
+COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
+"""Compact JSON, one encoder for every document written (``json.dumps`` with options builds
+one per call)."""
+
+
+def point_json(p: Point) -> str:
+    """``asdict(p)`` as JSON, built field by field: one per progress report on the hot path,
+    where ``asdict`` (a deep copy) cost more than the JSON itself."""
+    doc = {
+        "step": p.step,
+        "at": p.at.isoformat(),
+        "attempt": p.attempt,
+        "data_position": p.data_position,
+        "rng_fingerprint": p.rng_fingerprint,
+        "metrics": dict(p.metrics),
+    }
+    return COMPACT_JSON.encode(doc)
+
+
+def point_of(raw: str | bytes) -> Point:
+    doc = json.loads(raw)
+    doc["at"] = datetime.fromisoformat(doc["at"])
+    return Point(**doc)
+
+
+def failure_json(f: Failure) -> str:
+    return json.dumps({**asdict(f), "at": f.at.isoformat()}, separators=(",", ":"))
+
+
+def failure_of(raw: str | bytes) -> Failure:
+    doc = json.loads(raw)
+    doc["at"] = datetime.fromisoformat(doc["at"])
+    return Failure(**doc)
+
+
+def text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def unix(at: datetime) -> float:
+    return at.timestamp()
+
+
+def from_unix(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, UTC)

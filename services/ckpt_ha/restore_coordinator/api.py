@@ -1,0 +1,143 @@
+"""The restore-coordinator's published face: the ONLY module of the coordinator other code
+imports (the CLI, the operations, the runner; tests may reach further). What it publishes:
+
+* the name of its Redis key space (`KEY_SPACE`, `key`): ``<p>:coord:*``, every key of it
+  formatted by the coordinator (its store, `ckpt_ha.restore_coordinator.store`, and this);
+* its read models (`PlanRecord`, `Failure`, `Started`, `Watch`, `PlanInProgress`, ...);
+* a typed reader of that state (`RestoreReader`: plans, verdicts, failures, starts, holds)
+  for the ``ckpt-ha`` commands. Only the coordinator writes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Self
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ckpt_ha.registry.client import RedisConfig, connect
+from ckpt_ha.restore_coordinator.records import (
+    DecisionRecord,
+    Failure,
+    History,
+    PlanInProgress,
+    PlanRecord,
+    Point,
+    Started,
+    Target,
+    Watch,
+    attempt_key,
+    failure_of,
+    text,
+)
+
+__all__ = [
+    "KEY_SPACE",
+    "DecisionRecord",
+    "Failure",
+    "History",
+    "PlanInProgress",
+    "PlanRecord",
+    "Point",
+    "RestoreReader",
+    "Started",
+    "Target",
+    "Watch",
+    "attempt_key",
+    "key",
+]
+
+KEY_SPACE = "coord:"
+"""Every key of the coordinator starts with ``<prefix>:`` and this."""
+
+
+def key(prefix: str, *parts: str | int) -> str:
+    """The key ``<prefix>:coord:<parts joined by ':'>`` (a ``*`` part makes a pattern)."""
+    return f"{prefix}:{KEY_SPACE}" + ":".join(str(x) for x in parts)
+
+
+class RestoreReader:
+    """Typed reads of the coordinator's state in Redis (what ``ckpt-ha`` commands show, what
+    ``ckpt-ha policy advise`` measures). The coordinator's store extends it with the writes."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self._r = client
+        self._p = prefix
+
+    @classmethod
+    def from_url(cls, where: str | RedisConfig, prefix: str, **kwargs: Any) -> Self:
+        return cls(connect(where), prefix, **kwargs)
+
+    async def close(self) -> None:
+        await self._r.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await self._r.ping())
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            return False
+
+    def _k(self, *parts: str | int) -> str:
+        return key(self._p, *parts)
+
+    async def started(self, job: str, attempt: int) -> Started | None:
+        raw = await self._r.get(self._k("started", job, attempt))
+        return Started.model_validate_json(raw) if raw else None
+
+    async def failures(self, job: str) -> list[Failure]:
+        """The job's logged failures, one per attempt (a failure heard twice is one), in
+        attempt order: what ``ckpt-ha policy advise`` measures the failure rate from."""
+        raws = await self._r.hgetall(self._k("failures", job))
+        return sorted((failure_of(v) for v in raws.values()), key=lambda f: f.attempt)
+
+    async def held(self, job: str) -> bool:
+        return await self._r.get(self._k("held", job)) is not None  # (the ACL has no EXISTS)
+
+    async def decision(self, job: str, attempt: int) -> DecisionRecord | None:
+        raw = await self._r.get(self._k("decision", job, attempt))
+        return DecisionRecord.model_validate_json(raw) if raw else None
+
+    async def plan(self, plan_id: str) -> PlanRecord | None:
+        raw = await self._r.get(self._k("plan", plan_id))
+        return PlanRecord.model_validate_json(raw) if raw else None
+
+    async def plans_of(self, plan_ids: Sequence[str]) -> dict[str, PlanRecord]:
+        ids = list(dict.fromkeys(plan_ids))
+        if not ids:
+            return {}
+        raws = await self._r.mget([self._k("plan", i) for i in ids])
+        return {i: PlanRecord.model_validate_json(r) for i, r in zip(ids, raws, strict=True) if r}
+
+    async def verdict(self, plan: str) -> str | None:
+        value = await self._r.get(self._k("verdict", plan))
+        return str(value) if value else None
+
+    async def verdicts_of(self, plan_ids: Sequence[str]) -> dict[str, str]:
+        ids = list(dict.fromkeys(plan_ids))
+        if not ids:
+            return {}
+        raws = await self._r.mget([self._k("verdict", i) for i in ids])
+        return {i: text(r) for i, r in zip(ids, raws, strict=True) if r}
+
+    async def watch(self, job: str) -> Watch | None:
+        raw = await self._r.get(self._k("watch", job))
+        return Watch.model_validate_json(raw) if raw else None
+
+    async def plans_in_progress(self) -> list[PlanInProgress]:
+        """Every stored plan without a verdict yet, and whether its resumed attempt started
+        (R6: retention keeps what a restore plan or a resume in progress references)."""
+        pattern = self._k("plan", "*")
+        keys = [text(k) async for k in self._r.scan_iter(match=pattern, count=500)]
+        out: list[PlanInProgress] = []
+        for key in sorted(keys):
+            plan_id = key.rsplit(":", 1)[1]
+            raw, verdict = await self._r.mget(key, self._k("verdict", plan_id))
+            if not raw or verdict:
+                continue
+            plan = PlanRecord.model_validate_json(raw)
+            started = await self.started(plan.job_id, plan.attempt)
+            resuming = started is not None and started.plan_id == plan.plan_id
+            out.append(PlanInProgress(plan, resuming))
+        return out

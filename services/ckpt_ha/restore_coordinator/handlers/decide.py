@@ -1,0 +1,241 @@
+"""One unit of work: decide one failed attempt (a plan or an escalation), store the decision,
+publish it. The lease keeps a duplicate delivery or a second replica from deciding at the same
+time; the stored decision makes every later delivery re-publish the same events. A failure
+that waits for a checkpoint on its way (a pending verification, a commit not registered yet)
+is "not ready yet": `DependencyNotReady`, nak'ed and decided again after the bus's back-off."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, replace
+from datetime import datetime
+
+from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1
+from ckpt_ha.core.errors import DependencyNotReady, TransientError
+from ckpt_ha.restore_coordinator import adapters, domain
+from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
+from ckpt_ha.restore_coordinator.ports import CheckpointReads, NewId, RestoreState, StoredEvents
+from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.restore_coordinator.records import DecisionRecord, History, Point, Started
+from ckpt_ha.telemetry import tracing
+
+HISTORY_WINDOW = 64
+"""Failures read back per decision (the same-failure stop condition looks at the latest ones)."""
+INHERIT_WINDOW = 16
+"""Attempts looked back at for the one that wrote a checkpoint without its own identity."""
+log = logging.getLogger("ckpt_ha.restore_coordinator")
+
+
+class DecisionInProgress(TransientError):
+    """Another replica (or delivery) holds the lease on this failure: retry, then find its
+    decision."""
+
+    code = "decision_in_progress"
+
+    def __init__(self, job_id: str, attempt: int) -> None:
+        self.job_id = job_id
+        self.attempt = attempt
+        super().__init__(f"failure of {job_id} attempt {attempt} is being decided elsewhere")
+
+
+def new_owner_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What a decision reads besides the coordinator's own memory: the registry's records, and
+    the stream's newest commit of the job (None: not read)."""
+
+    registry: CheckpointReads
+    stored: StoredEvents | None = None
+
+
+@dataclass(frozen=True)
+class DecisionRules:
+    """How long a decider holds a failure and how long a fresh failure may wait."""
+
+    lease_ttl_s: float = 30.0
+    verification_grace_s: float = 40.0
+    new_id: NewId = new_owner_id
+    """The lease owner's id."""
+
+
+class Decider:
+    """Decides one failed attempt (`decide`)."""
+
+    def __init__(
+        self,
+        state: RestoreState,
+        projection: RestoreProjection,
+        sources: Sources,
+        outbox: Outbox,
+        metrics: RestoreMetrics,
+        rules: DecisionRules,
+    ) -> None:
+        self.state = state
+        self.projection = projection
+        self.sources = sources
+        self.outbox = outbox
+        self.metrics = metrics
+        self.rules = rules
+
+    async def decide(
+        self,
+        job: str,
+        attempt: int,
+        started: Started,
+        history: History,
+        excluded: set[str],
+        *,
+        last: Point | None,
+        failed_at: datetime,
+        failed_step: int | None,
+        fallback: domain.Fallback | None = None,
+        stop: domain.Escalation | None = None,
+    ) -> None:
+        """One decision per failed attempt (a plan or an escalation), stored, then published."""
+        if not await self.state.lease(job, attempt, self.rules.new_id(), self.rules.lease_ttl_s):
+            raise DecisionInProgress(job, attempt)
+        try:
+            stored = await self.state.decision(job, attempt)
+            if stored is None:
+                stored = await self._decide_now(
+                    job, attempt, started, history, excluded, last, failed_at, failed_step,
+                    fallback, stop,
+                )  # fmt: skip
+            await self.outbox.publish_decision(job, attempt, stored)
+        finally:
+            await self.state.release(job, attempt)
+
+    async def _starts(self, job: str, attempt: int, chosen: domain.Candidate) -> list[Started]:
+        """The job's recent ``job.started`` records, read only when the chosen checkpoint lacks
+        identity the compatibility check needs (one read per attempt, newest first)."""
+        if not domain.lacks_identity(chosen):
+            return []
+        found = []
+        for n in range(attempt, max(0, attempt - INHERIT_WINDOW), -1):
+            started = await self.state.started(job, n)
+            if started is not None:
+                found.append(started)
+        return found
+
+    async def _unregistered_commit(self, job: str, failed_at: datetime) -> str | None:
+        """The job's newest commit in the stream, when the failure waits for the registry to
+        record it (`domain.awaits_commit`) and it has not yet; None: nothing to wait for. Past
+        the grace nothing is read."""
+        stored = self.sources.stored
+        if stored is None or not domain.within_grace(
+            failed_at, self.outbox.clock(), self.rules.verification_grace_s
+        ):
+            return None
+        newest = await stored.last_event(CheckpointCommittedV1.EVENT_TYPE, job)
+        if newest is None or not isinstance(newest.data, CheckpointCommittedV1):
+            return None
+        if not domain.awaits_commit(newest.time, failed_at):
+            return None
+        checkpoint_id = newest.data.checkpoint_id
+        if await self.sources.registry.get(checkpoint_id) is not None:
+            return None
+        return checkpoint_id
+
+    async def _decide_now(
+        self,
+        job: str,
+        attempt: int,
+        started: Started,
+        history: History,
+        excluded: set[str],
+        last: Point | None,
+        failed_at: datetime,
+        failed_step: int | None,
+        fallback: domain.Fallback | None,
+        stop: domain.Escalation | None = None,
+    ) -> DecisionRecord:
+        with tracing.span("registry.select", attributes={"db.system": "redis"}):
+            selection = await adapters.selection(self.sources.registry, job, excluded)
+        fresh = fallback is None and stop is None
+        if fresh and domain.stop_reason(history, started.policy, failed_at) is None:
+            awaited = domain.verification_to_await(
+                selection, failed_at, self.outbox.clock(), self.rules.verification_grace_s
+            )
+            if awaited is not None:  # nak'ed and decided again after the bus's backoff
+                raise DependencyNotReady(
+                    f"job.failed of {job} attempt {attempt}",
+                    f"the verification of {awaited.checkpoint_id} (step {awaited.step})",
+                    in_stream=False,  # its own deadline: the grace
+                )
+            unheard = await self._unregistered_commit(job, failed_at)
+            if unheard is not None:
+                raise DependencyNotReady(
+                    f"job.failed of {job} attempt {attempt}",
+                    f"the registrar to register its commit {unheard}",
+                    in_stream=False,  # the same grace
+                )
+        if selection.chosen is not None:
+            starts = await self._starts(job, attempt, selection.chosen)
+            inherited = domain.with_inherited_identity(selection.chosen, job, starts)
+            selection = replace(selection, chosen=inherited)
+        chosen = selection.chosen
+        at_step = None
+        if chosen is not None and chosen.step is not None:
+            at_step = await self.state.point_at(job, chosen.step)
+        decision = domain.decide_failure(
+            job=job,
+            attempt=attempt,
+            started=started,
+            history=history,
+            selection=selection,
+            excluded=excluded,
+            last=last,
+            at_chosen_step=at_step,
+            failed_at=failed_at,
+            failed_step=failed_step,
+            fallback=fallback,
+            stop=stop,
+        )
+        _trace(job, attempt, decision)
+        now = self.outbox.clock()
+        if fallback is None:
+            self.metrics.job_failed(job)
+        outcome, detail = decision.outcome
+        if decision.escalation is not None:
+            self.metrics.outcome(job, outcome, at=now.timestamp(), reason=detail)
+        else:
+            since_failure = (now - failed_at).total_seconds()
+            self.metrics.outcome(job, outcome, at=now.timestamp(), seconds=since_failure)
+        envelopes = [self.outbox.envelope(x, "decision") for x in decision.events]
+        stored = await self.projection.decided(envelopes, published=False)
+        if stored is None:  # never: a failure decision is a plan, or an escalation naming it
+            raise RuntimeError(f"decision about {job} attempt {attempt} holds no decision event")
+        self.metrics.decisions.labels(self.metrics.service, outcome, detail).inc()
+        return stored
+
+
+def _trace(job: str, attempt: int, decision: domain.FailureDecision) -> None:
+    chosen, verdict, stop = decision.chosen, decision.verdict, decision.escalation
+    if chosen is None or verdict is None:
+        if stop is not None and stop.reason is domain.Stop.NO_VALID_CHECKPOINT:
+            tracing.annotate(**{"ckpt_ha.decision": "escalate", "ckpt_ha.reason": stop.detail})
+        return
+    # Choosing a checkpoint to restore is part of its story: a span in its trace (from the
+    # registry, however long ago it was written), linked to this failure's handling.
+    with tracing.continue_trace(
+        "restore.select",
+        chosen.traceparent,
+        tracestate=chosen.tracestate,
+        attributes={
+            "ckpt_ha.job_id": job,
+            "ckpt_ha.checkpoint_id": chosen.checkpoint_id,
+            "ckpt_ha.plan_id": decision.plan_id,
+            "ckpt_ha.attempt": attempt + 1,
+        },
+    ):
+        tracing.annotate(
+            **{
+                "ckpt_ha.mode": verdict.mode.value if verdict.mode else None,
+                "ckpt_ha.compatibility": verdict.compatibility.value,
+            }
+        )

@@ -1,0 +1,159 @@
+"""Failure planning: ``job.failed`` and ``resume.load_failed``, each recorded through the
+projection and decided by the `Decider` (a load failure that blames the checkpoint quarantines
+it first, `Quarantine`)."""
+
+from __future__ import annotations
+
+import logging
+
+from ckpt_ha.contracts import Envelope
+from ckpt_ha.contracts.job import JobFailedV1
+from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2
+from ckpt_ha.core.errors import DependencyNotReady
+from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.restore_coordinator import adapters, domain
+from ckpt_ha.restore_coordinator.handlers.decide import HISTORY_WINDOW, Decider
+from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
+from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
+from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore, RestoreState
+from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.storage.quarantine_move import isolate
+from ckpt_ha.telemetry import tracing
+
+log = logging.getLogger("ckpt_ha.restore_coordinator")
+
+
+class Quarantine:
+    """R7: a checkpoint whose bytes failed to load is quarantined (bytes moved aside first)."""
+
+    def __init__(self, store: ObjectStore, registry: CheckpointReads, outbox: Outbox) -> None:
+        self.store = store
+        self.registry = registry
+        self.outbox = outbox
+
+    async def after_load_failure(
+        self, event: Envelope[ResumeLoadFailedV2], record: CheckpointRecord | None
+    ) -> None:
+        d = event.data
+        if d.blame is not LoadBlame.CHECKPOINT:
+            return
+        found = adapters.candidate(record) if record is not None else None
+        quarantined = domain.quarantine_after_load_failure(d.job_id, found, d.reason, d.blame)
+        if quarantined is not None and found is not None:
+            # A transition of the checkpoint: in its own trace, linked to this load failure.
+            with tracing.continue_trace(
+                "restore.load_failed",
+                found.traceparent,
+                tracestate=found.tracestate,
+                attributes=tracing.event_attributes(event),
+            ):
+                tracing.fail(quarantined.reason, code="load_failed")
+                datas = await isolate(self.store, [quarantined], self.registry)
+                await self.outbox.publish_caused_by(event, datas)
+
+
+class Failures:
+    """``job.failed`` and ``resume.load_failed``: record, then decide (or re-publish the
+    decision already stored for that failure)."""
+
+    def __init__(
+        self,
+        state: RestoreState,
+        projection: RestoreProjection,
+        decider: Decider,
+        quarantine: Quarantine,
+        metrics: RestoreMetrics,
+        *,
+        load_failed_grace_s: float = 3.0,
+    ) -> None:
+        self.state = state
+        self.projection = projection
+        self.decider = decider
+        self.quarantine = quarantine
+        self.metrics = metrics
+        self.load_failed_grace_s = load_failed_grace_s
+
+    async def on_failed(self, event: Envelope[JobFailedV1]) -> None:
+        d = event.data
+        outbox = self.decider.outbox
+        if domain.ends_the_run(d):
+            await self.projection.cancelled(event)
+            log.info("%s attempt %d was cancelled by a user: no restore", d.job_id, d.attempt)
+            return
+        started, last, history, excluded, decision = await self.projection.failed(
+            event, HISTORY_WINDOW
+        )
+        if decision is not None:
+            await outbox.publish_decision(d.job_id, d.attempt, decision)
+            return
+        if started is None:
+            raise DependencyNotReady(f"job.failed of {d.job_id} attempt {d.attempt}", "job.started")
+        if await self.state.held(d.job_id):
+            log.info("%s attempt %d failed while held: recorded, not planned", d.job_id, d.attempt)
+            return  # `on_unheld` decides it, if it is still the latest failure then
+        if domain.awaits_load_failure(d.plan_id, last) and domain.within_grace(
+            event.time, outbox.clock(), self.load_failed_grace_s
+        ):
+            # A resumed attempt failed before any progress: most likely its load failed, and
+            # the ``resume.load_failed`` (published before the process exited) is being handled
+            # by the other consumer. Not ready yet, as a failure awaiting a verification: nak'ed
+            # and handled again after the bus's back-off, when that decision is found above.
+            raise DependencyNotReady(
+                f"job.failed of {d.job_id} attempt {d.attempt}",
+                f"the decision of its plan {d.plan_id}'s load failure",
+                in_stream=False,  # its own deadline: the load-failure grace
+            )
+        await self.decider.decide(
+            d.job_id,
+            d.attempt,
+            started,
+            history,
+            excluded,
+            last=last,
+            failed_at=event.time,
+            failed_step=d.last_step,
+        )
+
+    async def on_load_failed(self, event: Envelope[ResumeLoadFailedV2]) -> None:
+        """R7: a failure that blames the checkpoint excludes and quarantines it and plans the
+        one before; one that blames the attempt leaves the checkpoint valid: storage trouble is
+        decided again (the storage stop condition counts it), anything else escalates.
+
+        Only for the job's own checkpoint and plan: a load failure naming another job's is
+        refused (`JobMismatch`) before anything is excluded, quarantined or planned."""
+        d = event.data
+        found = await self.projection.load_failed(event)
+        record, plan, outcome, excluded = found.record, found.plan, found.outcome, found.excluded
+        self.metrics.outcome(d.job_id, "load_failed", at=event.time.timestamp())
+        await self.quarantine.after_load_failure(event, record)
+        if plan is None:
+            log.warning("load failure for unknown plan %s: nothing planned", d.plan_id)
+            return
+        decision = await self.state.decision(d.job_id, plan.attempt)
+        if decision is not None:
+            await self.decider.outbox.publish_decision(d.job_id, plan.attempt, decision)
+            return
+        started = domain.resumed_start(
+            await self.state.started(d.job_id, plan.attempt),
+            await self.state.started(d.job_id, plan.failed_attempt),
+            plan,
+        )
+        if started is None:
+            raise DependencyNotReady(f"load failure of plan {d.plan_id}", "job.started")
+        escalate = outcome is domain.LoadOutcome.ESCALATE
+        await self.decider.decide(
+            d.job_id,
+            plan.attempt,
+            started,
+            await self.state.history(d.job_id, plan.attempt, HISTORY_WINDOW),
+            excluded,
+            last=await self.state.last(d.job_id, plan.failed_attempt),
+            failed_at=plan.failed_at,
+            failed_step=None,
+            fallback=(
+                domain.Fallback(d.checkpoint_id, plan.fallbacks)
+                if outcome is domain.LoadOutcome.FALLBACK
+                else None
+            ),
+            stop=domain.cannot_load(d.job_id, plan, d.reason) if escalate else None,
+        )
