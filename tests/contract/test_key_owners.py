@@ -13,8 +13,8 @@ from types import ModuleType
 
 from ckpt_ha.integrity_checker import access as integrity_checker
 from ckpt_ha.registrar import access as registrar
-from ckpt_ha.restore_coordinator import api as restores
 from ckpt_ha.restore_coordinator import access as restore_coordinator
+from ckpt_ha.restore_coordinator import api as restores
 from ckpt_ha.retention_janitor import access as retention_janitor
 from ckpt_ha.writer_watcher import access as writer_watcher
 from ckpt_ha.writer_watcher import adapters as watcher_state

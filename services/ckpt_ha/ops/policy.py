@@ -13,8 +13,8 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core import interval
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.ops.errors import NothingToMeasure
-from ckpt_ha.restore_coordinator import api as restores
 from ckpt_ha.registry.port import CheckpointReader
+from ckpt_ha.restore_coordinator import api as restores
 from ckpt_ha.restore_coordinator.api import Failure
 
 DEFAULT_PRIOR_MTBF_S = 24 * 3600.0
