@@ -11,7 +11,7 @@ from pathlib import Path
 
 import ckpt_ha.ops
 from ckpt_ha.cli import render
-from ckpt_ha.cli.main import COMMANDS
+from ckpt_ha.cli.main import COMMANDS, command_module
 from ckpt_ha.cli.parser import build_parser
 from ckpt_ha.cli.serve import entries
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
@@ -36,7 +36,7 @@ def _parsed_commands() -> set[tuple[str, str | None]]:
 def test_every_parsed_command_has_one_handler_and_every_handler_a_command() -> None:
     assert set(COMMANDS) == _parsed_commands()
     for (command, action), (module, function) in COMMANDS.items():
-        handler = getattr(importlib.import_module(f"ckpt_ha.cli.{module}"), function, None)
+        handler = getattr(importlib.import_module(command_module(module)), function, None)
         assert callable(handler), (command, action, module, function)
 
 

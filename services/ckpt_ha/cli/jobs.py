@@ -1,11 +1,10 @@
-"""`ckpt-ha run` (a training command under the runner: relaunched from the restore-coordinator's
-plan on failure) and `ckpt-ha drill` (a fault injected into a real job, recovery proven)."""
+"""`ckpt-ha run`: a training command under the runner, relaunched from the restore-coordinator's
+plan on failure."""
 
 from __future__ import annotations
 
 import argparse
 import shutil
-import sys
 from pathlib import Path
 
 from ckpt_ha.cli import context
@@ -90,39 +89,3 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         return context.run(settings, runner.run)
     except (LaunchFailed, CannotResume) as exc:
         raise CommandError(str(exc)) from None
-
-
-def cmd_drill(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    from ckpt_ha.drill import run as drill
-
-    def log(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    from ckpt_ha.cli.parser import needs_s3_endpoint
-    from ckpt_ha.devstack.stack import StackConflict
-
-    needs_s3_endpoint(args.storage, env)
-    try:
-        result = drill.run(args.scenario, home, env, log, budget_s=args.budget,
-                           storage=args.storage)  # fmt: skip
-    except StackConflict as exc:
-        raise CommandError(str(exc)) from None
-    results = result if isinstance(result, list) else [result]
-    if args.report:
-        from ckpt_ha.drill import report
-
-        folder = Path(args.report)
-        folder.mkdir(parents=True, exist_ok=True)
-        for name, text in report.files(result).items():
-            (folder / name).write_text(text, encoding="utf-8")
-        log(f"report: {folder / 'report.html'} (also report.md, report.json)")
-    if args.json:
-        print(drill.as_json(result))
-    else:
-        print("\n\n".join(drill.as_text(r) for r in results))
-        if args.report:
-            print(f"\nreport: {Path(args.report) / 'report.html'}")
-    # Under `all`, a drill this installation cannot run says so in its result and fails nothing;
-    # asked for by name, not running it is a failure.
-    fine = ("pass", drill.NOT_RUN) if args.scenario == "all" else ("pass",)
-    return 0 if all(r["verdict"] in fine for r in results) else 1

