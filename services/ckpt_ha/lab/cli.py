@@ -80,7 +80,7 @@ def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
 def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     """Start the stack, write a checkpoint, show it registered."""
     from ckpt_ha.cli import checkpoints
-    from ckpt_ha.ops import demo
+    from ckpt_ha.lab import demo
     from ckpt_ha.storage import open_store
 
     cmd_up(args, env, home)
