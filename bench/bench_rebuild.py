@@ -52,7 +52,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointWritingV1,
 )
 from ckpt_ha.contracts.job import JobStartedV1
-from ckpt_ha.devstack import procs
+from ckpt_ha.lab.devstack import procs
 from ckpt_ha.ops.rebuild import rebuild_registry
 from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.redis_registry import Registry

@@ -40,7 +40,7 @@ from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import signing
 from ckpt_ha.contracts.checkpoint import CheckpointState
-from ckpt_ha.devstack import procs, stack
+from ckpt_ha.lab.devstack import procs, stack
 from ckpt_ha.ops.rebuild import rebuild_registry
 from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.pins import RedisPins
@@ -48,6 +48,7 @@ from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
+from ckpt_ha.runtime import local_stack
 from ckpt_ha.storage import key_for_uri, open_store
 from ckpt_ha.telemetry.metrics import ServiceMetrics
 
@@ -143,7 +144,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> None:
     redis_proc = procs.start_redis(tmp / "redis-server")
     home = tmp / "home"
     master = secrets.token_hex(32)
-    keep = stack.StackSecrets.of(home)
+    keep = local_stack.StackSecrets.of(home)
     keep.folder.mkdir(parents=True, exist_ok=True)
     keep.signing_key.write_text(master + "\n")
     os.chmod(keep.signing_key, 0o600)
@@ -185,7 +186,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> None:
         report_redis("after intake", base_used, await redis_figures(redis_proc.url), n)
 
         clock = ShiftedClock()
-        bus = Bus(stack.bus_config(state), "retention-janitor")
+        bus = Bus(local_stack.bus_config(state), "retention-janitor")
         await bus.broker.start()
         try:
             janitor = Janitor(registry, RedisPins(client, PREFIX), RedisRestores(client, PREFIX),
@@ -208,7 +209,7 @@ async def measure(args: argparse.Namespace, tmp: Path) -> None:
         stack.down(home)  # a rebuild runs with the writers of the registry stopped
         begun = time.monotonic()
         rebuilt = await rebuild_registry(
-            registry, stack.bus_config(state), partial(key_for_uri, open_store(str(root))),
+            registry, local_stack.bus_config(state), partial(key_for_uri, open_store(str(root))),
             clear=True,
         )  # fmt: skip
         took = time.monotonic() - begun

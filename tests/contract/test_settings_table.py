@@ -15,7 +15,8 @@ from ckpt_ha.runtime.settings import ServiceSettings
 
 SOURCES = Path(settings_table.__file__).resolve().parents[1]
 TEST_ONLY = frozenset({"CKPT_HA_TEST_PROBE_NATS_PORT", "CKPT_HA_TEST_PROBE_REDIS_PORT"})
-"""Read by the test infrastructure only (`ckpt_ha.devstack.testinfra`), never by a deployment."""
+"""Read by the test infrastructure only (`ckpt_ha.lab.devstack.testinfra`), never by a
+deployment."""
 
 
 def test_the_docs_table_matches_the_settings_classes() -> None:

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from ckpt_ha.contracts.subjects import event_subject
-from ckpt_ha.devstack import procs
-from ckpt_ha.devstack.stack import start_service
+from ckpt_ha.lab.devstack import procs
+from ckpt_ha.lab.devstack.stack import start_service
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.support.bus_tools import publish_raw, wait_for
 from tests.support.cli_tools import stack_env

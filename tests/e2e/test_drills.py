@@ -27,8 +27,8 @@ from ckpt_ha.contracts import CATALOG, build
 from ckpt_ha.contracts.job import JobFailedV1
 from ckpt_ha.contracts.resume import ResumePlannedV2
 from ckpt_ha.contracts.subjects import job_token
-from ckpt_ha.devstack import stack
-from ckpt_ha.devstack.stack import StackState
+from ckpt_ha.runtime import local_stack
+from ckpt_ha.runtime.local_stack import StackState
 from tests.support import slurm as slurm_support
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
@@ -255,14 +255,14 @@ def test_a_slurm_node_lost_is_classified_resubmitted_with_the_restore_target_and
 
 async def _events(state: StackState, job: str) -> list[Any]:
     events, _ = await read_events(
-        stack.bus_config(state), CATALOG, f"ckpt.ev.*.*.*.{job_token(job)}", idle_timeout=2
+        local_stack.bus_config(state), CATALOG, f"ckpt.ev.*.*.*.{job_token(job)}", idle_timeout=2
     )
     return events
 
 
 async def _republish(state: StackState, failed: JobFailedV1, copies: int) -> None:
     # A scheduler reporting one failure several times: it publishes as the runner does.
-    bus = Bus(stack.bus_config(state, stack.RUNNER), "e2e-scheduler")
+    bus = Bus(local_stack.bus_config(state, local_stack.RUNNER), "e2e-scheduler")
     await bus.broker.start()
     try:
         for i in range(copies):  # a scheduler that reports one failure several times

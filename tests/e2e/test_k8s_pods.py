@@ -25,7 +25,7 @@ import pytest
 from pydantic import SecretStr
 
 from ckpt_ha.bus import permissions
-from ckpt_ha.devstack import procs
+from ckpt_ha.lab.devstack import procs
 from ckpt_ha.registry import acl
 from tests.support.k8s import K8S, Doc, MissingSecret, lay_out_pod, pod_spec, render
 from tests.support.tls import TlsFiles, make_tls, start_tls_redis, tls_redis_server

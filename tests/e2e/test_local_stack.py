@@ -21,10 +21,12 @@ from pydantic import SecretStr
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import build, framing, signing
 from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
-from ckpt_ha.devstack import procs, stack
-from ckpt_ha.devstack.stack import StackState, _prometheus_binary
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.lab.devstack import procs
+from ckpt_ha.lab.devstack.stack import _prometheus_binary
+from ckpt_ha.runtime import local_stack
+from ckpt_ha.runtime.local_stack import StackState
 from ckpt_ha.storage import FsStore
 
 pytestmark = pytest.mark.e2e
@@ -70,7 +72,7 @@ def committed(state: StackState, i: int, *, corrupt: bool = False) -> Checkpoint
 
 
 async def publish(state: StackState, datas: list[CheckpointCommittedV1]) -> None:
-    bus = Bus(stack.bus_config(state), "e2e-test")
+    bus = Bus(local_stack.bus_config(state), "e2e-test")
     await bus.broker.start()
     try:
         for data in datas:
@@ -190,7 +192,7 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
 
 
 def stack_secrets(home: Path) -> dict[str, str]:
-    folder = stack.StackSecrets.of(home).folder
+    folder = local_stack.StackSecrets.of(home).folder
     assert folder.stat().st_mode & 0o777 == 0o700
     found = {}
     for path in sorted(folder.iterdir()):
@@ -236,7 +238,7 @@ async def assert_authentication_is_on(home: Path, state: StackState) -> dict[str
         anonymous.ping()
     anonymous.close()
     # A service's own Redis user can read a record but not write one.
-    checker = connect(stack.redis_config(state, "integrity-checker"))
+    checker = connect(local_stack.redis_config(state, "integrity-checker"))
     try:
         assert await checker.get("ckpt-ha:ckpt:none") is None
         with pytest.raises(redis.exceptions.NoPermissionError):
@@ -266,7 +268,7 @@ def state_after_up(home: Path) -> StackState:
 async def publish_raw_bytes(state: StackState, data: bytes) -> None:
     import nats
 
-    cfg = stack.bus_config(state)
+    cfg = local_stack.bus_config(state)
     subject = "ckpt.ev.checkpoint.committed.v1.e2e-job"
     # Signed by its job (the signature holds; the payload is what is broken).
     key = signing.job_key(cfg.signing_keys[0], "e2e-job")

@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from ckpt_ha.devstack import stack
-from ckpt_ha.devstack.stack import StackState
 from ckpt_ha.ops.alerts import DEFAULT_RUNBOOK_BASE
 from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.runtime import local_stack
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
+from ckpt_ha.runtime.local_stack import StackState
 from tests.support import observability as obs
 from tests.support.dashboards import dashboard_queries, variable_queries
 
@@ -91,7 +91,7 @@ def drill(home: Path, scenario: str) -> dict[str, Any]:
 
 
 async def step_of(state: StackState, checkpoint_id: str) -> int | None:
-    registry = Registry.from_url(stack.redis_config(state))
+    registry = Registry.from_url(local_stack.redis_config(state))
     try:
         record = await registry.get(checkpoint_id)
     finally:

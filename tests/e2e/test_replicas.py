@@ -33,9 +33,10 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointState as S
 from ckpt_ha.contracts.job import FailureCause, FailureSide, JobFailedV1
-from ckpt_ha.devstack import procs, stack
-from ckpt_ha.devstack.procs import ManagedProcess
+from ckpt_ha.lab.devstack import procs, stack
+from ckpt_ha.lab.devstack.procs import ManagedProcess
 from ckpt_ha.registry.redis_registry import Registry
+from ckpt_ha.runtime import local_stack
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from ckpt_ha.sdk.checkpoints import process_environment
 from tests.faults.flows import (
@@ -124,7 +125,7 @@ def second_replicas(fs: FaultStack) -> list[ManagedProcess]:
     state = fs.state()
 
     def start(name: str) -> ManagedProcess:
-        env = {**fs.env(), **stack.login_env(state, name)}
+        env = {**fs.env(), **local_stack.login_env(state, name)}
         return stack.start_service(name, fs.home, env, replica="b")
 
     with ThreadPoolExecutor(len(SERVICE_NAMES)) as pool:
@@ -133,7 +134,7 @@ def second_replicas(fs: FaultStack) -> list[ManagedProcess]:
 
 async def announce_failure(fs: FaultStack, job: str) -> None:
     """Attempt 1 of ``job`` failed (node exit), announced twice under two event ids."""
-    bus = Bus(stack.bus_config(fs.state()), "replicas-runner")
+    bus = Bus(local_stack.bus_config(fs.state()), "replicas-runner")
     await bus.broker.start()
     try:
         data = JobFailedV1(
@@ -207,7 +208,7 @@ async def _scenario(
         await announce_failure(fs, jobs[0])
 
         async def plan() -> list[Envelope[EventData]]:
-            found = await job_events(stack.bus_config(fs.state()), jobs[:1])
+            found = await job_events(local_stack.bus_config(fs.state()), jobs[:1])
             return [e for e in found if e.event_type == "resume.planned"]
 
         await wait_for(plan, timeout=30, what="the resume plan")
@@ -248,7 +249,7 @@ async def _scenario(
     figures = await settle(
         fs, registry, "replicas", jobs, saves, ended=now(), letters_before=letters, bound_s=60
     )
-    events = await job_events(stack.bus_config(fs.state()), jobs)
+    events = await job_events(local_stack.bus_config(fs.state()), jobs)
     after = {p.name: scrape(p) for p in survivors.values()}
     await registry.close()
 

@@ -50,7 +50,7 @@ R12_STEPS = (
     "transfer-ownership",
 )
 TRAIN = [
-    "-m", "ckpt_ha.examples.numpy_mlp",
+    "-m", "ckpt_ha.lab.examples.numpy_mlp",
     "--steps", "200", "--checkpoint-every", "10", "--sleep-per-step", "0.05",
 ]  # fmt: skip
 

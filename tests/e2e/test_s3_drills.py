@@ -26,8 +26,9 @@ from typing import Any
 
 import pytest
 
-from ckpt_ha.devstack import procs
-from ckpt_ha.devstack.stack import STORAGE_LINK, StackState
+from ckpt_ha.lab.devstack import procs
+from ckpt_ha.lab.devstack.stack import STORAGE_LINK
+from ckpt_ha.runtime.local_stack import StackState
 from tests.support.moto_server import (
     aws_env,
     s3_client,

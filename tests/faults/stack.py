@@ -1,6 +1,6 @@
 """The stack the fault suite breaks: the five service processes of the embedded stack
-(`ckpt_ha.devstack.stack.up`) on a nats-server and a redis-server of the suite's own
-(`ckpt_ha.devstack.procs`, as `tests.support.private_infra` starts them), with S3 storage on a
+(`ckpt_ha.lab.devstack.stack.up`) on a nats-server and a redis-server of the suite's own
+(`ckpt_ha.lab.devstack.procs`, as `tests.support.private_infra` starts them), with S3 storage on a
 moto server (`tests.support.moto_server`).
 
 The services reach S3 through one `TcpLink` and the writers through another, so a storage outage
@@ -28,10 +28,11 @@ from typing import Any, BinaryIO
 
 from botocore.config import Config
 
-from ckpt_ha.devstack import procs, stack
-from ckpt_ha.devstack.procs import ManagedProcess
-from ckpt_ha.devstack.stack import StackState
+from ckpt_ha.lab.devstack import procs, stack
+from ckpt_ha.lab.devstack.procs import ManagedProcess
+from ckpt_ha.runtime import local_stack
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
+from ckpt_ha.runtime.local_stack import StackState
 from ckpt_ha.storage import ObjectInfo, S3Store
 from tests.support import moto_server
 from tests.support.bus_tools import SIGNING_KEY
@@ -193,7 +194,7 @@ class FaultStack:
         has it)."""
         return subprocess.run(
             [sys.executable, "-m", "ckpt_ha.cli.main", *args],
-            env={**self.env(), **stack.login_env(self.state(), stack.OPERATOR)},
+            env={**self.env(), **local_stack.login_env(self.state(), local_stack.OPERATOR)},
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -227,7 +228,7 @@ def s3_client(endpoint: str) -> Any:
 def _write_signing_key(home: Path) -> None:
     """The suite's master key as the stack's (`StackSecrets.ensure` keeps an existing one), so
     `tests.support.bus_tools` signs as this stack's jobs would."""
-    keep = stack.StackSecrets.of(home)
+    keep = local_stack.StackSecrets.of(home)
     keep.folder.mkdir(parents=True, exist_ok=True)
     os.chmod(keep.folder, 0o700)
     fd = os.open(keep.signing_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

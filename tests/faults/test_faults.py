@@ -21,9 +21,9 @@ from nats.aio.msg import Msg
 
 from ckpt_ha.contracts.checkpoint import CheckpointState as S
 from ckpt_ha.contracts.subjects import parse_event_subject
-from ckpt_ha.drill.assess import assess_restore
-from ckpt_ha.drill.harness import Drill, policy, progress_at_least, resumed_after, valid_count
 from ckpt_ha.formats import native
+from ckpt_ha.lab.drill.assess import assess_restore
+from ckpt_ha.lab.drill.harness import Drill, policy, progress_at_least, resumed_after, valid_count
 from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.redis_registry import Registry
 from tests.faults.book import FigureBook

@@ -14,7 +14,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointState
-from ckpt_ha.devstack import procs
+from ckpt_ha.lab.devstack import procs
 from ckpt_ha.registrar.app import Registrar, build
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.server import HttpEndpoint

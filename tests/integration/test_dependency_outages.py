@@ -26,7 +26,7 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.subjects import event_filter
-from ckpt_ha.devstack import procs
+from ckpt_ha.lab.devstack import procs
 from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.runtime.server import HttpEndpoint
 from ckpt_ha.runtime.settings import ServiceSettings

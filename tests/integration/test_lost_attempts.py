@@ -29,9 +29,9 @@ from ckpt_ha.contracts.job import (
     JobSucceededV1,
 )
 from ckpt_ha.contracts.resume import ResumePlannedV2, ResumeVerifiedV1
-from ckpt_ha.examples import numpy_mlp
 from ckpt_ha.integrity_checker.app import build as build_checker
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
+from ckpt_ha.lab.examples import numpy_mlp
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator, backlog
 from ckpt_ha.restore_coordinator.app import build as build_coordinator

@@ -23,8 +23,8 @@ from pydantic import SecretStr
 
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts.checkpoint import CheckpointState
-from ckpt_ha.devstack import procs
-from ckpt_ha.devstack.procs import ManagedProcess
+from ckpt_ha.lab.devstack import procs
+from ckpt_ha.lab.devstack.procs import ManagedProcess
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings

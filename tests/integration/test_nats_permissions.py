@@ -27,7 +27,7 @@ from ckpt_ha.bus.streams import StreamMisconfigured
 from ckpt_ha.cli.serve import entries
 from ckpt_ha.contracts import CATALOG
 from ckpt_ha.contracts.subjects import event_subject, inbox_prefix
-from ckpt_ha.devstack import procs
+from ckpt_ha.lab.devstack import procs
 from ckpt_ha.registrar.app import Registrar, build
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.settings import ServiceSettings
@@ -348,7 +348,7 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
         command=(
             sys.executable,
             "-m",
-            "ckpt_ha.examples.numpy_mlp",
+            "ckpt_ha.lab.examples.numpy_mlp",
             "--steps",
             "5",
             "--crash-at-step",

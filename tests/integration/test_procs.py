@@ -1,4 +1,4 @@
-"""ckpt_ha.devstack.procs against real nats-server and redis-server processes (no mocks)."""
+"""ckpt_ha.lab.devstack.procs against real nats-server and redis-server processes (no mocks)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 import redis
 from nats.js import JetStreamContext
 
-from ckpt_ha.devstack.procs import (
+from ckpt_ha.lab.devstack.procs import (
     ManagedProcess,
     ProcessNotRunning,
     ProcessStartFailed,

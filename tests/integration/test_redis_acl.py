@@ -33,9 +33,9 @@ from ckpt_ha.contracts.job import (
     JobStartedV1,
     JobStartedV2,
 )
-from ckpt_ha.devstack import procs
 from ckpt_ha.integrity_checker.app import build as build_checker
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
+from ckpt_ha.lab.devstack import procs
 from ckpt_ha.ops.rebuild import rebuild_registry
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings

@@ -18,8 +18,8 @@ import redis.asyncio as aioredis
 
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts.checkpoint import CheckpointState
-from ckpt_ha.devstack import procs
-from ckpt_ha.devstack.procs import ManagedProcess
+from ckpt_ha.lab.devstack import procs
+from ckpt_ha.lab.devstack.procs import ManagedProcess
 from ckpt_ha.registrar.app import Registrar, build
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.registry.port import RegistryUnavailable

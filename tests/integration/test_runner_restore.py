@@ -32,8 +32,8 @@ from ckpt_ha.contracts import CATALOG, EventData, build
 from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
 from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumeLoadedV1
 from ckpt_ha.contracts.subjects import job_event_filter, job_token
-from ckpt_ha.examples import numpy_mlp
 from ckpt_ha.formats import latest_valid
+from ckpt_ha.lab.examples import numpy_mlp
 from ckpt_ha.runner.runner import ATTEMPT_FILE, state_dir
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import Context
@@ -169,7 +169,7 @@ def example(*extra: str) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "ckpt_ha.examples.numpy_mlp",
+        "ckpt_ha.lab.examples.numpy_mlp",
         "--steps",
         str(STEPS),
         "--checkpoint-every",

@@ -1,4 +1,4 @@
-"""What a real Slurm (Debian's 22.05, one node, ``ckpt_ha.devstack.slurm``) reports for each way
+"""What a real Slurm (Debian's 22.05, one node, ``ckpt_ha.lab.devstack.slurm``) reports for each way
 a batch job ends: the facts a scheduler adapter classifies node lost / killed / preempted /
 error / cancelled by a user from.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_ha.devstack import procs, slurm
+from ckpt_ha.lab.devstack import procs, slurm
 from tests.support.slurm import Probe, wait_for
 
 pytestmark = pytest.mark.integration

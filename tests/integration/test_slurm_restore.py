@@ -28,9 +28,9 @@ import pytest
 from ckpt_ha.contracts import CATALOG, EventData
 from ckpt_ha.contracts.job import FailureCause, JobFailedV2, JobStartedV1, JobSucceededV1
 from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumeLoadedV1, ResumePlannedV2
-from ckpt_ha.devstack import slurm
-from ckpt_ha.devstack.slurm import SlurmCluster
 from ckpt_ha.integrity_checker.app import IntegrityChecker
+from ckpt_ha.lab.devstack import slurm
+from ckpt_ha.lab.devstack.slurm import SlurmCluster
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
@@ -134,7 +134,7 @@ async def start_run(
     )
     run_id = f"run-{job}"
     command = [
-        sys.executable, "-m", "ckpt_ha.examples.numpy_mlp", "--steps", str(STEPS),
+        sys.executable, "-m", "ckpt_ha.lab.examples.numpy_mlp", "--steps", str(STEPS),
         "--checkpoint-every", str(EVERY), "--seed", "5", "--sleep-per-step", "0.1",
     ]  # fmt: skip
     proc = await asyncio.create_subprocess_exec(

@@ -1,4 +1,4 @@
-"""The test command's brokers (ckpt_ha.devstack.testinfra), with real nats-server and Redis.
+"""The test command's brokers (ckpt_ha.lab.devstack.testinfra), with real nats-server and Redis.
 
 The probed ports are pointed at ports nobody listens on (or at a private server), so these tests
 never depend on, or touch, the shared services on 4222 / 6379.
@@ -18,8 +18,8 @@ import nats
 import pytest
 import redis
 
-from ckpt_ha.devstack import testinfra
-from ckpt_ha.devstack.procs import ManagedProcess, accepts_tcp, free_port, is_alive
+from ckpt_ha.lab.devstack import testinfra
+from ckpt_ha.lab.devstack.procs import ManagedProcess, accepts_tcp, free_port, is_alive
 
 if TYPE_CHECKING:
     from tests.support.private_infra import ProcessJanitor
@@ -95,7 +95,7 @@ def test_the_command_line_prints_exports_for_the_shell(
     env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL")}
     home = tmp_path / "infra"
     up = subprocess.run(
-        [sys.executable, "-m", "ckpt_ha.devstack.testinfra", "up", str(home)],
+        [sys.executable, "-m", "ckpt_ha.lab.devstack.testinfra", "up", str(home)],
         env={**env, **_closed_ports()},
         capture_output=True,
         text=True,
@@ -112,7 +112,7 @@ def test_the_command_line_prints_exports_for_the_shell(
     assert all(accepts_tcp(_port(url)) for url in exported.values())
 
     down = subprocess.run(
-        [sys.executable, "-m", "ckpt_ha.devstack.testinfra", "down", str(home)],
+        [sys.executable, "-m", "ckpt_ha.lab.devstack.testinfra", "down", str(home)],
         env=env,
         capture_output=True,
         text=True,

@@ -25,7 +25,7 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG
-from ckpt_ha.devstack import procs
+from ckpt_ha.lab.devstack import procs
 from ckpt_ha.registry import acl
 from ckpt_ha.registry.client import RedisConfig, connect
 from ckpt_ha.registry.keys import RegistryKeys

@@ -26,7 +26,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from ckpt_ha.examples.hf_gpt2 import TokenData
+from ckpt_ha.lab.examples.hf_gpt2 import TokenData
 from ckpt_ha.sdk import hf
 
 MAX_STEPS, SAVE_STEPS, BATCH = 6, 2, 4

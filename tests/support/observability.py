@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from ckpt_ha.devstack import procs
+from ckpt_ha.lab.devstack import procs
 
 ROOT = Path(__file__).resolve().parents[2]
 OBSERVABILITY = ROOT / "observability"

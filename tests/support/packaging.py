@@ -1,6 +1,6 @@
-"""What the light install must not carry: the import names of the `server` extra (and torch,
-which the SDK uses only when the training image brings it). Written out here, not read from the
-product, so a wrong list in the product cannot make the tests agree with it."""
+"""What the light install must not carry: the import names of the `server` and `lab` extras
+(and torch, which the SDK uses only when the training image brings it). Written out here, not
+read from the product, so a wrong list in the product cannot make the tests agree with it."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_ha.devstack.procs import ManagedProcess, start_nats, start_redis, stop
+from ckpt_ha.lab.devstack.procs import ManagedProcess, start_nats, start_redis, stop
 
 
 class ProcessJanitor:

@@ -24,8 +24,8 @@ from typing import TypeVar
 
 import pytest
 
-from ckpt_ha.devstack import slurm
-from ckpt_ha.devstack.slurm import SlurmCluster
+from ckpt_ha.lab.devstack import slurm
+from ckpt_ha.lab.devstack.slurm import SlurmCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 _T = TypeVar("_T")

@@ -5,7 +5,7 @@ the gate, then forwarded both ways. A client connecting through a closed gate wa
 for a broker that is slow to answer: the way to prove that something does not wait for the
 broker.
 
-`TcpLink` (from `ckpt_ha.devstack.tcp_link`, the one the embedded stack puts in front of S3):
+`TcpLink` (from `ckpt_ha.lab.devstack.tcp_link`, the one the embedded stack puts in front of S3):
 connections are forwarded until the test cuts the link, then reset and refused until it is
 restored: a server outage for the clients behind the link only.
 """
@@ -17,7 +17,7 @@ import socket
 import threading
 from types import TracebackType
 
-from ckpt_ha.devstack.tcp_link import TcpLink
+from ckpt_ha.lab.devstack.tcp_link import TcpLink
 
 __all__ = ["TcpGate", "TcpLink"]
 

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from ckpt_ha.devstack import procs
+from ckpt_ha.lab.devstack import procs
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 PROD_TLS = "/etc/ckpt-ha/tls/"

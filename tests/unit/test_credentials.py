@@ -164,27 +164,28 @@ def test_a_missing_password_file_is_one_line_from_the_cli(
 
 
 def test_status_shows_component_urls_without_passwords(tmp_path: Path) -> None:
-    from ckpt_ha.devstack import stack
-    from ckpt_ha.devstack.procs import ManagedProcess
+    from ckpt_ha.lab.devstack import stack
+    from ckpt_ha.lab.devstack.procs import ManagedProcess
+    from ckpt_ha.runtime import local_stack
 
     proc = ManagedProcess(
         name="redis", pid=2**22 + 1, port=1, url=f"redis://op:{SECRET}@h:1/0", log_path=tmp_path
     )
-    state = stack.StackState(tmp_path, "", "", str(tmp_path), (proc,))
+    state = local_stack.StackState(tmp_path, "", "", str(tmp_path), (proc,))
     [row] = stack.status(state)
     assert row.url == "redis://op:***@h:1/0"
 
 
 def test_the_stack_state_file_is_the_owners_alone(tmp_path: Path) -> None:
     """A URL given with a password in it is kept in stack.json as given: owner-only."""
-    from ckpt_ha.devstack import stack
+    from ckpt_ha.runtime import local_stack
 
-    state = stack.StackState(tmp_path, f"nats://op:{SECRET}@h:1", "", str(tmp_path), ())
-    (tmp_path / stack.STATE_FILE).write_text("{}")  # an older, world-readable one is replaced
-    (tmp_path / stack.STATE_FILE).chmod(0o644)
+    state = local_stack.StackState(tmp_path, f"nats://op:{SECRET}@h:1", "", str(tmp_path), ())
+    (tmp_path / local_stack.STATE_FILE).write_text("{}")  # an older, world-readable one is replaced
+    (tmp_path / local_stack.STATE_FILE).chmod(0o644)
     state.save()
-    assert (tmp_path / stack.STATE_FILE).stat().st_mode & 0o777 == 0o600
-    loaded = stack.StackState.load(tmp_path)
+    assert (tmp_path / local_stack.STATE_FILE).stat().st_mode & 0o777 == 0o600
+    loaded = local_stack.StackState.load(tmp_path)
     assert loaded is not None
     assert loaded.nats_url == state.nats_url
 

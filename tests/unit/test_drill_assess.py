@@ -24,7 +24,7 @@ from ckpt_ha.contracts.resume import (
     ResumePlannedV2,
     ResumeVerifiedV1,
 )
-from ckpt_ha.drill.assess import LEVELS, assess_restore, manual_actions, reclaimed
+from ckpt_ha.lab.drill.assess import LEVELS, assess_restore, manual_actions, reclaimed
 from tests.support.events import T0
 
 J = "drill-job"

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from html.parser import HTMLParser
 from typing import Any
 
-from ckpt_ha.drill import report, run
+from ckpt_ha.lab.drill import report, run
 
 LEVELS = ("generated", "verified", "registered", "loadable", "continued")
 

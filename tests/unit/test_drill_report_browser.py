@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_ha.drill import report
+from ckpt_ha.lab.drill import report
 from tests.unit.test_drill_report import (
     LEVELS,
     Cells,

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ckpt_ha.cli.main import UsageError, build_parser
-from ckpt_ha.drill import scenarios
-from ckpt_ha.drill.scenarios import EXPECTED_ALERTS, FAULTS, SCENARIOS
+from ckpt_ha.lab.drill import scenarios
+from ckpt_ha.lab.drill.scenarios import EXPECTED_ALERTS, FAULTS, SCENARIOS
 
 
 def test_every_cli_scenario_has_a_module_in_the_order_all_runs_them() -> None:
@@ -50,8 +50,8 @@ def test_a_framework_drill_names_what_it_needs_and_all_says_so_when_it_is_missin
 ) -> None:
     """`--scenario all` on an installation without the hf extra runs the other drills and says
     plainly why the framework one did not run (never a silent skip, never a failure)."""
-    from ckpt_ha.drill import run as drill_run
-    from ckpt_ha.drill import scenarios
+    from ckpt_ha.lab.drill import run as drill_run
+    from ckpt_ha.lab.drill import scenarios
 
     assert scenarios.REQUIRES["hf-trainer"] == ("torch", "transformers", "accelerate")
     assert scenarios.REQUIRES["node-exit"] == ()

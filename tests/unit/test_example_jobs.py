@@ -11,7 +11,7 @@ import pytest
 
 from ckpt_ha import sdk
 from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
-from ckpt_ha.examples import numpy_mlp
+from ckpt_ha.lab.examples import numpy_mlp
 from tests.support.resume_tools import bits, plan_for
 from tests.support.torch_tools import require_torch
 
@@ -85,7 +85,7 @@ def test_a_checkpoint_of_another_seed_does_not_continue_the_run(tmp_path: Path) 
 
 def test_torch_job_resumes_bit_for_bit(tmp_path: Path) -> None:
     require_torch()
-    from ckpt_ha.examples import torch_mlp
+    from ckpt_ha.lab.examples import torch_mlp
 
     uninterrupted, resumed = interrupted_then_resumed(torch_mlp.train, tmp_path, "pt-job", 33, 30)
     assert_bit_for_bit(uninterrupted, resumed, 30)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_ha.devstack.procs import ManagedProcess, ProcessStartFailed, retry_port_race
+from ckpt_ha.lab.devstack.procs import ManagedProcess, ProcessStartFailed, retry_port_race
 
 PROC = ManagedProcess(name="x", pid=1, port=1, url="u", log_path=Path("/dev/null"))
 

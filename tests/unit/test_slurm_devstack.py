@@ -1,10 +1,10 @@
-"""The pure parts of ckpt_ha.devstack.slurm: reading scontrol records, writing slurm.conf."""
+"""The pure parts of ckpt_ha.lab.devstack.slurm: reading scontrol records, writing slurm.conf."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ckpt_ha.devstack import slurm
+from ckpt_ha.lab.devstack import slurm
 
 NODE_DOWN = (
     "NodeName=ckpt-node Arch=x86_64 CoresPerSocket=1 State=DOWN+NOT_RESPONDING"

@@ -8,18 +8,18 @@ import pytest
 
 from ckpt_ha.bus import permissions
 from ckpt_ha.cli import context
-from ckpt_ha.devstack import stack
 from ckpt_ha.registry import acl
 from ckpt_ha.runner.settings import RunnerSettings
+from ckpt_ha.runtime import local_stack
 
 
 @pytest.fixture
-def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> stack.StackState:
+def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> local_stack.StackState:
     for name in ("NATS_URL", "REDIS_URL", "CKPT_HA_NATS_USER", "CKPT_HA_NATS_PASSWORD"):
         monkeypatch.delenv(name, raising=False)
-    keep = stack.StackSecrets.of(tmp_path)
+    keep = local_stack.StackSecrets.of(tmp_path)
     keep.ensure()
-    found = stack.StackState(
+    found = local_stack.StackState(
         tmp_path, "nats://127.0.0.1:1", "redis://127.0.0.1:2/0", str(tmp_path), (),
         nats_secured=True, redis_secured=True,
     )  # fmt: skip
@@ -27,7 +27,7 @@ def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> stack.StackState:
     return found
 
 
-def test_secrets_are_generated_once_private_and_distinct(state: stack.StackState) -> None:
+def test_secrets_are_generated_once_private_and_distinct(state: local_stack.StackState) -> None:
     keep = state.secrets
     files = sorted(keep.folder.iterdir())
     assert {p.name for p in files} == {
@@ -43,8 +43,10 @@ def test_secrets_are_generated_once_private_and_distinct(state: stack.StackState
     assert len(bytes.fromhex(keep.read(keep.signing_key).get_secret_value())) == 32
 
 
-def test_each_service_gets_its_own_users_and_files_never_values(state: stack.StackState) -> None:
-    env = stack.login_env(state, "registrar")
+def test_each_service_gets_its_own_users_and_files_never_values(
+    state: local_stack.StackState,
+) -> None:
+    env = local_stack.login_env(state, "registrar")
     assert env == {
         "CKPT_HA_NATS_USER": "registrar",
         "CKPT_HA_NATS_PASSWORD": "",
@@ -58,7 +60,7 @@ def test_each_service_gets_its_own_users_and_files_never_values(state: stack.Sta
 
 
 def test_the_cli_is_the_operator_and_the_runner_hands_the_job_login_on(
-    state: stack.StackState,
+    state: local_stack.StackState,
 ) -> None:
     cli = context.settings({}, state.home)
     assert (cli.nats_user, cli.redis_user) == ("operator", "operator")
@@ -68,12 +70,12 @@ def test_the_cli_is_the_operator_and_the_runner_hands_the_job_login_on(
     assert (runner.nats_user, runner.redis_user) == ("runner", None)
     job = runner.job_bus()
     assert job is not None
-    assert job.user == stack.JOB
-    assert job.password == state.secrets.read(state.secrets.nats(stack.JOB))
+    assert job.user == local_stack.JOB
+    assert job.password == state.secrets.read(state.secrets.nats(local_stack.JOB))
 
 
 def test_a_broker_given_by_url_keeps_the_environments_credentials(
-    state: stack.StackState, monkeypatch: pytest.MonkeyPatch
+    state: local_stack.StackState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NATS_URL", "nats://elsewhere:4222")
     monkeypatch.setenv("CKPT_HA_NATS_USER", "someone")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_ha.devstack import stack
-from ckpt_ha.devstack.procs import ManagedProcess, ProcessStartFailed
-from ckpt_ha.devstack.stack import StackState
+from ckpt_ha.lab.devstack import stack
+from ckpt_ha.lab.devstack.procs import ManagedProcess, ProcessStartFailed
+from ckpt_ha.runtime.local_stack import StackState
 
 NATS = ManagedProcess(
     name="nats", pid=1, port=4333, url="nats://127.0.0.1:4333", log_path=Path("n"), http_port=8333

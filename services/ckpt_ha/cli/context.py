@@ -44,12 +44,12 @@ def settings_of(kind: type[S], env: Mapping[str, str], home: Path, principal: st
     then logged in to the stack's NATS and Redis as ``principal`` (the CLI is ``operator``,
     `ckpt-ha run` the ``runner``) with the credentials under $CKPT_HA_HOME/secrets/. A NATS or
     Redis named by NATS_URL / REDIS_URL is used with the credentials of the environment."""
-    from ckpt_ha.devstack import stack
+    from ckpt_ha.runtime import local_stack
 
     overrides: dict[str, Any] = {}
-    state = stack.StackState.load(home)
+    state = local_stack.StackState.load(home)
     if state is not None:
-        logins = stack.login_settings(state, principal)
+        logins = local_stack.login_settings(state, principal)
         if not (env.get("NATS_URL") and env.get("REDIS_URL")):
             overrides["signing_key"] = logins["signing_key"]  # the stack's own
         if not env.get("NATS_URL"):

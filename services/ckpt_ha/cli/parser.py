@@ -5,7 +5,10 @@ A distribution can add commands of its own: an entry point in the ``ckpt_ha.cli`
 module (or a function) with ``register(top: Parser) -> None``, e.g. in its pyproject.toml::
 
     [project.entry-points."ckpt_ha.cli"]
-    lab = "ckpt_ha_lab.cli"
+    lab = "ckpt_ha.lab.cli"
+
+which is how the lab's stack commands (`ckpt_ha.lab.cli`) join: the product never imports the
+lab.
 """
 
 from __future__ import annotations
@@ -19,7 +22,6 @@ from ckpt_ha.cli import (
     completion,
     dead_letters,
     jobs,
-    local_stack,
     owners,
     policy,
     registry,
@@ -34,7 +36,7 @@ from ckpt_ha.cli.arguments import DISTRIBUTION, Parser, UsageError, VersionActio
 __all__ = ["DISTRIBUTION", "UsageError", "build_parser", "version"]
 
 COMMAND_MODULES: tuple[Any, ...] = (
-    serve, local_stack, checkpoints, registry, streams, restores, jobs, dead_letters, owners,
+    serve, checkpoints, registry, streams, restores, jobs, dead_letters, owners,
     policy, retention, tiers, completion,
 )  # fmt: skip
 """The product's command modules, in the order `ckpt-ha --help` lists their commands."""

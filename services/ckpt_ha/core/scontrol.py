@@ -1,7 +1,7 @@
 """Slurm's ``scontrol show job|node -o`` records, read (pure: no I/O).
 
 Shared by the Slurm scheduler adapter (`ckpt_ha.runner.slurm`) and the private test/drill
-cluster (`ckpt_ha.devstack.slurm`), which must read the same fields the same way.
+cluster (`ckpt_ha.lab.devstack.slurm`), which must read the same fields the same way.
 """
 
 from __future__ import annotations
