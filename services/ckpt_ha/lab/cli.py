@@ -20,10 +20,10 @@ from ckpt_ha.cli import context, render
 from ckpt_ha.cli.arguments import STORAGE_HELP, add_json, needs_s3_endpoint, storage_root
 from ckpt_ha.cli.errors import CommandError
 from ckpt_ha.lab import require_extra
-from ckpt_ha.runtime import local_stack
 
 if TYPE_CHECKING:
     from ckpt_ha.cli.arguments import Parser
+    from ckpt_ha.runtime import local_stack
 
 SCENARIOS = ("node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop", "env-mismatch",
              "torchrun-dcp", "hf-trainer", "slurm-node-lost", "all")  # fmt: skip
@@ -127,6 +127,7 @@ def cmd_down(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     require_extra()
     from ckpt_ha.lab.devstack import stack
+    from ckpt_ha.runtime import local_stack
 
     state = local_stack.StackState.load(home)
     if state is None:
