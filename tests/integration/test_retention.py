@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,21 +19,19 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2, ResumeVerifiedV1
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.restore_records import DecisionRecord, Pin, PlanRecord, Started
 from ckpt_ha.ops.rebuild import rebuild
 from ckpt_ha.registrar.app import Registrar
-from ckpt_ha.registry.pins import RedisPins
-from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.app import build as build_janitor_app
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore, key_for_uri
-from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
 from tests.support.events import T0, committed, verified
+from tests.support.janitor import rounds_janitor
 
 pytestmark = pytest.mark.integration
 
@@ -67,17 +66,11 @@ def settings(settings: ServiceSettings, store: FsStore) -> ServiceSettings:
 async def janitor(
     settings: ServiceSettings, registrar: Registrar, store: FsStore
 ) -> AsyncIterator[tuple[Janitor, Clock]]:
-    """A janitor whose rounds the test runs (no consumers, so nothing runs on its own)."""
+    """A janitor whose rounds the test runs (only the consumers of its view of resumes, so no
+    round runs on its own)."""
     clock = Clock()
-    bus = Bus(settings.bus(), "retention-janitor")
-    await bus.broker.start()
-    metrics = RetentionMetrics(ServiceMetrics("retention-janitor"))
-    pins = RedisPins.from_url(settings.redis_url, settings.registry_prefix)
-    resumes = RedisRestores.from_url(settings.redis_url, settings.registry_prefix)
-    yield Janitor(registrar.registry, pins, resumes, store, bus, clock, metrics), clock
-    await bus.broker.stop()
-    await pins.close()
-    await resumes.close()
+    async with rounds_janitor(settings, registrar.registry, store, clock) as jan:
+        yield jan, clock
 
 
 def env_for(store: FsStore) -> dict[str, str]:
@@ -128,24 +121,47 @@ async def state_of(registrar: Registrar, ckpt: str, state: CheckpointState) -> C
     return found
 
 
-async def coordinator_references(settings: ServiceSettings, ids: dict[str, str]) -> None:
-    """The owner of the coordinator's state writes what the coordinator writes in production:
-    the R15 pin pair, a plan not yet started, and a plan whose resumed attempt is running."""
-    state = RedisRestores.from_url(settings.redis_url, settings.registry_prefix)
-    try:
-        await state.record_decision(
-            JOB, 1, DecisionRecord(events=()),
-            pins=[Pin(ids["fallback"], "fallback", "p-old", 600, 2)],
+async def coordinator_references(
+    producer: Bus, registrar: Registrar, jan: Janitor, ids: dict[str, str]
+) -> None:
+    """What the coordinator and the runner publish in production, through the janitor's own
+    consumers: an earlier resume (verified) whose R15 fallback is still pinned, a plan whose
+    attempt has not started, and a plan whose resumed attempt is running. The janitor reads
+    none of the coordinator's keys (its Redis user could not)."""
+
+    async def uri(ckpt: str) -> str:
+        rec = await registrar.registry.get(ckpt)
+        assert rec is not None
+        return rec.uri
+
+    def plan(plan_id: str, ckpt: str, at: str, attempt: int, pinned: tuple[str, ...]) -> Any:
+        return ResumePlannedV2(
+            job_id=JOB, plan_id=plan_id, failed_run_id="r", attempt=attempt, checkpoint_id=ckpt,
+            checkpoint_uri=at, step=600, mode=ResumeMode.EXACT,
+            compatibility=Compatibility.IDENTICAL, pinned=pinned,
         )  # fmt: skip
-        for plan_id, ckpt, attempt in (("p-plan", ids["plan"], 5), ("p-res", ids["resume"], 4)):
-            plan = PlanRecord(
-                plan_id=plan_id, job_id=JOB, failed_run_id="r", failed_attempt=attempt - 1,
-                attempt=attempt, checkpoint_id=ckpt, step=1, failed_at=T0,
-            )  # fmt: skip
-            await state.record_decision(JOB, attempt - 1, DecisionRecord(events=()), plan=plan)
-        await state.record_started(JOB, Started(run_id="r", attempt=4, at=T0, plan_id="p-res"))
-    finally:
-        await state.close()
+
+    gone = "job-1-c-gone"
+    datas = [
+        plan("p-old", gone, await uri(ids["fallback"]), 2, (gone, ids["fallback"])),
+        ResumeVerifiedV1(job_id=JOB, plan_id="p-old", run_id="r", checkpoint_id=gone, step=600),
+        plan("p-plan", ids["plan"], await uri(ids["plan"]), 5, ()),
+        plan("p-res", ids["resume"], await uri(ids["resume"]), 4, ()),
+        JobStartedV1(job_id=JOB, run_id="r", attempt=4, plan_id="p-res"),
+    ]
+    for n, data in enumerate(datas):
+        await producer.publish(build(data, source="test/coordinator", time=T0, key=f"ref{n}"))
+
+    async def seen() -> bool:
+        view = await jan.resumes.resumes(JOB)
+        return (
+            {"p-old", "p-plan", "p-res"} <= set(view.plans)
+            and "p-old" in view.verdicts
+            and 4 in view.starts
+            and await jan.feed.caught_up()
+        )
+
+    await wait_for(seen, what="the janitor's view of the resumes")
 
 
 async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are_queryable(
@@ -175,7 +191,7 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
     assert code == 0, err
     assert "pinned by eval:mmlu" in out
     await coordinator_references(
-        settings, {"fallback": ids[200], "plan": ids[300], "resume": ids[400]}
+        producer, registrar, jan, {"fallback": ids[200], "plan": ids[300], "resume": ids[400]}
     )
 
     code, out, err = await cli(settings, tmp_path, "retention", "plan", "--job", JOB, "--json")

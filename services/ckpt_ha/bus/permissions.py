@@ -88,8 +88,9 @@ PRINCIPALS: tuple[Principal, ...] = (
               consumers=("started", "failed", "load-failed", "registered", "verified", "loaded",
                          "succeeded", "held", "unheld", "restore-requested"),
               reports=("heartbeat", "progress")),
+    # "planned", "verified", "diverged": its own view of what restores reference (R6, R15).
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
-              consumers=("registered", "started")),
+              consumers=("registered", "started", "planned", "verified", "diverged")),
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.
     Principal("runner", ("job.started", "job.heartbeat", "job.progress", "job.failed",
                          "job.succeeded", "resume.loaded", "resume.load_failed"),

@@ -2,8 +2,10 @@
 
 Each service logs in to Redis as its own ACL user (settings ``redis_user`` and
 ``redis_password``) and may run only the commands its code issues, on only the key spaces it
-reads or writes (the owners in `ckpt_ha.registry.keys`, `restores`, `pins` and the
-writer-watcher's state). The registry's compare-and-set is a Lua script (EVALSHA, SCRIPT LOAD
+reads or writes (the owners in `ckpt_ha.registry.keys`, `restores`, `pins`, the
+writer-watcher's state and the retention-janitor's view of resumes). Two services never share a
+key space: the janitor reads no key of the restore-coordinator's (it keeps its own view). The
+registry's compare-and-set is a Lua script (EVALSHA, SCRIPT LOAD
 when the server lost it): Redis checks every ``redis.call`` inside it against the caller's ACL
 too, so the registrar is granted the commands the script runs. The ``default`` user is off: a
 connection that does not log in can do nothing.
@@ -19,7 +21,7 @@ reading ``CKPT_HA_REDIS_PASSWORD_<USER>`` (or ``..._FILE``) for each user and wr
 SHA-256 of each password (``#<hex>``). A key space a user only reads is granted read-only
 (``%R~``, Redis 7); ``--redis-6`` renders for Redis 6.2 (the embedded stack's), which has no
 read-only patterns, so there a user may write what it reads. SCAN names keys of every space (it
-takes no key), which is why only the retention-janitor and operators have it.
+takes no key), which is why only operators have it.
 """
 
 from __future__ import annotations
@@ -62,14 +64,13 @@ def key_spaces(prefix: str) -> dict[str, str]:
         "reconcile-log": k.reconcile_log,
         "stream": k.stream,
         "restore-state": restores.key(prefix, "*"),
-        "restore-plans": restores.key(prefix, "plan", "*"),
-        "restore-verdicts": restores.key(prefix, "verdict", "*"),
-        "restore-starts": restores.key(prefix, "started", "*"),
         "pins": pins.key(prefix, "*"),
         "leases": leases.key(prefix, "*"),
         # Owned by ckpt_ha.writer_watcher.adapters.state_keys (a service: not importable from
         # here); tests/unit/test_redis_acl.py checks this stays equal to it.
         "watcher-state": f"{prefix}-watcher:*",
+        # Owned by ckpt_ha.retention_janitor.store (`pattern`); checked equal like the above.
+        "janitor-view": f"{prefix}:janitor:*",
         "everything": k.everything,
     }
 
@@ -132,13 +133,12 @@ USERS: tuple[RedisUser, ...] = (
                "hmget", "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
                "zremrangebyrank", "zrem", "zrangebyscore", "zscore", "sadd", "smembers",
                "rpush", "ltrim", "lrange", "multi", "exec", "discard")),
-    # Reads jobs, records, tiers, pins and plans in progress; records the declared tier.
-    # And the lease of its periodic rounds.
-    RedisUser("retention-janitor", ("tier-declared", "leases"),
-              ("jobs", "job-index", "checkpoints", "tiers", "pins", "restore-plans",
-               "restore-verdicts", "restore-starts"),
-              (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange",
-               "hgetall", "scan")),
+    # Reads jobs, records and tiers; records the declared tier. Its own view of resumes (plans,
+    # verdicts, pins: from the events, compare-and-set by script), nothing of the
+    # coordinator's. And the lease of its periodic rounds.
+    RedisUser("retention-janitor", ("tier-declared", "janitor-view", "leases"),
+              ("jobs", "job-index", "checkpoints", "tiers"),
+              (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange")),
     # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
     # audits, manual actions), no server administration. A rebuild writes the coordinator's
     # state as the coordinator does (its scripts, trimming included) and sets its expiry
