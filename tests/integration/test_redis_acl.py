@@ -317,7 +317,6 @@ async def test_a_command_or_key_outside_a_grant_is_refused(
             ("retention-janitor", "GET", f"{p}:coord:plan:p1"),
             ("retention-janitor", "GET", f"{p}:coord:verdict:p1"),
             ("retention-janitor", "GET", f"{p}:coord:started:j:2"),
-            ("retention-janitor", "MGET", f"{p}:coord:plan:p1", f"{p}:coord:verdict:p1"),
             ("retention-janitor", "HGET", f"{p}:pins:j", "c"),
             ("registrar", "GET", f"{p}:coord:plan:p1"),
             ("operator", "GET", "other-tenant:ckpt:x"),

@@ -24,7 +24,8 @@ from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.ops.rebuild import rebuild
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.retention_janitor.app import build as build_janitor_app
-from ckpt_ha.retention_janitor.handlers import Janitor
+from ckpt_ha.retention_janitor.domain import Action, ProtectionKind
+from ckpt_ha.retention_janitor.handlers import Janitor, ResumesBehind, RoundResult
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore, key_for_uri
@@ -85,6 +86,7 @@ async def write_valid(
     job: str = JOB,
     project: str | None = None,
     traceparent: str | None = None,
+    attempt: int | None = None,
 ) -> str:
     """Real bytes on storage, then committed + verified through the real registrar."""
     ckpt = f"{job}-c{step}"
@@ -99,6 +101,7 @@ async def write_valid(
             uri=store.uri(prefix),
             project=project,
             traceparent=traceparent,
+            attempt=attempt,
         )
     )
     await producer.publish(verified(ckpt, job=job, step=step))
@@ -150,7 +153,8 @@ async def coordinator_references(
         JobStartedV1(job_id=JOB, run_id="r", attempt=4, plan_id="p-res"),
     ]
     for n, data in enumerate(datas):
-        await producer.publish(build(data, source="test/coordinator", time=T0, key=f"ref{n}"))
+        now = datetime.now(UTC)
+        await producer.publish(build(data, source="test/coordinator", time=now, key=f"ref{n}"))
 
     async def seen() -> bool:
         view = await jan.resumes.resumes(JOB)
@@ -592,3 +596,82 @@ async def test_index_stays_readable_after_deletion_and_owner_change_without_wide
     assert code == 0, err
     [tomb] = [c for c in json.loads(out)["checkpoints"] if c["tombstone"]]
     assert tomb["checkpoint_id"] == ids[0]
+
+
+def _plan(plan_id: str, ckpt: str, uri: str, step: int, pinned: tuple[str, ...]) -> Any:
+    return ResumePlannedV2(
+        job_id=JOB, plan_id=plan_id, failed_run_id="r", attempt=2, checkpoint_id=ckpt,
+        checkpoint_uri=uri, step=step, mode=ResumeMode.EXACT,
+        compatibility=Compatibility.IDENTICAL, pinned=pinned,
+    )  # fmt: skip
+
+
+async def test_a_plan_published_just_before_a_round_is_always_honoured(
+    registrar: Registrar, producer: Bus, store: FsStore, janitor: tuple[Janitor, Clock]
+) -> None:
+    """The window between the coordinator's decision and the janitor applying it: a round that
+    starts after ``resume.planned`` was published either waits (`ResumesBehind`) or sees the
+    plan; it never expires what the plan names."""
+    jan, _ = janitor
+    ids = {s: await write_valid(registrar, producer, store, s) for s in (100, 200, 300, 400)}
+    rec = await registrar.registry.get(ids[100])
+    assert rec is not None
+    plan = _plan("p-race", ids[100], rec.uri, 100, (ids[100], ids[200]))
+    await producer.publish(
+        build(plan, source="test/coordinator", time=datetime.now(UTC), key="race")
+    )
+
+    async def round_done() -> RoundResult | None:
+        try:
+            return await jan.run_once()
+        except ResumesBehind:
+            return None  # the view applies the plan meanwhile
+
+    result = await wait_for(round_done, what="a round after the view caught up")
+    assert isinstance(result, RoundResult)
+    assert result.expired == []  # 100 and 200: the plan and its pins; 300, 400: keep_last
+    kinds = {d.checkpoint_id: [p.kind.value for p in d.protected_by] for d in result.decisions}
+    assert kinds[ids[100]] == ["fallback", "restore_plan"]
+    assert kinds[ids[200]] == ["fallback"]
+
+
+async def test_the_janitor_service_releases_pins_once_the_resumed_job_registers_a_newer_one(
+    registrar: Registrar, producer: Bus, store: FsStore, settings: ServiceSettings
+) -> None:
+    """The real service: its consumers keep the view (``resume.planned`` pins the restored and
+    the fallback checkpoint), a registration past the restored step releases them, and the
+    round that registration triggers expires the fallback the tier no longer keeps."""
+    svc = build_janitor_app(
+        RetentionJanitorSettings.model_validate(
+            {**settings.model_dump(), "retention_interval_s": 0}
+        )
+    )
+    await svc.bus.broker.start()
+    try:
+        ids = {s: await write_valid(registrar, producer, store, s) for s in (100, 200)}
+        rec = await registrar.registry.get(ids[200])
+        assert rec is not None
+        plan = _plan("p-rel", ids[200], rec.uri, 200, (ids[200], ids[100]))
+        await producer.publish(
+            build(plan, source="test/coordinator", time=datetime.now(UTC), key="rel")
+        )
+
+        async def pinned() -> bool:
+            view = await svc.janitor.resumes.resumes(JOB)
+            return len(view.pins) == 2
+
+        await wait_for(pinned, what="the plan's pins in the janitor's view")
+        ids[150] = await write_valid(registrar, producer, store, 150)  # not past the restored step
+        await wait_for(lambda: svc.janitor.feed.caught_up(), what="the janitor caught up")
+        decisions = {d.checkpoint_id: d for d in await svc.janitor.dry_run([JOB])}
+        assert decisions[ids[100]].action is Action.KEEP
+        assert [p.kind for p in decisions[ids[100]].protected_by] == [ProtectionKind.FALLBACK]
+
+        # The resumed attempt's own, past the restored step: releases both pins.
+        ids[300] = await write_valid(registrar, producer, store, 300, attempt=2)
+        await state_of(registrar, ids[100], CheckpointState.EXPIRED)
+        assert (await svc.janitor.resumes.resumes(JOB)).pins == {}
+        assert (await registrar.registry.get(ids[200])) is not None
+    finally:
+        await svc.bus.broker.stop()
+        await svc.registry.close()
