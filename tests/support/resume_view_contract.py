@@ -20,7 +20,7 @@ KEEP_S = 3600.0
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 PLAN = PlanSeen(event_id="e1", plan_id="p-1", attempt=2, checkpoint_id="c-300", at=T0)
 PIN = PinSeen(event_id="e1", checkpoint_id="c-200", reason="fallback", plan_id="p-1",
-              restored_step=300, attempt=2)  # fmt: skip
+              restored_step=300, attempt=2, planned_at=T0)  # fmt: skip
 START = StartSeen(event_id="e2", plan_id="p-1", at=T0)
 
 

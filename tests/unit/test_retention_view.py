@@ -142,6 +142,15 @@ def test_a_newer_valid_checkpoint_of_the_resumed_attempt_releases_the_pins() -> 
     assert resumes.pins(replay([event(registered("c400", 400, None))], view)) == []
 
 
+def test_a_registration_older_than_the_plan_releases_none_of_its_pins() -> None:
+    """A consumer replaying the stream from its start (new in a release) meets a job's earlier
+    registrations after every plan: one registered before a plan leaves that plan's pins."""
+    later = T0 + timedelta(minutes=5)
+    view = replay([event(planned("p-1", 2, "c300", 300, ("c300",)), later)])
+    assert replay([event(registered("c400", 400, None), T0)], view) == view
+    assert resumes.pins(replay([event(registered("c400", 400, None), later)], view)) == []
+
+
 def test_events_that_do_not_concern_the_view_change_nothing() -> None:
     view = replay([event(planned("p-1", 2, "c300", 300, ("c300",)))])
     others: list[EventData] = [
@@ -248,7 +257,7 @@ async def test_the_handlers_keep_the_view_from_every_event(tmp_path: Path) -> No
     await world.handlers.on_started(start)  # type: ignore[arg-type]
     assert await world.view.resumes(JOB) == replay([plan, start])
     assert [p.resuming for p in resumes.in_progress(replay([plan, start]), T0, KEEP_S)] == [True]
-    await world.handlers.on_registered(release)  # type: ignore[arg-type]
+    await world.handlers.on_released(release)  # type: ignore[arg-type]
     await world.handlers.resumes.on_event(verdict)
     assert await world.view.resumes(JOB) == replay([plan, start, release, verdict])
     assert refs(await world.view.resumes(JOB)) == []
@@ -268,12 +277,13 @@ async def test_no_round_and_no_release_before_the_view_has_caught_up(tmp_path: P
     world.feed.behind = True
     with pytest.raises(ResumesBehind):
         await world.janitor.run_once()
-    with pytest.raises(ResumesBehind):
-        await world.handlers.on_registered(event(registered("c400", 400, 2)))  # type: ignore[arg-type]
+    for handle in (world.handlers.on_registered, world.handlers.on_released):
+        with pytest.raises(ResumesBehind):
+            await handle(event(registered("c400", 400, 2)))  # type: ignore[arg-type]
     assert [p.checkpoint_id for p in resumes.pins(await world.view.resumes(JOB))] == ["c300"]
     assert world.bus.events == []
     world.feed.behind = False
-    await world.handlers.on_registered(event(registered("c400", 400, 2)))  # type: ignore[arg-type]
+    await world.handlers.on_released(event(registered("c400", 400, 2)))  # type: ignore[arg-type]
     assert resumes.pins(await world.view.resumes(JOB)) == []
     assert (await world.janitor.run_once()).decisions[0].protected_by[0].kind is (
         ProtectionKind.LAST_VALID

@@ -88,9 +88,11 @@ PRINCIPALS: tuple[Principal, ...] = (
               consumers=("started", "failed", "load-failed", "registered", "verified", "loaded",
                          "succeeded", "held", "unheld", "restore-requested"),
               reports=("heartbeat", "progress")),
-    # "planned", "verified", "diverged": its own view of what restores reference (R6, R15).
+    # "planned", "verified", "diverged", "released": its own view of what restores reference
+    # (R6, R15).
     Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
-              consumers=("registered", "started", "planned", "verified", "diverged")),
+              consumers=("registered", "started", "planned", "verified", "diverged",
+                         "released")),
     # Scheduler adapters (`ckpt-ha run`, Slurm, Kubernetes): the job lifecycle and its plans.
     Principal("runner", ("job.started", "job.heartbeat", "job.progress", "job.failed",
                          "job.succeeded", "resume.loaded", "resume.load_failed"),

@@ -1,7 +1,8 @@
 """What the restore path remembers, as plain values: pure, shared by the owner of the
 coordinator's key space (`ckpt_ha.registry.restores`), the owner of the pins
-(`ckpt_ha.registry.pins`), the restore-coordinator's domain and the retention-janitor, which
-reads pins and resumes in progress. No I/O here; every Redis detail lives with the owners.
+(`ckpt_ha.registry.pins`) and the restore-coordinator's domain (the retention-janitor keeps its
+own records of resumes: `ckpt_ha.retention_janitor.resumes`). No I/O here; every Redis detail
+lives with the owners.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """The one owner of the restore-coordinator's memory in Redis: ``<p>:coord:*``.
 
 The coordinator writes it (its handlers reach it through their `RestoreState` port, and every
-write goes through `ckpt_ha.restore_coordinator.projection`, one event at a time); the
-retention-janitor and the CLI read it through the typed read API below (`failures`,
-`plans_in_progress`, `plan`, `verdict`, `started`). Nothing else formats these keys.
+write goes through `ckpt_ha.restore_coordinator.projection`, one event at a time); the CLI
+reads it through the typed read API below (`failures`, `plan`, `verdict`, `started`). The
+retention-janitor reads none of it: it keeps its own view of plans from the events
+(`ckpt_ha.retention_janitor.store`). Nothing else formats these keys.
 
 Keys (``<p>`` is the registry prefix; every read per event is a handful of O(1) commands in one
 or two round trips, whatever the number of checkpoints in the registry):

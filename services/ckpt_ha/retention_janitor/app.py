@@ -11,8 +11,10 @@ tombstone under ids keyed on the checkpoint, so JetStream keeps one of each.
 
 What protects a checkpoint from outside its record (restore plans, resumes in progress, R15
 pins) is the janitor's own view, kept from the events by its consumers (``planned``,
-``verified``, ``diverged``; ``started`` and ``registered`` too) in its own key space
-(`ckpt_ha.retention_janitor.store`); it reads no state of the restore-coordinator's.
+``verified``, ``diverged``, ``released``; ``started`` too) in its own key space
+(`ckpt_ha.retention_janitor.store`); it reads no state of the restore-coordinator's. Durables
+new in a release read the stream from its start, so on the upgrade that adds them the view is
+built from every plan and registration ever published, without a rebuild.
 """
 
 from __future__ import annotations
@@ -98,10 +100,7 @@ def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> Retenti
     svc.bus.consumer(
         "registered",
         event_filter(svc.bus.cfg.prefix, "checkpoint.registered"),
-        description=(
-            "Releases the pins a new valid checkpoint makes unnecessary (R15), then a retention "
-            "round for its job."
-        ),
+        description="A retention round for the job whose new valid checkpoint was registered.",
     )(handlers.on_registered)
     svc.bus.consumer(
         "started",
@@ -112,6 +111,11 @@ def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> Retenti
         ),
     )(handlers.on_started)
     keep_view(svc.bus, handlers.resumes)
+    svc.bus.consumer(
+        "released",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.registered"),
+        description="Releases the pins a new valid checkpoint makes unnecessary (R15).",
+    )(handlers.on_released)
     svc.finish(
         title="ckpt-ha retention-janitor",
         description=(

@@ -285,15 +285,16 @@ class JanitorHandlers:
         self.resumes = ResumeHandlers(janitor.resumes)
 
     async def on_registered(self, event: Envelope[CheckpointRegisteredV1]) -> None:
-        """The pins a newer valid checkpoint releases (once every plan published before it is
-        in the view), then a round for the job: a new valid checkpoint may push an older one
-        out of its tier's keep-last."""
-        job = event.data.job_id
+        """A new valid checkpoint may push an older one out of its tier's keep-last."""
+        result = await self.janitor.run_once([event.data.job_id])
+        if result.failed:
+            log.warning("%s: deletions retried next round: %s", event.data.job_id, result.failed)
+
+    async def on_released(self, event: Envelope[CheckpointRegisteredV1]) -> None:
+        """The pins a newer valid checkpoint makes unnecessary (R15), once every plan
+        published before it is in the view."""
         await self.janitor.caught_up(f"the registration of {event.data.checkpoint_id}")
         await self.resumes.on_event(event)
-        result = await self.janitor.round([job])
-        if result.failed:
-            log.warning("%s: deletions retried next round: %s", job, result.failed)
 
     async def on_started(self, event: Envelope[JobStartedV1]) -> None:
         """Record the tier the job declared (an explicit ``tier set`` still wins over it), and

@@ -11,7 +11,7 @@ resume.planned (v1, v2)        the plan, and its ``pinned`` checkpoints (R15)
 resume.verified / .diverged    the plan's verdict: it references nothing any more
 job.started                    which plan the attempt resumes (none: it resumes none)
 checkpoint.registered          the pins a newer valid checkpoint of the resumed attempt (or of
-                               a later one) releases
+                               a later one), registered after the plan, releases
 =============================  ===============================================================
 
 Idempotent: a plan already known (by its id) is not applied again, so a redelivered or
@@ -67,7 +67,7 @@ def apply(view: JobResumes, event: Envelope[EventData], keep_s: float) -> JobRes
     elif isinstance(data, JobStartedV1):
         changed = _started(view, data, event.id, at)
     elif isinstance(data, CheckpointRegisteredV1):
-        changed = _registered(view, data)
+        changed = _registered(view, data, at)
     else:
         return view
     return _forget_before(changed, at - timedelta(seconds=keep_s))
@@ -91,6 +91,7 @@ def _planned(view: JobResumes, data: ResumePlannedV1, event_id: str, at: datetim
             plan_id=data.plan_id,
             restored_step=data.step,
             attempt=data.attempt,
+            planned_at=at,
         )
         for c in data.pinned
     }
@@ -108,16 +109,21 @@ def _started(view: JobResumes, data: JobStartedV1, event_id: str, at: datetime) 
     return view.model_copy(update={"starts": starts})
 
 
-def _registered(view: JobResumes, data: CheckpointRegisteredV1) -> JobResumes:
-    """R15: only a valid checkpoint past the restored step releases, and only one written by
-    the resumed attempt or a later one when its identity says which attempt wrote it."""
+def _registered(view: JobResumes, data: CheckpointRegisteredV1, at: datetime) -> JobResumes:
+    """R15: only a valid checkpoint past the restored step releases, only one written by the
+    resumed attempt or a later one when its identity says which attempt wrote it, and only the
+    pins of plans decided before it was registered (the coordinator released the pins it held
+    when it heard the registration; a replay from the stream's start, as a new consumer's,
+    must not let an older registration release a later plan's pins)."""
     if data.state is not CheckpointState.VALID:
         return view
     by = data.identity.attempt if data.identity is not None else None
     kept = {
         c: pin
         for c, pin in view.pins.items()
-        if data.step <= pin.restored_step or (by is not None and by < pin.attempt)
+        if data.step <= pin.restored_step
+        or (by is not None and by < pin.attempt)
+        or at < pin.planned_at
     }
     return view if len(kept) == len(view.pins) else view.model_copy(update={"pins": kept})
 

@@ -63,6 +63,8 @@ class PinSeen(_Record):
     restored_step: int
     attempt: int
     """The resumed attempt: its own newer valid checkpoint releases the pin."""
+    planned_at: AwareDatetime
+    """When the plan was decided: only a checkpoint registered since releases the pin."""
 
 
 class JobResumes(BaseModel):
