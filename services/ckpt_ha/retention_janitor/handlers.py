@@ -16,9 +16,11 @@ round waits for the next one, a round for a registration is redelivered with bac
 decided before the round began is then always seen, as it was when the plan was read from the
 coordinator's state; one decided while the round runs was not seen then either. And only an
 expiry can follow from such a miss: deletion waits for the tier's grace period, and every
-round in it sees the plan and keeps the checkpoint. A registration releases pins only after the
-same check, so the plan whose pins it releases has been applied, as the coordinator had stored
-it before it released them.
+round in it sees the plan and keeps the checkpoint. A registration releases pins (through its
+own durable, ``released``) only after the same check, so the plan whose pins it releases has
+been applied, as the coordinator had stored it before it released them; and only a plan
+decided before the registration (`ckpt_ha.retention_janitor.projection`), so that a durable
+replaying the stream from its start cannot release a later plan's pins early.
 """
 
 from __future__ import annotations
@@ -135,10 +137,6 @@ class Janitor:
         """One round: plan, then expire and delete exactly what the plan says. Not before the
         view of resumes has caught up (`ResumesBehind`)."""
         await self.caught_up("a retention round")
-        return await self.round(jobs)
-
-    async def round(self, jobs: Iterable[str] | None = None) -> RoundResult:
-        """`run_once` for a caller that has just checked the view is caught up."""
         async with self._lock:
             decisions = await self.dry_run(jobs)
             result = RoundResult(decisions)
