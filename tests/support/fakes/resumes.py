@@ -33,8 +33,6 @@ class SettableFeed:
 
     def __init__(self) -> None:
         self.behind = False
-        self.asked = 0
 
     async def caught_up(self) -> bool:
-        self.asked += 1
         return not self.behind
