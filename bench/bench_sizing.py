@@ -43,11 +43,11 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.lab.devstack import procs, stack
 from ckpt_ha.ops.rebuild import rebuild_registry
 from ckpt_ha.registry.client import connect
-from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.restore_coordinator.store import RedisRestores
+from ckpt_ha.retention_janitor import app as janitor_app
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
+from ckpt_ha.retention_janitor.store import RedisResumes
 from ckpt_ha.runtime import local_stack
 from ckpt_ha.storage import key_for_uri, open_store
 from ckpt_ha.telemetry.metrics import ServiceMetrics
@@ -189,8 +189,9 @@ async def measure(args: argparse.Namespace, tmp: Path) -> None:
         bus = Bus(local_stack.bus_config(state), "retention-janitor")
         await bus.broker.start()
         try:
-            janitor = Janitor(registry, RedisPins(client, PREFIX), RedisRestores(client, PREFIX),
-                              open_store(str(root)), bus, clock,
+            # The stack's janitor service keeps the view of resumes these rounds read.
+            janitor = Janitor(registry, RedisResumes(client, PREFIX, 30 * 24 * 3600),
+                              janitor_app.feed(bus), open_store(str(root)), bus, clock,
                               RetentionMetrics(ServiceMetrics("retention-janitor")))  # fmt: skip
             for days in (0, 40, 80):  # expire, then delete after the grace
                 clock.offset = timedelta(days=days)

@@ -32,11 +32,11 @@ from ckpt_ha.contracts.job import JobStartedV1
 from ckpt_ha.contracts.resume import ResumePlannedV1
 from ckpt_ha.core.clock import Clock
 from ckpt_ha.registry.client import connect
-from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.restore_coordinator.store import RedisRestores
+from ckpt_ha.retention_janitor import app as janitor_app
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
+from ckpt_ha.retention_janitor.store import RedisResumes
 from ckpt_ha.runtime import local_stack
 from ckpt_ha.storage import ObjectStore
 from ckpt_ha.telemetry.metrics import ServiceMetrics
@@ -44,6 +44,7 @@ from tests.faults.stack import FaultStack
 from tests.faults.tally import NON_FINAL, Figures, converge
 from tests.faults.writer import CheckpointWriter, Save
 from tests.support.bus_tools import stream_messages, wait_for
+from tests.support.janitor import KEEP_S
 
 CONVERGE_BOUND_S = 150.0
 """How long a fault may take to converge after it ended: proves "converges", not a speed."""
@@ -236,15 +237,16 @@ async def janitor_rounds(
 ) -> AsyncIterator[Janitor]:
     """The retention-janitor's rounds (`Janitor`, composed as its app does) on ``clock``, which
     the caller moves days ahead so retention expires and deletes within a test's time. No
-    consumers: the rounds run only when the caller runs them."""
+    consumers: the rounds run only when the caller runs them, on the view of resumes the stack's
+    janitor service keeps (and wait, as its rounds do, until that view has caught up)."""
     bus = Bus(bus_config, "retention-janitor")
     await bus.broker.start()
     client = connect(redis_url)
     try:
         yield Janitor(
             Registry(client, prefix),
-            RedisPins(client, prefix),
-            RedisRestores(client, prefix),
+            RedisResumes(client, prefix, KEEP_S),
+            janitor_app.feed(bus),
             store,
             bus,
             clock,

@@ -1,8 +1,8 @@
 """Redis loses everything (FLUSHALL) and ``ckpt-ha registry rebuild`` brings back, key for key,
 what the services had decided: checkpoint records, declared and chosen tiers, owners, the
-restore-coordinator's starts, trajectories, failures, plans, decisions and verdicts, and the
-pins. Then the system goes on as if nothing happened: the next failure is planned, and retention
-keeps what the declared tier keeps.
+restore-coordinator's starts, trajectories, failures, plans, decisions and verdicts, the
+pins, and the retention-janitor's own view of resumes. Then the system goes on as if nothing
+happened: the next failure is planned, and retention keeps what the declared tier keeps.
 
 The real registrar, restore-coordinator and retention-janitor run in-process on real NATS and
 Redis; the flow goes through their consumers. Compared: every key under the registry prefix but
@@ -242,7 +242,13 @@ async def test_a_flushed_registry_is_rebuilt_key_for_key_and_the_system_goes_on(
     prefix = settings.registry_prefix
     before = await snapshot(redis_client, prefix, transient=TRANSIENT)
     spaces = {k.removeprefix(f"{prefix}:").split(":")[0] for k in before}
-    assert {"ckpt", "tier-declared", "tier", "owner-log", "coord", "pins"} <= spaces
+    assert {"ckpt", "tier-declared", "tier", "owner-log", "coord", "pins", "janitor"} <= spaces
+    # The janitor's own view of resumes: job B's plan still pins its checkpoints (job A's pins
+    # were released by its resumed attempt's newer checkpoint), rebuilt key for key below.
+    janitor = {k.removeprefix(f"{prefix}:janitor:resumes:") for k in before if ":janitor:" in k}
+    assert {"job-a", "job-b"} <= janitor
+    assert json.loads(before[f"{prefix}:janitor:resumes:job-a"].value)["pins"] == {}
+    assert json.loads(before[f"{prefix}:janitor:resumes:job-b"].value)["pins"] != {}
     coord = {k.split(":coord:")[1].split(":")[0] for k in before if ":coord:" in k}
     assert coord == {"started", "traj", "trajidx", "last", "failures", "restarts", "storage",
                      "excluded", "decision", "plan", "obs", "verdict", "watch", "due"}  # fmt: skip

@@ -40,16 +40,13 @@ from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import native
 from ckpt_ha.integrity_checker.app import IntegrityChecker
 from ckpt_ha.registrar.app import Registrar
-from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
-from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
-from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore
-from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
+from tests.support.janitor import rounds_janitor
 
 pytestmark = pytest.mark.integration
 
@@ -84,15 +81,8 @@ async def janitor(
 ) -> AsyncIterator[tuple[Janitor, Clock]]:
     """A janitor whose rounds the test runs."""
     clock = Clock()
-    bus = Bus(settings.bus(), "retention-janitor")
-    await bus.broker.start()
-    pins = RedisPins.from_url(settings.redis_url, settings.registry_prefix)
-    resumes = RedisRestores.from_url(settings.redis_url, settings.registry_prefix)
-    metrics = RetentionMetrics(ServiceMetrics("retention-janitor"))
-    yield Janitor(registrar.registry, pins, resumes, store, bus, clock, metrics), clock
-    await bus.broker.stop()
-    await pins.close()
-    await resumes.close()
+    async with rounds_janitor(settings, registrar.registry, store, clock) as jan:
+        yield jan, clock
 
 
 # --- helpers ----------------------------------------------------------------------------------

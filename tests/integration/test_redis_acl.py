@@ -286,6 +286,9 @@ async def test_a_command_or_key_outside_a_grant_is_refused(
         assert await clients["integrity-checker"].get(record) is None
         await clients["writer-watcher"].hset(f"{p}-watcher:abc", "f", "v")
         await clients["restore-coordinator"].set(f"{p}:coord:lease:j:1", "me", nx=True)
+        await clients["retention-janitor"].set(f"{p}:janitor:resumes:j", "{}")
+        assert await clients["retention-janitor"].get(f"{p}:janitor:resumes:j") == "{}"
+        await clients["retention-janitor"].delete(f"{p}:janitor:resumes:j")
         # The services with periodic loops take, renew and give up their loops' leases.
         for user in ("writer-watcher", "integrity-checker", "retention-janitor"):
             leases = RedisLeases(clients[user], p)
@@ -309,6 +312,12 @@ async def test_a_command_or_key_outside_a_grant_is_refused(
             ("integrity-checker", "HGETALL", f"{p}-watcher:abc"),
             ("restore-coordinator", "GET", f"{p}:owner:j"),
             ("retention-janitor", "GET", f"{p}:coord:lease:j:1"),
+            # No shared database: the janitor keeps its own view of resumes, and reads no key
+            # of the coordinator's (its plans, verdicts, starts, pins) any more.
+            ("retention-janitor", "GET", f"{p}:coord:plan:p1"),
+            ("retention-janitor", "GET", f"{p}:coord:verdict:p1"),
+            ("retention-janitor", "GET", f"{p}:coord:started:j:2"),
+            ("retention-janitor", "HGET", f"{p}:pins:j", "c"),
             ("registrar", "GET", f"{p}:coord:plan:p1"),
             ("operator", "GET", "other-tenant:ckpt:x"),
         ]

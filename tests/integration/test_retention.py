@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,22 +19,20 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2, ResumeVerifiedV1
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.ops.rebuild import rebuild
 from ckpt_ha.registrar.app import Registrar
-from ckpt_ha.registry.pins import Pin, RedisPins
-from ckpt_ha.restore_coordinator.records import DecisionRecord, PlanRecord, Started
-from ckpt_ha.restore_coordinator.store import RedisRestores
 from ckpt_ha.retention_janitor.app import build as build_janitor_app
-from ckpt_ha.retention_janitor.handlers import Janitor
-from ckpt_ha.retention_janitor.metrics import RetentionMetrics
+from ckpt_ha.retention_janitor.domain import Action, ProtectionKind
+from ckpt_ha.retention_janitor.handlers import Janitor, ResumesBehind, RoundResult
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore, key_for_uri
-from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.cli_tools import cli
 from tests.support.events import T0, committed, verified
+from tests.support.janitor import rounds_janitor
 
 pytestmark = pytest.mark.integration
 
@@ -68,17 +67,11 @@ def settings(settings: ServiceSettings, store: FsStore) -> ServiceSettings:
 async def janitor(
     settings: ServiceSettings, registrar: Registrar, store: FsStore
 ) -> AsyncIterator[tuple[Janitor, Clock]]:
-    """A janitor whose rounds the test runs (no consumers, so nothing runs on its own)."""
+    """A janitor whose rounds the test runs (only the consumers of its view of resumes, so no
+    round runs on its own)."""
     clock = Clock()
-    bus = Bus(settings.bus(), "retention-janitor")
-    await bus.broker.start()
-    metrics = RetentionMetrics(ServiceMetrics("retention-janitor"))
-    pins = RedisPins.from_url(settings.redis_url, settings.registry_prefix)
-    resumes = RedisRestores.from_url(settings.redis_url, settings.registry_prefix)
-    yield Janitor(registrar.registry, pins, resumes, store, bus, clock, metrics), clock
-    await bus.broker.stop()
-    await pins.close()
-    await resumes.close()
+    async with rounds_janitor(settings, registrar.registry, store, clock) as jan:
+        yield jan, clock
 
 
 def env_for(store: FsStore) -> dict[str, str]:
@@ -93,6 +86,7 @@ async def write_valid(
     job: str = JOB,
     project: str | None = None,
     traceparent: str | None = None,
+    attempt: int | None = None,
 ) -> str:
     """Real bytes on storage, then committed + verified through the real registrar."""
     ckpt = f"{job}-c{step}"
@@ -107,6 +101,7 @@ async def write_valid(
             uri=store.uri(prefix),
             project=project,
             traceparent=traceparent,
+            attempt=attempt,
         )
     )
     await producer.publish(verified(ckpt, job=job, step=step))
@@ -129,24 +124,48 @@ async def state_of(registrar: Registrar, ckpt: str, state: CheckpointState) -> C
     return found
 
 
-async def coordinator_references(settings: ServiceSettings, ids: dict[str, str]) -> None:
-    """The owner of the coordinator's state writes what the coordinator writes in production:
-    the R15 pin pair, a plan not yet started, and a plan whose resumed attempt is running."""
-    state = RedisRestores.from_url(settings.redis_url, settings.registry_prefix)
-    try:
-        await state.record_decision(
-            JOB, 1, DecisionRecord(events=()),
-            pins=[Pin(ids["fallback"], "fallback", "p-old", 600, 2)],
+async def coordinator_references(
+    producer: Bus, registrar: Registrar, jan: Janitor, ids: dict[str, str]
+) -> None:
+    """What the coordinator and the runner publish in production, through the janitor's own
+    consumers: an earlier resume (verified) whose R15 fallback is still pinned, a plan whose
+    attempt has not started, and a plan whose resumed attempt is running. The janitor reads
+    none of the coordinator's keys (its Redis user could not)."""
+
+    async def uri(ckpt: str) -> str:
+        rec = await registrar.registry.get(ckpt)
+        assert rec is not None
+        return rec.uri
+
+    def plan(plan_id: str, ckpt: str, at: str, attempt: int, pinned: tuple[str, ...]) -> Any:
+        return ResumePlannedV2(
+            job_id=JOB, plan_id=plan_id, failed_run_id="r", attempt=attempt, checkpoint_id=ckpt,
+            checkpoint_uri=at, step=600, mode=ResumeMode.EXACT,
+            compatibility=Compatibility.IDENTICAL, pinned=pinned,
         )  # fmt: skip
-        for plan_id, ckpt, attempt in (("p-plan", ids["plan"], 5), ("p-res", ids["resume"], 4)):
-            plan = PlanRecord(
-                plan_id=plan_id, job_id=JOB, failed_run_id="r", failed_attempt=attempt - 1,
-                attempt=attempt, checkpoint_id=ckpt, step=1, failed_at=T0,
-            )  # fmt: skip
-            await state.record_decision(JOB, attempt - 1, DecisionRecord(events=()), plan=plan)
-        await state.record_started(JOB, Started(run_id="r", attempt=4, at=T0, plan_id="p-res"))
-    finally:
-        await state.close()
+
+    gone = "job-1-c-gone"
+    datas = [
+        plan("p-old", gone, await uri(ids["fallback"]), 2, (gone, ids["fallback"])),
+        ResumeVerifiedV1(job_id=JOB, plan_id="p-old", run_id="r", checkpoint_id=gone, step=600),
+        plan("p-plan", ids["plan"], await uri(ids["plan"]), 5, ()),
+        plan("p-res", ids["resume"], await uri(ids["resume"]), 4, ()),
+        JobStartedV1(job_id=JOB, run_id="r", attempt=4, plan_id="p-res"),
+    ]
+    for n, data in enumerate(datas):
+        now = datetime.now(UTC)
+        await producer.publish(build(data, source="test/coordinator", time=now, key=f"ref{n}"))
+
+    async def seen() -> bool:
+        view = await jan.resumes.resumes(JOB)
+        return (
+            {"p-old", "p-plan", "p-res"} <= set(view.plans)
+            and "p-old" in view.verdicts
+            and 4 in view.starts
+            and await jan.feed.caught_up()
+        )
+
+    await wait_for(seen, what="the janitor's view of the resumes")
 
 
 async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are_queryable(
@@ -176,7 +195,7 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
     assert code == 0, err
     assert "pinned by eval:mmlu" in out
     await coordinator_references(
-        settings, {"fallback": ids[200], "plan": ids[300], "resume": ids[400]}
+        producer, registrar, jan, {"fallback": ids[200], "plan": ids[300], "resume": ids[400]}
     )
 
     code, out, err = await cli(settings, tmp_path, "retention", "plan", "--job", JOB, "--json")
@@ -577,3 +596,82 @@ async def test_index_stays_readable_after_deletion_and_owner_change_without_wide
     assert code == 0, err
     [tomb] = [c for c in json.loads(out)["checkpoints"] if c["tombstone"]]
     assert tomb["checkpoint_id"] == ids[0]
+
+
+def _plan(plan_id: str, ckpt: str, uri: str, step: int, pinned: tuple[str, ...]) -> Any:
+    return ResumePlannedV2(
+        job_id=JOB, plan_id=plan_id, failed_run_id="r", attempt=2, checkpoint_id=ckpt,
+        checkpoint_uri=uri, step=step, mode=ResumeMode.EXACT,
+        compatibility=Compatibility.IDENTICAL, pinned=pinned,
+    )  # fmt: skip
+
+
+async def test_a_plan_published_just_before_a_round_is_always_honoured(
+    registrar: Registrar, producer: Bus, store: FsStore, janitor: tuple[Janitor, Clock]
+) -> None:
+    """The window between the coordinator's decision and the janitor applying it: a round that
+    starts after ``resume.planned`` was published either waits (`ResumesBehind`) or sees the
+    plan; it never expires what the plan names."""
+    jan, _ = janitor
+    ids = {s: await write_valid(registrar, producer, store, s) for s in (100, 200, 300, 400)}
+    rec = await registrar.registry.get(ids[100])
+    assert rec is not None
+    plan = _plan("p-race", ids[100], rec.uri, 100, (ids[100], ids[200]))
+    await producer.publish(
+        build(plan, source="test/coordinator", time=datetime.now(UTC), key="race")
+    )
+
+    async def round_done() -> RoundResult | None:
+        try:
+            return await jan.run_once()
+        except ResumesBehind:
+            return None  # the view applies the plan meanwhile
+
+    result = await wait_for(round_done, what="a round after the view caught up")
+    assert isinstance(result, RoundResult)
+    assert result.expired == []  # 100 and 200: the plan and its pins; 300, 400: keep_last
+    kinds = {d.checkpoint_id: [p.kind.value for p in d.protected_by] for d in result.decisions}
+    assert kinds[ids[100]] == ["fallback", "restore_plan"]
+    assert kinds[ids[200]] == ["fallback"]
+
+
+async def test_the_janitor_service_releases_pins_once_the_resumed_job_registers_a_newer_one(
+    registrar: Registrar, producer: Bus, store: FsStore, settings: ServiceSettings
+) -> None:
+    """The real service: its consumers keep the view (``resume.planned`` pins the restored and
+    the fallback checkpoint), a registration past the restored step releases them, and the
+    round that registration triggers expires the fallback the tier no longer keeps."""
+    svc = build_janitor_app(
+        RetentionJanitorSettings.model_validate(
+            {**settings.model_dump(), "retention_interval_s": 0}
+        )
+    )
+    await svc.bus.broker.start()
+    try:
+        ids = {s: await write_valid(registrar, producer, store, s) for s in (100, 200)}
+        rec = await registrar.registry.get(ids[200])
+        assert rec is not None
+        plan = _plan("p-rel", ids[200], rec.uri, 200, (ids[200], ids[100]))
+        await producer.publish(
+            build(plan, source="test/coordinator", time=datetime.now(UTC), key="rel")
+        )
+
+        async def pinned() -> bool:
+            view = await svc.janitor.resumes.resumes(JOB)
+            return len(view.pins) == 2
+
+        await wait_for(pinned, what="the plan's pins in the janitor's view")
+        ids[150] = await write_valid(registrar, producer, store, 150)  # not past the restored step
+        await wait_for(lambda: svc.janitor.feed.caught_up(), what="the janitor caught up")
+        decisions = {d.checkpoint_id: d for d in await svc.janitor.dry_run([JOB])}
+        assert decisions[ids[100]].action is Action.KEEP
+        assert [p.kind for p in decisions[ids[100]].protected_by] == [ProtectionKind.FALLBACK]
+
+        # The resumed attempt's own, past the restored step: releases both pins.
+        ids[300] = await write_valid(registrar, producer, store, 300, attempt=2)
+        await state_of(registrar, ids[100], CheckpointState.EXPIRED)
+        assert (await svc.janitor.resumes.resumes(JOB)).pins == {}
+        assert (await registrar.registry.get(ids[200])) is not None
+    finally:
+        await svc.bus.broker.stop()
+        await svc.registry.close()

@@ -10,6 +10,7 @@ import pytest
 from pydantic import SecretStr
 
 from ckpt_ha.registry import acl
+from ckpt_ha.retention_janitor import store as janitor_store
 from ckpt_ha.writer_watcher.api import state_keys
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "redis"
@@ -40,6 +41,35 @@ def test_a_key_space_has_one_owner(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(acl, "USERS", (*acl.USERS, thief))
     with pytest.raises(ValueError, match=r"two owners \(thief and another\): \['checkpoints'\]"):
         acl.key_spaces("p")
+
+
+def test_the_janitor_view_pattern_is_the_janitors_own() -> None:
+    assert acl.key_spaces("p")["janitor-view"] == janitor_store.pattern("p")
+    assert janitor_store.key("p", "job-1").startswith(janitor_store.pattern("p")[:-1])
+
+
+def _matches(pattern: str, key: str) -> bool:
+    """Redis glob patterns as this table writes them: a literal, or a literal then ``*``."""
+    return key.startswith(pattern[:-1]) if pattern.endswith("*") else key == pattern
+
+
+def test_the_janitor_is_granted_nothing_of_the_coordinators_keys() -> None:
+    """No shared database: the janitor keeps its own view of resumes, and its Redis user can
+    neither read nor write a key of the restore-coordinator's (its state, its pins)."""
+    spaces = acl.key_spaces("p")
+    [janitor] = [u for u in acl.USERS if u.user == "retention-janitor"]
+    [coordinator] = [u for u in acl.USERS if u.user == "restore-coordinator"]
+    granted = [spaces[name] for name in (*janitor.writes, *janitor.reads)]
+    owned = [spaces[name] for name in coordinator.writes if name != "leases"]
+    assert owned == ["p:coord:*", "p:pins:*"]
+    for pattern in owned:
+        example = pattern.replace("*", "job-1:1")
+        assert not [g for g in granted if _matches(g, example) or _matches(pattern, g[:-1])], (
+            pattern
+        )
+    line = next(x for x in acl.render().splitlines() if x.startswith("user retention-janitor "))
+    assert ":coord:" not in line
+    assert ":pins:" not in line
 
 
 def test_every_user_names_known_key_spaces_and_no_admin_command() -> None:

@@ -11,20 +11,23 @@ from typing import Any
 
 import pytest
 
-from ckpt_ha.contracts import build
+from ckpt_ha.contracts import EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
-from ckpt_ha.core.pins import Pin
+from ckpt_ha.contracts.resume import (
+    Compatibility,
+    ResumeMode,
+    ResumePlannedV2,
+    ResumeVerifiedV1,
+)
 from ckpt_ha.core.records import CheckpointRecord, Expiry, PinRecord
-from ckpt_ha.restore_coordinator.records import DecisionRecord, PlanRecord, Started
 from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.storage import FsStore
 from ckpt_ha.telemetry.metrics import ServiceMetrics
-from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry
-from tests.support.fakes.restores import InMemoryRestores
+from tests.support.fakes.resumes import InMemoryResumes, SettableFeed
 
 JOB = "job-r"
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -54,24 +57,50 @@ class World:
     def __init__(self, store: FsStore, *records: CheckpointRecord) -> None:
         self.registry = InMemoryRegistry()
         self.registry.put(*records)
-        self.pins = InMemoryPins()
-        self.restores = InMemoryRestores(self.pins)
+        self.resumes = InMemoryResumes()
         self.bus = RecordingPublisher()
         self.store = store
         self.janitor = Janitor(
-            self.registry, self.pins, self.restores, store, self.bus, lambda: NOW,
+            self.registry, self.resumes, SettableFeed(), store, self.bus, lambda: NOW,
             RetentionMetrics(ServiceMetrics("retention-janitor")),
         )  # fmt: skip
+        self.handlers = JanitorHandlers(self.janitor)
+        self.n = 0
 
-    async def plan(self, plan_id: str, ckpt: str, attempt: int, *, resuming: bool) -> None:
-        plan = PlanRecord(
-            plan_id=plan_id, job_id=JOB, failed_run_id="run-1", failed_attempt=attempt - 1,
-            attempt=attempt, checkpoint_id=ckpt, step=1, failed_at=T0,
+    async def consume(self, data: EventData) -> None:
+        """What the coordinator and the runner publish, through the janitor's consumers."""
+        self.n += 1
+        event = build(
+            data, source="test/coordinator", time=NOW - timedelta(hours=1), key=f"{self.n}"
+        )
+        if isinstance(data, JobStartedV1):
+            await self.handlers.on_started(event)  # type: ignore[arg-type]
+        else:
+            await self.handlers.resumes.on_event(event)
+
+    async def plan(
+        self, plan_id: str, ckpt: str, attempt: int, *, resuming: bool, pinned: tuple[str, ...] = ()
+    ) -> None:
+        await self.consume(
+            ResumePlannedV2(
+                job_id=JOB, plan_id=plan_id, failed_run_id="run-1", attempt=attempt,
+                checkpoint_id=ckpt, checkpoint_uri=f"file:///{ckpt}", step=600,
+                mode=ResumeMode.EXACT, compatibility=Compatibility.IDENTICAL, pinned=pinned,
+            )
         )  # fmt: skip
-        await self.restores.record_decision(JOB, attempt - 1, DecisionRecord(events=()), plan=plan)
         if resuming:
-            started = Started(run_id="run-1", attempt=attempt, at=T0, plan_id=plan_id)
-            await self.restores.record_started(JOB, started)
+            await self.consume(JobStartedV1(job_id=JOB, run_id="run-1", attempt=attempt,
+                                            plan_id=plan_id))  # fmt: skip
+
+    async def verdict(self, plan_id: str) -> None:
+        await self.consume(
+            ResumeVerifiedV1(job_id=JOB, plan_id=plan_id, run_id="run-1", checkpoint_id="c", step=1)
+        )
+
+    async def pin(self, ckpt: str, plan_id: str) -> None:
+        """A verified resume's fallback, still pinned (R15): only the pin references it."""
+        await self.plan(plan_id, "c-gone", 2, resuming=True, pinned=("c-gone", ckpt))
+        await self.verdict(plan_id)
 
     def published(self, event_type: str) -> list[str]:
         return [e.data.checkpoint_id for e in self.bus.of_type(event_type)]  # type: ignore[attr-defined]
@@ -86,11 +115,11 @@ def store(tmp_path: Path) -> FsStore:
 
 async def test_expiry_honours_pins_plans_and_resumes_in_progress(store: FsStore) -> None:
     world = World(store, *(valid(store, s) for s in (5, 10, 20, 30, 40, 50)))
-    await world.pins.pin(JOB, [Pin("c10", "fallback", "p-old", 600, 2)])
+    await world.pin("c10", "p-old")
     await world.plan("p-plan", "c20", 5, resuming=False)
     await world.plan("p-res", "c30", 4, resuming=True)
     await world.plan("p-done", "c5", 3, resuming=True)
-    await world.restores.set_verdict("p-done", "verified")  # decided: protects nothing anymore
+    await world.verdict("p-done")  # decided: protects nothing anymore
 
     result = await world.janitor.run_once()
 
@@ -118,7 +147,7 @@ async def test_deletion_removes_the_bytes_then_publishes_the_tombstone(store: Fs
                   expired(store, 7), expired(store, 8))  # fmt: skip
     held = PinRecord(by="eval:mmlu", reason="baseline", actor="alice", at=T0, event_id="e")
     world.registry.put(expired(store, 6, pins=(held,)))  # pinned in the record
-    await world.pins.pin(JOB, [Pin("c7", "fallback", "p-x", 600, 2)])  # pinned by a resume
+    await world.pin("c7", "p-x")  # pinned by a resume
     await world.plan("p-plan", "c8", 3, resuming=False)  # referenced by a plan
 
     result = await world.janitor.run_once()

@@ -176,18 +176,22 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
 
 def cmd_plan(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     from ckpt_ha.ops import retention
-    from ckpt_ha.retention_janitor.api import Decision
+    from ckpt_ha.retention_janitor.api import Decision, RedisResumes, RetentionJanitorSettings
 
-    settings = context.settings(env, home)
+    # The janitor's settings: its view of resumes protects plans as long as it does.
+    settings = context.settings_of(RetentionJanitorSettings, env, home, "operator")
 
     async def query() -> list[Decision]:
-        async with (
-            context.registry(settings) as registry,
-            context.restore_owners(settings) as (pins, restores),
-        ):
-            return await retention.plan(
-                registry, pins, restores, now=datetime.now(UTC), job_id=args.job
-            )
+        resumes = RedisResumes.from_url(
+            settings.redis(), settings.registry_prefix, settings.state_ttl_s
+        )
+        try:
+            async with context.registry(settings) as registry:
+                return await retention.plan(
+                    registry, resumes, now=datetime.now(UTC), job_id=args.job
+                )
+        finally:
+            await resumes.close()
 
     decisions = context.run(settings, query)
     if args.json:

@@ -22,7 +22,10 @@ through the projections the live services use:
   retention-janitor records);
 * job, resume and ``checkpoint.registered`` events → the restore-coordinator's state and the R15
   pins (through the coordinator's own projection, `ckpt_ha.restore_coordinator.replay`), on the
-  events' own clock, so state the live coordinator let expire is not brought back.
+  events' own clock, so state the live coordinator let expire is not brought back;
+* ``resume.planned``, ``resume.verified``, ``resume.diverged``, ``job.started`` and
+  ``checkpoint.registered`` → the retention-janitor's own view of resumes (its plans, verdicts,
+  resumed starts and pins: `ckpt_ha.retention_janitor.projection`), in stream order.
 
 Progress and heartbeats (`ckpt_ha.contracts.subjects.TELEMETRY`) live in the progress stream,
 under limits: nothing decided depends on them alone. Every decision the coordinator took from
@@ -63,6 +66,7 @@ from ckpt_ha.registry.pins import ReplayedPins
 from ckpt_ha.registry.port import RegistryWriter, TierDeclarer
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.restore_coordinator.replay import RestoreReplay, restore_replay
+from ckpt_ha.retention_janitor.api import RedisResumes, ResumeViewReplay
 
 COORDINATED = ("job.", "resume.")
 """Event types (by prefix) the restore-coordinator's state is projected from, besides
@@ -110,20 +114,24 @@ async def rebuild(
     key_of: KeyOf,
     *,
     restores: RestoreReplay | None = None,
+    resumes: ResumeViewReplay | None = None,
     clock: Clock = utc_now,
     progress: Progress | None = None,
     batch: int = BATCH,
 ) -> RebuildReport:
     """``key_of``: a location's key in the storage root, as the live registrar had it (an event
     naming a location its job does not own is refused here as it was there). ``restores``: the
-    coordinator's state to replay too (None: the registry's key spaces only). ``batch``:
+    coordinator's state to replay too, ``resumes``: the janitor's view (None: the registry's
+    key spaces only). ``batch``:
     checkpoint events per registry round trip (the result does not depend on it). Refuses
     (`StreamIncomplete`) a stream whose first events are gone, and a rebuild without the
     job-signing key (`RebuildWithoutSigningKey`)."""
     if not cfg.signing_keys:
         raise RebuildWithoutSigningKey
     await require_complete_stream(cfg)
-    return await _replay(registry, cfg, catalog, key_of, restores, clock, progress, batch)
+    return await _replay(
+        registry, cfg, catalog, key_of, restores, clock, progress, batch, resumes=resumes
+    )
 
 
 UNREAD = (JobProgressV1, JobHeartbeatV1, JobStartedV1, CheckpointRegisteredV1)
@@ -179,6 +187,8 @@ async def _replay(
     clock: Clock,
     progress: Progress | None = None,
     batch: int = BATCH,
+    *,
+    resumes: ResumeViewReplay | None = None,
 ) -> RebuildReport:
     report = RebuildReport()
     checkpoints = RegistryBatch(registry, report, batch)
@@ -205,6 +215,8 @@ async def _replay(
                 if not isinstance(item.data, UNREAD):
                     await checkpoints.flush()  # it may read what the events before it wrote
                 await _coordinated(registry, restores, item, report)
+            if resumes is not None:
+                await resumes.apply(item)
     await checkpoints.retry()
     if restores is not None:
         await restores.finish(clock())
@@ -265,9 +277,10 @@ async def rebuild_registry(
     progress: Progress | None = None,
 ) -> RebuildReport:
     """Everything under the registry's prefix from the stream: the registry, declared tiers,
-    the restore-coordinator's state and the pins. ``trajectory_limit`` and ``state_ttl_s``: the
-    coordinator's (``CKPT_HA_TRAJECTORY_LIMIT``, ``CKPT_HA_STATE_TTL_S``), so the replayed state
-    is trimmed and expires as the live one. A registry with anything under its prefix is
+    the restore-coordinator's state and the pins, the retention-janitor's view of resumes.
+    ``trajectory_limit`` and ``state_ttl_s``: the coordinator's (``CKPT_HA_TRAJECTORY_LIMIT``,
+    ``CKPT_HA_STATE_TTL_S``, the janitor's too), so the replayed state is trimmed and expires as
+    the live one. A registry with anything under its prefix is
     refused (`RegistryNotEmpty`) unless ``clear``: then every key space the rebuild owns is
     emptied first (the reconcile log is kept). A stream that is not the one the registry was
     built from (deleted and created again: `StreamReplaced`) is refused before anything is
@@ -289,12 +302,16 @@ async def rebuild_registry(
         trajectory_limit=trajectory_limit,
         ttl_s=state_ttl_s,
     )
+    view = RedisResumes(registry.r, registry.p, state_ttl_s)
     if await registry.dump():
         if not clear:
             raise RegistryNotEmpty
         await registry.clear()
         await replay.clear()
         await pins.clear()
-    report = await _replay(registry, bus, catalog, key_of, replay, clock, progress)
+        await view.clear()
+    report = await _replay(
+        registry, bus, catalog, key_of, replay, clock, progress, resumes=ResumeViewReplay(view)
+    )
     await registry.remember_stream(current, replace=True)
     return report

@@ -1,5 +1,7 @@
 """Retention by tier (R6, R13), as a dry run: what the janitor would expire or delete now, and
-what protects what. The same read and the same plan a real round carries out."""
+what protects what. The same read and the same plan a real round carries out: the registry, and
+the janitor's own view of the restores that reference checkpoints (its plans and pins, kept
+from the events), not the restore-coordinator's state."""
 
 from __future__ import annotations
 
@@ -9,8 +11,7 @@ from datetime import datetime
 from ckpt_ha.retention_janitor.api import (
     Action,
     Decision,
-    PinReads,
-    ResumeReads,
+    ResumeView,
     RetentionRegistry,
     plan_round,
 )
@@ -18,13 +19,12 @@ from ckpt_ha.retention_janitor.api import (
 
 async def plan(
     registry: RetentionRegistry,
-    pins: PinReads,
-    resumes: ResumeReads,
+    resumes: ResumeView,
     *,
     now: datetime,
     job_id: str | None = None,
 ) -> list[Decision]:
-    return await plan_round(registry, pins, resumes, now, [job_id] if job_id else None)
+    return await plan_round(registry, resumes, now, [job_id] if job_id else None)
 
 
 def notable(decisions: Sequence[Decision]) -> list[Decision]:

@@ -4,8 +4,9 @@ Each service logs in to Redis as its own ACL user (settings ``redis_user`` and
 ``redis_password``) and may run only the commands its code issues, on only the key spaces it
 reads or writes. Each service declares its user in its own ``access.py`` (`RedisUser`, with the
 key spaces it owns, formatted by the module that owns those keys); the registry's key spaces
-(`ckpt_ha.registry.keys`, `pins`, `leases`) and the operator's user are here. The ``default``
-user is off: a connection that does not log in can do nothing.
+(`ckpt_ha.registry.keys`, `pins`, `leases`) and the operator's user are here. Two services never
+share a key space: the janitor reads no key of the restore-coordinator's (it keeps its own view).
+The ``default`` user is off: a connection that does not log in can do nothing.
 
 Passwords are never in the committed file (an ACL file cannot read the environment, and allows
 no comments): ``python -m ckpt_ha.registry.acl [--check]`` writes (checks) the committed
@@ -17,7 +18,8 @@ renders its own with
 reading ``CKPT_HA_REDIS_PASSWORD_<USER>`` (or ``..._FILE``) for each user and writing only the
 SHA-256 of each password (``#<hex>``). A key space a user only reads is granted read-only
 (``%R~``, Redis 7); ``--redis-6`` renders for Redis 6.2 (the embedded stack's), which has no
-read-only patterns, so there a user may write what it reads.
+read-only patterns, so there a user may write what it reads. SCAN names keys of every space (it
+takes no key), which is why only operators have it.
 """
 
 from __future__ import annotations

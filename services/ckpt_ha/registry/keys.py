@@ -30,10 +30,11 @@ every id that earlier versions kept, is cleared by a rebuild too), the fences of
 (the retention-janitor
 records them live). A rebuild clears and replays them. The reconcile log is not in the stream
 and survives a rebuild; a rebuild checks the stream's identity before it clears anything and
-records it after. Two other owners keep keys under the prefix, projections of the stream too,
+records it after. Other owners keep keys under the prefix, projections of the stream too,
 cleared and replayed by the same rebuild: the restore-coordinator's state
-(`ckpt_ha.restore_coordinator.store`, ``<p>:coord:*``) and the R15 pins (`ckpt_ha.registry.pins`,
-``<p>:pins:<job>``).
+(`ckpt_ha.restore_coordinator.store`, ``<p>:coord:*``), the R15 pins (`ckpt_ha.registry.pins`,
+``<p>:pins:<job>``) and the retention-janitor's view of resumes
+(`ckpt_ha.retention_janitor.store`, ``<p>:janitor:*``).
 """
 
 from __future__ import annotations

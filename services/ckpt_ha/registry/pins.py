@@ -3,8 +3,10 @@
 The restore-coordinator pins the checkpoint it restores from and the previous valid one when it
 plans a resume (the ``pinned`` of its ``resume.planned``), and releases them once the resumed
 attempt registers a newer valid checkpoint (its ``checkpoint.registered``); both writes are made
-by `ckpt_ha.restore_coordinator.projection`. The retention-janitor reads them and never removes
-a pinned checkpoint. Nothing else formats this key. Pins never expire on their own: a pin that
+by `ckpt_ha.restore_coordinator.projection`. The retention-janitor never removes a pinned
+checkpoint; it learns the pins from the same events into its own view
+(`ckpt_ha.retention_janitor.store`), never from these keys. Nothing else formats this key.
+Pins never expire on their own: a pin that
 timed out would let retention delete the fallback of a resume still in progress. They are a
 projection of the event stream: a registry rebuild clears them (`clear`) and replays them.
 """

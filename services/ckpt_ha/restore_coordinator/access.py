@@ -24,9 +24,6 @@ def key_spaces(prefix: str) -> Mapping[str, str]:
     """Its own key spaces, as its store formats them (`restores.key`)."""
     return {
         "restore-state": restores.key(prefix, "*"),
-        "restore-plans": restores.key(prefix, "plan", "*"),
-        "restore-verdicts": restores.key(prefix, "verdict", "*"),
-        "restore-starts": restores.key(prefix, "started", "*"),
     }
 
 

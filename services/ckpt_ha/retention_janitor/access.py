@@ -3,20 +3,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from ckpt_ha.bus.access import Principal
 from ckpt_ha.registry.access import CONNECT, LEASES, RedisUser
+from ckpt_ha.retention_janitor import store
 
+# "planned", "verified", "diverged", "released": its own view of what restores reference
+# (R6, R15).
 NATS = Principal("retention-janitor", ("checkpoint.expired", "checkpoint.deleted"),
-                 consumers=("registered", "started"))  # fmt: skip
+                 consumers=("registered", "started", "planned", "verified", "diverged",
+                            "released"))  # fmt: skip
+
+
+def key_spaces(prefix: str) -> Mapping[str, str]:
+    """Its own key space, as its store formats it (`store.pattern`)."""
+    return {"janitor-view": store.pattern(prefix)}
+
 
 REDIS = RedisUser(
     "retention-janitor",
-    # Reads jobs, records, tiers, pins and plans in progress; records the declared tier.
-    # And the lease of its periodic rounds. SCAN names keys of every space (it takes no key),
-    # which is why only the retention-janitor and operators have it.
-    ("tier-declared", "leases"),
-    ("jobs", "job-index", "checkpoints", "tiers", "pins", "restore-plans",
-     "restore-verdicts", "restore-starts"),
-    (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange",
-     "hgetall", "scan"),
+    # Reads jobs, records and tiers; records the declared tier; keeps its own view of resumes
+    # (never a key of the restore-coordinator's). And the lease of its periodic rounds.
+    ("tier-declared", "janitor-view", "leases"),
+    ("jobs", "job-index", "checkpoints", "tiers"),
+    (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange"),
+    key_spaces=key_spaces,
 )  # fmt: skip

@@ -1,13 +1,18 @@
-"""What the janitor reads (registry, pins, restore plans, storage) and deletes.
+"""What the janitor reads (registry, its view of resumes, storage) and deletes, and where its
+view stands in the event stream.
 
-Reads only, through the owners' typed APIs (its ports): the registrar owns the registry,
-`ckpt_ha.registry.pins` the R15 pins, `ckpt_ha.restore_coordinator.api` the coordinator's plans,
-verdicts and attempt starts. No key of theirs is formatted here.
+The registry is read through its owner's typed API (the registrar owns it; no key of it is
+formatted here); the plans, verdicts and R15 pins through the janitor's own view
+(`ckpt_ha.retention_janitor.store`), never through the restore-coordinator's state.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+
+from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
 
 from ckpt_ha.core.locations import Removal, plan_removal
 from ckpt_ha.core.records import CheckpointRecord
@@ -15,8 +20,7 @@ from ckpt_ha.retention_janitor import domain
 from ckpt_ha.retention_janitor.domain import JobView
 from ckpt_ha.retention_janitor.ports import (
     ObjectStore,
-    PinReads,
-    ResumeReads,
+    ResumeView,
     RetentionRegistry,
 )
 from ckpt_ha.storage import bounded, key_for_uri
@@ -25,12 +29,11 @@ from ckpt_ha.storage.owned import Removed, neighbours, record_keys, remove
 
 async def job_views(
     registry: RetentionRegistry,
-    pins: PinReads,
-    resumes: ResumeReads,
+    resumes: ResumeView,
+    now: datetime,
     jobs: Iterable[str] | None = None,
 ) -> list[JobView]:
-    """A fresh read of every job (or the given ones) with its tier and references."""
-    plans = domain.plan_protections(await resumes.plans_in_progress())
+    """A fresh read of every job (or the given ones) with its tier and references at ``now``."""
     names = sorted(jobs) if jobs is not None else await registry.jobs()
     views = []
     for job in names:
@@ -38,9 +41,30 @@ async def job_views(
         if not records:
             continue
         choice = await registry.tier_of(job)
-        protections = [*domain.pin_protections(await pins.pins(job)), *plans.get(job, [])]
-        views.append(JobView(job, choice.tier, records, protections))
+        refs = domain.resume_protections(await resumes.resumes(job), now, resumes.keep_s)
+        views.append(JobView(job, choice.tier, records, refs))
     return views
+
+
+class ConsumerFeed:
+    """`ResumeFeed` from JetStream: the durable that applies ``resume.planned`` to the view has
+    nothing left to deliver and nothing delivered unacknowledged (a message acknowledged was
+    applied; one waiting for redelivery, parked or failing, is still pending). Not there yet
+    (before the service first started): not caught up."""
+
+    def __init__(
+        self, jetstream: Callable[[], JetStreamContext], stream: str, durable: str
+    ) -> None:
+        self.jetstream = jetstream
+        self.stream = stream
+        self.durable = durable
+
+    async def caught_up(self) -> bool:
+        try:
+            info = await self.jetstream().consumer_info(self.stream, self.durable)
+        except NotFoundError:
+            return False
+        return not (info.num_pending or info.num_ack_pending)
 
 
 def locations(store: ObjectStore, record: CheckpointRecord) -> tuple[str, ...]:

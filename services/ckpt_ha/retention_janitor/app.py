@@ -8,6 +8,13 @@ At N replicas the per-job rounds follow the `registered` events the durable cons
 between them; the periodic rounds run on the one replica holding their lease
 (`ckpt_ha.runtime.leader`). Two rounds that meet on one checkpoint publish its expiry and
 tombstone under ids keyed on the checkpoint, so JetStream keeps one of each.
+
+What protects a checkpoint from outside its record (restore plans, resumes in progress, R15
+pins) is the janitor's own view, kept from the events by its consumers (``planned``,
+``verified``, ``diverged``, ``released``; ``started`` too) in its own key space
+(`ckpt_ha.retention_janitor.store`); it reads no state of the restore-coordinator's. Durables
+new in a release read the stream from its start, so on the upgrade that adds them the view is
+built from every plan and registration ever published, without a rebuild.
 """
 
 from __future__ import annotations
@@ -16,21 +23,48 @@ from dataclasses import dataclass
 
 from faststream import FastStream
 
+from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.leases import RedisLeases
-from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.registry.redis_registry import Registry
-from ckpt_ha.restore_coordinator.api import RestoreReader
-from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers
+from ckpt_ha.retention_janitor.adapters import ConsumerFeed
+from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers, ResumeHandlers
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
+from ckpt_ha.retention_janitor.store import RedisResumes
 from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
 
 NAME = "retention-janitor"
+PLANNED = "planned"
+"""The consumer of ``resume.planned``: a round waits until it has applied every one
+(`ConsumerFeed`)."""
+VIEW = (
+    (PLANNED, "resume.planned", "A restore plan and the checkpoints it pins (R6, R15)"),
+    ("verified", "resume.verified", "A resume verified: its plan references nothing more"),
+    ("diverged", "resume.diverged", "A resume diverged: its plan references nothing more"),
+)
+"""The consumers of the janitor's view of resumes besides ``started`` and ``registered``."""
+
+
+def keep_view(bus: Bus, handlers: ResumeHandlers) -> None:
+    """The consumers that keep the janitor's view of resumes from the ``resume.*`` events."""
+    for consumer, event_type, description in VIEW:
+        bus.consumer(consumer, event_filter(bus.cfg.prefix, event_type), description=description)(
+            handlers.on_event
+        )
+
+
+def feed(bus: Bus) -> ConsumerFeed:
+    """Where the view stands: the ``planned`` durable of this service on the event stream."""
+    return ConsumerFeed(
+        lambda: bus.broker.connection.jetstream(timeout=bus.cfg.request_timeout_s),
+        bus.cfg.events_stream,
+        bus.durable_name(PLANNED),
+    )
 
 
 @dataclass(kw_only=True)
@@ -46,8 +80,8 @@ def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> Retenti
     registry = Registry(client, settings.registry_prefix)
     janitor = Janitor(
         registry,
-        RedisPins(client, settings.registry_prefix),
-        RestoreReader(client, settings.registry_prefix),
+        RedisResumes(client, settings.registry_prefix, settings.state_ttl_s),
+        feed(base.bus),
         open_store(settings.storage_root),
         base.bus,
         clock,
@@ -71,8 +105,17 @@ def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> Retenti
     svc.bus.consumer(
         "started",
         event_filter(svc.bus.cfg.prefix, "job.started"),
-        description="Records the tier a job declares at start (a recorded choice still wins).",
+        description=(
+            "Records the tier a job declares at start (a recorded choice still wins), and "
+            "which plan the attempt resumes."
+        ),
     )(handlers.on_started)
+    keep_view(svc.bus, handlers.resumes)
+    svc.bus.consumer(
+        "released",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.registered"),
+        description="Releases the pins a new valid checkpoint makes unnecessary (R15).",
+    )(handlers.on_released)
     svc.finish(
         title="ckpt-ha retention-janitor",
         description=(

@@ -25,10 +25,10 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 
 from ckpt_ha.contracts.checkpoint import CheckpointState as S
-from ckpt_ha.core.pins import Pin
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.tiers import Tier
-from ckpt_ha.restore_coordinator.records import PlanInProgress
+from ckpt_ha.retention_janitor import resumes
+from ckpt_ha.retention_janitor.resumes import JobResumes
 
 SETTLE = timedelta(minutes=10)
 """No checkpoint expires within this time of its last transition. The watcher and the writer
@@ -105,7 +105,7 @@ class JobView:
     tier: Tier
     records: Sequence[CheckpointRecord]
     protections: Sequence[Protection] = field(default_factory=tuple)
-    """References from outside the registry record: coordinator pins, plans, resumes."""
+    """References from outside the registry record: R15 pins, restore plans, resumes."""
 
 
 def record_protections(record: CheckpointRecord) -> list[Protection]:
@@ -113,30 +113,26 @@ def record_protections(record: CheckpointRecord) -> list[Protection]:
     return [Protection(record.checkpoint_id, ProtectionKind.PIN, p.by) for p in record.pins]
 
 
-def pin_protections(pins: Iterable[Pin]) -> list[Protection]:
-    """R15: the restore-coordinator's pins (a resumed job's restored-from and fallback)."""
-    return [
+def resume_protections(view: JobResumes, now: datetime, keep_s: float) -> list[Protection]:
+    """What the job's restores reference, from the janitor's view of them: R15 pins first (a
+    resumed job's restored-from and fallback checkpoints, by checkpoint id), then R6 the
+    checkpoint of each restore plan without a verdict (by plan id): a restore plan, or a
+    resume in progress once the resumed attempt started."""
+    found = [
         Protection(p.checkpoint_id, ProtectionKind.FALLBACK, f"{p.reason or 'pinned'} for plan "
                    f"{p.plan_id or '?'}")
-        for p in pins
+        for p in resumes.pins(view)
     ]  # fmt: skip
-
-
-def plan_protections(plans: Iterable[PlanInProgress]) -> dict[str, list[Protection]]:
-    """Job → what its restore plans without a verdict reference (R6: a restore plan, or a
-    resume in progress once the resumed attempt started)."""
-    out: dict[str, list[Protection]] = {}
-    for p in plans:
+    for p in resumes.in_progress(view, now, keep_s):
         plan = p.plan
         if p.resuming:
             ref = f"attempt {plan.attempt} of plan {plan.plan_id}"
-            found = Protection(plan.checkpoint_id, ProtectionKind.RESUME, ref)
+            found.append(Protection(plan.checkpoint_id, ProtectionKind.RESUME, ref))
         else:
-            found = Protection(
-                plan.checkpoint_id, ProtectionKind.RESTORE_PLAN, f"plan {plan.plan_id}"
+            found.append(
+                Protection(plan.checkpoint_id, ProtectionKind.RESTORE_PLAN, f"plan {plan.plan_id}")
             )
-        out.setdefault(plan.job_id, []).append(found)
-    return out
+    return found
 
 
 def still_deletable(record: CheckpointRecord | None) -> bool:

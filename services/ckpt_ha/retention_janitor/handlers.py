@@ -5,6 +5,22 @@ having seen an event. Expiry is only an event (the registrar records it). Deleti
 bytes first, lists again to see them gone, and only then publishes ``checkpoint.deleted`` (the
 tombstone); a storage failure leaves the checkpoint expired and the next round retries, so the
 registry never says "deleted" while bytes remain, nor hides that they do.
+
+The references come from the janitor's own view of resumes (`ResumeView`), which its consumers
+keep from the events (`ResumeHandlers`, `ckpt_ha.retention_janitor.projection`). Ordering (R6,
+R15): the coordinator stores a plan and then publishes its ``resume.planned``; the janitor used
+to read the stored plan, and now reads the plan once it applied that event. So that no round
+decides in the window between the two, a round starts only when the view has applied every
+``resume.planned`` published so far (`ResumeFeed.caught_up`; else `ResumesBehind`: the periodic
+round waits for the next one, a round for a registration is redelivered with backoff). A plan
+decided before the round began is then always seen, as it was when the plan was read from the
+coordinator's state; one decided while the round runs was not seen then either. And only an
+expiry can follow from such a miss: deletion waits for the tier's grace period, and every
+round in it sees the plan and keeps the checkpoint. A registration releases pins (through its
+own durable, ``released``) only after the same check, so the plan whose pins it releases has
+been applied, as the coordinator had stored it before it released them; and only a plan
+decided before the registration (`ckpt_ha.retention_janitor.projection`), so that a durable
+replaying the stream from its start cannot release a later plan's pins early.
 """
 
 from __future__ import annotations
@@ -17,36 +33,52 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from ckpt_ha.contracts import Envelope, build
+from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointDeletedV1,
     CheckpointExpiredV1,
     CheckpointRegisteredV1,
 )
 from ckpt_ha.contracts.job import JobStartedV1
+from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.tiers import declared_tier
-from ckpt_ha.retention_janitor import adapters, domain
+from ckpt_ha.retention_janitor import adapters, domain, projection
 from ckpt_ha.retention_janitor.domain import Action, Decision
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.retention_janitor.ports import (
     Clock,
     ObjectStore,
-    PinReads,
     Publisher,
-    ResumeReads,
+    ResumeFeed,
+    ResumeView,
     RetentionRegistry,
 )
 from ckpt_ha.runtime.leader import next_round
 from ckpt_ha.storage import StorageError, key_for_uri
 from ckpt_ha.telemetry import tracing
 
-__all__ = ["Janitor", "JanitorHandlers", "RoundResult", "plan_round"]
+__all__ = [
+    "Janitor",
+    "JanitorHandlers",
+    "ResumeHandlers",
+    "ResumesBehind",
+    "RoundResult",
+    "plan_round",
+]
 
 SOURCE = "ckpt-ha/retention-janitor"
 ACTOR = "retention-janitor"
 log = logging.getLogger("ckpt_ha.retention_janitor")
+
+
+class ResumesBehind(DependencyNotReady):
+    """The janitor's view of resumes has not yet applied every ``resume.planned`` published:
+    no retention decision until it has (see the module doc)."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(what, "every resume.planned published before it")
 
 
 @dataclass
@@ -62,14 +94,13 @@ class RoundResult:
 
 async def plan_round(
     registry: RetentionRegistry,
-    pins: PinReads,
-    resumes: ResumeReads,
+    resumes: ResumeView,
     now: datetime,
     jobs: Iterable[str] | None = None,
 ) -> list[Decision]:
     """What a round would do at ``now`` (``ckpt-ha retention plan``): the same read and the same
     `domain.plan` a real round carries out."""
-    views = await adapters.job_views(registry, pins, resumes, jobs)
+    views = await adapters.job_views(registry, resumes, now, jobs)
     return domain.plan(views, now)
 
 
@@ -77,16 +108,16 @@ class Janitor:
     def __init__(
         self,
         registry: RetentionRegistry,
-        pins: PinReads,
-        resumes: ResumeReads,
+        resumes: ResumeView,
+        feed: ResumeFeed,
         store: ObjectStore,
         bus: Publisher,
         clock: Clock,
         metrics: RetentionMetrics,
     ) -> None:
         self.registry = registry
-        self.pins = pins
         self.resumes = resumes
+        self.feed = feed
         self.store = store
         self.bus = bus
         self.clock = clock
@@ -94,10 +125,18 @@ class Janitor:
         self._lock = asyncio.Lock()
 
     async def dry_run(self, jobs: Iterable[str] | None = None) -> list[Decision]:
-        return await plan_round(self.registry, self.pins, self.resumes, self.clock(), jobs)
+        return await plan_round(self.registry, self.resumes, self.clock(), jobs)
+
+    async def caught_up(self, what: str) -> None:
+        """Raise `ResumesBehind` unless the view has applied every ``resume.planned``
+        published so far."""
+        if not await self.feed.caught_up():
+            raise ResumesBehind(what)
 
     async def run_once(self, jobs: Iterable[str] | None = None) -> RoundResult:
-        """One round: plan, then expire and delete exactly what the plan says."""
+        """One round: plan, then expire and delete exactly what the plan says. Not before the
+        view of resumes has caught up (`ResumesBehind`)."""
+        await self.caught_up("a retention round")
         async with self._lock:
             decisions = await self.dry_run(jobs)
             result = RoundResult(decisions)
@@ -218,14 +257,30 @@ class Janitor:
         while True:
             try:
                 await self.run_once()
+            except ResumesBehind:
+                log.warning("resume events still being applied; retention waits for next round")
             except Exception:  # one failed round must not stop the janitor
                 log.exception("retention round failed; retrying in %.0f s", interval_s)
             await next_round(interval_s)
 
 
+class ResumeHandlers:
+    """Keeps the janitor's view of resumes: each event through `projection.apply`."""
+
+    def __init__(self, view: ResumeView) -> None:
+        self.view = view
+
+    async def on_event(self, event: Envelope[EventData]) -> None:
+        """``resume.planned``, ``resume.verified``, ``resume.diverged`` (and, from the
+        janitor's other consumers, ``job.started`` and ``checkpoint.registered``)."""
+        keep_s = self.view.keep_s
+        await self.view.update(event.data.job_id, lambda v: projection.apply(v, event, keep_s))
+
+
 class JanitorHandlers:
     def __init__(self, janitor: Janitor) -> None:
         self.janitor = janitor
+        self.resumes = ResumeHandlers(janitor.resumes)
 
     async def on_registered(self, event: Envelope[CheckpointRegisteredV1]) -> None:
         """A new valid checkpoint may push an older one out of its tier's keep-last."""
@@ -233,6 +288,14 @@ class JanitorHandlers:
         if result.failed:
             log.warning("%s: deletions retried next round: %s", event.data.job_id, result.failed)
 
+    async def on_released(self, event: Envelope[CheckpointRegisteredV1]) -> None:
+        """The pins a newer valid checkpoint makes unnecessary (R15), once every plan
+        published before it is in the view."""
+        await self.janitor.caught_up(f"the registration of {event.data.checkpoint_id}")
+        await self.resumes.on_event(event)
+
     async def on_started(self, event: Envelope[JobStartedV1]) -> None:
-        """Record the tier the job declared (an explicit ``tier set`` still wins over it)."""
+        """Record the tier the job declared (an explicit ``tier set`` still wins over it), and
+        which plan the attempt resumes."""
         await self.janitor.registry.declare_tier(event.data.job_id, declared_tier(event.data))
+        await self.resumes.on_event(event)

@@ -1,24 +1,33 @@
 """What the retention-janitor needs from the world, as small `Protocol`s.
 
 The janitor never formats another owner's keys: the registry through its public methods
-(`RetentionRegistry`), the R15 pins through `ckpt_ha.registry.pins` (`PinReads`), restore plans
-and resumes in progress through `ckpt_ha.restore_coordinator.api` (`ResumeReads`). The composition
-root passes the Redis adapters, the unit tests the fakes of ``tests/support/fakes``.
+(`RetentionRegistry`). It reads no state of the restore-coordinator's: the plans, verdicts and
+R15 pins that protect checkpoints are its own view, built from the events (`ResumeView`, owned
+by `ckpt_ha.retention_janitor.store`), and `ResumeFeed` says whether that view has applied every
+``resume.planned`` published so far. The composition root passes the Redis and NATS adapters,
+the unit tests the fakes of ``tests/support/fakes``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from ckpt_ha.bus.port import Publisher
 from ckpt_ha.core.clock import Clock
-from ckpt_ha.core.pins import Pin
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.tiers import TierChoice
-from ckpt_ha.restore_coordinator.records import PlanInProgress
+from ckpt_ha.retention_janitor.resumes import JobResumes
 from ckpt_ha.storage.port import ObjectStore
 
-__all__ = ["Clock", "ObjectStore", "PinReads", "Publisher", "ResumeReads", "RetentionRegistry"]
+__all__ = [
+    "Clock",
+    "ObjectStore",
+    "Publisher",
+    "ResumeFeed",
+    "ResumeView",
+    "RetentionRegistry",
+]
 
 
 class RetentionRegistry(Protocol):
@@ -38,13 +47,28 @@ class RetentionRegistry(Protocol):
     async def declare_tier(self, job_id: str, tier: str | None) -> None: ...
 
 
-class PinReads(Protocol):
-    """The R15 pins of a job (a resumed job's restored-from and fallback checkpoints)."""
+class ResumeView(Protocol):
+    """The janitor's view of each job's restores (plans, verdicts, resumed starts, R15 pins),
+    a projection of the events. ``keep_s``: how long a plan without a verdict protects its
+    checkpoint after the last event about it."""
 
-    async def pins(self, job: str) -> list[Pin]: ...
+    keep_s: float
+
+    async def resumes(self, job: str) -> JobResumes:
+        """The job's view (empty: nothing references any of its checkpoints)."""
+        ...
+
+    async def update(self, job: str, change: Callable[[JobResumes], JobResumes]) -> JobResumes:
+        """Apply ``change`` to the job's view atomically (a concurrent writer's change is
+        never lost); returns the new view."""
+        ...
 
 
-class ResumeReads(Protocol):
-    """Restore plans with no continuity verdict yet (planned, or their attempt resuming)."""
+class ResumeFeed(Protocol):
+    """Where the view stands in the event stream."""
 
-    async def plans_in_progress(self) -> list[PlanInProgress]: ...
+    async def caught_up(self) -> bool:
+        """True when every ``resume.planned`` published before this call has been applied to
+        the view (none waits to be delivered or acknowledged). A retention decision made after
+        True sees every plan decided before it began."""
+        ...
