@@ -16,6 +16,7 @@ from ckpt_ha.registrar import access as registrar
 from ckpt_ha.restore_coordinator import access as restore_coordinator
 from ckpt_ha.restore_coordinator import api as restores
 from ckpt_ha.retention_janitor import access as retention_janitor
+from ckpt_ha.retention_janitor import store as janitor_store
 from ckpt_ha.writer_watcher import access as writer_watcher
 from ckpt_ha.writer_watcher import adapters as watcher_state
 
@@ -31,6 +32,7 @@ ACCESS: tuple[ModuleType, ...] = (
 OWNERS: dict[str, ModuleType] = {
     "-watcher:": watcher_state,
     restores.KEY_SPACE: restores,
+    "janitor:": janitor_store,
 }
 """The text that starts a key space after the prefix, and the one module that formats it."""
 
@@ -82,7 +84,8 @@ def test_every_service_key_space_names_its_owner() -> None:
 
 def test_the_marker_of_a_pattern() -> None:
     assert _marker(writer_watcher.key_spaces("P")["watcher-state"], "P") == "-watcher:"
-    assert _marker(restore_coordinator.key_spaces("P")["restore-plans"], "P") == "coord:"
+    assert _marker(restore_coordinator.key_spaces("P")["restore-state"], "P") == "coord:"
+    assert _marker(retention_janitor.key_spaces("P")["janitor-view"], "P") == "janitor:"
 
 
 def test_no_module_but_the_owner_formats_a_service_key() -> None:
