@@ -4,7 +4,6 @@ ops no CLI, ops no argparse or os — is checked by `lint-imports`, contracts in
 
 from __future__ import annotations
 
-import argparse
 import ast
 import inspect
 import re
@@ -15,34 +14,17 @@ import pytest
 
 import ckpt_ha.ops
 from ckpt_ha.cli import render
-from ckpt_ha.cli.arguments import Parser
+from ckpt_ha.cli.arguments import Parser, is_group, walk
 from ckpt_ha.cli.parser import COMMAND_MODULES, build_parser, registrars
 from ckpt_ha.cli.serve import entries
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 
 
-def tree(
-    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
-) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
-    """Every parser of the command line with the words that reach it, old spellings included."""
-    found = [(path, parser)]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                found += tree(sub, (*path, name))
-    return found
-
-
-def _verbs_required(parser: argparse.ArgumentParser) -> bool:
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    return bool(subs) and subs[0].required
-
-
 def test_every_parsed_command_has_one_handler_and_every_handler_a_command() -> None:
     used: set[object] = set()
-    for path, parser in tree(build_parser())[1:]:
+    for path, parser in walk(build_parser())[1:]:
         handler = parser.get_default("handler")
-        if _verbs_required(parser):  # a noun: its verbs run, it never does
+        if is_group(parser):  # a noun: its verbs run, it never does
             assert handler is None, path
         else:  # a command: the one function its module registered for it
             assert callable(handler), path

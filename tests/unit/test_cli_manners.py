@@ -4,7 +4,6 @@ that reports, help without requirement ids, and bad arguments as one line with e
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_ha.cli import completion, jobs, serve
+from ckpt_ha.cli.arguments import walk
 from ckpt_ha.cli.main import main
 from ckpt_ha.cli.parser import build_parser, version
 from ckpt_ha.cli.progress import Progress
@@ -35,17 +35,6 @@ NO_JSON = {
 do not report a result."""
 
 
-def _tree(
-    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
-) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
-    found = [(path, parser)]
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                found += _tree(sub, (*path, name))
-    return found
-
-
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "ckpt_ha.cli.main", *args],
@@ -57,7 +46,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_no_help_output_names_a_requirement_id() -> None:
-    tree = _tree(build_parser())
+    tree = walk(build_parser())
     assert len(tree) > 30
     for path, parser in tree:
         text = parser.format_help()
@@ -68,7 +57,7 @@ def test_no_help_output_names_a_requirement_id() -> None:
 def test_every_command_that_reports_takes_json() -> None:
     """Every parser of the tree that runs something (old spellings and nouns that run alone
     included) takes `--json`, unless it is one of the few that report nothing."""
-    commands = [(path, p) for path, p in _tree(build_parser()) if p.get_default("handler")]
+    commands = [(path, p) for path, p in walk(build_parser()) if p.get_default("handler")]
     assert len(commands) > 40
     assert set(NO_JSON) <= {p.get_default("handler") for _, p in commands}
     lacking = [
@@ -156,7 +145,7 @@ def test_bash_completion_completes_commands_options_and_choices_in_a_real_bash(
     lines = done.stdout.splitlines()
     assert lines[0] == "complete -o default -F _ckpt_ha ckpt-ha"
     parser = build_parser()
-    top = [path[0] for path, _ in _tree(parser) if len(path) == 1 and path[0] not in parser.hidden]
+    top = [path[0] for path, _ in walk(parser) if len(path) == 1 and path[0] not in parser.hidden]
     assert lines[1].split() == top
     verbs = ["list", "show", "verify", "latest-valid", "quarantine", "release", "pin", "unpin"]
     assert lines[2].split() == verbs
@@ -213,7 +202,7 @@ def test_completion_follows_the_parser() -> None:
     """A new command appears in the script without anyone editing it."""
     parser = build_parser()
     nodes = {n.path: n for n in completion.nodes(parser)}
-    assert set(nodes) == {path for path, _ in _tree(parser)}
+    assert set(nodes) == {path for path, _ in walk(parser)}
     assert nodes[("checkpoint", "list")].valued["--job"] == []
     assert "fenced" in nodes[("checkpoint", "list")].valued["--state"]
 

@@ -110,6 +110,28 @@ class Parser(argparse.ArgumentParser):
             self._commands.metavar = None
 
 
+def _subcommands(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction[Any]]:
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def walk(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every parser of the command line with the words that reach it (old spellings included),
+    parents first."""
+    found = [(path, parser)]
+    for action in _subcommands(parser):
+        for name, sub in action.choices.items():
+            found += walk(sub, (*path, name))
+    return found
+
+
+def is_group(parser: argparse.ArgumentParser) -> bool:
+    """A noun whose verb is required: its verbs run, it never does."""
+    subs = _subcommands(parser)
+    return bool(subs) and all(a.required for a in subs)
+
+
 def text(value: str) -> str:
     """A non-empty, single-line argument (reasons and names end up in audit records)."""
     value = value.strip()

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ckpt_ha.cli.arguments import is_group
+
 ROOT = Path(__file__).resolve().parents[3]
 COMMAND = "python -m ckpt_ha.cli.doc_tables"
 
@@ -69,10 +71,11 @@ def _commands(
     parser: argparse.ArgumentParser, help_text: str = ""
 ) -> Iterable[tuple[argparse.ArgumentParser, str]]:
     """Every command that runs something: a group whose subcommand is required is not one."""
-    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
-    if help_text and not (subs and all(a.required for a in subs)):
+    if help_text and not is_group(parser):
         yield parser, help_text
-    for action in subs:
+    for action in parser._actions:
+        if not isinstance(action, argparse._SubParsersAction):
+            continue
         helps = {choice.dest: choice.help or "" for choice in action._choices_actions}
         for name, child in action.choices.items():
             yield from _commands(child, helps.get(name, ""))
