@@ -220,26 +220,6 @@ class RestoresContract:
             events=('{"a":1}',), published=True
         )
 
-    async def test_plans_in_progress_skip_decided_ones_and_tell_resuming(
-        self, stores: tuple[Any, Any]
-    ) -> None:
-        state, _ = stores
-        for attempt, plan_id in ((2, "p-done"), (3, "p-planned"), (4, "p-resuming")):
-            await state.record_decision(
-                "job-a", attempt - 1, DecisionRecord(events=()), plan=plan(plan_id, attempt=attempt)
-            )
-        await state.record_decision(
-            "job-b", 1, DecisionRecord(events=()), plan=plan("p-other", job="job-b")
-        )
-        await state.set_verdict("p-done", "verified")
-        await state.record_started(
-            "job-a", Started(run_id="r", attempt=4, at=T0, plan_id="p-resuming")
-        )
-        # an attempt started under another plan does not make this one resuming
-        await state.record_started("job-b", Started(run_id="r", attempt=2, at=T0, plan_id="zzz"))
-        found = {p.plan.plan_id: p.resuming for p in await state.plans_in_progress()}
-        assert found == {"p-planned": False, "p-resuming": True, "p-other": False}
-
     async def test_watch_round_trips_and_overdue_lists_only_live_deadlines(
         self, stores: tuple[Any, Any]
     ) -> None:

@@ -3,7 +3,7 @@ imports (the CLI, the operations, the runner; tests may reach further). What it 
 
 * the name of its Redis key space (`KEY_SPACE`, `key`): ``<p>:coord:*``, every key of it
   formatted by the coordinator (its store, `ckpt_ha.restore_coordinator.store`, and this);
-* its read models (`PlanRecord`, `Failure`, `Started`, `Watch`, `PlanInProgress`, ...);
+* its read models (`PlanRecord`, `Failure`, `Started`, `Watch`, ...);
 * a typed reader of that state (`RestoreReader`: plans, verdicts, failures, starts, holds)
   for the ``ckpt-ha`` commands. Only the coordinator writes it.
 """
@@ -22,7 +22,6 @@ from ckpt_ha.restore_coordinator.records import (
     DecisionRecord,
     Failure,
     History,
-    PlanInProgress,
     PlanRecord,
     Point,
     Started,
@@ -38,7 +37,6 @@ __all__ = [
     "DecisionRecord",
     "Failure",
     "History",
-    "PlanInProgress",
     "PlanRecord",
     "Point",
     "RestoreReader",
@@ -124,20 +122,3 @@ class RestoreReader:
     async def watch(self, job: str) -> Watch | None:
         raw = await self._r.get(self._k("watch", job))
         return Watch.model_validate_json(raw) if raw else None
-
-    async def plans_in_progress(self) -> list[PlanInProgress]:
-        """Every stored plan without a verdict yet, and whether its resumed attempt started
-        (R6: retention keeps what a restore plan or a resume in progress references)."""
-        pattern = self._k("plan", "*")
-        keys = [text(k) async for k in self._r.scan_iter(match=pattern, count=500)]
-        out: list[PlanInProgress] = []
-        for key in sorted(keys):
-            plan_id = key.rsplit(":", 1)[1]
-            raw, verdict = await self._r.mget(key, self._k("verdict", plan_id))
-            if not raw or verdict:
-                continue
-            plan = PlanRecord.model_validate_json(raw)
-            started = await self.started(plan.job_id, plan.attempt)
-            resuming = started is not None and started.plan_id == plan.plan_id
-            out.append(PlanInProgress(plan, resuming))
-        return out

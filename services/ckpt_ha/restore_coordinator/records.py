@@ -214,15 +214,6 @@ class DecisionRecord(BaseModel):
     published: bool = False
 
 
-@dataclass(frozen=True)
-class PlanInProgress:
-    """A restore plan without a continuity verdict yet: planned, or its attempt resuming."""
-
-    plan: PlanRecord
-    resuming: bool
-    """The resumed attempt has started (its ``job.started`` named this plan)."""
-
-
 # --- JSON in the key space ---
 
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))

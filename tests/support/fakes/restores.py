@@ -14,7 +14,6 @@ from ckpt_ha.restore_coordinator.records import (
     DecisionRecord,
     Failure,
     History,
-    PlanInProgress,
     PlanRecord,
     Point,
     Started,
@@ -212,16 +211,6 @@ class InMemoryRestores:
 
     async def verdicts_of(self, plan_ids: Sequence[str]) -> dict[str, str]:
         return {i: self.verdicts[i] for i in plan_ids if i in self.verdicts}
-
-    async def plans_in_progress(self) -> list[PlanInProgress]:
-        out = []
-        for plan_id in sorted(self.plans):
-            if plan_id in self.verdicts:
-                continue
-            plan = self.plans[plan_id]
-            started = self.starts.get((plan.job_id, plan.attempt))
-            out.append(PlanInProgress(plan, started is not None and started.plan_id == plan_id))
-        return out
 
     async def update_watch(
         self, job: str, change: Callable[[Watch | None], Watch | None]

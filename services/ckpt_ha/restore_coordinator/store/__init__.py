@@ -3,7 +3,7 @@
 The coordinator writes it (its handlers reach it through their `RestoreState` port, and every
 write goes through `ckpt_ha.restore_coordinator.projection`, one event at a time); other
 code reads it through the typed read API it extends (`ckpt_ha.restore_coordinator.api`:
-`failures`, `plans_in_progress`, `plan`, `verdict`, `started`). Nothing else formats these
+`failures`, `plan`, `verdict`, `started`). Nothing else formats these
 keys. One class, `RedisRestores`, in parts by concern: `store.base` (client, expiry, replay),
 `store.progress`, `store.decisions`, `store.watches`; its Lua scripts are `store/lua/*.lua`.
 
