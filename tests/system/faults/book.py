@@ -3,7 +3,7 @@
 Each fault prints one line, ``FAULT <name>: written=N valid=N lost=0 doubled=0 stuck=0
 converge_s=T.T``; the lines are repeated in the terminal summary and written as JSON to
 ``$CKPT_HA_FAULT_FIGURES`` (default: ``fault-figures.json`` in pytest's base temporary folder),
-from which the README's reliability table is made: ``python -m tests.faults.book FILE``.
+from which the README's reliability table is made: ``python -m tests.system.faults.book FILE``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.tally import Figures
+from tests.system.faults.tally import Figures
 
 FIGURES_ENV = "CKPT_HA_FAULT_FIGURES"
 KEPT = pytest.StashKey[list[dict[str, Any]]]()

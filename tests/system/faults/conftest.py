@@ -1,5 +1,5 @@
 """The fault suite's fixtures: one stack for the whole package, the registry, and the book the
-figures go to (`tests.faults.book`)."""
+figures go to (`tests.system.faults.book`)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from ckpt_ha.registry.redis_registry import Registry
-from tests.faults.book import FigureBook, summary
-from tests.faults.stack import FaultStack, running_stack
+from tests.system.faults.book import FigureBook, summary
+from tests.system.faults.stack import FaultStack, running_stack
 
 
 @pytest.fixture

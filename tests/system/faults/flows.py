@@ -39,10 +39,10 @@ from ckpt_ha.registry.restores import RedisRestores
 from ckpt_ha.retention_janitor.handlers import Janitor
 from ckpt_ha.storage import ObjectStore
 from ckpt_ha.telemetry.metrics import RetentionMetrics, ServiceMetrics
-from tests.faults.stack import FaultStack
-from tests.faults.tally import NON_FINAL, Figures, converge
-from tests.faults.writer import CheckpointWriter, Save
 from tests.support.bus_tools import stream_messages, wait_for
+from tests.system.faults.stack import FaultStack
+from tests.system.faults.tally import NON_FINAL, Figures, converge
+from tests.system.faults.writer import CheckpointWriter, Save
 
 CONVERGE_BOUND_S = 150.0
 """How long a fault may take to converge after it ended: proves "converges", not a speed."""
