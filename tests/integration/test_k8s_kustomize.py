@@ -9,14 +9,8 @@ import subprocess
 import pytest
 import yaml
 
-from tests.support.k8s import K8S, Doc, render
-
-OVERLAY = K8S / "overlays" / "example"
-
-
-@pytest.fixture(scope="module")
-def overlay() -> list[Doc]:
-    return render(OVERLAY)
+from tests.support.k8s import Doc
+from tests.unit.test_k8s_manifests import OVERLAY
 
 
 def test_the_render_matches_kubectl_kustomize(overlay: list[Doc]) -> None:

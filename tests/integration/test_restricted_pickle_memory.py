@@ -12,12 +12,9 @@ from pathlib import Path
 import pytest
 
 from ckpt_ha.formats import limits
+from tests.unit.test_restricted_pickle import P4
 
 REPO = Path(__file__).resolve().parents[2]
-P4 = b"\x80\x04"
-
-
-N = 20_000
 
 
 PAIRS = (limits.MAX_METADATA_BYTES - 8) // 2

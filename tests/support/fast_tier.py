@@ -20,6 +20,7 @@ from __future__ import annotations
 import _posixsubprocess  # type: ignore[import-not-found]
 import contextlib
 import importlib.abc
+import importlib.util
 import os
 import socket
 import subprocess
@@ -66,20 +67,33 @@ class _HeavyImportBlocker(importlib.abc.MetaPathFinder):
     """Makes `import torch` fail as it does where torch is not installed."""
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> None:
-        if fullname.split(".")[0] in HEAVY_MODULES:
+        if _heavy(fullname):
             raise ModuleNotFoundError(
                 f"the fast tier (tests/unit, tests/contract) runs without {fullname}: {WHERE}",
                 name=fullname,
             )
 
 
+def _heavy(name: str) -> bool:
+    return name.split(".")[0] in HEAVY_MODULES
+
+
 @contextlib.contextmanager
 def heavy_imports_blocked() -> Iterator[None]:
+    """`import torch` raises and `importlib.util.find_spec("torch")` is None, as without torch
+    (find_spec consults the meta path too, where the blocker would raise instead)."""
     blocker = _HeavyImportBlocker()
+    upstream = importlib.util._find_spec  # type: ignore[attr-defined]
+
+    def find_spec(name: str, path: Sequence[str] | None = None, target: Any = None) -> Any:
+        return None if _heavy(name) else upstream(name, path, target)
+
     sys.meta_path.insert(0, blocker)
+    importlib.util._find_spec = find_spec  # type: ignore[attr-defined]
     try:
         yield
     finally:
+        importlib.util._find_spec = upstream  # type: ignore[attr-defined]
         sys.meta_path.remove(blocker)
 
 
