@@ -64,14 +64,22 @@ def _refuse_connect(what: str) -> Any:
 
 
 class _HeavyImportBlocker(importlib.abc.MetaPathFinder):
-    """Makes `import torch` fail as it does where torch is not installed."""
+    """Makes `import torch` fail as it does where torch is not installed, while `depth` > 0.
+
+    One instance stays on the meta path once inserted: a test that snapshots and restores
+    `sys.meta_path` (pytester does) cannot strand an active blocker there."""
+
+    depth = 0
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: Any = None) -> None:
-        if _heavy(fullname):
+        if self.depth and _heavy(fullname):
             raise ModuleNotFoundError(
                 f"the fast tier (tests/unit, tests/contract) runs without {fullname}: {WHERE}",
                 name=fullname,
             )
+
+
+_BLOCKER = _HeavyImportBlocker()
 
 
 def _heavy(name: str) -> bool:
@@ -82,19 +90,20 @@ def _heavy(name: str) -> bool:
 def heavy_imports_blocked() -> Iterator[None]:
     """`import torch` raises and `importlib.util.find_spec("torch")` is None, as without torch
     (find_spec consults the meta path too, where the blocker would raise instead)."""
-    blocker = _HeavyImportBlocker()
     upstream = importlib.util._find_spec  # type: ignore[attr-defined]
 
     def find_spec(name: str, path: Sequence[str] | None = None, target: Any = None) -> Any:
         return None if _heavy(name) else upstream(name, path, target)
 
-    sys.meta_path.insert(0, blocker)
+    if _BLOCKER not in sys.meta_path:
+        sys.meta_path.insert(0, _BLOCKER)
+    _BLOCKER.depth += 1
     importlib.util._find_spec = find_spec  # type: ignore[attr-defined]
     try:
         yield
     finally:
         importlib.util._find_spec = upstream  # type: ignore[attr-defined]
-        sys.meta_path.remove(blocker)
+        _BLOCKER.depth -= 1
 
 
 @contextlib.contextmanager
