@@ -1,8 +1,7 @@
 """The guard of the fast tier (`tests/unit`, `tests/contract`): no network, no process, no torch.
 
 `scripts/check` runs these two folders in a minute or two on a machine with no servers and no
-PyTorch.
-A test there that opens a socket, starts a process or imports torch belongs in
+PyTorch. A test there that opens a socket, starts a process or imports torch belongs in
 `tests/integration` (or `tests/system` when it runs the whole stack); this guard makes it fail
 with a message saying so instead of passing slowly, or only where the servers happen to run.
 
