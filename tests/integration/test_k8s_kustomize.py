@@ -9,8 +9,13 @@ import subprocess
 import pytest
 import yaml
 
-from tests.support.k8s import Doc
+from tests.support.k8s import Doc, render
 from tests.unit.test_k8s_manifests import OVERLAY
+
+
+@pytest.fixture(scope="module")
+def overlay() -> list[Doc]:
+    return render(OVERLAY)
 
 
 def test_the_render_matches_kubectl_kustomize(overlay: list[Doc]) -> None:
