@@ -35,18 +35,40 @@ def figures_path(config: pytest.Config) -> Path:
     return config.stash[_PATH]
 
 
-class FigureBook:
+# The test report carries each fault's figures too: under pytest-xdist the controller, which
+# prints the summary, keeps them from the reports the workers send (`Gatherer`).
+PROPERTY = "fault_figures"
+
+
+def keep(config: pytest.Config, entry: dict[str, Any]) -> None:
+    kept = config.stash.setdefault(KEPT, [])
+    kept[:] = [f for f in kept if f["fault"] != entry["fault"]] + [entry]
+    path = figures_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(kept, indent=2) + "\n")
+
+
+class Gatherer:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == PROPERTY:
+                keep(self.config, value)
+
+
+class FigureBook:
+    def __init__(self, config: pytest.Config, node: pytest.Item | None = None) -> None:
+        self.config = config
+        self.node = node
 
     def record(self, figures: Figures) -> None:
         """Keep the figures, then assert nothing was lost, doubled or stuck."""
         print(figures.line(), flush=True)
-        kept = self.config.stash.setdefault(KEPT, [])
-        kept[:] = [f for f in kept if f["fault"] != figures.name] + [figures.to_json()]
-        path = figures_path(self.config)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(kept, indent=2) + "\n")
+        keep(self.config, figures.to_json())
+        if self.node is not None:
+            self.node.user_properties.append((PROPERTY, figures.to_json()))
         assert figures.lost == 0, figures.evidence["lost"]
         assert figures.doubled == 0, figures.evidence["doubled"]
         assert figures.stuck == 0, figures.evidence["stuck"]

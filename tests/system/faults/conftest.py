@@ -4,22 +4,17 @@ figures go to (`tests.system.faults.book`)."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 
 from ckpt_ha.registry.redis_registry import Registry
-from tests.system.faults.book import FigureBook, summary
+from tests.system.faults.book import FigureBook
 from tests.system.faults.stack import FaultStack, running_stack
 
 
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> FigureBook:
-    return FigureBook(request.config)
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    summary(terminalreporter, config)
+    return FigureBook(request.config, request.node)
 
 
 @pytest.fixture(scope="package")
