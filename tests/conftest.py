@@ -37,7 +37,12 @@ from ckpt_ha.writer_watcher import adapters as watcher_adapters
 from tests.support.bus_tools import SIGNING_KEY
 from tests.support.events import DATA_ROOT
 
-pytest_plugins = ["tests.support.private_infra", "tests.support.slurm"]
+pytest_plugins = [
+    "pytester",
+    "tests.support.private_infra",
+    "tests.support.slurm",
+    "tests.support.fast_tier",
+]
 
 NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -13,7 +13,6 @@ from ckpt_ha import sdk
 from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
 from ckpt_ha.lab.examples import numpy_mlp
 from tests.support.resume_tools import bits, plan_for
-from tests.support.torch_tools import require_torch
 
 Losses = list[tuple[int, float]]
 Train = Callable[..., Losses]
@@ -81,15 +80,6 @@ def test_a_checkpoint_of_another_seed_does_not_continue_the_run(tmp_path: Path) 
     plan = plan_for(tmp_path / "b", "np-seed", 30)
     resumed = numpy_mlp.train(CFG, ctx(tmp_path / "b", "np-seed", 2, plan))
     assert [bits(loss) for s, loss in reference if s > 30] != [bits(loss) for _, loss in resumed]
-
-
-def test_torch_job_resumes_bit_for_bit(tmp_path: Path) -> None:
-    require_torch()
-    from ckpt_ha.lab.examples import torch_mlp
-
-    uninterrupted, resumed = interrupted_then_resumed(torch_mlp.train, tmp_path, "pt-job", 33, 30)
-    assert_bit_for_bit(uninterrupted, resumed, 30)
-    assert uninterrupted[-1][1] < uninterrupted[0][1]
 
 
 @pytest.mark.parametrize("flag", ["--crash-after-resume", "--crash-at-step"])

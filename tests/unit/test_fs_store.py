@@ -253,7 +253,12 @@ def test_open_store_builds_a_filesystem_store(
     assert open_store(store.uri("k").removesuffix("/k")).read_bytes("k") == b"x"
 
 
-def test_open_store_builds_an_s3_store_without_touching_the_network() -> None:
+def test_open_store_builds_an_s3_store_without_touching_the_network(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Credentials as a user has them: without any, boto3 would ask the EC2 metadata service.
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "test")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "test")
     store = open_store("s3://bucket/some/prefix/", endpoint_url="http://127.0.0.1:9")
     assert isinstance(store, S3Store)
     assert store.uri("k") == "s3://bucket/some/prefix/k"

@@ -8,9 +8,6 @@ in a traceback.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -28,7 +25,6 @@ from tests.support.fakes.watcher_state import WatchStateBackend
 from tests.support.hostile import CASES, build_case, write_native
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
-REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -75,24 +71,6 @@ async def test_one_hostile_folder_never_blinds_the_watcher_to_the_others(tmp_pat
     assert tracked == set(CASES)
     evil = [e.data for e in publisher.events if e.data.uri.split("/")[-2] == "job-evil"]
     assert all(isinstance(d, CheckpointCommittedV1 | CheckpointWritingV1) for d in evil)
-
-
-@pytest.mark.parametrize(
-    "case", ["manifest-huge-step", "commit-huge-step", "trainer-state-huge-step", "index-deep"]
-)
-def test_the_cli_prints_a_verdict_not_a_traceback(tmp_path: Path, case: str) -> None:
-    folder = build_case(tmp_path, case)
-    env = {**os.environ, "CKPT_HA_HOME": str(tmp_path / "home")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "services"), str(REPO / "contracts")])
-    result = subprocess.run(
-        [sys.executable, "-m", "ckpt_ha.cli.main", "verify", str(folder)],
-        capture_output=True, text=True, timeout=120, env=env, check=False,
-    )  # fmt: skip
-    assert "Traceback" not in result.stdout + result.stderr, result.stderr
-    assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
-    first = result.stdout.splitlines()[0]
-    assert first.startswith(("CORRUPT  ", "INCOMPLETE  ")), first
-    assert f"{folder}" in first
 
 
 def test_a_state_index_with_a_huge_number_is_unreadable_not_a_crash() -> None:

@@ -1,5 +1,5 @@
 """`ckpt-ha up` starts a dead nats-server or redis-server where it was: the running services
-hold its URL. (The real processes: tests/e2e/test_local_stack.py.)"""
+hold its URL. (The real processes: tests/system/e2e/test_local_stack.py.)"""
 
 from __future__ import annotations
 

@@ -16,8 +16,8 @@ import numpy as np
 
 from ckpt_ha import sdk
 from ckpt_ha.storage import ObjectStore
-from tests.faults.stack import FaultStack
 from tests.support.bus_tools import job_key
+from tests.system.faults.stack import FaultStack
 
 
 @dataclass(frozen=True)

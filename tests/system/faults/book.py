@@ -4,7 +4,7 @@ Each fault prints one line, ``FAULT <name>: written=N valid=N lost=0 doubled=0 s
 converge_s=T.T``; the lines are repeated in the terminal summary and written as JSON to
 ``$CKPT_HA_FAULT_FIGURES`` (default: ``fault-figures.json`` in pytest's base temporary folder),
 from which the reliability table of docs/RELIABILITY.md is made:
-``python -m tests.faults.book FILE``.
+``python -m tests.system.faults.book FILE``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from tests.faults.tally import Figures
+from tests.system.faults.tally import Figures
 
 FIGURES_ENV = "CKPT_HA_FAULT_FIGURES"
 KEPT = pytest.StashKey[list[dict[str, Any]]]()
@@ -36,18 +36,40 @@ def figures_path(config: pytest.Config) -> Path:
     return config.stash[_PATH]
 
 
-class FigureBook:
+# The test report carries each fault's figures too: under pytest-xdist the controller, which
+# prints the summary, keeps them from the reports the workers send (`Gatherer`).
+PROPERTY = "fault_figures"
+
+
+def keep(config: pytest.Config, entry: dict[str, Any]) -> None:
+    kept = config.stash.setdefault(KEPT, [])
+    kept[:] = [f for f in kept if f["fault"] != entry["fault"]] + [entry]
+    path = figures_path(config)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(kept, indent=2) + "\n")
+
+
+class Gatherer:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == PROPERTY:
+                keep(self.config, value)
+
+
+class FigureBook:
+    def __init__(self, config: pytest.Config, node: pytest.Item | None = None) -> None:
+        self.config = config
+        self.node = node
 
     def record(self, figures: Figures) -> None:
         """Keep the figures, then assert nothing was lost, doubled or stuck."""
         print(figures.line(), flush=True)
-        kept = self.config.stash.setdefault(KEPT, [])
-        kept[:] = [f for f in kept if f["fault"] != figures.name] + [figures.to_json()]
-        path = figures_path(self.config)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(kept, indent=2) + "\n")
+        keep(self.config, figures.to_json())
+        if self.node is not None:
+            self.node.user_properties.append((PROPERTY, figures.to_json()))
         assert figures.lost == 0, figures.evidence["lost"]
         assert figures.doubled == 0, figures.evidence["doubled"]
         assert figures.stuck == 0, figures.evidence["stuck"]

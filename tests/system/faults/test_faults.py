@@ -2,7 +2,7 @@
 
 Each test starts a job writing checkpoints, injects its fault, waits for the system to converge
 and records ``FAULT <name>: written=N valid=N lost=0 doubled=0 stuck=0 converge_s=T.T``
-(see `tests.faults.tally` for what is counted). They share one stack (`conftest.fault_stack`)
+(see `tests.system.faults.tally` for what is counted). They share one stack (`conftest.fault_stack`)
 and run in this file's order; the stream purge comes last, as it re-creates the event stream.
 """
 
@@ -26,8 +26,10 @@ from ckpt_ha.lab.drill.assess import assess_restore
 from ckpt_ha.lab.drill.harness import Drill, policy, progress_at_least, resumed_after, valid_count
 from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.redis_registry import Registry
-from tests.faults.book import FigureBook
-from tests.faults.flows import (
+from tests.support.bus_tools import publish_raw, stream_messages, wait_for
+from tests.support.registry_snapshot import TRANSIENT, Key, differences, snapshot
+from tests.system.faults.book import FigureBook
+from tests.system.faults.flows import (
     CONVERGE_BOUND_S,
     ShiftedClock,
     announce_start,
@@ -45,11 +47,9 @@ from tests.faults.flows import (
     tier_recorded,
     valid_at_least,
 )
-from tests.faults.stack import FaultStack
-from tests.faults.tally import Figures, lost_keys
-from tests.faults.writer import CheckpointWriter
-from tests.support.bus_tools import publish_raw, stream_messages, wait_for
-from tests.support.registry_snapshot import TRANSIENT, Key, differences, snapshot
+from tests.system.faults.stack import FaultStack
+from tests.system.faults.tally import Figures, lost_keys
+from tests.system.faults.writer import CheckpointWriter
 
 pytestmark = pytest.mark.faults
 

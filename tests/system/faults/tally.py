@@ -32,7 +32,7 @@ from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import native
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.storage import ObjectStore
-from tests.faults.writer import Save
+from tests.system.faults.writer import Save
 
 NON_FINAL = frozenset({S.WRITING, S.PENDING_VERIFICATION, S.CORRUPT})
 """Corrupt is always followed by quarantined (one handler publishes both)."""

@@ -27,7 +27,7 @@ from tests.support.cli_tools import stack_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 SNIPPET = re.compile(
     r'<!-- snippet: (?P<name>[a-z0-9-]+) run="(?P<run>[^"]+)" -->\n```python\n(?P<code>.*?)```',
     re.DOTALL,

@@ -40,11 +40,11 @@ from ckpt_ha.retention_janitor.store import RedisResumes
 from ckpt_ha.runtime import local_stack
 from ckpt_ha.storage import ObjectStore
 from ckpt_ha.telemetry.metrics import ServiceMetrics
-from tests.faults.stack import FaultStack
-from tests.faults.tally import NON_FINAL, Figures, converge
-from tests.faults.writer import CheckpointWriter, Save
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.janitor import KEEP_S
+from tests.system.faults.stack import FaultStack
+from tests.system.faults.tally import NON_FINAL, Figures, converge
+from tests.system.faults.writer import CheckpointWriter, Save
 
 CONVERGE_BOUND_S = 150.0
 """How long a fault may take to converge after it ended: proves "converges", not a speed."""

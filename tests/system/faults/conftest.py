@@ -1,25 +1,20 @@
 """The fault suite's fixtures: one stack for the whole package, the registry, and the book the
-figures go to (`tests.faults.book`)."""
+figures go to (`tests.system.faults.book`)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 
 import pytest
 
 from ckpt_ha.registry.redis_registry import Registry
-from tests.faults.book import FigureBook, summary
-from tests.faults.stack import FaultStack, running_stack
+from tests.system.faults.book import FigureBook
+from tests.system.faults.stack import FaultStack, running_stack
 
 
 @pytest.fixture
 def figures(request: pytest.FixtureRequest) -> FigureBook:
-    return FigureBook(request.config)
-
-
-def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
-    summary(terminalreporter, config)
+    return FigureBook(request.config, request.node)
 
 
 @pytest.fixture(scope="package")

@@ -6,7 +6,7 @@ coordinators may take it at once; once it is planned, one replica of each servic
 mid-flow (the holder of the periodic loops' leases, where there is one) while the other two jobs
 write on. At the end:
 
-* every checkpoint ends valid, none lost, stuck or doubled (`tests.faults.tally`);
+* every checkpoint ends valid, none lost, stuck or doubled (`tests.system.faults.tally`);
 * the stream holds exactly one ``checkpoint.verified`` and one ``checkpoint.registered`` per
   checkpoint, and one ``resume.planned`` for the failure;
 * both replicas of each consumer service took part of the deliveries (their own /metrics);
@@ -39,7 +39,8 @@ from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime import local_stack
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from ckpt_ha.sdk.checkpoints import process_environment
-from tests.faults.flows import (
+from tests.support.bus_tools import wait_for
+from tests.system.faults.flows import (
     announce_start,
     dead_letters,
     job_for,
@@ -48,10 +49,9 @@ from tests.faults.flows import (
     settle,
     stop_writer,
 )
-from tests.faults.stack import FaultStack, running_stack
-from tests.faults.tally import job_events
-from tests.faults.writer import CheckpointWriter
-from tests.support.bus_tools import wait_for
+from tests.system.faults.stack import FaultStack, running_stack
+from tests.system.faults.tally import job_events
+from tests.system.faults.writer import CheckpointWriter
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

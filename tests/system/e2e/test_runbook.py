@@ -33,7 +33,7 @@ import pytest
 
 pytestmark = pytest.mark.e2e
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 RUNBOOK = ROOT / "docs" / "RUNBOOK.md"
 BLOCK = re.compile(r"<!-- test: (?P<mark>[^\n]*?) -->\n```sh\n(?P<script>.*?)```", re.DOTALL)
 ANCHOR = re.compile(r'<a id="(?P<anchor>[a-z0-9-]+)"></a>')

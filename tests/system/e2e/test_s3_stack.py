@@ -46,7 +46,6 @@ from ckpt_ha.runner.runner import ATTEMPT_FILE, state_dir
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import ObjectInfo, S3Store, key_for_uri, open_store
-from tests.faults.flows import ShiftedClock, janitor_rounds
 from tests.support.bus_tools import job_key, stream_messages, wait_for
 from tests.support.cli_tools import cli, stack_env
 from tests.support.moto_server import (
@@ -57,6 +56,7 @@ from tests.support.moto_server import (
     start_moto_server,
 )
 from tests.support.resume_tools import events
+from tests.system.faults.flows import ShiftedClock, janitor_rounds
 
 pytestmark = pytest.mark.e2e
 

@@ -31,7 +31,7 @@ from tests.support import packaging
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 VERSION = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
 SERVER_PACKAGES = packaging.SERVER_SIDE
 
