@@ -49,7 +49,11 @@ def test_the_scripts_install_the_lab_where_the_demo_and_the_tests_need_it() -> N
     bootstrap = (ROOT / "scripts" / "bootstrap").read_text()
     modes = dict(re.findall(r'^\s*(--\w+)\) extra="(\[[^"]*\])"', bootstrap, flags=re.M))
     assert re.search(r'^extra="\[server,lab\]"$', bootstrap, flags=re.M)
-    assert modes == {"--dev": "[server,lab,dev,torch,hf]", "--frameworks": "[server,lab,torch,hf]"}
+    assert modes == {
+        "--dev": "[server,lab,dev,torch,hf]",
+        "--frameworks": "[server,lab,torch,hf]",
+        "--check": "[server,lab,dev]",
+    }
     assert "scripts/bootstrap --frameworks" in (ROOT / "scripts" / "demo").read_text()
     assert "scripts/bootstrap --dev" in (ROOT / "scripts" / "test").read_text()
 
