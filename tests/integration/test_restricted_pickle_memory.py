@@ -58,4 +58,6 @@ def test_a_pickle_memory_bomb_is_refused_in_bounded_memory(tmp_path: Path, bomb:
     assert "MemoryError" not in reason
     assert "limit" in reason, reason
     assert int(rss) < 400 * 2**20, f"peak RSS {int(rss) >> 20} MiB"
-    assert elapsed < 30, f"{elapsed:.1f} s"
+    # A guard against a parse that never ends, not a speed target (bench/ has those): alone it
+    # takes a few seconds; beside the other integration workers on 2 cores up to about 35.
+    assert elapsed < 90, f"{elapsed:.1f} s"
