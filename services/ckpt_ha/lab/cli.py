@@ -88,8 +88,9 @@ def _status_table(state: local_stack.StackState) -> str:
 
 
 def cmd_up(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    require_extra()
     from ckpt_ha.lab.devstack import stack
+
+    require_extra()  # after the server-side import: a light install names the server extra
 
     storage = getattr(args, "storage", None)  # `demo` starts the stack without the option
     if storage:
@@ -113,8 +114,9 @@ def cmd_up(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 
 def cmd_down(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    require_extra()
     from ckpt_ha.lab.devstack import stack
+
+    require_extra()  # after the server-side import: a light install names the server extra
 
     stopped = stack.down(home)
     if args.json:
@@ -125,8 +127,9 @@ def cmd_down(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 
 def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    require_extra()
     from ckpt_ha.lab.devstack import stack
+
+    require_extra()  # after the server-side import: a light install names the server extra
     from ckpt_ha.runtime import local_stack
 
     state = local_stack.StackState.load(home)
@@ -147,7 +150,6 @@ def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
 
 def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     """Start the stack, write a checkpoint, show it registered."""
-    require_extra()
     from ckpt_ha.cli import checkpoints
     from ckpt_ha.lab import demo
     from ckpt_ha.storage import open_store
@@ -178,8 +180,9 @@ def cmd_demo(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 
 def cmd_drill(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    require_extra()
     from ckpt_ha.lab.drill import run as drill
+
+    require_extra()  # after the server-side import: a light install names the server extra
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

@@ -136,6 +136,9 @@ def home(tmp_path: Path) -> Iterator[Path]:
     cli(cli_env(path), "down")
 
 
+# Some 30 CLI processes, a training job and its restore, one after another: beside the other
+# system-tier worker on 2 cores this takes two to three minutes.
+@pytest.mark.timeout(360)
 def test_every_runbook_command_runs_literally_against_a_live_stack(
     home: Path, tmp_path: Path
 ) -> None:
