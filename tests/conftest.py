@@ -94,6 +94,18 @@ def unique() -> str:
 
 
 @pytest.fixture
+async def prefixed_redis(redis_url: str, unique: str) -> AsyncIterator[tuple[aioredis.Redis, str]]:
+    """A Redis client and a key prefix of this test's own; its keys are deleted afterwards."""
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    prefix = f"test:{unique}"
+    yield r, prefix
+    keys = [k async for k in r.scan_iter(match=f"{prefix}:*")]
+    if keys:
+        await r.delete(*keys)
+    await r.aclose()
+
+
+@pytest.fixture
 async def settings(nats_url: str, redis_url: str, unique: str) -> AsyncIterator[ServiceSettings]:
     """Settings with a private subject prefix, streams and registry prefix; cleaned up after.
     The storage root is where `tests.support.events` puts its locations; a test that writes

@@ -4,7 +4,6 @@ suites the in-memory fakes pass."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -22,28 +21,17 @@ from tests.support.restores_contract import T0, TRAJECTORY_LIMIT, RestoresContra
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-async def client(redis_url: str, unique: str) -> AsyncIterator[tuple[aioredis.Redis, str]]:
-    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    prefix = f"test:{unique}"
-    yield r, prefix
-    keys = [k async for k in r.scan_iter(match=f"{prefix}:*")]
-    if keys:
-        await r.delete(*keys)
-    await r.aclose()
-
-
 class TestRedisPins(PinsContract):
     @pytest.fixture
-    def pins(self, client: tuple[aioredis.Redis, str]) -> RedisPins:
-        return RedisPins(*client)
+    def pins(self, prefixed_redis: tuple[aioredis.Redis, str]) -> RedisPins:
+        return RedisPins(*prefixed_redis)
 
 
 class TestRedisRestores(RestoresContract):
     @pytest.fixture
-    def stores(self, client: tuple[aioredis.Redis, str]) -> tuple[RedisRestores, RedisPins]:
-        pins = RedisPins(*client)
-        return RedisRestores(*client, pins=pins, trajectory_limit=TRAJECTORY_LIMIT), pins
+    def stores(self, prefixed_redis: tuple[aioredis.Redis, str]) -> tuple[RedisRestores, RedisPins]:
+        pins = RedisPins(*prefixed_redis)
+        return RedisRestores(*prefixed_redis, pins=pins, trajectory_limit=TRAJECTORY_LIMIT), pins
 
 
 async def _keys(r: aioredis.Redis, prefix: str) -> list[str]:
@@ -51,11 +39,11 @@ async def _keys(r: aioredis.Redis, prefix: str) -> list[str]:
 
 
 async def test_each_owner_clears_its_own_key_space_for_a_rebuild(
-    client: tuple[aioredis.Redis, str],
+    prefixed_redis: tuple[aioredis.Redis, str],
 ) -> None:
     """A rebuild empties every key space it replays, each through its owner: the registry's
     clear leaves the coordinator's state and the pins, and theirs leave each other's."""
-    r, prefix = client
+    r, prefix = prefixed_redis
     pins = RedisPins(r, prefix)
     state = RedisRestores(r, prefix, pins=pins)
     await state.record_decision(
@@ -74,10 +62,12 @@ async def test_each_owner_clears_its_own_key_space_for_a_rebuild(
     assert await _keys(r, prefix) == []
 
 
-async def test_a_start_record_lives_as_long_as_its_run(client: tuple[aioredis.Redis, str]) -> None:
+async def test_a_start_record_lives_as_long_as_its_run(
+    prefixed_redis: tuple[aioredis.Redis, str],
+) -> None:
     """A job may train for months without a progress report: its start never expires while
     the run goes on; the run's end gives its attempts' starts the state's lifetime."""
-    r, prefix = client
+    r, prefix = prefixed_redis
     state = RedisRestores(r, prefix, ttl_s=3600)
     for attempt in (1, 2):
         await state.record_started("job-a", Started(run_id="r", attempt=attempt, at=T0))
@@ -93,12 +83,12 @@ async def test_a_start_record_lives_as_long_as_its_run(client: tuple[aioredis.Re
 
 
 async def test_a_replay_expires_state_on_the_events_clock(
-    client: tuple[aioredis.Redis, str],
+    prefixed_redis: tuple[aioredis.Redis, str],
 ) -> None:
     """A rebuild replays months in seconds: what the live coordinator let expire (30 days
     without a write) is gone again, what it kept alive by writing again is kept whole, and what
     is left expires when the live key would have."""
-    r, prefix = client
+    r, prefix = prefixed_redis
     day = 86400
     now = datetime.now(UTC)
     state = RedisRestores(r, prefix, ttl_s=30 * day, replaying=True)
@@ -136,12 +126,12 @@ async def test_a_replay_expires_state_on_the_events_clock(
 
 
 async def test_a_batch_of_progress_expires_every_key_it_writes(
-    client: tuple[aioredis.Redis, str],
+    prefixed_redis: tuple[aioredis.Redis, str],
 ) -> None:
     """Live, each key a batch of reports writes (the trajectory, its index, each attempt's last
     point) lives ``ttl_s`` from that write; replayed, none has an expiry until the replay ends,
     and then each expires when the live one would have."""
-    r, prefix = client
+    r, prefix = prefixed_redis
     live = RedisRestores(r, prefix, ttl_s=3600)
     await live.record_progress_many({"job-a": [point(1), point(2, attempt=2)]})
     for name in ("traj:job-a", "trajidx:job-a", "last:job-a:1", "last:job-a:2"):
@@ -160,10 +150,12 @@ async def test_a_batch_of_progress_expires_every_key_it_writes(
         assert 20 * day - 60 < await r.pttl(f"{prefix}:coord:{name}") / 1000 <= 20 * day, name
 
 
-async def test_batches_larger_than_a_script_chunk(client: tuple[aioredis.Redis, str]) -> None:
+async def test_batches_larger_than_a_script_chunk(
+    prefixed_redis: tuple[aioredis.Redis, str],
+) -> None:
     """The scripts write in chunks (Lua's unpack has a limit): a trajectory written and trimmed
     by thousands of steps at once, and the watches of more jobs than a chunk, land whole."""
-    r, prefix = client
+    r, prefix = prefixed_redis
     state = RedisRestores(r, prefix, trajectory_limit=TRAJECTORY_LIMIT)
     await state.record_progress_many({"job-a": [point(s) for s in range(1, 2501)]})
     assert sorted(map(int, await r.hkeys(f"{prefix}:coord:traj:job-a"))) == list(
@@ -184,12 +176,12 @@ async def test_batches_larger_than_a_script_chunk(client: tuple[aioredis.Redis, 
 
 
 async def test_a_watch_written_meanwhile_is_read_again(
-    client: tuple[aioredis.Redis, str], redis_url: str
+    prefixed_redis: tuple[aioredis.Redis, str], redis_url: str
 ) -> None:
     """Compare-and-set: a batch whose watches another consumer wrote between its read and its
     write reads them again and applies its changes to what is there, including a job whose
     change left the watch as it first read it (the new watch may be one it moves)."""
-    r, prefix = client
+    r, prefix = prefixed_redis
     state = RedisRestores(r, prefix)
     w1 = Watch(job_id="job-1", run_id="r", attempt=1, started_at=T0, seen=T0, deadline_s=30)
     w2 = w1.model_copy(update={"job_id": "job-2", "attempt": 2})

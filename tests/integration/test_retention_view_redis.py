@@ -5,8 +5,6 @@ only."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
 import redis.asyncio as aioredis
 
@@ -18,29 +16,18 @@ from tests.support.resume_view_contract import KEEP_S, PIN, PLAN, START, ResumeV
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-async def client(redis_url: str, unique: str) -> AsyncIterator[tuple[aioredis.Redis, str]]:
-    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    prefix = f"test:{unique}"
-    yield r, prefix
-    keys = [k async for k in r.scan_iter(match=f"{prefix}:*")]
-    if keys:
-        await r.delete(*keys)
-    await r.aclose()
-
-
 class TestRedisResumes(ResumeViewContract):
     @pytest.fixture
-    def view(self, client: tuple[aioredis.Redis, str]) -> RedisResumes:
-        return RedisResumes(*client, KEEP_S)
+    def view(self, prefixed_redis: tuple[aioredis.Redis, str]) -> RedisResumes:
+        return RedisResumes(*prefixed_redis, KEEP_S)
 
 
 async def test_the_stored_json_does_not_depend_on_the_order_things_were_learned(
-    client: tuple[aioredis.Redis, str],
+    prefixed_redis: tuple[aioredis.Redis, str],
 ) -> None:
     """A rebuild applies commuting events in another order than the live consumers did: the
     key it writes is byte for byte the same."""
-    r, prefix = client
+    r, prefix = prefixed_redis
     view = RedisResumes(r, prefix, KEEP_S)
     one = JobResumes(plans={"p-1": PLAN}, pins={"c-200": PIN}, starts={2: START})
     other = JobResumes(starts={2: START}, pins={"c-200": PIN}, plans={"p-1": PLAN})
@@ -50,8 +37,10 @@ async def test_the_stored_json_does_not_depend_on_the_order_things_were_learned(
     assert await r.ttl(store.key(prefix, "job-a")) == -1  # no expiry: the projection forgets
 
 
-async def test_clear_empties_this_owners_keys_only(client: tuple[aioredis.Redis, str]) -> None:
-    r, prefix = client
+async def test_clear_empties_this_owners_keys_only(
+    prefixed_redis: tuple[aioredis.Redis, str],
+) -> None:
+    r, prefix = prefixed_redis
     view = RedisResumes(r, prefix, KEEP_S)
     await view.update("job-a", lambda v: JobResumes(pins={"c-200": PIN}))
     await r.set(f"{prefix}:coord:plan:p-1", "{}")
