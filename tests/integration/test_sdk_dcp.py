@@ -36,8 +36,10 @@ from tests.support.torch_tools import (
     ExecPayload,
     Payload,
     require_torch,
+    tensor_bits,
     training_state,
     write_dcp,
+    zeroed_like,
 )
 
 pytestmark = [
@@ -125,6 +127,8 @@ async def test_two_ranks_under_torchrun(
     check_resume(ranks, events)
     check_truncated(ranks, events)
     check_async(ranks, events)
+    check_plain(ranks, root)
+    await check_reshard(settings, root)
 
 
 def check_save(
@@ -165,6 +169,29 @@ def check_save(
     assert (intent.format, intent.world_size, intent.step) == ("torch_dcp", 2, 10)
     assert verify_path(folder).ok  # the offline verdict agrees
     assert [rank["exists"] for rank in ranks] == [saved["uri"]] * 2  # saving it again: refused
+
+
+async def check_reshard(settings: ServiceSettings, root: Path) -> None:
+    """The 2-rank checkpoint taken over by one process (a host lost, no spare): DCP reshards it,
+    the global state comes back bit for bit, and ``resume.loaded`` says it was written by 2."""
+    plan = dcp_plan(root, "job-save", 10)
+    env = runner_env(settings, root, "job-save", **{protocol.RESUME_PLAN: plan.model_dump_json()})
+    target = zeroed_like(torch, training_state(torch, step=10))
+    resumed = dcp.resume(target, ctx=sdk.context(env))
+    assert resumed is not None
+    assert tensor_bits(torch, target) == tensor_bits(torch, training_state(torch, step=10))
+    [loaded] = of(await all_events(settings), "resume.loaded", plan_id=plan.plan_id)
+    assert (loaded["world_size"], loaded["written_world_size"]) == (1, 2)
+
+
+def check_plain(ranks: list[dict[str, Any]], root: Path) -> None:
+    """Plain torchrun: no rank's own part becomes a native checkpoint (issue 28)."""
+    for rank in ranks:
+        assert rank["plain"]["refused"] == {"source": "launcher", "rank": rank["rank"], "world": 2}
+    assert not (root / "job-plain" / "step-00000005").exists()
+    whole = ranks[0]["plain"]["whole"]
+    assert whole["whole_state"] is True
+    assert verify_path(root / "job-plain" / "step-00000006").ok
 
 
 def check_resume(ranks: list[dict[str, Any]], events: list[dict[str, Any]]) -> None:

@@ -80,7 +80,7 @@ def test_save_under_a_runner_records_the_attempts_identity(tmp_path: Path) -> No
         protocol.CODE_VERSION: "v7",
     }
     ctx = sdk.context(env)
-    saved = sdk.save(str(tmp_path), "job-i", 5, {"x": np.zeros(2)}, ctx=ctx)
+    saved = sdk.save(str(tmp_path), "job-i", 5, {"x": np.zeros(2)}, ctx=ctx, whole_state=True)
     identity = saved.manifest.identity
     assert identity is not None
     assert (identity.run_id, identity.attempt, identity.code_version) == ("r2", 4, "v7")

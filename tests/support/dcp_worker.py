@@ -8,7 +8,8 @@ Usage (from the repository root, the runner's variables in the environment):
 
 Scenarios, in order: ``save`` (sync, two ranks), ``exists`` (the same step again), ``resume``
 (of that checkpoint, into zeroed tensors), ``truncated`` (rank 1's shard cut short after the
-commit, then resumed), ``async`` (a training step while the write is held back by a gate).
+commit, then resumed), ``async`` (a training step while the write is held back by a gate),
+``plain`` (`sdk.save` under torchrun without a runner: one rank's part is refused).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import sidecar
 from ckpt_ha.sdk import dcp, protocol
 from tests.support.resume_tools import plan_for
-from tests.support.torch_tools import training_state
+from tests.support.torch_tools import tensor_bits, training_state, zeroed_like
 
 ROOT = Path(os.environ[protocol.STORAGE_ROOT])
 
@@ -45,36 +46,11 @@ def ctx_for(job: str, attempt: int = 1, plan: Any = None) -> sdk.Context:
 
 
 def bits(state: dict[str, Any]) -> dict[str, str]:
-    """Every tensor's bytes (hex), by its path in the state: equal means bit for bit."""
-    out: dict[str, str] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(f"{prefix}.{key}", item)
-        elif isinstance(value, list):
-            for index, item in enumerate(value):
-                walk(f"{prefix}.{index}", item)
-        elif isinstance(value, torch.Tensor):
-            out[prefix] = value.detach().reshape(-1).view(torch.uint8).numpy().tobytes().hex()
-        else:
-            out[prefix] = repr(value)
-
-    walk("", state)
-    return out
+    return tensor_bits(torch, state)
 
 
 def zeroed(value: Any) -> Any:
-    """The same structure with every tensor and number zeroed: what a fresh process holds."""
-    if isinstance(value, dict):
-        return {k: zeroed(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return type(value)(zeroed(v) for v in value)
-    if isinstance(value, torch.Tensor):
-        return torch.zeros_like(value)
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return type(value)(0)
-    return value
+    return zeroed_like(torch, value)
 
 
 def planned(job: str, step: int) -> Any:
@@ -188,6 +164,30 @@ def scenario_async(report: dict[str, Any]) -> None:
     }
 
 
+def scenario_plain(report: dict[str, Any]) -> None:
+    """Plain torchrun, no runner: every rank calls `sdk.save` with its own part. Each is refused
+    (torchrun's WORLD_SIZE/RANK say there are two); rank 0 saves a whole state that says so."""
+    kept = {name: os.environ.pop(name) for name in (protocol.JOB,) if name in os.environ}
+    rank = dist.get_rank()
+    out: dict[str, Any] = {}
+    try:
+        assert sdk.context() is None
+        try:
+            sdk.save(str(ROOT), "job-plain", 5, {"part": torch.full((2,), float(rank))},
+                     run_id="plain-1")  # fmt: skip
+        except sdk.PartialSave as exc:
+            out["refused"] = {"source": exc.source, "rank": exc.rank, "world": exc.world_size}
+        dist.barrier()
+        if rank == 0:
+            saved = sdk.save(str(ROOT), "job-plain", 6, {"all": torch.ones(2)}, run_id="plain-1",
+                             whole_state=True)  # fmt: skip
+            out["whole"] = {"uri": saved.uri, "whole_state": saved.manifest.whole_state}
+        dist.barrier()
+    finally:
+        os.environ.update(kept)
+    report["plain"] = out
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     dist.init_process_group("gloo")
@@ -199,6 +199,7 @@ def main() -> None:
         scenario_resume(report, saved_state)
         scenario_truncated(report)
         scenario_async(report)
+        scenario_plain(report)
         assert sidecar.COMMIT in report["async"]["files_after"]
         # Both ranks done before either tears gloo down: a rank that destroys its process
         # group while the other still has gloo work in flight can abort the other's process.

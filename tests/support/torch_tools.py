@@ -65,6 +65,39 @@ def training_state(torch: ModuleType, step: int | None = 7) -> dict[str, Any]:
     return state
 
 
+def tensor_bits(torch: ModuleType, state: dict[str, Any]) -> dict[str, str]:
+    """Every tensor's bytes (hex), by its path in the state: equal means bit for bit."""
+    out: dict[str, str] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{prefix}.{key}", item)
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(f"{prefix}.{index}", item)
+        elif isinstance(value, torch.Tensor):
+            out[prefix] = value.detach().reshape(-1).view(torch.uint8).numpy().tobytes().hex()
+        else:
+            out[prefix] = repr(value)
+
+    walk("", state)
+    return out
+
+
+def zeroed_like(torch: ModuleType, value: Any) -> Any:
+    """The same structure with every tensor and number zeroed: what a fresh process holds."""
+    if isinstance(value, dict):
+        return {k: zeroed_like(torch, v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(zeroed_like(torch, v) for v in value)
+    if isinstance(value, torch.Tensor):
+        return torch.zeros_like(value)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return type(value)(0)
+    return value
+
+
 def write_dcp(folder: Path, state: dict[str, Any] | None = None, step: int | None = 7) -> Path:
     """``torch.distributed.checkpoint.save`` in this process (no process group)."""
     torch = require_torch()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -42,6 +43,7 @@ from ckpt_ha.storage import FsStore, keys_in
 from ckpt_ha.telemetry.metrics import ReconcileMetrics, ServiceMetrics
 from ckpt_ha.writer_watcher.handlers import Redrive, Watcher
 from ckpt_ha.writer_watcher.ports import WatchStateUnavailable
+from ckpt_ha.writer_watcher.removals import REMOVAL_GRACE
 from tests.support.fakes.publisher import RecordingPublisher
 from tests.support.fakes.registry import InMemoryRegistry
 from tests.support.fakes.watcher_state import WatchStateBackend
@@ -414,11 +416,40 @@ async def test_files_lost_after_verification_quarantine_a_valid_checkpoint(
     assert await intake.state(cid) is S.VALID
     # Not the first file written: the checkpoint id comes from the oldest file's time.
     (intake.store.root / "job-1" / "step-10" / "rank-1.bin").unlink()
+    assert await intake.watcher.scan_once() == 0  # maybe its writer removing it: wait
+    intake.now = T0 + REMOVAL_GRACE
     assert await intake.watcher.scan_once() == 2
     corrupt = intake.publisher.of_type("checkpoint.corrupt")
     assert [e.data.side for e in corrupt] == [FailureSide.INFRASTRUCTURE]  # type: ignore[attr-defined]
     await intake.deliver()
     assert await intake.state(cid) is S.QUARANTINED
+
+
+async def test_a_valid_checkpoint_its_writer_removed_is_deleted_by_the_job_never_corrupt(
+    intake: Intake,
+) -> None:
+    """A framework's rotation (``save_total_limit``): the folder goes as a whole, file by file."""
+    cid = write(intake.store)
+    await intake.watcher.scan_once()
+    await intake.deliver()
+    assert await intake.state(cid) is S.VALID
+    folder = intake.store.root / "job-1" / "step-10"
+    (folder / "rank-1.bin").unlink()  # a scan lands half-way through the removal
+    assert await intake.watcher.scan_once() == 0
+    shutil.rmtree(folder)
+    intake.now = T0 + timedelta(seconds=5)
+    assert await intake.watcher.scan_once() == 0
+    intake.now = T0 + REMOVAL_GRACE
+    assert await intake.watcher.scan_once() == 2
+    await intake.deliver()
+    assert intake.publisher.of_type("checkpoint.corrupt") == []
+    assert intake.publisher.of_type("checkpoint.quarantined") == []
+    record = await intake.registry.get(cid)
+    assert record is not None
+    assert record.state is S.DELETED
+    assert record.tombstone is not None
+    assert (record.tombstone.actor, record.tombstone.policy) == ("job:job-1", "writer-rotation")
+    assert "deleted by its writer" in record.tombstone.reason
 
 
 async def test_a_watch_state_outage_decides_and_publishes_nothing(intake: Intake) -> None:

@@ -83,7 +83,7 @@ def test_save_writes_index_first_manifest_last_and_the_watcher_agrees(tmp_path: 
     saved = sdk.save(
         str(tmp_path), "job-u", 3, tree(), run_id="run-1", attempt=2, project="vision",
         model_version="resnet-7", code_version="abc", topology=Topology(world_size=8),
-        image="registry/train:1.2", clock=lambda: T,
+        image="registry/train:1.2", clock=lambda: T, whole_state=True,
     )  # fmt: skip
     folder = tmp_path / "job-u" / "step-00000003-a2"
     assert saved.uri == f"file://{folder}"

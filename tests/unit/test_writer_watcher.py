@@ -26,6 +26,7 @@ from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.storage import FsStore
 from ckpt_ha.writer_watcher import adapters, domain
 from ckpt_ha.writer_watcher.domain import Evidence, Observation, WatchState, missing, observe
+from ckpt_ha.writer_watcher.removals import REMOVAL_GRACE
 from tests.support.sidecar_tools import intent
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -229,8 +230,17 @@ def test_lost_shards_of_a_valid_checkpoint_are_corrupt_and_quarantined() -> None
     damaged = [obs({"m": 5}, required)]
     assert domain.needs_registry(state, damaged) == [cid]
 
+    # Short of files: maybe its writer removing it file by file; decided after the grace.
+    assert (
+        observe(state, damaged, T0 + timedelta(seconds=3), STALL, {cid: CheckpointState.VALID})
+        == []
+    )
     corrupt, quarantined = observe(
-        state, damaged, T0 + timedelta(seconds=3), STALL, {cid: CheckpointState.VALID}
+        state,
+        damaged,
+        T0 + timedelta(seconds=3) + REMOVAL_GRACE,
+        STALL,
+        {cid: CheckpointState.VALID},
     )
 
     assert isinstance(corrupt, CheckpointCorruptV1)
@@ -284,8 +294,10 @@ def test_a_folder_removed_while_written_failed_and_a_committed_one_is_forgotten(
     assert "removed before it was committed" in failed.reason
     assert state.folders == {}
 
-    state, _ = committed_state({"m": 5})
+    # A committed one is its writer's deletion, decided after the grace (test_writer_rotation).
+    state, cid = committed_state({"m": 5})
     assert observe(state, [], T0, STALL) == []
+    assert observe(state, [], T0 + REMOVAL_GRACE, STALL, {cid: CheckpointState.DELETED}) == []
     assert state.folders == {}
 
 

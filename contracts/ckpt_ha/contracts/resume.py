@@ -19,6 +19,7 @@ from ckpt_ha.contracts.bounds import (
     Seconds,
     Text,
     Uri,
+    WorldSize,
 )
 from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.contracts.envelope import EventData
@@ -120,6 +121,11 @@ class ResumeLoadedV1(_ResumeEvent):
     data_position: Count | None = None
     rng_fingerprint: Label | None = None
     load_seconds: Seconds | None = None
+    world_size: WorldSize | None = None
+    """How many processes loaded it (None: not reported)."""
+    written_world_size: WorldSize | None = None
+    """How many processes wrote it, when that differs from ``world_size``: the load resharded
+    it (DCP), so the evidence says so instead of passing for an exact restore."""
 
 
 class ResumeLoadFailedV1(_ResumeEvent):

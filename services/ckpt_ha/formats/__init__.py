@@ -55,8 +55,13 @@ def detect(names: set[str], folder: str = "") -> CheckpointFormat:
     return CheckpointFormat.UNKNOWN
 
 
-def verify(store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM) -> Report:
+def verify(
+    store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM, *, ranks: bool = True
+) -> Report:
     """Verify the checkpoint folder at ``prefix``.
+
+    ``ranks=False`` (the scrub) skips the check that a native manifest holds every declared
+    rank (`native.missing_ranks`), decided once at verification.
 
     A folder with ckpt-ha's sidecars is judged by them first (`formats.sidecar`), and by its
     format's own checks as well. Permanent storage errors become a verdict; a transient one
@@ -75,7 +80,7 @@ def verify(store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM) 
     try:
         if names & sidecar.NAMES:
             return _verify_sidecars(store, prefix, files, fmt, algorithm)
-        return _verify_format(store, prefix, names, fmt, algorithm)
+        return _verify_format(store, prefix, names, fmt, algorithm, ranks=ranks)
     except StorageError as exc:
         if exc.transient:
             raise  # an outage is not a verdict on the checkpoint: the caller retries
@@ -85,10 +90,16 @@ def verify(store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM) 
 
 
 def _verify_format(
-    store: ObjectStore, prefix: str, names: set[str], fmt: CheckpointFormat, algorithm: str
+    store: ObjectStore,
+    prefix: str,
+    names: set[str],
+    fmt: CheckpointFormat,
+    algorithm: str,
+    *,
+    ranks: bool = True,
 ) -> Report:
     if fmt is CheckpointFormat.NATIVE:
-        return native.verify(store, prefix)
+        return native.verify(store, prefix, ranks=ranks)
     if fmt is CheckpointFormat.SAFETENSORS:
         return safetensors.verify_folder(store, prefix, names, algorithm)
     if fmt is CheckpointFormat.HF_TRAINER:

@@ -44,6 +44,26 @@ class Manifest(BaseModel):
     exact_resume: bool = True
     """False when the shards hold weights only (no optimizer state)."""
     shards: tuple[Shard, ...]
+    whole_state: bool | None = None
+    """True when one process of a multi-rank job wrote the whole job's state (DDP replicas:
+    rank 0 holds everything). Written only then (`dump`), so a manifest of a single process
+    reads the same to a checker that predates the field."""
+
+    def dump(self) -> bytes:
+        """The manifest's bytes: ``whole_state`` only when it says something."""
+        exclude = {"whole_state"} if self.whole_state is None else None
+        return self.model_dump_json(indent=2, exclude=exclude).encode()
+
+
+def missing_ranks(manifest: Manifest) -> list[int]:
+    """The ranks whose state the manifest cannot hold: a native manifest is one process's
+    state, so when its identity declares a job of N > 1 ranks and it does not say it holds the
+    whole job's (``whole_state``), ranks 1..N-1 have no shard in it (one rank's part saved as
+    if it were the whole checkpoint: R1's partial shard set)."""
+    topology = manifest.identity.topology if manifest.identity is not None else None
+    if topology is None or topology.world_size <= 1 or manifest.whole_state:
+        return []
+    return list(range(1, topology.world_size))
 
 
 def write(
@@ -73,12 +93,19 @@ def write(
         exact_resume=exact_resume,
         shards=tuple(entries),
     )
-    store.put_if_absent(join(prefix, MANIFEST), manifest.model_dump_json(indent=2).encode())
+    store.put_if_absent(join(prefix, MANIFEST), manifest.dump())
     return manifest
 
 
-def verify(store: ObjectStore, prefix: str, report: Report | None = None) -> Report:
-    """Check the manifest, then every shard's presence, size and checksum (one read each)."""
+def verify(
+    store: ObjectStore, prefix: str, report: Report | None = None, *, ranks: bool = True
+) -> Report:
+    """Check the manifest, then every shard's presence, size and checksum (one read each).
+
+    With ``ranks`` (the default), a manifest that cannot hold every rank its identity declares
+    (`missing_ranks`) is incomplete. A scrub passes False: it checks that the bytes did not
+    change since verification, and a checkpoint verified before this check existed keeps its
+    verdict (DDP jobs saved rank 0's whole state without saying so)."""
     report = report or Report(format=CheckpointFormat.NATIVE)
     key = join(prefix, MANIFEST)
     try:
@@ -105,6 +132,15 @@ def verify(store: ObjectStore, prefix: str, report: Report | None = None) -> Rep
     report.step = manifest.step
     report.exact_resume = manifest.exact_resume
     report.checks.append("manifest")
+    missing = missing_ranks(manifest) if ranks else []
+    if missing:
+        declared = manifest.identity.topology.world_size  # type: ignore[union-attr]
+        report.fail(
+            Verdict.INCOMPLETE,
+            f"the identity declares {declared} ranks but {MANIFEST} holds one process's state and "
+            f"does not say it is the whole job's (whole_state): no shard of rank(s) "
+            f"{', '.join(map(str, missing))}",
+        )
     files = [listed.Listed(shard.path, shard.size, shard.checksum) for shard in manifest.shards]
     for check in listed.check_all(store, prefix, files, "manifest"):
         check.apply(report)

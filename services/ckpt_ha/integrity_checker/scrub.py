@@ -28,6 +28,7 @@ from ckpt_ha.core.errors import TransientError
 from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import verify
+from ckpt_ha.formats.report import Report
 from ckpt_ha.integrity_checker import domain
 from ckpt_ha.integrity_checker.metrics import ScrubMetrics
 from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
@@ -150,7 +151,7 @@ class Scrubber:
         ):
             # The time the budget makes the reads wait is not a hung mount: it extends the bound.
             extra_s = self.budget.seconds_for(record.total_bytes or 0)
-            report = await bounded.call(verify, self.reads, key, self.algorithm, extra_s=extra_s)
+            report = await bounded.call(_reverify, self.reads, key, self.algorithm, extra_s=extra_s)
         self.metrics.scrubbed.labels(self.metrics.service).inc()
         datas = domain.scrub_outcome(
             job_id=record.job_id,
@@ -199,3 +200,9 @@ class Scrubber:
                 continue
             if result.paused:
                 delay = 0.0
+
+
+def _reverify(store: ObjectStore, key: str, algorithm: str) -> Report:
+    """A scrub's verification: have the bytes changed since the checkpoint was verified? Whether
+    its manifest holds every declared rank was decided then (`formats.native.missing_ranks`)."""
+    return verify(store, key, algorithm, ranks=False)

@@ -30,7 +30,14 @@ from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.sdk import state as codec
-from ckpt_ha.sdk.protocol import BusEndpoint, Context, context, trace_context, try_announce
+from ckpt_ha.sdk.protocol import (
+    BusEndpoint,
+    Context,
+    context,
+    launched_as,
+    trace_context,
+    try_announce,
+)
 from ckpt_ha.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState
 from ckpt_ha.storage import ObjectNotFound, ObjectStore, open_store
 
@@ -87,15 +94,24 @@ class PartialSave(Exception):
     """`save` was called in a multi-process job, where one process holds only part of the state.
 
     A native checkpoint is one process's state: saved from one rank of a job of several, it
-    would be registered as a valid checkpoint holding only that rank's part.
+    would be registered as a valid checkpoint holding only that rank's part. ``source`` says
+    what made the job multi-process: ``runner`` (`ckpt-ha run`'s context), ``launcher``
+    (``WORLD_SIZE`` / ``RANK``, e.g. plain torchrun) or ``topology`` (the declared one).
     """
 
-    def __init__(self, rank: int, world_size: int) -> None:
+    def __init__(self, rank: int, world_size: int, source: str = "runner") -> None:
         self.rank = rank
         self.world_size = world_size
+        self.source = source
+        said = {
+            "runner": "its runner says",
+            "launcher": "$WORLD_SIZE/$RANK say",
+            "topology": "the declared topology says",
+        }.get(source, source)
         super().__init__(
-            f"this job runs {world_size} processes (this is rank {rank}) and sdk.save writes one "
-            "process's state, which would register a checkpoint holding only part of the job's. "
+            f"this job runs {world_size} processes ({said}; this is rank {rank}) and sdk.save "
+            "writes one process's state, which would register a checkpoint holding only part "
+            "of the job's. "
             "Save with ckpt_ha.sdk.dcp.save on every rank (each writes its own shards, rank 0 "
             "commits once all are durable); or, when rank 0 holds the whole state (DDP "
             "replicas), call sdk.save on rank 0 only, with whole_state=True"
@@ -220,6 +236,21 @@ def folder_for(job_id: str, step: int, attempt: int = 1) -> str:
     return base if attempt <= 1 else f"{base}-a{attempt}"
 
 
+def _world(ctx: Context | None, topology: Topology | None) -> tuple[int, int, str]:
+    """This process's rank, the job's world size and who said so (`PartialSave.source`): the
+    runner's context, else the launcher's environment; a declared topology (the argument, else
+    the runner's) can only make the world larger."""
+    if ctx is not None:
+        rank, world_size, source = ctx.rank, ctx.world_size, "runner"
+    else:
+        rank, world_size = launched_as()
+        source = "launcher"
+    declared = topology if topology is not None else (ctx.topology if ctx is not None else None)
+    if declared is not None and declared.world_size > world_size:
+        world_size, source = declared.world_size, "topology"
+    return rank, world_size, source
+
+
 def save(
     storage_root: str | ObjectStore,
     job_id: str,
@@ -252,14 +283,17 @@ def save(
     ``topology``, ``bus`` and the runtime environment default to the attempt's, so the
     checkpoint's identity matches what the runner reported in ``job.started``.
 
-    In a runner's multi-process job (``WORLD_SIZE`` > 1) one process holds only part of the
-    state: `PartialSave` is raised, except on rank 0 when the caller says its state is the
-    whole job's (``whole_state=True``, e.g. DDP replicas). Save each rank's part with
+    In a multi-process job one process holds only part of the state: `PartialSave` is raised,
+    except on rank 0 when the caller says its state is the whole job's (``whole_state=True``,
+    e.g. DDP replicas; the manifest then says so). The job is multi-process when its runner
+    says so, when the launcher does (``WORLD_SIZE`` > 1: plain torchrun), or when the declared
+    ``topology`` (or the runner's) has a world size above 1. Save each rank's part with
     `ckpt_ha.sdk.dcp.save`.
     """
     ctx = ctx if ctx is not None else context()
-    if ctx is not None and ctx.world_size > 1 and (ctx.rank != 0 or not whole_state):
-        raise PartialSave(ctx.rank, ctx.world_size)
+    rank, world_size, source = _world(ctx, topology)
+    if world_size > 1 and (rank != 0 or not whole_state):
+        raise PartialSave(rank, world_size, source)
     writer = writer_for(
         job_id,
         ctx,
@@ -310,8 +344,9 @@ def save(
         identity=identity,
         exact_resume=exact_resume,
         shards=tuple(shards),
+        whole_state=True if world_size > 1 else None,
     )
-    store.put_if_absent(join(prefix, native.MANIFEST), manifest.model_dump_json(indent=2).encode())
+    store.put_if_absent(join(prefix, native.MANIFEST), manifest.dump())
     final_id = checkpoint_id_on(store, prefix)
     if final_id != checkpoint_id:  # a leaf listed older than the index: the clock stepped back
         log.warning("checkpoint id moved from %s to %s while saving", checkpoint_id, final_id)

@@ -28,12 +28,15 @@ A save, with `CkptHaCallback` (``formats/sidecar.py`` has the rules it follows):
    the bytes are on storage, which the Trainer alone does not wait for.
 
 ``save_strategy="best"`` decides to save after evaluating, when no callback can run before the
-write: such folders get no sidecars (they are plain Trainer folders to ckpt-ha). Leave
-``save_total_limit`` unset and let ckpt-ha's retention keep checkpoints: the Trainer rotates
-inside its save, before ``on_save``, so it deletes folders ckpt-ha registered as valid (a plan may
-name one that is gone), and with a limit of 1 it deletes the last committed checkpoint before
-the new one is committed. Never use ``resume_from_checkpoint=True`` either: the Trainer then
-takes the highest-numbered folder, even a half-written one.
+write: such folders get no sidecars (they are plain Trainer folders to ckpt-ha).
+``save_total_limit`` works: the folders the Trainer rotates away are recorded as deleted by
+their writer (the writer-watcher's tombstone, the job as actor), never as damage, and no plan
+names them afterwards. The Trainer rotates inside its save, after writing the new folder and
+before ``on_save``, and offers no hook in between; so with a limit of 1 it deletes the last
+committed checkpoint before ckpt-ha can commit the new one, and a crash in that window finds
+no valid checkpoint. Use a limit of 2 or more (the callback warns at 1). Never use
+``resume_from_checkpoint=True`` either: the Trainer then takes the highest-numbered folder, even
+a half-written one.
 
 A resume: `train` (or `resume_from_checkpoint` for code that calls ``trainer.train`` itself)
 verifies the plan's folder (`formats.verify`, its checkpoint id, its step), then hands it to
@@ -286,11 +289,11 @@ class CkptHaCallback(TrainerCallback):
                     "the Trainer saves under %s, ckpt-ha watches %s: set "
                     "TrainingArguments(output_dir=hf.output_dir())", args.output_dir, expected,
                 )  # fmt: skip
-        if args.save_total_limit:
+        if args.save_total_limit == 1:
             log.warning(
-                "save_total_limit=%s: the Trainer deletes older checkpoint folders before the "
-                "new one is committed; leave it unset and let ckpt-ha's retention keep them",
-                args.save_total_limit,
+                "save_total_limit=1: the Trainer deletes the previous checkpoint inside its save, "
+                "before ckpt-ha commits the new one, so a crash then finds no valid checkpoint; "
+                "use save_total_limit >= 2"
             )
         if args.save_strategy == "best":
             log.warning(

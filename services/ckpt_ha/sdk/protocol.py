@@ -139,9 +139,7 @@ def context(env: Mapping[str, str] | None = None) -> Context | None:
     if not job:
         return None
     attempt = _number(env, ATTEMPT, 1)
-    rank, world_size = _number(env, RANK, 0), _number(env, WORLD_SIZE, 1)
-    if not 0 <= rank < max(world_size, 1):
-        raise BadContext(RANK, f"{rank} is not a rank of a world of {world_size}")
+    rank, world_size = launched_as(env)
     url = env.get(NATS_URL)
     try:
         bus = (
@@ -172,6 +170,16 @@ def context(env: Mapping[str, str] | None = None) -> Context | None:
         rank=rank,
         world_size=world_size,
     )
+
+
+def launched_as(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """``(rank, world_size)`` as the launcher set them (``RANK`` / ``WORLD_SIZE``: torchrun,
+    most launchers), under a runner or not; ``(0, 1)`` for a process launched alone."""
+    env = os.environ if env is None else env
+    rank, world_size = _number(env, RANK, 0), _number(env, WORLD_SIZE, 1)
+    if not 0 <= rank < max(world_size, 1):
+        raise BadContext(RANK, f"{rank} is not a rank of a world of {world_size}")
+    return rank, world_size
 
 
 def _job_key(env: Mapping[str, str]) -> bytes | None:

@@ -119,8 +119,11 @@ def report_loaded(
     seconds: float,
     data_position: int | None = None,
     rng_fingerprint: str | None = None,
+    world_size: int | None = None,
+    written_world_size: int | None = None,
 ) -> None:
-    """Publish ``resume.loaded`` for the plan (once per plan)."""
+    """Publish ``resume.loaded`` for the plan (once per plan); ``written_world_size`` only when
+    it differs from ``world_size`` (a resharded load)."""
     loaded_event = ResumeLoadedV1(
         job_id=ctx.job_id,
         plan_id=plan.plan_id,
@@ -131,6 +134,8 @@ def report_loaded(
         data_position=data_position,
         rng_fingerprint=rng_fingerprint,
         load_seconds=round(seconds, 6),
+        world_size=world_size,
+        written_world_size=written_world_size if written_world_size != world_size else None,
     )
     try_announce(ctx.bus, loaded_event, utc_now(), f"resume.loaded|{plan.plan_id}", always=True)
 

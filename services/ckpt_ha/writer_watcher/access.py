@@ -11,7 +11,8 @@ from ckpt_ha.writer_watcher.adapters import state_keys
 
 NATS = Principal("writer-watcher", ("checkpoint.writing", "checkpoint.committed",
                                     "checkpoint.write_failed", "checkpoint.corrupt",
-                                    "checkpoint.quarantined"))  # fmt: skip
+                                    "checkpoint.quarantined", "checkpoint.expired",
+                                    "checkpoint.deleted"))  # fmt: skip
 
 
 def key_spaces(prefix: str) -> Mapping[str, str]:

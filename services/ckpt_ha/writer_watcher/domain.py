@@ -17,8 +17,15 @@ the files it holds (path → size) and the newest modification time. From that a
 * a listed file that disappears after commit depends on what the registry already decided
   (the handler looks it up and passes it in, see `needs_registry`): not yet verified →
   `write_failed`; already valid → `corrupt` + `quarantined` (the platform lost bytes of a good
-  checkpoint); corrupt, quarantined, failed, expired or deleted → nothing (decided elsewhere;
-  quarantining and deleting remove files on purpose).
+  checkpoint) once the folder has stayed short of files for `REMOVAL_GRACE`; corrupt,
+  quarantined, failed, expired or deleted → nothing (decided elsewhere; quarantining and
+  deleting remove files on purpose);
+* a committed folder removed as a whole is its writer's deletion (a framework's rotation:
+  the Trainer's ``save_total_limit``, Lightning's ``save_top_k``, Orbax's ``max_to_keep``),
+  never damage: decided `REMOVAL_GRACE` after it went (a removal seen half-way, a quarantine
+  move whose verdict the registry has not applied yet, settle meanwhile); still valid in the
+  registry → `expired` + `deleted`, a tombstone with the job as actor; not yet verified →
+  `write_failed`; anything else → nothing (`ckpt_ha.writer_watcher.removals`).
 
 The checkpoint id comes from the folder and the time its first file was written, so a job that
 is resubmitted and writes the same path again gets a new id and is never confused with the
@@ -52,10 +59,16 @@ from ckpt_ha.contracts.checkpoint import (
     FailureSide,
 )
 from ckpt_ha.contracts.envelope import EventData
-from ckpt_ha.core.corruption import condemn
 from ckpt_ha.core.locations import folder_job
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats.identity import checkpoint_id
+from ckpt_ha.writer_watcher.removals import (
+    REMOVAL_GRACE,
+    folder_job_of,
+    lost_after_commit,
+    settle_gone,
+    write_failed,
+)
 
 
 @dataclass(frozen=True)
@@ -95,7 +108,9 @@ class Tracked:
     last_change: datetime
     signature: tuple[tuple[str, int], ...]
     phase: str = "new"
-    """new → writing → committed | failed; or ignored (no job's folder)."""
+    """new → writing → committed | failed; committed → vanishing (short of files, maybe a
+    removal in progress) | gone (removed as a whole, decided after `REMOVAL_GRACE`); or ignored
+    (no job's folder)."""
     uri: str = ""
     traceparent: str | None = None
     """Trace context of the first event announced for this checkpoint: later ones (committed
@@ -115,15 +130,12 @@ class WatchState:
     one, whether or not their listing changes."""
 
 
-ACTIVE = frozenset({"new", "writing"})
+ACTIVE = frozenset({"new", "writing", "vanishing"})
 """Phases whose next decision depends on time, not only on the folder's files (the id settling,
 the stall timeout): such a folder is read on every scan (`to_read`)."""
 
 IGNORED = "ignored"
 """The phase of a folder that is no job's: remembered only so its note is written once."""
-
-UNVERIFIED = frozenset({None, CheckpointState.WRITING, CheckpointState.PENDING_VERIFICATION})
-"""Registry states in which lost files mean the write failed (nothing was verified yet)."""
 
 
 def missing(evidence: Evidence, files: Mapping[str, int]) -> list[str]:
@@ -143,13 +155,13 @@ def missing(evidence: Evidence, files: Mapping[str, int]) -> list[str]:
 
 def needs_registry(state: WatchState, seen: list[Observation]) -> list[str]:
     """Checkpoint ids whose next decision depends on the registry: committed folders that
-    now lack a file their commit evidence lists."""
-    out = []
+    now lack a file their commit evidence lists, and committed folders that are gone."""
+    out = [known.checkpoint_id for known in state.folders.values() if known.phase == "gone"]
     for obs in seen:
         known = state.folders.get(obs.folder)
         if (
             known is not None
-            and known.phase == "committed"
+            and known.phase in ("committed", "vanishing")
             and known.checkpoint_id == checkpoint_id(obs.folder, obs.first_written)
             and obs.evidence.required is not None
             and missing(obs.evidence, obs.files)
@@ -173,10 +185,6 @@ def to_read(
     out = set(changed) | state.retry | set(redriven)
     out.update(folder for folder, known in state.folders.items() if known.phase in ACTIVE)
     return out
-
-
-def _folder_job(folder: str) -> str:
-    return folder.split("/", 1)[0]
 
 
 def owner(folder: str) -> str | None:
@@ -206,7 +214,7 @@ def _identity(obs: Observation, job: str, notes: list[str]) -> CheckpointIdentit
 
 
 def _committed(obs: Observation, cid: str, notes: list[str]) -> CheckpointCommittedV1:
-    job = _folder_job(obs.folder)
+    job = folder_job_of(obs.folder)
     identity = _identity(obs, job, notes)
     return CheckpointCommittedV1(
         job_id=job,
@@ -221,37 +229,6 @@ def _committed(obs: Observation, cid: str, notes: list[str]) -> CheckpointCommit
     )
 
 
-def lost_after_commit(
-    obs: Observation, cid: str, gaps: list[str], registered: CheckpointState | None
-) -> list[EventData]:
-    """Files listed by a commit are gone; what that means depends on the registry's state."""
-    job = _folder_job(obs.folder)
-    if registered in UNVERIFIED:
-        return [
-            CheckpointWriteFailedV1(
-                job_id=job,
-                checkpoint_id=cid,
-                uri=obs.uri,
-                reason=f"files missing after commit: {gaps[:5]}",
-                side=FailureSide.JOB,
-            )
-        ]
-    if registered is CheckpointState.VALID:
-        reason = f"files missing after verification: {gaps[:5]}"
-        return list(
-            condemn(
-                job_id=job,
-                checkpoint_id=cid,
-                uri=obs.uri,
-                reason=reason,
-                side=FailureSide.INFRASTRUCTURE,
-                findings=gaps,
-                why_quarantined=reason,
-            )
-        )
-    return []  # corrupt, quarantined, write-failed, expired, deleted: already decided
-
-
 def observe(
     state: WatchState,
     seen: list[Observation],
@@ -260,6 +237,7 @@ def observe(
     registry: Mapping[str, CheckpointState | None] | None = None,
     storage_trouble: tuple[datetime, str] | None = None,
     vanished: Collection[str] | None = None,
+    removal_grace: timedelta = REMOVAL_GRACE,
 ) -> list[EventData]:
     """Advance the watch state by one scan; return the events to publish, in order.
 
@@ -278,7 +256,9 @@ def observe(
         # One folder whose content no event can carry (a value past the contract's bounds)
         # is noted and keeps its state; every other folder is still decided.
         try:
-            decided, known = _observe_one(state, obs, now, stall_after, registered, storage_trouble)
+            decided, known = _observe_one(
+                state, obs, now, stall_after, registered, storage_trouble, removal_grace
+            )
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"])
@@ -294,7 +274,11 @@ def observe(
         gone: Collection[str] = set(state.folders) - {obs.folder for obs in seen}
     else:
         gone = vanished
-    events.extend(_forget_vanished(state, gone))
+    events.extend(_forget_vanished(state, gone, now))
+    settled, forget = settle_gone(state.folders, now, removal_grace, registered)
+    for folder in forget:
+        del state.folders[folder]
+    events.extend(settled)
     return events
 
 
@@ -305,6 +289,7 @@ def _observe_one(
     stall_after: timedelta,
     registered: Mapping[str, CheckpointState | None],
     storage_trouble: tuple[datetime, str] | None,
+    removal_grace: timedelta = REMOVAL_GRACE,
 ) -> tuple[list[EventData], Tracked]:
     """One folder's events and its new tracking; raises before changing anything."""
     events: list[EventData] = []
@@ -323,18 +308,25 @@ def _observe_one(
     if known is None or known.checkpoint_id != cid:  # new, or rewritten from scratch
         if known is not None and known.phase == "writing":
             reason = "rewritten before it was committed (its oldest file changed)"
-            events.append(_failed(obs.folder, known.checkpoint_id, obs.uri, reason))
+            events.append(write_failed(obs.folder, known.checkpoint_id, obs.uri, reason))
         known = Tracked(cid, first_seen=now, last_change=now, signature=signature, uri=obs.uri)
     elif known.signature != signature:
         known = replace(known, last_change=now, signature=signature)
     gaps = missing(obs.evidence, obs.files)
     if not gaps:
-        if known.phase != "committed":
+        if known.phase in ("vanishing", "gone"):  # whole again: what was missing came back
+            known = replace(known, phase="committed")
+        elif known.phase != "committed":
             events.append(_committed(obs, cid, state.notes))
             known = replace(known, phase="committed")
-    elif known.phase == "committed" and obs.evidence.required is not None:
-        events.extend(lost_after_commit(obs, cid, gaps, registered.get(cid)))
-        known = replace(known, phase="failed")
+    elif known.phase in ("committed", "vanishing") and obs.evidence.required is not None:
+        state_now = registered.get(cid)
+        if state_now is CheckpointState.VALID and known.phase == "committed":
+            # Maybe a removal seen half-way (its writer's rotation): decided after the grace.
+            known = replace(known, phase="vanishing", last_change=now)
+        elif state_now is not CheckpointState.VALID or now - known.last_change >= removal_grace:
+            events.extend(lost_after_commit(obs.folder, obs.uri, cid, gaps, state_now))
+            known = replace(known, phase="failed")
     elif known.phase == "new" and settled:
         events.append(
             CheckpointWritingV1(
@@ -381,29 +373,30 @@ def _stalled(
         side = FailureSide.INFRASTRUCTURE
         reason += f"; storage was failing meanwhile (last error {at.isoformat()}: {message})"
     return CheckpointWriteFailedV1(
-        job_id=_folder_job(obs.folder), checkpoint_id=cid, uri=obs.uri, reason=reason, side=side
+        job_id=folder_job_of(obs.folder), checkpoint_id=cid, uri=obs.uri, reason=reason, side=side
     )
 
 
-def _forget_vanished(state: WatchState, gone: Collection[str]) -> list[EventData]:
+def _forget_vanished(state: WatchState, gone: Collection[str], now: datetime) -> list[EventData]:
     """Folders gone from the listing are forgotten (the state stays bounded). One that was still
-    being written is reported failed: its writer removed it, it will never commit."""
+    being written is reported failed: its writer removed it, it will never commit. A committed
+    one is kept as ``gone`` until `_settle_gone` decides it."""
     events: list[EventData] = []
     for folder in sorted(gone):
-        known = state.folders.pop(folder, None)
+        known = state.folders.get(folder)
+        if known is not None and known.phase in ("committed", "vanishing") and known.uri:
+            since = known.last_change if known.phase == "vanishing" else now
+            state.folders[folder] = replace(known, phase="gone", last_change=since)
+            continue
+        if known is not None and known.phase == "gone":
+            continue  # listed as gone again by a full scan: its grace runs from the first time
+        state.folders.pop(folder, None)
         if known is None:
             continue
         if known.phase == "writing" and known.uri:
             reason = "folder removed before it was committed"
-            events.append(_failed(folder, known.checkpoint_id, known.uri, reason))
+            events.append(write_failed(folder, known.checkpoint_id, known.uri, reason))
     return events
-
-
-def _failed(folder: str, cid: str, uri: str, reason: str) -> CheckpointWriteFailedV1:
-    """An announced write that will never commit: its writer removed or rewrote the folder."""
-    return CheckpointWriteFailedV1(
-        job_id=_folder_job(folder), checkpoint_id=cid, uri=uri, reason=reason, side=FailureSide.JOB
-    )
 
 
 REDRIVEN = "registry still held it as writing"
@@ -444,7 +437,7 @@ def overdue_writes(
                 f"write never completed: no write of it at {record.uri} for {now - since} "
                 "(its folder is gone or was written again)"
             )
-            events.append(_record_failed(record, reason, FailureSide.UNKNOWN))
+            events.append(_recordwrite_failed(record, reason, FailureSide.UNKNOWN))
             continue
         folder, known = found
         obs = observed.get(folder)
@@ -452,10 +445,10 @@ def overdue_writes(
             events.append(_committed(obs, known.checkpoint_id, state.notes))
         elif known.phase == "failed" and known.failure is not None:
             reason, side = known.failure
-            events.append(_record_failed(record, reason, side))
+            events.append(_recordwrite_failed(record, reason, side))
         elif known.phase == "failed":
             reason = f"write failed (announced before; {REDRIVEN} after {now - since})"
-            events.append(_record_failed(record, reason, FailureSide.UNKNOWN))
+            events.append(_recordwrite_failed(record, reason, FailureSide.UNKNOWN))
     return events
 
 
@@ -472,7 +465,7 @@ def _writing_since(record: CheckpointRecord) -> datetime | None:
     )
 
 
-def _record_failed(record: CheckpointRecord, reason: str, side: FailureSide) -> EventData:
+def _recordwrite_failed(record: CheckpointRecord, reason: str, side: FailureSide) -> EventData:
     return CheckpointWriteFailedV1(
         job_id=record.job_id,
         checkpoint_id=record.checkpoint_id,

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -234,6 +235,39 @@ def test_a_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     assert result["curves"]["baseline"]
     assert result["curves"]["drill"]
     assert "transformers" in result["baseline"]["environment"]
+
+
+def test_a_trainers_own_rotation_is_recorded_as_its_writers_deletion_never_damage(
+    home: Path,
+) -> None:
+    """A real Trainer with ``save_total_limit=2`` under `ckpt-ha run` (issue 28): the folders it
+    rotates away are deleted by the job (a tombstone, the job as actor), never corrupt or
+    quarantined; the newest two stay valid."""
+    assert cli(home, "stack", "up").returncode == 0
+    job = f"hf-rotate-{os.getpid()}"
+    done = cli(
+        home, "run", "--job", job, "--", sys.executable, "-m", "ckpt_ha.lab.examples.hf_gpt2",
+        "--steps", "30", "--save-steps", "10", "--save-total-limit", "2", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def records() -> dict[int, dict[str, Any]]:
+        listed = cli(home, "checkpoint", "list", "--job", job, "--json")
+        assert listed.returncode == 0, listed.stderr
+        return {r["step"]: r for r in json.loads(listed.stdout)}
+
+    deadline = time.monotonic() + 90  # the watcher decides 15 s after a folder went
+    found = records()
+    while time.monotonic() < deadline and found.get(10, {}).get("state") != "deleted":
+        time.sleep(2)
+        found = records()
+    states = {step: r["state"] for step, r in found.items()}
+    assert states == {10: "deleted", 20: "valid", 30: "valid"}, states
+    for step in (10,):
+        tombstone = found[step]["tombstone"]
+        assert (tombstone["actor"], tombstone["policy"]) == (f"job:{job}", "writer-rotation")
+        assert "deleted by its writer" in tombstone["reason"]
+        assert all(h["state"] not in ("corrupt", "quarantined") for h in found[step]["history"])
 
 
 def test_a_slurm_node_lost_is_classified_resubmitted_with_the_restore_target_and_continues(

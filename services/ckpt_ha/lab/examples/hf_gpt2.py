@@ -50,6 +50,8 @@ class Config:
     seed: int = 0
     sleep_per_step: float = 0.0
     slow_save: float = 0.0
+    save_total_limit: int | None = None
+    """The Trainer's own rotation: keep this many checkpoint folders (None: all)."""
 
 
 class TokenData(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
@@ -124,6 +126,7 @@ def trainer(
         max_steps=cfg.steps,
         save_strategy="steps" if save else "no",
         save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
         logging_steps=1,
         per_device_train_batch_size=cfg.batch_size,
         learning_rate=cfg.lr,
@@ -154,11 +157,14 @@ def parse(argv: Sequence[str] | None) -> Config:
     p.add_argument("--seed", type=int, default=Config.seed)
     p.add_argument("--sleep-per-step", type=float, default=0.0)
     p.add_argument("--slow-save", type=float, default=0.0)
+    p.add_argument("--save-total-limit", type=int, default=None)
     a = p.parse_args(argv)
     if a.steps < 1 or a.save_steps < 1 or a.batch_size < 1:
         p.error("--steps, --save-steps and --batch-size must be >= 1")
+    if a.save_total_limit is not None and a.save_total_limit < 1:
+        p.error("--save-total-limit must be >= 1")
     return Config(a.steps, a.save_steps, a.batch_size, a.lr, a.seed, a.sleep_per_step,
-                  a.slow_save)  # fmt: skip
+                  a.slow_save, a.save_total_limit)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from ckpt_ha.contracts.resume import (
     Compatibility,
     ResumeMode,
 )
+from ckpt_ha.restore_coordinator.domain.shapes import across
 from ckpt_ha.restore_coordinator.records import Target
 
 MISSING = "<none>"
@@ -106,17 +107,32 @@ def compatibility(
     policy: JobPolicy,
     *,
     training_state: bool = True,
+    checkpoint_format: str | None = None,
 ) -> Verdict:
     """R14: identical → exact resume; every difference declared → compatible resume; anything
     else is `unknown`: never resumed, at most a labelled weights-only initialisation when the
     policy allows it. A checkpoint without optimizer state (``training_state=False``) can only
-    initialise weights, whatever its compatibility."""
+    initialise weights, whatever its compatibility.
+
+    A world-size change no rule declares is decided by the checkpoint's format
+    (`shapes.across`): DCP reshards, a native or Trainer checkpoint loads at any world size
+    (compatible, the reason says how); another format is unknown, with the next step."""
     diffs = differences(identity, target)
     reasons: list[str] = []
     undeclared: list[Difference] = []
     for diff in diffs:
         rule = rule_for(diff, policy.compatible)
-        if rule is None:
+        shape = (
+            across(checkpoint_format, identity.topology if identity else None, target.topology)
+            if rule is None and diff.field == "topology"
+            else None
+        )
+        if shape is not None and shape.loads:
+            reasons.append(f"{diff.text()} ({shape.reason})")
+        elif shape is not None:
+            undeclared.append(diff)
+            reasons.append(f"{diff.text()} (no declared rule; {shape.reason})")
+        elif rule is None:
             undeclared.append(diff)
             reasons.append(f"{diff.text()} (no declared rule)")
         else:

@@ -141,6 +141,7 @@ def decide_failure(
         started.target(),
         started.policy,
         training_state=chosen.exact_resume is not False,
+        checkpoint_format=chosen.format,
     )
     if chosen.inherited_from is not None:
         note = (

@@ -69,6 +69,8 @@ class _Checked:
     metadata: bytes
     step: int
     checksums_verified: bool
+    written_world_size: int | None = None
+    """How many ranks wrote it (the intent sidecar), when known."""
 
 
 class _DcpGlobalsOnly(pickle.Unpickler):
@@ -236,7 +238,19 @@ def _check_share(plan: ResumePlannedV2, ctx: Context, group: Group) -> _Checked:
             METADATA,
         )
     path = where.store.root / where.prefix if where.prefix else where.store.root
-    return _Checked(path, where.uri, data, plan.step if step is None else step, commit is not None)
+    written = _written_world_size(where)
+    step = plan.step if step is None else step
+    return _Checked(path, where.uri, data, step, commit is not None, written)
+
+
+def _written_world_size(where: PlannedFolder) -> int | None:
+    """The world size the intent sidecar records (None: a plain ``dcp.save``, or unreadable:
+    the checks above decided on the files already)."""
+    try:
+        intent = sidecar.read_intent(where.store, where.prefix)
+    except (SidecarInvalid, SidecarUnsafe):
+        return None
+    return intent.world_size if intent is not None else None
 
 
 def _agree(group: Group, ctx: Context, plan: ResumePlannedV2, exc: Exception | None) -> None:
@@ -324,5 +338,12 @@ def resume(
             seconds=time.monotonic() - started,
             data_position=described[0],
             rng_fingerprint=described[1],
+            world_size=group.size,
+            written_world_size=checked.written_world_size,
         )
+        if checked.written_world_size not in (None, group.size):
+            log.info(
+                "%s was written by %d ranks and loaded by %d: DCP resharded it",
+                checked.uri, checked.written_world_size, group.size,
+            )  # fmt: skip
     return DcpResumed(plan, checked.step, checked.uri, state_dict, checked.checksums_verified)
