@@ -10,12 +10,13 @@ create them), announces
 it until its ``resume.planned`` arrives on a plain NATS subscription. Prints p50/p90/p99/max,
 then a burst (all failures of the next attempt published at once, then timed from the first
 publish to the last plan) with one coordinator replica, and with ``--replicas 2`` another burst
-with a second replica (its own process, sharing the durable consumers) side by side. Each burst
+with a second replica (its own process, sharing the durable consumers) side by side; with
+``--compare`` also the burst taken one failure at a time, as before batching. Each burst
 prints the machine's CPU per plan (every process: replicas, servers, the bench), and for two
 replicas the floor the cores set: ``failures * CPU per plan / cores``. Cleans its Redis keys
 and streams afterwards. Usage:
     .venv/bin/python bench/bench_plan.py [--jobs 10000] [--per-job 100] [--failures 1000]
-        [--replicas 2] [--redis URL]
+        [--replicas 2] [--compare] [--redis URL]
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,7 @@ from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1
 from ckpt_ha.core.records import CheckpointRecord, HistoryEntry
 from ckpt_ha.lab.devstack import procs
 from ckpt_ha.registry.keys import RegistryKeys
+from ckpt_ha.restore_coordinator import app as coordinator_app
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 
@@ -214,6 +217,17 @@ def replica_main(settings: RestoreCoordinatorSettings, ready: Any, stop: Any) ->
     asyncio.run(serve())
 
 
+@contextlib.contextmanager
+def unbatched_failures() -> Iterator[None]:
+    """A coordinator built meanwhile takes ``job.failed`` one message at a time (the consumer
+    as it was before failures were batched), for `--compare`."""
+    taken = coordinator_app.BATCHED.pop("failed")
+    try:
+        yield
+    finally:
+        coordinator_app.BATCHED["failed"] = taken
+
+
 class Plans:
     """When each failure's decision arrived (plain NATS subscription), by (job, attempt)."""
 
@@ -280,6 +294,11 @@ async def main() -> None:
     ap.add_argument("--per-job", type=int, default=100)
     ap.add_argument("--failures", type=int, default=1_000)
     ap.add_argument("--replicas", type=int, choices=(1, 2), default=1)
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="also the burst with failures taken one at a time (as before batching), same run",
+    )
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
     ap.add_argument("--redis", default=None, help="an existing Redis (default: a private one)")
     args = ap.parse_args()
@@ -354,14 +373,23 @@ async def run(args: argparse.Namespace, redis_url: str) -> None:
         # Bursts: every job's next failure published at once (queueing included).
         await announce(producer, nc, settings.events_stream, failing, 2, now)
         per_plan = await burst(producer, plans, failing, 2, now, "one replica")
+        if args.compare:
+            # The same burst, same replica, failures taken one at a time as before batching.
+            await coordinator.bus.broker.stop()
+            await coordinator.state.close()
+            with unbatched_failures():
+                coordinator = build_coordinator(settings)
+            await coordinator.bus.broker.start()
+            await announce(producer, nc, settings.events_stream, failing, 3, now)
+            await burst(producer, plans, failing, 3, now, "one replica, one failure at a time")
         if args.replicas == 2:
             ctx = mp.get_context("spawn")
             ready = ctx.Event()
             second = ctx.Process(target=replica_main, args=(settings, ready, stop))
             second.start()
             await asyncio.to_thread(ready.wait, 60)
-            await announce(producer, nc, settings.events_stream, failing, 3, now)
-            await burst(producer, plans, failing, 3, now, "two replicas (processes)")
+            await announce(producer, nc, settings.events_stream, failing, 4, now)
+            await burst(producer, plans, failing, 4, now, "two replicas (processes)")
             cores = os.cpu_count() or 1
             print(
                 f"  the {cores} cores' floor for two replicas: {len(failing)} plans at "
