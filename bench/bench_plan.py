@@ -1,13 +1,22 @@
 """job.failed → resume.planned latency of the restore-coordinator with a large registry.
 
-Fills Redis (a private prefix) with ``--jobs`` times ``--per-job`` checkpoint records written
-directly in the registry's key layout (the newest of each job still pending verification, the
-rest valid), starts the real coordinator in-process on private NATS streams, announces
+Fills a private redis-server (started here and removed afterwards, so a million records never
+weigh on a shared Redis; ``--redis URL`` uses that one, under a private prefix) with ``--jobs``
+times ``--per-job`` checkpoint records written directly in the registry's key layout (the
+newest of each job still pending verification, the rest valid), starts the real coordinator
+in-process on private NATS streams (provisioned first, as the operator does: services never
+create them), announces
 ``job.started`` for ``--failures`` jobs, then publishes one ``job.failed`` at a time and times
 it until its ``resume.planned`` arrives on a plain NATS subscription. Prints p50/p90/p99/max,
-then a burst (all failures of a second attempt published at once) for throughput. Cleans its
-Redis keys and streams afterwards. Usage:
+then a burst (all failures of the next attempt published at once, then timed from the first
+publish to the last plan) with one coordinator replica, and with ``--replicas 2`` another burst
+with a second replica (its own process, sharing the durable consumers) side by side; with
+``--compare`` also the burst taken one failure at a time, as before batching. Each burst
+prints the machine's CPU per plan (every process: replicas, servers, the bench), and for two
+replicas the floor the cores set: ``failures * CPU per plan / cores``. Cleans its Redis keys
+and streams afterwards. Usage:
     .venv/bin/python bench/bench_plan.py [--jobs 10000] [--per-job 100] [--failures 1000]
+        [--replicas 2] [--compare] [--redis URL]
 """
 
 from __future__ import annotations
@@ -16,15 +25,23 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing as mp
+import os
 import statistics
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
 
 import nats
 import redis.asyncio as aioredis
 from nats.aio.msg import Msg
+from pydantic import SecretStr
 
+from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
@@ -36,7 +53,9 @@ from ckpt_ha.contracts.checkpoint import (
 )
 from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, JobStartedV1
 from ckpt_ha.core.records import CheckpointRecord, HistoryEntry
+from ckpt_ha.lab.devstack import procs
 from ckpt_ha.registry.keys import RegistryKeys
+from ckpt_ha.restore_coordinator import app as coordinator_app
 from ckpt_ha.restore_coordinator.app import build as build_coordinator
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 
@@ -45,6 +64,8 @@ ENV = RuntimeEnvironment(
 )
 TOPO = Topology(world_size=8, tensor_parallel=2)
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
+POLICY = JobPolicy(max_restarts=10, max_same_failure=10)
+"""Every burst plans (no restart-loop or same-failure stop over the bench's three attempts)."""
 
 
 def job_name(j: int) -> str:
@@ -158,7 +179,7 @@ async def announce(
                     job_id=job,
                     run_id="run-1",
                     attempt=attempt,
-                    policy=JobPolicy(max_restarts=5),
+                    policy=POLICY,
                     environment=ENV,
                     topology=TOPO,
                     code_version="abc",
@@ -175,29 +196,146 @@ async def announce(
         await asyncio.sleep(0.1)
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, total) jiffies of all cores so far (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return sum(fields) - idle, sum(fields)
+
+
+def replica_main(settings: RestoreCoordinatorSettings, ready: Any, stop: Any) -> None:
+    """A second coordinator replica in its own process, on the same streams and Redis."""
+
+    async def serve() -> None:
+        svc = build_coordinator(settings)
+        await svc.bus.broker.start()
+        ready.set()
+        await asyncio.to_thread(stop.wait)
+        await svc.bus.broker.stop()
+        await svc.state.close()
+
+    asyncio.run(serve())
+
+
+@contextlib.contextmanager
+def unbatched_failures() -> Iterator[None]:
+    """A coordinator built meanwhile takes ``job.failed`` one message at a time (the consumer
+    as it was before failures were batched), for `--compare`."""
+    taken = coordinator_app.BATCHED.pop("failed")
+    try:
+        yield
+    finally:
+        coordinator_app.BATCHED["failed"] = taken
+
+
+class Plans:
+    """When each failure's decision arrived (plain NATS subscription), by (job, attempt)."""
+
+    def __init__(self) -> None:
+        self.arrived: dict[tuple[str, int], asyncio.Future[float]] = {}
+        self.kinds: dict[str, int] = {}
+
+    async def on_plan(self, msg: Msg) -> None:
+        doc = json.loads(msg.data)
+        fut = self.arrived.get((doc["data"]["job_id"], doc["data"]["attempt"] - 1))
+        if fut is not None and not fut.done():
+            kind = doc["type"].rsplit(".v", 1)[0]
+            self.kinds[kind] = self.kinds.get(kind, 0) + 1
+            fut.set_result(time.perf_counter())
+
+    def expect(self, job: str, attempt: int) -> asyncio.Future[float]:
+        fut = self.arrived[(job, attempt)] = asyncio.get_running_loop().create_future()
+        return fut
+
+
+def failure(job: str, attempt: int, now: datetime) -> Envelope[EventData]:
+    return build(
+        JobFailedV1(job_id=job, run_id="run-1", attempt=attempt, last_step=9_950),
+        source="bench",
+        time=now + timedelta(seconds=attempt),
+        key=f"f{attempt}",
+    )
+
+
+async def burst(
+    producer: Bus, plans: Plans, failing: list[str], attempt: int, now: datetime, what: str
+) -> float:
+    """Every job's failure of ``attempt`` published at once; the time until the last decision
+    arrived. Prints it with the machine's CPU per plan over the burst."""
+    futs = [plans.expect(job, attempt) for job in failing]
+    plans.kinds.clear()
+    hz = os.sysconf("SC_CLK_TCK")
+    busy0, total0 = machine_ticks()
+    own0 = time.process_time()
+    t0 = time.perf_counter()
+    await asyncio.gather(*(producer.publish(failure(j, attempt, now)) for j in failing))
+    published = time.perf_counter() - t0
+    done = await asyncio.wait_for(asyncio.gather(*futs), 300)
+    elapsed = max(done) - t0
+    busy1, total1 = machine_ticks()
+    own = time.process_time() - own0
+    per_plan = (busy1 - busy0) / hz / len(failing)
+    after = [(t - t0) * 1000 for t in done]
+    print(
+        f"burst of {len(failing)} failures, {what}: all decided in {elapsed:.2f}s "
+        f"({len(failing) / elapsed:.0f} plans/s; {plans.kinds}), p50 {pct(after, 0.5):.1f} ms, "
+        f"p99 {pct(after, 0.99):.1f} ms after the burst started (all published after "
+        f"{published:.2f}s); machine "
+        f"{100 * (busy1 - busy0) / max(total1 - total0, 1):.0f}% busy, "
+        f"{1e3 * per_plan:.2f} ms of machine CPU per plan "
+        f"(this process, replica + bench: {1e3 * own / len(failing):.2f} ms)"
+    )
+    return per_plan
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=10_000)
     ap.add_argument("--per-job", type=int, default=100)
     ap.add_argument("--failures", type=int, default=1_000)
+    ap.add_argument("--replicas", type=int, choices=(1, 2), default=1)
+    ap.add_argument(
+        "--compare",
+        action="store_true",
+        help="also the burst with failures taken one at a time (as before batching), same run",
+    )
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
-    ap.add_argument("--redis", default="redis://127.0.0.1:6379/0")
+    ap.add_argument("--redis", default=None, help="an existing Redis (default: a private one)")
     args = ap.parse_args()
+    with contextlib.ExitStack() as stack:
+        redis_url = args.redis
+        if redis_url is None:
+            home = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-plan-")))
+            server = procs.start_redis(home / "redis-server")
+            stack.callback(procs.stop, server)
+            redis_url = server.url
+        await run(args, redis_url)
+
+
+async def run(args: argparse.Namespace, redis_url: str) -> None:
     tag = uuid.uuid4().hex[:8]
     settings = RestoreCoordinatorSettings(
         NATS_URL=args.nats,
-        REDIS_URL=args.redis,
+        REDIS_URL=redis_url,
         subject_prefix=f"bench{tag}",
         events_stream=f"BENCH_EV_{tag}",
         dead_letter_stream=f"BENCH_DLQ_{tag}",
         progress_stream=f"BENCH_PR_{tag}",
         registry_prefix=f"bench-plan:{tag}",
+        signing_key=SecretStr(uuid.uuid4().hex * 2),  # jobs sign their events (SDK's way)
         storage_root="/tmp/ckpt-ha-bench-plan",
+        # Decided at once: the newest checkpoint of each job is pending verification, and a
+        # fresh failure would wait up to this grace for it (nak'ed meanwhile). The bench times
+        # the decision, not that wait.
+        verification_grace_s=0,
+        lost_check_interval_s=0,  # no lost-attempt loop: the bench sends no heartbeats
     )
-    r = aioredis.Redis.from_url(args.redis, decode_responses=True)
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
     nc = await nats.connect(args.nats)
     coordinator = build_coordinator(settings)
     producer = Bus(settings.bus(), "bench-runner")
+    second: Any = None
+    stop = mp.get_context("spawn").Event()
     try:
         start = time.perf_counter()
         await fill(r, settings.registry_prefix, args.jobs, args.per_job)
@@ -207,6 +345,7 @@ async def main() -> None:
             f"in {time.perf_counter() - start:.1f}s "
             f"(redis used_memory {(await r.info('memory'))['used_memory_human']})"
         )
+        await streams.provision(nc.jetstream(), settings.bus())  # as the operator does
         await coordinator.bus.broker.start()
         await producer.broker.start()
         failing = [job_name(j) for j in range(0, args.jobs, max(1, args.jobs // args.failures))]
@@ -214,31 +353,15 @@ async def main() -> None:
         now = datetime.now(UTC)
         await announce(producer, nc, settings.events_stream, failing, 1, now)
 
-        arrived: dict[tuple[str, int], asyncio.Future[float]] = {}
-
-        async def on_plan(msg: Msg) -> None:
-            doc = json.loads(msg.data)
-            fut = arrived.get((doc["data"]["job_id"], doc["data"]["attempt"] - 1))
-            if fut is not None and not fut.done():
-                fut.set_result(time.perf_counter())
-
-        await nc.subscribe(f"{settings.subject_prefix}.ev.resume.planned.*.*", cb=on_plan)
-        await nc.subscribe(f"{settings.subject_prefix}.ev.resume.escalated.*.*", cb=on_plan)
-        loop = asyncio.get_running_loop()
-
-        def failure(job: str, attempt: int) -> Envelope[EventData]:
-            return build(
-                JobFailedV1(job_id=job, run_id="run-1", attempt=attempt, last_step=9_950),
-                source="bench",
-                time=now + timedelta(seconds=attempt),
-                key=f"f{attempt}",
-            )
+        plans = Plans()
+        await nc.subscribe(f"{settings.subject_prefix}.ev.resume.planned.*.*", cb=plans.on_plan)
+        await nc.subscribe(f"{settings.subject_prefix}.ev.resume.escalated.*.*", cb=plans.on_plan)
 
         latencies: list[float] = []
         for job in failing:
-            fut = arrived[(job, 1)] = loop.create_future()
+            fut = plans.expect(job, 1)
             t0 = time.perf_counter()
-            await producer.publish(failure(job, 1))
+            await producer.publish(failure(job, 1, now))
             latencies.append((await asyncio.wait_for(fut, 10) - t0) * 1000)
         ms = [round(x, 2) for x in (pct(latencies, q) for q in (0.5, 0.9, 0.99))]
         print(
@@ -247,22 +370,36 @@ async def main() -> None:
             f"mean {statistics.mean(latencies):.2f} ms"
         )
 
-        # Burst: every job's second failure published at once (queueing included).
+        # Bursts: every job's next failure published at once (queueing included).
         await announce(producer, nc, settings.events_stream, failing, 2, now)
-        futs = {job: loop.create_future() for job in failing}
-        for job, fut in futs.items():
-            arrived[(job, 2)] = fut
-        t0 = time.perf_counter()
-        await asyncio.gather(*(producer.publish(failure(j, 2)) for j in failing))
-        done = await asyncio.wait_for(asyncio.gather(*futs.values()), 120)
-        elapsed = max(done) - t0
-        burst = [(t - t0) * 1000 for t in done]
-        print(
-            f"burst of {len(failing)} failures: all planned in {elapsed:.2f}s "
-            f"({len(failing) / elapsed:.0f} plans/s), p50 {pct(burst, 0.5):.1f} ms, "
-            f"p99 {pct(burst, 0.99):.1f} ms after the burst started"
-        )
+        per_plan = await burst(producer, plans, failing, 2, now, "one replica")
+        if args.compare:
+            # The same burst, same replica, failures taken one at a time as before batching.
+            await coordinator.bus.broker.stop()
+            await coordinator.state.close()
+            with unbatched_failures():
+                coordinator = build_coordinator(settings)
+            await coordinator.bus.broker.start()
+            await announce(producer, nc, settings.events_stream, failing, 3, now)
+            await burst(producer, plans, failing, 3, now, "one replica, one failure at a time")
+        if args.replicas == 2:
+            ctx = mp.get_context("spawn")
+            ready = ctx.Event()
+            second = ctx.Process(target=replica_main, args=(settings, ready, stop))
+            second.start()
+            await asyncio.to_thread(ready.wait, 60)
+            await announce(producer, nc, settings.events_stream, failing, 4, now)
+            await burst(producer, plans, failing, 4, now, "two replicas (processes)")
+            cores = os.cpu_count() or 1
+            print(
+                f"  the {cores} cores' floor for two replicas: {len(failing)} plans at "
+                f"{1e3 * per_plan:.2f} ms of machine CPU each (one replica's burst) take "
+                f"at least {len(failing) * per_plan / cores:.2f}s"
+            )
     finally:
+        if second is not None:
+            stop.set()
+            await asyncio.to_thread(second.join, 30)
         with contextlib.suppress(Exception):
             await producer.broker.stop()
         with contextlib.suppress(Exception):

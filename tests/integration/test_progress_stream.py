@@ -1,17 +1,18 @@
 """Progress and heartbeats in their own stream, under limits, against a real nats-server: where
-each event lands, the per-job limit, the migration of an event stream that still captures them,
-and the merged read back (`iter_history`)."""
+each event lands, the per-job limit, the migration of an event stream that still captures them
+(and the durable it made obsolete, retired), and the merged read back (`iter_history`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import nats
 import pytest
+from nats.js.api import ConsumerConfig
 
-from ckpt_ha.bus import streams
+from ckpt_ha.bus import obsolete, streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.contracts import CATALOG, Envelope, EventData, build
@@ -102,11 +103,29 @@ async def test_provision_migrates_an_event_stream_that_still_captures_reports(
         assert old.consumers == {"test-old--progress": settings.events_stream}
         with pytest.raises(streams.StreamMisconfigured, match=r"need .*job\.started"):
             await streams.check(js, settings.bus())
+        # Someone else's consumer on the same subject: never ckpt-ha's to remove.
+        await js.add_consumer(
+            settings.events_stream,
+            ConsumerConfig(
+                durable_name="someone", filter_subject=telemetry_filters(legacy.prefix)[1]
+            ),
+        )
         done = await streams.provision(js, settings.bus())
         assert done[0].startswith(f"{settings.events_stream}: updated")
         assert done[2] == f"{settings.progress_stream}: created"
         await streams.check(js, settings.bus())
         await streams.require_complete(js, settings.bus())
+        # The durable the narrowing made obsolete: listed, kept within the grace, then removed.
+        now = datetime.now(UTC)
+        [kept] = await obsolete.retire(js, settings.bus(), ["test-old"], grace_s=3600, now=now)
+        assert kept.startswith(f"{settings.events_stream}: consumer test-old--progress on ")
+        assert "kept until idle for 3600s" in kept
+        later = now + timedelta(hours=2)
+        [gone] = await obsolete.retire(js, settings.bus(), ["test-old"], grace_s=3600, now=later)
+        assert gone.endswith(": removed"), gone
+        names = {c.name for c in await js.consumers_info(settings.events_stream)}
+        assert names == {"someone"}
+        assert await obsolete.retire(js, settings.bus(), ["test-old"], grace_s=0, now=later) == []
     finally:
         await nc.close()
     new = Bus(settings.bus(), "test-new")

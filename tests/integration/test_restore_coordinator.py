@@ -668,3 +668,40 @@ async def test_closure_never_deletes_the_bytes_of_a_live_checkpoint(
     untouched = await registrar.registry.get(f"{job}-partial-500")
     assert untouched is not None
     assert untouched.state is CheckpointState.WRITING
+
+
+async def test_burst_of_failures_plans_each_once_across_two_replicas(
+    coordinator: RestoreCoordinator,
+    coord_settings: RestoreCoordinatorSettings,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    """A rack lost: many jobs fail at once, each failure delivered twice (a scheduler's copy),
+    to two replicas taking fetched batches. Every job gets exactly one plan, stored once, and
+    every failure's copies are settled (none left pending or dead-lettered)."""
+    second = await _start(coord_settings)
+    try:
+        jobs = [f"job-burst-{i}" for i in range(12)]
+        for job in jobs:
+            await make_valid(registrar, producer, job, f"{job}-c1", 100)
+            await producer.publish(started(job))
+        await settled(settings, "started")
+        burst = [failed(job, key=f"copy{copy}") for copy in range(2) for job in jobs]
+        for event in burst:
+            await producer.publish(event)
+        for job in jobs:
+            await waiter(settings)("resume.planned", job)
+        await settled(settings, "failed")
+        plans = [p for p in await events_of(settings, "resume.planned") if p["job_id"] in jobs]
+        assert sorted(p["job_id"] for p in plans) == sorted(jobs)
+        assert {p["checkpoint_id"] for p in plans} == {f"{job}-c1" for job in jobs}
+        for job in jobs:
+            stored = await coordinator.state.decision(job, 1)
+            assert stored is not None
+            assert stored.published
+            [planned] = [p for p in plans if p["job_id"] == job]
+            assert planned["plan_id"] in "".join(stored.events)
+        assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
+    finally:
+        await _stop(second)

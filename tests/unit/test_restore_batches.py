@@ -2,7 +2,8 @@
 ``job.heartbeat``: `CoordinatorHandlers.on_progress_batch`, `on_heartbeats`) leave the state,
 the notes of life and the published events exactly as the one-event handlers do given the same
 events in the same order: trajectories, last points, watches, a resumed attempt's continuity
-verdict (published once), and the fencing of a stale attempt's reports."""
+verdict (published once), and the fencing of a stale attempt's reports. So does the batch
+handler of failures (`on_failed_batch`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1
+from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.restore_coordinator.app import compose_handlers
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.storage import FsStore
@@ -119,3 +121,37 @@ async def test_a_batch_moves_each_watch_once_to_its_newest_sign_of_life(tmp_path
     watch = c.state.watches[JOB]
     assert (watch.seen, watch.last_step) == (beats[-1].time, 12)
     assert list(c.state.heard_at) == [f"{JOB}|run-1|1"]
+
+
+async def test_a_batch_of_failures_decides_each_once_as_one_at_a_time(tmp_path: Path) -> None:
+    """A burst (`on_failed_batch`): jobs decided concurrently, each job's failures in stream
+    order, leave the state and the published decisions one-at-a-time handling leaves; a copy
+    of a failure is decided once; a failure not ready yet fails alone."""
+    other, unknown = "job-q", "job-r"
+
+    def of(job: str, data: EventData) -> EventData:
+        return data.model_copy(update={"job_id": job})
+
+    ev = Events()
+    starts = ev(started(1), of(other, started(1)))
+    burst = ev(failed(1), of(other, failed(1)), of(unknown, failed(1)))
+    copy = burst[0].model_copy(update={"id": "copy-of-the-first"})
+    batch = [burst[0], burst[1], copy, burst[2]]
+    one, many = Coordinator(tmp_path / "one"), Coordinator(tmp_path / "many")
+    for c in (one, many):
+        for s in starts:
+            await c.handlers.on_started(s)
+    results: list[BaseException | None] = []
+    for event in batch:
+        try:
+            await one.handlers.on_failed(event)  # type: ignore[arg-type]
+        except DependencyNotReady as exc:
+            results.append(exc)
+        else:
+            results.append(None)
+    got = await many.handlers.on_failed_batch(batch)
+    assert [type(r) for r in got] == [type(r) for r in results]
+    assert isinstance(got[3], DependencyNotReady)
+    assert many.seen() == one.seen()
+    kinds = sorted((e.event_type, e.data.job_id) for e in many.bus.events)
+    assert kinds == [("resume.escalated", other), ("resume.planned", JOB)]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, render
-from ckpt_ha.cli.arguments import add_json
+from ckpt_ha.cli.arguments import add_json, non_negative
 
 if TYPE_CHECKING:
     from ckpt_ha.cli.arguments import Parser
@@ -17,13 +17,21 @@ if TYPE_CHECKING:
 def register(top: Parser) -> None:
     sm = top.command("stream", help="the event and dead-letter streams (operator only)")
     top.alias("streams", sm)
-    add_json(
-        sm.command(
-            "provision",
-            help="create the streams or bring them to the required configuration",
-            handler=cmd_provision,
-        )
+    provision = sm.command(
+        "provision",
+        help="create the streams or bring them to the required configuration; list ckpt-ha's "
+        "durable consumers they no longer feed and remove those idle for the grace period",
+        handler=cmd_provision,
     )
+    provision.add_argument(
+        "--obsolete-grace-s",
+        type=non_negative,
+        default=3600.0,
+        metavar="SECONDS",
+        help="remove an obsolete durable only once nothing was delivered to it for this long "
+        "(default 3600; a later provisioning removes the others)",
+    )
+    add_json(provision)
     add_json(
         sm.command(
             "check",
@@ -37,7 +45,10 @@ def cmd_provision(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
     from ckpt_ha.ops.streams import provision_streams
 
     settings = context.settings(env, home)
-    lines = context.run(settings, lambda: provision_streams(settings.bus()))
+    lines = context.run(
+        settings,
+        lambda: provision_streams(settings.bus(), obsolete_grace_s=args.obsolete_grace_s),
+    )
     if args.json:
         print(render.dumps({"changes": list(lines)}))
         return 0

@@ -1,5 +1,6 @@
 """The streams under the operator's credentials: provision and check them (``ckpt-ha
-streams``), and make sure a rebuild replays a complete history."""
+streams``; provisioning also retires the durables it made obsolete), and make sure a rebuild
+replays a complete history."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from contextlib import asynccontextmanager
 import nats
 from nats.js.client import JetStreamContext
 
-from ckpt_ha.bus import streams
+from ckpt_ha.bus import obsolete, permissions, streams
 from ckpt_ha.bus.config import BusConfig
+from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.ops.errors import OperationFailed, StreamIncomplete
 
 
@@ -37,10 +39,18 @@ async def _jetstream(cfg: BusConfig) -> AsyncIterator[JetStreamContext]:
         await nc.close()
 
 
-async def provision_streams(cfg: BusConfig) -> list[str]:
-    """Create or update both streams; one line per stream saying what was done."""
+async def provision_streams(
+    cfg: BusConfig, *, obsolete_grace_s: float, clock: Clock = utc_now
+) -> list[str]:
+    """Create or update the streams, then list ckpt-ha's durables they no longer feed and
+    remove those idle for ``obsolete_grace_s`` (`ckpt_ha.bus.obsolete`); one line per stream
+    and per obsolete durable saying what was done."""
     async with _jetstream(cfg) as js:
-        return await streams.provision(js, cfg)
+        done = await streams.provision(js, cfg)
+        done += await obsolete.retire(
+            js, cfg, permissions.users(), grace_s=obsolete_grace_s, now=clock()
+        )
+        return done
 
 
 async def check_streams(cfg: BusConfig) -> None:

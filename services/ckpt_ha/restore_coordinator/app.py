@@ -11,7 +11,8 @@ the latest failure is planned if nothing decided it meanwhile), and ``job.restor
 plans the job's latest attempt, failed or running, from the valid checkpoint the operator chose.
 
 nats-server 2.9 allows one filter subject per consumer: one durable consumer per event type.
-Each consumer handles its events one at a time in stream order.
+Each consumer handles its events one at a time in stream order, except those in `BATCHED`
+(a fetched batch at a time; failures of different jobs concurrently, each job's in order).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from faststream import FastStream
 
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope
-from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1
+from ckpt_ha.contracts.job import JobFailedV1, JobHeartbeatV1, JobProgressV1
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.registry.client import connect
@@ -93,9 +94,11 @@ CONSUMERS: tuple[tuple[str, str, str, str], ...] = (
 BATCHED: dict[str, tuple[str, Any]] = {
     "heartbeat": ("on_heartbeats", Envelope[JobHeartbeatV1]),
     "progress": ("on_progress_batch", Envelope[JobProgressV1]),
+    "failed": ("on_failed_batch", Envelope[JobFailedV1]),
 }
-"""The consumers of what every running job reports often: handled a fetched batch at a time
-(batch handler, payload for the AsyncAPI document), their Redis round trips per batch."""
+"""Handled a fetched batch at a time (batch handler, payload for the AsyncAPI document): what
+every running job reports often, its Redis round trips per batch; and failures, which come in
+bursts when a rack is lost, their jobs decided concurrently (`Failures.on_failed_batch`)."""
 JOB_CONSUMERS = ("started", "heartbeat", "progress", "failed", "succeeded")
 """Their backlog holds the lost-attempt loop back (`watchdog`)."""
 

@@ -91,6 +91,9 @@ class CoordinatorHandlers:
     async def on_verified(self, event: Envelope[ResumeVerifiedV1]) -> None:
         await self.closings.on_verified(event)
 
+    async def on_failed_batch(self, batch: list[Envelope[EventData]]) -> list[BaseException | None]:
+        return await self.failures.on_failed_batch(batch)
+
     async def on_heartbeats(self, batch: list[Envelope[EventData]]) -> list[BaseException | None]:
         return await self.reports.on_heartbeats(batch)
 

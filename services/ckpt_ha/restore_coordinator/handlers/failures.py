@@ -1,12 +1,21 @@
 """Failure planning: ``job.failed`` and ``resume.load_failed``, each recorded through the
 projection and decided by the `Decider` (a load failure that blames the checkpoint quarantines
-it first, `Quarantine`)."""
+it first, `Quarantine`).
+
+A burst of failures (a rack lost) arrives as fetched batches (`Failures.on_failed_batch`): the
+batch's jobs are decided concurrently, each job's failures one after another in stream order,
+so their Redis round trips and publishes overlap instead of queueing one failure behind the
+other. Each failure still goes through `Failures.on_failed` alone: the lease and the stored
+decision keep every plan decided and stored once, whatever the batch or the replica."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Sequence
+from typing import cast
 
-from ckpt_ha.contracts import Envelope
+from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.job import JobFailedV1
 from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2
 from ckpt_ha.core.errors import DependencyNotReady
@@ -21,6 +30,11 @@ from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 
 log = logging.getLogger("ckpt_ha.restore_coordinator")
+
+FAILURES_AT_ONCE = 64
+"""Jobs of a fetched batch whose failures are decided at the same time (each holds a Redis
+connection while it reads, and awaits its publishes): enough to hide the round trips, few
+enough to bound the connections a burst opens."""
 
 
 class Quarantine:
@@ -113,6 +127,42 @@ class Failures:
             failed_at=event.time,
             failed_step=d.last_step,
         )
+
+    async def on_failed_batch(self, batch: list[Envelope[EventData]]) -> list[BaseException | None]:
+        """`on_failed` of a fetched batch: its jobs at once (at most `FAILURES_AT_ONCE`), each
+        job's failures in stream order; each failure's result is its own (a failure not ready
+        yet is nak'ed alone, its neighbours settled)."""
+        events = cast(Sequence[Envelope[JobFailedV1]], batch)  # the consumer's filter
+        by_job: dict[str, list[int]] = {}
+        for i, event in enumerate(events):
+            by_job.setdefault(event.data.job_id, []).append(i)
+        results: list[BaseException | None] = [None] * len(events)
+        gate = asyncio.Semaphore(FAILURES_AT_ONCE)
+
+        async def one_job(indices: list[int]) -> None:
+            async with gate:
+                for i in indices:
+                    results[i] = await self._one(events[i])
+
+        await asyncio.gather(*(one_job(indices) for indices in by_job.values()))
+        return results
+
+    async def _one(self, event: Envelope[JobFailedV1]) -> BaseException | None:
+        """One failure of a batch, in its own trace (as a consumer's span would be)."""
+        recording = tracing.recording()
+        with tracing.continue_trace(
+            f"restore-coordinator {event.event_type}",
+            event.traceparent,
+            tracestate=event.tracestate,
+            attributes=tracing.event_attributes(event) if recording else None,
+            link_origin=False,
+        ):
+            try:
+                await self.on_failed(event)
+            except Exception as exc:  # noqa: BLE001 - this failure's own result
+                tracing.annotate(**{"ckpt_ha.error": repr(exc)[:500]})
+                return exc
+        return None
 
     async def on_load_failed(self, event: Envelope[ResumeLoadFailedV2]) -> None:
         """R7: a failure that blames the checkpoint excludes and quarantines it and plans the
