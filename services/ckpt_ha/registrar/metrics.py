@@ -107,9 +107,10 @@ class LifecycleMetrics:
         )
         self.oldest_write = JobGauges(
             "ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds",
-            "When the oldest checkpoint write of a job still open (state writing) started.",
+            "When the oldest checkpoint write of a job still open (state writing) started: "
+            "read from the registry's writing records, so every replica exports the same.",
             [],
-            forget_after_s=forget_after_s,
+            forget_after_s=float("inf"),
             registry=reg,
         )
         self.last_write_failure = JobGauges(
@@ -120,19 +121,26 @@ class LifecycleMetrics:
             forget_after_s=forget_after_s,
             registry=reg,
         )
-        self._open_writes: dict[str, dict[str, float]] = {}
 
-    def seed(self, valid: Iterable[CheckpointRecord], writing: Iterable[CheckpointRecord]) -> None:
+    def seed(self, valid: Iterable[CheckpointRecord]) -> None:
         """Continue after a restart from what the registry holds: each job's newest valid
-        checkpoint and its open writes (jobs idle longer than ``forget_after_s`` stay out)."""
+        checkpoint (jobs idle longer than ``forget_after_s`` stay out)."""
         for record in valid:
             self.last_valid.set_max(
                 record.job_id,
                 value=record.created_at.timestamp(),
                 updated=record.updated_at.timestamp(),
             )
+
+    def open_writes(self, writing: Iterable[CheckpointRecord]) -> None:
+        """The registry's writing records, as read now: each job's oldest start. From the
+        registry, not from the events this replica applied: with replicas, the one that
+        applied a write's ``writing`` is rarely the one that applies its commit."""
+        oldest: dict[tuple[str, ...], float] = {}
         for record in writing:
-            self.write_opened(record.job_id, record.checkpoint_id, record.created_at.timestamp())
+            at = record.created_at.timestamp()
+            oldest[(record.job_id,)] = min(at, oldest.get((record.job_id,), at))
+        self.oldest_write.replace(oldest)
 
     def observe(self, event: Envelope[EventData], result: Applied) -> None:
         """One event the registry applied (call it only when it changed the state)."""
@@ -142,10 +150,6 @@ class LifecycleMetrics:
         service = self.service
         self._states.inc(service, step.new, record.format)
         job, at = record.job_id, event.time.timestamp()
-        if step.new == CheckpointState.WRITING:
-            self.write_opened(job, record.checkpoint_id, at)
-        else:
-            self.write_closed(job, record.checkpoint_id)
         if step.new == CheckpointState.VALID:
             self.last_valid.set_max(job, value=record.created_at.timestamp())
         data = event.data
@@ -166,20 +170,6 @@ class LifecycleMetrics:
         if corrupt:
             self.last_corrupt_at.set(job, value=at)
             self.last_corrupt_step.set(job, value=-1 if record.step is None else record.step)
-
-    def write_opened(self, job_id: str, checkpoint_id: str, at: float) -> None:
-        self._open_writes.setdefault(job_id, {}).setdefault(checkpoint_id, at)
-        self.oldest_write.set(job_id, value=min(self._open_writes[job_id].values()))
-
-    def write_closed(self, job_id: str, checkpoint_id: str) -> None:
-        opened = self._open_writes.get(job_id)
-        if opened is None or opened.pop(checkpoint_id, None) is None:
-            return
-        if opened:
-            self.oldest_write.set(job_id, value=min(opened.values()))
-        else:
-            del self._open_writes[job_id]
-            self.oldest_write.forget(job_id)
 
 
 class _Age(Collector):
