@@ -89,6 +89,12 @@ def test_the_registrar_counts_states_recovery_point_and_corruption_without_ids()
     assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds",
                   job_id="job-1") == T0.timestamp()  # fmt: skip
     assert (sample(metrics, "ckpt_ha_recovery_point_age_seconds", job_id="job-1") or 0) > 0
+    # Committed at T0, verified 5 s later: one observation of the committed-to-valid SLI.
+    assert sample(metrics, "ckpt_ha_commit_to_valid_seconds_sum", service="registrar") == 5
+    assert sample(metrics, "ckpt_ha_commit_to_valid_seconds_bucket", service="registrar",
+                  le="5.0") == 1  # fmt: skip
+    assert sample(metrics, "ckpt_ha_commit_to_valid_seconds_bucket", service="registrar",
+                  le="1.0") == 0  # fmt: skip
 
     # A failed load quarantines the valid checkpoint automatically: that is corruption.
     quarantined = CheckpointQuarantinedV1(job_id="job-1", checkpoint_id="c1",

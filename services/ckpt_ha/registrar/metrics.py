@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -33,6 +33,11 @@ REASON_CLASSES = (
     ("folder removed", "folder_removed"),
 )
 """Free-text reasons map onto these classes by how they start; anything else is ``other``."""
+
+
+VALID_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 14400)
+"""Seconds from commit to valid: the committed→valid objective's bound (1800 s by default in
+the SLO rules of alerts.yml) must be one of them."""
 
 
 def reason_class(reason: str) -> str:
@@ -105,6 +110,14 @@ class LifecycleMetrics:
             forget_after_s=forget_after_s,
             registry=reg,
         )
+        self.commit_to_valid = Histogram(
+            "ckpt_ha_commit_to_valid_seconds",
+            "Seconds from a checkpoint's commit (pending_verification) to valid: what the "
+            "committed-to-valid objective measures (queueing and verification together).",
+            ["service"],
+            buckets=VALID_BUCKETS,
+            registry=reg,
+        )
         self.oldest_write = JobGauges(
             "ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds",
             "When the oldest checkpoint write of a job still open (state writing) started: "
@@ -152,6 +165,13 @@ class LifecycleMetrics:
         job, at = record.job_id, event.time.timestamp()
         if step.new == CheckpointState.VALID:
             self.last_valid.set_max(job, value=record.created_at.timestamp())
+            committed = next(
+                (h.at for h in record.history if h.state == CheckpointState.PENDING_VERIFICATION),
+                None,
+            )
+            if committed is not None:
+                seconds = (event.time - committed).total_seconds()
+                self.commit_to_valid.labels(service).observe(max(0.0, seconds))
         data = event.data
         corrupt = False
         if isinstance(data, CheckpointWriteFailedV1):

@@ -10,7 +10,7 @@ shipped Deployments).
 * Pages built on stored state, across replicas: an escalated job pages until it is held; a
   lost job pages until a new attempt starts. Whichever replica handled each event, both
   replicas export the same series.
-* Both replicas of the registrar gone: ``ServiceDown`` fires for ``registrar`` alone, and the
+* Both replicas of the registrar gone: ``CkptHaServiceDown`` fires for ``registrar`` alone, and the
   runbook's ``kubectl get pods`` command, filled in from its labels, selects the registrar's
   pods and no other.
 """
@@ -127,7 +127,7 @@ async def _scenario(
     await publish(fs, JobStartedV1(job_id=escalated, run_id="run-1", attempt=1))
     await publish(fs, _failed(escalated, FailureCause.NODE_EXIT))
     found = prom.wait_for(
-        f'ALERTS{{alertname="ResumeEscalated",job_id="{escalated}",alertstate="firing"}}', PAGE_S
+        f'ALERTS{{alertname="CkptHaResumeEscalated",job_id="{escalated}",alertstate="firing"}}', PAGE_S
     )
     assert found[0]["metric"]["reason"] == "no_valid_checkpoint", found
     assert found[0]["metric"]["namespace"] == NAMESPACE, found
@@ -141,28 +141,28 @@ async def _scenario(
     assert len({s["value"][1] for s in per_replica}) == 1, per_replica
     held = fs.cli("job", "hold", escalated, "--reason", "looking at it")
     assert held.returncode == 0, held.stderr
-    prom.wait_until_empty(f'ALERTS{{alertname="ResumeEscalated",job_id="{escalated}"}}', PAGE_S)
+    prom.wait_until_empty(f'ALERTS{{alertname="CkptHaResumeEscalated",job_id="{escalated}"}}', PAGE_S)
 
     # A lost attempt (held first, so its failure stays undecided) pages until a new start.
     lost = job_for("opalerts-lost")
     held = fs.cli("job", "hold", lost, "--reason", "no restores for this test")
     assert held.returncode == 0, held.stderr
     await publish(fs, JobStartedV2(job_id=lost, run_id="run-1", heartbeat_s=1, deadline_s=2))
-    prom.wait_for(f'ALERTS{{alertname="JobLost",job_id="{lost}",alertstate="firing"}}', PAGE_S)
+    prom.wait_for(f'ALERTS{{alertname="CkptHaJobLost",job_id="{lost}",alertstate="firing"}}', PAGE_S)
     await publish(fs, JobStartedV2(job_id=lost, run_id="run-2", heartbeat_s=30, deadline_s=600))
-    prom.wait_until_empty(f'ALERTS{{alertname="JobLost",job_id="{lost}"}}', PAGE_S)
-    assert [a for a in prom.values(ALERTS) if a["metric"]["alertname"] != "JobLost"] == []
+    prom.wait_until_empty(f'ALERTS{{alertname="CkptHaJobLost",job_id="{lost}"}}', PAGE_S)
+    assert [a for a in prom.values(ALERTS) if a["metric"]["alertname"] != "CkptHaJobLost"] == []
 
-    # Both registrar replicas gone: ServiceDown for the registrar alone (pending: its `for`
+    # Both registrar replicas gone: CkptHaServiceDown for the registrar alone (pending: its `for`
     # is 2 minutes; the rule's own result is what fires then).
     for proc in (fs.service("registrar"), _second(extra, "registrar")):
         procs.stop(proc, timeout=15)
-    down = prom.wait_for('ALERTS{alertname="ServiceDown"}', timeout=PAGE_S)
+    down = prom.wait_for('ALERTS{alertname="CkptHaServiceDown"}', timeout=PAGE_S)
     assert [d["metric"]["service"] for d in down] == ["registrar"], down
     labels = down[0]["metric"]
     assert labels["namespace"] == NAMESPACE, labels
     await asyncio.sleep(3)
-    assert {a["metric"]["alertname"] for a in prom.values(ALERTS)} <= {"ServiceDown"}
+    assert {a["metric"]["alertname"] for a in prom.values(ALERTS)} <= {"CkptHaServiceDown"}
     # The runbook's command, filled in from the alert, selects exactly the registrar's pods.
     command = re.search(r"`(kubectl get pods [^`]*SERVICE[^`]*)`", RUNBOOK)
     assert command is not None
