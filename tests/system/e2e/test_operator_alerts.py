@@ -127,7 +127,8 @@ async def _scenario(
     await publish(fs, JobStartedV1(job_id=escalated, run_id="run-1", attempt=1))
     await publish(fs, _failed(escalated, FailureCause.NODE_EXIT))
     found = prom.wait_for(
-        f'ALERTS{{alertname="CkptHaResumeEscalated",job_id="{escalated}",alertstate="firing"}}', PAGE_S
+        f'ALERTS{{alertname="CkptHaResumeEscalated",job_id="{escalated}",alertstate="firing"}}',
+        PAGE_S,
     )
     assert found[0]["metric"]["reason"] == "no_valid_checkpoint", found
     assert found[0]["metric"]["namespace"] == NAMESPACE, found
@@ -141,14 +142,18 @@ async def _scenario(
     assert len({s["value"][1] for s in per_replica}) == 1, per_replica
     held = fs.cli("job", "hold", escalated, "--reason", "looking at it")
     assert held.returncode == 0, held.stderr
-    prom.wait_until_empty(f'ALERTS{{alertname="CkptHaResumeEscalated",job_id="{escalated}"}}', PAGE_S)
+    prom.wait_until_empty(
+        f'ALERTS{{alertname="CkptHaResumeEscalated",job_id="{escalated}"}}', PAGE_S
+    )
 
     # A lost attempt (held first, so its failure stays undecided) pages until a new start.
     lost = job_for("opalerts-lost")
     held = fs.cli("job", "hold", lost, "--reason", "no restores for this test")
     assert held.returncode == 0, held.stderr
     await publish(fs, JobStartedV2(job_id=lost, run_id="run-1", heartbeat_s=1, deadline_s=2))
-    prom.wait_for(f'ALERTS{{alertname="CkptHaJobLost",job_id="{lost}",alertstate="firing"}}', PAGE_S)
+    prom.wait_for(
+        f'ALERTS{{alertname="CkptHaJobLost",job_id="{lost}",alertstate="firing"}}', PAGE_S
+    )
     await publish(fs, JobStartedV2(job_id=lost, run_id="run-2", heartbeat_s=30, deadline_s=600))
     prom.wait_until_empty(f'ALERTS{{alertname="CkptHaJobLost",job_id="{lost}"}}', PAGE_S)
     assert [a for a in prom.values(ALERTS) if a["metric"]["alertname"] != "CkptHaJobLost"] == []
