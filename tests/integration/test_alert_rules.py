@@ -18,34 +18,50 @@ from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from tests.support.observability import OBSERVABILITY, tools
 
 REQUIRED = {
-    "CheckpointCorrupt",
-    "RestartLoop",
-    "NoRecentValidCheckpoint",
-    "CheckpointWriteStuck",
-    "ResumeDiverged",
-    "ResumeFailed",
-    "ResumeEscalated",
-    "JobLost",
-    "DeadLetterGrowing",
-    "ConsumerLagHigh",
-    "ServiceDown",
-    "DependencyDown",
-    "MetricsAbsent",
-    "ConsumerInfoStale",
-    "JetStreamStorageHigh",
-    "RedisUnreachable",
-    "StorageErrorsAcrossJobs",
+    "CkptHaCheckpointCorrupt",
+    "CkptHaRestartLoop",
+    "CkptHaNoRecentValidCheckpoint",
+    "CkptHaCheckpointWriteStuck",
+    "CkptHaResumeDiverged",
+    "CkptHaResumeFailed",
+    "CkptHaResumeEscalated",
+    "CkptHaJobLost",
+    "CkptHaDeadLetterGrowing",
+    "CkptHaConsumerLagHigh",
+    "CkptHaServiceDown",
+    "CkptHaDependencyDown",
+    "CkptHaMetricsAbsent",
+    "CkptHaConsumerInfoStale",
+    "CkptHaJetStreamStorageHigh",
+    "CkptHaRedisUnreachable",
+    "CkptHaStorageErrorsAcrossJobs",
+    "CkptHaLoopWithoutLeader",
+    "CkptHaPeriodicRoundStale",
+    "CkptHaResumePlanningBudgetFastBurn",
+    "CkptHaResumePlanningBudgetSlowBurn",
+    "CkptHaVerificationBudgetFastBurn",
+    "CkptHaVerificationBudgetSlowBurn",
 }
 CRITICAL = {
-    "CheckpointCorrupt",
-    "RestartLoop",
-    "ResumeEscalated",
-    "MetricsAbsent",
-    "RedisUnreachable",
-    "StorageErrorsAcrossJobs",
+    "CkptHaCheckpointCorrupt",
+    "CkptHaRestartLoop",
+    "CkptHaResumeEscalated",
+    "CkptHaMetricsAbsent",
+    "CkptHaRedisUnreachable",
+    "CkptHaStorageErrorsAcrossJobs",
+    "CkptHaDependencyDown",
+    "CkptHaResumePlanningBudgetFastBurn",
+    "CkptHaVerificationBudgetFastBurn",
 }
-INFO = {"EventsParked"}
-PLATFORM_WIDE = {"MetricsAbsent", "StorageErrorsAcrossJobs"}
+INFO = {"CkptHaEventsParked"}
+PLATFORM_WIDE = {
+    "CkptHaMetricsAbsent",
+    "CkptHaStorageErrorsAcrossJobs",
+    "CkptHaResumePlanningBudgetFastBurn",
+    "CkptHaResumePlanningBudgetSlowBurn",
+    "CkptHaVerificationBudgetFastBurn",
+    "CkptHaVerificationBudgetSlowBurn",
+}
 """Alerts about ckpt-ha as a whole: no job, service or consumer to name."""
 BASE = shipped_alerts.DEFAULT_RUNBOOK_BASE
 RUNBOOK = (Path(__file__).parents[2] / "docs" / "RUNBOOK.md").read_text()
@@ -93,6 +109,30 @@ def test_every_alert_has_severity_summary_description_and_runbook() -> None:
         assert notes["summary"], name
         if name not in PLATFORM_WIDE:
             assert "$labels" in notes["summary"] + notes["description"], name
+        # One prefix, so that a shared Alertmanager tells ckpt-ha's alerts apart; the dashboard
+        # to open, the job's (with the job selected) for an alert about one job.
+        assert name.startswith("CkptHa"), name
+        about_a_job = "$labels.job_id" in notes["summary"] + notes["description"]
+        dashboard = (
+            "ckpt-ha-job?var-job={{ $labels.job_id }}" if about_a_job else "ckpt-ha-overview"
+        )
+        assert notes["dashboard_url"] == f"{shipped_alerts.DEFAULT_DASHBOARD_BASE}/{dashboard}"
+
+
+def test_every_aggregation_keeps_cluster_and_namespace() -> None:
+    """Two installs in one Prometheus stay apart: every ``by (...)`` keeps both labels (only
+    `absent`, which has no labels to keep, is exempt)."""
+    doc = yaml.safe_load((OBSERVABILITY / "alerts.yml").read_text())
+    for rule in (r for g in doc["groups"] for r in g["rules"]):
+        groupings = re.findall(r"\bby \(([^)]*)\)", rule["expr"])
+        name = rule.get("alert") or rule["record"]
+        raw = re.search(r"(?<![\w:])ckpt_ha_", rule["expr"])
+        assert groupings or "absent(" in rule["expr"] or not raw, name
+        for grouping in groupings:
+            labels = {x.strip() for x in grouping.split(",")}
+            assert {"cluster", "namespace"} <= labels, (name, grouping)
+        for joined in re.findall(r"\bon \(([^)]*)\)", rule["expr"]):
+            assert {"cluster", "namespace"} <= {x.strip() for x in joined.split(",")}, name
 
 
 def test_every_alert_is_tested_firing_and_quiet() -> None:
@@ -113,7 +153,7 @@ def test_no_rule_depends_on_the_scrape_job_name() -> None:
 
 
 def test_service_down_knows_every_service() -> None:
-    (rule,) = [r for r in alerts() if r["alert"] == "ServiceDown"]
+    (rule,) = [r for r in alerts() if r["alert"] == "CkptHaServiceDown"]
     listed = re.findall(r'"service", "([a-z-]+)"', rule["expr"])
     assert sorted(listed) == sorted(SERVICE_NAMES)
 
@@ -138,8 +178,47 @@ def test_render_refuses_a_relative_runbook_base_and_a_bad_team() -> None:
     for bad in ("docs/RUNBOOK.md", "ftp://host/RUNBOOK.md", "https://host/RUNBOOK.md#x"):
         with pytest.raises(shipped_alerts.BadAlertSetting):
             shipped_alerts.render(text, runbook_base=bad)
+        with pytest.raises(shipped_alerts.BadAlertSetting):
+            shipped_alerts.render(text, dashboard_base=bad)
     with pytest.raises(shipped_alerts.BadAlertSetting):
         shipped_alerts.render(text, team='a"b')
+    for selector in ("namespace=ml", 'namespace="ml"}', 'a="b" or vector(1)'):
+        with pytest.raises(shipped_alerts.BadAlertSetting):
+            shipped_alerts.render(text, selector=selector)
+    with pytest.raises(shipped_alerts.BadAlertSetting):
+        shipped_alerts.render(text, values={"no_such_threshold": 1})
+
+
+def test_rendered_rules_read_only_the_selected_series_with_the_given_thresholds(
+    tmp_path: Path,
+) -> None:
+    """A mixin's knobs without jsonnet: every series the rules read carries the selector, a
+    marked threshold takes the given value, and promtool still accepts the result."""
+    text = (OBSERVABILITY / "alerts.yml").read_text()
+    assert shipped_alerts.thresholds(text)["consumer_lag_messages"] == 1000
+    selector = 'namespace="ml-platform",cluster=~"eu-.*"'
+    rendered = shipped_alerts.render(
+        text,
+        selector=selector,
+        values={"consumer_lag_messages": 5000, "write_stuck_s": 2700},
+        dashboard_base="https://grafana.example.org/grafana/d/",
+    )
+    (tmp_path / "alerts.yml").write_text(rendered)
+    done = run(tools() / "promtool", "check", "rules", tmp_path / "alerts.yml")
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = yaml.safe_load(rendered)
+    exprs = [r["expr"] for g in doc["groups"] for r in g["rules"]]
+    reads = [m for e in exprs for m in re.finditer(r"(?<![\w:])ckpt_ha_[a-z0-9_]+(.)", e)]
+    assert len(reads) > 40
+    for read in reads:
+        assert read.group(0).endswith("{"), read.group(0)
+    assert all(f"{{{selector}" in m.string[m.start() :] for m in reads)
+    by_name = {r["alert"]: r for r in alerts(rendered)}
+    assert "> 5000  # threshold: consumer_lag_messages" in by_name["CkptHaConsumerLagHigh"]["expr"]
+    assert "> 2700  # threshold: write_stuck_s" in by_name["CkptHaCheckpointWriteStuck"]["expr"]
+    assert by_name["CkptHaServiceDown"]["annotations"]["dashboard_url"] == (
+        "https://grafana.example.org/grafana/d/ckpt-ha-overview"
+    )
 
 
 def _route(*labels: str) -> str:

@@ -251,7 +251,8 @@ async def test_a_flushed_registry_is_rebuilt_key_for_key_and_the_system_goes_on(
     assert json.loads(before[f"{prefix}:janitor:resumes:job-b"].value)["pins"] != {}
     coord = {k.split(":coord:")[1].split(":")[0] for k in before if ":coord:" in k}
     assert coord == {"started", "traj", "trajidx", "last", "failures", "restarts", "storage",
-                     "excluded", "decision", "plan", "obs", "verdict", "watch", "due"}  # fmt: skip
+                     "excluded", "decision", "plan", "obs", "verdict", "watch", "due",
+                     "attention"}  # fmt: skip
     due = f"{prefix}:coord:due"
     assert before[due].value == [
         ("job-e", (flow.heartbeat_at + timedelta(seconds=120)).timestamp())

@@ -160,26 +160,35 @@ def prometheus(
     bin_dir: Path, work: Path, targets: Sequence[str], alertmanager_at: str
 ) -> Iterator[Prometheus]:
     """Prometheus scraping ``targets`` every second, evaluating alerts.yml every second."""
+    scrape = {
+        "job_name": "ckpt-ha",
+        "metrics_path": "/metrics",
+        "static_configs": [{"targets": list(targets)}],
+    }
+    with prometheus_of(bin_dir, work, [scrape], alertmanager_at) as prom:
+        yield prom
+
+
+@contextmanager
+def prometheus_of(
+    bin_dir: Path,
+    work: Path,
+    scrape_configs: Sequence[dict[str, Any]],
+    alertmanager_at: str | None = None,
+    rule_files: Sequence[Path] = (OBSERVABILITY / "alerts.yml",),
+) -> Iterator[Prometheus]:
+    """Prometheus with these scrape configs and rule files, scraping and evaluating every
+    second (alerts sent to ``alertmanager_at`` when given)."""
     work.mkdir(parents=True, exist_ok=True)
     config = work / "prometheus.yml"
-    config.write_text(
-        json.dumps(
-            {
-                "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-                "rule_files": [str(OBSERVABILITY / "alerts.yml")],
-                "alerting": {
-                    "alertmanagers": [{"static_configs": [{"targets": [alertmanager_at]}]}]
-                },
-                "scrape_configs": [
-                    {
-                        "job_name": "ckpt-ha",
-                        "metrics_path": "/metrics",
-                        "static_configs": [{"targets": list(targets)}],
-                    }
-                ],
-            }
-        )
-    )
+    doc: dict[str, Any] = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(f) for f in rule_files],
+        "scrape_configs": list(scrape_configs),
+    }
+    if alertmanager_at is not None:
+        doc["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager_at]}]}]}
+    config.write_text(json.dumps(doc))
     port = procs.free_port()
     args = [
         str(bin_dir / "prometheus"),
@@ -205,6 +214,22 @@ class Prometheus:
         except urllib.error.HTTPError as exc:
             answer = json.loads(exc.read())
         return answer
+
+    def values(self, promql: str) -> list[dict[str, Any]]:
+        """The result of an instant query (its series: ``metric`` labels and ``value``)."""
+        answer = self.query(promql)
+        assert answer["status"] == "success", answer
+        result: list[dict[str, Any]] = answer["data"]["result"]
+        return result
+
+    def wait_until_empty(self, promql: str, timeout: float) -> None:
+        """Until ``promql`` has no result."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.values(promql):
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"{promql} still had {self.values(promql)} after {timeout}s")
 
     def wait_for(self, promql: str, timeout: float) -> list[dict[str, Any]]:
         """The non-empty result of ``promql`` once it has one."""

@@ -76,6 +76,31 @@ class RestoresContract:
         await state.set_held("job-a", False)  # unholding a job not held changes nothing
         assert not await state.held("job-a")
 
+    async def test_attention_keeps_the_later_events_word(self, stores: tuple[Any, Any]) -> None:
+        """A job's attention record is set and cleared by events: an older event (handled
+        late by another consumer) neither brings back what ended nor ends what came after; a
+        clear of one status leaves another alone."""
+        state, _ = stores
+        assert await state.attention() == []
+        await state.attend("job-a", "escalated", "restart_loop", at(10))
+        await state.attend("job-b", "lost", "", at(10))
+        await state.settle("job-a", at(5))  # a start handled late: older than the escalation
+        await state.settle("job-b", at(20), only="escalated")  # a plan: not what job-b needs
+        await state.settle("job-c", at(20))  # nothing to settle
+        found = await state.attention()
+        assert [(a.job_id, a.status, a.reason, a.since) for a in found] == [
+            ("job-a", "escalated", "restart_loop", at(10)),
+            ("job-b", "lost", "", at(10)),
+        ]
+        await state.attend("job-a", "diverged", "", at(8))  # older: refused
+        await state.settle("job-a", at(10))  # the same time: settles
+        await state.settle("job-b", at(30))
+        assert await state.attention() == []
+        await state.attend("job-a", "diverged", "", at(40))
+        await state.attend("job-a", "escalated", "fallbacks_exhausted", at(50))  # later: kept
+        (only,) = await state.attention()
+        assert (only.status, only.reason) == ("escalated", "fallbacks_exhausted")
+
     async def test_ending_a_run_keeps_its_starts_readable(self, stores: tuple[Any, Any]) -> None:
         """The run's end only lets its starts expire later (with the rest of the state): a
         failure heard late, or a closure, still finds them."""

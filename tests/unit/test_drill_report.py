@@ -143,7 +143,7 @@ def escalated_result() -> dict[str, Any]:
                               "ckpt_ha_resume_last_outcome_timestamp_seconds{outcome=escalated,"
                               "reason=restart_loop}": 1796140800.0},
             "alerts_fired": {"available": True, "alerts": {
-                "RestartLoop": {"state": "firing", "severity": "critical"}}}}  # fmt: skip
+                "CkptHaRestartLoop": {"state": "firing", "severity": "critical"}}}}  # fmt: skip
 
 
 def not_run_result() -> dict[str, Any]:
@@ -204,7 +204,9 @@ def test_evidence_reads_as_named_fields_not_json() -> None:
     assert "<th>ckpt_ha_job_restarts_total</th><td>2</td>" in page
     assert ("<th>ckpt_ha_resume_last_outcome_timestamp_seconds (outcome=escalated, "
             "reason=restart_loop)</th><td>2026-12-01T16:00:00+00:00</td>") in page  # fmt: skip
-    assert '<th>RestartLoop</th><td><table class="fields"><tr><th>state</th><td>firing' in page
+    assert (
+        '<th>CkptHaRestartLoop</th><td><table class="fields"><tr><th>state</th><td>firing' in page
+    )
     assert "ckpt_ha_job_restarts_total: 2;" in report.markdown(results)
     assert '<th>baseline config</th><td><table class="fields"><tr><th>seed</th>' in page
     md = report.markdown(results)

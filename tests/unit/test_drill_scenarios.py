@@ -40,5 +40,5 @@ def test_each_scenario_module_declares_its_name_fault_alert_and_run() -> None:
 
 
 def test_pages_expected_per_scenario() -> None:
-    assert EXPECTED_ALERTS == {"corrupt-checkpoint": "CheckpointCorrupt",
-                               "restart-loop": "RestartLoop"}  # fmt: skip
+    assert EXPECTED_ALERTS == {"corrupt-checkpoint": "CkptHaCheckpointCorrupt",
+                               "restart-loop": "CkptHaRestartLoop"}  # fmt: skip

@@ -89,6 +89,12 @@ def test_the_registrar_counts_states_recovery_point_and_corruption_without_ids()
     assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds",
                   job_id="job-1") == T0.timestamp()  # fmt: skip
     assert (sample(metrics, "ckpt_ha_recovery_point_age_seconds", job_id="job-1") or 0) > 0
+    # Committed at T0, verified 5 s later: one observation of the committed-to-valid SLI.
+    assert sample(metrics, "ckpt_ha_commit_to_valid_seconds_sum", service="registrar") == 5
+    assert sample(metrics, "ckpt_ha_commit_to_valid_seconds_bucket", service="registrar",
+                  le="5.0") == 1  # fmt: skip
+    assert sample(metrics, "ckpt_ha_commit_to_valid_seconds_bucket", service="registrar",
+                  le="1.0") == 0  # fmt: skip
 
     # A failed load quarantines the valid checkpoint automatically: that is corruption.
     quarantined = CheckpointQuarantinedV1(job_id="job-1", checkpoint_id="c1",
@@ -105,21 +111,32 @@ def test_the_registrar_counts_states_recovery_point_and_corruption_without_ids()
     assert "c1" not in exposition
 
 
-def test_an_open_write_is_tracked_until_it_ends_and_a_corrupt_verdict_counts() -> None:
-    metrics = ServiceMetrics("registrar")
-    life = LifecycleMetrics(metrics)
+def test_open_writes_come_from_the_registry_records_and_a_corrupt_verdict_counts() -> None:
+    """Two replicas reading the same writing records export the same oldest start per job,
+    whichever of them applied the write's events; a write gone from the records is gone."""
+    replicas = [ServiceMetrics("registrar"), ServiceMetrics("registrar")]
+    lives = [LifecycleMetrics(m) for m in replicas]
     writing = build(CheckpointWritingV1(job_id="j", checkpoint_id="w1", uri="file:///d/j/s1",
                                         run_id="r"), source="t", time=T0, key="w")  # fmt: skip
     record, step = project(None, writing)
-    life.observe(writing, Applied(record, step, duplicate=False))
-    assert sample(metrics, "ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds",
-                  job_id="j") == T0.timestamp()  # fmt: skip
+    assert record is not None
+    lives[0].observe(writing, Applied(record, step, duplicate=False))  # replica a applied it
+    later = record.model_copy(
+        update={"checkpoint_id": "w2", "created_at": record.created_at + timedelta(minutes=5)}
+    )
+    for life in lives:
+        life.open_writes([later, record])
+    for metrics in replicas:
+        assert sample(metrics, "ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds",
+                      job_id="j") == record.created_at.timestamp()  # fmt: skip
+    metrics, life = replicas[1], lives[1]
     failed = build(CheckpointWriteFailedV1(job_id="j", checkpoint_id="w1", uri="file:///d/j/s1",
                                            reason="write stalled for 0:05:00; missing []",
                                            side=FailureSide.JOB),
                    source="t", time=T0, key="f")  # fmt: skip
     record, step = project(record, failed)
-    life.observe(failed, Applied(record, step, duplicate=False))
+    life.observe(failed, Applied(record, step, duplicate=False))  # replica b applied this one
+    life.open_writes([])
     assert sample(metrics, "ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds",
                   job_id="j") is None  # fmt: skip
     assert sample(metrics, "ckpt_ha_checkpoint_write_failures_total", service="registrar",
@@ -153,7 +170,7 @@ def test_seeding_from_the_registry_skips_jobs_idle_past_the_forget_time() -> Non
     now = datetime.now(UTC)
     recent = fresh.model_copy(update={"created_at": now, "updated_at": now})
     old = fresh.model_copy(update={"job_id": "old", "updated_at": now - timedelta(hours=2)})
-    life.seed([recent, old], [])
+    life.seed([recent, old])
     assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds",
                   job_id="fresh") == now.timestamp()  # fmt: skip
     assert sample(metrics, "ckpt_ha_last_valid_checkpoint_timestamp_seconds", job_id="old") is None

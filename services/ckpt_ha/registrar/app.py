@@ -19,6 +19,7 @@ from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import ObjectStore, keys_in, open_store
+from ckpt_ha.telemetry.metrics import refresh_forever
 
 NAME = "registrar"
 log = logging.getLogger("ckpt_ha.registrar")
@@ -53,11 +54,13 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         """Per-job metrics continue after a restart instead of waiting for the next event."""
         try:
             valid = await registry.by_state(CheckpointState.VALID)
-            writing = await registry.by_state(CheckpointState.WRITING)
         except RedisError as exc:
             log.warning("per-job metrics start empty: registry unavailable (%s)", exc)
             return
-        lifecycle.seed(valid, writing)
+        lifecycle.seed(valid)
+
+    async def read_open_writes() -> None:
+        lifecycle.open_writes(await registry.by_state(CheckpointState.WRITING))
 
     svc.on_start = seed_metrics
     svc.bus.broker.on_stream = registry.remember_stream  # a rebuild then refuses another stream
@@ -83,6 +86,7 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         title="ckpt-ha registrar",
         description="Keeps the checkpoint registry: one state per checkpoint, legal moves only.",
     )
+    svc.in_background(lambda: refresh_forever(read_open_writes, settings.state_metrics_interval_s))
     return svc
 
 

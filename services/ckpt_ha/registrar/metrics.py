@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -33,6 +33,11 @@ REASON_CLASSES = (
     ("folder removed", "folder_removed"),
 )
 """Free-text reasons map onto these classes by how they start; anything else is ``other``."""
+
+
+VALID_BUCKETS = (1, 5, 10, 30, 60, 120, 300, 600, 900, 1200, 1800, 3600, 7200, 14400)
+"""Seconds from commit to valid: the committed→valid objective's bound (1800 s by default in
+the SLO rules of alerts.yml) must be one of them."""
 
 
 def reason_class(reason: str) -> str:
@@ -105,11 +110,20 @@ class LifecycleMetrics:
             forget_after_s=forget_after_s,
             registry=reg,
         )
+        self.commit_to_valid = Histogram(
+            "ckpt_ha_commit_to_valid_seconds",
+            "Seconds from a checkpoint's commit (pending_verification) to valid: what the "
+            "committed-to-valid objective measures (queueing and verification together).",
+            ["service"],
+            buckets=VALID_BUCKETS,
+            registry=reg,
+        )
         self.oldest_write = JobGauges(
             "ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds",
-            "When the oldest checkpoint write of a job still open (state writing) started.",
+            "When the oldest checkpoint write of a job still open (state writing) started: "
+            "read from the registry's writing records, so every replica exports the same.",
             [],
-            forget_after_s=forget_after_s,
+            forget_after_s=float("inf"),
             registry=reg,
         )
         self.last_write_failure = JobGauges(
@@ -120,19 +134,26 @@ class LifecycleMetrics:
             forget_after_s=forget_after_s,
             registry=reg,
         )
-        self._open_writes: dict[str, dict[str, float]] = {}
 
-    def seed(self, valid: Iterable[CheckpointRecord], writing: Iterable[CheckpointRecord]) -> None:
+    def seed(self, valid: Iterable[CheckpointRecord]) -> None:
         """Continue after a restart from what the registry holds: each job's newest valid
-        checkpoint and its open writes (jobs idle longer than ``forget_after_s`` stay out)."""
+        checkpoint (jobs idle longer than ``forget_after_s`` stay out)."""
         for record in valid:
             self.last_valid.set_max(
                 record.job_id,
                 value=record.created_at.timestamp(),
                 updated=record.updated_at.timestamp(),
             )
+
+    def open_writes(self, writing: Iterable[CheckpointRecord]) -> None:
+        """The registry's writing records, as read now: each job's oldest start. From the
+        registry, not from the events this replica applied: with replicas, the one that
+        applied a write's ``writing`` is rarely the one that applies its commit."""
+        oldest: dict[tuple[str, ...], float] = {}
         for record in writing:
-            self.write_opened(record.job_id, record.checkpoint_id, record.created_at.timestamp())
+            at = record.created_at.timestamp()
+            oldest[(record.job_id,)] = min(at, oldest.get((record.job_id,), at))
+        self.oldest_write.replace(oldest)
 
     def observe(self, event: Envelope[EventData], result: Applied) -> None:
         """One event the registry applied (call it only when it changed the state)."""
@@ -142,12 +163,15 @@ class LifecycleMetrics:
         service = self.service
         self._states.inc(service, step.new, record.format)
         job, at = record.job_id, event.time.timestamp()
-        if step.new == CheckpointState.WRITING:
-            self.write_opened(job, record.checkpoint_id, at)
-        else:
-            self.write_closed(job, record.checkpoint_id)
         if step.new == CheckpointState.VALID:
             self.last_valid.set_max(job, value=record.created_at.timestamp())
+            committed = next(
+                (h.at for h in record.history if h.state == CheckpointState.PENDING_VERIFICATION),
+                None,
+            )
+            if committed is not None:
+                seconds = (event.time - committed).total_seconds()
+                self.commit_to_valid.labels(service).observe(max(0.0, seconds))
         data = event.data
         corrupt = False
         if isinstance(data, CheckpointWriteFailedV1):
@@ -166,20 +190,6 @@ class LifecycleMetrics:
         if corrupt:
             self.last_corrupt_at.set(job, value=at)
             self.last_corrupt_step.set(job, value=-1 if record.step is None else record.step)
-
-    def write_opened(self, job_id: str, checkpoint_id: str, at: float) -> None:
-        self._open_writes.setdefault(job_id, {}).setdefault(checkpoint_id, at)
-        self.oldest_write.set(job_id, value=min(self._open_writes[job_id].values()))
-
-    def write_closed(self, job_id: str, checkpoint_id: str) -> None:
-        opened = self._open_writes.get(job_id)
-        if opened is None or opened.pop(checkpoint_id, None) is None:
-            return
-        if opened:
-            self.oldest_write.set(job_id, value=min(opened.values()))
-        else:
-            del self._open_writes[job_id]
-            self.oldest_write.forget(job_id)
 
 
 class _Age(Collector):

@@ -61,6 +61,7 @@ from ckpt_ha.restore_coordinator.watchdog import LostAttempts
 from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
 from ckpt_ha.storage import open_store
+from ckpt_ha.telemetry.metrics import refresh_forever
 
 NAME = "restore-coordinator"
 log = logging.getLogger("ckpt_ha.restore_coordinator")
@@ -162,6 +163,11 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
         title="ckpt-ha restore-coordinator",
         description="Plans, watches and verifies resumes after job failures.",
     )
+
+    async def read_attention() -> None:
+        metrics.attentions(await state.attention())
+
+    svc.in_background(lambda: refresh_forever(read_attention, settings.state_metrics_interval_s))
     if settings.lost_check_interval_s > 0:
         svc.in_background(
             lambda: svc.lost.run(settings.lost_check_interval_s),

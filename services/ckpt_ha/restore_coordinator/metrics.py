@@ -5,8 +5,11 @@ bounded per-job gauges)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Histogram
 
+from ckpt_ha.restore_coordinator.records import Attention
 from ckpt_ha.telemetry.metrics import FORGET_AFTER_S, JobGauges, ServiceMetrics
 
 RESUME_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
@@ -101,6 +104,23 @@ class RestoreMetrics:
             ["outcome", "reason"],
             forget_after_s=forget_after_s,
             registry=reg,
+        )
+
+        self.attention = JobGauges(
+            "ckpt_ha_job_attention_since_timestamp_seconds",
+            "Jobs that need someone, by status (escalated by reason, lost, diverged, "
+            "load_failed), since when (Unix time): read from the coordinator's stored state, "
+            "so every replica exports the same; a job leaves when an operator acts (hold, "
+            "restore, a new start) or it recovers (verified resume, run ended).",
+            ["status", "reason"],
+            forget_after_s=float("inf"),
+            registry=reg,
+        )
+
+    def attentions(self, records: Iterable[Attention]) -> None:
+        """The stored attention records, as read now."""
+        self.attention.replace(
+            {(a.job_id, a.status, a.reason): a.since.timestamp() for a in records}
         )
 
     def job_started(self, job_id: str) -> None:

@@ -18,6 +18,7 @@ from ckpt_ha.core.clock import Clock
 from ckpt_ha.core.pins import Pin
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator.records import (
+    Attention,
     DecisionRecord,
     Failure,
     History,
@@ -152,6 +153,20 @@ class RestoreState(Protocol):
         ...
 
     async def held(self, job: str) -> bool: ...
+
+    async def attend(self, job: str, status: str, reason: str, at: datetime) -> None:
+        """The job needs someone since ``at`` (`Attention`); an older event than the stored
+        record's changes nothing."""
+        ...
+
+    async def settle(self, job: str, at: datetime, only: str = "") -> None:
+        """An event of time ``at`` ended what the job needed (only a record of that time or
+        older goes; with ``only``, only a record of that status)."""
+        ...
+
+    async def attention(self) -> list[Attention]:
+        """Every job that needs someone, by job id."""
+        ...
 
     async def lease(self, job: str, attempt: int, owner: str, ttl_s: float) -> bool:
         """Take the right to decide this failure for ``ttl_s`` (False: someone holds it)."""

@@ -34,6 +34,10 @@ checkpoint.registered         the pins a newer valid checkpoint of the resumed a
                               releases
 resume.verified / .diverged   the verdict (set before the event was published; replaying
                               the progress reports sets the same one)
+(attention)                   the job's `Attention` record: set by an escalation, a lost
+                              attempt, a diverged resume, a load failure; settled by a hold,
+                              a start, the run's end, a verified resume, and (an escalation
+                              only) a plan after it
 ============================  ==========================================================
 
 Not here: leases (who decides a failure right now: transient), the note that a stored
@@ -53,6 +57,7 @@ from typing import cast
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointRegisteredV1, FailureSide
 from ckpt_ha.contracts.job import (
+    FailureCause,
     JobFailedV1,
     JobHeartbeatV1,
     JobHeldV1,
@@ -178,13 +183,18 @@ class RestoreProjection:
     # --- job.* ---
 
     async def hold(self, event: Envelope[JobHeldV1 | JobUnheldV1]) -> None:
-        """``job.held`` pauses automatic restores of the job, ``job.unheld`` resumes them."""
-        await self.state.set_held(event.data.job_id, isinstance(event.data, JobHeldV1))
+        """``job.held`` pauses automatic restores of the job, ``job.unheld`` resumes them. A
+        hold is someone taking the job in hand: what it needed is settled."""
+        held = isinstance(event.data, JobHeldV1)
+        await self.state.set_held(event.data.job_id, held)
+        if held:
+            await self.state.settle(event.data.job_id, event.time)
 
     async def started(self, event: Envelope[JobStartedV1]) -> None:
         d = event.data
         await self.state.record_started(d.job_id, Started.of(d, event.time))
         await self.state.update_watch(d.job_id, lambda w: liveness.on_start(w, d, event.time))
+        await self.state.settle(d.job_id, event.time)  # a new attempt or run: someone acted
 
     async def heartbeat(self, event: Envelope[JobHeartbeatV1]) -> None:
         d = event.data
@@ -250,6 +260,8 @@ class RestoreProjection:
             await self.state.record_progress(d.job_id, [], last=point)
             return Progress(plan, result)
         first = await self.state.set_verdict(plan.plan_id, result.verdict)
+        if first:
+            await self._attend_verdict(d.job_id, result.verdict, event.time)
         # Decided: the observed reports join the trajectory.
         await self.state.record_progress(d.job_id, observed, last=point)
         return Progress(plan, result, verdict_event if first else None)
@@ -314,6 +326,8 @@ class RestoreProjection:
         trip, what deciding it needs (the latest ``same_window`` failures of the history)."""
         d = event.data
         await self.ended(event)
+        if d.cause == FailureCause.LOST.value:
+            await self.state.attend(d.job_id, "lost", "", event.time)
         infrastructure = d.side is FailureSide.INFRASTRUCTURE
         return await self.state.failure_context(
             d.job_id,
@@ -326,11 +340,13 @@ class RestoreProjection:
     async def succeeded(self, event: Envelope[JobSucceededV1]) -> None:
         await self.ended(event)
         await self.state.end_run(event.data.job_id, event.data.attempt)
+        await self.state.settle(event.data.job_id, event.time)
 
     async def cancelled(self, event: Envelope[JobFailedV1]) -> None:
         """A user cancelled the attempt: the run is over for automatic restores."""
         await self.ended(event)
         await self.state.end_run(event.data.job_id, event.data.attempt)
+        await self.state.settle(event.data.job_id, event.time)
 
     # --- resume.* ---
 
@@ -358,6 +374,7 @@ class RestoreProjection:
             excluded = await self.state.excluded(d.job_id)
         if d.side is FailureSide.INFRASTRUCTURE:
             await self.state.record_storage_error(d.job_id, f"load:{d.plan_id}", event.time)
+        await self.state.attend(d.job_id, "load_failed", "", event.time)
         return LoadFailure(record, plan, outcome, excluded)
 
     async def decided(
@@ -378,6 +395,8 @@ class RestoreProjection:
             events=tuple(e.model_dump_json() for e in events), published=published
         )
         if isinstance(data, ResumePlannedV2):
+            # A plan after an escalation: someone asked for it (a rollback, an unhold).
+            await self.state.settle(data.job_id, decision.time, only="escalated")
             plan = await self._plan_of(data, decision.time)
             await self.state.record_decision(
                 data.job_id,
@@ -389,6 +408,7 @@ class RestoreProjection:
             )
             return stored
         escalation = cast(ResumeEscalatedV2, data)
+        await self.state.attend(escalation.job_id, "escalated", escalation.reason, decision.time)
         if escalation.attempt is None:
             return None
         await self.state.record_decision(escalation.job_id, escalation.attempt, stored)
@@ -423,7 +443,15 @@ class RestoreProjection:
         if domain.own_plan(await self.state.plan(d.plan_id), d.job_id) is None:
             return
         verdict = domain.VERIFIED if isinstance(d, ResumeVerifiedV1) else domain.DIVERGED
-        await self.state.set_verdict(d.plan_id, verdict)
+        if await self.state.set_verdict(d.plan_id, verdict):
+            await self._attend_verdict(d.job_id, verdict, event.time)
+
+    async def _attend_verdict(self, job: str, verdict: str, at: datetime) -> None:
+        """Diverged: someone must look. Verified: the job recovered, what it needed is over."""
+        if verdict == domain.DIVERGED:
+            await self.state.attend(job, "diverged", "", at)
+        else:
+            await self.state.settle(job, at)
 
     # --- checkpoint.registered (R15) ---
 

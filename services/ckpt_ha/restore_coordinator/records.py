@@ -261,3 +261,32 @@ def unix(at: datetime) -> float:
 
 def from_unix(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
+
+
+ATTENTION_STATUSES = ("escalated", "lost", "diverged", "load_failed")
+"""What may hold a job's attention record (`Attention`): a resume the coordinator stopped
+(``escalated``, by reason), an attempt it declared lost, a resume that diverged, a restore
+that failed to load."""
+
+
+@dataclass(frozen=True)
+class Attention:
+    """A job's state that needs someone: set by the event that caused it, cleared only by an
+    event that ends it (an operator's act, a new start, a verified resume, the run's end) of
+    the same or a later time. The pages are built on these records (never on one replica's
+    memory or on how long ago something happened)."""
+
+    job_id: str
+    status: str
+    reason: str
+    since: datetime
+
+
+def attention_value(status: str, reason: str, at: datetime) -> str:
+    """``<unix time>|<status>|<reason>`` (the time first: the store's script compares it)."""
+    return f"{unix(at)!r}|{status}|{reason}"
+
+
+def attention_of(job: str, raw: str | bytes) -> Attention:
+    at, status, reason = text(raw).split("|", 2)
+    return Attention(job_id=job, status=status, reason=reason, since=from_unix(float(at)))

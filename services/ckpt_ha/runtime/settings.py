@@ -186,6 +186,9 @@ class ServiceSettings(BaseSettings):
     integrity-checker's scrub and reconcile, the retention-janitor's rounds), renewed every
     third of it: one replica of a service runs each loop, and another takes it over within this
     long after its holder dies."""
+    state_metrics_interval_s: float = Field(default=15.0, gt=0)
+    """How often each replica reads the level metrics it exports from Redis (the registrar's
+    open writes, the coordinator's jobs that need someone): every replica exports the same."""
     metrics_forget_after_s: float = Field(default=7 * 24 * 3600.0, gt=0)
     """A job idle this long leaves the per-job metric series (bounds their cardinality)."""
     signing_key: SecretStr | None = None

@@ -11,12 +11,16 @@ bounded by the jobs active within that time.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+log = logging.getLogger("ckpt_ha.telemetry")
 
 FORGET_AFTER_S = 7 * 24 * 3600.0
 """A job with no update for this long leaves the per-job series."""
@@ -61,6 +65,12 @@ class JobGauges(Collector):
         """Keep the larger of the stored and the given value (e.g. the newest timestamp)."""
         old = self._values.get((job_id, *labels))
         self.set(job_id, *labels, value=max(value, old[0]) if old else value, updated=updated)
+
+    def replace(self, values: Mapping[tuple[str, ...], float]) -> None:
+        """Exactly these series (keys: job id, then the labels), as read now from the state
+        they mirror (a level read from Redis: every replica exports the same)."""
+        now = self.now()
+        self._values = {key: (value, now) for key, value in values.items()}
 
     def get(self, job_id: str, *labels: str) -> float | None:
         found = self._values.get((job_id, *labels))
@@ -265,3 +275,16 @@ class ReconcileMetrics:
         if redriven:
             self.redriven.labels(self.service, state).inc(redriven)
         self.last_round.labels(self.service).set(at)
+
+
+async def refresh_forever(refresh: Callable[[], Awaitable[None]], interval_s: float) -> None:
+    """``refresh()`` now and every ``interval_s`` (on every replica: level metrics read from
+    shared state); a failed read keeps the last values (its outage has its own alerts)."""
+    while True:
+        try:
+            await refresh()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the next round reads again
+            log.warning("level metrics not refreshed: %r", exc)
+        await asyncio.sleep(interval_s)

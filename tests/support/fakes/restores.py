@@ -11,6 +11,7 @@ from datetime import datetime
 
 from ckpt_ha.core.pins import Pin
 from ckpt_ha.restore_coordinator.records import (
+    Attention,
     DecisionRecord,
     Failure,
     History,
@@ -58,6 +59,7 @@ class InMemoryRestores:
         self.watches: dict[str, Watch] = {}
         self.heard_at: dict[str, datetime] = {}
         self.holds: set[str] = set()
+        self.attentions: dict[str, Attention] = {}
 
     def _job(self, job: str) -> _Job:
         return self.jobs.setdefault(job, _Job())
@@ -145,6 +147,19 @@ class InMemoryRestores:
 
     async def held(self, job: str) -> bool:
         return job in self.holds
+
+    async def attend(self, job: str, status: str, reason: str, at: datetime) -> None:
+        old = self.attentions.get(job)
+        if old is None or old.since <= at:
+            self.attentions[job] = Attention(job_id=job, status=status, reason=reason, since=at)
+
+    async def settle(self, job: str, at: datetime, only: str = "") -> None:
+        old = self.attentions.get(job)
+        if old is not None and old.since <= at and only in ("", old.status):
+            del self.attentions[job]
+
+    async def attention(self) -> list[Attention]:
+        return [self.attentions[j] for j in sorted(self.attentions)]
 
     async def record_storage_error(self, job: str, key: str, at: datetime) -> None:
         self._job(job).storage[key] = at

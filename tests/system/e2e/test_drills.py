@@ -176,8 +176,8 @@ def test_a_checkpoint_corrupted_after_registration_is_caught_at_load_and_falls_b
     assert result["damaged_state"] == "quarantined"
     # The stack's Prometheus (tools unpacked by scripts/test) saw the page-worthy alert.
     assert result["alerts_fired"]["available"], result["alerts_fired"]
-    assert result["alerts_fired"]["alerts"]["CheckpointCorrupt"]["state"] == "firing"
-    assert result["alerts_fired"]["alerts"]["CheckpointCorrupt"]["severity"] == "critical"
+    assert result["alerts_fired"]["alerts"]["CkptHaCheckpointCorrupt"]["state"] == "firing"
+    assert result["alerts_fired"]["alerts"]["CkptHaCheckpointCorrupt"]["severity"] == "critical"
     assert result["load_failed"]
     assert "checksum" in result["load_failed"][0]["reason"]
     assert result["restored_from"] != result["damaged_checkpoint"]
@@ -188,7 +188,7 @@ def test_a_restart_loop_escalates_and_retries_stop(home: Path) -> None:
     assert result["escalation"]["reason"] in {"restart_loop", "same_failure_repeating"}
     assert "runbook" in result["escalation"]["next_step"].lower()
     assert result["job_exit_code"] == 3
-    assert result["alerts_fired"]["alerts"]["RestartLoop"]["state"] == "firing"
+    assert result["alerts_fired"]["alerts"]["CkptHaRestartLoop"]["state"] == "firing"
 
 
 def test_a_changed_environment_is_unknown_and_not_resumed(home: Path) -> None:

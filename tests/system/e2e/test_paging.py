@@ -108,7 +108,8 @@ def test_a_corrupt_checkpoint_pages_with_its_job_and_step(setup: Setup) -> None:
     page = setup.hook.wait_for(
         "/page",
         lambda a: (
-            a["labels"].get("alertname") == "CheckpointCorrupt" and a["labels"].get("job_id") == job
+            a["labels"].get("alertname") == "CkptHaCheckpointCorrupt"
+            and a["labels"].get("job_id") == job
         ),
         PAGE_WITHIN_S,
     )
@@ -117,7 +118,10 @@ def test_a_corrupt_checkpoint_pages_with_its_job_and_step(setup: Setup) -> None:
     assert page["labels"]["app"] == "ckpt-ha"
     assert f"step {step}" in page["annotations"]["summary"]
     assert job in page["annotations"]["description"]
-    assert page["annotations"]["runbook_url"] == f"{DEFAULT_RUNBOOK_BASE}#alert-checkpointcorrupt"
+    assert (
+        page["annotations"]["runbook_url"]
+        == f"{DEFAULT_RUNBOOK_BASE}#alert-ckpthacheckpointcorrupt"
+    )
     # The metrics behind it, without any checkpoint id in a label.
     corrupt = setup.prometheus.wait_for(
         'sum by (reason) (ckpt_ha_checkpoint_corrupt_total{reason="load_failed"})', 10
@@ -142,7 +146,7 @@ def test_a_restart_loop_pages_with_its_job(setup: Setup) -> None:
     page = setup.hook.wait_for(
         "/page",
         lambda a: (
-            a["labels"].get("alertname") == "RestartLoop" and a["labels"].get("job_id") == job
+            a["labels"].get("alertname") == "CkptHaRestartLoop" and a["labels"].get("job_id") == job
         ),
         PAGE_WITHIN_S,
     )
@@ -150,16 +154,19 @@ def test_a_restart_loop_pages_with_its_job(setup: Setup) -> None:
     assert job in page["annotations"]["summary"]
     # No page for a job that only restarted within its limits (the corrupt drill's job).
     loops = {a["labels"]["job_id"] for a in setup.hook.alerts("/page")
-             if a["labels"]["alertname"] == "RestartLoop"}  # fmt: skip
+             if a["labels"]["alertname"] == "CkptHaRestartLoop"}  # fmt: skip
     assert loops == {job}
     # Its checkpoints are fine: no corruption page for it.
     corrupt = [a for a in setup.hook.alerts("/page")
-               if a["labels"]["alertname"] == "CheckpointCorrupt"]  # fmt: skip
+               if a["labels"]["alertname"] == "CkptHaCheckpointCorrupt"]  # fmt: skip
     assert corrupt
     assert job not in {a["labels"]["job_id"] for a in corrupt}
     # The platform-wide alerts stay quiet on a healthy stack, not even pending.
-    quiet = "MetricsAbsent|ServiceDown|ConsumerInfoStale|RedisUnreachable|DependencyDown"
-    noisy = setup.prometheus.query(f'ALERTS{{alertname=~"{quiet}|JetStreamStorageHigh"}}')
+    quiet = (
+        "CkptHaMetricsAbsent|CkptHaServiceDown|CkptHaConsumerInfoStale|CkptHaRedisUnreachable"
+        "|CkptHaDependencyDown"
+    )
+    noisy = setup.prometheus.query(f'ALERTS{{alertname=~"{quiet}|CkptHaJetStreamStorageHigh"}}')
     assert noisy["status"] == "success"
     assert noisy["data"]["result"] == []
 

@@ -5,7 +5,8 @@ write goes through `ckpt_ha.restore_coordinator.projection`, one event at a time
 code reads it through the typed read API it extends (`ckpt_ha.restore_coordinator.api`:
 `failures`, `plan`, `verdict`, `started`). Nothing else formats these
 keys. One class, `RedisRestores`, in parts by concern: `store.base` (client, expiry, replay),
-`store.progress`, `store.decisions`, `store.watches`; its Lua scripts are `store/lua/*.lua`.
+`store.progress`, `store.decisions`, `store.watches`, `store.attention`; its Lua scripts are
+`store/lua/*.lua`.
 
 Keys (``<p>`` is the registry prefix; every read per event is a handful of O(1) commands in one
 or two round trips, whatever the number of checkpoints in the registry):
@@ -29,6 +30,9 @@ or two round trips, whatever the number of checkpoints in the registry):
   of life and its heartbeat deadline (or a tombstone: it ended)
 * ``<p>:coord:due``                      sorted set job → unix time its watched attempt is lost
   (only attempts with a deadline that have not ended)
+* ``<p>:coord:attention``                 hash job → ``<time>|<status>|<reason>``: the job needs
+  someone (`Attention`: escalated, lost, diverged, load_failed) since that time; cleared by an
+  event that ends it (no expiry: a page stays until someone acts)
 * ``<p>:coord:heard``                    sorted set ``job|run|attempt`` → unix time (the
   coordinator's clock) a sign of life of that attempt was last handled: transient (not in the
   stream, not rebuilt), dropped when its watch ends
@@ -52,6 +56,7 @@ decision's transaction through it.
 
 from __future__ import annotations
 
+from ckpt_ha.restore_coordinator.store.attention import AttentionStore
 from ckpt_ha.restore_coordinator.store.decisions import DecisionStore
 from ckpt_ha.restore_coordinator.store.progress import ProgressStore
 from ckpt_ha.restore_coordinator.store.watches import WatchStore
@@ -59,7 +64,7 @@ from ckpt_ha.restore_coordinator.store.watches import WatchStore
 __all__ = ["RedisRestores"]
 
 
-class RedisRestores(ProgressStore, DecisionStore, WatchStore):
+class RedisRestores(ProgressStore, DecisionStore, WatchStore, AttentionStore):
     """Async Redis adapter for the coordinator's per-job state (see the module doc).
 
     ``replaying``: for a rebuild from the stream. A replay writes months of events in seconds,

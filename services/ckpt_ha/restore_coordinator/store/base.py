@@ -88,6 +88,7 @@ class StoreBase(RestoreReader):
         self._replay = _ReplayExpiry() if replaying else None
         self._progress_script = client.register_script(script("progress"))
         self._watches_script = client.register_script(script("watches"))
+        self._attention_script = client.register_script(script("attention"))
 
     # --- expiry (the one place a TTL is set) ---
 

@@ -24,7 +24,7 @@ from ckpt_ha.storage import key_for_uri
 NAME = "corrupt-checkpoint"
 FAULT = "the newest valid checkpoint's bytes are damaged on storage"
 """The one variable this drill changes; everything else is the baseline."""
-EXPECTED_ALERT: str | None = "CheckpointCorrupt"
+EXPECTED_ALERT: str | None = "CkptHaCheckpointCorrupt"
 """The page this drill must raise (checked when the stack runs Prometheus)."""
 
 

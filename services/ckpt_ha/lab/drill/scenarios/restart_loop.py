@@ -11,7 +11,7 @@ from ckpt_ha.lab.drill.harness import Drill, escalated, expect_escalation, valid
 NAME = "restart-loop"
 FAULT = "the job crashes right after every resume"
 """The one variable this drill changes; everything else is the baseline."""
-EXPECTED_ALERT: str | None = "RestartLoop"
+EXPECTED_ALERT: str | None = "CkptHaRestartLoop"
 """The page this drill must raise (checked when the stack runs Prometheus)."""
 
 
