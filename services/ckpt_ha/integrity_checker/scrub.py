@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
@@ -40,6 +41,12 @@ from ckpt_ha.telemetry import tracing
 
 SOURCE = "ckpt-ha/integrity-checker"
 log = logging.getLogger("ckpt_ha.integrity_checker.scrub")
+
+
+class CopyCheck(Protocol):
+    """What re-verifies a checkpoint's copies on their replicas (`replication.Replicator`)."""
+
+    async def check_copies(self, record: CheckpointRecord, *, primary_ok: bool) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -65,8 +72,11 @@ class Scrubber:
         algorithm: str,
         metrics: ScrubMetrics,
         budget: ReadBudget | None = None,
+        copies: CopyCheck | None = None,
     ) -> None:
-        """``budget``: the read budget on ``store``'s root (None: unlimited, still counted)."""
+        """``budget``: the read budget on ``store``'s root (None: unlimited, still counted);
+        ``copies``: what checks each checkpoint's copies on their replicas after its primary
+        (None: copies are not checked)."""
         self.store = store
         self.registry = registry
         self.publisher = publisher
@@ -78,6 +88,7 @@ class Scrubber:
         self.reads = BudgetedStore(store, self.budget)
         """What verification reads through; listing, ownership and quarantine use ``store``."""
         self.resume_after: str | None = None
+        self.copies = copies
 
     async def scrub_once(self, limit_s: float | None = None) -> ScrubRound:
         """One round, traced as a trace of its own; a corruption it finds is reported in the
@@ -158,7 +169,10 @@ class Scrubber:
             uri=record.uri,
             recorded=record.checksums,
             report=report,
+            copies=record.copies,
         )
+        if self.copies is not None and record.copies:
+            await self.copies.check_copies(record, primary_ok=not datas)
         if not datas:
             return 0
         current = await self.registry.get(record.checkpoint_id)
