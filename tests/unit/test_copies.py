@@ -17,6 +17,9 @@ from prometheus_client import CollectorRegistry
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCopyChangedV1,
+    CheckpointCorruptV1,
+    CheckpointDeletedV1,
+    CheckpointExpiredV1,
     CheckpointState,
     CopyState,
     TierChosenV1,
@@ -25,8 +28,9 @@ from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats import native, verify
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.integrity_checker import copies
-from ckpt_ha.integrity_checker.metrics import CopyMetrics
+from ckpt_ha.integrity_checker.metrics import CopyMetrics, ScrubMetrics
 from ckpt_ha.integrity_checker.replication import Replicator
+from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.restore_coordinator.domain.selection import Candidate, from_copy, select
 from ckpt_ha.storage import FsStore, ObjectInfo, StorageUnavailable
 from ckpt_ha.storage.transfer import SourceFile, copy_folder
@@ -330,3 +334,122 @@ def test_a_missing_primary_is_restored_from_its_copy_and_the_reason_says_so() ->
         "primary file:///p/c3 is missing: restoring from its verified copy s3://copies/c3"
     )
     assert from_copy(cand("c1", 1, CheckpointState.VALID), "is missing").uri == "file:///p/c1"
+
+
+# --- the scrub of copies -------------------------------------------------------------------------
+
+
+def scrubber_with_copies(
+    primary: FsStore, registry: InMemoryRegistry, rep: Replicator, publisher: RecordingPublisher
+) -> Scrubber:
+    metrics = ScrubMetrics(ServiceMetrics("integrity-checker", CollectorRegistry()))
+    return Scrubber(primary, registry, publisher, lambda: T0 + timedelta(hours=1), "xxh3_64",
+                    metrics, copies=rep)  # fmt: skip
+
+
+async def test_the_scrub_finds_a_damaged_copy_and_the_copy_loop_heals_it(
+    primary: FsStore, replica_dir: Path
+) -> None:
+    registry = InMemoryRegistry()
+    await critical(registry)
+    record = await valid_checkpoint(primary, registry, f"{JOB}/step-10")
+    replica = FsStore(replica_dir)
+    rep, publisher, _ = replicator(primary, registry, replica)
+    await rep.copy_once()
+    shard = replica_dir / JOB / "step-10" / "rank-2.bin"
+    shard.write_bytes(shard.read_bytes()[:-1] + b"\x00")
+    copied = await registry.get(record.checkpoint_id)
+    assert copied is not None
+    result = await scrubber_with_copies(primary, registry, rep, publisher).scrub_once()
+    assert (result.scrubbed, result.corrupt) == (1, 0)  # the primary is intact
+    copy_uri = replica.uri(f"{JOB}/step-10")
+    found = await registry.get(record.checkpoint_id)
+    assert found is not None
+    assert found.copies[copy_uri].state is CopyState.CORRUPT
+    assert found.state is CheckpointState.VALID
+    assert (found.copies[copy_uri].reason or "").startswith("scrub: rank-2.bin: checksum changed")
+    assert (await rep.copy_once()).copied == 1  # copied again from the primary
+    healed = await registry.get(record.checkpoint_id)
+    assert healed is not None
+    assert healed.copies[copy_uri].state is CopyState.VALID
+    assert verify(replica, f"{JOB}/step-10").checksums == record.checksums
+
+
+async def test_a_lost_primary_with_a_good_copy_is_condemned_but_names_the_copy(
+    primary: FsStore, replica_dir: Path
+) -> None:
+    registry = InMemoryRegistry()
+    await critical(registry)
+    await valid_checkpoint(primary, registry, f"{JOB}/step-10")
+    replica = FsStore(replica_dir)
+    rep, publisher, _ = replicator(primary, registry, replica)
+    await rep.copy_once()
+    for info in list(primary.list(f"{JOB}/step-10/")):
+        primary.delete(info.key)  # the primary's storage wiped
+    result = await scrubber_with_copies(primary, registry, rep, publisher).scrub_once()
+    assert result.corrupt == 1
+    [corrupt] = publisher.of_type("checkpoint.corrupt")
+    assert isinstance(corrupt.data, CheckpointCorruptV1)
+    assert corrupt.data.reason.endswith(
+        f"restorable from its verified copy {replica.uri(f'{JOB}/step-10')}"
+    )
+    assert copy_states(publisher)[-1] is CopyState.VALID  # the copy was checked: still good
+
+
+async def test_every_copy_lost_is_corrupt_with_all_copies_lost(
+    primary: FsStore, replica_dir: Path
+) -> None:
+    registry = InMemoryRegistry()
+    await critical(registry)
+    record = await valid_checkpoint(primary, registry, f"{JOB}/step-10")
+    replica = FsStore(replica_dir)
+    rep, publisher, metrics = replicator(primary, registry, replica)
+    await rep.copy_once()
+    for store in (primary, replica):
+        for info in list(store.list(f"{JOB}/step-10/")):
+            store.delete(info.key)
+    await scrubber_with_copies(primary, registry, rep, publisher).scrub_once()
+    copy_uri = replica.uri(f"{JOB}/step-10")
+    after = await registry.get(record.checkpoint_id)
+    assert after is not None
+    assert after.copies[copy_uri].state is CopyState.MISSING
+    assert (after.copies[copy_uri].reason or "").startswith("all copies lost: scrub:")
+    [corrupt] = publisher.of_type("checkpoint.corrupt")
+    assert isinstance(corrupt.data, CheckpointCorruptV1)
+    assert corrupt.data.reason.startswith("all copies lost: scrub:")
+    assert metrics.all_lost.labels("integrity-checker")._value.get() == 1
+
+
+# --- retention covers every copy -----------------------------------------------------------------
+
+
+async def test_a_deleted_checkpoint_loses_every_copy_and_its_tombstone_names_them(
+    primary: FsStore, replica_dir: Path
+) -> None:
+    registry = InMemoryRegistry()
+    await critical(registry)
+    record = await valid_checkpoint(primary, registry, f"{JOB}/step-10")
+    replica = FsStore(replica_dir)
+    rep, publisher, _ = replicator(primary, registry, replica)
+    await rep.copy_once()
+    copy_uri = replica.uri(f"{JOB}/step-10")
+    expired = CheckpointExpiredV1(job_id=JOB, checkpoint_id=record.checkpoint_id, uri=record.uri,
+                                  reason="age", policy="critical: keep_last=5")  # fmt: skip
+    await registry.apply(build(expired, source="janitor", time=T0 + timedelta(days=1), key="e"))
+    deleted = CheckpointDeletedV1(job_id=JOB, checkpoint_id=record.checkpoint_id, uri=record.uri,
+                                  reason="age", actor="retention-janitor")  # fmt: skip
+    event = build(deleted, source="janitor", time=T0 + timedelta(days=2), key="d")
+    await registry.apply(event)
+    tomb = await registry.get(record.checkpoint_id)
+    assert tomb is not None
+    assert tomb.tombstone is not None
+    assert tomb.tombstone.copies == (copy_uri,)
+    await rep.on_deleted(event)
+    await rep.on_deleted(event)  # a redelivery changes nothing
+    assert list(replica.list(f"{JOB}/")) == []
+    after = await registry.get(record.checkpoint_id)
+    assert after is not None
+    assert after.copies[copy_uri].state is CopyState.DELETED
+    assert copy_states(publisher)[-1] is CopyState.DELETED
+    assert copy_states(publisher).count(CopyState.DELETED) == 1
+    assert (await rep.copy_once()).waiting == 0  # never copied again

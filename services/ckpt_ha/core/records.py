@@ -37,7 +37,7 @@ from ckpt_ha.contracts.checkpoint import (
     TierChosenV1,
 )
 from ckpt_ha.contracts.resume import ResumePlannedV1
-from ckpt_ha.core.copies import CopyRecord, apply_copy, copy_note
+from ckpt_ha.core.copies import CopyRecord, apply_copy, copy_note, live_copies
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError, TransientError
 from ckpt_ha.core.lifecycle import (
     DECISIONS,
@@ -98,6 +98,9 @@ class Tombstone(BaseModel):
     at: AwareDatetime
     event_id: str
     objects_deleted: int | None = None
+    copies: tuple[str, ...] = ()
+    """The copies on replicas the deletion removes as well (each then recorded ``deleted`` in
+    the record's ``copies`` by the integrity-checker)."""
 
 
 class TierRecord(BaseModel):
@@ -504,6 +507,7 @@ def project(
             at=event.time,
             event_id=event.id,
             objects_deleted=data.objects_deleted,
+            copies=tuple(c.uri for c in live_copies((record.copies if record else {}).values())),
         )
     entry = HistoryEntry(
         state=target,

@@ -8,7 +8,7 @@ from ckpt_ha.registry.access import CONNECT, LEASES, RedisUser
 
 NATS = Principal("integrity-checker", ("checkpoint.verified", "checkpoint.corrupt",
                                        "checkpoint.quarantined", "checkpoint.copy_changed"),
-                 consumers=("committed", "released"))  # fmt: skip
+                 consumers=("committed", "released", "copies-deleted"))  # fmt: skip
 
 REDIS = RedisUser(
     "integrity-checker",

@@ -123,6 +123,14 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
             "again: valid only if the checks pass."
         ),
     )(handlers.on_released)
+    svc.bus.consumer(
+        "copies-deleted",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.deleted"),
+        description=(
+            "Removes every copy of a deleted checkpoint from its replica (tiers that "
+            "replicate) and records each copy deleted."
+        ),
+    )(svc.replicator.on_deleted)
     svc.finish(
         title="ckpt-ha integrity-checker",
         description=(

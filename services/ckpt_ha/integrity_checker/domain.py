@@ -17,6 +17,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointReleasedV1,
     CheckpointState,
     CheckpointVerifiedV1,
+    CopyState,
     FailureSide,
 )
 from ckpt_ha.contracts.envelope import EventData
@@ -206,6 +207,16 @@ def scrub_outcome(
             why_quarantined=f"re-verification failed: {findings[0]}",
         )
     )
+
+
+def without(copies: Mapping[str, CopyRecord], failed: Iterable[str]) -> dict[str, CopyRecord]:
+    """``copies`` with the ``failed`` ones no longer valid (a scrub found them bad just now,
+    before the registry heard it)."""
+    bad = set(failed)
+    return {
+        uri: c.model_copy(update={"state": CopyState.CORRUPT}) if uri in bad else c
+        for uri, c in copies.items()
+    }
 
 
 def verdict_key(checkpoint_id: str, cause: str, *, released: bool) -> str:

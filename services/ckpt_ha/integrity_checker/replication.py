@@ -10,6 +10,8 @@ killed, storage down) stays ``copying`` in the registry: never restored from, an
 resumes it (objects already there with their size are not written again; the verification then
 covers them, and a copy that fails it is written again in full once before it is reported
 corrupt). A copy reported corrupt or missing is copied again from the primary the same way.
+When the checkpoint is deleted (``checkpoint.deleted``) every copy is removed from its replica
+and announced ``deleted`` (`on_deleted`); a copy finished after that is removed, never valid.
 """
 
 from __future__ import annotations
@@ -19,9 +21,14 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ckpt_ha.contracts import build
-from ckpt_ha.contracts.checkpoint import CheckpointCopyChangedV1, CheckpointState, CopyState
-from ckpt_ha.core.copies import valid_copies
+from ckpt_ha.contracts import Envelope, build
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCopyChangedV1,
+    CheckpointDeletedV1,
+    CheckpointState,
+    CopyState,
+)
+from ckpt_ha.core.copies import live_copies, valid_copies
 from ckpt_ha.core.errors import TransientError
 from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
@@ -35,7 +42,7 @@ from ckpt_ha.runtime.leader import next_round
 from ckpt_ha.storage import StorageError, bounded, key_for_uri, open_store
 from ckpt_ha.storage.owned import owned_key
 from ckpt_ha.storage.read_budget import BudgetedStore, ReadBudget
-from ckpt_ha.storage.transfer import copy_folder
+from ckpt_ha.storage.transfer import copy_folder, remove_folder
 from ckpt_ha.telemetry import tracing
 
 SOURCE = "ckpt-ha/integrity-checker"
@@ -169,6 +176,11 @@ class Replicator:
                 report = await bounded.call(verify, checks, key, self.algorithm, extra_s=extra_s)
                 outcome = copies.copy_outcome(record, copy_uri, tier.name, report, written)
         self.metrics.bytes.labels(self.metrics.service).inc(written)
+        now = await self.registry.get(record.checkpoint_id)
+        if now is None or now.state is CheckpointState.DELETED:
+            # Deleted while it was copied: the copy goes as well, never recorded valid.
+            await self._remove_copy(record, copy_uri, "checkpoint deleted while it was copied")
+            return None
         self.metrics.copies.labels(self.metrics.service, outcome.copy_state.value).inc()
         if outcome.copy_state is not CopyState.VALID:
             log.warning("copy of %s to %s failed verification: %s",
@@ -186,13 +198,13 @@ class Replicator:
                 return replica, key
         return None
 
-    async def check_copies(self, record: CheckpointRecord, *, primary_ok: bool) -> int:
+    async def check_copies(self, record: CheckpointRecord, *, primary_ok: bool) -> list[str]:
         """The scrub of a checkpoint's valid copies: each is verified on its replica against
         the checksums recorded at verification; one that fails is announced ``corrupt`` (or
         ``missing`` when nothing is left there), and the copy loop copies it again from the
         primary. When it was the last good one and the primary failed too (``primary_ok``
-        False), the reason says ``all copies lost``. Returns how many copies failed."""
-        lost = 0
+        False), the reason says ``all copies lost``. Returns the copies that failed."""
+        failed: list[str] = []
         good = [c for c in valid_copies(record.copies) if c.uri != record.uri]
         for copy in good:
             found = self._replica_of(copy.uri)
@@ -206,7 +218,7 @@ class Replicator:
             if not findings:
                 continue
             gone = await bounded.call(_empty, replica, key)
-            left = len(good) - lost - 1 + (1 if primary_ok else 0)
+            left = len(good) - len(failed) - 1 + (1 if primary_ok else 0)
             reason = f"scrub: {findings[0]}"
             if left == 0:
                 reason = f"{ALL_COPIES_LOST}: {reason}"
@@ -224,8 +236,42 @@ class Replicator:
                         data.copy_state.value, reason)  # fmt: skip
             await self._publish(record, copy.uri, "scrub", data)
             self.metrics.copies.labels(self.metrics.service, data.copy_state.value).inc()
-            lost += 1
-        return lost
+            failed.append(copy.uri)
+        return failed
+
+    async def on_deleted(self, event: Envelope[CheckpointDeletedV1]) -> None:
+        """Retention (or a human) deleted the checkpoint: every copy of it goes too. Each copy
+        its record holds (but those already deleted) is removed from its replica and announced
+        ``deleted``; only a location of the deleted checkpoint's own job is touched."""
+        d = event.data
+        record = await self.registry.get(d.checkpoint_id)
+        if record is None or record.job_id != d.job_id:
+            return
+        for copy in live_copies(record.copies.values()):
+            await self._remove_copy(record, copy.uri, f"checkpoint deleted: {d.reason}")
+
+    async def _remove_copy(self, record: CheckpointRecord, copy_uri: str, why: str) -> None:
+        found = self._replica_of(copy_uri)
+        if found is None:
+            log.warning("copy %s of deleted %s: under no configured replica root, not removed",
+                        copy_uri, record.checkpoint_id)  # fmt: skip
+            return
+        replica, _ = found
+        try:
+            key = owned_key(replica, record.job_id, record.checkpoint_id, copy_uri)
+        except LocationNotOwned as exc:
+            log.warning("copy %s not removed: %s", copy_uri, exc)
+            return
+        removed = await bounded.call(remove_folder, replica, key)
+        data = CheckpointCopyChangedV1(
+            job_id=record.job_id,
+            checkpoint_id=record.checkpoint_id,
+            uri=record.uri,
+            copy_uri=copy_uri,
+            copy_state=CopyState.DELETED,
+            reason=f"{why} ({removed} objects removed)"[:4000],
+        )
+        await self._publish(record, copy_uri, "deleted", data)
 
     async def _publish(
         self, record: CheckpointRecord, copy_uri: str, step: str, data: CheckpointCopyChangedV1

@@ -2,7 +2,8 @@
 
 Bytes rot, disks fail, someone overwrites a shard in place: a checkpoint verified last week is not
 necessarily intact today (R7: evidence per level, never assumed). Each round re-reads every VALID
-checkpoint the registry holds, compares the checksums with those its `verified` event recorded,
+checkpoint the registry holds, compares the checksums with those its `verified` event recorded
+(and, for a tier that replicates, each valid copy on its replica: `replication.Replicator`),
 and reports a mismatch, a missing file or a failed verdict as `corrupt` + `quarantined`, moving
 the bytes aside first. A storage or registry outage ends the round early and is retried next
 round; it is never reported as corruption.
@@ -46,7 +47,9 @@ log = logging.getLogger("ckpt_ha.integrity_checker.scrub")
 class CopyCheck(Protocol):
     """What re-verifies a checkpoint's copies on their replicas (`replication.Replicator`)."""
 
-    async def check_copies(self, record: CheckpointRecord, *, primary_ok: bool) -> int: ...
+    async def check_copies(self, record: CheckpointRecord, *, primary_ok: bool) -> list[str]:
+        """Verify ``record``'s valid copies; the URIs of those that failed (announced)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -172,7 +175,16 @@ class Scrubber:
             copies=record.copies,
         )
         if self.copies is not None and record.copies:
-            await self.copies.check_copies(record, primary_ok=not datas)
+            failed = await self.copies.check_copies(record, primary_ok=not datas)
+            if datas and failed:  # what is left to restore from, for the primary's verdict
+                datas = domain.scrub_outcome(
+                    job_id=record.job_id,
+                    checkpoint_id=record.checkpoint_id,
+                    uri=record.uri,
+                    recorded=record.checksums,
+                    report=report,
+                    copies=domain.without(record.copies, failed),
+                )
         if not datas:
             return 0
         current = await self.registry.get(record.checkpoint_id)
