@@ -67,6 +67,8 @@ SAMPLES: dict[str, dict[str, Any]] = {
     "checkpoint.unpinned": {"checkpoint_id": "c", "uri": "u", "by": "eval:mmlu", "reason": "r",
                             "actor": "a"},
     "checkpoint.tier_chosen": {"tier": "critical", "reason": "deadline", "actor": "a"},
+    "checkpoint.copy_changed": {"checkpoint_id": "c", "uri": "u", "copy_uri": "s3://b/c",
+                                "copy_state": "valid", "bytes_copied": 10},
     "job.started": {"run_id": "r", "attempt": 1, "tier": "standard"},
     "job.progress": {"run_id": "r", "step": 10, "metrics": {"loss": 0.5}},
     "job.failed": {"run_id": "r", "cause": "oom", "exit_code": 137, "signal": 9},

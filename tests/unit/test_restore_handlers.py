@@ -19,6 +19,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
     CheckpointRegisteredV1,
     CheckpointState,
+    CopyState,
     FailureSide,
     RuntimeEnvironment,
     Topology,
@@ -33,6 +34,7 @@ from ckpt_ha.contracts.job import (
     Tolerance,
 )
 from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2, ResumeVerifiedV1
+from ckpt_ha.core.copies import CopyRecord
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator.app import compose_handlers
@@ -702,3 +704,38 @@ async def test_the_in_memory_stream_answers_as_the_bus_does() -> None:
         stream.add(event)
 
     await check_stored_events(stream, add)
+
+
+def with_copy(store: FsStore, step: int) -> CheckpointRecord:
+    """A valid checkpoint at a location of ``store`` with a verified copy on a replica."""
+    base = record(f"{JOB}-c{step}", step, uri=store.uri(f"{JOB}/step-{step}"))
+    copy = CopyRecord(uri=f"s3://copies/{JOB}/step-{step}", state=CopyState.VALID, at=T0,
+                      event_id=f"copy-{step}", valid_since=T0)  # fmt: skip
+    return base.model_copy(update={"copies": {copy.uri: copy}})
+
+
+@pytest.mark.parametrize("present", [True, False])
+async def test_a_primary_gone_at_decision_time_is_restored_from_its_verified_copy(
+    store: FsStore, present: bool
+) -> None:
+    """Issue 29: the newest checkpoint's primary was wiped after its copy was made; the plan
+    loads that same checkpoint from the copy (not an older one) and says why. A primary still
+    there is planned as always."""
+    newest, older = with_copy(store, 300), with_copy(store, 200)
+    store.put(f"{JOB}/step-200/shard.bin", b"x")
+    if present:
+        store.put(f"{JOB}/step-300/shard.bin", b"x")
+    world = World(store, newest, older)
+    await world.handlers.on_started(started())
+    await world.handlers.on_failed(failed())
+    [plan] = world.data("resume.planned")
+    assert plan.checkpoint_id == newest.checkpoint_id
+    if present:
+        assert plan.checkpoint_uri == newest.uri
+        assert not any("copy" in r for r in plan.reasons)
+    else:
+        assert plan.checkpoint_uri == f"s3://copies/{JOB}/step-300"
+        assert plan.reasons[0] == (
+            f"primary {newest.uri} is missing (nothing left at its location): restoring from "
+            f"its verified copy s3://copies/{JOB}/step-300"
+        )

@@ -301,6 +301,43 @@ class CheckpointUnpinnedV1(_CheckpointEvent):
     actor: Name = Field(min_length=1)
 
 
+class CopyState(StrEnum):
+    """The state of one copy of a checkpoint on a replica (a tier that replicates): its own,
+    beside the checkpoint's lifecycle state, which is the primary's."""
+
+    COPYING = "copying"
+    """Being copied: never restored from, whatever is on the replica already."""
+    VALID = "valid"
+    """Copied and verified against the checksums recorded when the checkpoint was verified."""
+    CORRUPT = "corrupt"
+    """Verified against those checksums and found different: copied again from a good copy."""
+    MISSING = "missing"
+    """Gone from where it was (a scrub found it so): copied again from a good copy."""
+    DELETED = "deleted"
+    """Removed on purpose (retention, a deletion): the tombstone names it."""
+
+
+class CheckpointCopyChangedV1(_CheckpointEvent):
+    """A copy of the checkpoint on a replica changed state (copying, valid, corrupt, missing,
+    deleted). The copy is the same checkpoint (same id) at ``copy_uri``; ``uri`` stays the
+    primary's. The lifecycle state does not move: it is the primary's, and a restore uses a
+    valid copy when the primary is gone (`docs/SERVICES.md`, copies). Published by the
+    integrity-checker, which owns copies."""
+
+    EVENT_TYPE: ClassVar[str] = "checkpoint.copy_changed"
+    EVENT_VERSION: ClassVar[int] = 1
+
+    copy_uri: Uri
+    copy_state: CopyState
+    reason: Text | None = None
+    tier: Name | None = None
+    """The protection tier (R13) whose replication asked for this copy."""
+    bytes_copied: Count = 0
+    """Bytes written to the replica for this change (0: none, e.g. a resumed copy found them
+    there already, or a state found by a scrub)."""
+    actor: Name | None = None
+
+
 class TierChosenV1(EventData):
     """An explicit, recorded choice of a job's protection tier (R13). Without one a job gets the
     tier its own ``job.started`` declared, else the cheapest: never an expensive one by accident."""
@@ -330,6 +367,7 @@ CHECKPOINT_EVENTS: tuple[type[EventData], ...] = (
     CheckpointPinnedV1,
     CheckpointUnpinnedV1,
     TierChosenV1,
+    CheckpointCopyChangedV1,
 )
 
 
@@ -350,5 +388,6 @@ CheckpointEvent = (
     | Envelope[CheckpointPinnedV1]
     | Envelope[CheckpointUnpinnedV1]
     | Envelope[TierChosenV1]
+    | Envelope[CheckpointCopyChangedV1]
 )
 """Any checkpoint event, as a handler that projects them all receives it."""

@@ -166,6 +166,10 @@ def cmd_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
         print("identity: " + json.dumps(ident, sort_keys=True))
     if record.quarantine_uri:
         print(f"quarantined bytes at: {record.quarantine_uri}")
+    for c in sorted(record.copies.values(), key=lambda c: c.uri):
+        since = f"; last valid {c.valid_since.isoformat()}" if c.valid_since else ""
+        why = f": {c.reason}" if c.reason else ""
+        print(f"copy {c.uri}: {c.state.value} since {c.at.isoformat()}{since}{why}")
     print()
     print(
         render.table(

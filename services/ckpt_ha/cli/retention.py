@@ -107,6 +107,8 @@ def cmd_audit(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
             f" ({t.objects_deleted if t.objects_deleted is not None else '?'} objects);"
             f" policy {t.policy or '-'}; reason: {t.reason}"
         )
+        for copy in t.copies:
+            print(f"  copy {copy}: {r.copies[copy].state.value if copy in r.copies else '?'}")
         for path, digest in sorted(r.checksums.items()):
             print(f"  {path}  {digest}")
     if cleaned:

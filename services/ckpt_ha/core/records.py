@@ -21,6 +21,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
+    CheckpointCopyChangedV1,
     CheckpointDeletedV1,
     CheckpointExpiredV1,
     CheckpointFormat,
@@ -36,6 +37,7 @@ from ckpt_ha.contracts.checkpoint import (
     TierChosenV1,
 )
 from ckpt_ha.contracts.resume import ResumePlannedV1
+from ckpt_ha.core.copies import CopyRecord, apply_copy, copy_note, live_copies
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError, TransientError
 from ckpt_ha.core.lifecycle import (
     DECISIONS,
@@ -96,6 +98,9 @@ class Tombstone(BaseModel):
     at: AwareDatetime
     event_id: str
     objects_deleted: int | None = None
+    copies: tuple[str, ...] = ()
+    """The copies on replicas the deletion removes as well (each then recorded ``deleted`` in
+    the record's ``copies`` by the integrity-checker)."""
 
 
 class TierRecord(BaseModel):
@@ -145,6 +150,9 @@ class CheckpointRecord(BaseModel):
     what a later transition (scrub, restore, retention), after any restart, continues and links
     back to."""
     tracestate: str | None = None
+    copies: dict[str, CopyRecord] = Field(default_factory=dict)
+    """Copies on replicas (copy URI → its state), when the job's tier replicates
+    (`ckpt_ha.core.copies`)."""
     fenced_by: int | None = None
     """Set when the commit was fenced (state ``fenced``): the attempt of its run that was
     already planned when the commit was handled (R17)."""
@@ -212,6 +220,30 @@ def pin(record: CheckpointRecord | None, event: Envelope[EventData]) -> Checkpoi
     )
     return record.model_copy(
         update={"pins": pins, "updated_at": event.time, "history": (*record.history, entry)}
+    )
+
+
+def copy_changed(record: CheckpointRecord | None, event: Envelope[EventData]) -> CheckpointRecord:
+    """Pure: a copy's change applied to a record. The lifecycle does not move; the history says
+    which copy, its state and why."""
+    data = event.data
+    assert isinstance(data, CheckpointCopyChangedV1)
+    if record is None:
+        raise DependencyNotReady(f"{data.EVENT_TYPE} for {data.checkpoint_id}", "its record")
+    entry = HistoryEntry(
+        state=record.state,
+        at=event.time,
+        event_id=event.id,
+        event_type=data.EVENT_TYPE,
+        actor=data.actor or event.source,
+        reason=copy_note(data),
+    )
+    return record.model_copy(
+        update={
+            "copies": apply_copy(record.copies, event),
+            "updated_at": event.time,
+            "history": (*record.history, entry),
+        }
     )
 
 
@@ -346,7 +378,7 @@ def job_mismatch(record: CheckpointRecord | None, data: EventData) -> JobMismatc
     another job than the record's, or it is a commit declaring another job's identity."""
     checkpoint_id = str(getattr(data, "checkpoint_id", ""))
     changes = data.EVENT_TYPE in EVENT_TARGETS or isinstance(
-        data, CheckpointPinnedV1 | CheckpointUnpinnedV1
+        data, CheckpointPinnedV1 | CheckpointUnpinnedV1 | CheckpointCopyChangedV1
     )
     if not changes:  # a report (registered, conflict) moves no record: nothing to refuse
         return None
@@ -397,6 +429,8 @@ def project(
         raise refused
     if isinstance(data, CheckpointPinnedV1 | CheckpointUnpinnedV1):
         return pin(record, event), None
+    if isinstance(data, CheckpointCopyChangedV1):
+        return copy_changed(record, event), None
     target = EVENT_TARGETS.get(data.EVENT_TYPE)
     checkpoint_id: str = getattr(data, "checkpoint_id", "")
     if target is None:
@@ -473,6 +507,7 @@ def project(
             at=event.time,
             event_id=event.id,
             objects_deleted=data.objects_deleted,
+            copies=tuple(c.uri for c in live_copies((record.copies if record else {}).values())),
         )
     entry = HistoryEntry(
         state=target,

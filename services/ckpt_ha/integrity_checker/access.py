@@ -7,14 +7,14 @@ from ckpt_ha.bus.access import Principal
 from ckpt_ha.registry.access import CONNECT, LEASES, RedisUser
 
 NATS = Principal("integrity-checker", ("checkpoint.verified", "checkpoint.corrupt",
-                                       "checkpoint.quarantined"),
-                 consumers=("committed", "released"))  # fmt: skip
+                                       "checkpoint.quarantined", "checkpoint.copy_changed"),
+                 consumers=("committed", "released", "copies-deleted"))  # fmt: skip
 
 REDIS = RedisUser(
     "integrity-checker",
     # Reads records (verify, scrub); never writes the registry. The leases of its scrub and
-    # reconcile loops.
+    # reconcile loops. The copies read each job's tier (does it replicate, and where).
     ("leases",),
-    ("checkpoints", "state-index", "job-index"),
+    ("checkpoints", "state-index", "job-index", "tiers", "tier-declared"),
     (*CONNECT, *LEASES, "get", "mget", "smembers", "zrevrange"),
 )  # fmt: skip

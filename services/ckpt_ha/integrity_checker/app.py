@@ -3,7 +3,9 @@
 Verifies committed checkpoints (manifest, sizes, checksums, format checks) before anyone
 restores them, tags the ones that fail into quarantine (moving their bytes aside), scrubs
 valid checkpoints periodically against the checksums recorded when they were verified, and
-verifies again any checkpoint whose verdict an outage lost (`reconcile`).
+verifies again any checkpoint whose verdict an outage lost (`reconcile`), and copies the valid
+checkpoints of replicating tiers to their replica roots (`replication`): the integrity-checker
+owns copies because it already reads every valid byte under a read budget and verifies it.
 
 At N replicas the durable consumers split the commits between them; the scrub and the reconcile
 loop each run on the one replica holding their lease (`ckpt_ha.runtime.leader`).
@@ -21,8 +23,9 @@ from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1
 from ckpt_ha.contracts.subjects import event_filter
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.integrity_checker.handlers import IntegrityHandlers
-from ckpt_ha.integrity_checker.metrics import ScrubMetrics, VerifyMetrics
+from ckpt_ha.integrity_checker.metrics import CopyMetrics, ScrubMetrics, VerifyMetrics
 from ckpt_ha.integrity_checker.reconcile import Reconciler
+from ckpt_ha.integrity_checker.replication import Replicator
 from ckpt_ha.integrity_checker.scrub import Scrubber
 from ckpt_ha.integrity_checker.settings import IntegrityCheckerSettings
 from ckpt_ha.registry.client import connect
@@ -43,6 +46,7 @@ class IntegrityChecker(Service):
     """Read only: the checker asks it what is already decided, the registrar writes it."""
     scrubber: Scrubber
     reconciler: Reconciler
+    replicator: Replicator
 
 
 def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> IntegrityChecker:
@@ -53,8 +57,24 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
     leases = RedisLeases(client, settings.registry_prefix)
     store = open_store(settings.storage_root)
     scrub_metrics = ScrubMetrics(base.metrics)
+    copy_metrics = CopyMetrics(base.metrics)
     handlers = IntegrityHandlers(
         store, base.bus, clock, settings.checksum, registry, VerifyMetrics(base.metrics)
+    )
+    replicator = Replicator(
+        store,
+        registry,
+        base.bus,
+        clock,
+        settings.checksum,
+        copy_metrics,
+        settings.replica_roots,
+        ReadBudget(
+            settings.copy_bytes_per_s,
+            settings.copy_burst_bytes,
+            on_read=copy_metrics.read,
+            on_wait=copy_metrics.waited,
+        ),
     )
     svc = IntegrityChecker(
         name=NAME,
@@ -77,6 +97,7 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
                 on_read=scrub_metrics.read,
                 on_wait=scrub_metrics.waited,
             ),
+            copies=replicator,
         ),
         reconciler=Reconciler(
             store,
@@ -86,6 +107,7 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
             timedelta(seconds=settings.verify_deadline_s),
             ReconcileMetrics(base.metrics),
         ),
+        replicator=replicator,
     )
     svc.bus.batch_consumer(
         "committed",
@@ -101,6 +123,14 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
             "again: valid only if the checks pass."
         ),
     )(handlers.on_released)
+    svc.bus.consumer(
+        "copies-deleted",
+        event_filter(svc.bus.cfg.prefix, "checkpoint.deleted"),
+        description=(
+            "Removes every copy of a deleted checkpoint from its replica (tiers that "
+            "replicate) and records each copy deleted."
+        ),
+    )(svc.replicator.on_deleted)
     svc.finish(
         title="ckpt-ha integrity-checker",
         description=(
@@ -112,6 +142,11 @@ def build(settings: IntegrityCheckerSettings, clock: Clock = utc_now) -> Integri
         svc.in_background(
             lambda: svc.scrubber.run(settings.scrub_interval_s),
             leader=Leader(leases, svc.metrics, "scrub", settings.loop_lease_s),
+        )
+    if settings.copy_interval_s > 0 and settings.replica_roots:
+        svc.in_background(
+            lambda: svc.replicator.run(settings.copy_interval_s),
+            leader=Leader(leases, svc.metrics, "replicate", settings.loop_lease_s),
         )
     if settings.reconcile_interval_s > 0:
         svc.in_background(

@@ -17,12 +17,17 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointReleasedV1,
     CheckpointState,
     CheckpointVerifiedV1,
+    CopyState,
     FailureSide,
 )
 from ckpt_ha.contracts.envelope import EventData
+from ckpt_ha.core.copies import CopyRecord, valid_copies
 from ckpt_ha.core.corruption import condemn
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.formats.report import Report, Verdict
+
+ALL_COPIES_LOST = "all copies lost"
+"""The reason a checkpoint that had copies is corrupt once none of them is left valid."""
 
 # Every verdict but `valid` is the job's output being wrong or incomplete; storage outages never
 # reach here (they are retried), so infrastructure-side failures show up as write_failed instead.
@@ -167,17 +172,30 @@ def scrub_findings(recorded: Mapping[str, str], report: Report) -> list[str]:
 
 
 def scrub_outcome(
-    *, job_id: str, checkpoint_id: str, uri: str, recorded: Mapping[str, str], report: Report
+    *,
+    job_id: str,
+    checkpoint_id: str,
+    uri: str,
+    recorded: Mapping[str, str],
+    report: Report,
+    copies: Mapping[str, CopyRecord] | None = None,
 ) -> list[EventData]:
     """Nothing while a valid checkpoint still matches; else `corrupt` + `quarantined`.
 
     Bytes that change after verification are the platform's problem (bit rot, a bad disk, an
-    overwrite by someone else), not the job's: the side is infrastructure.
+    overwrite by someone else), not the job's: the side is infrastructure. With ``copies`` (a
+    tier that replicates) the reason says what is left: the verified copy a restore now uses,
+    or ``all copies lost`` when every copy it had is gone too.
     """
     findings = scrub_findings(recorded, report)
     if not findings:
         return []
     reason = f"scrub: {findings[0]}"
+    good = valid_copies(copies or {})
+    if good:
+        reason += f"; restorable from its verified copy {good[0].uri}"
+    elif copies:
+        reason = f"{ALL_COPIES_LOST}: {reason}"
     return list(
         condemn(
             job_id=job_id,
@@ -189,6 +207,16 @@ def scrub_outcome(
             why_quarantined=f"re-verification failed: {findings[0]}",
         )
     )
+
+
+def without(copies: Mapping[str, CopyRecord], failed: Iterable[str]) -> dict[str, CopyRecord]:
+    """``copies`` with the ``failed`` ones no longer valid (a scrub found them bad just now,
+    before the registry heard it)."""
+    bad = set(failed)
+    return {
+        uri: c.model_copy(update={"state": CopyState.CORRUPT}) if uri in bad else c
+        for uri, c in copies.items()
+    }
 
 
 def verdict_key(checkpoint_id: str, cause: str, *, released: bool) -> str:

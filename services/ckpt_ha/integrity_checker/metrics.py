@@ -97,3 +97,61 @@ class VerifyMetrics:
     def observe(self, fmt: str, verdict: str, seconds: float, nbytes: int) -> None:
         self.seconds.labels(self.service, fmt, verdict).observe(seconds)
         self.bytes.labels(self.service, fmt, verdict).inc(nbytes)
+
+
+class CopyMetrics:
+    """The integrity-checker's copies of valid checkpoints on replicas (tiers that replicate)."""
+
+    def __init__(self, metrics: ServiceMetrics) -> None:
+        self.service = metrics.service
+        self.bytes = Counter(
+            "ckpt_ha_copy_bytes_total",
+            "Bytes written to replicas by copies of valid checkpoints.",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.copies = Counter(
+            "ckpt_ha_copies_total",
+            "Copies of checkpoints verified on a replica, by outcome: valid, corrupt (a copy or "
+            "a scrub of it found it damaged) or missing (a scrub found it gone).",
+            ["service", "outcome"],
+            registry=metrics.registry,
+        )
+        self.lag = Gauge(
+            "ckpt_ha_replication_lag_seconds",
+            "Age of the oldest valid checkpoint still lacking its copy on its tier's replica "
+            "(0: every copy is made), as of the last copy round.",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.all_lost = Counter(
+            "ckpt_ha_copies_all_lost_total",
+            "Checkpoints a scrub found with every copy gone or damaged, the primary included "
+            "(all copies lost: it pages).",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.interrupted = Counter(
+            "ckpt_ha_copy_interrupted_total",
+            "Copy rounds cut short by a storage or registry outage (resumed next round).",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.read_bytes = Counter(
+            "ckpt_ha_copy_read_bytes_total",
+            "Bytes the copies read (the primary's files and the copy's verification).",
+            ["service"],
+            registry=metrics.registry,
+        )
+        self.throttled = Counter(
+            "ckpt_ha_copy_throttle_wait_seconds_total",
+            "Seconds the copies' reads waited for their read budget (copy_bytes_per_s).",
+            ["service"],
+            registry=metrics.registry,
+        )
+
+    def read(self, n: int) -> None:
+        self.read_bytes.labels(self.service).inc(n)
+
+    def waited(self, seconds: float) -> None:
+        self.throttled.labels(self.service).inc(seconds)

@@ -6,6 +6,7 @@
   and one checkpoint's record (`CheckerRegistry`: is it decided already, did the registrar
   apply this release); the scrub lists the valid ones (`CheckpointReader`). The registrar alone
   writes the registry;
+  the copies also read each job's tier (`CopyRegistry`);
 * ``clock``: injected time (`Clock`).
 """
 
@@ -15,6 +16,7 @@ from typing import Protocol
 
 from ckpt_ha.bus.port import Publisher
 from ckpt_ha.core.clock import Clock
+from ckpt_ha.core.tiers import TierChoice
 from ckpt_ha.registry.port import CheckpointBatchLookup, CheckpointLookup, CheckpointReader
 from ckpt_ha.storage.port import ObjectStore
 
@@ -23,6 +25,7 @@ __all__ = [
     "CheckpointLookup",
     "CheckpointReader",
     "Clock",
+    "CopyRegistry",
     "ObjectStore",
     "Publisher",
 ]
@@ -30,3 +33,9 @@ __all__ = [
 
 class CheckerRegistry(CheckpointBatchLookup, CheckpointReader, Protocol):
     """What the handlers read: a batch's records at once, one record, a job's records."""
+
+
+class CopyRegistry(CheckpointReader, Protocol):
+    """What the copies read: the valid records, and each job's tier (does it replicate)."""
+
+    async def tier_of(self, job_id: str) -> TierChoice: ...

@@ -2,7 +2,8 @@
 
 Bytes rot, disks fail, someone overwrites a shard in place: a checkpoint verified last week is not
 necessarily intact today (R7: evidence per level, never assumed). Each round re-reads every VALID
-checkpoint the registry holds, compares the checksums with those its `verified` event recorded,
+checkpoint the registry holds, compares the checksums with those its `verified` event recorded
+(and, for a tier that replicates, each valid copy on its replica: `replication.Replicator`),
 and reports a mismatch, a missing file or a failed verdict as `corrupt` + `quarantined`, moving
 the bytes aside first. A storage or registry outage ends the round early and is retried next
 round; it is never reported as corruption.
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
@@ -41,6 +43,14 @@ from ckpt_ha.telemetry import tracing
 
 SOURCE = "ckpt-ha/integrity-checker"
 log = logging.getLogger("ckpt_ha.integrity_checker.scrub")
+
+
+class CopyCheck(Protocol):
+    """What re-verifies a checkpoint's copies on their replicas (`replication.Replicator`)."""
+
+    async def check_copies(self, record: CheckpointRecord, *, primary_ok: bool) -> list[str]:
+        """Verify ``record``'s valid copies; the URIs of those that failed (announced)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -66,8 +76,11 @@ class Scrubber:
         algorithm: str,
         metrics: ScrubMetrics,
         budget: ReadBudget | None = None,
+        copies: CopyCheck | None = None,
     ) -> None:
-        """``budget``: the read budget on ``store``'s root (None: unlimited, still counted)."""
+        """``budget``: the read budget on ``store``'s root (None: unlimited, still counted);
+        ``copies``: what checks each checkpoint's copies on their replicas after its primary
+        (None: copies are not checked)."""
         self.store = store
         self.registry = registry
         self.publisher = publisher
@@ -79,6 +92,7 @@ class Scrubber:
         self.reads = BudgetedStore(store, self.budget)
         """What verification reads through; listing, ownership and quarantine use ``store``."""
         self.resume_after: str | None = None
+        self.copies = copies
 
     async def scrub_once(self, limit_s: float | None = None) -> ScrubRound:
         """One round, traced as a trace of its own; a corruption it finds is reported in the
@@ -159,7 +173,19 @@ class Scrubber:
             uri=record.uri,
             recorded=record.checksums,
             report=report,
+            copies=record.copies,
         )
+        if self.copies is not None and record.copies:
+            failed = await self.copies.check_copies(record, primary_ok=not datas)
+            if datas and failed:  # what is left to restore from, for the primary's verdict
+                datas = domain.scrub_outcome(
+                    job_id=record.job_id,
+                    checkpoint_id=record.checkpoint_id,
+                    uri=record.uri,
+                    recorded=record.checksums,
+                    report=report,
+                    copies=domain.without(record.copies, failed),
+                )
         if not datas:
             return 0
         current = await self.registry.get(record.checkpoint_id)

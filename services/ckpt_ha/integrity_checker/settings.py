@@ -8,8 +8,8 @@ from ckpt_ha.runtime.settings import ServiceSettings
 
 
 class IntegrityCheckerSettings(ServiceSettings):
-    """The shared settings plus the checksum, the scrub and the re-verification of checkpoints
-    whose verdict an outage lost."""
+    """The shared settings plus the checksum, the scrub, the copies of replicating tiers and the
+    re-verification of checkpoints whose verdict an outage lost."""
 
     checksum: Literal["xxh3_64", "sha256"] = "xxh3_64"
     """Checksum for formats that carry none: ``xxh3_64`` (storage speed) or ``sha256``
@@ -32,5 +32,19 @@ class IntegrityCheckerSettings(ServiceSettings):
     longer than the retry budget) and is verified again. Keep it above JetStream's duplicate
     window (120 s): the verdict of a re-drive has the lost one's id, and within the window the
     stream drops it as a duplicate of a verdict the registrar may have dead-lettered."""
+    replica_roots: dict[str, str] = Field(default_factory=dict)
+    """Where the copies of each replicating tier go: tier name → root (``s3://bucket/prefix``
+    or a path), as JSON, e.g. ``{"critical": "s3://ckpt-copies/train"}``. Each valid checkpoint
+    of a job on such a tier is copied to the same key under that root and verified there. A tier
+    that replicates without a root here gets no copies (say so: `ckpt_ha_replication_lag_seconds`
+    stays 0 for it)."""
+    copy_interval_s: float = Field(default=30.0, ge=0)
+    """How often the valid checkpoints are looked at for missing copies (0 turns copies off)."""
+    copy_bytes_per_s: int = Field(default=200 * 2**20, ge=0)
+    """The copies' read budget, in bytes per second, over the primary's files and the copy's
+    verification (0: unlimited; default 200 MiB/s), so copies never take more than this share
+    of the storage's bandwidth from training."""
+    copy_burst_bytes: int = Field(default=8 * 2**20, gt=0)
+    """How many bytes the copies may read at once above their rate after being idle."""
     reconcile_interval_s: float = Field(default=300.0, ge=0)
     """How often the registry is read for checkpoints past their deadline (0 turns it off)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+from ckpt_ha.core.copies import valid_copies
 from ckpt_ha.core.locations import LocationNotOwned, plan_removal
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator.domain.closure import Reclaimed
@@ -17,7 +18,7 @@ from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore
 from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import neighbours, owned_key, remove
 
-__all__ = ["candidate", "reclaim", "selection"]
+__all__ = ["candidate", "primary_present", "reclaim", "selection"]
 
 
 def candidate(r: CheckpointRecord) -> Candidate:
@@ -34,12 +35,35 @@ def candidate(r: CheckpointRecord) -> Candidate:
         run_id=r.run_id,
         traceparent=r.traceparent,
         tracestate=r.tracestate,
+        copies=tuple(c.uri for c in valid_copies(r.copies)),
     )
 
 
 SELECTION_PAGE = 4
 """Records read per round trip when choosing: a plan usually needs only the newest two or three
 (each record read is a full record's JSON parse, a good share of a decision's CPU in a burst)."""
+
+
+async def primary_present(store: ObjectStore, job: str, c: Candidate) -> bool:
+    """Whether the candidate's primary folder still holds anything (a wiped disk, a deleted
+    prefix: nothing). A location outside ``store`` or not the job's is not looked at (True:
+    nothing says it is gone). A transient storage error propagates (decided again later)."""
+    if key_for_uri(store, c.uri) is None:
+        return True
+    try:
+        key = owned_key(store, job, c.checkpoint_id, c.uri)
+    except LocationNotOwned:
+        return True
+
+    def any_object() -> bool:
+        return store.list_page(f"{key.rstrip('/')}/", page_size=1).items != ()
+
+    try:
+        return await bounded.call(any_object)
+    except StorageError as exc:
+        if exc.transient:
+            raise
+        return False
 
 
 async def selection(reads: CheckpointReads, job: str, excluded: Iterable[str]) -> Selection:

@@ -204,7 +204,7 @@ def compose_handlers(
     decider = Decider(
         state,
         projection,
-        Sources(registry, stored),
+        Sources(registry, stored, store),
         outbox,
         metrics,
         DecisionRules(lease_ttl_s, verification_grace_s, new_id),

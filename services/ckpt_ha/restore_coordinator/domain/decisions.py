@@ -149,6 +149,8 @@ def decide_failure(
             "job.started (the attempt that wrote it)"
         )
         verdict = replace(verdict, reasons=(note, *verdict.reasons))
+    if chosen.source is not None:
+        verdict = replace(verdict, reasons=(chosen.source, *verdict.reasons))
     if verdict.mode is None:
         detail = (
             f"compatibility {verdict.compatibility.value} restoring {chosen.checkpoint_id}: "

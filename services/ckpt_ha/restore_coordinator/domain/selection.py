@@ -40,6 +40,37 @@ class Candidate:
     inherited_from: int | None = None
     """The attempt whose ``job.started`` filled in identity the checkpoint does not carry
     (`with_inherited_identity`), if any."""
+    copies: tuple[str, ...] = ()
+    """Where its verified copies are (a tier that replicates), the most recently verified
+    first: a restore uses one when the primary is gone, unreadable or condemned
+    (`from_copy`)."""
+    source: str | None = None
+    """Why ``uri`` is a copy and not the primary (None: it is the primary)."""
+
+
+CONDEMNED = frozenset({CheckpointState.CORRUPT, CheckpointState.QUARANTINED})
+"""Primary states a verified copy still restores from: the bytes at the primary are bad or
+gone, the checkpoint (same id, same checksums) survives in its copy."""
+
+
+def from_copy(candidate: Candidate, why: str) -> Candidate:
+    """``candidate`` restored from its newest verified copy instead of its primary (``why``:
+    what is wrong with the primary); unchanged when it has no copy."""
+    if not candidate.copies:
+        return candidate
+    copy = candidate.copies[0]
+    note = f"primary {candidate.uri} {why}: restoring from its verified copy {copy}"
+    return replace(candidate, uri=copy, source=note)
+
+
+def restorable(candidate: Candidate) -> Candidate | None:
+    """The candidate as a restore would use it: valid at its primary, or condemned there with a
+    verified copy (then from that copy); None: not restorable."""
+    if candidate.state is CheckpointState.VALID:
+        return candidate
+    if candidate.state in CONDEMNED and candidate.copies:
+        return from_copy(candidate, f"is {candidate.state.value}")
+    return None
 
 
 INHERITED = ("environment", "topology", "code_version")
@@ -104,7 +135,8 @@ class Selection:
 
 def select(newest_first: Iterable[Candidate], excluded: Iterable[str] = ()) -> Selection:
     """The newest valid checkpoint not excluded (failed to load before), the one after it, and
-    the newest one still being verified above them."""
+    the newest one still being verified above them. A checkpoint whose primary is condemned
+    but which has a verified copy counts as valid, restored from the copy (`restorable`)."""
     skip = set(excluded)
     picked: list[Candidate] = []
     verifying: Candidate | None = None
@@ -113,8 +145,9 @@ def select(newest_first: Iterable[Candidate], excluded: Iterable[str] = ()) -> S
             continue
         if c.state is CheckpointState.PENDING_VERIFICATION and not picked and verifying is None:
             verifying = c
-        if c.state is CheckpointState.VALID:
-            picked.append(c)
+        usable = restorable(c)
+        if usable is not None:
+            picked.append(usable)
             if len(picked) == 2:
                 break
     return Selection(

@@ -16,7 +16,13 @@ from ckpt_ha.core.errors import DependencyNotReady, TransientError
 from ckpt_ha.restore_coordinator import adapters, domain
 from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
-from ckpt_ha.restore_coordinator.ports import CheckpointReads, NewId, RestoreState, StoredEvents
+from ckpt_ha.restore_coordinator.ports import (
+    CheckpointReads,
+    NewId,
+    ObjectStore,
+    RestoreState,
+    StoredEvents,
+)
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
 from ckpt_ha.restore_coordinator.records import DecisionRecord, History, Point, Started
 from ckpt_ha.telemetry import tracing
@@ -51,6 +57,9 @@ class Sources:
 
     registry: CheckpointReads
     stored: StoredEvents | None = None
+    store: ObjectStore | None = None
+    """The storage root: is the chosen checkpoint's primary still there, when it has a copy
+    to restore from instead (None: not looked at)."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +188,11 @@ class Decider:
             inherited = domain.with_inherited_identity(selection.chosen, job, starts)
             selection = replace(selection, chosen=inherited)
         chosen = selection.chosen
+        if chosen is not None and chosen.copies and chosen.source is None:
+            store = self.sources.store
+            if store is not None and not await adapters.primary_present(store, job, chosen):
+                chosen = domain.from_copy(chosen, "is missing (nothing left at its location)")
+                selection = replace(selection, chosen=chosen)
         at_step = None
         if chosen is not None and chosen.step is not None:
             at_step = await self.state.point_at(job, chosen.step)
