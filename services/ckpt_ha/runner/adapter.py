@@ -82,6 +82,12 @@ class SchedulerAdapter(Protocol):
         """Send ``sig`` to the running attempt (no-op when none runs)."""
         ...
 
+    def stop(self, grace_s: float) -> None:
+        """End every process of the running attempt for good (a hung attempt): a polite
+        signal, then after ``grace_s`` one nothing survives. Returns once asked; ``wait`` says
+        when the attempt is gone. No-op when none runs."""
+        ...
+
 
 def memory_events(cgroup_root: Path = Path("/sys/fs/cgroup")) -> Path | None:
     """This process's cgroup v2 ``memory.events`` file, if there is one."""
@@ -177,6 +183,24 @@ class LocalProcess:
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, sig)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM to the attempt's whole process group (the command runs in its own session:
+        torchrun and every rank it started), SIGKILL to what is left after ``grace_s``. A rank
+        stuck in a collective or a sleeping (SIGSTOPped) one dies too."""
+        proc = self._proc
+        if proc is None:
+            return
+        _signal_group(proc.pid, signals.SIGTERM)
+        _signal_group(proc.pid, signals.SIGCONT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        _signal_group(proc.pid, signals.SIGKILL)  # the leader gone, its group may live on
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def read_error_file(path: str | None) -> ErrorRecord | None:

@@ -29,6 +29,7 @@ from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.paths import inside, join
+from ckpt_ha.sdk import marks
 from ckpt_ha.sdk import state as codec
 from ckpt_ha.sdk.protocol import BusEndpoint, Context, context, trace_context, try_announce
 from ckpt_ha.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState
@@ -220,6 +221,7 @@ def folder_for(job_id: str, step: int, attempt: int = 1) -> str:
     return base if attempt <= 1 else f"{base}-a{attempt}"
 
 
+@marks.during("save")
 def save(
     storage_root: str | ObjectStore,
     job_id: str,
