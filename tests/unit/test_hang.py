@@ -113,9 +113,20 @@ def test_the_first_steps_after_a_start_or_a_restore_do_not_count() -> None:
     job.poll_until(600)  # loading, compiling: no step yet
     job.steps(2, every(300.0))  # two very slow first steps (the warm-up)
     assert not job.verdicts
-    assert job.detector.threshold() is None
+    assert job.detector.threshold() == 1800.0  # too few intervals: the collectives' timeout
     job.steps(3, every(1.0))
     assert job.detector.threshold() == 30.0  # the warm-up is not in the statistics
+
+
+def test_a_stall_in_the_first_steps_is_a_hang_only_after_the_unknown_threshold() -> None:
+    job = Job()
+    job.steps(3, every(1.0))
+    stalled_at = job.now
+    job.poll_until(job.now + 1799)
+    assert not job.verdicts
+    job.poll_until(job.now + 3)
+    assert job.verdicts[0][0] - stalled_at <= 1800 + 2 * POLL_S  # seen at the next poll
+    assert job.verdicts[0][1].threshold_s == 1800.0
 
 
 def test_a_slow_phase_past_its_ceiling_is_a_hang_too() -> None:

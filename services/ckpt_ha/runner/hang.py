@@ -20,8 +20,9 @@ Evidence, and why each piece:
   filesystem) is a hang too.
 * **The first steps do not count.** Until ``warmup_intervals`` + ``min_samples`` step
   intervals were seen in this attempt (a start, or a restore: compilation, caches, the load),
-  no threshold exists and nothing is declared; the intervals of the warm-up are not
-  statistics either.
+  only a silence of ``unknown_s`` (30 min, the collectives' own default timeout) is a hang;
+  the intervals of the warm-up are not statistics either. Nothing counts before a rank's
+  first mark (the load, the imports).
 * **Which ranks stopped first**: those at the lowest last step; among equals, the ones whose
   last change is oldest (within `TIE_S`). In a job in lockstep the others are waiting for them.
 """
@@ -56,14 +57,18 @@ class HangPolicy:
     """A slow phase longer than this is a hang too (a save on a stalled filesystem)."""
     fixed_s: float | None = None
     """The per-job override: this threshold instead of the adaptive one (no warm-up rule)."""
+    unknown_s: float = 1800.0
+    """The threshold while the job has shown too few step intervals to judge (its first steps,
+    or a short run): only a stall as long as gloo's and NCCL's own default timeout is a hang
+    then, however slow a first step may legitimately be (compilation, a cold cache)."""
 
-    def threshold(self, intervals: list[float]) -> float | None:
-        """The silence (s) that is a hang, from the job's recent step intervals; None: not
-        enough of them yet (nothing can be declared)."""
+    def threshold(self, intervals: list[float]) -> float:
+        """The silence (s) that is a hang, from the job's recent step intervals
+        (`unknown_s` while there are fewer than ``min_samples`` of them)."""
         if self.fixed_s is not None:
             return self.fixed_s
         if len(intervals) < self.min_samples:
-            return None
+            return self.unknown_s
         return max(self.floor_s, self.factor * quantile(intervals[-self.window :], self.percentile))
 
 
@@ -153,7 +158,7 @@ class HangDetector:
             self.phase_since = None
             self.quiet_from = now
 
-    def threshold(self) -> float | None:
+    def threshold(self) -> float:
         return self.policy.threshold(self.intervals)
 
     def verdict(self, now: float) -> Hang | None:
@@ -168,8 +173,6 @@ class HangDetector:
             slow = tuple(sorted(r for r, s in self.ranks.items() if s.mark.phase is not None))
             return Hang(self._last_step(), slow, now - self.phase_since, ceiling, phase)
         threshold = self.threshold()
-        if threshold is None:
-            return None
         silent = {r: now - max(s.changed, self.quiet_from) for r, s in self.ranks.items()}
         if max(silent.values()) <= threshold:
             return None
