@@ -25,19 +25,23 @@ class Job:
 
     def __init__(self, ranks: int = 2, policy: HangPolicy | None = None) -> None:
         self.now = 0.0
+        self.next_poll = POLL_S
         self.detector = HangDetector(policy or HangPolicy())
         self.marks = {r: Mark(step=None, at=0.0) for r in range(ranks)}
         self.step = 0
         self.verdicts: list[tuple[float, Hang]] = []
 
     def poll_until(self, until: float) -> None:
-        while self.now + POLL_S <= until:
-            self.now += POLL_S
+        """The clock moves to ``until``; the runner polls at every whole second on the way."""
+        while self.next_poll <= until:
+            self.now = self.next_poll
+            self.next_poll += POLL_S
             for rank, mark in self.marks.items():
                 self.detector.observe(rank, mark, self.now)
             hang = self.detector.verdict(self.now)
             if hang is not None:
                 self.verdicts.append((self.now, hang))
+        self.now = until
 
     def steps(self, count: int, interval: Callable[[], float], ranks: list[int] | None = None):
         for _ in range(count):
@@ -106,6 +110,23 @@ def test_one_rank_evaluating_holds_the_others_waiting_for_it() -> None:
     job.phase("eval", ranks=[0])  # ranks 1-3 wait in a collective, silent and unmarked
     job.poll_until(job.now + 900)
     assert not job.verdicts
+
+
+def test_a_rank_stuck_behind_a_collective_save_is_not_excused_by_it() -> None:
+    """Rank 1 stops before step 50; rank 0 reports 50 and enters the (collective) save of step
+    50, where it waits for rank 1: the save's phase must not hide rank 1's stall."""
+    job = Job()
+    job.steps(49, every(0.3))
+    job.steps(1, every(0.3), ranks=[0])
+    job.phase("save", ranks=[0])
+    stalled_at = job.now
+    job.poll_until(job.now + 120)
+    assert job.verdicts
+    when, hang = job.verdicts[0]
+    assert when - stalled_at <= 60
+    assert hang.stalled_ranks == (1,)
+    assert hang.last_step == 49
+    assert hang.phase is None
 
 
 def test_the_first_steps_after_a_start_or_a_restore_do_not_count() -> None:

@@ -13,11 +13,13 @@ Evidence, and why each piece:
   job's own recent step intervals (all ranks, the last ``window`` of them), never under
   ``floor_s``. A job whose steps take 2 s gets max(floor, ~10 s); one whose steps take 5 min
   gets ~25 min. Nothing to configure; ``fixed_s`` overrides it for the rare job that needs it.
-* **Slow phases do not count.** While any rank is in a slow phase (a save, an evaluation, a
-  load: the SDK, the DCP wrapper and the Trainer callback mark them), no rank's silence counts:
-  the other ranks are usually waiting for it in a collective. Silence counts again from the
-  end of the phase. A phase longer than ``slow_phase_ceiling_s`` (a save on a stalled
-  filesystem) is a hang too.
+* **Slow phases do not count.** While a rank is in a slow phase (a save, an evaluation, a
+  load: the SDK, the DCP wrapper and the Trainer callback mark them), its silence does not
+  count, nor that of the ranks that may be waiting for it in a collective: those at its step
+  or past it. A rank behind that step never reached the phase, and its silence counts (rank 1
+  stuck at step 49 while rank 0 waits for it inside the collective save of step 50 is a
+  hang). Silence counts again from the end of the phase. A phase longer than
+  ``slow_phase_ceiling_s`` (a save on a stalled filesystem) is a hang too.
 * **The first steps do not count.** Until ``warmup_intervals`` + ``min_samples`` step
   intervals were seen in this attempt (a start, or a restore: compilation, caches, the load),
   only a silence of ``unknown_s`` (30 min, the collectives' own default timeout) is a hang;
@@ -165,18 +167,34 @@ class HangDetector:
         """The attempt is hung now (its processes being alive is the caller's knowledge)."""
         if not self.ranks:
             return None
-        if self.phase_since is not None:
-            ceiling = self.policy.slow_phase_ceiling_s
-            if now - self.phase_since <= ceiling:
-                return None
+        if self.phase_since is not None and now - self.phase_since > (
+            ceiling := self.policy.slow_phase_ceiling_s
+        ):
             phase = next((s.mark.phase for s in self.ranks.values() if s.mark.phase), None)
             slow = tuple(sorted(r for r, s in self.ranks.items() if s.mark.phase is not None))
             return Hang(self._last_step(), slow, now - self.phase_since, ceiling, phase)
         threshold = self.threshold()
-        silent = {r: now - max(s.changed, self.quiet_from) for r, s in self.ranks.items()}
-        if max(silent.values()) <= threshold:
+        silent = {
+            r: now - max(s.changed, self.quiet_from)
+            for r, s in self.ranks.items()
+            if not self._excused(s)
+        }
+        if not silent or max(silent.values()) <= threshold:
             return None
         return Hang(self._last_step(), self._first_stopped(), max(silent.values()), threshold)
+
+    def _excused(self, state: _RankState) -> bool:
+        """A rank's silence does not count while it, or a rank it may be waiting for, is in a
+        slow phase. It may wait only for a rank at its own step or behind it: a rank behind
+        the step where another's phase began never reached that phase's collective (rank 0
+        saving step 50 excuses rank 1 silent after step 50, not rank 1 stuck at 49)."""
+        if state.mark.phase is not None:
+            return True
+        slow_steps = [s.mark.step for s in self.ranks.values() if s.mark.phase is not None]
+        if not slow_steps:
+            return False
+        mine = state.mark.step
+        return mine is None or any(step is None or mine >= step for step in slow_steps)
 
     def _last_step(self) -> int | None:
         steps = [s.mark.step for s in self.ranks.values() if s.mark.step is not None]
