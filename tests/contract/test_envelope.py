@@ -22,6 +22,7 @@ from ckpt_ha.contracts.job import (
     FailureCauseV1,
     JobFailedV1,
     JobFailedV2,
+    JobFailedV3,
     JobStartedV1,
     JobStartedV2,
 )
@@ -96,7 +97,7 @@ SAMPLES: dict[str, dict[str, Any]] = {
 
 NEWER = {
     "resume.load_failed": (1, 2), "resume.planned": (1, 2), "resume.escalated": (1, 2),
-    "job.started": (1, 2), "job.failed": (1, 2),
+    "job.started": (1, 2), "job.failed": (1, 2, 3),
 }  # fmt: skip
 """Types with more than one version; every other type has only v1."""
 
@@ -157,6 +158,23 @@ def test_v1_job_starts_and_failures_are_upcast_and_v2_causes_are_refused_as_v1()
         assert JobFailedV2.model_validate({"job_id": "j", "run_id": "r", "cause": cause})
 
 
+def test_v2_failures_are_upcast_to_v3_and_a_hang_is_refused_as_v2() -> None:
+    """v3 added the cause ``hang`` (with the ranks that stopped first and the threshold): a v2
+    failure reads as v3 with neither; ``hang`` is no v2 value (a v2 consumer refuses it, which
+    is why the runner publishes v3 for a hang only)."""
+    failed = JobFailedV2(job_id="j", run_id="r", cause="lost", rank=1)
+    decoded = CATALOG.decode(build(failed, source="t", time=NOW, key="k").to_bytes())
+    assert isinstance(decoded.data, JobFailedV3)
+    assert decoded.data.cause is FailureCause.LOST
+    assert (decoded.data.stalled_ranks, decoded.data.hang_after_s) == ((), None)
+    assert decoded.type == "ckpt-ha.job.failed.v3"
+    with pytest.raises(ValidationError, match="cause"):
+        JobFailedV2.model_validate({"job_id": "j", "run_id": "r", "cause": "hang"})
+    hang = JobFailedV3(job_id="j", run_id="r", cause="hang", stalled_ranks=(1,), hang_after_s=30)
+    again = CATALOG.decode(build(hang, source="t", time=NOW, key="k").to_bytes())
+    assert again.data == hang
+
+
 @pytest.mark.parametrize("event_type", sorted(SAMPLES))
 def test_round_trip(event_type: str) -> None:
     model = CATALOG.latest(event_type)
@@ -175,7 +193,7 @@ def test_event_ids_are_deterministic() -> None:
     b = build(data, source="y", time=datetime.now(UTC), key="cause-1")
     c = build(data, source="x", time=NOW, key="cause-2")
     assert a.id == b.id != c.id
-    assert a.id == derive_event_id("ckpt-ha.job.failed.v2", "j", "cause-1")
+    assert a.id == derive_event_id("ckpt-ha.job.failed.v3", "j", "cause-1")
 
 
 def test_models_are_frozen_and_closed() -> None:

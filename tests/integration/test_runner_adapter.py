@@ -128,3 +128,46 @@ def test_a_sigkilled_torchrun_rank_is_reported_as_that_ranks_node_exit(tmp_path:
     assert "rank 1 (torchrun)" in error.detail
     assert error.detail.endswith("ValueError: loss is nan at step 18")
     assert error.signature != failure.signature
+
+
+SPAWNER = """
+import signal, subprocess, sys, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+child = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+kids = [subprocess.Popen([sys.executable, "-c", child], start_new_session=True) for _ in range(2)]
+open(sys.argv[1], "w").write(" ".join(str(k.pid) for k in kids))
+time.sleep(600)
+"""
+
+
+def _gone(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] == "Z"  # a zombie is gone, not yet reaped
+
+
+def test_stop_ends_every_process_of_a_hung_attempt_even_ranks_in_their_own_sessions(
+    tmp_path: Path,
+) -> None:
+    """Issue 28: torchrun starts each rank in a session of its own, so signalling the command's
+    process group misses them; a hung attempt's ranks ignore SIGTERM. `stop` ends them all."""
+    pids_file = tmp_path / "pids"
+    adapter = LocalProcess(stderr=io.BytesIO())
+    adapter.start([sys.executable, "-c", SPAWNER, str(pids_file)], {**os.environ})
+    deadline = time.monotonic() + 30
+    while not (pids_file.exists() and pids_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    kids = [int(p) for p in pids_file.read_text().split()]
+    assert len(kids) == 2
+    assert all(os.getpgid(k) == k for k in kids)  # their own sessions, like torchrun's ranks
+    started = time.monotonic()
+    adapter.stop(grace_s=1.0)
+    info = adapter.wait()
+    assert info.signal == signal.SIGKILL  # it ignored SIGTERM: killed after the grace
+    deadline = time.monotonic() + 10
+    while not all(_gone(k) for k in kids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(k) for k in kids), kids
+    assert time.monotonic() - started < 10

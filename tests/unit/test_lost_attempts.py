@@ -20,7 +20,7 @@ from ckpt_ha.contracts.job import (
     JobStartedV2,
     JobSucceededV1,
 )
-from ckpt_ha.core.tiers import TIERS, lost_after
+from ckpt_ha.core.tiers import LOST_FLOOR_S, MISSED_HEARTBEATS, TIERS, lost_after
 from ckpt_ha.restore_coordinator import liveness
 from ckpt_ha.restore_coordinator.app import compose_handlers
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
@@ -57,12 +57,18 @@ def start(
 # --- the rules ---
 
 
-def test_the_deadline_is_declared_else_the_tiers_else_none_without_heartbeats() -> None:
+def test_the_deadline_is_declared_else_a_few_missed_heartbeats_else_none() -> None:
     assert lost_after(start(deadline_s=7)) == 7
-    assert lost_after(start(deadline_s=None, tier="critical")) == 60
-    assert lost_after(start(deadline_s=None, tier="standard")) == 120
-    assert lost_after(start(deadline_s=None)) == TIERS["exploratory"].lost_after_s == 300
-    assert lost_after(start(deadline_s=None, tier="gold")) == 300  # unknown: the cheapest's
+    # Four missed heartbeats (issue 28: a lost host is noticed within 60 s at the defaults),
+    # never under the floor, never over the tier's ceiling.
+    assert lost_after(start(heartbeat_s=10, deadline_s=None)) == 4 * 10 == 40
+    assert lost_after(start(heartbeat_s=1, deadline_s=None)) == LOST_FLOOR_S == 30
+    assert lost_after(start(heartbeat_s=60, deadline_s=None)) == 240
+    assert lost_after(start(heartbeat_s=60, deadline_s=None, tier="critical")) == 60
+    assert lost_after(start(heartbeat_s=60, deadline_s=None, tier="standard")) == 120
+    assert TIERS["exploratory"].lost_after_s == 300
+    assert lost_after(start(heartbeat_s=600, deadline_s=None, tier="gold")) == 300  # cheapest's
+    assert MISSED_HEARTBEATS * 10 + 5 + 10 <= 60  # deadline + check interval + one beat
     assert lost_after(start(heartbeat_s=None)) is None
     v1 = CATALOG.decode(
         build(JobStartedV1(job_id=JOB, run_id="r"), source="t", time=T0, key="k")

@@ -25,9 +25,13 @@ from ckpt_ha.contracts.bounds import (
 from ckpt_ha.contracts.checkpoint import FailureSide, RuntimeEnvironment, Topology
 from ckpt_ha.contracts.envelope import EventData
 
+MAX_STALLED_RANKS = 64
+"""The ranks a hang names at most (the first to stop; the rest are waiting for them)."""
+
 
 class FailureCause(StrEnum):
-    """Why an attempt ended (``job.failed`` v2; v1 knows the first five only)."""
+    """Why an attempt ended (``job.failed`` v3; v2 knows all but ``hang``, v1 the first five
+    only)."""
 
     NODE_EXIT = "node_exit"
     """The process was killed from outside (a signal nobody in the job sent)."""
@@ -42,6 +46,22 @@ class FailureCause(StrEnum):
     deadline (declared by the restore-coordinator, not by the attempt)."""
     CANCELLED = "cancelled"
     """A user cancelled the job: never restored automatically."""
+    HANG = "hang"
+    """The attempt's processes were alive but its progress stopped for longer than its hang
+    threshold (outside a save, an evaluation or its first steps): its supervisor stopped it."""
+
+
+class FailureCauseV2(StrEnum):
+    """The causes ``job.failed`` v2 can carry (v2 consumers refuse ``hang``)."""
+
+    NODE_EXIT = "node_exit"
+    OOM = "oom"
+    ERROR = "error"
+    PREEMPTED = "preempted"
+    UNKNOWN = "unknown"
+    NODE_LOST = "node_lost"
+    LOST = "lost"
+    CANCELLED = "cancelled"
 
 
 class FailureCauseV1(StrEnum):
@@ -208,12 +228,29 @@ class JobFailedV2(JobFailedV1):
 
     EVENT_VERSION: ClassVar[int] = 2
 
-    cause: FailureCause = FailureCause.UNKNOWN  # type: ignore[assignment]
+    cause: FailureCauseV2 = FailureCauseV2.UNKNOWN  # type: ignore[assignment]
     rank: Rank | None = None
     """The process (rank) that failed first, in a multi-rank job."""
     reported_by: Name | None = None
     """Who saw the end: ``runner``, a scheduler adapter (``slurm``), or ``restore-coordinator``
     for a lost attempt. None: an older reporter."""
+
+
+class JobFailedV3(JobFailedV2):
+    """v3 adds the cause ``hang`` (the attempt's processes lived on while its progress
+    stopped; its supervisor stopped them) and, for it, the ranks that stopped first. v2 events
+    are upcast (`failed_v2_to_v3`); a v2 consumer parks a v3 event, so a supervisor publishes
+    v3 for a hang only."""
+
+    EVENT_VERSION: ClassVar[int] = 3
+
+    cause: FailureCause = FailureCause.UNKNOWN  # type: ignore[assignment]
+    stalled_ranks: tuple[Rank, ...] = Field(default=(), max_length=MAX_STALLED_RANKS)
+    """The ranks whose progress stopped first (cause ``hang``, ranks that report progress);
+    empty otherwise. ``rank`` is the first of them."""
+    hang_after_s: Seconds | None = Field(default=None, gt=0)
+    """The silence, in seconds, that made it a hang (its threshold at the time); None for
+    another cause."""
 
 
 class JobSucceededV1(EventData):
@@ -277,6 +314,7 @@ JOB_EVENTS: tuple[type[EventData], ...] = (
     JobProgressV1,
     JobFailedV1,
     JobFailedV2,
+    JobFailedV3,
     JobSucceededV1,
     JobHeldV1,
     JobUnheldV1,
@@ -295,8 +333,14 @@ def failed_v1_to_v2(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "rank": None, "reported_by": None}
 
 
+def failed_v2_to_v3(data: dict[str, Any]) -> dict[str, Any]:
+    """A v2 failure is no hang: no stalled ranks, no threshold."""
+    return {**data, "stalled_ranks": (), "hang_after_s": None}
+
+
 JOB_UPCASTERS: tuple[tuple[str, int, Callable[[dict[str, Any]], dict[str, Any]]], ...] = (
     ("job.started", 1, started_v1_to_v2),
     ("job.failed", 1, failed_v1_to_v2),
+    ("job.failed", 2, failed_v2_to_v3),
 )
 """(event type, from version, upcaster) for every job event with more than one version."""

@@ -151,6 +151,15 @@ def _liveness_arguments(run: Parser) -> None:
         "above --heartbeat-s",
     )
     run.add_argument(
+        "--hang-after-s",
+        type=float,
+        metavar="SECONDS",
+        help="silence of the training's progress (outside saves, evaluations and its first "
+        "steps) after which a live attempt is hung, stopped and restored (default "
+        "$CKPT_HA_HANG_AFTER_S, else adaptive: 5 x its recent step intervals' 95th percentile, "
+        "at least 30 s; 0: never)",
+    )
+    run.add_argument(
         "--resume",
         action="store_true",
         help="take over a lost run (same --job and --run-id): wait for the coordinator's plan "
@@ -380,6 +389,9 @@ def _spec(
     deadline_s = args.deadline_s if args.deadline_s is not None else settings.deadline_s
     if deadline_s is not None and (heartbeat_s is None or deadline_s <= heartbeat_s):
         raise CommandError("--deadline-s must be longer than --heartbeat-s (which must be > 0)")
+    hang_after_s = args.hang_after_s if args.hang_after_s is not None else settings.hang_after_s
+    if hang_after_s is not None and hang_after_s < 0:
+        raise CommandError("--hang-after-s must be >= 0")
     run_id = args.run_id or f"run-{uuid4().hex[:12]}"
     return RunSpec(
         job_id=args.job,
@@ -395,5 +407,6 @@ def _spec(
         image=env.get("CKPT_HA_IMAGE") or None,
         heartbeat_s=heartbeat_s,
         deadline_s=deadline_s,
+        hang_after_s=hang_after_s,
         resume=args.resume,
     )

@@ -15,6 +15,12 @@ from typing import Literal
 from ckpt_ha.contracts.job import JobStartedV1, JobStartedV2
 
 DAY = 86400.0
+MISSED_HEARTBEATS = 4
+"""Heartbeats an attempt must miss in a row (with no progress either) before it is lost by
+default: one lost or late heartbeat, or a supervisor's pause of a few seconds, is not a lost
+host; four in a row (40 s at the default 10 s) is."""
+LOST_FLOOR_S = 30.0
+"""No default deadline is shorter, however often the heartbeats come."""
 
 
 @dataclass(frozen=True)
@@ -48,10 +54,9 @@ class Tier:
     """Between expiry and deletion: the window in which a pin still saves the bytes."""
     replicate: bool
     lost_after_s: float = 300.0
-    """Default heartbeat deadline: an attempt that promised heartbeats (``job.started`` v2) and
-    declared no ``deadline_s`` is lost after this long without progress or heartbeat. Shorter
-    for a costlier tier: its restore starts sooner, at the price of a false alarm on a long
-    stall of the supervisor (never of the training itself: heartbeats do not depend on it)."""
+    """Ceiling of the default heartbeat deadline (`lost_after`): an attempt that promised
+    heartbeats (``job.started`` v2) and declared no ``deadline_s`` is lost after
+    `MISSED_HEARTBEATS` missed heartbeats (at least `LOST_FLOOR_S`), never later than this."""
 
     def policy(self) -> str:
         """One line naming the rules, recorded on every expiry and tombstone."""
@@ -161,9 +166,16 @@ def declared_tier(started: JobStartedV1) -> str | None:
 
 def lost_after(started: JobStartedV1) -> float | None:
     """The heartbeat deadline of the attempt this ``job.started`` began (R9's lost attempt):
-    its own ``deadline_s``, else its declared tier's `Tier.lost_after_s` (an unknown or missing
+    its own ``deadline_s``, else `MISSED_HEARTBEATS` of its heartbeat intervals (at least
+    `LOST_FLOOR_S`), capped by its declared tier's `Tier.lost_after_s` (an unknown or missing
     tier: the cheapest one's, as for retention). None: the attempt promised no heartbeat (a
     v1 start, or ``heartbeat_s`` None), so silence proves nothing and it is never lost.
+
+    The deadline follows the heartbeat (issue 28): at the default 10 s an attempt is lost 40 s
+    after its last sign of life, not after its tier's 300 s. A sign of life is a heartbeat of
+    its supervisor or a progress report of its training: the two come from different
+    processes, so a stalled supervisor whose training goes on reporting is not lost, and the
+    coordinator declares nothing while its own consumers have a backlog (its own pause).
 
     From the event alone (no setting): the coordinator's live handling and a rebuild from the
     stream resolve the same deadline."""
@@ -171,7 +183,8 @@ def lost_after(started: JobStartedV1) -> float | None:
         return None
     if started.deadline_s is not None:
         return float(started.deadline_s)
-    return TIERS.get(declared_tier(started) or DEFAULT_TIER, TIERS[DEFAULT_TIER]).lost_after_s
+    ceiling = TIERS.get(declared_tier(started) or DEFAULT_TIER, TIERS[DEFAULT_TIER]).lost_after_s
+    return min(ceiling, max(MISSED_HEARTBEATS * float(started.heartbeat_s), LOST_FLOOR_S))
 
 
 def resolve_tier(chosen: Mapping[str, str] | None, declared: str | None) -> TierChoice:

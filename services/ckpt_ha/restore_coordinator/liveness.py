@@ -33,7 +33,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from ckpt_ha.contracts.checkpoint import FailureSide
-from ckpt_ha.contracts.job import FailureCause, JobFailedV2, JobStartedV1
+from ckpt_ha.contracts.job import FailureCauseV2, JobFailedV2, JobStartedV1
 from ckpt_ha.core.tiers import lost_after
 from ckpt_ha.restore_coordinator.records import Watch, attempt_key
 
@@ -120,7 +120,7 @@ def lost_event(watch: Watch, now: datetime) -> JobFailedV2:
         job_id=watch.job_id,
         run_id=watch.run_id,
         attempt=watch.attempt,
-        cause=FailureCause.LOST,
+        cause=FailureCauseV2.LOST,
         last_step=watch.last_step,
         detail=(
             f"no progress and no heartbeat for {silent:.0f} s (deadline {watch.deadline_s:g} s, "

@@ -82,6 +82,12 @@ class SchedulerAdapter(Protocol):
         """Send ``sig`` to the running attempt (no-op when none runs)."""
         ...
 
+    def stop(self, grace_s: float) -> None:
+        """End every process of the running attempt for good (a hung attempt): a polite
+        signal, then after ``grace_s`` one nothing survives. Returns once asked; ``wait`` says
+        when the attempt is gone. No-op when none runs."""
+        ...
+
 
 def memory_events(cgroup_root: Path = Path("/sys/fs/cgroup")) -> Path | None:
     """This process's cgroup v2 ``memory.events`` file, if there is one."""
@@ -177,6 +183,69 @@ class LocalProcess:
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, sig)
+
+    def stop(self, grace_s: float) -> None:
+        """SIGTERM to every process of the attempt, SIGKILL to what is left after ``grace_s``.
+        Every process: the command's process group (it runs in its own session) and each of
+        its descendants, found through ``/proc`` before anything is signalled (torchrun starts
+        each rank in a session of its own, and a rank whose torchrun died is re-parented, so
+        neither the group nor the tree afterwards finds it). A rank stuck in a collective or a
+        stopped (SIGSTOP) one dies too."""
+        proc = self._proc
+        if proc is None:
+            return
+        tree = process_tree(proc.pid)
+        _signal_group(proc.pid, signals.SIGTERM)
+        signal_all(tree, signals.SIGTERM)
+        signal_all(tree, signals.SIGCONT)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace_s)
+        tree |= process_tree(proc.pid)  # started meanwhile (a restarting torchrun)
+        _signal_group(proc.pid, signals.SIGKILL)
+        signal_all(tree, signals.SIGKILL)
+
+
+Process = tuple[int, str]
+"""A pid with its start time (``/proc/<pid>/stat`` field 22): a pid reused since is not it."""
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def process_tree(pid: int) -> set[Process]:
+    """``pid`` and all its descendants now (``/proc/<pid>/task/*/children``), with their start
+    times; empty when ``pid`` is gone."""
+    found: set[Process] = set()
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        started = _start_time(current)
+        if started is None or (current, started) in found:
+            continue
+        found.add((current, started))
+        for children in Path(f"/proc/{current}/task").glob("*/children"):
+            with contextlib.suppress(OSError, ValueError):
+                todo.extend(int(child) for child in children.read_text().split())
+    return found
+
+
+def signal_all(tree: set[Process], sig: int) -> None:
+    """``sig`` to every process of ``tree`` still the same process (its start time)."""
+    for pid, started in tree:
+        if _start_time(pid) == started:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
 
 
 def read_error_file(path: str | None) -> ErrorRecord | None:

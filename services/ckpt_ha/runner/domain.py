@@ -45,6 +45,10 @@ class Failure:
     exit_code: int | None
     """The exit code that decided (a failed torchrun rank's, else the command's)."""
     signal: int | None
+    stalled_ranks: tuple[int, ...] = ()
+    """Cause ``hang``: the ranks that stopped first."""
+    hang_after_s: float | None = None
+    """Cause ``hang``: the silence that made it one."""
 
 
 def signal_name(sig: int) -> str:

@@ -69,8 +69,10 @@ from ckpt_ha.contracts import CATALOG, EventData, build, signing
 from ckpt_ha.contracts.checkpoint import FailureSide, RuntimeEnvironment, Topology
 from ckpt_ha.contracts.errors import ContractError
 from ckpt_ha.contracts.job import (
+    MAX_STALLED_RANKS,
     FailureCause,
     JobFailedV2,
+    JobFailedV3,
     JobHeartbeatV1,
     JobPolicy,
     JobStartedV2,
@@ -81,9 +83,10 @@ from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumePlannedV1, ResumeP
 from ckpt_ha.contracts.subjects import job_event_filter, job_token
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.credentials import reveal
-from ckpt_ha.runner import torchrun
+from ckpt_ha.runner import hangwatch, torchrun
 from ckpt_ha.runner.adapter import ExitInfo, SchedulerAdapter
 from ckpt_ha.runner.domain import Failure, classify
+from ckpt_ha.runner.hang import Hang, HangPolicy, as_failure
 from ckpt_ha.runtime.settings import SIGNING_KEY_ENV
 from ckpt_ha.sdk import protocol
 
@@ -141,6 +144,10 @@ class RunSpec:
     """A ``job.heartbeat`` every this many seconds while an attempt runs (None: none)."""
     deadline_s: float | None = None
     """Silence after which the coordinator declares an attempt lost (None: the tier's)."""
+    hang_after_s: float | None = None
+    """Silence of the training's progress (outside saves, evaluations and its first steps)
+    after which an attempt whose processes live on is hung (`ckpt_ha.runner.hang`): None,
+    adaptive (the default); 0: never."""
     resume: bool = False
     """Take over the run: wait for the plan after its last recorded attempt (`ATTEMPT_FILE`)."""
 
@@ -419,6 +426,7 @@ class Runner:
             beats = None
             if spec.heartbeat_s is not None:
                 beats = asyncio.create_task(self._heartbeats(bus, attempt, spec.heartbeat_s))
+            hangs = self._watch_hangs()
             self._running = attempt
             try:
                 info = await self._one_attempt(attempt, plan)
@@ -428,11 +436,15 @@ class Runner:
                     beats.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await beats
+                hung = await hangwatch.outcome(hangs)
             last_step = self._last_step()
             failure = classify(
                 info, forwarded=self._stopped_by, elastic_restarts=self.elastic_restarts or 0
             )
             failure = self._as_stopped(failure) if failure is not None else None
+            if hung is not None and self._stopped_by is None and self._stop_request is None:
+                failure = as_failure(hung, info.exit_code, info.signal)
+                last_step = hung.last_step if hung.last_step is not None else last_step
             if failure is None:
                 done = JobSucceededV1(
                     job_id=spec.job_id, run_id=spec.run_id, attempt=attempt, last_step=last_step
@@ -452,7 +464,7 @@ class Runner:
                     early.append(item)
             for item in early:
                 self._inbox.put_nowait(item)
-            failed = JobFailedV2(
+            failed = JobFailedV3(
                 job_id=spec.job_id,
                 run_id=spec.run_id,
                 attempt=attempt,
@@ -465,8 +477,11 @@ class Runner:
                 side=failure.side,
                 plan_id=plan.plan_id if plan else None,
                 reported_by=info.reported_by,
+                rank=failure.stalled_ranks[0] if failure.stalled_ranks else None,
+                stalled_ranks=failure.stalled_ranks[:MAX_STALLED_RANKS],
+                hang_after_s=failure.hang_after_s,
             )
-            await self._publish(bus, failed, f"job.failed|{key}")
+            await self._publish(bus, as_published(failed), f"job.failed|{key}")
             self.say(f"attempt {attempt} failed: {failure.cause.value}: {failure.detail}")
             if self._stopped_by is not None:
                 return self._stopped_exit() or 128 + self._stopped_by
@@ -544,6 +559,15 @@ class Runner:
             if escalated or (isinstance(data, ResumePlannedV2) and data.attempt == failed + 1):
                 await self._inbox.put(data)
 
+    def _watch_hangs(self) -> asyncio.Task[Hang] | None:
+        """The hang watch of the attempt about to start (None: switched off)."""
+        if self.spec.hang_after_s == 0:
+            return None
+        policy = HangPolicy(fixed_s=self.spec.hang_after_s)
+        return asyncio.create_task(
+            hangwatch.watch(self.spec.progress_file, policy, self.adapter, self.say)
+        )
+
     async def _heartbeats(self, bus: Bus, attempt: int, every_s: float) -> None:
         """``job.heartbeat`` every ``every_s`` while the attempt runs, independent of the
         training's progress; one that cannot be published (the bus is away) is skipped."""
@@ -557,7 +581,7 @@ class Runner:
                 run_id=self.spec.run_id,
                 attempt=attempt,
                 sequence=sequence,
-                last_step=self._last_step(),
+                last_step=await self._last_step_soon(every_s),
             )
             try:
                 await asyncio.wait_for(
@@ -570,6 +594,7 @@ class Runner:
         spec = self.spec
         spec.state_dir.mkdir(parents=True, exist_ok=True)
         spec.progress_file.unlink(missing_ok=True)
+        hangwatch.clear(spec.progress_file)
         spec.error_file(attempt).unlink(missing_ok=True)
         env = child_env(self.base_env, spec, self.job_cfg, attempt, self.environment, plan)
         try:
@@ -581,6 +606,15 @@ class Runner:
         )
         self.say(f"attempt {attempt} started ({handle})")
         return await asyncio.to_thread(self.adapter.wait)
+
+    async def _last_step_soon(self, within_s: float) -> int | None:
+        """`_last_step` read in a worker thread, None if it takes longer than ``within_s``: a
+        stalled filesystem must not stall the heartbeats (the coordinator would declare a live
+        attempt lost)."""
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(self._last_step), timeout=within_s)
+        except TimeoutError:
+            return None
 
     def _last_step(self) -> int | None:
         try:
@@ -616,6 +650,14 @@ async def _quiet(exc: Exception) -> None:
 
 async def _log_error(exc: Exception) -> None:
     log.warning("NATS: %r", exc)
+
+
+def as_published(failed: JobFailedV3) -> JobFailedV2:
+    """``job.failed`` v3 for a hang only; any other failure as v2, which a consumer that does
+    not know v3 yet still reads (it would park a v3)."""
+    if failed.cause is FailureCause.HANG:
+        return failed
+    return JobFailedV2.model_validate(failed.model_dump(exclude={"stalled_ranks", "hang_after_s"}))
 
 
 def state_dir(home: Path, job_id: str, run_id: str) -> Path:

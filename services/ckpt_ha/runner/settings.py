@@ -26,6 +26,11 @@ class RunnerSettings(ServiceSettings):
     ``--deadline-s`` says; None: the job's tier's (`ckpt-ha tier show`). Carried by each
     ``job.started``, so the coordinator (and a rebuild) reads it from the event."""
 
+    hang_after_s: float | None = Field(default=None, ge=0)
+    """Silence of the training's progress (outside saves, evaluations and its first steps)
+    after which a live attempt is hung, unless ``--hang-after-s`` says; None: adaptive (from
+    the job's own step intervals); 0: never."""
+
     def job_bus(self) -> BusConfig | None:
         """The bus as training processes use it; None when no job login is configured (they
         then get the runner's, as on a NATS without a ``job`` user)."""

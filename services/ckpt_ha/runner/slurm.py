@@ -178,6 +178,11 @@ class SlurmBatch:
                 if text:
                     self._tail.append(text[-LAST_LINE_CHARS:])
 
+    def stop(self, grace_s: float) -> None:
+        """A hung attempt: ``scancel`` it (Slurm ends every step and task of the job, SIGKILL
+        after its ``KillWait``); `wait` returns once Slurm says it ended."""
+        self.kill()
+
     def kill(self, sig: int = signals.SIGTERM) -> None:
         """The runner was asked to stop: cancel the job (Slurm sends SIGTERM, then SIGKILL
         ``KillWait`` later). ``sig`` is not forwarded as such: ``scancel --signal`` only

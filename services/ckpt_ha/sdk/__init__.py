@@ -48,6 +48,7 @@ from ckpt_ha.sdk.checkpoints import (
     load,
     save,
 )
+from ckpt_ha.sdk.marks import mark_step, slow_phase
 from ckpt_ha.sdk.progress import fingerprint, flush_progress, progress, progress_stats
 from ckpt_ha.sdk.protocol import BadContext, BusEndpoint, Context, context
 from ckpt_ha.sdk.publisher import PublisherStats
@@ -74,10 +75,12 @@ __all__ = [
     "flush_progress",
     "folder_for",
     "load",
+    "mark_step",
     "progress",
     "progress_stats",
     "resume",
     "save",
+    "slow_phase",
 ]
 
 

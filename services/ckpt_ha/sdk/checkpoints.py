@@ -29,6 +29,7 @@ from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import native
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.paths import inside, join
+from ckpt_ha.sdk import marks
 from ckpt_ha.sdk import state as codec
 from ckpt_ha.sdk.protocol import (
     BusEndpoint,
@@ -251,6 +252,7 @@ def _world(ctx: Context | None, topology: Topology | None) -> tuple[int, int, st
     return rank, world_size, source
 
 
+@marks.during("save")
 def save(
     storage_root: str | ObjectStore,
     job_id: str,

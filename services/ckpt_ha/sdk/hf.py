@@ -84,6 +84,7 @@ from ckpt_ha.core.locations import job_folder
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import hf_trainer, sidecar
 from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.sdk import marks
 from ckpt_ha.sdk.checkpoints import CheckpointUnreadable, process_environment
 from ckpt_ha.sdk.progress import progress
 from ckpt_ha.sdk.protocol import Context, context, trace_context, try_announce
@@ -327,12 +328,40 @@ class CkptHaCallback(TrainerCallback):
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
+        self._slow_phases(control)
         self._before_save(args, state, control, kw.get("model"))
 
     def on_epoch_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
+        self._slow_phases(control)
         self._before_save(args, state, control, kw.get("model"))
+
+    # --- slow phases: what the runner's hang detection does not count ------------------------
+
+    def _slow_phases(self, control: TrainerControl) -> None:
+        """The Trainer evaluates and saves right after this step (its flow callback, which
+        runs first, decided): mark the phases until `on_evaluate` / `on_save` (or the next
+        step, should either never come)."""
+        if self.ctx is None:
+            return
+        if control.should_evaluate:
+            marks.enter("eval", self.ctx)
+        if control.should_save:
+            marks.enter("save", self.ctx)
+
+    def on_step_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        if self.ctx is not None:
+            marks.leave("eval", self.ctx)
+            marks.leave("save", self.ctx)
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        if self.ctx is not None:
+            marks.leave("eval", self.ctx)
 
     def _before_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, model: object
@@ -399,9 +428,17 @@ class CkptHaCallback(TrainerCallback):
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
     ) -> None:
-        """The Trainer has written the folder, ``trainer_state.json`` last: commit it."""
+        """The Trainer has written the folder, ``trainer_state.json`` last: commit it (the
+        save's slow phase ends once the commit is written)."""
         if self.ctx is None:
             return
+        try:
+            self._after_save(args, state)
+        finally:
+            marks.leave("save", self.ctx)
+
+    def _after_save(self, args: TrainingArguments, state: TrainerState) -> None:
+        assert self.ctx is not None
         _barrier(args)  # every process's files (its rng_state_<rank>.pth) are written
         if not state.is_world_process_zero:
             return

@@ -15,6 +15,7 @@ import numpy as np
 from ckpt_ha.contracts.bounds import MAX_METRICS, MAX_NAME, MAX_SAFE_INT
 from ckpt_ha.contracts.job import JobProgressV1
 from ckpt_ha.core.clock import utc_now
+from ckpt_ha.sdk import marks
 from ckpt_ha.sdk import publisher as background
 from ckpt_ha.sdk.protocol import BusEndpoint, Context, context
 from ckpt_ha.sdk.publisher import PublisherStats
@@ -54,6 +55,7 @@ def progress(
         return False
     if ctx.progress_file is not None:
         _write_progress(ctx.progress_file, step)
+        marks.stepped(ctx, step)
     if ctx.bus is None:
         return False
     event = JobProgressV1(

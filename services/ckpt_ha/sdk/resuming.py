@@ -27,6 +27,7 @@ from ckpt_ha.contracts.resume import (
 )
 from ckpt_ha.core.clock import utc_now
 from ckpt_ha.formats.identity import checkpoint_id_on
+from ckpt_ha.sdk import marks
 from ckpt_ha.sdk.checkpoints import CheckpointUnreadable, Loaded, load
 from ckpt_ha.sdk.protocol import Context, context, try_announce
 from ckpt_ha.sdk.state import NeedsTorch, Tensors
@@ -160,6 +161,7 @@ Describe = Callable[[Mapping[str, Any]], tuple[int | None, str | None]]
 """From a restored state: (data position, RNG fingerprint), reported in ``resume.loaded``."""
 
 
+@marks.during("load")
 def resume(
     *,
     describe: Describe | None = None,

@@ -50,7 +50,7 @@ nobody is paged, as after ``job.succeeded``."""
 
 def ends_the_run(failure: JobFailedV1) -> bool:
     """Whether this failure is the run's end rather than something to restore from."""
-    return isinstance(failure, JobFailedV2) and failure.cause in NO_RESTORE_CAUSES
+    return isinstance(failure, JobFailedV2) and FailureCause(failure.cause) in NO_RESTORE_CAUSES
 
 
 def escalated(

@@ -24,6 +24,7 @@ from ckpt_ha.formats.dcp import METADATA, recorded_step
 from ckpt_ha.formats.dcp_metadata import DcpMetadata, MalformedMetadata, UnsafeMetadata
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.formats.sidecar import Commit, FileEvidence, SidecarInvalid, SidecarUnsafe
+from ckpt_ha.sdk import marks
 from ckpt_ha.sdk.checkpoints import CheckpointUnreadable
 from ckpt_ha.sdk.dcp.files import NeedsFilesystemRoot, written_by
 from ckpt_ha.sdk.dcp.group import Group
@@ -274,6 +275,7 @@ def _agree(group: Group, ctx: Context, plan: ResumePlannedV2, exc: Exception | N
     raise ResumeFailed(plan, f"{where}{reason}") from exc
 
 
+@marks.during("load")
 def resume(
     state_dict: dict[str, Any],
     *,

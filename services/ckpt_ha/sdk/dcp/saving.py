@@ -36,6 +36,7 @@ from ckpt_ha.formats.dcp import METADATA
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.paths import join
 from ckpt_ha.formats.sidecar import Commit, FileEvidence
+from ckpt_ha.sdk import marks
 from ckpt_ha.sdk.checkpoints import CheckpointExists, Writer, folder_for
 from ckpt_ha.sdk.checkpoints import writer_for as resolve_writer
 from ckpt_ha.sdk.dcp.checksumming import ChecksummingFileSystem
@@ -339,6 +340,7 @@ def _storage_writer(
     return built
 
 
+@marks.during("save")
 def save(
     state_dict: dict[str, Any],
     *,
@@ -470,6 +472,7 @@ def _finish_in_background(
         done.set_exception(exc)
 
 
+@marks.during("save")
 def async_save(
     state_dict: dict[str, Any],
     *,
