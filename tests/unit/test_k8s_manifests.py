@@ -302,23 +302,32 @@ def _instructions() -> list[tuple[str, str]]:
 
 
 def test_the_dockerfile_copies_what_exists_and_runs_the_cli() -> None:
+    """The image installs only the wheels scripts/build-image stages under build/image/wheels/
+    (the locked dependencies by hash, the SBOM tool, the ckpt-ha wheel): the build itself
+    downloads nothing. tests/system/e2e/test_image.py builds and runs it."""
     steps = _instructions()
     copies = [shlex.split(rest) for op, rest in steps if op == "COPY" and "--from" not in rest]
     sources = [src for parts in copies for src in parts[:-1]]
-    assert sources
-    assert [src for src in sources if not (ROOT / src).exists()] == []
-    # the package's asset links point into folders the image copies too
-    for link in (ROOT / "services/ckpt_ha/assets").iterdir():
-        if link.is_symlink():
-            target = link.resolve().relative_to(ROOT)
-            assert any(target.is_relative_to(src) for src in sources), target
+    assert sources == [f"build/image/wheels/{part}" for part in ("deps", "app", "sbom")]
+    staging = (ROOT / "scripts" / "build-image").read_text()
+    assert "stage=build/image/wheels" in staging
+    for part in ("app", "deps", "sbom"):
+        assert f'"$stage/{part}"' in staging, part
+    for lock in ("requirements.lock", "sbom-tool.lock"):
+        assert (ROOT / "deploy" / "image" / lock).is_file(), lock
+        assert f"deploy/image/{lock}" in staging, lock
+    ignored = (ROOT / ".dockerignore").read_text().split()
+    assert "!build/image/wheels" in ignored
     entry = [rest for op, rest in steps if op == "ENTRYPOINT"]
     assert entry == ['["ckpt-ha"]']
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     assert "ckpt-ha" in scripts
     installs = [rest for op, rest in steps if op == "RUN" and "pip" in rest]
-    assert any('".[server]"' in r for r in installs)  # the build stage: wheels of the extra
-    assert any('"ckpt-ha[server]"' in r for r in installs)  # the image: installed from them
+    assert any("--require-hashes" in r and "requirements.lock" in r for r in installs)
+    assert any('"ckpt-ha[server]"' in r for r in installs)  # the app, with the locked deps
+    # The base is pinned by digest; a build argument selects another.
+    (base,) = [rest for op, rest in steps if op == "ARG" and rest.startswith("BASE=")]
+    assert re.fullmatch(r"BASE=[\w./-]+:[\w.-]+@sha256:[0-9a-f]{64}", base), base
 
 
 def test_the_image_runs_as_the_manifests_user_and_holds_no_secret(overlay: list[Doc]) -> None:

@@ -37,7 +37,7 @@ def test_the_production_image_installs_the_server_extra_alone() -> None:
     installs = [
         line
         for line in (ROOT / "Dockerfile").read_text().splitlines()
-        if re.search(r"\bpip (install|wheel)\b", line)
+        if re.search(r"\bpip\"? (install|wheel)\b", line)
     ]
     extras = {
         e for line in installs for e in re.findall(r"ckpt-ha(\[[^\]]*\])|\.(\[[^\]]*\])", line)
