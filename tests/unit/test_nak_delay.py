@@ -9,7 +9,6 @@ from types import SimpleNamespace
 
 import pytest
 
-from ckpt_ha.bus import delivery
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.dead_letter_policy import DeadLetters
 from ckpt_ha.core.errors import DependencyNotReady
@@ -93,18 +92,3 @@ def test_the_load_failure_grace_is_cut_to_the_retry_budget(grace_s: float, want:
         max_deliver=4, backoff_s=(0.5, 1.0, 2.0), load_failed_grace_s=grace_s
     )
     assert load_failed_grace(settings) == want
-
-
-async def test_a_wait_for_an_earlier_event_past_the_cap_is_kept_until_it_is_old() -> None:
-    """A delivery JetStream counted but no consumer saw (lost in a pull) can make the last nak's
-    delivery come after the cap: the event is still kept until it is as old as a redelivery can
-    take, then dead-lettered."""
-    error = DependencyNotReady("checkpoint.verified for c", "its committed event")
-    young = Delivery(4)
-    await letters(age_s=1.0).settle(young, error, "registrar--checkpoints")  # type: ignore[arg-type]
-    assert young.delays == [pytest.approx(CFG.redelivery_bound_s - 1.0)]
-    # Any other failure past the cap is dead-lettered at once, whatever its age.
-    assert delivery.exhausted(4, 4, waits_for_earlier=False, age_s=1.0, bound_s=23.5)
-    # Old enough: dead-lettered.
-    assert delivery.exhausted(4, 4, waits_for_earlier=True, age_s=30.0, bound_s=23.5)
-    assert not delivery.exhausted(3, 4, waits_for_earlier=True, age_s=30.0, bound_s=23.5)

@@ -96,7 +96,7 @@ class DeadLetters:
             return
         permanent = _classify(error)
         attempts = self.attempts(raw)
-        if permanent is None and not self._exhausted(raw, error, attempts):
+        if permanent is None and attempts < self.cfg.max_deliver:
             delay = self._nak_delay(raw, error, attempts)
             log.info(
                 "nak seq=%s consumer=%s attempt=%s delay=%.1fs: %r",
@@ -121,18 +121,7 @@ class DeadLetters:
             self.cfg.backoff(attempts),
             attempts,
             self.cfg.max_deliver,
-            waits_for_earlier=_waits_for_earlier(error),
-            age_s=(self.clock() - raw.metadata.timestamp).total_seconds(),
-            bound_s=self.cfg.redelivery_bound_s,
-        )
-
-    def _exhausted(self, raw: Msg, error: BaseException, attempts: int) -> bool:
-        """Past the cap (`ckpt_ha.bus.delivery.exhausted`): an event waiting for an earlier one
-        is kept until it is as old as a redelivery can take."""
-        return delivery.exhausted(
-            attempts,
-            self.cfg.max_deliver,
-            waits_for_earlier=_waits_for_earlier(error),
+            waits_for_earlier=isinstance(error, DependencyNotReady) and error.in_stream,
             age_s=(self.clock() - raw.metadata.timestamp).total_seconds(),
             bound_s=self.cfg.redelivery_bound_s,
         )
@@ -154,18 +143,11 @@ class DeadLetters:
         """Before a handler runs: True (and the message dead-lettered) when it was delivered
         past the cap already, so the earlier deliveries got no answer at all (the handler
         crashed the process or hung, or the delivery was lost in a pull). A message this
-        consumer would park is never past the cap: it never reaches a handler here. Nor is a
-        message younger than `BusConfig.redelivery_bound_s`: an event waiting for an earlier one
-        is nak'ed past the cap until it is that old (`ckpt_ha.bus.delivery.exhausted`), and a
-        message that crashes its handler every time reaches that age within a delivery or two
-        of the cap anyway (each of its deliveries is held ``ack_wait``)."""
+        consumer would park is never past the cap: it never reaches a handler here."""
         if raw.metadata.num_delivered <= self.cfg.max_deliver:
             return False  # the common case, cheaply: `attempts` never exceeds this count
         attempts = self.attempts(raw)
         if attempts <= self.cfg.max_deliver:
-            return False
-        age_s = (self.clock() - raw.metadata.timestamp).total_seconds()
-        if age_s < self.cfg.redelivery_bound_s:
             return False
         if delivery.parks_here(self.catalog, parse_event_subject(self.cfg.prefix, raw.subject)):
             return False
@@ -335,8 +317,3 @@ class _DeadLetterScope(BaseMiddleware):
             heartbeat.cancel()
         await self.letters.settle(raw, None, consumer)
         return result
-
-
-def _waits_for_earlier(error: BaseException) -> bool:
-    """A `DependencyNotReady` whose missing event is in the stream, on its way."""
-    return isinstance(error, DependencyNotReady) and error.in_stream

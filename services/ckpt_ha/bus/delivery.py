@@ -91,23 +91,10 @@ def nak_delay(
     with it, and JetStream gives it back only after ``ack_wait``; a back-off shorter than that
     would dead-letter the later event while the earlier one is still on its way. Short
     back-offs first, so an event heard a moment before its predecessor (two replicas) is not
-    slowed. From the last nak on (also past the cap, see `exhausted`) the wait is set by the
-    event's age, not by which delivery this is: a delivery JetStream counted but no consumer saw
-    (lost in a pull) must not skip it."""
-    if waits_for_earlier and attempts >= max_deliver - 1:
+    slowed."""
+    if waits_for_earlier and attempts == max_deliver - 1:
         return max(backoff_s, bound_s - age_s)
     return backoff_s
-
-
-def exhausted(
-    attempts: int, max_deliver: int, *, waits_for_earlier: bool, age_s: float, bound_s: float
-) -> bool:
-    """True when a failed delivery is dead-lettered rather than nak'ed: past the cap, except an
-    event waiting for an earlier one (see `nak_delay`) that is younger than ``bound_s``: the
-    earlier event may still come back from a consumer that died with it."""
-    if attempts < max_deliver:
-        return False
-    return not (waits_for_earlier and age_s < bound_s)
 
 
 def counts(reply: str | None) -> tuple[int, int] | None:
