@@ -29,13 +29,13 @@ T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_verify_gives_a_verdict_on_hostile_evidence(tmp_path: Path, case: str) -> None:
-    started = time.monotonic()
+    started = time.process_time()  # CPU, not wall time: a loaded machine must not fail it
     report = verify_path(build_case(tmp_path, case))
     assert report.verdict in {Verdict.CORRUPT, Verdict.INCOMPLETE}, (case, report.reasons)
     assert report.reasons
     assert len(report.reasons) <= limits.MAX_REASONS + 1
     assert all(len(r) <= limits.MAX_REASON_CHARS for r in report.reasons)
-    assert time.monotonic() - started < 10, "a verdict, quickly"
+    assert time.process_time() - started < 10, "a verdict, without unbounded work"
 
 
 async def test_one_hostile_folder_never_blinds_the_watcher_to_the_others(tmp_path: Path) -> None:

@@ -50,7 +50,8 @@ def letters(age_s: float) -> DeadLetters:
         (DependencyNotReady("checkpoint.verified for c", "its committed event"), 3, 22.5),
         # Earlier naks keep the back-off: a replica a moment behind is not waited for long.
         (DependencyNotReady("checkpoint.verified for c", "its committed event"), 1, 0.5),
-        (DependencyNotReady("checkpoint.verified for c", "its committed event"), 2, 1.0),
+        # The nak before the last waits so too (a delivery lost in a pull skips a number).
+        (DependencyNotReady("checkpoint.verified for c", "its committed event"), 2, 22.5),
         # A wait with its own deadline (the coordinator's verification grace): the back-off.
         (DependencyNotReady("job.failed of j", "a verification", in_stream=False), 3, 2.0),
         # Any other failure: the back-off.

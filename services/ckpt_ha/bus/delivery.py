@@ -91,8 +91,9 @@ def nak_delay(
     with it, and JetStream gives it back only after ``ack_wait``; a back-off shorter than that
     would dead-letter the later event while the earlier one is still on its way. Short
     back-offs first, so an event heard a moment before its predecessor (two replicas) is not
-    slowed."""
-    if waits_for_earlier and attempts == max_deliver - 1:
+    slowed. The last two naks wait so: a delivery JetStream counted but no consumer saw (lost
+    in a pull) skips a number, and must not skip the only long wait."""
+    if waits_for_earlier and attempts >= max_deliver - 2:
         return max(backoff_s, bound_s - age_s)
     return backoff_s
 
