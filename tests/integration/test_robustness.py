@@ -86,7 +86,8 @@ async def stack(settings: ServiceSettings, tmp_path: Path) -> AsyncIterator[Stac
     # Retries outlast ack_wait: under load a pull fetch can time out holding the committed
     # event until ack_wait, and the verified one behind it must not run out of deliveries.
     s = {**settings.model_dump(), "storage_root": str(root), "poll_interval_s": 0.2,
-         "scrub_interval_s": 0, "max_deliver": 10, "backoff_s": (0.2, 0.5, 1.0)}  # fmt: skip
+         "removal_grace_s": 1.0, "scrub_interval_s": 0, "max_deliver": 10,
+         "backoff_s": (0.2, 0.5, 1.0)}  # fmt: skip
     registrar = build_registrar(RegistrarSettings.model_validate(s))
     checker = build_checker(IntegrityCheckerSettings.model_validate(s))
     stack = Stack(s, FsStore(root), root, registrar, checker, [])

@@ -452,6 +452,18 @@ async def test_a_valid_checkpoint_its_writer_removed_is_deleted_by_the_job_never
     assert "deleted by its writer" in record.tombstone.reason
 
 
+async def test_a_scrub_leaves_a_folder_gone_as_a_whole_to_the_watcher(intake: Intake) -> None:
+    """Its writer's rotation, seen by a scrub before the watcher decided: no page for it."""
+    cid = write(intake.store)
+    await intake.watcher.scan_once()
+    await intake.deliver()
+    shutil.rmtree(intake.store.root / "job-1" / "step-10")
+    done = await intake.scrubber().scrub_once()
+    assert (done.scrubbed, done.corrupt) == (0, 0)
+    assert intake.publisher.of_type("checkpoint.corrupt") == []
+    assert await intake.state(cid) is S.VALID  # until the watcher records its removal
+
+
 async def test_a_watch_state_outage_decides_and_publishes_nothing(intake: Intake) -> None:
     write(intake.store)
     intake.watch_state.down = True

@@ -35,7 +35,7 @@ from ckpt_ha.integrity_checker import domain
 from ckpt_ha.integrity_checker.metrics import ScrubMetrics
 from ckpt_ha.integrity_checker.ports import CheckpointReader, Clock, ObjectStore, Publisher
 from ckpt_ha.runtime.leader import next_round
-from ckpt_ha.storage import StorageError, bounded, key_for_uri
+from ckpt_ha.storage import ObjectNotFound, StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import owned_key
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.storage.read_budget import BudgetedStore, ReadBudget
@@ -151,7 +151,8 @@ class Scrubber:
 
     async def _scrub(self, record: CheckpointRecord) -> int | None:
         """1 if found corrupt (and reported), 0 if intact, None if not this store's or not at a
-        location its job owns (never read: a record registered before ownership was checked)."""
+        location its job owns (never read: a record registered before ownership was checked),
+        or gone as a whole (`_gone`)."""
         if key_for_uri(self.store, record.uri) is None:
             return None
         try:
@@ -165,6 +166,11 @@ class Scrubber:
         ):
             # The time the budget makes the reads wait is not a hung mount: it extends the bound.
             extra_s = self.budget.seconds_for(record.total_bytes or 0)
+            if await bounded.call(_gone, self.store, key):
+                # Removed as a whole: its writer's rotation, which the writer-watcher records
+                # (a tombstone, the job as actor); condemning it here would page for nothing.
+                log.info("scrub: %s is gone as a whole: left to the writer-watcher", key)
+                return None
             report = await bounded.call(_reverify, self.reads, key, self.algorithm, extra_s=extra_s)
         self.metrics.scrubbed.labels(self.metrics.service).inc()
         datas = domain.scrub_outcome(
@@ -232,3 +238,14 @@ def _reverify(store: ObjectStore, key: str, algorithm: str) -> Report:
     """A scrub's verification: have the bytes changed since the checkpoint was verified? Whether
     its manifest holds every declared rank was decided then (`formats.native.missing_ranks`)."""
     return verify(store, key, algorithm, ranks=False)
+
+
+def _gone(store: ObjectStore, key: str) -> bool:
+    """Nothing left at ``key``: no file of that name, nothing under it as a folder."""
+    if next(iter(store.list(f"{key}/")), None) is not None:
+        return False
+    try:
+        store.stat(key)
+    except ObjectNotFound:
+        return True
+    return False

@@ -70,6 +70,7 @@ def build(settings: WriterWatcherSettings, clock: Clock = utc_now) -> WriterWatc
             if settings.reconcile_interval_s > 0
             else None,
             full_every=timedelta(seconds=settings.full_rescan_interval_s),
+            removal_grace=timedelta(seconds=settings.removal_grace_s),
         ),
     )
     svc.finish(

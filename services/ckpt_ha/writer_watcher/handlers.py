@@ -36,6 +36,7 @@ from ckpt_ha.writer_watcher.ports import (
     WatcherRegistry,
     WatchStateStore,
 )
+from ckpt_ha.writer_watcher.removals import REMOVAL_GRACE
 
 SOURCE = "ckpt-ha/writer-watcher"
 log = logging.getLogger("ckpt_ha.writer_watcher")
@@ -83,8 +84,11 @@ class Watcher:
         registry: WatcherRegistry,
         redrive: Redrive | None = None,
         full_every: timedelta | None = None,
+        removal_grace: timedelta = REMOVAL_GRACE,
     ) -> None:
         self.store = store
+        self.removal_grace = removal_grace
+        """How long a committed folder short of files, or gone, waits for a decision."""
         self.publisher = publisher
         self.clock = clock
         self.stall_after = stall_after
@@ -159,6 +163,7 @@ class Watcher:
                 registered,
                 self.storage_trouble,
                 vanished=vanished if last else (),
+                removal_grace=self.removal_grace,
             )
             if last and stuck is not None and self.redrive is not None:
                 deadline = self.redrive.deadline

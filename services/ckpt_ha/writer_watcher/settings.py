@@ -15,6 +15,10 @@ class WriterWatcherSettings(ServiceSettings):
     """How often the storage root is listed (level-triggered)."""
     stall_timeout_s: float = Field(default=300.0, gt=0)
     """An incomplete checkpoint unchanged this long has failed."""
+    removal_grace_s: float = Field(default=15.0, gt=0)
+    """How long a committed folder may stay short of files, or gone, before the watcher decides:
+    gone as a whole is its writer's deletion (a framework's rotation), files missing from a
+    folder that stays are damage. Longer than a removal of a large folder takes."""
     full_rescan_interval_s: float = Field(default=300.0, gt=0)
     """With change notifications, a scan lists only the folders they name; the whole root is
     listed this often anyway, so a lost or overflowed notification delays detection by at most
