@@ -14,7 +14,7 @@ with a second replica (its own process, sharing the durable consumers) side by s
 ``--compare`` also the burst taken one failure at a time, as before batching. Each burst
 prints the machine's CPU per plan (every process: replicas, servers, the bench), and for two
 replicas the floor the cores set: ``failures * CPU per plan / cores``. Cleans its Redis keys
-and streams afterwards. Usage:
+and streams afterwards (in a shared Redis; a private one is removed whole). Usage:
     .venv/bin/python bench/bench_plan.py [--jobs 10000] [--per-job 100] [--failures 1000]
         [--replicas 2] [--compare] [--redis URL]
 """
@@ -140,7 +140,7 @@ async def fill(r: aioredis.Redis, prefix: str, jobs: int, per_job: int) -> None:
                 (pending if newest else valid).append(cid)
             pipe.mset(records)
             pipe.zadd(keys.job(job), steps)
-            if len(pipe) >= 200:
+            if len(pipe) >= 50:
                 await pipe.execute()
         pipe.sadd(keys.jobs, *[job_name(j) for j in range(jobs)])
         for i in range(0, len(valid), 10_000):
@@ -309,10 +309,10 @@ async def main() -> None:
             server = procs.start_redis(home / "redis-server")
             stack.callback(procs.stop, server)
             redis_url = server.url
-        await run(args, redis_url)
+        await run(args, redis_url, clean_up=args.redis is not None)
 
 
-async def run(args: argparse.Namespace, redis_url: str) -> None:
+async def run(args: argparse.Namespace, redis_url: str, *, clean_up: bool) -> None:
     tag = uuid.uuid4().hex[:8]
     settings = RestoreCoordinatorSettings(
         NATS_URL=args.nats,
@@ -330,7 +330,7 @@ async def run(args: argparse.Namespace, redis_url: str) -> None:
         verification_grace_s=0,
         lost_check_interval_s=0,  # no lost-attempt loop: the bench sends no heartbeats
     )
-    r = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    r = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=120)
     nc = await nats.connect(args.nats)
     coordinator = build_coordinator(settings)
     producer = Bus(settings.bus(), "bench-runner")
@@ -414,8 +414,9 @@ async def run(args: argparse.Namespace, redis_url: str) -> None:
             with contextlib.suppress(Exception):
                 await js.delete_stream(stream)
         await nc.close()
-        removed = await clean(r, settings.registry_prefix)
-        print(f"cleaned {removed:,} Redis keys under {settings.registry_prefix}:")
+        if clean_up:  # a private redis-server goes away whole
+            removed = await clean(r, settings.registry_prefix)
+            print(f"cleaned {removed:,} Redis keys under {settings.registry_prefix}:")
         await r.aclose()
 
 

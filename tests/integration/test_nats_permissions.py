@@ -7,13 +7,14 @@ import dataclasses
 import json
 import os
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import nats
 import pytest
 from pydantic import SecretStr
 
-from ckpt_ha.bus import streams
+from ckpt_ha.bus import obsolete, streams
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.permissions import (
     EVENTS_STREAM,
@@ -21,6 +22,7 @@ from ckpt_ha.bus.permissions import (
     PROGRESS_STREAM,
     main,
     render,
+    users,
 )
 from ckpt_ha.bus.stream_reader import read_events
 from ckpt_ha.bus.streams import StreamMisconfigured
@@ -69,6 +71,11 @@ def secured_nats(tmp_path: Path, settings: ServiceSettings) -> Iterator[procs.Ma
     async def provision() -> None:  # the operator's step, before any service starts
         nc = await nats_as(proc, "operator")
         await streams.provision(nc.jetstream(), settings.bus())
+        # Its look for obsolete durables lists every stream's consumers: allowed, none found.
+        now = datetime.now(UTC)
+        assert (
+            await obsolete.retire(nc.jetstream(), settings.bus(), users(), grace_s=0, now=now) == []
+        )
         await nc.close()
 
     try:
