@@ -11,7 +11,7 @@
 
 # Debian bookworm, pinned by digest. BASE selects another, e.g. one built from Debian's archive
 # with mmdebstrap where no registry is reachable (`scripts/build-image --local-base`).
-ARG BASE=docker.io/library/debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
+ARG BASE=debian:bookworm-slim@sha256:3783cc01769c7b2b1b83a5c5ad96c815348e28ed7da68e2e3687004faa906251
 
 # Debian's python3 (a base that has it already is left as it is).
 FROM ${BASE} AS python

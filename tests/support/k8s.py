@@ -1,9 +1,10 @@
 """The Kubernetes manifests of deploy/k8s/, rendered and validated offline.
 
-`render` builds a kustomization the way ``kubectl kustomize`` does for the subset
-deploy/k8s/ uses (resources, namespace, images, ConfigMap patches), so that no cluster tool is
-needed; a test compares it with ``kubectl kustomize`` where that is installed. `problems`
-validates each object: built-in kinds against the Kubernetes OpenAPI schemas shipped by
+`render` builds a kustomization the way ``kubectl kustomize`` does for the subset deploy/k8s/
+uses (resources, components, configMapGenerator from env files with the content-hash name
+suffix and the references to it rewritten, namespace, images, map-merging patches), so that no
+cluster tool is needed; a test compares it with ``kubectl kustomize``. `problems` validates
+each object: built-in kinds against the Kubernetes OpenAPI schemas shipped by
 kubernetes-validate (strict: an unknown field is an error), the Prometheus-operator kinds
 against their required fields.
 """
@@ -11,6 +12,8 @@ against their required fields.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +26,16 @@ KUBERNETES_VERSION = "1.30"
 """The oldest Kubernetes the manifests are checked against (all they use is older still)."""
 
 Doc = dict[str, Any]
-SUPPORTED = {"apiVersion", "kind", "resources", "namespace", "images", "patches"}
+SUPPORTED = {
+    "apiVersion",
+    "kind",
+    "resources",
+    "components",
+    "configMapGenerator",
+    "namespace",
+    "images",
+    "patches",
+}
 CLUSTER_SCOPED = {"Namespace"}
 
 
@@ -38,14 +50,33 @@ def load(path: Path) -> list[Doc]:
 
 def render(folder: Path) -> list[Doc]:
     """The objects ``kubectl kustomize folder`` would print, in resource order."""
+    docs, generated = _render(folder)
+    _suffix_generated(docs, generated)
+    return docs
+
+
+def _render(folder: Path) -> tuple[list[Doc], set[str]]:
+    """The objects, and the names of the ConfigMaps generated (their hash suffix not yet set)."""
     kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
     extra = set(kust) - SUPPORTED
     if extra:
         raise Unsupported(f"{folder}: kustomization fields not rendered here: {sorted(extra)}")
     docs: list[Doc] = []
+    generated: set[str] = set()
     for entry in kust.get("resources", []):
         path = folder / entry
-        docs.extend(render(path) if path.is_dir() else load(path))
+        if path.is_dir():
+            more, names = _render(path)
+            docs.extend(more)
+            generated |= names
+        else:
+            docs.extend(load(path))
+    for entry in kust.get("components", []):  # applied to what the resources gave
+        more, names = _render_component(folder / entry, docs)
+        docs.extend(more)
+        generated |= names
+    for generator in kust.get("configMapGenerator", []):
+        generated.add(_generate(folder, generator, docs))
     for patch in kust.get("patches", []):
         if set(patch) != {"path"}:
             raise Unsupported(f"{folder}: only patches by path are rendered here: {patch}")
@@ -58,7 +89,105 @@ def render(folder: Path) -> list[Doc]:
         for doc in docs:
             if doc["kind"] not in CLUSTER_SCOPED:
                 doc.setdefault("metadata", {})["namespace"] = kust["namespace"]
-    return docs
+    return docs, generated
+
+
+def _render_component(folder: Path, docs: list[Doc]) -> tuple[list[Doc], set[str]]:
+    """A Component's own resources (returned) and its patches, applied to ``docs`` too."""
+    kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
+    if kust.get("kind") != "Component":
+        raise Unsupported(f"{folder}: not a Component")
+    if set(kust) - {"apiVersion", "kind", "resources", "patches"}:
+        raise Unsupported(f"{folder}: component fields not rendered here: {sorted(kust)}")
+    own: list[Doc] = []
+    for entry in kust.get("resources", []):
+        own.extend(load(folder / entry))
+    for patch in kust.get("patches", []):
+        if set(patch) != {"path"}:
+            raise Unsupported(f"{folder}: only patches by path are rendered here: {patch}")
+        for change in load(folder / patch["path"]):
+            _apply_patch([*docs, *own], change)
+    return own, set()
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    data = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep:
+            raise Unsupported(f"{path}: not KEY=VALUE: {line!r}")
+        data[key] = value
+    return data
+
+
+def _generate(folder: Path, generator: Doc, docs: list[Doc]) -> str:
+    """A configMapGenerator entry (env files only): a new ConfigMap, or merged into one."""
+    if set(generator) - {"name", "envs", "behavior", "options"}:
+        raise Unsupported(f"{folder}: configMapGenerator fields not rendered here: {generator}")
+    data: dict[str, str] = {}
+    for env in generator.get("envs", []):
+        data.update(_env_file(folder / env))
+    options = generator.get("options", {})
+    if set(options) - {"labels"}:
+        raise Unsupported(f"{folder}: generator options not rendered here: {options}")
+    name = generator["name"]
+    behavior = generator.get("behavior", "create")
+    if behavior == "merge":
+        (target,) = [d for d in docs if (d["kind"], d["metadata"]["name"]) == ("ConfigMap", name)]
+        target["data"] = {**target.get("data", {}), **data}
+        target["metadata"].setdefault("labels", {}).update(options.get("labels", {}))
+        return str(name)
+    if behavior != "create":
+        raise Unsupported(f"{folder}: configMapGenerator behavior {behavior!r}")
+    meta: Doc = {"name": name}
+    if options.get("labels"):
+        meta["labels"] = dict(options["labels"])
+    docs.append({"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": data})
+    return str(name)
+
+
+def config_map_hash(data: dict[str, str]) -> str:
+    """kustomize's name suffix of a generated ConfigMap: the first ten hex digits of the sha256
+    of its JSON encoding (Go's: sorted keys, no spaces, <, > and & escaped), with the letters
+    and digits that could spell words or read as a number swapped. kustomize 5 looks the name up
+    under a path it never finds (``metadata/name`` as one key), so the name hashed is empty."""
+    text = json.dumps(
+        {"data": data, "kind": "ConfigMap", "name": ""},
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
+    for char, escaped in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e")):
+        text = text.replace(char, escaped)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return digest.translate(str.maketrans({"0": "g", "1": "h", "3": "k", "a": "m", "e": "t"}))
+
+
+def _suffix_generated(docs: list[Doc], generated: set[str]) -> None:
+    renamed = {}
+    for doc in docs:
+        name = doc["metadata"]["name"]
+        if doc["kind"] == "ConfigMap" and name in generated:
+            renamed[name] = f"{name}-{config_map_hash(doc.get('data', {}))}"
+            doc["metadata"]["name"] = renamed[name]
+    for doc in docs:
+        spec = _pod(doc)
+        for container in [*spec.get("initContainers", []), *spec.get("containers", [])]:
+            for source in container.get("envFrom", []):
+                ref = source.get("configMapRef")
+                if ref is not None and ref["name"] in renamed:
+                    ref["name"] = renamed[ref["name"]]
+            for env in container.get("env", []):
+                ref = env.get("valueFrom", {}).get("configMapKeyRef")
+                if ref is not None and ref["name"] in renamed:
+                    ref["name"] = renamed[ref["name"]]
+        for volume in spec.get("volumes", []):
+            ref = volume.get("configMap")
+            if ref is not None and ref["name"] in renamed:
+                ref["name"] = renamed[ref["name"]]
 
 
 def _apply_patch(docs: list[Doc], change: Doc) -> None:
@@ -80,9 +209,17 @@ def _merge(into: Doc, change: Doc) -> None:
             into[key] = copy.deepcopy(value)
 
 
-def _containers(doc: Doc) -> list[Doc]:
+def _pod(doc: Doc) -> Doc:
+    """The pod spec of a workload (a CronJob's through its job template); empty for others."""
     spec = doc.get("spec", {})
-    pod = spec.get("template", {}).get("spec", {}) if "template" in spec else {}
+    if doc.get("kind") == "CronJob":
+        spec = spec.get("jobTemplate", {}).get("spec", {})
+    pod: Doc = spec.get("template", {}).get("spec", {}) if "template" in spec else {}
+    return pod
+
+
+def _containers(doc: Doc) -> list[Doc]:
+    pod = _pod(doc)
     return [*pod.get("initContainers", []), *pod.get("containers", [])]
 
 
@@ -173,7 +310,9 @@ class MissingSecret(KeyError):
 
 
 def pod_spec(doc: Doc) -> Doc:
-    spec: Doc = doc["spec"]["template"]["spec"]
+    spec = _pod(doc)
+    if not spec:
+        raise KeyError(f"{doc['kind']}/{doc['metadata']['name']} has no pod template")
     return spec
 
 

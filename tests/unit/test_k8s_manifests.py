@@ -23,7 +23,17 @@ from ckpt_ha.cli.parser import build_parser
 from ckpt_ha.ops import k8s
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from ckpt_ha.runtime.settings import ServiceSettings
-from tests.support.k8s import K8S, ROOT, Doc, Unsupported, all_problems, load, problems, render
+from tests.support.k8s import (
+    K8S,
+    ROOT,
+    Doc,
+    Unsupported,
+    all_problems,
+    load,
+    pod_spec,
+    problems,
+    render,
+)
 
 BASE = K8S / "base"
 OVERLAY = K8S / "overlays" / "example"
@@ -35,8 +45,17 @@ def kind(docs: list[Doc], name: str) -> list[Doc]:
 
 
 def pod(doc: Doc) -> Doc:
-    spec: Doc = doc["spec"]["template"]["spec"]
-    return spec
+    return pod_spec(doc)
+
+
+def config_of(docs: list[Doc]) -> Doc:
+    """The generated settings ConfigMap (its name carries kustomize's content hash)."""
+    (config,) = [
+        d
+        for d in kind(docs, "ConfigMap")
+        if re.fullmatch(r"ckpt-ha-config-[0-9a-z]{10}", d["metadata"]["name"])
+    ]
+    return config
 
 
 @pytest.fixture(scope="module")
@@ -71,20 +90,31 @@ def test_every_object_is_valid(folder: Path) -> None:
     deployments = {d["metadata"]["name"] for d in kind(docs, "Deployment")}
     assert deployments == {f"ckpt-ha-{name}" for name in SERVICE_NAMES}
     assert {d["metadata"]["name"] for d in kind(docs, "Service")} == deployments
-    assert [d["spec"]["template"]["spec"]["containers"][0]["args"] for d in kind(docs, "Job")] == [
+    assert [pod(d)["containers"][0]["args"] for d in kind(docs, "CronJob")] == [
         ["streams", "provision"]
     ]
     assert len(kind(docs, "ServiceMonitor")) == len(kind(docs, "PrometheusRule")) == 1
 
 
 def test_every_manifest_file_is_rendered() -> None:
-    """A YAML file no kustomization lists would never be validated (nor applied)."""
+    """A file no kustomization lists would never be validated (nor applied)."""
     listed = set()
-    for folder in (BASE, OVERLAY):
+    folders = [
+        BASE,
+        OVERLAY,
+        *(p.parent for p in (K8S / "components").glob("*/kustomization.yaml")),
+    ]
+    for folder in folders:
         kust = yaml.safe_load((folder / "kustomization.yaml").read_text())
         listed |= {(folder / r).resolve() for r in kust.get("resources", [])}
         listed |= {(folder / p["path"]).resolve() for p in kust.get("patches", [])}
-    files = {p.resolve() for p in K8S.rglob("*.yaml") if p.name != "kustomization.yaml"}
+        for generator in kust.get("configMapGenerator", []):
+            listed |= {(folder / e).resolve() for e in generator.get("envs", [])}
+    files = {
+        p.resolve()
+        for p in K8S.rglob("*")
+        if p.suffix in {".yaml", ".env"} and p.name != "kustomization.yaml"
+    }
     assert files - listed == set()
 
 
@@ -176,11 +206,11 @@ def _is_known(name: str, known: list[str]) -> bool:
 
 def test_the_config_sets_only_documented_settings(overlay: list[Doc]) -> None:
     known = _known_variables()
-    (config,) = [d for d in kind(overlay, "ConfigMap") if d["metadata"]["name"] == "ckpt-ha-config"]
+    config = config_of(overlay)
     assert [n for n in config["data"] if not _is_known(n, known)] == []
     assert config["data"]["CKPT_HA_HTTP_HOST"] == "0.0.0.0"
     assert config["data"]["CKPT_HA_LOG_FORMAT"] == "json"
-    for doc in kind(overlay, "Deployment") + kind(overlay, "Job"):
+    for doc in kind(overlay, "Deployment") + kind(overlay, "CronJob"):
         env = [e["name"] for e in _container(doc)["env"]]
         assert [
             n for n in env if not _is_known(n, known) and n != "AWS_SHARED_CREDENTIALS_FILE"
@@ -208,7 +238,7 @@ def test_each_service_is_probed_sized_and_reads_its_secrets_from_files(
     redis_users = re.findall(r"^user (\S+) on", (ROOT / "deploy/redis/users.acl").read_text(), re.M)
     port = int(ServiceSettings.model_fields["http_port"].default or 0)
     assert port == 0  # the default picks a free port: the ConfigMap must fix one
-    (config,) = [d for d in kind(overlay, "ConfigMap") if d["metadata"]["name"] == "ckpt-ha-config"]
+    config = config_of(overlay)
     for doc in kind(overlay, "Deployment"):
         name = doc["metadata"]["name"].removeprefix("ckpt-ha-")
         c = _container(doc)
@@ -248,13 +278,13 @@ def test_nats_and_redis_are_reached_over_tls_with_the_mounted_ca(
     """deploy/nats and deploy/redis serve TLS only: every pod connects with tls:// and
     rediss:// URLs and verifies the servers against the CA mounted from its Secret."""
     docs = render(folder)
-    (config,) = [d for d in kind(docs, "ConfigMap") if d["metadata"]["name"] == "ckpt-ha-config"]
+    config = config_of(docs)
     data = config["data"]
     assert {credentials.scheme(u) for u in credentials.nats_servers(data["NATS_URL"])} == {"tls"}
     assert credentials.scheme(data["REDIS_URL"]) in {"rediss", "rediss+sentinel"}
     assert data["CKPT_HA_NATS_CA_FILE"] == data["CKPT_HA_REDIS_CA_FILE"] == k8s.CA_FILE
     ca_dir = str(Path(k8s.CA_FILE).parent)
-    for doc in kind(docs, "Deployment") + kind(docs, "Job"):
+    for doc in kind(docs, "Deployment") + kind(docs, "CronJob"):
         assert _mounted_secrets(doc).get(ca_dir) == k8s.SECRET_NAMES["ca"], doc["metadata"]
         (volume,) = [
             v for v in pod(doc)["volumes"]
@@ -270,7 +300,8 @@ def test_nats_and_redis_are_reached_over_tls_with_the_mounted_ca(
 
 
 def test_the_provision_job_runs_as_the_operator(overlay: list[Doc]) -> None:
-    (job,) = kind(overlay, "Job")
+    (job,) = kind(overlay, "CronJob")
+    assert job["spec"]["concurrencyPolicy"] == "Forbid"
     env = {e["name"]: e["value"] for e in _container(job)["env"]}
     assert env["CKPT_HA_NATS_USER"] == "operator"
     (volume,) = [
@@ -282,7 +313,7 @@ def test_the_provision_job_runs_as_the_operator(overlay: list[Doc]) -> None:
 
 def test_every_container_command_is_a_real_cli_command(overlay: list[Doc]) -> None:
     served = []
-    for doc in kind(overlay, "Deployment") + kind(overlay, "Job"):
+    for doc in kind(overlay, "Deployment") + kind(overlay, "CronJob"):
         args = build_parser().parse_args(_container(doc)["args"])
         if args.command == "serve":
             served.append(args.name)
@@ -335,7 +366,7 @@ def test_the_image_runs_as_the_manifests_user_and_holds_no_secret(overlay: list[
     (user,) = [rest for op, rest in steps if op == "USER"]
     uid = user.split(":")[0]
     assert uid not in {"0", "root"}
-    for doc in kind(overlay, "Deployment") + kind(overlay, "Job"):
+    for doc in kind(overlay, "Deployment") + kind(overlay, "CronJob"):
         assert pod(doc)["securityContext"]["runAsUser"] == int(uid)
     env = " ".join(rest for op, rest in steps if op in {"ENV", "ARG"})
     assert re.search(r"PASSWORD|SECRET|SIGNING_KEY|TOKEN|AWS_", env) is None, env

@@ -4,8 +4,10 @@
 Service per service of `SERVICE_NAMES`, the PrometheusRule made of ``observability/alerts.yml``
 and one ConfigMap per Grafana dashboard of ``observability/grafana/dashboards/``. A test fails
 when a committed file drifts from what this renders, so a new service, alert or dashboard reaches
-the cluster manifests by re-running it. The hand-written rest of the base (the ConfigMap of
-settings, the provisioning Job, the ServiceMonitor, ``kustomization.yaml``) lives beside them.
+the cluster manifests by re-running it. Each service also gets a PodDisruptionBudget and a
+ServiceAccount of its own, and its replicas spread over nodes. The hand-written rest of the base
+(the settings, the provisioning CronJob, the NetworkPolicies, the ServiceMonitor,
+``kustomization.yaml``) lives beside them.
 
 Each service runs the one image as ``ckpt-ha serve NAME`` under its own NATS and Redis user
 (deploy/nats/, deploy/redis/), its passwords and the signing key read through the ``*_FILE``
@@ -55,6 +57,9 @@ CA_FILE = f"{SECRETS_DIR}/ca/ca.crt"
 ``rediss://`` URLs): ``CKPT_HA_NATS_CA_FILE`` and ``CKPT_HA_REDIS_CA_FILE`` in the base
 ConfigMap, key ``ca.crt`` of the ``ckpt-ha-ca`` Secret (the form cert-manager writes)."""
 PART_OF = "app.kubernetes.io/part-of: ckpt-ha"
+RELEASE = "release: kube-prometheus-stack"
+"""The label kube-prometheus-stack's Prometheus selects ServiceMonitors and PrometheusRules by
+(its Helm release's name; components/monitoring-release sets another)."""
 
 RESOURCES: dict[str, tuple[str, str, str, str]] = {
     "writer-watcher": ("100m", "256Mi", "1", "1Gi"),
@@ -68,7 +73,8 @@ them (`CKPT_HA_STORAGE_WORKERS` threads), so it gets the most."""
 
 
 def deployment(name: str) -> str:
-    """The Deployment and Service of one service: probes, resources, settings and secrets."""
+    """The Deployment, Service, PodDisruptionBudget and ServiceAccount of one service: probes,
+    resources, settings and secrets, replicas spread over nodes."""
     cpu, memory, cpu_limit, memory_limit = RESOURCES[name]
     return HEADER.format(source=SOURCE) + textwrap.dedent(f"""\
         apiVersion: apps/v1
@@ -95,7 +101,27 @@ def deployment(name: str) -> str:
                 app.kubernetes.io/name: {name}
                 {PART_OF}
             spec:
+              # Its own ServiceAccount, for an IAM role through IRSA or Workload Identity
+              # (components/irsa, components/workload-identity); no API token is mounted.
+              serviceAccountName: ckpt-ha-{name}
               automountServiceAccountToken: false
+              # Replicas on different nodes (a drain takes one at a time: the PodDisruptionBudget)
+              # and, where the cluster has zones, spread over them.
+              topologySpreadConstraints:
+                - maxSkew: 1
+                  topologyKey: kubernetes.io/hostname
+                  whenUnsatisfiable: DoNotSchedule
+                  labelSelector:
+                    matchLabels:
+                      app.kubernetes.io/name: {name}
+                      {PART_OF}
+                - maxSkew: 1
+                  topologyKey: topology.kubernetes.io/zone
+                  whenUnsatisfiable: ScheduleAnyway
+                  labelSelector:
+                    matchLabels:
+                      app.kubernetes.io/name: {name}
+                      {PART_OF}
               # CKPT_HA_GRACEFUL_TIMEOUT_S (20 s) for in-flight handlers, then the process exits.
               terminationGracePeriodSeconds: 30
               securityContext:
@@ -235,6 +261,30 @@ def deployment(name: str) -> str:
               port: {HTTP_PORT}
               targetPort: http
               protocol: TCP
+        ---
+        # One pod of {REPLICAS} may be evicted at a time (node drains, cluster upgrades).
+        apiVersion: policy/v1
+        kind: PodDisruptionBudget
+        metadata:
+          name: ckpt-ha-{name}
+          labels:
+            app.kubernetes.io/name: {name}
+            {PART_OF}
+        spec:
+          maxUnavailable: 1
+          selector:
+            matchLabels:
+              app.kubernetes.io/name: {name}
+              {PART_OF}
+        ---
+        apiVersion: v1
+        kind: ServiceAccount
+        metadata:
+          name: ckpt-ha-{name}
+          labels:
+            app.kubernetes.io/name: {name}
+            {PART_OF}
+        automountServiceAccountToken: false
         """)
 
 
@@ -250,6 +300,7 @@ def prometheus_rule(alerts: str) -> str:
               name: ckpt-ha
               labels:
                 {PART_OF}
+                {RELEASE}
             spec:
             """)
         + body
