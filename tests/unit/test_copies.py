@@ -297,9 +297,14 @@ async def test_replication_lag_is_the_age_of_the_oldest_valid_checkpoint_lacking
     record = await valid_checkpoint(primary, registry, f"{JOB}/step-10")
     assert copies.lag_seconds([record], T0 + timedelta(seconds=90)) == 90.0
     assert copies.lag_seconds([], T0) == 0.0
-    rep, _, metrics = replicator(primary, registry, FsStore(replica_dir))
+    cut = CutTarget(replica_dir, allowed=0)  # the replica is down: nothing is copied
+    rep, _, metrics = replicator(primary, registry, cut)
     await rep.copy_once()
-    assert metrics.lag.labels("integrity-checker")._value.get() == 0.0
+    assert metrics.lag.labels("integrity-checker", "critical")._value.get() == 300.0
+    cut.allowed = 100
+    await rep.copy_once()
+    assert metrics.lag.labels("integrity-checker", "critical")._value.get() == 0.0
+    assert metrics.rpo.labels("integrity-checker", "critical")._value.get() == 1800.0
 
 
 # --- restoring from a copy -----------------------------------------------------------------------

@@ -53,6 +53,12 @@ class Tier:
     grace_s: float
     """Between expiry and deletion: the window in which a pin still saves the bytes."""
     replicate: bool
+    """Each valid checkpoint is copied to the replica root the deployment names for this tier
+    (the integrity-checker's ``replica_roots``) and restored from there when its primary is
+    gone (`ckpt_ha.core.copies`)."""
+    copy_rpo_s: float = 1800.0
+    """The recovery-point objective of the copies: a valid checkpoint without its copy for
+    longer than this raises `ReplicationLagging` (a tier that replicates)."""
     lost_after_s: float = 300.0
     """Ceiling of the default heartbeat deadline (`lost_after`): an attempt that promised
     heartbeats (``job.started`` v2) and declared no ``deadline_s`` is lost after
@@ -128,6 +134,7 @@ TIERS: Mapping[str, Tier] = {
             failed_keep_s=7 * DAY,
             grace_s=7 * DAY,
             replicate=True,
+            copy_rpo_s=1800.0,
             lost_after_s=60.0,
         ),
     )

@@ -119,9 +119,16 @@ class CopyMetrics:
         )
         self.lag = Gauge(
             "ckpt_ha_replication_lag_seconds",
-            "Age of the oldest valid checkpoint still lacking its copy on its tier's replica "
-            "(0: every copy is made), as of the last copy round.",
-            ["service"],
+            "Age of the oldest valid checkpoint of the tier still lacking its copy on the "
+            "tier's replica (0: every copy is made), as of the last copy round.",
+            ["service", "tier"],
+            registry=metrics.registry,
+        )
+        self.rpo = Gauge(
+            "ckpt_ha_replication_rpo_seconds",
+            "The tier's recovery-point objective for its copies (`Tier.copy_rpo_s`), for each "
+            "tier this process copies.",
+            ["service", "tier"],
             registry=metrics.registry,
         )
         self.all_lost = Counter(

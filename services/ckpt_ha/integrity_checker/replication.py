@@ -32,7 +32,7 @@ from ckpt_ha.core.copies import live_copies, valid_copies
 from ckpt_ha.core.errors import TransientError
 from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.core.tiers import Tier
+from ckpt_ha.core.tiers import TIERS, Tier
 from ckpt_ha.formats import verify
 from ckpt_ha.integrity_checker import copies
 from ckpt_ha.integrity_checker.domain import ALL_COPIES_LOST, scrub_findings
@@ -82,6 +82,10 @@ class Replicator:
         self.roots = dict(roots)
         self.budget = budget or ReadBudget(0, on_read=metrics.read, on_wait=metrics.waited)
         self.replicas = dict(replicas or {})
+        for name in self.roots:
+            if name in TIERS and TIERS[name].replicate:
+                self.metrics.rpo.labels(metrics.service, name).set(TIERS[name].copy_rpo_s)
+                self.metrics.lag.labels(metrics.service, name).set(0.0)
 
     def replica(self, root: str) -> ObjectStore:
         if root not in self.replicas:
@@ -103,9 +107,7 @@ class Replicator:
         except TransientError as exc:
             log.warning("copy round skipped: registry unavailable: %s", exc)
             return CopyRound(0, 0, 0, complete=False)
-        self.metrics.lag.labels(self.metrics.service).set(
-            copies.lag_seconds([r for r, *_ in due], self.clock())
-        )
+        self._lag(due)
         for record, tier, root, key in due:
             try:
                 outcome = await self._copy(record, tier, root, key)
@@ -121,8 +123,17 @@ class Replicator:
             elif outcome is not None:
                 failed += 1
         if copied == len(due):
-            self.metrics.lag.labels(self.metrics.service).set(0.0)
+            self._lag([])
         return CopyRound(copied, failed, len(due), complete=True)
+
+    def _lag(self, due: list[tuple[CheckpointRecord, Tier, str, str]]) -> None:
+        """Replication lag per tier copied here, from what still lacks its copy."""
+        now = self.clock()
+        for name in self.roots:
+            waiting = [record for record, tier, *_ in due if tier.name == name]
+            self.metrics.lag.labels(self.metrics.service, name).set(
+                copies.lag_seconds(waiting, now)
+            )
 
     async def _due(self) -> list[tuple[CheckpointRecord, Tier, str, str]]:
         """The valid checkpoints lacking a valid copy, oldest first, with their tier, replica

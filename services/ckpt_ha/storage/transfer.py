@@ -64,9 +64,13 @@ class SourceFile(io.RawIOBase):
             return 0
         if self._stream is None:
             self._stream = self.store.open_read(self.key, offset=self.pos)
-        data = self._stream.read(want)
-        n = len(data)
-        buffer[:n] = data
+        readinto = getattr(self._stream, "readinto", None)
+        if readinto is not None:  # a file: straight into the caller's buffer, no copy
+            n = int(readinto(memoryview(buffer)[:want]))
+        else:
+            data = self._stream.read(want)
+            n = len(data)
+            buffer[:n] = data
         self.pos += n
         self.read_bytes += n
         return n

@@ -183,6 +183,21 @@ def test_a_checkpoint_corrupted_after_registration_is_caught_at_load_and_falls_b
     assert result["restored_from"] != result["damaged_checkpoint"]
 
 
+def test_a_lost_primary_storage_is_restored_from_the_copy_of_the_newest_checkpoint(
+    home: Path,
+) -> None:
+    """Issue 29: the job's primary storage wiped after its checkpoints were copied to the
+    replica (the local stack's ``<root>-copies``); the restore loads the newest valid
+    checkpoint from its copy, not an older one, and continuity is verified."""
+    result = drill(home, "storage-lost")
+    assert_restored(result)
+    assert result["restored_from"] == result["newest_valid_checkpoint"]
+    assert result["plan"]["checkpoint_uri"] == result["copy"]
+    assert "-copies/" in result["copy"]
+    assert any("is missing" in r and "verified copy" in r for r in result["plan"]["reasons"])
+    assert all(result["checks"].values()), result["checks"]
+
+
 def test_a_restart_loop_escalates_and_retries_stop(home: Path) -> None:
     result = drill(home, "restart-loop")
     assert result["escalation"]["reason"] in {"restart_loop", "same_failure_repeating"}

@@ -34,6 +34,7 @@ from ckpt_ha import credentials
 from ckpt_ha.assets import asset
 from ckpt_ha.bus import permissions
 from ckpt_ha.contracts.subjects import DEFAULT_PREFIX
+from ckpt_ha.core.tiers import TIERS
 from ckpt_ha.lab.devstack import procs, tcp_link
 from ckpt_ha.registry import acl
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
@@ -105,6 +106,7 @@ def up(home: Path, env: Mapping[str, str], *, storage_link: bool = False) -> Sta
     if "://" not in storage_root or storage_root.startswith("file://"):
         # A local root is created here; an s3:// bucket must exist already.
         Path(storage_root.removeprefix("file://")).mkdir(parents=True, exist_ok=True)
+        Path(storage_root.removeprefix("file://").rstrip("/") + "-copies").mkdir(exist_ok=True)
     components: dict[str, ManagedProcess] = {}
     keep = StackSecrets.of(home)
     keep.ensure()
@@ -148,6 +150,7 @@ def up(home: Path, env: Mapping[str, str], *, storage_link: bool = False) -> Sta
         storage_endpoint = components[STORAGE_LINK].url
         record(nats_url, redis_url)
     service_env = {
+        **copy_defaults(storage_root),
         **env,
         "NATS_URL": nats_url,
         "REDIS_URL": redis_url,
@@ -419,6 +422,18 @@ def start_service(
         )
 
     return procs.retry_port_race(start, ports_chosen_here=True)
+
+
+def copy_defaults(storage_root: str) -> dict[str, str]:
+    """The local stack copies the replicating tier (``critical``) to a sibling of its storage
+    root, ``<root>-copies`` (a folder, or a prefix of the same bucket), every 2 s; the
+    environment's own ``CKPT_HA_REPLICA_ROOTS`` / ``CKPT_HA_COPY_INTERVAL_S`` win."""
+    replicating = [name for name, tier in TIERS.items() if tier.replicate]
+    root = storage_root.rstrip("/") + "-copies"
+    return {
+        "CKPT_HA_REPLICA_ROOTS": json.dumps(dict.fromkeys(replicating, root)),
+        "CKPT_HA_COPY_INTERVAL_S": "2",
+    }
 
 
 def down(home: Path) -> list[str]:

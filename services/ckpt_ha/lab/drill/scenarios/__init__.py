@@ -22,13 +22,14 @@ from ckpt_ha.lab.drill.scenarios import (
     node_exit,
     restart_loop,
     slurm_node_lost,
+    storage_lost,
     storage_outage,
     torchrun_dcp,
 )
 
 _MODULES = (
-    node_exit, storage_outage, corrupt_checkpoint, restart_loop, env_mismatch, torchrun_dcp,
-    hf_trainer, slurm_node_lost,
+    node_exit, storage_outage, corrupt_checkpoint, storage_lost, restart_loop, env_mismatch,
+    torchrun_dcp, hf_trainer, slurm_node_lost,
 )  # fmt: skip
 
 SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
