@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
@@ -19,6 +21,7 @@ from ckpt_ha.registrar.app import Registrar, build
 from ckpt_ha.registrar.settings import RegistrarSettings
 from ckpt_ha.runtime.server import HttpEndpoint
 from ckpt_ha.runtime.settings import ServiceSettings
+from ckpt_ha.telemetry import logs
 from tests.support.bus_tools import stream_messages, wait_for
 from tests.support.events import committed
 
@@ -174,3 +177,51 @@ async def test_long_handlers_keep_their_message_with_in_progress_acks(
     finally:
         await nc.close()
         await bus.broker.stop()
+
+
+async def test_what_a_handler_logs_names_its_event_s_job_and_checkpoint(
+    settings: ServiceSettings,
+) -> None:
+    """Every line logged while a consumer handles an event (and while its batch about one job
+    is handled) carries that event's ``job_id`` / ``checkpoint_id`` in the JSON format, through
+    the real broker; a line logged between messages carries neither."""
+    bus = Bus(settings.bus(), "logged")
+    formatter = logs.formatter({"CKPT_HA_LOG_FORMAT": "json"})
+    lines: list[dict[str, Any]] = []
+    seen = asyncio.Event()
+
+    class Capture(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.name == "ckpt_ha.test.scope":
+                lines.append(json.loads(formatter.format(record)))
+                if len(lines) >= 2:
+                    seen.set()
+
+    logger = logging.getLogger("ckpt_ha.test.scope")
+    capture = Capture()
+    logger.addHandler(capture)
+    logger.setLevel(logging.INFO)
+
+    @bus.consumer("one", f"{settings.subject_prefix}.ev.checkpoint.committed.>")
+    async def one(event: Envelope[EventData]) -> None:
+        logger.info("one message")
+
+    @bus.batch_consumer("many", f"{settings.subject_prefix}.ev.checkpoint.committed.>")
+    async def many(events: list[Envelope[EventData]]) -> list[BaseException | None]:
+        logger.info("a batch of %d", len(events))
+        return [None] * len(events)
+
+    await bus.broker.start()
+    try:
+        await bus.publish(committed("scoped-1", job="job-scoped"))
+        await asyncio.wait_for(seen.wait(), timeout=20)
+        logger.info("between messages")
+    finally:
+        logger.removeHandler(capture)
+        await bus.broker.stop()
+    single = next(line for line in lines if line["message"] == "one message")
+    assert (single["job_id"], single["checkpoint_id"]) == ("job-scoped", "scoped-1")
+    batch = next(line for line in lines if line["message"].startswith("a batch"))
+    assert batch["job_id"] == "job-scoped"
+    after = next(line for line in lines if line["message"] == "between messages")
+    assert "job_id" not in after

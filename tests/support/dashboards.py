@@ -42,7 +42,10 @@ GRAFANA_VARIABLES = {
     "$__rate_interval": "1m",
     "$__interval": "15s",
     "$__range": "1h",
+    "$cluster": ".*",
+    "$namespace": ".*",
 }
+"""What Grafana puts in place of its variables (``cluster`` and ``namespace`` as "All")."""
 
 
 @dataclass(frozen=True)

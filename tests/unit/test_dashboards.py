@@ -6,6 +6,7 @@ the job's traces)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import yaml
@@ -62,13 +63,18 @@ def test_uids_and_panel_ids_are_unique_and_the_drill_down_is_templated() -> None
         ids = [p["id"] for p in dash["panels"]]
         assert len(ids) == len(set(ids)), dash["title"]
     job = docs["ckpt-ha-job.json"]
-    assert [v["name"] for v in job["templating"]["list"]] == ["datasource", "job", "traces"]
+    names = ["datasource", "cluster", "namespace", "job", "traces"]
+    assert [v["name"] for v in job["templating"]["list"]] == names
+    # Every query of both dashboards is narrowed to the chosen cluster and namespace ("All":
+    # any, and series without them).
+    for q in dashboard_queries():
+        assert 'cluster=~"$cluster",namespace=~"$namespace"' in q.expr, q.expr
     assert all(
         'job_id="$job"' in q.expr for q in dashboard_queries() if q.dashboard == job["title"]
     )
     # Every started job, not only those with a valid checkpoint: the restore-coordinator sets
     # ckpt_ha_job_restarts_total to 0 at a job's first job.started.
-    (var,) = variable_queries()
+    (var,) = [v for v in variable_queries() if v.name == "job"]
     assert (var.name, var.metric, var.label) == ("job", "ckpt_ha_job_restarts_total", "job_id")
 
 
@@ -118,3 +124,24 @@ def test_every_key_panel_exists_and_no_query_groups_by_checkpoint_or_the_scrape_
 def test_grafana_variables_are_all_substituted() -> None:
     for q in dashboard_queries():
         assert "$" not in q.promql(job="j"), q.expr
+
+
+def test_every_documented_metric_is_on_a_dashboard_or_in_an_alert() -> None:
+    """docs/OBSERVABILITY.md's metrics table names nothing an on-call engineer never sees."""
+    root = DASHBOARDS.parents[2]
+    doc = (root / "docs" / "OBSERVABILITY.md").read_text()
+    table = doc[doc.index("<!-- metrics-table") : doc.index("<!-- end metrics-table")]
+    documented = re.findall(r"^\| `(ckpt_ha_[a-z0-9_]+)`", table, re.MULTILINE)
+    assert len(documented) > 50
+    used = " ".join(q.expr for q in dashboard_queries())
+    used += (root / "observability" / "alerts.yml").read_text()
+    unused = [m for m in documented if not re.search(rf"{m}(_bucket|_count|_sum|_total)?\b", used)]
+    assert unused == []
+
+
+def test_per_job_panels_show_the_top_jobs_not_every_job() -> None:
+    overview = dashboards()["ckpt-ha-overview.json"]
+    for panel in overview["panels"]:
+        for t in panel.get("targets", []):
+            if "job_id" in t["expr"] and "ALERTS" not in t["expr"] and "count by" not in t["expr"]:
+                assert t["expr"].startswith("topk("), (panel["title"], t["expr"])

@@ -18,6 +18,7 @@ from opentelemetry.sdk.trace import TracerProvider
 
 from ckpt_ha.cli.main import main
 from ckpt_ha.telemetry import logs
+from tests.support.events import committed
 
 
 def _raise() -> None:
@@ -115,3 +116,26 @@ def test_no_span_means_no_ids_even_with_a_tracer_installed(provider: TracerProvi
     with provider.get_tracer("test").start_as_current_span("x"):
         assert logs.current_ids() is not None
     assert trace.get_current_span().get_span_context().is_valid is False
+
+
+def test_a_json_line_carries_the_job_and_checkpoint_of_the_event_being_handled() -> None:
+    """The bus opens an event scope around each message a consumer handles (and each batch):
+    every line logged meanwhile names the event's job and checkpoint; a batch of several jobs
+    names none; a loop's line names them with ``extra=about(...)``; nothing leaks out."""
+    formatter = logs.formatter({"CKPT_HA_LOG_FORMAT": "json"})
+    with logs.event_scope(committed("c-7", job="job-7")):
+        inside = json.loads(formatter.format(record("registering")))
+    assert (inside["job_id"], inside["checkpoint_id"]) == ("job-7", "c-7")
+    with logs.event_scope(committed("c-1", job="job-7"), committed("c-2", job="job-7")):
+        one_job = json.loads(formatter.format(record("a batch")))
+    assert one_job["job_id"] == "job-7"
+    assert "checkpoint_id" not in one_job
+    with logs.event_scope(committed("c-1", job="job-1"), committed("c-2", job="job-2")):
+        mixed = json.loads(formatter.format(record("a batch")))
+    assert "job_id" not in mixed
+    assert "checkpoint_id" not in mixed
+    outside = json.loads(formatter.format(record("between messages")))
+    assert "job_id" not in outside
+    given = record("job-9 lost")
+    given.__dict__.update(logs.about(job_id="job-9"))
+    assert json.loads(formatter.format(given))["job_id"] == "job-9"

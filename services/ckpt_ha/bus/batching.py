@@ -28,7 +28,7 @@ from ckpt_ha.bus.dead_letter_policy import DeadLetters
 from ckpt_ha.bus.deadline import HandlerDeadlineExceeded, keep_alive_task, within_deadline
 from ckpt_ha.contracts import Envelope, EventCatalog, EventData
 from ckpt_ha.contracts.errors import ContractError
-from ckpt_ha.telemetry import tracing
+from ckpt_ha.telemetry import logs, tracing
 
 log = logging.getLogger("ckpt_ha.bus")
 
@@ -57,7 +57,8 @@ async def isolated(
     if not events:
         return []
     try:
-        return await handler(events)
+        with logs.event_scope(*events):  # a batch about one job logs its id
+            return await handler(events)
     except Exception as exc:  # noqa: BLE001 - isolate below
         if len(events) == 1:
             return [exc]
@@ -65,7 +66,8 @@ async def isolated(
     results: list[BaseException | None] = []
     for event in events:
         try:
-            [result] = await handler([event])
+            with logs.event_scope(event):
+                [result] = await handler([event])
         except Exception as exc:  # noqa: BLE001 - this event's own failure
             result = exc
         results.append(result)

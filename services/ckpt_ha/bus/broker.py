@@ -48,7 +48,7 @@ from ckpt_ha.contracts.subjects import (
     is_telemetry,
     telemetry_filters,
 )
-from ckpt_ha.telemetry import tracing
+from ckpt_ha.telemetry import logs, tracing
 
 log = logging.getLogger("ckpt_ha.bus")
 
@@ -159,7 +159,7 @@ class Bus:
 
         async def decode(msg: StreamMessage[Any]) -> Envelope[EventData]:
             raw: Msg = msg.raw_message
-            return admit(
+            event = admit(
                 self.cfg,
                 self.catalog,
                 raw.data,
@@ -167,6 +167,8 @@ class Bus:
                 raw.headers,
                 raw.metadata.sequence.stream,
             )
+            logs.enter_scope(event)  # inside the dead-letter middleware's scope
+            return event
 
         return self.broker.subscriber(
             filter_subject,

@@ -37,7 +37,7 @@ from ckpt_ha.contracts.errors import ContractError, UnsupportedEventVersion
 from ckpt_ha.contracts.subjects import dead_letter_subject, parse_event_subject
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
-from ckpt_ha.telemetry import tracing
+from ckpt_ha.telemetry import logs, tracing
 
 log = logging.getLogger("ckpt_ha.bus")
 
@@ -308,12 +308,15 @@ class _DeadLetterScope(BaseMiddleware):
         if await self.letters.past_cap(raw, consumer):
             return None
         heartbeat = keep_alive_task([raw], cfg.ack_wait_s, cfg.handler_deadline_s)
-        try:
-            result = await within_deadline(call_next(msg), cfg.handler_deadline_s)
-        except Exception as exc:  # noqa: BLE001 - every failure must end in ack, nak or dead letter
-            await self.letters.settle(raw, exc, consumer)
-            return None
-        finally:
-            heartbeat.cancel()
-        await self.letters.settle(raw, None, consumer)
+        # The decoder names the event's job and checkpoint (`logs.enter_scope`): every line
+        # logged about it, its settling included, carries them; none leaks to the next message.
+        with logs.event_scope():
+            try:
+                result = await within_deadline(call_next(msg), cfg.handler_deadline_s)
+            except Exception as exc:  # noqa: BLE001 - every failure must end in ack, nak or dead letter
+                await self.letters.settle(raw, exc, consumer)
+                return None
+            finally:
+                heartbeat.cancel()
+            await self.letters.settle(raw, None, consumer)
         return result

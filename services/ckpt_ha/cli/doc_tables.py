@@ -131,6 +131,8 @@ class MetricRow:
 
 
 def _described(collector: Any) -> Iterable[tuple[str, str, tuple[str, ...], str]]:
+    if not hasattr(collector, "describe"):
+        return  # prometheus_client's process, platform and GC collectors: not ckpt_ha_*
     for family in collector.describe():
         labels: Iterable[str] = (
             getattr(collector, "_labelnames", None) or getattr(family, "_labelnames", None) or ()

@@ -7,7 +7,27 @@ from prometheus_client import Counter, Gauge, Histogram
 
 from ckpt_ha.telemetry.metrics import ServiceMetrics
 
-VERIFY_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
+VERIFY_BUCKETS = (
+    0.005,
+    0.01,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+    600,
+    1200,
+    1800,
+    3600,
+    7200,
+)
 
 
 class ScrubMetrics:

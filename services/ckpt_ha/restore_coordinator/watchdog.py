@@ -38,6 +38,7 @@ from ckpt_ha.restore_coordinator.ports import Clock, Publisher, RestoreState
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
 from ckpt_ha.restore_coordinator.records import Watch
 from ckpt_ha.runtime.leader import next_round
+from ckpt_ha.telemetry import logs
 
 log = logging.getLogger("ckpt_ha.restore_coordinator.watchdog")
 SOURCE = "ckpt-ha/restore-coordinator"
@@ -107,6 +108,7 @@ class LostAttempts:
         log.warning(
             "%s run %s attempt %d lost: silent since %s (deadline %s s)",
             watch.job_id, watch.run_id, watch.attempt, watch.seen.isoformat(), watch.deadline_s,
+            extra=logs.about(job_id=watch.job_id),
         )  # fmt: skip
 
     async def run(self, interval_s: float) -> None:

@@ -4,24 +4,77 @@
 ``CKPT_HA_LOG_FORMAT=json`` writes one JSON object per line (for a log collector in a
 container): time, level, logger, message, the exception if any, and the ``trace_id`` /
 ``span_id`` of the OpenTelemetry span current when the line was logged, so a line joins its
-checkpoint's trace. The default, ``text``, is the human format. ``CKPT_HA_LOG_LEVEL`` sets the
-level (default INFO for services and the runner's serve-like commands, WARNING for the rest).
+checkpoint's trace, and the ``job_id`` / ``checkpoint_id`` the line is about: those of the event
+being handled (`event_scope`, set by the bus for every message a consumer takes, and for a batch
+about one job), or given with the call (``extra=about(job_id=..., checkpoint_id=...)``). The
+default, ``text``, is the human format. ``CKPT_HA_LOG_LEVEL`` sets the level (default INFO for
+services and the runner's serve-like commands, WARNING for the rest).
 
 OpenTelemetry is optional here: an install without it (the light CLI) logs JSON without ids.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 LOG_FORMAT_ENV = "CKPT_HA_LOG_FORMAT"
 LOG_LEVEL_ENV = "CKPT_HA_LOG_LEVEL"
 FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+SCOPE_FIELDS = ("job_id", "checkpoint_id")
+_scope: contextvars.ContextVar[Mapping[str, str] | None] = contextvars.ContextVar(
+    "ckpt_ha_log_scope", default=None
+)
+
+
+def about(*, job_id: str | None = None, checkpoint_id: str | None = None) -> dict[str, str]:
+    """``extra=`` for a log call about a job or a checkpoint outside an event's handling (a
+    loop's round): the JSON line carries these fields."""
+    fields = {"job_id": job_id, "checkpoint_id": checkpoint_id}
+    return {k: v for k, v in fields.items() if v}
+
+
+def scope_of(events: Iterable[object]) -> dict[str, str]:
+    """The fields all ``events`` (envelopes) agree on: a job's events, one checkpoint's."""
+    found: dict[str, set[str]] = {name: set() for name in SCOPE_FIELDS}
+    count = 0
+    for event in events:
+        count += 1
+        data = getattr(event, "data", None)
+        for name in SCOPE_FIELDS:
+            value = getattr(data, name, None)
+            found[name].add(value if isinstance(value, str) else "")
+    return {n: next(iter(v)) for n, v in found.items() if count and len(v) == 1 and "" not in v}
+
+
+@contextlib.contextmanager
+def event_scope(*events: object) -> Iterator[None]:
+    """While handling ``events``: every line logged carries the job and checkpoint they are
+    all about (none they disagree on)."""
+    token = _scope.set(scope_of(events))
+    try:
+        yield
+    finally:
+        _scope.reset(token)
+
+
+def enter_scope(*events: object) -> None:
+    """`event_scope` without an end, for a decoder that runs inside a scope its caller opened
+    (`event_scope()` with no events) and closes."""
+    _scope.set(scope_of(events))
+
+
+def scope() -> Mapping[str, str]:
+    """The fields of the current scope."""
+    return _scope.get() or {}
 
 
 class BadLogSetting(ValueError):
@@ -52,6 +105,11 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        line.update(scope())
+        for name in SCOPE_FIELDS:
+            given = record.__dict__.get(name)
+            if given:
+                line[name] = str(given)
         ids = current_ids()
         if ids is not None:
             line["trace_id"], line["span_id"] = ids

@@ -16,7 +16,14 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -120,6 +127,11 @@ class ServiceMetrics:
     def __init__(self, service: str, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.service = service
+        # The process's own (memory, CPU, open files, GC): one process per replica, so the
+        # dashboards show each one beside its service.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         self.messages = Counter(
             "ckpt_ha_messages_total",
             "Consumed messages by outcome (ack, nak, dead_letter).",

@@ -132,9 +132,10 @@ async def _scenario(
     )
     assert found[0]["metric"]["reason"] == "no_valid_checkpoint", found
     assert found[0]["metric"]["namespace"] == NAMESPACE, found
-    per_replica = prom.values(
-        f'ckpt_ha_job_attention_since_timestamp_seconds{{job_id="{escalated}"}}'
-    )
+    # Each replica reads the stored state on its own clock: both export it within a round.
+    attention = f'ckpt_ha_job_attention_since_timestamp_seconds{{job_id="{escalated}"}}'
+    prom.wait_for(f"count({attention}) == 2", PAGE_S)
+    per_replica = prom.values(attention)
     assert sorted(s["metric"]["pod"] for s in per_replica) == [
         "ckpt-ha-restore-coordinator-a",
         "ckpt-ha-restore-coordinator-b",

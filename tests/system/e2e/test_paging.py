@@ -190,5 +190,8 @@ def test_every_dashboard_query_runs_and_key_panels_have_data(setup: Setup) -> No
     for var in variable_queries():
         answer = prom.query(var.promql())
         assert answer["status"] == "success", (var, answer)
+        if var.name != "job":  # cluster, namespace: none on the local stack ("All")
+            assert answer["data"]["result"], var
+            continue
         listed = {s["metric"][var.label] for s in answer["data"]["result"]}
         assert listed >= started | {s["metric"]["job_id"] for s in jobs}, var
