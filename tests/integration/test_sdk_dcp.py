@@ -146,7 +146,10 @@ def check_save(
     assert sorted(commit.files) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     for name, evidence in commit.files.items():
         data = (folder / name).read_bytes()
-        assert (evidence.size, evidence.checksum) == (len(data), cs.of_bytes(data))
+        assert (evidence.size, evidence.checksum) == (
+            len(data),
+            cs.of_bytes(data, cs.WRITE_ALGORITHM),
+        )
     assert commit.step == 10
     # The intent is the folder's first file: the id the watcher derives from the listing.
     first = min(FsStore(root).list("job-save/step-00000010/"), key=lambda i: i.mtime)
@@ -274,6 +277,28 @@ async def test_the_writer_watcher_derives_the_same_checkpoint(
     events = await all_events(settings)
     assert [e["type"] for e in events] == ["checkpoint.writing", "checkpoint.committed"]
     assert {e["source"] for e in events} == {"ckpt-ha/sdk"}  # the watcher's copies were dropped
+
+
+def test_prepare_async_allocates_the_copy_the_first_async_save_copies_into(
+    tmp_path: Path,
+) -> None:
+    """The staging copy exists before the first `async_save`, which reuses it (no allocation
+    stalls the loop), and the save is committed and verifies."""
+    from ckpt_ha.sdk.dcp import saving
+
+    state = training_state(torch, step=5)
+    dcp.prepare_async(state)
+    stager = saving._BACKGROUND.stager
+    assert stager is not None
+    mapping = stager._state_dict_stager._cached_storage_mapping
+    copies = {id(copy) for _, copy in mapping.items()}
+    assert copies  # every tensor's CPU copy, allocated now
+    saved = dcp.async_save(state, step=5, job_id="job-p", storage_root=str(tmp_path),
+                           run_id="r1").result(timeout=120)  # fmt: skip
+    assert saving._BACKGROUND.stager is stager
+    assert {id(copy) for _, copy in mapping.items()} == copies  # copied into, not allocated
+    assert saved.step == 5
+    assert verify_path(tmp_path / "job-p" / "step-00000005").ok
 
 
 def test_a_folder_that_holds_files_is_never_written_into(tmp_path: Path) -> None:

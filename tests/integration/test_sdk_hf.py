@@ -189,7 +189,7 @@ def test_each_save_writes_the_intent_first_and_the_commit_last(base: Run) -> Non
             commit.files
         )
         for name, evidence in commit.files.items():
-            digest, size = cs.checksum(store, f"{prefix}/{name}")
+            digest, size = cs.checksum(store, f"{prefix}/{name}", cs.WRITE_ALGORITHM)
             assert (
                 (evidence.size, evidence.checksum) == (listed[name].size, digest) == (size, digest)
             )

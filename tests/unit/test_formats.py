@@ -14,7 +14,16 @@ import pytest
 from safetensors.numpy import save_file
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointIdentity
-from ckpt_ha.formats import checksum, detect, listed, native, safetensors, verify, verify_path
+from ckpt_ha.formats import (
+    checksum,
+    detect,
+    listed,
+    native,
+    parallel,
+    safetensors,
+    verify,
+    verify_path,
+)
 from ckpt_ha.formats.report import Verdict
 from ckpt_ha.storage import FsStore, ObjectExists
 from tests.support.torch_tools import write_hf_torch_files
@@ -119,7 +128,7 @@ def test_a_verification_never_waits_for_a_busy_pool(tmp_path: Path) -> None:
     every file itself."""
     write_large_native(tmp_path)
     release = threading.Event()
-    busy = [listed._pool.submit(release.wait) for _ in range(listed._pool.size)]
+    busy = [parallel._pool.submit(release.wait) for _ in range(parallel._pool.size)]
     try:
         report = verify(FsStore(tmp_path), "step-1")
         assert report.ok, report.reasons

@@ -27,14 +27,16 @@ None; report.checks says which source was used.
 
 from __future__ import annotations
 
+import functools
 import io
 import re
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from contextvars import copy_context
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import dcp_metadata, jsondoc, torch_load, torch_pickle
+from ckpt_ha.formats import dcp_metadata, jsondoc, parallel, torch_load, torch_pickle
 from ckpt_ha.formats.dcp_metadata import DcpMetadata, MalformedMetadata, UnsafeMetadata
 from ckpt_ha.formats.paths import folder_name, inside, join
 from ckpt_ha.formats.report import Report, Verdict
@@ -78,7 +80,10 @@ def verify(
     store: ObjectStore, prefix: str, names: set[str], algorithm: str = cs.DEFAULT_ALGORITHM
 ) -> Report:
     report = Report(format=CheckpointFormat.TORCH_DCP)
+    listed = sorted({n for n in names if n.endswith(DATA_SUFFIX)} | {METADATA})
+    hashing = _start_checksums(store, prefix, listed, algorithm)  # while .metadata is parsed
     metadata = read_metadata(store, prefix, report)
+    digests = hashing()
     if metadata is None:
         return report
     checks = ["dcp-metadata:restricted-unpickle"]
@@ -110,8 +115,12 @@ def verify(
     if report.ok:
         checks += ["storage-entries-inside", "data-file-sizes", "items-stored"]
 
-    files = sorted(set(needed) | {n for n in names if n.endswith(DATA_SUFFIX)} | {METADATA})
-    _checksum(store, prefix, files, report, algorithm)
+    later = sorted(set(needed) - set(listed))  # named by .metadata but not listed: missing
+    digests += _start_checksums(store, prefix, later, algorithm)() if later else []
+    for path, digest, read in digests:
+        report.bytes_read += read
+        if digest is not None:
+            report.checksums[path] = digest
     if report.ok:
         checks.append("checksums-recorded")
         checks.append(_check_bytes_items(store, prefix, metadata, report))
@@ -135,22 +144,22 @@ def _check_coverage(metadata: DcpMetadata, report: Report) -> None:
                 return
 
 
-def _checksum(
-    store: ObjectStore, prefix: str, files: list[str], report: Report, algorithm: str
-) -> None:
+def _start_checksums(
+    store: ObjectStore, prefix: str, files: list[str], algorithm: str
+) -> Callable[[], list[tuple[str, str | None, int]]]:
+    """Start checksumming ``files`` on the verification pool; the join returns (path, digest or
+    None when missing, bytes read) of each. Every file in the folder is read whatever
+    ``.metadata`` says, so the data is hashed while ``.metadata`` is parsed."""
+
     def one(path: str) -> tuple[str, str | None, int]:
         try:
             digest, read = cs.checksum(store, join(prefix, path), algorithm)
         except (ObjectNotFound, InvalidKey):
-            return path, None, 0  # already reported by the size checks
+            return path, None, 0  # reported by the size checks
         return path, digest, read
 
-    workers = max(1, min(len(files), 8))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        for path, digest, read in pool.map(one, files):
-            report.bytes_read += read
-            if digest is not None:
-                report.checksums[path] = digest
+    context = copy_context()  # a read observer (progress) reaches the pool's threads
+    return parallel.start([functools.partial(context.copy().run, one, path) for path in files])
 
 
 def _check_bytes_items(

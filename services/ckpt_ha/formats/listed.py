@@ -1,34 +1,26 @@
 """Files a commit record lists with size and checksum (the native manifest, the ckpt-ha commit
 sidecar): each must be inside the checkpoint, present, at its size, with its checksum.
 
-Files are read and hashed on several threads (file reads and xxh3/sha256 release the GIL), so
-verification keeps up with storage; results come back in the order listed. The threads are one
-long-lived pool per process, shared by every verification; the calling thread checks files too,
-so a verification never waits for a pool thread (all of them may be busy with other checkpoints,
-or stuck on a hung mount). A single file, or files small enough that a thread hand-off would
-cost more than reading them, are checked on the calling thread alone.
+Files are read and hashed on several threads (`parallel`), so verification keeps up with
+storage; results come back in the order listed. A single file, or files small enough that a
+thread hand-off would cost more than reading them, are checked on the calling thread alone (a
+single large file in the chunked form still has its chunks hashed in parallel).
 """
 
 from __future__ import annotations
 
-import os
-import threading
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from contextvars import copy_context
 from dataclasses import dataclass
 
 from ckpt_ha.formats import checksum as cs
+from ckpt_ha.formats import parallel
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
-from ckpt_ha.storage.bounded import Workers
 
 INLINE_BYTES = cs.READ_CHUNK
 """Listed files that together hold at most this many bytes are checked on the calling thread."""
-
-_pool = Workers(os.cpu_count() or 1)
-"""Threads that help check the files of a checkpoint (started on first use)."""
 
 
 @dataclass(frozen=True)
@@ -77,31 +69,7 @@ def check_all(
     jobs = [job(f) for f in files]
     if len(jobs) <= 1 or sum(f.size for f in files) <= INLINE_BYTES:
         return [job() for job in jobs]
-    return _shared(jobs)
-
-
-def _shared(jobs: Sequence[Callable[[], FileCheck]]) -> list[FileCheck]:
-    """Run ``jobs`` on the calling thread and up to one pool thread per CPU besides, each
-    taking the next job not yet taken; their results (or errors) in the order of ``jobs``."""
-    futures: list[Future[FileCheck]] = [Future() for _ in jobs]
-    taken = iter(range(len(jobs)))
-    lock = threading.Lock()
-
-    def work() -> None:
-        while True:
-            with lock:
-                i = next(taken, None)
-            if i is None:
-                return
-            try:
-                futures[i].set_result(jobs[i]())
-            except BaseException as exc:  # noqa: BLE001 - handed to the caller, in order
-                futures[i].set_exception(exc)
-
-    for _ in range(min(_pool.size, len(jobs) - 1)):
-        _pool.submit(work)  # a helper that starts after the last job was taken does nothing
-    work()
-    return [future.result() for future in futures]
+    return parallel.run(jobs)
 
 
 def check(

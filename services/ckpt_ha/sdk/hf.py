@@ -22,7 +22,8 @@ A save, with `CkptHaCallback` (``formats/sidecar.py`` has the rules it follows):
    first: the Trainer would write over it anyway, and the new checkpoint must get its own id.
 2. The Trainer writes its files into the existing folder (it creates it with ``exist_ok``).
 3. ``on_save`` (after the Trainer wrote ``trainer_state.json``): every process waits for the
-   others, then process zero fsyncs and checksums every file, writes the commit
+   others, then process zero fsyncs and checksums every file (files, and a large file's chunks,
+   side by side on several threads), writes the commit
    (``ckpt-ha.commit.json``) and announces ``checkpoint.committed``. Reading the files back for
    their checksums is cheap (they are in the page cache); the fsync makes the save last until
    the bytes are on storage, which the Trainer alone does not wait for.
@@ -52,6 +53,7 @@ per-device batch x gradient accumulation x world size.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
@@ -82,7 +84,7 @@ from ckpt_ha.contracts.resume import LoadBlame, ResumeMode, ResumePlannedV2
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.locations import job_folder
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import hf_trainer, sidecar
+from ckpt_ha.formats import hf_trainer, parallel, sidecar
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.sdk import marks
 from ckpt_ha.sdk.checkpoints import CheckpointUnreadable, process_environment
@@ -456,14 +458,17 @@ class CkptHaCallback(TrainerCallback):
     ) -> None:
         store = FsStore(_saves_under(args).parent)
         base = f"{writing.prefix}/"
-        files: dict[str, sidecar.FileEvidence] = {}
-        for info in list(store.list(base)):
-            name = info.key[len(base) :]
-            if name in sidecar.NAMES:
-                continue
-            fsync(store.root / info.key)  # durable before the commit that vouches for it
-            digest, size = cs.checksum(store, info.key)
-            files[name] = sidecar.FileEvidence(size=size, checksum=digest)
+        names = [info.key[len(base) :] for info in list(store.list(base))]
+        names = [name for name in names if name not in sidecar.NAMES]
+
+        def evidence(name: str) -> sidecar.FileEvidence:
+            fsync(store.root / base / name)  # durable before the commit that vouches for it
+            digest, size = cs.checksum(store, base + name, cs.WRITE_ALGORITHM)
+            return sidecar.FileEvidence(size=size, checksum=digest)
+
+        # Files side by side (and a large file's chunks): their fsyncs and reads overlap.
+        found = parallel.run([functools.partial(evidence, name) for name in names])
+        files = dict(zip(names, found, strict=True))
         rng = (
             {"rng_state.pth"}
             if args.world_size <= 1

@@ -20,7 +20,8 @@ ids are the ones the writer-watcher gives the same facts, so JetStream keeps one
 
 `async_save` does the same on top of ``dcp.async_save``: it returns once the state is staged
 (copied to CPU memory), training goes on, and the returned future completes when the commit
-sidecar is written.
+sidecar is written. The CPU copy is allocated by the first save, or ahead of it by
+`prepare_async` (so the first save stalls the loop no longer than later ones).
 
 `resume` carries out a resume plan on every rank: `.metadata` passes the restricted unpickler
 of `ckpt_ha.formats.dcp_metadata` before DCP's reader (which unpickles it unrestricted) sees it,
@@ -35,7 +36,7 @@ default group otherwise), which must carry Python objects (gloo; NCCL once
 
 from ckpt_ha.sdk.dcp.files import NeedsFilesystemRoot
 from ckpt_ha.sdk.dcp.restoring import DcpResumed, resume, share
-from ckpt_ha.sdk.dcp.saving import DcpSaved, SaveFailed, async_save, save
+from ckpt_ha.sdk.dcp.saving import DcpSaved, SaveFailed, async_save, prepare_async, save
 
 __all__ = [
     "DcpResumed",
@@ -43,6 +44,7 @@ __all__ = [
     "NeedsFilesystemRoot",
     "SaveFailed",
     "async_save",
+    "prepare_async",
     "resume",
     "save",
     "share",

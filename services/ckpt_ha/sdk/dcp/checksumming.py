@@ -29,7 +29,7 @@ class _HashingStream:
 
     def __init__(self, raw: Any) -> None:
         self._raw = raw
-        self._hasher = cs.ALGORITHMS[cs.DEFAULT_ALGORITHM]()
+        self._hasher = cs.new_hasher(cs.WRITE_ALGORITHM)
         self._helper: ThreadPoolExecutor | None = None
         self.size = 0
         self.in_order = True
@@ -65,7 +65,7 @@ class _HashingStream:
     def evidence(self) -> FileEvidence | None:
         if not self.in_order:
             return None
-        digest = f"{cs.DEFAULT_ALGORITHM}:{self._hasher.hexdigest()}"
+        digest = f"{cs.WRITE_ALGORITHM}:{self._hasher.hexdigest()}"
         return FileEvidence(size=self.size, checksum=digest)
 
     def __getattr__(self, name: str) -> Any:

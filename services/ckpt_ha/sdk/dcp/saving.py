@@ -230,7 +230,7 @@ def _evidence(
     seen = written.get(path.name)
     if seen is not None and store.stat(key).size == seen.size:
         return seen
-    digest, size = cs.checksum(store, key)
+    digest, size = cs.checksum(store, key, cs.WRITE_ALGORITHM)
     return FileEvidence(size=size, checksum=digest)
 
 
@@ -457,6 +457,20 @@ def _background_group(process_group: dist.ProcessGroup | None) -> Group:
     return Group(_BACKGROUND.group)
 
 
+def prepare_async(state_dict: dict[str, Any]) -> None:
+    """Allocate the CPU copy `async_save` stages the state into, now, so that the first
+    `async_save` only copies into it as later ones do (the allocation, pinned memory with an
+    accelerator, is the first save's extra stall). Call it once the model and optimizer state
+    exist (e.g. after the first optimizer step, when the optimizer has its state), with the
+    state dict later saves will pass; it copies the state once and writes nothing. Optional:
+    without it, the first `async_save` allocates."""
+    with _BACKGROUND.lock:
+        previous = _BACKGROUND.in_flight
+        if previous is not None:
+            wait_for_futures([previous])  # the stager is not thread-safe
+        _BACKGROUND.staging().stage(state_dict)
+
+
 def _finish_in_background(
     upload: Future[Metadata],
     group: Group,
@@ -501,7 +515,8 @@ def async_save(
     (or fails with `SaveFailed` / DCP's error, and nothing is committed).
 
     The CPU copy is kept between saves (DCP's staging cache, one copy of the state in memory):
-    the first save allocates it, later ones only copy into it.
+    the first save allocates it, unless `prepare_async` did beforehand; later saves only copy
+    into it.
 
     Call it on every rank. The background collectives (DCP's and the commit's) run on
     ``process_group``, which nothing else may use meanwhile; by default on a gloo group of all

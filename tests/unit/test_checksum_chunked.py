@@ -1,0 +1,96 @@
+"""The chunked checksum (``xxh3_64/<n>MiB``): the same digest front to back (a writer) and chunk
+by chunk in parallel (a verification); manifests in the whole-file form and in the chunked form
+both verify; a flipped byte in any chunk is caught."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+
+from ckpt_ha.formats import checksum as cs
+from ckpt_ha.formats import native, verify
+from ckpt_ha.formats.report import Verdict
+from ckpt_ha.storage import FsStore
+
+MIB = 1024 * 1024
+NOW = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("base", ["xxh3_64", "sha256"])
+@pytest.mark.parametrize("size", [0, 1, MIB - 1, MIB, MIB + 1, 3 * MIB + MIB // 2])
+def test_front_to_back_and_in_parallel_give_one_digest(
+    tmp_path: Path, base: str, size: int
+) -> None:
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    algorithm = f"{base}/1MiB"
+    written = cs.new_hasher(algorithm)
+    for at in range(0, size, 300_001):  # a writer's writes do not line up with the chunks
+        written.update(data[at : at + 300_001])
+    read = cs.checksum(FsStore(tmp_path), "f", algorithm)
+    assert read == (f"{algorithm}:{written.hexdigest()}", size)
+    assert cs.of_bytes(data, algorithm) == read[0]
+    chunks = [cs.ALGORITHMS[base]() for _ in range(0, size, MIB)]
+    outer = cs.ALGORITHMS[base]()
+    for i, hasher in enumerate(chunks):  # the definition, spelled out
+        hasher.update(data[i * MIB : (i + 1) * MIB])
+        outer.update(hasher.digest())
+    assert read[0] == f"{algorithm}:{outer.hexdigest()}"
+    if size:
+        assert read[0].partition(":")[2] != cs.of_bytes(data, base).partition(":")[2]
+
+
+def test_every_read_of_a_parallel_checksum_is_observed(tmp_path: Path) -> None:
+    (tmp_path / "f").write_bytes(os.urandom(5 * MIB + 7))
+    seen: list[int] = []
+    with cs.observe_reads(seen.append):
+        _, read = cs.checksum(FsStore(tmp_path), "f", "xxh3_64/1MiB")
+    assert sum(seen) == read == 5 * MIB + 7
+
+
+@pytest.mark.parametrize(
+    "algorithm",
+    ["md5/1MiB", "xxh3_64/0MiB", "xxh3_64/01MiB", "xxh3_64/1", "xxh3_64/", "xxh3_64/xMiB"],
+)
+def test_an_unknown_form_is_refused(algorithm: str) -> None:
+    assert not cs.known(algorithm)
+    with pytest.raises(ValueError, match="known algorithm"):
+        cs.parse(f"{algorithm}:00")
+
+
+SHARDS = {
+    "model/big.bin": os.urandom(3 * MIB + 12_345),
+    "model/small.bin": os.urandom(1000),
+    "optim.bin": os.urandom(2 * MIB),
+}
+
+
+def _write(root: Path, algorithm: str) -> Path:
+    native.write(FsStore(root), "step-1", SHARDS, step=1, created_at=NOW, algorithm=algorithm)
+    return root / "step-1"
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "sha256", "xxh3_64/1MiB", "sha256/1MiB"])
+def test_old_and_new_manifests_both_verify(tmp_path: Path, algorithm: str) -> None:
+    folder = _write(tmp_path, algorithm)
+    manifest = (folder / native.MANIFEST).read_text()
+    assert f'"{algorithm}:' in manifest
+    report = verify(FsStore(tmp_path), "step-1")
+    assert report.ok, report.reasons
+    assert report.bytes_read == sum(map(len, SHARDS.values()))
+    assert all(d.startswith(f"{algorithm}:") for d in report.checksums.values())
+
+
+@pytest.mark.parametrize("at", [0, MIB - 1, MIB, 2 * MIB + 5, 3 * MIB + 12_344])
+def test_a_flipped_byte_in_any_chunk_is_caught(tmp_path: Path, at: int) -> None:
+    folder = _write(tmp_path, "xxh3_64/1MiB")
+    path = folder / "model" / "big.bin"
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x01
+    path.write_bytes(bytes(data))
+    report = verify(FsStore(tmp_path), "step-1")
+    assert report.verdict is Verdict.CORRUPT
+    assert [r.split(":")[0] for r in report.reasons] == ["model/big.bin"]
