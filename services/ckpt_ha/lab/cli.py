@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ckpt_ha.runtime import local_stack
 
 SCENARIOS = ("node-exit", "storage-outage", "corrupt-checkpoint", "restart-loop", "env-mismatch",
-             "torchrun-dcp", "hf-trainer", "slurm-node-lost", "all")  # fmt: skip
+             "torchrun-dcp", "hf-trainer", "hang", "slurm-node-lost", "all")  # fmt: skip
 
 
 def register(top: Parser) -> None:

@@ -107,7 +107,7 @@ class Hang:
         where = f"in its {self.phase} phase" if self.phase else "outside any save or evaluation"
         step = "no step reported" if self.last_step is None else f"last step {self.last_step}"
         return (
-            f"hang: no progress for {self.silent_s:.0f} s {where} while its processes lived "
+            f"no progress for {self.silent_s:.0f} s {where} while its processes lived "
             f"(threshold {self.threshold_s:g} s); {step}; rank(s) {ranks} stopped first"
         )
 
