@@ -95,6 +95,19 @@ def test_a_slow_job_gets_a_threshold_from_its_own_steps() -> None:
     assert job.verdicts[0][0] - (job.now - 290) <= max(10 * 40.0, 60.0)
 
 
+def test_a_job_reporting_every_fifty_steps_is_judged_on_its_reports() -> None:
+    """A Trainer logs (and so reports progress) every ``logging_steps``: 50 steps of 0.5 s are
+    25 s of silence between two reports, every time, and never a hang."""
+    job = Job()
+    for _ in range(20):
+        job.poll_until(job.now + 25.0)
+        job.step += 50
+        for r in job.marks:
+            job.marks[r] = Mark(step=job.step, at=job.now)
+    assert not job.verdicts
+    assert job.detector.threshold() == 125.0  # 5 x 25 s
+
+
 def test_a_long_save_never_trips_it_and_silence_counts_again_after() -> None:
     job = Job()
     job.steps(10, every(1.0))
