@@ -4,14 +4,18 @@ max(10 x the median step interval, 60 s)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import statistics
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from ckpt_ha.contracts.job import FailureCause
+from ckpt_ha.runner import hangwatch
 from ckpt_ha.runner.hang import Hang, HangDetector, HangPolicy, as_failure, quantile
 from ckpt_ha.sdk import marks
 from ckpt_ha.sdk.marks import Mark
@@ -43,7 +47,9 @@ class Job:
                 self.verdicts.append((self.now, hang))
         self.now = until
 
-    def steps(self, count: int, interval: Callable[[], float], ranks: list[int] | None = None):
+    def steps(
+        self, count: int, interval: Callable[[], float], ranks: list[int] | None = None
+    ) -> None:
         for _ in range(count):
             self.poll_until(self.now + interval())
             self.step += 1
@@ -87,6 +93,19 @@ def test_a_slow_job_gets_a_threshold_from_its_own_steps() -> None:
     job.poll_until(job.now + 100)
     assert job.verdicts
     assert job.verdicts[0][0] - (job.now - 290) <= max(10 * 40.0, 60.0)
+
+
+def test_a_job_reporting_every_fifty_steps_is_judged_on_its_reports() -> None:
+    """A Trainer logs (and so reports progress) every ``logging_steps``: 50 steps of 0.5 s are
+    25 s of silence between two reports, every time, and never a hang."""
+    job = Job()
+    for _ in range(20):
+        job.poll_until(job.now + 25.0)
+        job.step += 50
+        for r in job.marks:
+            job.marks[r] = Mark(step=job.step, at=job.now)
+    assert not job.verdicts
+    assert job.detector.threshold() == 125.0  # 5 x 25 s
 
 
 def test_a_long_save_never_trips_it_and_silence_counts_again_after() -> None:
@@ -258,3 +277,61 @@ def test_a_mark_that_is_not_one_reads_as_none(tmp_path: Path) -> None:
         assert marks.parse(text) is None, text
     assert marks.read(str(tmp_path / "missing")) is None
     assert marks.parse('{"step": 3, "at": 1.5, "phase": "weird"}') == Mark(3, 1.5, "other")
+
+
+# --- the runner's watch over one attempt (files and a fake adapter: no process) ---------------
+
+
+class FakeAdapter:
+    """Stops slowly: the attempt's end (its wait returning) comes while `stop` still runs."""
+
+    def __init__(self) -> None:
+        self.stopped = threading.Event()
+        self.stop_done = threading.Event()
+
+    def stop(self, grace_s: float) -> None:
+        self.stopped.set()
+        time.sleep(0.2)
+        self.stop_done.set()
+
+
+async def test_the_watch_reports_the_hang_it_declared_after_the_stop_finished(
+    tmp_path: Path,
+) -> None:
+    progress = tmp_path / "progress"
+    ctx = ctx_for(tmp_path, rank=1)
+    clock = {"now": 0.0}
+    adapter = FakeAdapter()
+    holder = hangwatch.HangWatch()
+    task = asyncio.create_task(
+        hangwatch.watch(progress, HangPolicy(fixed_s=5), adapter, lambda _: None, holder,  # type: ignore[arg-type]
+                        every_s=0.01, clock=lambda: clock["now"])
+    )  # fmt: skip
+    holder.task = task
+    marks.stepped(ctx, 3)
+    await asyncio.sleep(0.1)
+    clock["now"] = 10.0  # silent for 10 s on the runner's clock
+    await asyncio.to_thread(adapter.stopped.wait, 5)
+    # The attempt ends as soon as it is signalled, before `stop` returns: the verdict stands.
+    hang = await hangwatch.outcome(holder)
+    assert hang is not None
+    assert hang.stalled_ranks == (1,)
+    assert adapter.stop_done.is_set()  # reported only once every process is gone
+
+
+async def test_an_attempt_that_ends_by_itself_has_no_hang(tmp_path: Path) -> None:
+    holder = hangwatch.start(tmp_path / "progress", HangPolicy(), FakeAdapter(), lambda _: None)  # type: ignore[arg-type]
+    await asyncio.sleep(0.01)
+    assert await hangwatch.outcome(holder) is None
+    assert holder.task is not None
+    assert holder.task.cancelled()
+    assert await hangwatch.outcome(None) is None
+
+
+def test_marks_of_an_earlier_attempt_are_cleared(tmp_path: Path) -> None:
+    progress = tmp_path / "progress"
+    marks.stepped(ctx_for(tmp_path, rank=0), 1)
+    marks.stepped(ctx_for(tmp_path, rank=1), 1)
+    assert sorted(hangwatch.rank_files(progress)) == [0, 1]
+    hangwatch.clear(progress)
+    assert hangwatch.rank_files(progress) == {}

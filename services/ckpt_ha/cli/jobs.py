@@ -156,7 +156,8 @@ def _liveness_arguments(run: Parser) -> None:
         metavar="SECONDS",
         help="silence of the training's progress (outside saves, evaluations and its first "
         "steps) after which a live attempt is hung, stopped and restored (default "
-        "$CKPT_HA_HANG_AFTER_S, else adaptive: 5 x its recent step intervals' 95th percentile, "
+        "$CKPT_HA_HANG_AFTER_S, else adaptive: 5 x the 95th percentile of its recent gaps "
+        "between progress reports, "
         "at least 30 s; 0: never)",
     )
     run.add_argument(

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
     from ckpt_ha.runtime import local_stack
 
 SCENARIOS = ("node-exit", "storage-outage", "corrupt-checkpoint", "storage-lost", "restart-loop",
-             "env-mismatch", "torchrun-dcp", "hf-trainer", "slurm-node-lost", "all")  # fmt: skip
+             "env-mismatch", "torchrun-dcp", "hf-trainer", "hang", "slurm-node-lost",
+             "all")  # fmt: skip
 
 
 def register(top: Parser) -> None:

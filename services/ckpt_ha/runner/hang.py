@@ -10,7 +10,8 @@ Evidence, and why each piece:
   only for the intervals between two of its own steps, so a skewed host neither hides nor
   invents a hang).
 * **An adaptive threshold** (`HangPolicy.threshold`): ``factor`` x the ``percentile`` of the
-  job's own recent step intervals (all ranks, the last ``window`` of them), never under
+  job's own recent intervals between progress reports (a job reporting every 50 steps is
+  judged on its reports, not its steps) (all ranks, the last ``window`` of them), never under
   ``floor_s``. A job whose steps take 2 s gets max(floor, ~10 s); one whose steps take 5 min
   gets ~25 min. Nothing to configure; ``fixed_s`` overrides it for the rare job that needs it.
 * **Slow phases do not count.** While a rank is in a slow phase (a save, an evaluation, a
@@ -65,7 +66,7 @@ class HangPolicy:
     then, however slow a first step may legitimately be (compilation, a cold cache)."""
 
     def threshold(self, intervals: list[float]) -> float:
-        """The silence (s) that is a hang, from the job's recent step intervals
+        """The silence (s) that is a hang, from the job's recent intervals between reports
         (`unknown_s` while there are fewer than ``min_samples`` of them)."""
         if self.fixed_s is not None:
             return self.fixed_s
@@ -107,7 +108,7 @@ class Hang:
         where = f"in its {self.phase} phase" if self.phase else "outside any save or evaluation"
         step = "no step reported" if self.last_step is None else f"last step {self.last_step}"
         return (
-            f"hang: no progress for {self.silent_s:.0f} s {where} while its processes lived "
+            f"no progress for {self.silent_s:.0f} s {where} while its processes lived "
             f"(threshold {self.threshold_s:g} s); {step}; rank(s) {ranks} stopped first"
         )
 
@@ -147,9 +148,12 @@ class HangDetector:
         if self.skipped < self.policy.warmup_intervals:
             self.skipped += 1
             return
-        per_step = (mark.at - old.at) / (mark.step - old.step)
-        if per_step > 0:
-            self.intervals.append(per_step)
+        # The time between two reports, not per step: silence is measured between reports, and
+        # a job may report every N steps (a Trainer logs every ``logging_steps``). Two reports
+        # seen in one poll give a longer gap than either: the safe side.
+        gap = mark.at - old.at
+        if gap > 0:
+            self.intervals.append(gap)
             del self.intervals[: -self.policy.window]
 
     def _phases(self, now: float) -> None:

@@ -53,24 +53,44 @@ def clear(progress_file: Path) -> None:
         Path(path).unlink(missing_ok=True)
 
 
-async def outcome(task: asyncio.Task[Hang] | None) -> Hang | None:
-    """The watch's verdict once its attempt ended: the hang it stopped, or None (cancelled
-    now: the attempt ended by itself, or the watch was off)."""
-    if task is None:
+class HangWatch:
+    """The watch over one running attempt: its task, and the hang it declared (set before the
+    attempt is stopped, so the attempt's end, which the stop causes, is never mistaken for a
+    failure of its own)."""
+
+    def __init__(self) -> None:
+        self.hang: Hang | None = None
+        self.task: asyncio.Task[Hang] | None = None
+
+
+async def outcome(watch: HangWatch | None) -> Hang | None:
+    """The watch's verdict once its attempt ended: the hang it declared (after the stop has
+    finished: every process of the attempt is gone before the failure is reported and a
+    relaunch can follow), or None (the watch is cancelled: the attempt ended by itself)."""
+    if watch is None or watch.task is None:
         return None
-    if not task.done():
-        task.cancel()
+    if watch.hang is None:
+        watch.task.cancel()
     try:
-        return await task
+        await watch.task
     except asyncio.CancelledError:
-        return None
+        pass
     except Exception as exc:  # noqa: BLE001 - a broken watch must not hide the attempt's end
         log.warning("the hang watch failed: %r", exc)
-        return None
+    return watch.hang
 
 
 def _read_all(progress_file: Path) -> dict[int, marks.Mark | None]:
     return {rank: marks.read(path) for rank, path in rank_files(progress_file).items()}
+
+
+def start(
+    progress_file: Path, policy: HangPolicy, adapter: SchedulerAdapter, say: Callable[[str], None]
+) -> HangWatch:
+    """The watch of the attempt about to start, as a task of the running loop."""
+    holder = HangWatch()
+    holder.task = asyncio.create_task(watch(progress_file, policy, adapter, say, holder))
+    return holder
 
 
 async def watch(
@@ -78,14 +98,15 @@ async def watch(
     policy: HangPolicy,
     adapter: SchedulerAdapter,
     say: Callable[[str], None],
+    holder: HangWatch,
     *,
     every_s: float = 1.0,
     clock: Callable[[], float] = time.monotonic,
     grace_s: float = STOP_GRACE_S,
 ) -> Hang:
     """Until the attempt hangs (cancelled when it ends first): the hang, once the attempt was
-    asked to stop. The marks are read in a worker thread: a stalled filesystem must not stall
-    the runner's heartbeats."""
+    stopped (``holder.hang`` is set before). The marks are read in a worker thread: a stalled
+    filesystem must not stall the runner's heartbeats."""
     detector = HangDetector(policy)
     while True:
         await asyncio.sleep(every_s)
@@ -95,6 +116,7 @@ async def watch(
             detector.observe(rank, mark, now)
         hang = detector.verdict(now)
         if hang is not None:
+            holder.hang = hang
             say(f"{hang.detail()}: stopping the attempt")
             log.warning("attempt hung: %s", hang.detail())
             await asyncio.to_thread(adapter.stop, grace_s)

@@ -86,7 +86,7 @@ from ckpt_ha.credentials import reveal
 from ckpt_ha.runner import hangwatch, torchrun
 from ckpt_ha.runner.adapter import ExitInfo, SchedulerAdapter
 from ckpt_ha.runner.domain import Failure, classify
-from ckpt_ha.runner.hang import Hang, HangPolicy, as_failure
+from ckpt_ha.runner.hang import HangPolicy, as_failure
 from ckpt_ha.runtime.settings import SIGNING_KEY_ENV
 from ckpt_ha.sdk import protocol
 
@@ -559,14 +559,12 @@ class Runner:
             if escalated or (isinstance(data, ResumePlannedV2) and data.attempt == failed + 1):
                 await self._inbox.put(data)
 
-    def _watch_hangs(self) -> asyncio.Task[Hang] | None:
+    def _watch_hangs(self) -> hangwatch.HangWatch | None:
         """The hang watch of the attempt about to start (None: switched off)."""
         if self.spec.hang_after_s == 0:
             return None
         policy = HangPolicy(fixed_s=self.spec.hang_after_s)
-        return asyncio.create_task(
-            hangwatch.watch(self.spec.progress_file, policy, self.adapter, self.say)
-        )
+        return hangwatch.start(self.spec.progress_file, policy, self.adapter, self.say)
 
     async def _heartbeats(self, bus: Bus, attempt: int, every_s: float) -> None:
         """``job.heartbeat`` every ``every_s`` while the attempt runs, independent of the

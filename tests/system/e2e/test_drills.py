@@ -239,6 +239,24 @@ def test_torchrun_dcp_loses_a_rank_mid_training_and_mid_save_and_resumes_exactly
     assert result["baseline"]["resources"]["processes"] == 2
 
 
+def test_a_rank_that_hangs_is_detected_stopped_and_resumed_exactly(home: Path) -> None:
+    """Issue 28: a rank of a 2-rank torchrun job sleeps inside training, every process alive.
+    No configuration: the runner's threshold comes from the job's own steps; it stops the
+    group, reports the hang (rank, last step), and the relaunch continues bit for bit."""
+    result = drill(home, "hang")
+    assert_restored(result)
+    assert result["restored_from"] == result["last_valid_checkpoint"]
+    assert all(result["checks"].values()), result["checks"]
+    hang = result["hang"]
+    assert hang["stalled_ranks"] == [1]
+    assert hang["last_step"] == 29
+    assert hang["threshold_s"] == 30.0
+    assert hang["survivors"] == []
+    comparisons = result["levels"]["continued"]["evidence"]["comparisons"]
+    assert [c for c in comparisons if c["name"].endswith(": loss")]
+    assert all(c["ok"] for c in comparisons)
+
+
 def test_a_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     home: Path,
 ) -> None:

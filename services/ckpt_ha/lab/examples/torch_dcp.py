@@ -10,6 +10,10 @@ shards; rank 0 commits once all have) and `ckpt_ha.sdk.dcp.resume` at start (eve
 planned checkpoint in place). Rank 0 reports progress and prints one JSON line per step
 (``{"step": s, "loss": float.hex(loss), "attempt": a}``). ``--slow-save S`` holds every save S
 seconds after the data files are written and before ``.metadata`` (drills kill a rank there).
+The other ranks mark each step they finish (`ckpt_ha.sdk.mark_step`: the runner's hang detection
+watches every rank). ``--hang-rank R --hang-at-step N`` makes rank R stop at step N of the first
+attempt (after the step's collectives, before reporting it) and sleep: the others then wait for
+it in the next step's ``all_reduce``, processes alive, progress stopped (the ``hang`` drill).
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class Config:
     seed: int = 0
     sleep_per_step: float = 0.0
     slow_save: float = 0.0
+    hang_rank: int | None = None
+    hang_at_step: int | None = None
 
 
 def dataset() -> tuple[torch.Tensor, torch.Tensor]:
@@ -112,6 +118,11 @@ def train(cfg: Config, ctx: sdk.Context) -> list[tuple[int, float]]:
         dist.all_reduce(mean)
         value = float(mean) / world
         losses.append((step, value))
+        if rank == cfg.hang_rank and step == cfg.hang_at_step and ctx.attempt == 1:
+            print(f"rank {rank}: hanging at step {step} (--hang-at-step)", file=sys.stderr)
+            time.sleep(24 * 3600)
+        if rank != 0:
+            sdk.mark_step(step, ctx=ctx)
         if rank == 0:
             print(json.dumps({"step": step, "loss": value.hex(), "attempt": ctx.attempt}),
                   flush=True)  # fmt: skip
@@ -153,11 +164,14 @@ def parse(argv: Sequence[str] | None) -> Config:
     p.add_argument("--seed", type=int, default=Config.seed)
     p.add_argument("--sleep-per-step", type=float, default=0.0)
     p.add_argument("--slow-save", type=float, default=0.0, metavar="SECONDS")
+    p.add_argument("--hang-rank", type=int, default=None, metavar="RANK")
+    p.add_argument("--hang-at-step", type=int, default=None, metavar="STEP")
     a = p.parse_args(argv)
     if a.steps < 1 or a.checkpoint_every < 1:
         p.error("--steps and --checkpoint-every must be >= 1")
     return Config(steps=a.steps, checkpoint_every=a.checkpoint_every, seed=a.seed,
-                  sleep_per_step=a.sleep_per_step, slow_save=a.slow_save)  # fmt: skip
+                  sleep_per_step=a.sleep_per_step, slow_save=a.slow_save,
+                  hang_rank=a.hang_rank, hang_at_step=a.hang_at_step)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from ckpt_ha.lab.drill.harness import Drill
 from ckpt_ha.lab.drill.scenarios import (
     corrupt_checkpoint,
     env_mismatch,
+    hang,
     hf_trainer,
     node_exit,
     restart_loop,
@@ -29,7 +30,7 @@ from ckpt_ha.lab.drill.scenarios import (
 
 _MODULES = (
     node_exit, storage_outage, corrupt_checkpoint, storage_lost, restart_loop, env_mismatch,
-    torchrun_dcp, hf_trainer, slurm_node_lost,
+    torchrun_dcp, hf_trainer, hang, slurm_node_lost,
 )  # fmt: skip
 
 SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
