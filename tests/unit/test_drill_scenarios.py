@@ -29,8 +29,8 @@ def test_every_cli_scenario_has_a_module_in_the_order_all_runs_them() -> None:
 
 def test_each_scenario_module_declares_its_name_fault_alert_and_run() -> None:
     modules = [scenarios.node_exit, scenarios.storage_outage, scenarios.corrupt_checkpoint,
-               scenarios.storage_lost, scenarios.restart_loop, scenarios.env_mismatch, scenarios.hang,
-               scenarios.slurm_node_lost]  # fmt: skip
+               scenarios.storage_lost, scenarios.restart_loop, scenarios.env_mismatch,
+               scenarios.hang, scenarios.slurm_node_lost]  # fmt: skip
     for module in modules:
         assert SCENARIOS[module.NAME] is module.run
         assert inspect.iscoroutinefunction(module.run)
