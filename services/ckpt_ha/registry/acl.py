@@ -97,8 +97,17 @@ USERS: tuple[RedisUser, ...] = (
                "sismember", "smismember", "zscore", "zremrangebyscore", "rpush", "ltrim", "lrange",
                "evalsha", "script|load",
                "multi", "exec", "discard")),
+    # On-call triage (`ckpt-ha status`, every query): reads every key under the prefix and
+    # writes none. The registry's read script runs under these rights (EVALSHA checks each
+    # command it calls), so it may only read; SCAN names keys only.
+    RedisUser("viewer", (), ("everything",),
+              (*CONNECT, "get", "mget", "type", "exists", "ttl", "pttl", "scan", "time",
+               "hget", "hmget", "hgetall", "smembers", "sismember", "smismember", "scard",
+               "zcard", "zrange", "zrevrange", "zscore", "zrangebyscore", "lrange", "llen",
+               "evalsha", "script|load")),
 )  # fmt: skip
-"""The services' own declarations (each service's ``access.py``), then the operator's."""
+"""The services' own declarations (each service's ``access.py``), then the operator's and the
+viewer's."""
 
 
 def users() -> tuple[str, ...]:
