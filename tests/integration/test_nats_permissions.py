@@ -423,11 +423,15 @@ async def test_the_viewer_reads_state_and_stored_messages_and_changes_nothing(
     try:
         subject = event_subject(settings.subject_prefix, "checkpoint.committed", 1, "job-1")
         await ops.jetstream().publish(subject, b"{}")
-        await ops.jetstream().add_consumer(
+    finally:
+        await ops.close()
+    registrar = await nats_as(secured_nats, "registrar")  # its durable, as it makes it
+    try:
+        await registrar.jetstream().add_consumer(
             settings.events_stream, durable_name="registrar--checkpoints"
         )
     finally:
-        await ops.close()
+        await registrar.close()
     nc = await nats_as(secured_nats, "viewer")
     js = nc.jetstream(timeout=1)
     try:

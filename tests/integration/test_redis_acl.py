@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 from pydantic import SecretStr
-from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
@@ -361,7 +361,7 @@ async def test_the_viewer_reads_every_key_of_the_prefix_and_writes_none(
             with pytest.raises(NoPermissionError):
                 await viewer.execute_command(*command)
         # Its loaded scripts run under its rights too: taking a lease (HSET) is refused.
-        with pytest.raises(NoPermissionError):
+        with pytest.raises(ResponseError, match="can't run this command"):
             await RedisLeases(viewer, p).take("scan:abc", "viewer", 5)
         assert await admin.get(f"{p}:ckpt:c1") == "{}"
         assert await admin.hget(f"{p}:lease:scan:abc", "holder") == "pod-a:1"
