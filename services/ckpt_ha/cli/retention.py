@@ -173,8 +173,8 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
     result = find(order)
     found = result.unknown
     if args.json:
-        print(render.dumps({"unknown": [o.to_json() for o in found], "deleted": result.deleted,
-                            "dry_run": bool(args.dry_run)}))  # fmt: skip
+        doc = {"unknown": [o.to_json() for o in found], "deleted": result.deleted}
+        print(render.dumps({**doc, "dry_run": True} if args.dry_run else doc))
     elif not found:
         print(f"every object under {settings.storage_root} belongs to a registered checkpoint")
     else:

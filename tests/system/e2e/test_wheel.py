@@ -215,7 +215,7 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
     home = {"CKPT_HA_HOME": str(stack_home)}
     up = server_venv.cli("up", timeout=180, **home)
     assert up.returncode == 0, up.stderr
-    status = server_venv.cli("status", "--json", **home)
+    status = server_venv.cli("stack", "status", "--json", **home)
     assert status.returncode == 0, status.stdout + status.stderr
     rows = json.loads(status.stdout)
     assert {r["name"] for r in rows} >= {"nats", "redis", "registrar", "integrity-checker"}
