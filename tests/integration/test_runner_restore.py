@@ -267,7 +267,7 @@ async def test_killed_job_is_relaunched_from_the_plan_and_continues_bit_for_bit(
     assert saved.code_version == "test-code-1"
 
 
-async def test_an_escalation_stops_the_runner_with_exit_3(
+async def test_an_escalation_stops_the_runner_with_exit_6(
     settings: ServiceSettings, producer: Bus, nc: nats.NATS, tmp_path: Path, unique: str
 ) -> None:
     job = f"loop-{unique}"

@@ -118,7 +118,7 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
         "restore-coordinator", "retention-janitor", *with_prometheus,
     ]  # fmt: skip
     status = cli(stack_home, "stack", "status")
-    assert status.returncode == 0
+    assert status.returncode == 0, status.stdout + status.stderr
     # The platform's status, read as any deployment's: every service ready, nothing behind.
     platform = cli(stack_home, "status")
     assert platform.returncode == 0, platform.stdout + platform.stderr
