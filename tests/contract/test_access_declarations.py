@@ -20,4 +20,4 @@ def test_each_service_declares_its_own_users_and_the_generators_take_them() -> N
 
 def test_the_other_users_are_no_service() -> None:
     central = {p.user for p in permissions.PRINCIPALS} | {u.user for u in acl.USERS}
-    assert central - set(SERVICE_NAMES) == {"runner", "job", "operator"}
+    assert central - set(SERVICE_NAMES) == {"runner", "job", "operator", "viewer"}

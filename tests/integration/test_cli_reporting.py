@@ -37,7 +37,8 @@ async def test_registry_rebuild_reports_progress_on_stderr_and_its_counts_as_jso
     assert lines[0] == "registry rebuild: 1 events read"
     assert lines[-1] == "registry rebuild: done, 3 events read"
 
-    code, out, err = await cli(settings, tmp_path, "registry", "rebuild", "--clear", env=env)
+    code, out, err = await cli(settings, tmp_path, "registry", "rebuild", "--clear", "--yes",
+                               env=env)  # fmt: skip
     assert code == 0, err
     assert err == ""  # stderr is a pipe and nobody asked
     assert out.startswith("read 3 events: checkpoint events applied 3")
@@ -70,7 +71,7 @@ async def test_reconcile_reports_its_phases_on_stderr_and_json_on_stdout(
 
     code, out, err = await cli(
         settings, tmp_path, "reconcile", "--json", "--progress", "--min-age", "0",
-        "--delete", "--reason", "orphans", "--actor", "eve", env=env,
+        "--delete", "--reason", "orphans", "--actor", "eve", "--yes", env=env,
     )  # fmt: skip
     assert code == 0, err
     doc = json.loads(out)

@@ -69,7 +69,15 @@ async def test_replay_after_a_fix_publishes_each_dead_letter_once(
     assert await count_events(settings, b'"checkpoint_id":"late"') == 2  # nothing published
 
     code, out, err = await cli(
-        settings, tmp_path, "dead-letters", "replay", "--reason", "max_deliver", "--actor", "ops-1"
+        settings,
+        tmp_path,
+        "dead-letters",
+        "replay",
+        "--reason",
+        "max_deliver",
+        "--actor",
+        "ops-1",
+        "--yes",
     )
     assert (code, err) == (0, "")
     assert "replayed 1 dead letter(s)" in out

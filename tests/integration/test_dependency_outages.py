@@ -323,7 +323,7 @@ def test_commands_that_cannot_reach_nats_fail_in_one_line(tmp_path: Path) -> Non
             timeout=60,
             check=False,
         )
-        assert out.returncode == 1, (args, out.stderr)
+        assert out.returncode == 3, (args, out.stderr)
         assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
         assert f"127.0.0.1:{closed}" in out.stderr
         assert time.monotonic() - started < 30

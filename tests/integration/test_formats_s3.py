@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import socket
 import subprocess
 import sys
 import uuid
@@ -234,10 +235,20 @@ def test_verify_and_latest_valid_cli_on_s3(
     assert (doc["path"], doc["step"]) == (f"{root}/ckpt-b", 200)
     assert [(r["path"], r["verdict"]) for r in doc["rejected"]] == [(f"{root}/ckpt-a", "corrupt")]
 
+    # Nothing under the prefix is a usage error (2); a bucket that cannot be read, or an S3
+    # that does not answer, is an unreachable dependency (3).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    down = {**env, "AWS_ENDPOINT_URL": closed, "AWS_MAX_ATTEMPTS": "1"}
     for command in ("verify", "latest-valid"):
-        for where in (f"{root}/nope", f"s3://missing-{uuid.uuid4().hex[:8]}/x"):
-            out = cli(command, where, env=env)
-            assert out.returncode == 2, (command, where, out.stdout)
+        for where, code, extra in (
+            (f"{root}/nope", 2, env),
+            (f"s3://missing-{uuid.uuid4().hex[:8]}/x", 3, env),
+            (root, 3, down),
+        ):
+            out = cli(command, where, env=extra)
+            assert out.returncode == code, (command, where, out.stdout, out.stderr)
             assert len(out.stderr.strip().splitlines()) == 1, out.stderr
             assert where in out.stderr
 

@@ -129,7 +129,7 @@ async def test_restore_to_plans_the_chosen_checkpoint_and_refuses_others(
 
     rc_, _, err = await cli(settings, tmp_path, "job", "restore", job, "--to", "job-other-c1",
                             "--actor", "bob")  # fmt: skip
-    assert rc_ == 1
+    assert rc_ == 4  # refused
     assert err.strip() == (f"ckpt-ha: checkpoint job-other-c1 belongs to job job-other, not {job}")
     rc_, out, err = await cli(settings, tmp_path, "job", "restore", job, "--to", f"{job}-c1",
                               "--actor", "bob", "--reason", "loss spike")  # fmt: skip

@@ -76,7 +76,7 @@ async def test_quarantine_and_release_are_recorded_with_actor_and_reason(
     assert last.at.tzinfo is not None
 
     code, out, err = await cli(settings, tmp_path, "quarantine", "c1", "--reason", "again")
-    assert code == 1
+    assert code == 4  # refused
     assert err.strip() == "ckpt-ha: checkpoint c1 is already quarantined"
 
     code, out, err = await cli(
@@ -96,7 +96,7 @@ async def test_quarantine_and_release_are_recorded_with_actor_and_reason(
     ]
 
     code, _, err = await cli(settings, tmp_path, "release", "c1", "--reason", "x", "--actor", "b")
-    assert code == 1
+    assert code == 4
     assert "not quarantined" in err
     code, _, err = await cli(settings, tmp_path, "quarantine", "nope", "--reason", "x")
     assert (code, err.strip()) == (1, "ckpt-ha: no checkpoint 'nope' in the registry")
@@ -150,7 +150,7 @@ async def test_owner_transfer_is_recorded_and_refuses_a_stale_owner(
     code, _, err = await cli(
         settings, tmp_path, "owner", "transfer", "--from", "vision", "--to", "x", "--reason", "r"
     )
-    assert code == 1
+    assert code == 4
     assert "no jobs owned by vision" in err
 
     # A transfer that names an owner the job no longer has (raced with another) is refused by

@@ -419,3 +419,67 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
     assert await asyncio.wait_for(resumed.run(), timeout=30) == EXIT_ESCALATED
     assert "cannot read earlier plans" not in again.getvalue()
     assert "escalated: restart loop" in again.getvalue()
+
+
+async def test_the_viewer_reads_state_and_stored_messages_and_changes_nothing(
+    settings: ServiceSettings, secured_nats: procs.ManagedProcess
+) -> None:
+    """On-call triage as ``viewer``: streams, consumers and stored messages (what `ckpt-ha
+    status` and `dead-letters` read); never an event, a consumer or a stream changed."""
+    ops = await nats_as(secured_nats, "operator")
+    try:
+        subject = event_subject(settings.subject_prefix, "checkpoint.committed", 1, "job-1")
+        await ops.jetstream().publish(subject, b"{}")
+    finally:
+        await ops.close()
+    registrar = await nats_as(secured_nats, "registrar")  # its durable, as it makes it
+    try:
+        await registrar.jetstream().add_consumer(
+            settings.events_stream, durable_name="registrar--checkpoints"
+        )
+    finally:
+        await registrar.close()
+    nc = await nats_as(secured_nats, "viewer")
+    js = nc.jetstream(timeout=1)
+    try:
+        info = await js.stream_info(settings.events_stream)
+        assert info.state.messages == 1
+        assert (await js.get_msg(settings.events_stream, 1)).data == b"{}"
+        durable = await js.consumer_info(settings.events_stream, "registrar--checkpoints")
+        assert durable.num_pending == 1
+        # Refused: publishing an event, creating or deleting a consumer, changing, purging or
+        # deleting a stream, subscribing to the events.
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.publish(subject, b"{}")
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.add_consumer(settings.events_stream, durable_name="viewer--x")
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.delete_consumer(settings.events_stream, "registrar--checkpoints")
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.update_stream(dataclasses.replace(info.config, max_msgs=1))
+        with pytest.raises((nats.errors.TimeoutError, nats.errors.NoRespondersError)):
+            await js.purge_stream(settings.events_stream)
+        errors: list[Exception] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(exc)
+
+        watcher = await nats.connect(
+            secured_nats.url.replace("nats://", "nats://viewer:pw-viewer@"),
+            inbox_prefix=inbox_prefix("viewer"), error_cb=on_error, allow_reconnect=False,
+        )  # fmt: skip
+        await watcher.subscribe(f"{settings.subject_prefix}.>")
+        await watcher.flush()
+        await wait_for(lambda: asyncio.sleep(0, result=bool(errors)), what="a refusal")
+        assert "permissions violation" in str(errors[0]).lower()
+        await watcher.close()
+    finally:
+        await nc.close()
+    ops = await nats_as(secured_nats, "operator")
+    try:
+        info = await ops.jetstream().stream_info(settings.events_stream)
+        assert (info.state.messages, info.config.max_msgs) == (1, -1)
+        names = await ops.jetstream().consumers_info(settings.events_stream)
+        assert [c.name for c in names] == ["registrar--checkpoints"]
+    finally:
+        await ops.close()

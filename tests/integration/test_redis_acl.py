@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import redis.asyncio as aioredis
 from pydantic import SecretStr
-from redis.exceptions import AuthenticationError, NoPermissionError
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
 from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
@@ -329,3 +329,42 @@ async def test_a_command_or_key_outside_a_grant_is_refused(
     finally:
         for client in clients.values():
             await client.aclose()
+
+
+async def test_the_viewer_reads_every_key_of_the_prefix_and_writes_none(
+    settings: ServiceSettings, acl_redis: str, admin: aioredis.Redis
+) -> None:
+    """On-call triage as ``viewer`` (`ckpt-ha status`, every query) under the generated ACL."""
+    p = settings.registry_prefix
+    await admin.set(f"{p}:ckpt:c1", "{}")
+    await admin.hset(f"{p}:lease:scan:abc", mapping={"holder": "pod-a:1", "until": "1"})
+    before = len(await refused(admin))
+    viewer = connect(as_user(acl_redis, "viewer"))
+    try:
+        assert await viewer.ping()
+        assert await viewer.get(f"{p}:ckpt:c1") == "{}"
+        assert await viewer.hgetall(f"{p}:lease:scan:abc") == {"holder": "pod-a:1", "until": "1"}
+        assert [k async for k in viewer.scan_iter(match=f"{p}:*")]
+        assert (await viewer.time())[0] > 0
+        cases = [
+            ("SET", f"{p}:ckpt:c1", "x"),
+            ("DEL", f"{p}:ckpt:c1"),
+            ("HSET", f"{p}:lease:scan:abc", "holder", "me"),
+            ("SADD", f"{p}:job:j", "c1"),
+            ("EXPIRE", f"{p}:ckpt:c1", "1"),
+            ("FLUSHALL",),
+            ("EVAL", "return 1", "0"),
+            ("CONFIG", "GET", "dir"),
+            ("GET", "other-tenant:ckpt:x"),
+        ]
+        for command in cases:
+            with pytest.raises(NoPermissionError):
+                await viewer.execute_command(*command)
+        # Its loaded scripts run under its rights too: taking a lease (HSET) is refused.
+        with pytest.raises(ResponseError, match="can't run this command"):
+            await RedisLeases(viewer, p).take("scan:abc", "viewer", 5)
+        assert await admin.get(f"{p}:ckpt:c1") == "{}"
+        assert await admin.hget(f"{p}:lease:scan:abc", "holder") == "pod-a:1"
+        assert len(await refused(admin)) > before
+    finally:
+        await viewer.aclose()

@@ -186,7 +186,7 @@ async def test_failover_keeps_services_running_and_rebuild_restores_what_it_lost
     # (The URL's login goes to the data nodes; their default user takes any password.)
     with_login = sentinel_set.url.replace("://", f"://default:{URL_SECRET}@")
     code, out, err = await _cli(
-        over_sentinel, tmp_path, with_login, "registry", "rebuild", "--clear"
+        over_sentinel, tmp_path, with_login, "registry", "rebuild", "--clear", "--yes"
     )
     assert code == 0, err
     assert "skipped none" in out
@@ -196,7 +196,7 @@ async def test_failover_keeps_services_running_and_rebuild_restores_what_it_lost
     # No sentinel answers: one line naming the URL, its password replaced.
     gone = f"redis+sentinel://default:{URL_SECRET}@{procs.LOCALHOST}:{procs.free_port()}/{SERVICE}"
     code, out, err = await _cli(over_sentinel, tmp_path, gone, "checkpoints", "list", "--job", "j")
-    assert code == 1
+    assert code == 3
     assert "cannot reach Redis at redis+sentinel://default:***@" in err
     assert f"No master found for '{SERVICE}' (no sentinel answered" in err
     assert len(err.strip().splitlines()) == 1

@@ -311,7 +311,7 @@ async def test_every_protection_holds_dry_run_equals_real_run_and_tombstones_are
 
     # Nothing keeps pointing at a deleted checkpoint: a pin on it (or on nothing) is refused.
     code, _, err = await cli(settings, tmp_path, "pin", ids[50], "--by", "eval:x", "--actor", "a")
-    assert code == 1
+    assert code == 4
     assert "was deleted" in err
     code, _, err = await cli(settings, tmp_path, "pin", "nope", "--by", "eval:x", "--actor", "a")
     assert code == 1
@@ -484,13 +484,13 @@ async def test_tier_default_declared_and_explicit_recorded_choice(
             settings, tmp_path, "tier", "set", "--job", JOB, "platinum", "--reason", "x",
             "--actor", "d",
         )  # fmt: skip
-        assert code == 1
+        assert code == 4
         assert "unknown tier 'platinum'" in err
         code, _, err = await cli(
             settings, tmp_path, "tier", "set", "--job", "no-such-job", "critical", "--reason",
             "x", "--actor", "d",
         )  # fmt: skip
-        assert code == 1
+        assert code == 4
         assert "no job 'no-such-job'" in err
     finally:
         await svc.bus.broker.stop()
@@ -520,13 +520,13 @@ async def test_reconcile_reports_unknown_objects_and_deletes_only_when_told(
     assert store.exists("stray.bin")
 
     code, _, err = await cli(settings, tmp_path, "reconcile", "--delete", env=env)
-    assert code == 1
+    assert code == 2
     assert "--delete needs --reason" in err
 
     # Fresh objects may be a write in progress: reported, never deleted.
     code, out, err = await cli(
         settings, tmp_path, "reconcile", "--delete", "--reason", "orphans", "--actor", "eve",
-        env=env,
+        "--yes", env=env,
     )  # fmt: skip
     assert code == 1
     assert "too young" in out
@@ -534,7 +534,7 @@ async def test_reconcile_reports_unknown_objects_and_deletes_only_when_told(
 
     code, out, err = await cli(
         settings, tmp_path, "reconcile", "--delete", "--min-age", "0", "--reason", "orphans",
-        "--actor", "eve", "--json", env=env,
+        "--actor", "eve", "--json", "--yes", env=env,
     )  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["deleted"] == 2

@@ -267,7 +267,7 @@ async def test_killed_job_is_relaunched_from_the_plan_and_continues_bit_for_bit(
     assert saved.code_version == "test-code-1"
 
 
-async def test_an_escalation_stops_the_runner_with_exit_3(
+async def test_an_escalation_stops_the_runner_with_exit_6(
     settings: ServiceSettings, producer: Bus, nc: nats.NATS, tmp_path: Path, unique: str
 ) -> None:
     job = f"loop-{unique}"
@@ -286,7 +286,7 @@ async def test_an_escalation_stops_the_runner_with_exit_3(
         next_step="docs/RUNBOOK.md#stop-runaway-retries: stop runaway retries",
     )
     await producer.publish(build(escalated, source="test/coordinator", time=_now(), key=unique))
-    assert await finish(runner, pump) == 3
+    assert await finish(runner, pump) == 6
     err = "\n".join(runner.stderr)
     assert "escalated: restart loop: 3 restarts within 3600 s" in err
     assert "next step: docs/RUNBOOK.md#stop-runaway-retries: stop runaway retries" in err
@@ -314,7 +314,7 @@ async def test_an_escalation_heard_while_the_attempt_exits_stops_the_runner(
         detail="attempt 2 could not load checkpoint c (it stays valid): no loader",
     )  # fmt: skip
     await producer.publish(build(escalated, source="test/coordinator", time=_now(), key=unique))
-    assert await finish(runner, pump, timeout=20) == 3
+    assert await finish(runner, pump, timeout=20) == 6
     err = "\n".join(runner.stderr)
     assert "escalated: attempt_cannot_load" in err
     assert "why: attempt 2 could not load checkpoint c (it stays valid): no loader" in err

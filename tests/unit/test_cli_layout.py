@@ -70,12 +70,15 @@ def test_old_spellings_parse_as_the_command_they_name_and_stay_out_of_help() -> 
     help_text = parser.format_help()
     listed = set(re.findall(r"^    (\S+)", help_text, re.MULTILINE))
     [usage] = set(re.findall(r"\{([^}]*)\}", help_text))
-    assert listed == set(usage.split(",")) == {"checkpoint", "job", "stack", "service"} | listed
+    assert (
+        listed
+        == set(usage.split(","))
+        == {"checkpoint", "job", "stack", "service", "status"} | listed
+    )
     for old, new in [
         (["serve", "registrar"], ["service", "run", "registrar"]),
         (["up"], ["stack", "up"]),
         (["down", "--json"], ["stack", "down", "--json"]),
-        (["status"], ["stack", "status"]),
         (["demo"], ["stack", "demo"]),
         (["drill", "--scenario", "all"], ["stack", "drill", "--scenario", "all"]),
         (["checkpoints", "list", "--job", "j"], ["checkpoint", "list", "--job", "j"]),
@@ -101,6 +104,9 @@ def test_old_spellings_parse_as_the_command_they_name_and_stay_out_of_help() -> 
         assert old[0] not in listed
     assert parser.parse_args(["serve", "registrar"]).default_log_level == "INFO"
     assert not hasattr(parser.parse_args(["stack", "status"]), "default_log_level")
+    # `status` is the product's own now (any deployment); the local stack's processes are
+    # `stack status`.
+    assert parser.parse_args(["status"]).handler.__module__ == "ckpt_ha.cli.status"
 
 
 def test_the_serve_table_names_exactly_the_services_the_stack_starts() -> None:

@@ -155,7 +155,10 @@ def test_a_missing_password_file_is_one_line_from_the_cli(
 ) -> None:
     monkeypatch.setenv("CKPT_HA_HOME", str(tmp_path))
     monkeypatch.setenv("CKPT_HA_REDIS_PASSWORD_FILE", str(tmp_path / "missing"))
-    assert main(["checkpoints", "list", "--job", "j"]) == 1
+    # The configuration names a secret that cannot be read: a usage error.
+    assert (
+        main(["checkpoints", "list", "--job", "j"]) == 2
+    )  # the configuration names a secret that cannot be read
     err = capsys.readouterr().err
     assert err == (
         f"ckpt-ha: $CKPT_HA_REDIS_PASSWORD_FILE: cannot read {tmp_path / 'missing'}: "

@@ -67,7 +67,9 @@ def test_the_lab_commands_are_the_labs_and_join_through_the_entry_point() -> Non
         assert handler.__module__ == "ckpt_ha.lab.cli", verb
 
 
-@pytest.mark.parametrize("argv", [["status"], ["down"], ["drill", "--scenario", "node-exit"]])
+@pytest.mark.parametrize(
+    "argv", [["stack", "status"], ["down"], ["drill", "--scenario", "node-exit"]]
+)
 def test_a_lab_command_without_the_lab_extra_says_how_to_install_it(
     argv: list[str],
     monkeypatch: pytest.MonkeyPatch,

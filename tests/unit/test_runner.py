@@ -160,10 +160,10 @@ def test_the_runtime_environment_names_this_python_and_numpy() -> None:
 @pytest.mark.parametrize(
     ("argv", "code", "message"),
     [
-        (["run", "--job", "j"], 1, "no training command"),
-        (["run", "--job", "j", "--", "no-such-binary-xyz"], 1, "cannot start 'no-such-binary-xyz'"),
+        (["run", "--job", "j"], 2, "no training command"),
+        (["run", "--job", "j", "--", "no-such-binary-xyz"], 2, "cannot start 'no-such-binary-xyz'"),
         (["run", "--job", "j", "--plan-timeout", "-1", "--", "true"], 2, "must be > 0"),
-        (["run", "--job", "j", "--policy", "/nonexistent.json", "--", "true"], 1, "--policy"),
+        (["run", "--job", "j", "--policy", "/nonexistent.json", "--", "true"], 2, "--policy"),
         (["run", "--job", "j", "--scheduler", "pbs", "--", "true"], 2, "invalid choice"),
         (["run", "--job", "j", "--partition", "low", "--", "true"], 2, "need --scheduler slurm"),
         (["run", "--job", "j", "--sbatch-arg=--mem=1G", "--", "true"], 2, "need --scheduler"),
@@ -172,16 +172,21 @@ def test_the_runtime_environment_names_this_python_and_numpy() -> None:
             2,
             "not allowed",
         ),
-        (["run", "--job", "j", "--resume", "--", "true"], 1, "--resume takes over a run"),
-        (["run", "--job", "j", "--heartbeat-s", "-1", "--", "true"], 1, "must be >= 0"),
+        (["run", "--job", "j", "--resume", "--", "true"], 2, "--resume takes over a run"),
+        (["run", "--job", "j", "--heartbeat-s", "-1", "--", "true"], 2, "must be >= 0"),
+        (
+            ["run", "--job", "j", "--scheduler", "slurm", "--sbatch-arg=--requeue", "--", "true"],
+            2,
+            "would override --requeue",
+        ),
         (
             ["run", "--job", "j", "--heartbeat-s", "5", "--deadline-s", "5", "--", "true"],
-            1,
+            2,
             "--deadline-s must be longer than --heartbeat-s",
         ),
         (
             ["run", "--job", "j", "--heartbeat-s", "0", "--deadline-s", "5", "--", "true"],
-            1,
+            2,
             "--deadline-s must be longer than --heartbeat-s",
         ),
     ],
@@ -200,7 +205,7 @@ def test_a_bad_policy_file_names_the_field(
 ) -> None:
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps({"max_restarts": -1}))
-    assert main(["run", "--job", "j", "--policy", str(policy), "--", "true"]) == 1
+    assert main(["run", "--job", "j", "--policy", str(policy), "--", "true"]) == 2
     err = capsys.readouterr().err
     assert "max_restarts" in err
     assert err.count("\n") == 1
@@ -212,14 +217,14 @@ def test_resume_without_a_recorded_attempt_says_so_before_connecting(
     monkeypatch.setenv("CKPT_HA_HOME", str(tmp_path))
     monkeypatch.setenv("NATS_URL", "nats://127.0.0.1:1")  # never reached
     argv = ["run", "--job", "j", "--run-id", "r1", "--resume", "--", "true"]
-    assert main(argv) == 1
+    assert main(argv) == 4  # refused: nothing to take over
     err = capsys.readouterr().err
     assert "no attempt.json: this run never started here" in err
     assert err.count("\n") == 1
     folder = tmp_path / "runs" / "j" / "r1"
     folder.mkdir(parents=True)
     (folder / "attempt.json").write_text(json.dumps({"attempt": 2, "run_id": "other"}))
-    assert main(argv) == 1
+    assert main(argv) == 4
     assert "names no attempt of run r1" in capsys.readouterr().err
 
 
@@ -227,9 +232,9 @@ def test_the_heartbeat_settings_are_the_fallback_of_the_options(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("CKPT_HA_HEARTBEAT_S", "0")
-    assert main(["run", "--job", "j", "--deadline-s", "5", "--", "true"]) == 1
+    assert main(["run", "--job", "j", "--deadline-s", "5", "--", "true"]) == 2
     assert "--deadline-s must be longer than --heartbeat-s" in capsys.readouterr().err
     monkeypatch.setenv("CKPT_HA_HEARTBEAT_S", "10")
     monkeypatch.setenv("CKPT_HA_DEADLINE_S", "10")
-    assert main(["run", "--job", "j", "--", "true"]) == 1
+    assert main(["run", "--job", "j", "--", "true"]) == 2
     assert "--deadline-s must be longer than --heartbeat-s" in capsys.readouterr().err

@@ -74,14 +74,21 @@ def test_the_cli_is_the_operator_and_the_runner_hands_the_job_login_on(
     assert job.password == state.secrets.read(state.secrets.nats(local_stack.JOB))
 
 
-def test_a_broker_given_by_url_keeps_the_environments_credentials(
+def test_endpoints_given_by_url_keep_the_environments_credentials_and_never_the_stacks(
     state: local_stack.StackState, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("NATS_URL", "nats://elsewhere:4222")
+    monkeypatch.setenv("REDIS_URL", "redis://elsewhere:6379/0")
     monkeypatch.setenv("CKPT_HA_NATS_USER", "someone")
     monkeypatch.setenv("CKPT_HA_NATS_PASSWORD", "theirs")
-    s = context.settings({"NATS_URL": "nats://elsewhere:4222"}, state.home)
+    for name in ("CKPT_HA_STORAGE_ROOT", "CKPT_HA_SIGNING_KEY", "CKPT_HA_SIGNING_KEY_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    env = {"NATS_URL": "nats://elsewhere:4222", "REDIS_URL": "redis://elsewhere:6379/0"}
+    s = context.settings(env, state.home)
     assert (s.nats_url, s.nats_user) == ("nats://elsewhere:4222", "someone")
     assert s.nats_password is not None
     assert s.nats_password.get_secret_value() == "theirs"
-    assert s.redis_user == "operator"  # the stack's own Redis, as the operator
+    # Nothing of the local stack: not its Redis login, its signing key or its storage root.
+    assert (s.redis_url, s.redis_user) == ("redis://elsewhere:6379/0", None)
+    assert s.signing_key is None
+    assert s.storage_root != state.storage_root

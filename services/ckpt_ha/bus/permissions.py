@@ -11,15 +11,17 @@ Passwords are never in the file: each is read from ``$CKPT_HA_NATS_PASSWORD_<USE
 
 Streams are the operator's: only ``operator`` may create or update them (``ckpt-ha streams
 provision``); services and jobs may only read a stream's configuration, and nobody may purge or
-delete a stream or its messages through this config. A training process connects as ``job``: it
-may publish only the events a job says about itself, each signed with its own job's key
+delete a stream or its messages through this config. The ``viewer`` (on-call triage, ``ckpt-ha
+status``) reads: stream and consumer state and stored messages (``dead-letters``), nothing else; it
+publishes no event and creates, changes or deletes no consumer. A training process connects as
+``job``: it may publish only the events a job says about itself, each signed with its own job's key
 (`ckpt_ha.contracts.signing`), and subscribes to nothing but its replies: it never sees another
 job's events. Replies (publish acks, API answers, and the events a pull consumer fetches) arrive
 under each user's own inbox prefix, ``_INBOX_<user>`` (`ckpt_ha.contracts.subjects.inbox_prefix`,
-which every client connects with), and a user may subscribe under its own prefix only, never
-under another's or under NATS's shared ``_INBOX``. The scheduler side (``runner``) watches
-its jobs' plans. The ``operator`` may publish any event: its acts by hand, and the replay of a
-dead letter (`OPERATOR_PUBLISHES`).
+which every client connects with), and a user may subscribe under its own prefix only, never under
+another's or under NATS's shared ``_INBOX``. The scheduler side (``runner``) watches its jobs'
+plans. The ``operator`` may publish any event: its acts by hand, and the replay of a dead letter
+(`OPERATOR_PUBLISHES`).
 """
 
 from __future__ import annotations
@@ -75,9 +77,13 @@ is (a job's events keep their job's signature, which admission still checks), an
 replay under ``<prefix>.dlq.replayed.<seq>``."""
 
 
+VIEWER = "viewer"
+"""Read-only: on-call triage from a context or the toolbox (`ckpt-ha status`, `dead-letters`)."""
+
+
 def users() -> tuple[str, ...]:
-    """Every NATS user of a deployment: the principals plus the operator."""
-    return (*(p.user for p in PRINCIPALS), OPERATOR)
+    """Every NATS user of a deployment: the principals, the operator and the viewer."""
+    return (*(p.user for p in PRINCIPALS), OPERATOR, VIEWER)
 
 
 def env_password(user: str) -> str:
@@ -166,6 +172,27 @@ def render(
         "      permissions: {",
         f"        publish: {{ allow: {_q(operator_pub)} }}",
         f"        subscribe: {{ allow: {_q([f'{inbox_prefix(OPERATOR)}.>', f'{prefix}.>'])} }}",
+        "      }",
+        "    }",
+    ]
+    viewer_pub = [
+        "$JS.API.INFO",
+        "$JS.API.STREAM.NAMES",
+        "$JS.API.STREAM.LIST",
+        *(f"$JS.API.STREAM.INFO.{s}" for s in streams),
+        *(f"$JS.API.STREAM.MSG.GET.{s}" for s in streams),
+        *(f"$JS.API.CONSUMER.INFO.{s}.*" for s in streams),
+        *(f"$JS.API.CONSUMER.LIST.{s}" for s in streams),
+        *(f"$JS.API.CONSUMER.NAMES.{s}" for s in streams),
+    ]
+    lines += [
+        "    # On-call triage: reads stream and consumer state and stored messages; nothing else.",
+        "    {",
+        f'      user: "{VIEWER}"',
+        f"      password: {password(VIEWER)}",
+        "      permissions: {",
+        f"        publish: {{ allow: {_q(viewer_pub)} }}",
+        f"        subscribe: {{ allow: {_q([f'{inbox_prefix(VIEWER)}.>'])} }}",
         "      }",
         "    }",
         "  ]",

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, progress, render
 from ckpt_ha.cli.arguments import ACTOR_HELP, Parser, add_json, add_progress, text
+from ckpt_ha.cli.errors import Exit
 from ckpt_ha.contracts.checkpoint import CheckpointState
 
 if TYPE_CHECKING:
@@ -184,8 +185,8 @@ def cmd_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 
 def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    """Exit 0 valid, 1 anything else; a location that holds nothing, or S3 that cannot be
-    read, is a usage error (2)."""
+    """Exit 0 valid, 1 anything else; a location that holds nothing is a usage error (2), S3
+    that cannot be read an unreachable dependency (3)."""
     from ckpt_ha.ops.offline import NothingThere, verify_location
     from ckpt_ha.storage import NeedsS3Extra, StorageError
 
@@ -194,7 +195,7 @@ def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
             report = verify_location(args.path, args.checksum, tick)
     except (NothingThere, StorageError, NeedsS3Extra) as exc:
         print(f"ckpt-ha: {_one_line(exc, args.path)}", file=sys.stderr)
-        return 2
+        return _offline_exit(exc)
     if args.json:
         print(render.dumps(report.to_json()))
     else:
@@ -211,8 +212,8 @@ def cmd_verify(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
 
 
 def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    """Exit 0 when a valid checkpoint exists, 1 when none does, 2 for a missing root (or S3
-    that cannot be read)."""
+    """Exit 0 when a valid checkpoint exists, 1 when none does, 2 for a missing root, 3 for S3
+    that cannot be read."""
     from ckpt_ha.ops.offline import NothingThere, newest_valid
     from ckpt_ha.storage import NeedsS3Extra, StorageError
 
@@ -221,7 +222,7 @@ def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) 
             found = newest_valid(args.root, tick)
     except (NothingThere, StorageError, NeedsS3Extra) as exc:
         print(f"ckpt-ha: {_one_line(exc, args.root)}", file=sys.stderr)
-        return 2
+        return _offline_exit(exc)
     if args.json:
         doc = {
             "path": found.path,
@@ -241,6 +242,16 @@ def cmd_latest_valid(args: argparse.Namespace, env: dict[str, str], home: Path) 
         else:
             print(f"no valid checkpoint under {args.root}")
     return 0 if found.path is not None else 1
+
+
+def _offline_exit(exc: Exception) -> Exit:
+    """Storage that cannot be read (down, access denied, no such bucket) is an unreachable
+    dependency (3); a location that holds nothing or cannot be a key is a usage error (2)."""
+    from ckpt_ha.storage import StorageError
+    from ckpt_ha.storage.errors import InvalidKey
+
+    unreadable = isinstance(exc, StorageError) and not isinstance(exc, InvalidKey)
+    return Exit.UNREACHABLE if unreadable else Exit.USAGE
 
 
 def _one_line(exc: Exception, location: str) -> str:

@@ -16,9 +16,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ckpt_ha.cli.errors import CommandError, Handler
+from ckpt_ha.cli import contexts
+from ckpt_ha.cli.errors import CommandError, Handler, Unreachable
 
-__all__ = ["CommandError", "Handler"]
+__all__ = ["CommandError", "Handler", "Unreachable"]
 
 if TYPE_CHECKING:
     from ckpt_ha.bus.broker import Bus
@@ -40,31 +41,40 @@ def settings(env: Mapping[str, str], home: Path, principal: str = "operator") ->
 
 
 def settings_of(kind: type[S], env: Mapping[str, str], home: Path, principal: str) -> S:
-    """Settings of ``kind``, pointed at the local stack when NATS_URL / REDIS_URL are not set, and
-    then logged in to the stack's NATS and Redis as ``principal`` (the CLI is ``operator``,
-    `ckpt-ha run` the ``runner``) with the credentials under $CKPT_HA_HOME/secrets/. A NATS or
-    Redis named by NATS_URL / REDIS_URL is used with the credentials of the environment."""
+    """Settings of ``kind`` for one command, by the rules of `ckpt_ha.cli.contexts.resolve`:
+    a chosen context's endpoints and credentials; else NATS_URL and REDIS_URL with the
+    credentials of the environment; else the local stack's, logged in to its NATS and Redis as
+    ``principal`` (the CLI is ``operator``, `ckpt-ha run` the ``runner``) with the credentials
+    under $CKPT_HA_HOME/secrets/. Never some of one and some of another."""
+    from ckpt_ha.credentials import read_secret_file
     from ckpt_ha.runtime import local_stack
 
-    overrides: dict[str, Any] = {}
     state = local_stack.StackState.load(home)
-    if state is not None:
-        logins = local_stack.login_settings(state, principal)
-        if not (env.get("NATS_URL") and env.get("REDIS_URL")):
-            overrides["signing_key"] = logins["signing_key"]  # the stack's own
-        if not env.get("NATS_URL"):
-            overrides["nats_url"] = state.nats_url
-            overrides |= {k: v for k, v in logins.items() if "nats" in k}
-        if not env.get("REDIS_URL"):
-            overrides["redis_url"] = state.redis_url
-            overrides |= {k: v for k, v in logins.items() if k.startswith("redis")}
+    uses = ("NATS_URL",) if principal == local_stack.RUNNER else ("NATS_URL", "REDIS_URL")
+    where = contexts.resolve(env, home, state is not None, uses)
+    overrides: dict[str, Any] = {}
+    if where.context is not None:
+        overrides |= where.context.settings
+        for field, file in where.context.secret_files.items():
+            overrides[field] = read_secret_file(file, f"context {where.context.name}: {field}")
+    elif where.kind == "local" and state is not None:
+        overrides |= local_stack.login_settings(state, principal)
+        overrides["nats_url"] = state.nats_url
+        overrides["redis_url"] = state.redis_url
         if not env.get("CKPT_HA_STORAGE_ROOT"):
             overrides["storage_root"] = state.storage_root
     return kind(**overrides)
 
 
+def where(env: Mapping[str, str], home: Path) -> contexts.Resolved:
+    """Where a command's endpoints come from (`status` prints it)."""
+    from ckpt_ha.runtime import local_stack
+
+    return contexts.resolve(env, home, local_stack.StackState.load(home) is not None)
+
+
 def run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
-    """Run one command's I/O; an unreachable Redis or NATS is one line (exit 1)."""
+    """Run one command's I/O; an unreachable Redis or NATS is one line (exit 3)."""
     import nats.errors
     import redis.exceptions
 
@@ -81,7 +91,7 @@ def run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
         from ckpt_ha.registry.client import describe
 
         why = describe(exc) if isinstance(exc, redis.exceptions.RedisError) else str(exc)
-        raise CommandError(
+        raise Unreachable(
             f"cannot reach Redis at {redact_url(settings.redis_url)}: {why}"
         ) from None
     except redis.exceptions.NoPermissionError as exc:
@@ -89,7 +99,7 @@ def run(settings: ServiceSettings, coro: Callable[[], Awaitable[T]]) -> T:
             f"Redis at {redact_url(settings.redis_url)} refused {settings.redis_user}: {exc}"
         ) from None
     except (nats.errors.NoServersError, nats.errors.TimeoutError, OSError) as exc:
-        raise CommandError(
+        raise Unreachable(
             f"cannot reach NATS at {redact_url(settings.nats_url)}: {exc!r}"
         ) from None
 

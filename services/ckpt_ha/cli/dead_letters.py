@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, render
 from ckpt_ha.cli.arguments import ACTOR_HELP, add_json, code, count, since, text
+from ckpt_ha.cli.confirm import add_confirmation, confirm
 from ckpt_ha.core.clock import utc_now
 
 if TYPE_CHECKING:
@@ -60,6 +61,7 @@ def register(top: Parser) -> None:
     )
     rp.add_argument("--dry-run", action="store_true", help="show what would be replayed")
     rp.add_argument("--actor", type=text, help=ACTOR_HELP)
+    add_confirmation(rp, dry_run=False)
     add_json(rp)
 
 
@@ -94,13 +96,24 @@ def cmd_replay(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
     who = context.actor(args, env)
     selection = dead_letters.Selection(code=args.reason, since=args.since, consumer=args.consumer)
 
-    async def replay() -> dead_letters.ReplayReport:
-        async with _jetstream(settings) as js:
-            return await dead_letters.replay(
-                js, settings.bus(), selection, actor=who, now=utc_now(), dry_run=args.dry_run
-            )
+    def replay(dry_run: bool) -> dead_letters.ReplayReport:
+        async def go() -> dead_letters.ReplayReport:
+            async with _jetstream(settings) as js:
+                return await dead_letters.replay(
+                    js, settings.bus(), selection, actor=who, now=utc_now(), dry_run=dry_run
+                )
 
-    report = context.run(settings, replay)
+        return context.run(settings, go)
+
+    if not args.dry_run and not args.yes:
+        # What would be re-published, shown before asking; the replay selects again and still
+        # publishes each letter at most once.
+        planned = replay(dry_run=True)
+        if planned.replayed:
+            what = [f"would replay {len(planned.replayed)} dead letter(s):",
+                    _letters_table(planned.replayed)]  # fmt: skip
+            confirm(args, what, f"re-publish {len(planned.replayed)} dead letter(s)?")
+    report = replay(dry_run=args.dry_run)
     if args.json:
         print(render.dumps(report.to_json()))
         return 0

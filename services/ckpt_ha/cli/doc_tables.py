@@ -8,6 +8,7 @@ committed JSON Schemas. Each table is read from what the code itself holds at ru
 * ``settings-table`` (docs/CONFIGURATION.md): the settings classes, `ckpt_ha.cli.settings_table`;
 * ``cli-table`` (docs/CLI.md): the whole command line, as `ckpt_ha.cli.parser.build_parser`
   builds it;
+* ``exit-table`` (docs/CLI.md): the exit codes every command keeps, `ckpt_ha.cli.errors.Exit`;
 * ``events-table`` (docs/EVENTS.md): every event type and version of
   `ckpt_ha.contracts.CATALOG`;
 * ``metrics-table`` (docs/OBSERVABILITY.md): the Prometheus registry each of the five services
@@ -86,6 +87,13 @@ def cli_table() -> str:
 
     rows = [(f"`{cell(_usage(p))}`", cell(text)) for p, text in _commands(build_parser())]
     return block("cli-table", ("command", "does"), rows)
+
+
+def exit_table() -> str:
+    from ckpt_ha.cli.errors import MEANING
+
+    rows = [(f"{code.value}", f"`{code.name}`", cell(text)) for code, text in MEANING.items()]
+    return block("exit-table", ("exit", "name", "means"), rows)
 
 
 # --- events ------------------------------------------------------------------------------
@@ -237,6 +245,7 @@ TABLES = {
     for t in (
         Table("settings-table", ROOT / "docs" / "CONFIGURATION.md", _settings_table),
         Table("cli-table", ROOT / "docs" / "CLI.md", cli_table),
+        Table("exit-table", ROOT / "docs" / "CLI.md", exit_table),
         Table("events-table", ROOT / "docs" / "EVENTS.md", events_table),
         Table("metrics-table", ROOT / "docs" / "OBSERVABILITY.md", metrics_table),
         Table("alerts-table", ROOT / "docs" / "OBSERVABILITY.md", alerts_table),

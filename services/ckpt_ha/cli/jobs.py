@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, render
 from ckpt_ha.cli.arguments import ACTOR_HELP, Parser, UsageError, add_json, positive, text
-from ckpt_ha.cli.errors import CommandError
+from ckpt_ha.cli.errors import CommandError, Exit
 
 if TYPE_CHECKING:
     from ckpt_ha.contracts import Envelope, EventData
@@ -130,7 +130,7 @@ def _scheduler_arguments(run: Parser) -> None:
         default=[],
         metavar="ARG",
         help="with --scheduler slurm: one more sbatch option, as --sbatch-arg=--mem=4G "
-        "(repeatable)",
+        "(repeatable); never one the adapter sets (--requeue, --output, --export, …)",
     )
 
 
@@ -220,7 +220,7 @@ def cmd_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
     view = context.run(settings, read)
     if view is None:
-        raise CommandError(f"no job {args.job!r}: no event and no checkpoint of it")
+        raise CommandError(f"no job {args.job!r}: no event and no checkpoint of it", Exit.NO)
     if args.json:
         print(render.dumps(view.to_json()))
         return 0
@@ -317,7 +317,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     _check_run(args, command)
     world_size = args.world_size or torchrun.world_size(command, env) or 1
     if world_size < 1:
-        raise CommandError("--world-size must be >= 1")
+        raise UsageError("--world-size must be >= 1")
     policy = _policy(args)
     settings = context.settings_of(RunnerSettings, env, home, "runner")
     spec = _spec(args, env, home, settings, command, policy, world_size)
@@ -336,19 +336,25 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 def _check_run(args: argparse.Namespace, command: tuple[str, ...]) -> None:
     """What `run` refuses before it reads any setting."""
     if not command:
-        raise CommandError("no training command: ckpt-ha run --job J [options] -- COMMAND ...")
+        raise UsageError("no training command: ckpt-ha run --job J [options] -- COMMAND ...")
     if shutil.which(command[0]) is None:
-        raise CommandError(f"cannot start {command[0]!r}: not found or not executable")
+        raise UsageError(f"cannot start {command[0]!r}: not found or not executable")
     if args.scheduler != "slurm" and (args.partition or args.sbatch_arg):
         raise UsageError("--partition and --sbatch-arg need --scheduler slurm")
+    from ckpt_ha.runner.slurm import AdapterInvariant, check_sbatch_args
+
+    try:
+        check_sbatch_args(args.sbatch_arg)
+    except AdapterInvariant as exc:
+        raise UsageError(str(exc)) from None
     if args.scheduler == "slurm":
         missing = [c for c in ("sbatch", "scontrol", "scancel") if shutil.which(c) is None]
         if missing:
             raise UsageError(f"--scheduler slurm: {', '.join(missing)} not found on PATH")
     if args.max_attempts is not None and args.max_attempts < 1:
-        raise CommandError("--max-attempts must be >= 1")
+        raise UsageError("--max-attempts must be >= 1")
     if args.resume and not args.run_id:
-        raise CommandError("--resume takes over a run: give its --run-id")
+        raise UsageError("--resume takes over a run: give its --run-id")
 
 
 def _policy(args: argparse.Namespace) -> JobPolicy:
@@ -363,11 +369,11 @@ def _policy(args: argparse.Namespace) -> JobPolicy:
     try:
         return JobPolicy.model_validate_json(args.policy.read_bytes())
     except OSError as exc:
-        raise CommandError(f"cannot read --policy {args.policy}: {exc.strerror}") from None
+        raise UsageError(f"cannot read --policy {args.policy}: {exc.strerror}") from None
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "(document)"
-        raise CommandError(f"--policy {args.policy}: {where}: {first['msg']}") from None
+        raise UsageError(f"--policy {args.policy}: {where}: {first['msg']}") from None
 
 
 def _spec(
@@ -385,14 +391,14 @@ def _spec(
 
     beat = args.heartbeat_s if args.heartbeat_s is not None else settings.heartbeat_s
     if beat < 0:
-        raise CommandError("--heartbeat-s must be >= 0")
+        raise UsageError("--heartbeat-s must be >= 0")
     heartbeat_s = beat or None
     deadline_s = args.deadline_s if args.deadline_s is not None else settings.deadline_s
     if deadline_s is not None and (heartbeat_s is None or deadline_s <= heartbeat_s):
-        raise CommandError("--deadline-s must be longer than --heartbeat-s (which must be > 0)")
+        raise UsageError("--deadline-s must be longer than --heartbeat-s (which must be > 0)")
     hang_after_s = args.hang_after_s if args.hang_after_s is not None else settings.hang_after_s
     if hang_after_s is not None and hang_after_s < 0:
-        raise CommandError("--hang-after-s must be >= 0")
+        raise UsageError("--hang-after-s must be >= 0")
     run_id = args.run_id or f"run-{uuid4().hex[:12]}"
     return RunSpec(
         job_id=args.job,

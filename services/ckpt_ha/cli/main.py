@@ -17,13 +17,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
-from ckpt_ha.cli.errors import CommandError, Handler
+from ckpt_ha.cli.errors import CommandError, Exit, Handler
 from ckpt_ha.cli.parser import DISTRIBUTION, UsageError, build_parser
 from ckpt_ha.telemetry import logs
 
 __all__ = ["UsageError", "build_parser", "main"]
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = Exit.OK, Exit.FAILED, Exit.USAGE
 SERVER_PACKAGES = frozenset(
     {"faststream", "fast_depends", "redis", "hiredis", "boto3", "botocore", "opentelemetry",
      "prometheus_client", "watchfiles", "pydantic_settings"}
@@ -46,6 +46,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"ckpt-ha: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    if getattr(args, "context", None):  # `--context NAME` is $CKPT_HA_CONTEXT for one command
+        env["CKPT_HA_CONTEXT"] = args.context
     try:
         logs.configure(env, default_level=getattr(args, "default_log_level", "WARNING"))
     except logs.BadLogSetting as exc:
@@ -57,9 +59,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = cast(Handler, args.handler)
     try:
         return handler(args, env, _home(env))
-    except (CommandError, OperationFailed, CredentialsError) as exc:
+    except CommandError as exc:
         print(f"ckpt-ha: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        return exc.code
+    except OperationFailed as exc:
+        print(f"ckpt-ha: {exc}", file=sys.stderr)
+        return Exit[exc.exit]
+    except CredentialsError as exc:  # a secret or CA file the configuration names is unusable
+        print(f"ckpt-ha: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     except UsageError as exc:  # arguments that parse but do not fit the environment
         print(f"ckpt-ha: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -72,9 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         extra = f"pip install '{DISTRIBUTION}[server]'"
         print(f"ckpt-ha: {args.command!r} needs the server extra: {extra}", file=sys.stderr)
-        return EXIT_FAILED
+        return EXIT_USAGE
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED
 
 
 def _names(exc: ModuleNotFoundError) -> set[str]:

@@ -28,6 +28,7 @@ from ckpt_ha.cli import (
     restores,
     retention,
     serve,
+    status,
     streams,
     tiers,
 )
@@ -36,7 +37,7 @@ from ckpt_ha.cli.arguments import DISTRIBUTION, Parser, UsageError, VersionActio
 __all__ = ["DISTRIBUTION", "UsageError", "build_parser", "version"]
 
 COMMAND_MODULES: tuple[Any, ...] = (
-    serve, checkpoints, registry, streams, restores, jobs, dead_letters, owners,
+    serve, status, checkpoints, registry, streams, restores, jobs, dead_letters, owners,
     policy, retention, tiers, completion,
 )  # fmt: skip
 """The product's command modules, in the order `ckpt-ha --help` lists their commands."""
@@ -63,6 +64,12 @@ def build_parser() -> Parser:
     (``args.handler``)."""
     top = Parser(prog="ckpt-ha", description="Make ML-training checkpoints really recoverable.")
     top.add_argument("--version", action=VersionAction, help="print the installed version and exit")
+    top.add_argument(
+        "--context",
+        metavar="NAME",
+        help="the platform to talk to: a context of $CKPT_HA_HOME/contexts.toml (default: "
+        "$CKPT_HA_CONTEXT, else the file's current; docs/CLI.md#contexts)",
+    )
     top.commands(dest="command", required=True)
     for register in registrars():
         register(top)

@@ -25,8 +25,8 @@ def register(top: Parser) -> None:
         description="Either --job J (measured from the registry; any other option overrides "
         "the measured value) or --write-seconds and --mtbf-hours. All numbers are model "
         "estimates. Exit codes: 0 advice given (warnings possible); 1 no interval is workable "
-        "(write time >= MTBF), nothing to measure, or a dependency is unreachable; 2 bad "
-        "arguments.",
+        "(write time >= MTBF) or nothing to measure; 2 bad arguments; 3 a dependency is "
+        "unreachable (docs/CLI.md#exit-codes).",
         handler=cmd_advise,
     )
     adv.add_argument("--job", type=text, help="measure from this job's registry records")

@@ -1,4 +1,6 @@
-"""`ckpt-ha registry rebuild`: the registry replaced from the event log."""
+"""`ckpt-ha registry rebuild`: the registry replaced from the event log. Refused while the
+registry's writers run (`ckpt_ha.ops.platform.writers_running`); with `--clear` it shows what it
+would delete and asks (`ckpt_ha.cli.confirm`)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, progress, render
 from ckpt_ha.cli.arguments import add_json, add_progress
+from ckpt_ha.cli.confirm import add_confirmation, confirm
+from ckpt_ha.cli.errors import CommandError, Exit
 
 if TYPE_CHECKING:
     from ckpt_ha.cli.arguments import Parser
@@ -25,7 +29,8 @@ def register(top: Parser) -> None:
     rb.add_argument(
         "--clear",
         action="store_true",
-        help="first delete everything the rebuild restores (the reconcile log is kept)",
+        help="first delete everything the rebuild restores (the reconcile log is kept); asks "
+        "first unless --yes",
     )
     rb.add_argument(
         "--accept-new-stream",
@@ -33,18 +38,49 @@ def register(top: Parser) -> None:
         help="rebuild from an event stream that is not the one the registry was built from "
         "(deleted and created again): only when it is meant to start afresh",
     )
+    add_confirmation(rb)
     add_json(rb)
     add_progress(rb)
 
 
 def cmd_rebuild(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    from ckpt_ha.ops.rebuild import RebuildReport, rebuild_registry
+    from ckpt_ha.ops.platform import writers_running
+    from ckpt_ha.ops.rebuild import RebuildPreview, RebuildReport, preview, rebuild_registry
     from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
     from ckpt_ha.storage import key_for_uri, open_store
 
     # The coordinator's settings: its state is replayed trimmed and expiring as it keeps it.
     settings = context.settings_of(RestoreCoordinatorSettings, env, home, "operator")
     key_of = partial(key_for_uri, open_store(settings.storage_root))
+
+    async def look() -> tuple[dict[str, list[str]], RebuildPreview]:
+        running = await writers_running(settings.bus())
+        async with context.registry(settings) as registry:
+            found = await preview(
+                registry, settings.bus(), clear=args.clear, accept_new_stream=args.accept_new_stream
+            )
+        return running, found
+
+    running, found = context.run(settings, look)
+    refusals = [_writers_refusal(running)] if running else []
+    refusals += found.refusals
+    plan = [
+        f"registry rebuild of prefix {settings.registry_prefix!r} from stream "
+        f"{settings.events_stream}: {found.keys} key(s) under the prefix now"
+        + (", deleted first (the reconcile log is kept)" if args.clear and found.keys else ""),
+        *(f"refused: {why}" for why in refusals),
+    ]
+    if args.dry_run:
+        if args.json:
+            print(render.dumps({"dry_run": True, "keys": found.keys, "clear": args.clear,
+                                "refusals": refusals}))  # fmt: skip
+        else:
+            print("\n".join(plan))
+        return Exit.NO if refusals else Exit.OK
+    if refusals:
+        raise CommandError(refusals[0])
+    if args.clear and found.keys:
+        confirm(args, plan, f"delete {found.keys} key(s) and rebuild them from the stream?")
 
     async def run(tick: progress.Progress | None) -> RebuildReport:
         async with context.registry(settings) as registry:
@@ -71,3 +107,11 @@ def cmd_rebuild(args: argparse.Namespace, env: dict[str, str], home: Path) -> in
         f"skipped {skipped}"
     )
     return 0
+
+
+def _writers_refusal(running: dict[str, list[str]]) -> str:
+    seen = "; ".join(f"{svc} ({', '.join(durables)})" for svc, durables in running.items())
+    return (
+        f"the registry's writers run: {seen} pull from their consumers; stop the registrar, "
+        "the restore-coordinator and the retention-janitor first (docs/RUNBOOK.md#rebuild-registry)"
+    )

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, progress, render
-from ckpt_ha.cli.arguments import ACTOR_HELP, add_json, add_progress, text
-from ckpt_ha.cli.errors import CommandError
+from ckpt_ha.cli.arguments import ACTOR_HELP, UsageError, add_json, add_progress, text
+from ckpt_ha.cli.confirm import add_confirmation, confirm
+from ckpt_ha.cli.errors import Exit
 
 if TYPE_CHECKING:
     from ckpt_ha.cli.arguments import Parser
@@ -40,7 +41,11 @@ def register(top: Parser) -> None:
         help="storage objects the registry does not know (deleted only with --delete)",
         handler=cmd_reconcile,
     )
-    rc.add_argument("--delete", action="store_true", help="delete the reported objects")
+    rc.add_argument(
+        "--delete",
+        action="store_true",
+        help="delete the reported objects (shows them and asks first, unless --yes)",
+    )
     rc.add_argument(
         "--min-age",
         type=float,
@@ -51,6 +56,7 @@ def register(top: Parser) -> None:
     )
     rc.add_argument("--reason", type=text, help="required with --delete; recorded")
     rc.add_argument("--actor", type=text, help=ACTOR_HELP)
+    add_confirmation(rc)
     add_json(rc)
     add_progress(rc)
     top.alias("audit", au)
@@ -123,38 +129,54 @@ def cmd_audit(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 
 def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    """Exit 0: nothing unknown (or all of it deleted); 1: unknown objects remain."""
+    """Exit 0: nothing unknown (or all of it deleted); 1: unknown objects remain; 3: the
+    storage (or Redis) could not be read, nothing done; 5: `--delete` not confirmed."""
     from ckpt_ha.core.clock import utc_now
     from ckpt_ha.ops import reconcile
     from ckpt_ha.ops.errors import ListingFailed
     from ckpt_ha.storage import open_store
 
-    if args.delete and not args.reason:
-        raise CommandError("--delete needs --reason (it is recorded with every deletion)")
+    deleting = args.delete and not args.dry_run
+    if deleting and not args.reason:
+        raise UsageError("--delete needs --reason (it is recorded with every deletion)")
     settings = context.settings(env, home)
-    order = reconcile.Deletion(context.actor(args, env), args.reason) if args.delete else None
     store = open_store(settings.storage_root)
 
-    async def act(tick: progress.Progress | None) -> reconcile.Reconciliation:
-        async with context.registry(settings) as registry:
-            return await reconcile.reconcile(
-                registry,
-                store,
-                clock=utc_now,
-                min_age_s=args.min_age,
-                delete=order,
-                progress=tick,
-            )
+    def find(order: reconcile.Deletion | None) -> reconcile.Reconciliation:
+        async def act(tick: progress.Progress | None) -> reconcile.Reconciliation:
+            async with context.registry(settings) as registry:
+                return await reconcile.reconcile(
+                    registry,
+                    store,
+                    clock=utc_now,
+                    min_age_s=args.min_age,
+                    delete=order,
+                    progress=tick,
+                )
 
-    try:
-        with progress.reporting(args, "reconcile", "registry jobs read") as tick:
-            result = context.run(settings, lambda: act(tick))
-    except ListingFailed as exc:
-        msg = f"listing {settings.storage_root} failed, nothing done: {exc.error}"
-        raise CommandError(msg) from None
+        try:
+            with progress.reporting(args, "reconcile", "registry jobs read") as tick:
+                return context.run(settings, lambda: act(tick))
+        except ListingFailed as exc:
+            msg = f"listing {settings.storage_root} failed, nothing done: {exc.error}"
+            raise context.Unreachable(msg) from None
+
+    if deleting and not args.yes:
+        # What would go, shown before asking; the deletion lists again and still deletes only
+        # objects the registry does not know and older than --min-age.
+        seen = [o for o in find(None).unknown if o.old_enough]
+        if seen:
+            size = sum(o.size for o in seen)
+            what = [f"would delete {len(seen)} object(s), {size} bytes, under "
+                    f"{settings.storage_root}:", *(f"  {o.key}" for o in seen[:20])]  # fmt: skip
+            what += [f"  … and {len(seen) - 20} more"] if len(seen) > 20 else []
+            confirm(args, what, f"delete {len(seen)} unregistered object(s)?")
+    order = reconcile.Deletion(context.actor(args, env), args.reason) if deleting else None
+    result = find(order)
     found = result.unknown
     if args.json:
-        print(render.dumps({"unknown": [o.to_json() for o in found], "deleted": result.deleted}))
+        doc = {"unknown": [o.to_json() for o in found], "deleted": result.deleted}
+        print(render.dumps({**doc, "dry_run": True} if args.dry_run else doc))
     elif not found:
         print(f"every object under {settings.storage_root} belongs to a registered checkpoint")
     else:
@@ -164,16 +186,17 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
                 [
                     (o.key, o.size, o.mtime.isoformat(),
                      "deleted" if o.deleted
-                     else "unknown" if o.old_enough else "unknown (too young to delete)")
+                     else ("unknown (would delete)" if args.dry_run else "unknown")
+                     if o.old_enough else "unknown (too young to delete)")
                     for o in found
                 ],
             )
         )  # fmt: skip
-        if args.delete:
+        if deleting:
             print(f"deleted {result.deleted} object(s); recorded (see `ckpt-ha audit`)")
         else:
             print("unknown to the registry; delete with `ckpt-ha reconcile --delete --reason ...`")
-    return 0 if result.clean else 1
+    return Exit.OK if result.clean else Exit.NO
 
 
 def cmd_plan(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:

@@ -53,6 +53,11 @@ OTHER_VARIABLES = (
     Variable("CKPT_HA_ACTOR", "login name", "the CLI",
              "Who the CLI records as acting (`quarantine`, `release`, `owner transfer`, `pin`, "
              "`unpin`, `tier set`, `reconcile --delete`)."),
+    Variable("CKPT_HA_CONTEXT", "the file's `current`", "the CLI",
+             "The named context every command talks to (`--context NAME` sets it for one "
+             "command; docs/CLI.md#contexts)."),
+    Variable("CKPT_HA_CONTEXTS", "`$CKPT_HA_HOME/contexts.toml`", "the CLI",
+             "The file of named contexts."),
     Variable("CKPT_HA_IMAGE", "none", "`ckpt-ha run`",
              "The container image the job runs in, recorded in its runtime environment."),
     Variable(protocol.CODE_VERSION, "none", f"`ckpt-ha run`; {JOB}",

@@ -1,6 +1,6 @@
 """`ckpt-ha stack up|down|status|demo|drill`: the embedded local stack, a guided tour on it, and
-fault drills that prove recovery on it. The old spellings `up`, `down`, `status`, `demo` and
-`drill` keep working.
+fault drills that prove recovery on it. The old spellings `up`, `down`, `demo` and `drill` keep
+working; `status` is now the product's (`ckpt_ha.cli.status`, against any deployment).
 
 The lab's commands, registered into the `ckpt-ha` parser through the ``ckpt_ha.cli`` entry point
 (the product never imports the lab). This module imports nothing of the lab's extra at import
@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from ckpt_ha.cli import context, render
 from ckpt_ha.cli.arguments import STORAGE_HELP, add_json, needs_s3_endpoint, storage_root
-from ckpt_ha.cli.errors import CommandError
+from ckpt_ha.cli.errors import CommandError, Exit
 from ckpt_ha.lab import require_extra
 
 if TYPE_CHECKING:
@@ -54,8 +54,9 @@ def register(top: Parser) -> None:
         handler=cmd_drill,
     )
     _drill_arguments(drill)
-    for old, parser in (("up", up), ("down", down), ("status", status), ("drill", drill),
-                        ("demo", demo)):  # fmt: skip
+    # `status` is the product's own (`ckpt_ha.cli.status`: any deployment); the local stack's
+    # processes are `stack status`.
+    for old, parser in (("up", up), ("down", down), ("drill", drill), ("demo", demo)):
         top.alias(old, parser)
 
 
@@ -135,7 +136,7 @@ def cmd_status(args: argparse.Namespace, env: dict[str, str], home: Path) -> int
 
     state = local_stack.StackState.load(home)
     if state is None:
-        raise CommandError(f"no local stack under {home} (start it with `ckpt-ha up`)")
+        raise CommandError(f"no local stack under {home} (start it with `ckpt-ha up`)", Exit.NO)
     rows = stack.status(state)
     if args.json:
         print(render.dumps([r.__dict__ for r in rows]))

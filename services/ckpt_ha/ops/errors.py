@@ -1,14 +1,23 @@
 """Why an operation could not be carried out. Each error builds its one-line message from its
-typed fields; the message says what to do next. The CLI prints it and exits 1."""
+typed fields; the message says what to do next. The CLI prints it and exits with the code its
+``exit`` names (`ckpt_ha.cli.errors.Exit`)."""
 
 from __future__ import annotations
+
+from typing import ClassVar, Literal
 
 
 class OperationFailed(Exception):
     """An operation that did not happen (or did not finish); nothing to retry blindly."""
 
+    exit: ClassVar[Literal["NO", "UNREACHABLE", "FAILED"]] = "FAILED"
+    """What the CLI exits with: a lookup that found nothing is a negative answer (``NO``), a
+    storage that failed under the operation ``UNREACHABLE``, anything else ``FAILED``."""
+
 
 class CheckpointNotFound(OperationFailed):
+    exit = "NO"
+
     def __init__(self, checkpoint_id: str) -> None:
         self.checkpoint_id = checkpoint_id
         super().__init__(f"no checkpoint {checkpoint_id!r} in the registry")
@@ -67,12 +76,16 @@ class StreamReplaced(StreamIncomplete):
 
 
 class NothingToAudit(OperationFailed):
+    exit = "NO"
+
     def __init__(self, checkpoint_id: str) -> None:
         self.checkpoint_id = checkpoint_id
         super().__init__(f"nothing to audit for checkpoint {checkpoint_id!r}")
 
 
 class NothingToMeasure(OperationFailed):
+    exit = "NO"
+
     def __init__(self, job_id: str, why: str) -> None:
         self.job_id = job_id
         self.why = why
@@ -83,12 +96,16 @@ class ListingFailed(OperationFailed):
     """The store could not be listed: nothing was deleted (a partial listing is never read as
     "absent")."""
 
+    exit = "UNREACHABLE"
+
     def __init__(self, error: Exception) -> None:
         self.error = error
         super().__init__(f"listing the store failed, nothing done: {error}")
 
 
 class DeletionFailed(OperationFailed):
+    exit = "UNREACHABLE"
+
     def __init__(self, deleted: int, error: Exception) -> None:
         self.deleted = deleted
         self.error = error

@@ -60,7 +60,12 @@ from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError
 from ckpt_ha.core.locations import KeyOf, intake_refusal
 from ckpt_ha.core.tiers import declared_tier
-from ckpt_ha.ops.errors import RebuildWithoutSigningKey, RegistryNotEmpty, StreamReplaced
+from ckpt_ha.ops.errors import (
+    RebuildWithoutSigningKey,
+    RegistryNotEmpty,
+    StreamIncomplete,
+    StreamReplaced,
+)
 from ckpt_ha.ops.streams import require_complete_stream
 from ckpt_ha.registry.pins import ReplayedPins
 from ckpt_ha.registry.port import RegistryWriter, TierDeclarer
@@ -315,3 +320,38 @@ async def rebuild_registry(
     )
     await registry.remember_stream(current, replace=True)
     return report
+
+
+@dataclass(frozen=True)
+class RebuildPreview:
+    """What `rebuild_registry` would do, found without changing anything (``--dry-run``, and
+    what the person is asked to confirm)."""
+
+    keys: int
+    """Keys under the prefix now (leases aside): `--clear` deletes them all but the reconcile
+    log."""
+    refusals: tuple[str, ...]
+    """Why it would be refused, each as the refusal would say it (none: it would run)."""
+
+
+async def preview(
+    registry: Registry, bus: BusConfig, *, clear: bool, accept_new_stream: bool = False
+) -> RebuildPreview:
+    """The checks `rebuild_registry` makes before it clears anything, and what it would clear."""
+    refusals: list[str] = []
+    if not bus.signing_keys:
+        refusals.append(str(RebuildWithoutSigningKey()))
+    current: str | None = None
+    try:
+        current = await require_complete_stream(bus)
+    except StreamIncomplete as exc:
+        refusals.append(str(exc))
+    recorded = await registry.built_from()
+    if current and recorded and recorded != current and not accept_new_stream:
+        refusals.append(str(StreamReplaced(recorded, current)))
+    keys = 0
+    async for key in registry.r.scan_iter(match=registry.keys.everything, count=1000):
+        keys += not registry.keys.is_transient(key)
+    if keys and not clear:
+        refusals.append(str(RegistryNotEmpty()))
+    return RebuildPreview(keys, tuple(refusals))

@@ -88,17 +88,26 @@ USERS: tuple[RedisUser, ...] = (
     # The CLI, drills and platform tooling: every key under the prefix (rebuild, reconcile,
     # audits, manual actions), no server administration. A rebuild writes the coordinator's
     # state as the coordinator does (its scripts, trimming included) and sets its expiry
-    # (pexpireat).
+    # (pexpireat). `status` reads the server's clock (time) to tell a held loop lease.
     RedisUser("operator", ("everything",), (),
               (*CONNECT, "get", "set", "mget", "del", "type", "scan", "expire",
                "pexpireat",
                "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
                "zrevrange", "zpopmin", "zremrangebyrank", "zrem", "sadd", "srem", "smembers",
                "sismember", "smismember", "zscore", "zremrangebyscore", "rpush", "ltrim", "lrange",
-               "evalsha", "script|load",
+               "evalsha", "script|load", "time",
                "multi", "exec", "discard")),
+    # On-call triage (`ckpt-ha status`, every query): reads every key under the prefix and
+    # writes none. The registry's read script runs under these rights (EVALSHA checks each
+    # command it calls), so it may only read; SCAN names keys only.
+    RedisUser("viewer", (), ("everything",),
+              (*CONNECT, "get", "mget", "type", "exists", "ttl", "pttl", "scan", "time",
+               "hget", "hmget", "hgetall", "smembers", "sismember", "smismember", "scard",
+               "zcard", "zrange", "zrevrange", "zscore", "zrangebyscore", "lrange", "llen",
+               "evalsha", "script|load")),
 )  # fmt: skip
-"""The services' own declarations (each service's ``access.py``), then the operator's."""
+"""The services' own declarations (each service's ``access.py``), then the operator's and the
+viewer's."""
 
 
 def users() -> tuple[str, ...]:

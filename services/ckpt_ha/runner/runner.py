@@ -5,7 +5,7 @@ topology and code version that a restore is checked against), launches the comma
 `SchedulerAdapter` with the environment-variable protocol of `ckpt_ha.sdk.context`, and when it
 ends publishes ``job.succeeded`` or ``job.failed``. After a failure it waits (bounded) for the
 restore-coordinator: ``resume.planned`` for the next attempt → relaunch with the plan;
-``resume.escalated`` → print the reason and the runbook's next step, exit 3; nothing within
+``resume.escalated`` → print the reason and the runbook's next step, exit 6; nothing within
 ``--plan-timeout`` → exit 4. An attempt a user cancelled (the scheduler says so: ``scancel``)
 is reported as ``job.failed`` cause ``cancelled`` and ends the run at once, exit 5: no plan is
 awaited, the coordinator never restores it. SIGTERM / SIGINT are passed on to the attempt,
@@ -35,7 +35,7 @@ declares the attempt lost after the deadline and plans its restore.
 Taking over a lost run (``--resume``). A new runner with the same ``--job`` and ``--run-id``
 (and ``CKPT_HA_HOME``: the run's state folder holds `ATTEMPT_FILE`) reads the attempt that was
 running, then waits (``--plan-timeout``) for the coordinator's plan for the next attempt and
-carries on from it like the normal loop (an escalation: exit 3). A plan published before it
+carries on from it like the normal loop (an escalation: exit 6). A plan published before it
 subscribed is found too: it reads the job's last ``resume.planned`` / ``resume.escalated``
 from the stream (``STREAM.MSG.GET``, allowed to the ``runner`` principal). It never starts the
 lost attempt again by itself: a run with no plan exits 4. Make sure the old attempt's
@@ -95,7 +95,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("ckpt_ha.runner")
 SOURCE = "ckpt-ha/runner"
-EXIT_OK, EXIT_FAILED, EXIT_ESCALATED, EXIT_NO_PLAN, EXIT_CANCELLED = 0, 1, 3, 4, 5
+EXIT_OK, EXIT_FAILED, EXIT_ESCALATED, EXIT_NO_PLAN, EXIT_CANCELLED = 0, 1, 6, 4, 5
+"""`ckpt_ha.cli.errors.Exit`: 3 is an unreachable dependency for every command, so an
+escalation is 6."""
 ATTEMPT_FILE = "attempt.json"
 """In the run's state folder: the running attempt's number and scheduler handle (its pid)."""
 

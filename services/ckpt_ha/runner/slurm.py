@@ -54,6 +54,56 @@ def _binary(name: str) -> str:
     return found
 
 
+ADAPTER_OWNS: dict[str, str] = {
+    "requeue": "the adapter submits --no-requeue: the restore-coordinator decides a rerun",
+    "export": "the attempt's protocol variables reach the job through --export=ALL",
+    "export-file": "the attempt's protocol variables reach the job through --export=ALL",
+    "wrap": "the adapter wraps the training command itself",
+    "job-name": "the adapter names the job ckpt-ha:JOB:ATTEMPT",
+    "output": "the adapter reads the job's output file (its last line is the failure's)",
+    "error": "the adapter reads stderr in the job's output file (the failure's last line)",
+    "partition": "use --partition",
+    "array": "one attempt is one batch job",
+    "wait": "the adapter polls the job's state itself",
+    "parsable": "the adapter reads the job id from --parsable",
+    "test-only": "an attempt must be submitted",
+    "hold": "an attempt must start without a manual release",
+}
+"""The sbatch options the adapter relies on (long names), and why a user's ``--sbatch-arg``
+may not set them: later options win in sbatch, so one would silently override ours."""
+_SHORT = {"J": "job-name", "o": "output", "e": "error", "p": "partition", "a": "array",
+          "W": "wait", "H": "hold"}  # fmt: skip
+
+
+class AdapterInvariant(ValueError):
+    """A ``--sbatch-arg`` that would override an option the adapter relies on."""
+
+    def __init__(self, arg: str, option: str) -> None:
+        self.arg = arg
+        self.option = option
+        super().__init__(
+            f"--sbatch-arg={arg} would override --{option}, which the Slurm adapter sets: "
+            f"{ADAPTER_OWNS[option]}"
+        )
+
+
+def check_sbatch_args(args: Sequence[str]) -> None:
+    """Raise `AdapterInvariant` for the first argument that names an option of `ADAPTER_OWNS`
+    (``--no-requeue``, which says what the adapter does, is fine). sbatch takes an unambiguous
+    prefix of a long option, so ``--requ`` counts as ``--requeue``."""
+    for arg in args:
+        token = arg.strip()
+        if token.startswith("--"):
+            name = token[2:].split("=", 1)[0]
+            if name == "no-requeue" or not name:
+                continue
+            hit = [o for o in ADAPTER_OWNS if o == name or (len(name) >= 2 and o.startswith(name))]
+            if hit:
+                raise AdapterInvariant(arg, name if name in ADAPTER_OWNS else hit[0])
+        elif token.startswith("-") and len(token) >= 2 and token[1] in _SHORT:
+            raise AdapterInvariant(arg, _SHORT[token[1]])
+
+
 class SlurmBatch:
     """Submit each attempt as a batch job and wait for its final state (one at a time)."""
 
@@ -66,6 +116,7 @@ class SlurmBatch:
         out: IO[bytes] | None = None,
         poll_s: float = POLL_S,
     ) -> None:
+        check_sbatch_args(sbatch_args)
         self.partition = partition
         self.sbatch_args = tuple(sbatch_args)
         self.output_dir = output_dir
@@ -80,7 +131,8 @@ class SlurmBatch:
         self._lock = threading.Lock()
 
     def sbatch_argv(self, command: Sequence[str], env: Mapping[str, str]) -> list[str]:
-        """The submission: ours first, the user's ``--sbatch-arg``s after (they win)."""
+        """The submission: ours first, the user's ``--sbatch-arg``s after (none of them sets an
+        option of ours: `check_sbatch_args`)."""
         name = f"ckpt-ha:{env.get(protocol.JOB, 'job')}:{env.get(protocol.ATTEMPT, '?')}"
         argv = ["sbatch", "--parsable", "--no-requeue", "--export=ALL",
                 f"--job-name={name}"]  # fmt: skip

@@ -117,8 +117,12 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
         "nats", "redis", "writer-watcher", "integrity-checker", "registrar",
         "restore-coordinator", "retention-janitor", *with_prometheus,
     ]  # fmt: skip
-    status = cli(stack_home, "status")
-    assert status.returncode == 0
+    status = cli(stack_home, "stack", "status")
+    assert status.returncode == 0, status.stdout + status.stderr
+    # The platform's status, read as any deployment's: every service ready, nothing behind.
+    platform = cli(stack_home, "status")
+    assert platform.returncode == 0, platform.stdout + platform.stderr
+    assert f"context: none: the local stack under {stack_home}" in platform.stdout
     # Where a job's checkpoints go, so a Trainer's output_dir can be pointed there.
     assert f"storage root: {state.storage_root}" in status.stdout
     secrets_before = await assert_authentication_is_on(stack_home, state)
@@ -140,7 +144,7 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     await publish(state, [committed(state, i) for i in range(2, 302)])
     procs.stop(registrar, timeout=30)
     assert not procs.is_alive(registrar)
-    assert cli(stack_home, "status").returncode == 1  # the registrar is down: not healthy
+    assert cli(stack_home, "stack", "status").returncode == 1  # the registrar is down: not healthy
     assert cli(stack_home, "up").returncode == 0  # restarts only what is missing
     restarted = StackState.load(stack_home)
     assert restarted is not None
@@ -166,7 +170,7 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
     assert len(before_rebuild) == 302
     # The same credentials after down / up, and still no secret in any log or status output.
     assert stack_secrets(stack_home) == secrets_before
-    assert_no_secret_shown(stack_home, secrets_before, cli(stack_home, "status").stdout)
+    assert_no_secret_shown(stack_home, secrets_before, cli(stack_home, "stack", "status").stdout)
 
     # Operators see what was refused, and can rebuild the registry from the stream.
     await publish_raw_bytes(state_after_up(stack_home), b"{broken")
@@ -175,12 +179,19 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
         ("registrar--checkpoints", "malformed"),
         ("integrity-checker--committed", "malformed"),
     }
+    refused = cli(stack_home, "registry", "rebuild", "--clear", "--yes")
+    assert refused.returncode == 4  # the registry's writers run
+    assert "the registry's writers run: registrar" in refused.stderr
+    for proc in state_after_up(stack_home).processes:
+        if proc.name in ("registrar", "restore-coordinator", "retention-janitor"):
+            procs.kill(proc)
     refused = cli(stack_home, "registry", "rebuild")
-    assert refused.returncode == 1
+    assert refused.returncode == 4
     assert "--clear" in refused.stderr
-    rebuilt = cli(stack_home, "registry", "rebuild", "--clear")
+    rebuilt = cli(stack_home, "registry", "rebuild", "--clear", "--yes")
     assert rebuilt.returncode == 0, rebuilt.stderr
     assert "malformed=1" in rebuilt.stdout
+    assert cli(stack_home, "up").returncode == 0
 
     # Same checkpoints, states, steps and locations. (Histories are compared event for event in
     # tests/integration/test_rebuild.py; here the registrar was killed mid-burst, and a fact the
@@ -304,7 +315,7 @@ def test_cli_errors_are_one_line(stack_home: Path) -> None:
         assert out.returncode == 2, args
         assert len(out.stderr.strip().splitlines()) == 1, out.stderr
         assert out.stderr.startswith("ckpt-ha: ")
-    out = cli(stack_home, "status")
+    out = cli(stack_home, "stack", "status")
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == [
         f"ckpt-ha: no local stack under {stack_home} (start it with `ckpt-ha up`)"
@@ -315,12 +326,12 @@ def test_cli_errors_are_one_line(stack_home: Path) -> None:
 
 
 def wait_healthy(home: Path, timeout: float = 90) -> list[dict[str, object]]:
-    """Poll `ckpt-ha status --json` until every component is healthy (or time runs out)."""
+    """Poll `ckpt-ha stack status --json` until every component is healthy (or time runs out)."""
     import time
 
     deadline = time.monotonic() + timeout
     while True:
-        out = cli(home, "status", "--json")
+        out = cli(home, "stack", "status", "--json")
         rows: list[dict[str, object]] = json.loads(out.stdout)
         if out.returncode == 0 or time.monotonic() > deadline:
             return rows
@@ -343,7 +354,7 @@ async def test_up_restarts_a_dead_server_on_its_port_and_the_services_come_back(
     for step, name in ((2, "nats"), (3, "redis")):
         before = next(p for p in state_after_up(stack_home).processes if p.name == name)
         procs.kill(before)
-        assert cli(stack_home, "status").returncode == 1
+        assert cli(stack_home, "stack", "status").returncode == 1
         up = cli(stack_home, "up")
         assert up.returncode == 0, up.stderr
         after = state_after_up(stack_home)

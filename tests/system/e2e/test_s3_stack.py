@@ -488,7 +488,7 @@ async def test_a_killed_job_resumes_from_s3_then_retention_and_reconcile_clean_t
     assert sorted(o["key"] for o in json.loads(out)["unknown"]) == sorted(strays)
     code, out, err = await cli(
         settings, home, "reconcile", "--delete", "--reason", "e2e strays", "--min-age", "0",
-        "--json", env=env,
+        "--yes", "--json", env=env,
     )  # fmt: skip
     assert code == 0, err
     assert json.loads(out)["deleted"] == len(strays)

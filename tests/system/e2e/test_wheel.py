@@ -215,7 +215,7 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
     home = {"CKPT_HA_HOME": str(stack_home)}
     up = server_venv.cli("up", timeout=180, **home)
     assert up.returncode == 0, up.stderr
-    status = server_venv.cli("status", "--json", **home)
+    status = server_venv.cli("stack", "status", "--json", **home)
     assert status.returncode == 0, status.stdout + status.stderr
     rows = json.loads(status.stdout)
     assert {r["name"] for r in rows} >= {"nats", "redis", "registrar", "integrity-checker"}
@@ -259,7 +259,7 @@ def test_the_server_install_runs_outside_the_checkout(server_venv: Venv, stack_h
     assert down.returncode == 0, down.stderr
     assert "registrar" in down.stdout
     assert "nats" in down.stdout
-    assert server_venv.cli("status", **home).returncode == 1  # nothing left running
+    assert server_venv.cli("stack", "status", **home).returncode == 1  # nothing left running
 
 
 def test_the_light_install_saves_loads_and_verifies_without_the_server_extra(
@@ -285,7 +285,7 @@ def test_the_light_install_saves_loads_and_verifies_without_the_server_extra(
     assert verify.stdout.startswith("VALID")
 
     up = light_venv.cli("up", CKPT_HA_HOME=str(light_venv.work / "home"))
-    assert up.returncode == 1
+    assert up.returncode == 2  # this installation cannot run it
     assert up.stderr.strip() == (
         "ckpt-ha: 'up' needs the server extra: pip install 'ckpt-ha[server]'"
     )

@@ -469,7 +469,7 @@ async def test_redis_flushall_then_rebuild(
         before = await snapshot(client, "ckpt-ha", transient=TRANSIENT)
         fs.stop(*WRITERS_OF_THE_REGISTRY)
         await client.flushall()
-        rebuilt = fs.cli("registry", "rebuild", "--clear")
+        rebuilt = fs.cli("registry", "rebuild", "--clear", "--yes")
         fs.up()
         ended = now()
         result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
@@ -585,7 +585,7 @@ async def test_stream_purged_by_mistake_rebuild_refuses(
     client = connect(fs.redis_url)
     try:
         before = await snapshot(client, "ckpt-ha", transient=TRANSIENT)
-        rebuilt = fs.cli("registry", "rebuild", "--clear")
+        rebuilt = fs.cli("registry", "rebuild", "--clear", "--yes")
         after = await snapshot(client, "ckpt-ha", transient=TRANSIENT)
     finally:
         await client.aclose()

@@ -305,7 +305,7 @@ def expect_escalation(
         f"for {' or '.join(sorted(reasons))}": last is not None
         and last.data.__dict__.get("reason") in reasons,
         "no restore or attempt after the escalation": not after,
-        "the runner stopped (exit 3)": code == 3,
+        "the runner stopped (exit 6)": code == 6,
     }
     result["checks"] = checks
     result["reasons"] = [f"not met: {what}" for what, ok in checks.items() if not ok]
