@@ -20,6 +20,7 @@ starts a pass from the beginning.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -29,6 +30,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.errors import TransientError
 from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.core.rotation import Order, Removal, newer, removal_of
 from ckpt_ha.formats import verify
 from ckpt_ha.formats.report import Report
 from ckpt_ha.integrity_checker import domain
@@ -117,7 +119,7 @@ class Scrubber:
             for record in domain.scrub_order(records, self.resume_after):
                 if limit_s is not None and self.clock() - started >= timedelta(seconds=limit_s):
                     return self._paused(scrubbed, corrupt, limit_s)
-                found = await self._scrub(record)
+                found = await self._scrub(record, records)
                 self.resume_after = record.checkpoint_id
                 if found is None:
                     continue
@@ -149,10 +151,13 @@ class Scrubber:
             scrubbed, corrupt, complete=False, resume_after=self.resume_after, paused=True
         )
 
-    async def _scrub(self, record: CheckpointRecord) -> int | None:
+    async def _scrub(
+        self, record: CheckpointRecord, valid: Sequence[CheckpointRecord] = ()
+    ) -> int | None:
         """1 if found corrupt (and reported), 0 if intact, None if not this store's or not at a
         location its job owns (never read: a record registered before ownership was checked),
-        or gone as a whole (`_gone`)."""
+        or gone as a whole while a newer checkpoint of its job is on storage (`_rotated`;
+        ``valid``: the round's valid records)."""
         if key_for_uri(self.store, record.uri) is None:
             return None
         try:
@@ -166,9 +171,10 @@ class Scrubber:
         ):
             # The time the budget makes the reads wait is not a hung mount: it extends the bound.
             extra_s = self.budget.seconds_for(record.total_bytes or 0)
-            if await bounded.call(_gone, self.store, key):
-                # Removed as a whole: its writer's rotation, which the writer-watcher records
-                # (a tombstone, the job as actor); condemning it here would page for nothing.
+            if await bounded.call(_gone, self.store, key) and await self._rotated(record, valid):
+                # Removed as a whole, a newer one of its job still there: its writer's rotation,
+                # which the writer-watcher records (a tombstone, the job as actor); condemning it
+                # here would page for nothing. The job's newest gone too is a loss: condemned.
                 log.info("scrub: %s is gone as a whole: left to the writer-watcher", key)
                 return None
             report = await bounded.call(_reverify, self.reads, key, self.algorithm, extra_s=extra_s)
@@ -217,6 +223,27 @@ class Scrubber:
                 )
         self.metrics.corrupt.labels(self.metrics.service).inc()
         return 1
+
+    async def _rotated(self, record: CheckpointRecord, valid: Sequence[CheckpointRecord]) -> bool:
+        """``record``, gone as a whole, is not a loss (`ckpt_ha.core.rotation`): a newer
+        checkpoint of its job, valid or still being verified or written, is on this storage."""
+        gone = (record.step, record.created_at)
+        committed: list[Order] = []
+        writing: list[Order] = []
+        later = [
+            *(r for r in valid if r.checkpoint_id != record.checkpoint_id),
+            *await self.registry.by_state(CheckpointState.PENDING_VERIFICATION),
+            *await self.registry.by_state(CheckpointState.WRITING),
+        ]
+        for other in later:
+            if other.job_id != record.job_id or not newer((other.step, other.created_at), gone):
+                continue
+            key = key_for_uri(self.store, other.uri)
+            if key is None or await bounded.call(_gone, self.store, key):
+                continue
+            side = committed if other.state is CheckpointState.VALID else writing
+            side.append((other.step, other.created_at))
+        return removal_of(gone, committed, writing) is not Removal.LOSS
 
     async def run(self, interval_s: float) -> None:
         """A round every ``interval_s``, each limited to ``interval_s``; a round that reached
