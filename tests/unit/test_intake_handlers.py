@@ -462,10 +462,17 @@ async def test_a_scrub_leaves_a_folder_gone_as_a_whole_to_the_watcher(intake: In
     await intake.watcher.scan_once()
     await intake.deliver()
     shutil.rmtree(intake.store.root / "job-1" / "step-10")
-    done = await intake.scrubber().scrub_once()
+    scrubber = intake.scrubber()
+    done = await scrubber.scrub_once()
     assert (done.scrubbed, done.corrupt) == (1, 0)  # step-20 read, step-10 skipped
     assert intake.publisher.of_type("checkpoint.corrupt") == []
     assert await intake.state(cid) is S.VALID  # until the watcher records its removal
+    # Still valid and gone a pass later: the watcher did not record a rotation (the newer one
+    # came after it went, from a job restored after a loss): a loss, condemned.
+    done = await scrubber.scrub_once()
+    assert (done.scrubbed, done.corrupt) == (2, 1)
+    await intake.deliver()
+    assert await intake.state(cid) is S.QUARANTINED
 
 
 async def test_the_jobs_newest_gone_too_is_a_loss_the_scrub_condemns_never_a_deletion(

@@ -10,6 +10,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 from ckpt_ha.contracts.checkpoint import (
+    CheckpointCommittedV1,
     CheckpointCorruptV1,
     CheckpointDeletedV1,
     CheckpointExpiredV1,
@@ -185,3 +186,16 @@ def test_the_step_a_committed_folder_declares_survives_a_restart() -> None:
     legacy = json.loads(tracked_to_json(known))
     del legacy["step"], legacy["written"]  # saved by an earlier release
     assert tracked_from_json(json.dumps(legacy)) == replace(known, step=None, written=None)
+
+
+def test_a_checkpoint_written_after_the_loss_does_not_make_it_a_rotation() -> None:
+    """The job restored from a copy after its storage was wiped writes its next checkpoint
+    within the grace: it came after the folders went, so they stay a loss."""
+    state, cid = committed(obs(dict(REQUIRED), "job-1/checkpoint-5", step=5))
+    older = state.folders["job-1/checkpoint-5"].checkpoint_id
+    observe(state, [], T0 + timedelta(seconds=1), STALL)  # both gone: a wiped storage
+    [restored] = observe(state, [NEWER], T0 + timedelta(seconds=5), STALL)
+    assert isinstance(restored, CheckpointCommittedV1)
+    valid = {cid: CheckpointState.VALID, older: CheckpointState.VALID}
+    assert observe(state, [NEWER], T0 + REMOVAL_GRACE * 2, STALL, valid) == []
+    assert list(state.folders) == ["job-1/checkpoint-20"]

@@ -2,9 +2,10 @@
 
 A framework's rotation (the Trainer's ``save_total_limit``, Lightning's ``save_top_k``, Orbax's
 ``max_to_keep``) removes a job's older checkpoints once a newer one is written: it never
-removes the job's newest. So a committed folder that vanished as a whole is its writer's
-deletion only while a NEWER checkpoint of the same job (a later step; the same or no step: a
-later first write) is still on storage, committed (`Removal.ROTATION`). When the newest is gone
+removes the job's newest, and writes the newer one before removing the older. So a committed
+folder that vanished as a whole is its writer's deletion only while a NEWER checkpoint of the
+same job (a later step; the same or no step: a later first write), there before it went, is
+still on storage, committed (`Removal.ROTATION`). When the newest is gone
 too (a wiped disk, a deleted prefix, a lost bucket) it is a loss (`Removal.LOSS`): never
 recorded as a deletion, condemned by the integrity-checker's scrub, which names a copy when
 there is one. A newer folder still being written leaves it undecided (`Removal.UNDECIDED`):

@@ -95,6 +95,9 @@ class Scrubber:
         """What verification reads through; listing, ownership and quarantine use ``store``."""
         self.resume_after: str | None = None
         self.copies = copies
+        self.left_to_watcher: set[str] = set()
+        """Checkpoints a pass found gone as a whole and left to the writer-watcher (a rotation
+        by `ckpt_ha.core.rotation`): one still valid and gone on the next pass is a loss."""
 
     async def scrub_once(self, limit_s: float | None = None) -> ScrubRound:
         """One round, traced as a trace of its own; a corruption it finds is reported in the
@@ -132,6 +135,7 @@ class Scrubber:
                 raise
             return self._interrupted(scrubbed, corrupt, f"storage unavailable: {exc}")
         self.resume_after = None
+        self.left_to_watcher &= {record.checkpoint_id for record in records}  # decided since
         self.metrics.last_round.labels(self.metrics.service).set(self.clock().timestamp())
         return ScrubRound(scrubbed, corrupt, complete=True)
 
@@ -175,8 +179,15 @@ class Scrubber:
                 # Removed as a whole, a newer one of its job still there: its writer's rotation,
                 # which the writer-watcher records (a tombstone, the job as actor); condemning it
                 # here would page for nothing. The job's newest gone too is a loss: condemned.
-                log.info("scrub: %s is gone as a whole: left to the writer-watcher", key)
-                return None
+                # Still valid when a later pass finds it gone again: the watcher did not record
+                # it as a rotation (its newer one came after, from a job restored after a loss):
+                # a loss too.
+                if record.checkpoint_id not in self.left_to_watcher:
+                    self.left_to_watcher.add(record.checkpoint_id)
+                    log.info("scrub: %s is gone as a whole: left to the writer-watcher", key)
+                    return None
+                log.warning("scrub: %s is gone and still valid a pass later: lost", key)
+            self.left_to_watcher.discard(record.checkpoint_id)
             report = await bounded.call(_reverify, self.reads, key, self.algorithm, extra_s=extra_s)
         self.metrics.scrubbed.labels(self.metrics.service).inc()
         datas = domain.scrub_outcome(

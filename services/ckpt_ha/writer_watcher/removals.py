@@ -117,12 +117,14 @@ BEING_WRITTEN = frozenset({"new", "writing"})
 def removal(folder: str, folders: Mapping[str, Gone]) -> Removal:
     """What ``folder``, gone as a whole, is by the job's other folders on storage
     (`ckpt_ha.core.rotation.removal_of`): its writer's rotation only while a newer one of its
-    job is committed there."""
+    job is committed there. Only folders seen before it went count: a rotation writes the newer
+    one first, while a job restored after a loss writes its next checkpoint after it."""
     job = folder_job_of(folder)
+    went = folders[folder].last_change
     committed: list[Order] = []
     writing: list[Order] = []
     for other, known in folders.items():
-        if other == folder or folder_job_of(other) != job:
+        if other == folder or folder_job_of(other) != job or known.first_seen > went:
             continue
         if known.phase in COMMITTED:
             committed.append(_order(known))
