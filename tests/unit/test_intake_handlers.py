@@ -428,9 +428,11 @@ async def test_files_lost_after_verification_quarantine_a_valid_checkpoint(
 async def test_a_valid_checkpoint_its_writer_removed_is_deleted_by_the_job_never_corrupt(
     intake: Intake,
 ) -> None:
-    """A framework's rotation (``save_total_limit``): the folder goes as a whole, file by file."""
+    """A framework's rotation (``save_total_limit``): the folder goes as a whole, file by file,
+    once a newer checkpoint of the job is written (it stays)."""
     cid = write(intake.store)
-    await intake.watcher.scan_once()
+    write(intake.store, "job-1/step-20", step=20)
+    assert await intake.watcher.scan_once() == 2
     await intake.deliver()
     assert await intake.state(cid) is S.VALID
     folder = intake.store.root / "job-1" / "step-10"
@@ -453,15 +455,43 @@ async def test_a_valid_checkpoint_its_writer_removed_is_deleted_by_the_job_never
 
 
 async def test_a_scrub_leaves_a_folder_gone_as_a_whole_to_the_watcher(intake: Intake) -> None:
-    """Its writer's rotation, seen by a scrub before the watcher decided: no page for it."""
+    """Its writer's rotation (a newer one of the job stays), seen by a scrub before the watcher
+    decided: no page for it."""
     cid = write(intake.store)
+    write(intake.store, "job-1/step-20", step=20)
     await intake.watcher.scan_once()
     await intake.deliver()
     shutil.rmtree(intake.store.root / "job-1" / "step-10")
-    done = await intake.scrubber().scrub_once()
-    assert (done.scrubbed, done.corrupt) == (0, 0)
+    scrubber = intake.scrubber()
+    done = await scrubber.scrub_once()
+    assert (done.scrubbed, done.corrupt) == (1, 0)  # step-20 read, step-10 skipped
     assert intake.publisher.of_type("checkpoint.corrupt") == []
     assert await intake.state(cid) is S.VALID  # until the watcher records its removal
+    # Still valid and gone a pass later: the watcher did not record a rotation (the newer one
+    # came after it went, from a job restored after a loss): a loss, condemned.
+    done = await scrubber.scrub_once()
+    assert (done.scrubbed, done.corrupt) == (2, 1)
+    await intake.deliver()
+    assert await intake.state(cid) is S.QUARANTINED
+
+
+async def test_the_jobs_newest_gone_too_is_a_loss_the_scrub_condemns_never_a_deletion(
+    intake: Intake,
+) -> None:
+    """A wiped disk or a deleted prefix: no rotation removes a job's newest checkpoint."""
+    old = write(intake.store)
+    new = write(intake.store, "job-1/step-20", step=20)
+    await intake.watcher.scan_once()
+    await intake.deliver()
+    shutil.rmtree(intake.store.root / "job-1")
+    assert await intake.watcher.scan_once() == 0
+    intake.now = T0 + REMOVAL_GRACE
+    assert await intake.watcher.scan_once() == 0  # no tombstone: left to the scrub
+    assert intake.publisher.of_type("checkpoint.deleted") == []
+    done = await intake.scrubber().scrub_once()
+    assert (done.scrubbed, done.corrupt) == (2, 2)
+    await intake.deliver()
+    assert [await intake.state(cid) for cid in (old, new)] == [S.QUARANTINED, S.QUARANTINED]
 
 
 async def test_a_watch_state_outage_decides_and_publishes_nothing(intake: Intake) -> None:

@@ -20,6 +20,7 @@ starts a pass from the beginning.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Protocol
@@ -29,6 +30,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.errors import TransientError
 from ckpt_ha.core.locations import LocationNotOwned
 from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.core.rotation import Order, Removal, newer, removal_of
 from ckpt_ha.formats import verify
 from ckpt_ha.formats.report import Report
 from ckpt_ha.integrity_checker import domain
@@ -93,6 +95,9 @@ class Scrubber:
         """What verification reads through; listing, ownership and quarantine use ``store``."""
         self.resume_after: str | None = None
         self.copies = copies
+        self.left_to_watcher: set[str] = set()
+        """Checkpoints a pass found gone as a whole and left to the writer-watcher (a rotation
+        by `ckpt_ha.core.rotation`): one still valid and gone on the next pass is a loss."""
 
     async def scrub_once(self, limit_s: float | None = None) -> ScrubRound:
         """One round, traced as a trace of its own; a corruption it finds is reported in the
@@ -117,7 +122,7 @@ class Scrubber:
             for record in domain.scrub_order(records, self.resume_after):
                 if limit_s is not None and self.clock() - started >= timedelta(seconds=limit_s):
                     return self._paused(scrubbed, corrupt, limit_s)
-                found = await self._scrub(record)
+                found = await self._scrub(record, records)
                 self.resume_after = record.checkpoint_id
                 if found is None:
                     continue
@@ -130,6 +135,7 @@ class Scrubber:
                 raise
             return self._interrupted(scrubbed, corrupt, f"storage unavailable: {exc}")
         self.resume_after = None
+        self.left_to_watcher &= {record.checkpoint_id for record in records}  # decided since
         self.metrics.last_round.labels(self.metrics.service).set(self.clock().timestamp())
         return ScrubRound(scrubbed, corrupt, complete=True)
 
@@ -149,10 +155,13 @@ class Scrubber:
             scrubbed, corrupt, complete=False, resume_after=self.resume_after, paused=True
         )
 
-    async def _scrub(self, record: CheckpointRecord) -> int | None:
+    async def _scrub(
+        self, record: CheckpointRecord, valid: Sequence[CheckpointRecord] = ()
+    ) -> int | None:
         """1 if found corrupt (and reported), 0 if intact, None if not this store's or not at a
         location its job owns (never read: a record registered before ownership was checked),
-        or gone as a whole (`_gone`)."""
+        or gone as a whole while a newer checkpoint of its job is on storage (`_rotated`;
+        ``valid``: the round's valid records)."""
         if key_for_uri(self.store, record.uri) is None:
             return None
         try:
@@ -166,11 +175,19 @@ class Scrubber:
         ):
             # The time the budget makes the reads wait is not a hung mount: it extends the bound.
             extra_s = self.budget.seconds_for(record.total_bytes or 0)
-            if await bounded.call(_gone, self.store, key):
-                # Removed as a whole: its writer's rotation, which the writer-watcher records
-                # (a tombstone, the job as actor); condemning it here would page for nothing.
-                log.info("scrub: %s is gone as a whole: left to the writer-watcher", key)
-                return None
+            if await bounded.call(_gone, self.store, key) and await self._rotated(record, valid):
+                # Removed as a whole, a newer one of its job still there: its writer's rotation,
+                # which the writer-watcher records (a tombstone, the job as actor); condemning it
+                # here would page for nothing. The job's newest gone too is a loss: condemned.
+                # Still valid when a later pass finds it gone again: the watcher did not record
+                # it as a rotation (its newer one came after, from a job restored after a loss):
+                # a loss too.
+                if record.checkpoint_id not in self.left_to_watcher:
+                    self.left_to_watcher.add(record.checkpoint_id)
+                    log.info("scrub: %s is gone as a whole: left to the writer-watcher", key)
+                    return None
+                log.warning("scrub: %s is gone and still valid a pass later: lost", key)
+            self.left_to_watcher.discard(record.checkpoint_id)
             report = await bounded.call(_reverify, self.reads, key, self.algorithm, extra_s=extra_s)
         self.metrics.scrubbed.labels(self.metrics.service).inc()
         datas = domain.scrub_outcome(
@@ -217,6 +234,27 @@ class Scrubber:
                 )
         self.metrics.corrupt.labels(self.metrics.service).inc()
         return 1
+
+    async def _rotated(self, record: CheckpointRecord, valid: Sequence[CheckpointRecord]) -> bool:
+        """``record``, gone as a whole, is not a loss (`ckpt_ha.core.rotation`): a newer
+        checkpoint of its job, valid or still being verified or written, is on this storage."""
+        gone = (record.step, record.created_at)
+        committed: list[Order] = []
+        writing: list[Order] = []
+        later = [
+            *(r for r in valid if r.checkpoint_id != record.checkpoint_id),
+            *await self.registry.by_state(CheckpointState.PENDING_VERIFICATION),
+            *await self.registry.by_state(CheckpointState.WRITING),
+        ]
+        for other in later:
+            if other.job_id != record.job_id or not newer((other.step, other.created_at), gone):
+                continue
+            key = key_for_uri(self.store, other.uri)
+            if key is None or await bounded.call(_gone, self.store, key):
+                continue
+            side = committed if other.state is CheckpointState.VALID else writing
+            side.append((other.step, other.created_at))
+        return removal_of(gone, committed, writing) is not Removal.LOSS
 
     async def run(self, interval_s: float) -> None:
         """A round every ``interval_s``, each limited to ``interval_s``; a round that reached

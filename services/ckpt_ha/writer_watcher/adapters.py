@@ -95,6 +95,8 @@ def tracked_to_json(tracked: Tracked) -> str:
             "uri": tracked.uri,
             "traceparent": tracked.traceparent,
             "failure": list(tracked.failure) if tracked.failure is not None else None,
+            "step": tracked.step,
+            "written": tracked.written.isoformat() if tracked.written is not None else None,
         },
         separators=(",", ":"),
     )
@@ -111,7 +113,14 @@ def tracked_from_json(raw: str | bytes) -> Tracked:
         uri=str(doc.get("uri", "")),
         traceparent=doc.get("traceparent") or None,
         failure=_failure(doc.get("failure")),
+        step=_step(doc.get("step")),
+        written=datetime.fromisoformat(doc["written"]) if doc.get("written") else None,
     )
+
+
+def _step(value: object) -> int | None:
+    """A stored step; None when absent (a state saved by an earlier release) or unreadable."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _failure(value: object) -> tuple[str, FailureSide] | None:

@@ -20,12 +20,14 @@ the files it holds (path → size) and the newest modification time. From that a
   checkpoint) once the folder has stayed short of files for `REMOVAL_GRACE`; corrupt,
   quarantined, failed, expired or deleted → nothing (decided elsewhere; quarantining and
   deleting remove files on purpose);
-* a committed folder removed as a whole is its writer's deletion (a framework's rotation:
-  the Trainer's ``save_total_limit``, Lightning's ``save_top_k``, Orbax's ``max_to_keep``),
-  never damage: decided `REMOVAL_GRACE` after it went (a removal seen half-way, a quarantine
-  move whose verdict the registry has not applied yet, settle meanwhile); still valid in the
-  registry → `expired` + `deleted`, a tombstone with the job as actor; not yet verified →
-  `write_failed`; anything else → nothing (`ckpt_ha.writer_watcher.removals`).
+* a committed folder removed as a whole while a newer checkpoint of its job is still committed
+  is its writer's deletion (a framework's rotation: the Trainer's ``save_total_limit``,
+  Lightning's ``save_top_k``, Orbax's ``max_to_keep``), never damage: decided `REMOVAL_GRACE`
+  after it went (a removal seen half-way, a quarantine move whose verdict the registry has not
+  applied yet, settle meanwhile); still valid in the registry → `expired` + `deleted`, a
+  tombstone with the job as actor; the job's newest gone too → a loss, nothing (the scrub
+  condemns it); not yet verified → `write_failed`; anything else → nothing
+  (`ckpt_ha.writer_watcher.removals`, `ckpt_ha.core.rotation`).
 
 The checkpoint id comes from the folder and the time its first file was written, so a job that
 is resubmitted and writes the same path again gets a new id and is never confused with the
@@ -118,6 +120,11 @@ class Tracked:
     failure: tuple[str, FailureSide] | None = None
     """Reason and side of the `write_failed` announced for it (phase failed): what a re-drive
     announces again when the registry never recorded it."""
+    step: int | None = None
+    """The step its commit evidence declares (None: none, or none yet)."""
+    written: datetime | None = None
+    """When its first file was written (storage's time). With ``step``: whether it is newer
+    than a folder of its job gone as a whole (`removals.removal`)."""
 
 
 @dataclass
@@ -269,7 +276,7 @@ def observe(
             state.retry.add(obs.folder)
             continue
         events.extend(decided)
-        state.folders[obs.folder] = _with_failure(known, decided)
+        state.folders[obs.folder] = _placed(_with_failure(known, decided), obs)
     if vanished is None:
         gone: Collection[str] = set(state.folders) - {obs.folder for obs in seen}
     else:
@@ -342,6 +349,14 @@ def _observe_one(
         events.append(_stalled(obs, cid, gaps, stall_after, known, storage_trouble))
         known = replace(known, phase="failed")
     return events, known
+
+
+def _placed(known: Tracked, obs: Observation) -> Tracked:
+    """``known`` with where ``obs`` lies in its job's sequence (step, first write)."""
+    step = obs.evidence.step if obs.evidence.step is not None else known.step
+    if (step, obs.first_written) == (known.step, known.written):
+        return known
+    return replace(known, step=step, written=obs.first_written)
 
 
 def _with_failure(known: Tracked, decided: list[EventData]) -> Tracked:
