@@ -47,6 +47,7 @@ from ckpt_ha.contracts.job import (
     Tolerance,
 )
 from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2
+from ckpt_ha.core.tiers import MISSED_HEARTBEATS
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.registrar.app import build as build_registrar
 from ckpt_ha.registrar.settings import RegistrarSettings
@@ -255,7 +256,7 @@ async def test_a_flushed_registry_is_rebuilt_key_for_key_and_the_system_goes_on(
                      "attention"}  # fmt: skip
     due = f"{prefix}:coord:due"
     assert before[due].value == [
-        ("job-e", (flow.heartbeat_at + timedelta(seconds=120)).timestamp())
+        ("job-e", (flow.heartbeat_at + timedelta(seconds=MISSED_HEARTBEATS * 10.0)).timestamp())
     ]
 
     # FLUSHALL, for this registry only (the Redis is shared with other tests).
@@ -345,7 +346,7 @@ async def _live_flow(flow: Flow, home: Path) -> None:
     await flow.settled()
     await flow.failed("job-d", 1)
     await flow.event("resume.escalated", "job-d")
-    # Job E runs with heartbeats: its deadline (the standard tier's 120 s after its last
+    # Job E runs with heartbeats: its deadline (four missed 10 s heartbeats after its last
     # heartbeat) is watched, and a rebuild must bring it back to the second.
     t0 = datetime.now(UTC).replace(microsecond=0)
     await flow.started("job-e", 1, tier="standard", heartbeat_s=10.0, at=t0)

@@ -332,6 +332,33 @@ async def test_a_resumed_attempt_failing_before_progress_waits_for_its_load_fail
     assert [p.attempt for p in world.data("resume.planned")] == [2, 3, 4]
 
 
+async def test_a_failure_past_the_grace_waits_for_a_load_failure_being_decided(
+    world: World,
+) -> None:
+    """On a loaded coordinator the load failure's consumer may have excluded the plan's
+    checkpoint, but not stored its decision yet, when the attempt's failure is handled past the
+    grace: the failure waits for it (an earlier event's effect), so the fallback is planned."""
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_failed(failed())
+    [first] = world.data("resume.planned")
+    await h.on_started(started(2, plan_id=first.plan_id))
+    fail = failed(2, plan_id=first.plan_id)
+    world.clock = lambda: fail.time + timedelta(seconds=5)  # long past the 0.2 s grace
+    await world.state.exclude(JOB, first.checkpoint_id)  # the other consumer, midway
+    with pytest.raises(DependencyNotReady, match="load failure") as waits:
+        await h.on_failed(fail)
+    assert waits.value.in_stream
+    load_failed = ResumeLoadFailedV2(
+        job_id=JOB, plan_id=first.plan_id, run_id="run-1", checkpoint_id=first.checkpoint_id,
+        reason="checksum mismatch in shard 0", side=FailureSide.JOB, blame=LoadBlame.CHECKPOINT,
+    )  # fmt: skip
+    await h.on_load_failed(ev(load_failed, "lf", 2100))
+    await h.on_failed(fail)  # redelivered: finds the fallback decided
+    plans = world.data("resume.planned")
+    assert [(p.attempt, p.fallback_from) for p in plans] == [(2, None), (3, first.checkpoint_id)]
+
+
 async def test_a_load_failure_blaming_the_attempt_never_quarantines(
     world: World, store: FsStore
 ) -> None:

@@ -1,6 +1,6 @@
 """The alerts as deployed: the scrape configuration the Prometheus Operator generates from the
 shipped ServiceMonitor (deploy/k8s/base/servicemonitor.yaml, rendered by
-`tests.support.operator` with its relabelling of ``service``, ``namespace``, ``pod``,
+`tests.support.prom_operator` with its relabelling of ``service``, ``namespace``, ``pod``,
 ``endpoint`` and ``job``) and the shipped rules, in a real Prometheus scraping two replicas of
 each of the five services (the fault stack and a second replica of each, as pods of the
 shipped Deployments).
@@ -35,7 +35,7 @@ from ckpt_ha.lab.devstack.procs import ManagedProcess
 from ckpt_ha.runtime import local_stack
 from ckpt_ha.runtime.catalog import SERVICE_NAMES
 from tests.support import observability as obs
-from tests.support import operator
+from tests.support import prom_operator as operator
 from tests.support.k8s import K8S, Doc, render
 from tests.system.e2e.test_replicas import second_replicas
 from tests.system.faults.flows import job_for

@@ -117,6 +117,16 @@ class Failures:
                 f"the decision of its plan {d.plan_id}'s load failure",
                 in_stream=False,  # its own deadline: the load-failure grace
             )
+        if domain.awaits_load_failure(d.plan_id, last) and await self._load_failure_deciding(
+            d.plan_id, excluded
+        ):
+            # Past the grace, but the other consumer has already excluded the plan's checkpoint
+            # for its load failure and is deciding it (a loaded coordinator can take longer
+            # than the grace): deciding here would plan the one before without its fallback.
+            raise DependencyNotReady(
+                f"job.failed of {d.job_id} attempt {d.attempt}",
+                f"the decision of its plan {d.plan_id}'s load failure",
+            )
         await self.decider.decide(
             d.job_id,
             d.attempt,
@@ -127,6 +137,14 @@ class Failures:
             failed_at=event.time,
             failed_step=d.last_step,
         )
+
+    async def _load_failure_deciding(self, plan_id: str | None, excluded: set[str]) -> bool:
+        """Whether the load failure of this plan's checkpoint was recorded (its checkpoint
+        excluded) while its decision is not stored yet."""
+        if plan_id is None:
+            return False
+        plan = await self.state.plan(plan_id)
+        return plan is not None and plan.checkpoint_id in excluded
 
     async def on_failed_batch(self, batch: list[Envelope[EventData]]) -> list[BaseException | None]:
         """`on_failed` of a fetched batch: its jobs at once (at most `FAILURES_AT_ONCE`), each
