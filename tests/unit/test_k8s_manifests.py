@@ -305,9 +305,11 @@ def test_the_provision_job_runs_as_the_operator(overlay: list[Doc]) -> None:
     env = {e["name"]: e["value"] for e in _container(job)["env"]}
     assert env["CKPT_HA_NATS_USER"] == "operator"
     (volume,) = [
-        v for v in pod(job)["volumes"] if v.get("secret", {}).get("secretName") == "ckpt-ha-nats"
+        v
+        for v in pod(job)["volumes"]
+        if v.get("secret", {}).get("secretName") == "ckpt-ha-nats-operator"
     ]
-    assert volume["secret"]["items"] == [{"key": "operator", "path": "password"}]
+    assert volume["secret"]["items"] == [{"key": "password", "path": "password"}]
     assert str(Path(env["CKPT_HA_NATS_PASSWORD_FILE"]).parent) in _mounted_secrets(job)
 
 

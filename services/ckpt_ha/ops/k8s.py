@@ -45,13 +45,15 @@ HTTP_PORT = 8080
 """``CKPT_HA_HTTP_PORT`` in the base ConfigMap: /metrics, /livez and /readyz."""
 SECRETS_DIR = "/var/run/secrets/ckpt-ha"
 SECRET_NAMES = {
-    "nats": "ckpt-ha-nats",
-    "redis": "ckpt-ha-redis",
+    "nats": "ckpt-ha-nats-{principal}",
+    "redis": "ckpt-ha-redis-{principal}",
     "signing": "ckpt-ha-signing-key",
     "s3": "ckpt-ha-s3",
     "ca": "ckpt-ha-ca",
 }
-"""The Secrets (by volume): names, not contents; docs/DEPLOY.md says how to create them."""
+"""The Secrets (by volume): names, not contents; docs/DEPLOY.md says how to create them. NATS and
+Redis passwords are a Secret per principal (key ``password``), so each pod, the provisioning job
+and on-call can be granted exactly their own."""
 CA_FILE = f"{SECRETS_DIR}/ca/ca.crt"
 """The CA bundle NATS's and Redis's certificates are verified against (``tls://`` and
 ``rediss://`` URLs): ``CKPT_HA_NATS_CA_FILE`` and ``CKPT_HA_REDIS_CA_FILE`` in the base
@@ -212,15 +214,15 @@ def deployment(name: str) -> str:
               volumes:
                 - name: nats
                   secret:
-                    secretName: {SECRET_NAMES["nats"]}
+                    secretName: {SECRET_NAMES["nats"].format(principal=name)}
                     items:
-                      - key: {name}
+                      - key: password
                         path: password
                 - name: redis
                   secret:
-                    secretName: {SECRET_NAMES["redis"]}
+                    secretName: {SECRET_NAMES["redis"].format(principal=name)}
                     items:
-                      - key: {name}
+                      - key: password
                         path: password
                 - name: signing
                   secret:

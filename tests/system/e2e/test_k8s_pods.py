@@ -18,7 +18,7 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -55,11 +55,21 @@ def tls(tmp_path: Path) -> TlsFiles:
 def cluster_secrets(tls: TlsFiles) -> dict[str, dict[str, str]]:
     """The Secrets docs/DEPLOY.md says to create, with fresh values."""
     return {
-        "ckpt-ha-nats": {u: secrets.token_urlsafe(24) for u in permissions.users()},
-        "ckpt-ha-redis": {u: secrets.token_urlsafe(24) for u in acl.users()},
+        **{
+            f"ckpt-ha-nats-{u}": {"password": secrets.token_urlsafe(24)}
+            for u in permissions.users()
+        },
+        **{f"ckpt-ha-redis-{u}": {"password": secrets.token_urlsafe(24)} for u in acl.users()},
         "ckpt-ha-signing-key": {"key": secrets.token_hex(32)},
         "ckpt-ha-ca": {"ca.crt": tls.ca.read_text()},
     }
+
+
+def _passwords(
+    cluster: dict[str, dict[str, str]], server: str, users: Iterable[str]
+) -> dict[str, str]:
+    """Each principal's password, from its own Secret ``ckpt-ha-<server>-<principal>``."""
+    return {u: cluster[f"ckpt-ha-{server}-{u}"]["password"] for u in users}
 
 
 def _servers(
@@ -68,7 +78,7 @@ def _servers(
     """NATS and Redis as deploy/ configures them: TLS only, a password for every user."""
     nats_env = {
         permissions.env_password(user).removeprefix("$"): json.dumps(pw)
-        for user, pw in passwords["ckpt-ha-nats"].items()
+        for user, pw in _passwords(passwords, "nats", permissions.users()).items()
     }
     tls_block = f'tls {{\n  cert_file: "{tls.cert}"\n  key_file: "{tls.key}"\n}}\n'
     nats = procs.start_nats(
@@ -78,7 +88,7 @@ def _servers(
         scheme="tls",
     )
     try:
-        redis_pw = passwords["ckpt-ha-redis"]
+        redis_pw = _passwords(passwords, "redis", acl.users())
         text = acl.render(
             lambda u: SecretStr(redis_pw[u]),
             read_only_keys=procs.redis_server_version(tls_redis_server()) >= (7, 0),
