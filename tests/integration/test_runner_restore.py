@@ -28,6 +28,7 @@ from nats.aio.msg import Msg
 from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.bus.stream_reader import read_events
+from ckpt_ha.cli.errors import Exit
 from ckpt_ha.contracts import CATALOG, EventData, build
 from ckpt_ha.contracts.job import JobFailedV1, JobProgressV1, JobStartedV1
 from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumeLoadedV1
@@ -379,7 +380,7 @@ async def test_an_unreachable_bus_is_one_line_and_starts_nothing(
         command=[sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"],
     )
     pump = asyncio.create_task(runner.pump())
-    assert await finish(runner, pump, timeout=30) == 1
+    assert await finish(runner, pump, timeout=30) == Exit.UNREACHABLE  # 3: the exit-code table
     assert len(runner.stderr) == 1
     assert runner.stderr[0].startswith("ckpt-ha: cannot reach NATS at nats://127.0.0.1:")
     assert not marker.exists()
