@@ -22,7 +22,6 @@ KEY_PANELS = {
     ("ckpt-ha overview", "Restarts per job (restart loops)"),
     ("ckpt-ha overview", "Bytes verified"),
     ("ckpt-ha overview", "Replication lag by tier"),
-    ("ckpt-ha overview", "Bytes copied and copies by outcome"),
     ("ckpt-ha overview", "Services up"),
     ("ckpt-ha overview", "Messages by outcome"),
     ("ckpt-ha overview", "Consumer lag (pending + unacked)"),

@@ -202,7 +202,7 @@ def test_a_restart_loop_escalates_and_retries_stop(home: Path) -> None:
     result = drill(home, "restart-loop")
     assert result["escalation"]["reason"] in {"restart_loop", "same_failure_repeating"}
     assert "runbook" in result["escalation"]["next_step"].lower()
-    assert result["job_exit_code"] == 3
+    assert result["job_exit_code"] == 6  # escalated (the exit-code table; 3 is unreachable)
     assert result["alerts_fired"]["alerts"]["CkptHaRestartLoop"]["state"] == "firing"
 
 

@@ -75,8 +75,8 @@ LOOPS: dict[str, int] = {
     "retention-janitor": 1,
     "restore-coordinator": 1,
 }
-"""Periodic loops per service in this stack (the fault stack runs no scrub: the checker's is
-its reconcile loop; the coordinator's is its lost-attempt watch)."""
+"""Periodic loops per service in this stack (the fault stack runs no scrub and no copies: the
+checker's is its reconcile loop; the coordinator's is its lost-attempt watch)."""
 
 
 def scrape(proc: ManagedProcess) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -160,5 +160,5 @@ def test_env_mismatch_on_s3_escalates(s3: S3Drills) -> None:
     result = drill(s3, "env-mismatch")
     assert all(result["checks"].values()), result["checks"]
     assert result["escalation"]["reason"] == "compatibility_unknown"
-    assert result["job_exit_code"] == 3
+    assert result["job_exit_code"] == 6  # escalated (the exit-code table; 3 is unreachable)
     assert s3.keys(f"{result['job']}/"), "the job's checkpoints are in the bucket"

@@ -51,6 +51,7 @@ SERVICE_ENV = {
     "CKPT_HA_POLL_INTERVAL_S": "0.5",
     "CKPT_HA_STALL_TIMEOUT_S": "8",
     "CKPT_HA_SCRUB_INTERVAL_S": "0",
+    "CKPT_HA_COPY_INTERVAL_S": "0",  # no copies: the faults compare the registry before/after
     "CKPT_HA_CONSUMER_INFO_INTERVAL_S": "2",
     "CKPT_HA_STATE_METRICS_INTERVAL_S": "2",
     # Re-driving what an outage left behind (a verdict or a write's outcome lost): after 20 s,
