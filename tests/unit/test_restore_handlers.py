@@ -37,6 +37,7 @@ from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2, ResumeVerifi
 from ckpt_ha.core.copies import CopyRecord
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.records import CheckpointRecord
+from ckpt_ha.restore_coordinator import domain
 from ckpt_ha.restore_coordinator.app import compose_handlers
 from ckpt_ha.restore_coordinator.handlers.decide import DecisionInProgress
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
@@ -766,3 +767,64 @@ async def test_a_primary_gone_at_decision_time_is_restored_from_its_verified_cop
             f"primary {newest.uri} is missing (nothing left at its location): restoring from "
             f"its verified copy s3://copies/{JOB}/step-300"
         )
+
+
+def lf(plan: Any, key: str, seconds: float) -> Envelope[Any]:
+    data = ResumeLoadFailedV2(
+        job_id=JOB, plan_id=plan.plan_id, run_id="run-1", checkpoint_id=plan.checkpoint_id,
+        reason="checksum mismatch in shard 0", side=FailureSide.JOB, blame=LoadBlame.CHECKPOINT,
+    )  # fmt: skip
+    return ev(data, key, seconds)
+
+
+async def test_a_primary_failing_at_load_is_restored_from_its_copy_before_anything_older(
+    store: FsStore,
+) -> None:
+    """Issue 29: the newest checkpoint's primary is there at decision time but fails to load.
+    The next plan restores the SAME checkpoint from its verified copy (and says so); the primary
+    is quarantined. When that copy fails to load too, the copy is excluded (the primary's bytes
+    were not read: nothing more is quarantined) and the one before is planned."""
+    newest, older = with_copy(store, 300), with_copy(store, 200)
+    for step in (200, 300):
+        store.put(f"{JOB}/step-{step}/shard.bin", b"x")
+    world = World(store, newest, older)
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_failed(failed())
+    [first] = world.data("resume.planned")
+    assert (first.checkpoint_id, first.checkpoint_uri) == (newest.checkpoint_id, newest.uri)
+    await h.on_started(started(2, plan_id=first.plan_id))
+    await h.on_load_failed(lf(first, "lf-2", 2100))
+    [q] = world.data("checkpoint.quarantined")
+    assert (q.checkpoint_id, q.uri) == (newest.checkpoint_id, newest.uri)
+    second = world.data("resume.planned")[-1]
+    copy = f"s3://copies/{JOB}/step-300"
+    assert (second.attempt, second.checkpoint_id, second.checkpoint_uri) == (
+        3,
+        newest.checkpoint_id,
+        copy,
+    )
+    assert second.fallback_from == newest.checkpoint_id
+    assert second.fallbacks == 1
+    assert second.reasons[0] == (
+        f"primary {newest.uri} failed to load (excluded after a load failure): restoring from "
+        f"its verified copy {copy}"
+    )
+    stored = await world.state.plan(second.plan_id)
+    assert stored is not None
+    assert stored.checkpoint_uri == copy
+
+    await h.on_started(started(3, plan_id=second.plan_id))
+    await h.on_load_failed(lf(second, "lf-3", 3100))
+    assert len(world.data("checkpoint.quarantined")) == 1  # a copy's failure moves no bytes
+    third = world.data("resume.planned")[-1]
+    assert (third.attempt, third.checkpoint_id, third.checkpoint_uri) == (
+        4,
+        older.checkpoint_id,
+        older.uri,
+    )
+    assert third.fallback_from == newest.checkpoint_id
+    assert await world.state.excluded(JOB) == {
+        domain.exclusion(newest.checkpoint_id, newest.uri),
+        domain.exclusion(newest.checkpoint_id, copy),
+    }

@@ -186,7 +186,7 @@ async def test_replaying_the_stream_gives_what_the_live_handlers_wrote(tmp_path:
     assert before["verdicts"] == {fallback.plan_id: "verified"}
     assert before["ended"] == {JOB: 3}
     assert (len(before["decisions"]), len(before["plans"]), before["pins"]) == (2, 2, {})
-    assert sorted(before["jobs"][JOB]["excluded"]) == ["c3"]
+    assert sorted(before["jobs"][JOB]["excluded"]) == [domain.exclusion("c3", first.checkpoint_uri)]
 
     pins, state = InMemoryPins(), InMemoryRestores()
     state.pin_store = pins

@@ -134,7 +134,8 @@ class RestoreState(Protocol):
     async def history(self, job: str, attempt: int, same_window: int) -> History: ...
 
     async def exclude(self, job: str, checkpoint_id: str) -> set[str]:
-        """Never restore this checkpoint again; returns every exclusion of the job so far."""
+        """Never restore from this again: a checkpoint id (everywhere) or one location of it
+        (`domain.exclusion`); returns every exclusion of the job so far."""
         ...
 
     async def excluded(self, job: str) -> set[str]:

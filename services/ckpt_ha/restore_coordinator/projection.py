@@ -24,8 +24,9 @@ job.failed                    the failure (one per attempt); an infrastructure-s
 job.succeeded                 the run is over: its start records may expire; the watch ends
 job.held / job.unheld         automatic restores of the job paused / resumed (``ckpt-ha job
                               hold``): a held job's failures are recorded, not decided
-resume.load_failed            the checkpoint excluded (when the load blames it), a storage
-                              error (when infrastructure-side)
+resume.load_failed            the location the plan loaded the checkpoint from excluded
+                              (when the load blames it: its primary or one copy), a
+                              storage error (when infrastructure-side)
 resume.planned                the decision about the failed attempt, its plan, the restart,
                               the pins (all carried by the event)
 resume.escalated              the decision (when it names the failed attempt); the run is
@@ -353,7 +354,8 @@ class RestoreProjection:
     async def load_failed(self, event: Envelope[ResumeLoadFailedV2]) -> LoadFailure:
         """Only for the job's own checkpoint and plan: a load failure naming another job's is
         refused (`JobMismatch`) before anything is recorded. One that blames the checkpoint
-        excludes it for good (R7)."""
+        excludes, for good, the location the plan loaded it from (R7: its primary or one copy;
+        the whole checkpoint for a plan that did not keep its location)."""
         d = event.data
         with tracing.span("registry.get", attributes={"db.system": "redis"}):
             record = await self.registry.get(d.checkpoint_id)
@@ -369,7 +371,8 @@ class RestoreProjection:
             raise refused
         outcome = domain.after_load_failure(d.blame, d.side)
         if outcome is domain.LoadOutcome.FALLBACK:
-            excluded = await self.state.exclude(d.job_id, d.checkpoint_id)
+            ruled_out = domain.load_failure_exclusion(plan, d.checkpoint_id)
+            excluded = await self.state.exclude(d.job_id, ruled_out)
         else:
             excluded = await self.state.excluded(d.job_id)
         if d.side is FailureSide.INFRASTRUCTURE:

@@ -173,6 +173,10 @@ class PlanRecord(BaseModel):
     fallbacks: int = 0
     failed_at: AwareDatetime
     policy: JobPolicy = JobPolicy()
+    checkpoint_uri: str | None = None
+    """Where the plan loads it from: its primary or a verified copy (a load failure excludes
+    that location, R7). None: a plan stored before plans kept it (its load failure excludes
+    the whole checkpoint, as then)."""
 
     @classmethod
     def of(
@@ -201,6 +205,7 @@ class PlanRecord(BaseModel):
             fallbacks=data.fallbacks if data.fallbacks is not None else fallbacks,
             failed_at=at,
             policy=data.policy or policy or JobPolicy(),
+            checkpoint_uri=data.checkpoint_uri,
         )
 
 

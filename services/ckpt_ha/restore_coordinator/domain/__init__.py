@@ -4,6 +4,8 @@ here, so handlers and tests read ``domain.<name>``. Each handler fetches, calls 
 
 * `.compatibility` (R14): the checkpoint's identity against the restore target (what the
   failed attempt's ``job.started`` said it runs on), under the job's declared rules.
+* `.exclusions` (R7): what load failures ruled out, per location (a primary, a copy) or for a
+  whole checkpoint.
 * `.selection`: `select` picks the checkpoint to restore and the fallback to keep pinned (R15);
   what a failure waits for (a pending verification, an unregistered commit); fences.
 * `.recompute`: what a resume from an older checkpoint costs (R10).
@@ -57,12 +59,14 @@ from ckpt_ha.restore_coordinator.domain.decisions import (
     ends_the_run,
     escalated,
     foreign,
+    load_failure_exclusion,
     own_plan,
     quarantine_after_load_failure,
     resumed_start,
     verdict_event,
     watches_continuity,
 )
+from ckpt_ha.restore_coordinator.domain.exclusions import Exclusions, exclusion
 from ckpt_ha.restore_coordinator.domain.pins import (
     LEFTOVER_STATES,
     awaits_load_failure,
@@ -122,6 +126,7 @@ __all__ = [
     "Continuity",
     "Difference",
     "Escalation",
+    "Exclusions",
     "Failure",
     "FailureDecision",
     "Fallback",
@@ -148,11 +153,13 @@ __all__ = [
     "differences",
     "ends_the_run",
     "escalated",
+    "exclusion",
     "fenced",
     "foreign",
     "from_copy",
     "lacks_identity",
     "leftovers",
+    "load_failure_exclusion",
     "own_plan",
     "pins_for",
     "plan_id",

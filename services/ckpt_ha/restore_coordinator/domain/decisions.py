@@ -30,6 +30,7 @@ from ckpt_ha.core.locations import JobMismatch
 from ckpt_ha.core.pins import Pin
 from ckpt_ha.restore_coordinator.domain.compatibility import Verdict, compatibility
 from ckpt_ha.restore_coordinator.domain.continuity import PENDING, VERIFIED, Continuity
+from ckpt_ha.restore_coordinator.domain.exclusions import Exclusions, exclusion
 from ckpt_ha.restore_coordinator.domain.pins import pins_for
 from ckpt_ha.restore_coordinator.domain.recompute import recompute
 from ckpt_ha.restore_coordinator.domain.selection import Candidate, Selection, plan_id
@@ -131,7 +132,7 @@ def decide_failure(
     chosen = selection.chosen
     if chosen is None or chosen.step is None:
         detail = "no valid checkpoint left to restore"
-        skipped = sorted(set(excluded))
+        skipped = Exclusions.of(excluded).describe()
         if skipped:
             detail += f" (excluded after load failures: {', '.join(skipped)})"
         stop = Escalation(Stop.NO_VALID_CHECKPOINT, detail)
@@ -263,13 +264,30 @@ def own_plan(plan: PlanRecord | None, job: str) -> PlanRecord | None:
     return plan if plan is not None and plan.job_id == job else None
 
 
+def load_failure_exclusion(plan: PlanRecord | None, checkpoint_id: str) -> str:
+    """R7: what a load failure of ``checkpoint_id`` that blames the checkpoint rules out: the
+    location the plan loaded it from (its primary or one copy: another verified copy of the
+    same checkpoint is still restored before anything older), else, for a plan that did not
+    keep its location, the whole checkpoint."""
+    at = plan.checkpoint_uri if plan is not None and plan.checkpoint_id == checkpoint_id else None
+    return exclusion(checkpoint_id, at)
+
+
 def quarantine_after_load_failure(
-    job: str, record: Candidate | None, reason: str, blame: LoadBlame = LoadBlame.CHECKPOINT
+    job: str,
+    record: Candidate | None,
+    reason: str,
+    blame: LoadBlame = LoadBlame.CHECKPOINT,
+    loaded_from: str | None = None,
 ) -> CheckpointQuarantinedV1 | None:
     """R7: a checkpoint whose bytes failed to load is quarantined (never offered again), unless
     the registry already moved it past valid/corrupt (quarantined, expired, deleted, unknown).
-    A failure that blames the attempt (its loader, environment or storage) never does."""
+    A failure that blames the attempt (its loader, environment or storage) never does, nor one
+    of a load from a copy (``loaded_from`` other than the primary): the primary's bytes were
+    not read, and that copy is excluded instead (`load_failure_exclusion`)."""
     if blame is not LoadBlame.CHECKPOINT:
+        return None
+    if record is not None and loaded_from is not None and loaded_from != record.uri:
         return None
     if record is None or record.state not in (CheckpointState.VALID, CheckpointState.CORRUPT):
         return None

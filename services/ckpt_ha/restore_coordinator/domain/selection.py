@@ -13,6 +13,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
     CheckpointState,
 )
+from ckpt_ha.restore_coordinator.domain.exclusions import Exclusions
 from ckpt_ha.restore_coordinator.records import (
     PlanRecord,
     Started,
@@ -46,6 +47,9 @@ class Candidate:
     (`from_copy`)."""
     source: str | None = None
     """Why ``uri`` is a copy and not the primary (None: it is the primary)."""
+    failed_at: tuple[str, ...] = ()
+    """Its locations (primary or copies) that failed to load before and are excluded
+    (`Exclusions`): ``copies`` no longer holds them; the plan's reason names them."""
 
 
 CONDEMNED = frozenset({CheckpointState.CORRUPT, CheckpointState.QUARANTINED})
@@ -53,22 +57,46 @@ CONDEMNED = frozenset({CheckpointState.CORRUPT, CheckpointState.QUARANTINED})
 gone, the checkpoint (same id, same checksums) survives in its copy."""
 
 
+LOAD_FAILED = "failed to load (excluded after a load failure)"
+"""What is wrong with a primary that a load failure ruled out (`Exclusions`)."""
+
+
 def from_copy(candidate: Candidate, why: str) -> Candidate:
     """``candidate`` restored from its newest verified copy instead of its primary (``why``:
-    what is wrong with the primary); unchanged when it has no copy."""
+    what is wrong with the primary); unchanged when it has no copy. The reason names the copy,
+    and the copies skipped because they failed to load before."""
     if not candidate.copies:
         return candidate
     copy = candidate.copies[0]
     note = f"primary {candidate.uri} {why}: restoring from its verified copy {copy}"
+    skipped = [u for u in candidate.failed_at if u != candidate.uri]
+    if skipped:
+        note += f" (copies that failed to load before: {', '.join(skipped)})"
     return replace(candidate, uri=copy, source=note)
 
 
+def without_failed(candidate: Candidate, failed: Iterable[str]) -> Candidate:
+    """``candidate`` with the locations that failed to load left out of its copies (and noted
+    in ``failed_at``)."""
+    out = frozenset(failed)
+    if not out:
+        return candidate
+    tried = tuple(u for u in (candidate.uri, *candidate.copies) if u in out)
+    copies = tuple(u for u in candidate.copies if u not in out)
+    return replace(candidate, copies=copies, failed_at=tried)
+
+
 def restorable(candidate: Candidate) -> Candidate | None:
-    """The candidate as a restore would use it: valid at its primary, or condemned there with a
-    verified copy (then from that copy); None: not restorable."""
+    """The candidate as a restore would use it: valid at its primary, or with a verified copy
+    when its primary is condemned or failed to load before (then from that copy); None: not
+    restorable (every location failed, or none is valid)."""
+    if candidate.state is not CheckpointState.VALID and candidate.state not in CONDEMNED:
+        return None
+    if candidate.uri in candidate.failed_at:
+        return from_copy(candidate, LOAD_FAILED) if candidate.copies else None
     if candidate.state is CheckpointState.VALID:
         return candidate
-    if candidate.state in CONDEMNED and candidate.copies:
+    if candidate.copies:
         return from_copy(candidate, f"is {candidate.state.value}")
     return None
 
@@ -134,15 +162,18 @@ class Selection:
 
 
 def select(newest_first: Iterable[Candidate], excluded: Iterable[str] = ()) -> Selection:
-    """The newest valid checkpoint not excluded (failed to load before), the one after it, and
-    the newest one still being verified above them. A checkpoint whose primary is condemned
-    but which has a verified copy counts as valid, restored from the copy (`restorable`)."""
-    skip = set(excluded)
+    """The newest valid checkpoint not excluded, the one after it, and the newest one still
+    being verified above them. Exclusions are per location (`Exclusions`): a checkpoint whose
+    primary failed to load, or is condemned, but which has a verified copy that has not failed
+    counts as valid, restored from that copy (`restorable`); it is passed over only when every
+    location of it is excluded or invalid."""
+    skip = Exclusions.of(excluded)
     picked: list[Candidate] = []
     verifying: Candidate | None = None
     for c in newest_first:
-        if c.checkpoint_id in skip or c.step is None:
+        if skip.everywhere(c.checkpoint_id) or c.step is None:
             continue
+        c = without_failed(c, skip.at(c.checkpoint_id))
         if c.state is CheckpointState.PENDING_VERIFICATION and not picked and verifying is None:
             verifying = c
         usable = restorable(c)

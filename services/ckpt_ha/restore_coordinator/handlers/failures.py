@@ -26,6 +26,7 @@ from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore, RestoreState
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.restore_coordinator.records import PlanRecord
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 
@@ -46,13 +47,19 @@ class Quarantine:
         self.outbox = outbox
 
     async def after_load_failure(
-        self, event: Envelope[ResumeLoadFailedV2], record: CheckpointRecord | None
+        self,
+        event: Envelope[ResumeLoadFailedV2],
+        record: CheckpointRecord | None,
+        plan: PlanRecord | None = None,
     ) -> None:
         d = event.data
         if d.blame is not LoadBlame.CHECKPOINT:
             return
         found = adapters.candidate(record) if record is not None else None
-        quarantined = domain.quarantine_after_load_failure(d.job_id, found, d.reason, d.blame)
+        loaded_from = plan.checkpoint_uri if plan is not None else None
+        quarantined = domain.quarantine_after_load_failure(
+            d.job_id, found, d.reason, d.blame, loaded_from
+        )
         if quarantined is not None and found is not None:
             # A transition of the checkpoint: in its own trace, linked to this load failure.
             with tracing.continue_trace(
@@ -139,12 +146,16 @@ class Failures:
         )
 
     async def _load_failure_deciding(self, plan_id: str | None, excluded: set[str]) -> bool:
-        """Whether the load failure of this plan's checkpoint was recorded (its checkpoint
-        excluded) while its decision is not stored yet."""
+        """Whether the load failure of this plan's checkpoint was recorded (the location it
+        loaded, or the whole checkpoint by an older coordinator, excluded) while its decision is
+        not stored yet."""
         if plan_id is None:
             return False
         plan = await self.state.plan(plan_id)
-        return plan is not None and plan.checkpoint_id in excluded
+        if plan is None:
+            return False
+        ruled_out = {plan.checkpoint_id, domain.load_failure_exclusion(plan, plan.checkpoint_id)}
+        return not ruled_out.isdisjoint(excluded)
 
     async def on_failed_batch(self, batch: list[Envelope[EventData]]) -> list[BaseException | None]:
         """`on_failed` of a fetched batch: its jobs at once (at most `FAILURES_AT_ONCE`), each
@@ -183,9 +194,11 @@ class Failures:
         return None
 
     async def on_load_failed(self, event: Envelope[ResumeLoadFailedV2]) -> None:
-        """R7: a failure that blames the checkpoint excludes and quarantines it and plans the
-        one before; one that blames the attempt leaves the checkpoint valid: storage trouble is
-        decided again (the storage stop condition counts it), anything else escalates.
+        """R7: a failure that blames the checkpoint excludes the location it was loaded from and
+        quarantines it (a primary's bytes; never for a load from a copy), then plans the same
+        checkpoint from a verified copy not yet excluded, else the one before; one that blames
+        the attempt leaves the checkpoint valid: storage trouble is decided again (the storage
+        stop condition counts it), anything else escalates.
 
         Only for the job's own checkpoint and plan: a load failure naming another job's is
         refused (`JobMismatch`) before anything is excluded, quarantined or planned."""
@@ -193,7 +206,7 @@ class Failures:
         found = await self.projection.load_failed(event)
         record, plan, outcome, excluded = found.record, found.plan, found.outcome, found.excluded
         self.metrics.outcome(d.job_id, "load_failed", at=event.time.timestamp())
-        await self.quarantine.after_load_failure(event, record)
+        await self.quarantine.after_load_failure(event, record, plan)
         if plan is None:
             log.warning("load failure for unknown plan %s: nothing planned", d.plan_id)
             return

@@ -18,7 +18,8 @@ or two round trips, whatever the number of checkpoints in the registry):
 * ``<p>:coord:failures:<job>``           hash attempt → JSON failure (signature, side, time)
 * ``<p>:coord:restarts:<job>``           sorted set plan id → time planned (restart loop)
 * ``<p>:coord:storage:<job>``            sorted set → time of each infrastructure-side failure
-* ``<p>:coord:excluded:<job>``           set of checkpoint ids that failed to load (never again)
+* ``<p>:coord:excluded:<job>``           set of what failed to load (never again): a checkpoint
+  id (everywhere), or ``["<id>","<uri>"]`` (that location of it: a primary or one copy)
 * ``<p>:coord:decision:<job>:<attempt>`` JSON `DecisionRecord`: the events decided for that
   failed attempt (plan or escalation) and whether they were published; one per failure
 * ``<p>:coord:lease:<job>:<attempt>``    SET NX PX: who is deciding that failure right now

@@ -98,7 +98,8 @@ class DecisionStore(StoreBase):
         )
 
     async def exclude(self, job: str, checkpoint_id: str) -> set[str]:
-        """Never restore this checkpoint of the job again; returns every exclusion so far."""
+        """Never restore from this again (a checkpoint id, or one location of it:
+        `domain.exclusion`); returns every exclusion so far."""
         k = self._k("excluded", job)
         async with self._r.pipeline(transaction=False) as pipe:
             pipe.sadd(k, checkpoint_id)
