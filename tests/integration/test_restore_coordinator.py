@@ -17,12 +17,14 @@ from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
+    CheckpointCopyChangedV1,
     CheckpointFormat,
     CheckpointIdentity,
     CheckpointState,
     CheckpointVerifiedV1,
     CheckpointWriteFailedV1,
     CheckpointWritingV1,
+    CopyState,
     FailureSide,
     RuntimeEnvironment,
     Topology,
@@ -36,7 +38,7 @@ from ckpt_ha.contracts.job import (
     JobStartedV1,
     Tolerance,
 )
-from ckpt_ha.contracts.resume import ResumeLoadFailedV1
+from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV1, ResumeLoadFailedV2
 from ckpt_ha.core.records import Tombstone
 from ckpt_ha.registrar.app import Registrar
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
@@ -705,3 +707,74 @@ async def test_burst_of_failures_plans_each_once_across_two_replicas(
         assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
     finally:
         await _stop(second)
+
+
+async def test_a_primary_failing_at_load_is_restored_from_its_copy_then_falls_back(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    """Issue 29: the newest checkpoint's primary fails to load. The next plan restores the SAME
+    checkpoint from its verified copy (the plan says which and why), the primary quarantined;
+    only when that copy fails to load too is the older checkpoint planned."""
+    job = "job-copyload"
+    wait = waiter(settings)
+    await three_checkpoints(registrar, producer, job)
+    newest = await registrar.registry.get(f"{job}-c3")
+    assert newest is not None
+    registrar.store.put(f"{job}/step-300/shard-0.bin", b"bytes")  # the primary is there
+    copy = f"s3://copies/{job}/step-300"
+    await producer.publish(
+        build(
+            CheckpointCopyChangedV1(
+                job_id=job, checkpoint_id=newest.checkpoint_id, uri=newest.uri, copy_uri=copy,
+                copy_state=CopyState.VALID, reason="verified", tier="critical",
+            ),
+            source="test/checker",
+            time=CKPT_T + timedelta(seconds=400),
+            key="copy",
+        )
+    )  # fmt: skip
+
+    async def copied() -> bool:
+        rec = await registrar.registry.get(newest.checkpoint_id)
+        return rec is not None and copy in rec.copies
+
+    await wait_for(copied, what="the copy recorded")
+    await producer.publish(started(job))
+    await producer.publish(failed(job))
+    [first] = await wait("resume.planned", job)
+    assert (first["checkpoint_id"], first["checkpoint_uri"]) == (newest.checkpoint_id, newest.uri)
+
+    def load_failed(plan: dict[str, Any], attempt: int) -> Envelope[EventData]:
+        data = ResumeLoadFailedV2(
+            job_id=job, plan_id=plan["plan_id"], run_id="run-1",
+            checkpoint_id=plan["checkpoint_id"], reason=f"checksum mismatch ({attempt})",
+            side=FailureSide.JOB, blame=LoadBlame.CHECKPOINT,
+        )  # fmt: skip
+        return _ev(data, key=f"lf-{attempt}")
+
+    await producer.publish(started(job, 2, plan_id=first["plan_id"]))
+    await producer.publish(load_failed(first, 2))
+    await producer.publish(failed(job, 2, plan_id=first["plan_id"]))
+    [second] = await wait("resume.planned", job, attempt=3)
+    assert (second["checkpoint_id"], second["checkpoint_uri"]) == (newest.checkpoint_id, copy)
+    assert second["fallback_from"] == newest.checkpoint_id
+    assert second["reasons"][0] == (
+        f"primary {newest.uri} failed to load (excluded after a load failure): restoring from "
+        f"its verified copy {copy}"
+    )
+    [q] = await wait("checkpoint.quarantined", job)
+    assert q["uri"] == newest.uri
+    assert not registrar.store.exists(f"{job}/step-300/shard-0.bin")  # moved aside
+
+    await producer.publish(started(job, 3, plan_id=second["plan_id"]))
+    await producer.publish(load_failed(second, 3))
+    await producer.publish(failed(job, 3, plan_id=second["plan_id"]))
+    [third] = await wait("resume.planned", job, attempt=4)
+    assert third["checkpoint_id"] == f"{job}-c2"
+    assert third["fallback_from"] == newest.checkpoint_id
+    await settled(settings, "failed", "load-failed")
+    assert len(await wait("checkpoint.quarantined", job)) == 1  # the copy's failure moved nothing
+    assert len([p for p in await events_of(settings, "resume.planned") if p["job_id"] == job]) == 3
