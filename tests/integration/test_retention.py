@@ -17,7 +17,7 @@ import pytest
 
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import CATALOG, build
-from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.contracts.checkpoint import CheckpointCopyChangedV1, CheckpointState, CopyState
 from ckpt_ha.contracts.job import JobPolicy, JobStartedV1
 from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2, ResumeVerifiedV1
 from ckpt_ha.core.records import CheckpointRecord
@@ -551,6 +551,63 @@ async def test_reconcile_reports_unknown_objects_and_deletes_only_when_told(
     # Not in the event stream, so a registry rebuild keeps it.
     await registrar.registry.clear()
     assert len(await registrar.registry.reconcile_log()) == 2
+
+
+async def test_reconcile_reports_leftovers_on_a_replica_root_too(
+    registrar: Registrar,
+    producer: Bus,
+    store: FsStore,
+    settings: ServiceSettings,
+    tmp_path: Path,
+) -> None:
+    """Issue 29: under a replica root (``CKPT_HA_REPLICA_ROOTS``) a live copy of a live
+    checkpoint is known; a folder no record names as its copy, and a copy recorded deleted
+    whose bytes stayed, are leftovers, reported and deleted like the primary's."""
+    replica = FsStore(tmp_path / "replica")
+    (tmp_path / "replica").mkdir()
+    kept = await write_valid(registrar, producer, store, 7)
+    dropped = await write_valid(registrar, producer, store, 8)
+    for step, ckpt, state in ((7, kept, CopyState.VALID), (8, dropped, CopyState.DELETED)):
+        prefix = f"{JOB}/step-{step:06d}"
+        replica.put(f"{prefix}/shard-0.bin", b"x" * 100)
+        rec = await registrar.registry.get(ckpt)
+        assert rec is not None
+        change = CheckpointCopyChangedV1(
+            job_id=JOB, checkpoint_id=ckpt, uri=rec.uri, copy_uri=replica.uri(prefix),
+            copy_state=state, tier="critical",
+        )  # fmt: skip
+        await producer.publish(build(change, source="test/checker", time=T0, key=f"copy-{step}"))
+
+        async def recorded(ckpt: str = ckpt, uri: str = replica.uri(prefix)) -> bool:
+            rec = await registrar.registry.get(ckpt)
+            return rec is not None and uri in rec.copies
+
+        await wait_for(recorded, what=f"the copy of {ckpt} recorded")
+    replica.put(f"{JOB}/step-000999/shard-0.bin", b"orphan")
+    replica_root = str(tmp_path / "replica")
+    env = {**env_for(store), "CKPT_HA_REPLICA_ROOTS": json.dumps({"critical": replica_root})}
+
+    code, out, err = await cli(settings, tmp_path, "reconcile", "--json", env=env)
+    assert code == 1, err
+    doc = json.loads(out)
+    assert sorted((o["key"], o.get("replica")) for o in doc["unknown"]) == [
+        (f"{JOB}/step-000008/shard-0.bin", replica_root),
+        (f"{JOB}/step-000999/shard-0.bin", replica_root),
+    ]
+    code, out, err = await cli(
+        settings, tmp_path, "reconcile", "--delete", "--min-age", "0", "--reason", "copies",
+        "--actor", "eve", "--yes", env=env,
+    )  # fmt: skip
+    assert code == 0, err
+    assert "deleted 2 object(s)" in out
+    assert replica.exists(f"{JOB}/step-000007/shard-0.bin")  # a live copy: kept
+    assert not replica.exists(f"{JOB}/step-000008/shard-0.bin")
+    assert store.exists(f"{JOB}/step-000008/shard-0.bin")  # the primary's same key: untouched
+    log = await registrar.registry.reconcile_log()
+    assert sorted(e["uri"] for e in log) == sorted(
+        replica.uri(f"{JOB}/step-{s}/shard-0.bin") for s in ("000008", "000999")
+    )
+    assert {e["replica"] for e in log} == {replica_root}
 
 
 async def test_index_stays_readable_after_deletion_and_owner_change_without_widening_access(

@@ -8,12 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from ckpt_ha.contracts.checkpoint import CheckpointFormat, CheckpointQuarantinedV1, CheckpointState
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointFormat,
+    CheckpointQuarantinedV1,
+    CheckpointState,
+    CopyState,
+)
+from ckpt_ha.core.copies import CopyRecord
 from ckpt_ha.core.records import CheckpointRecord, HistoryEntry
 from ckpt_ha.formats import native
 from ckpt_ha.ops import audit, manual, offline, owners, policy
 from ckpt_ha.ops.errors import NothingToMeasure
-from ckpt_ha.ops.reconcile import Reconciliation, UnknownObject
+from ckpt_ha.ops.reconcile import Reconciliation, UnknownObject, copy_locations
 from ckpt_ha.storage import FsStore
 from tests.support.fakes.publisher import RecordingPublisher
 
@@ -196,6 +202,30 @@ def test_an_unknown_object_says_deleted_only_once_it_is() -> None:
     assert obj.to_json()["deleted"] is True
     assert Reconciliation([obj], 1).clean
     assert Reconciliation([], 0).clean
+
+
+def test_a_replica_knows_the_live_copies_of_live_checkpoints_only(tmp_path: Path) -> None:
+    """Issue 29: reconcile on a replica root counts a copy as known while the checkpoint and
+    the copy live; a copy recorded deleted, and every copy of a deleted checkpoint, are
+    leftovers."""
+    replica = FsStore(tmp_path)
+    copies = {
+        replica.uri(f"j/step-{n}"): CopyRecord(
+            uri=replica.uri(f"j/step-{n}"), state=state, at=T0, event_id=f"e{n}"
+        )
+        for n, state in ((1, CopyState.VALID), (2, CopyState.COPYING), (3, CopyState.DELETED))
+    }
+    copies["s3://elsewhere/j/step-1"] = CopyRecord(
+        uri="s3://elsewhere/j/step-1", state=CopyState.VALID, at=T0, event_id="e4"
+    )
+    record = CheckpointRecord(
+        checkpoint_id="c", job_id="j", step=1, uri="file:///primary/j/step-1",
+        format=CheckpointFormat.NATIVE, state=CheckpointState.VALID, created_at=T0,
+        updated_at=T0, copies=copies,
+    )  # fmt: skip
+    assert copy_locations(replica, record) == ("j/step-1", "j/step-2")
+    gone = record.model_copy(update={"state": CheckpointState.DELETED})
+    assert copy_locations(replica, gone) == ()
 
 
 def test_newest_valid_names_the_newer_folders_it_rejected(tmp_path: Path) -> None:

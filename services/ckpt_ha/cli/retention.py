@@ -16,6 +16,7 @@ from ckpt_ha.cli.errors import Exit
 
 if TYPE_CHECKING:
     from ckpt_ha.cli.arguments import Parser
+    from ckpt_ha.ops import reconcile
 
 
 def register(top: Parser) -> None:
@@ -132,6 +133,7 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
     """Exit 0: nothing unknown (or all of it deleted); 1: unknown objects remain; 3: the
     storage (or Redis) could not be read, nothing done; 5: `--delete` not confirmed."""
     from ckpt_ha.core.clock import utc_now
+    from ckpt_ha.integrity_checker.api import IntegrityCheckerSettings
     from ckpt_ha.ops import reconcile
     from ckpt_ha.ops.errors import ListingFailed
     from ckpt_ha.storage import open_store
@@ -139,8 +141,11 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
     deleting = args.delete and not args.dry_run
     if deleting and not args.reason:
         raise UsageError("--delete needs --reason (it is recorded with every deletion)")
-    settings = context.settings(env, home)
+    # The integrity-checker's settings: its replica roots hold copies, and their leftovers.
+    settings = context.settings_of(IntegrityCheckerSettings, env, home, "operator")
     store = open_store(settings.storage_root)
+    roots = sorted(set(settings.replica_roots.values()))
+    replicas = {root: open_store(root) for root in roots}
 
     def find(order: reconcile.Deletion | None) -> reconcile.Reconciliation:
         async def act(tick: progress.Progress | None) -> reconcile.Reconciliation:
@@ -152,13 +157,14 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
                     min_age_s=args.min_age,
                     delete=order,
                     progress=tick,
+                    replicas=replicas,
                 )
 
         try:
             with progress.reporting(args, "reconcile", "registry jobs read") as tick:
                 return context.run(settings, lambda: act(tick))
         except ListingFailed as exc:
-            msg = f"listing {settings.storage_root} failed, nothing done: {exc.error}"
+            msg = f"listing {exc.where or settings.storage_root} failed, nothing done: {exc.error}"
             raise context.Unreachable(msg) from None
 
     if deleting and not args.yes:
@@ -167,8 +173,9 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
         seen = [o for o in find(None).unknown if o.old_enough]
         if seen:
             size = sum(o.size for o in seen)
-            what = [f"would delete {len(seen)} object(s), {size} bytes, under "
-                    f"{settings.storage_root}:", *(f"  {o.key}" for o in seen[:20])]  # fmt: skip
+            under = ", ".join([settings.storage_root, *roots])
+            what = [f"would delete {len(seen)} object(s), {size} bytes, under {under}:",
+                    *(f"  {_where(o)}" for o in seen[:20])]  # fmt: skip
             what += [f"  … and {len(seen) - 20} more"] if len(seen) > 20 else []
             confirm(args, what, f"delete {len(seen)} unregistered object(s)?")
     order = reconcile.Deletion(context.actor(args, env), args.reason) if deleting else None
@@ -178,13 +185,14 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
         doc = {"unknown": [o.to_json() for o in found], "deleted": result.deleted}
         print(render.dumps({**doc, "dry_run": True} if args.dry_run else doc))
     elif not found:
-        print(f"every object under {settings.storage_root} belongs to a registered checkpoint")
+        under = " and ".join([settings.storage_root, *roots])
+        print(f"every object under {under} belongs to a registered checkpoint (or its copy)")
     else:
         print(
             render.table(
                 ["KEY", "BYTES", "MTIME", "STATUS"],
                 [
-                    (o.key, o.size, o.mtime.isoformat(),
+                    (_where(o), o.size, o.mtime.isoformat(),
                      "deleted" if o.deleted
                      else ("unknown (would delete)" if args.dry_run else "unknown")
                      if o.old_enough else "unknown (too young to delete)")
@@ -197,6 +205,11 @@ def cmd_reconcile(args: argparse.Namespace, env: dict[str, str], home: Path) -> 
         else:
             print("unknown to the registry; delete with `ckpt-ha reconcile --delete --reason ...`")
     return Exit.OK if result.clean else Exit.NO
+
+
+def _where(o: reconcile.UnknownObject) -> str:
+    """A primary object by its key, a replica's by its URI (the same key may be on both)."""
+    return o.key if o.replica is None else o.uri
 
 
 def cmd_plan(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:

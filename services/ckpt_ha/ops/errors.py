@@ -98,8 +98,10 @@ class ListingFailed(OperationFailed):
 
     exit = "UNREACHABLE"
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: Exception, where: str | None = None) -> None:
         self.error = error
+        self.where = where
+        """The replica root that could not be listed (None: the storage root)."""
         super().__init__(f"listing the store failed, nothing done: {error}")
 
 
