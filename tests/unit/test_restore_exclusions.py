@@ -6,10 +6,12 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointState
-from ckpt_ha.contracts.job import JobPolicy
+from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
 from ckpt_ha.restore_coordinator import domain
 from ckpt_ha.restore_coordinator.domain import Candidate, Exclusions, exclusion, select
+from ckpt_ha.restore_coordinator.records import DecisionRecord, planned_location
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 C1, C2 = "s3://copies/c3", "s3://other/c3"
@@ -82,15 +84,21 @@ def test_a_whole_checkpoint_exclusion_passes_over_its_copies_too() -> None:
 
 
 def test_a_load_failure_excludes_the_location_its_plan_loaded() -> None:
-    plan = domain.PlanRecord(
-        plan_id="p", job_id="j", failed_run_id="r", failed_attempt=1, attempt=2,
-        checkpoint_id="c3", step=30, failed_at=T0, policy=JobPolicy(), checkpoint_uri=C1,
+    assert domain.load_failure_exclusion("c3", C1) == exclusion("c3", C1)
+    assert domain.load_failure_exclusion("c3", None) == "c3"  # location not known: everywhere
+
+
+def test_the_location_a_plan_loads_is_read_from_its_stored_decision() -> None:
+    planned = ResumePlannedV2(
+        job_id="j", plan_id="p", failed_run_id="r", attempt=2, checkpoint_id="c3",
+        checkpoint_uri=C1, step=30, mode=ResumeMode.EXACT,
+        compatibility=Compatibility.IDENTICAL, expected_step=30,
     )  # fmt: skip
-    assert domain.load_failure_exclusion(plan, "c3") == exclusion("c3", C1)
-    old = plan.model_copy(update={"checkpoint_uri": None})  # a plan stored before locations
-    assert domain.load_failure_exclusion(old, "c3") == "c3"
-    assert domain.load_failure_exclusion(None, "c3") == "c3"
-    assert domain.load_failure_exclusion(plan, "c9") == "c9"  # not the plan's checkpoint
+    event = build(planned, source="test", time=T0, key="k")
+    decision = DecisionRecord(events=(event.model_dump_json(),))
+    assert planned_location(decision, "p") == C1
+    assert planned_location(decision, "other") is None
+    assert planned_location(None, "p") is None
 
 
 def test_a_failed_load_from_a_copy_never_quarantines_the_primary() -> None:

@@ -85,6 +85,7 @@ from ckpt_ha.restore_coordinator.records import (
     Point,
     Started,
     Watch,
+    planned_location,
     planned_pins,
 )
 from ckpt_ha.telemetry import tracing
@@ -118,6 +119,8 @@ class LoadFailure:
     plan: PlanRecord | None
     outcome: domain.LoadOutcome
     excluded: set[str] = field(default_factory=set)
+    loaded_from: str | None = None
+    """Where the plan loaded the checkpoint from (its primary or a copy; None: not known)."""
 
 
 Alive = tuple[str, str, int, datetime, int | None]
@@ -370,15 +373,24 @@ class RestoreProjection:
         if refused is not None:
             raise refused
         outcome = domain.after_load_failure(d.blame, d.side)
+        loaded_from = await self.loaded_from(plan, d.checkpoint_id)
         if outcome is domain.LoadOutcome.FALLBACK:
-            ruled_out = domain.load_failure_exclusion(plan, d.checkpoint_id)
+            ruled_out = domain.load_failure_exclusion(d.checkpoint_id, loaded_from)
             excluded = await self.state.exclude(d.job_id, ruled_out)
         else:
             excluded = await self.state.excluded(d.job_id)
         if d.side is FailureSide.INFRASTRUCTURE:
             await self.state.record_storage_error(d.job_id, f"load:{d.plan_id}", event.time)
         await self.state.attend(d.job_id, "load_failed", "", event.time)
-        return LoadFailure(record, plan, outcome, excluded)
+        return LoadFailure(record, plan, outcome, excluded, loaded_from)
+
+    async def loaded_from(self, plan: PlanRecord | None, checkpoint_id: str) -> str | None:
+        """Where ``plan`` loads ``checkpoint_id`` from: its stored ``resume.planned``'s
+        ``checkpoint_uri`` (None: another checkpoint, or the plan's decision not found)."""
+        if plan is None or plan.checkpoint_id != checkpoint_id:
+            return None
+        decision = await self.state.decision(plan.job_id, plan.failed_attempt)
+        return planned_location(decision, plan.plan_id)
 
     async def decided(
         self, events: Sequence[Envelope[EventData]], *, published: bool

@@ -173,10 +173,6 @@ class PlanRecord(BaseModel):
     fallbacks: int = 0
     failed_at: AwareDatetime
     policy: JobPolicy = JobPolicy()
-    checkpoint_uri: str | None = None
-    """Where the plan loads it from: its primary or a verified copy (a load failure excludes
-    that location, R7). None: a plan stored before plans kept it (its load failure excludes
-    the whole checkpoint, as then)."""
 
     @classmethod
     def of(
@@ -205,7 +201,6 @@ class PlanRecord(BaseModel):
             fallbacks=data.fallbacks if data.fallbacks is not None else fallbacks,
             failed_at=at,
             policy=data.policy or policy or JobPolicy(),
-            checkpoint_uri=data.checkpoint_uri,
         )
 
 
@@ -224,6 +219,24 @@ class DecisionRecord(BaseModel):
 COMPACT_JSON = json.JSONEncoder(separators=(",", ":"))
 """Compact JSON, one encoder for every document written (``json.dumps`` with options builds
 one per call)."""
+
+
+def planned_location(decision: DecisionRecord | None, plan_id: str) -> str | None:
+    """Where the stored ``resume.planned`` of ``plan_id`` restores from (its
+    ``checkpoint_uri``: the primary or a verified copy); None: no such event in ``decision``.
+    Read from the decision rather than kept in `PlanRecord`, whose stored form an older
+    coordinator replica must still read during a rolling upgrade."""
+    if decision is None:
+        return None
+    for raw in decision.events:
+        doc = json.loads(raw)
+        data = doc.get("data")
+        if not str(doc.get("type", "")).startswith("ckpt-ha.resume.planned.v"):
+            continue
+        if isinstance(data, dict) and data.get("plan_id") == plan_id:
+            uri = data.get("checkpoint_uri")
+            return uri if isinstance(uri, str) else None
+    return None
 
 
 def point_json(p: Point) -> str:

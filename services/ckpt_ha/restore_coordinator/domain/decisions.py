@@ -264,13 +264,12 @@ def own_plan(plan: PlanRecord | None, job: str) -> PlanRecord | None:
     return plan if plan is not None and plan.job_id == job else None
 
 
-def load_failure_exclusion(plan: PlanRecord | None, checkpoint_id: str) -> str:
+def load_failure_exclusion(checkpoint_id: str, loaded_from: str | None) -> str:
     """R7: what a load failure of ``checkpoint_id`` that blames the checkpoint rules out: the
-    location the plan loaded it from (its primary or one copy: another verified copy of the
-    same checkpoint is still restored before anything older), else, for a plan that did not
-    keep its location, the whole checkpoint."""
-    at = plan.checkpoint_uri if plan is not None and plan.checkpoint_id == checkpoint_id else None
-    return exclusion(checkpoint_id, at)
+    location its plan loaded it from (``loaded_from``: its primary or one copy; another verified
+    copy of the same checkpoint is still restored before anything older), else (a plan whose
+    location is not known) the whole checkpoint."""
+    return exclusion(checkpoint_id, loaded_from)
 
 
 def quarantine_after_load_failure(

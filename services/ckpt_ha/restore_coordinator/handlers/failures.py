@@ -26,7 +26,6 @@ from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore, RestoreState
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
-from ckpt_ha.restore_coordinator.records import PlanRecord
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 
@@ -50,13 +49,12 @@ class Quarantine:
         self,
         event: Envelope[ResumeLoadFailedV2],
         record: CheckpointRecord | None,
-        plan: PlanRecord | None = None,
+        loaded_from: str | None = None,
     ) -> None:
         d = event.data
         if d.blame is not LoadBlame.CHECKPOINT:
             return
         found = adapters.candidate(record) if record is not None else None
-        loaded_from = plan.checkpoint_uri if plan is not None else None
         quarantined = domain.quarantine_after_load_failure(
             d.job_id, found, d.reason, d.blame, loaded_from
         )
@@ -154,7 +152,8 @@ class Failures:
         plan = await self.state.plan(plan_id)
         if plan is None:
             return False
-        ruled_out = {plan.checkpoint_id, domain.load_failure_exclusion(plan, plan.checkpoint_id)}
+        at = await self.projection.loaded_from(plan, plan.checkpoint_id)
+        ruled_out = {plan.checkpoint_id, domain.load_failure_exclusion(plan.checkpoint_id, at)}
         return not ruled_out.isdisjoint(excluded)
 
     async def on_failed_batch(self, batch: list[Envelope[EventData]]) -> list[BaseException | None]:
@@ -206,7 +205,7 @@ class Failures:
         found = await self.projection.load_failed(event)
         record, plan, outcome, excluded = found.record, found.plan, found.outcome, found.excluded
         self.metrics.outcome(d.job_id, "load_failed", at=event.time.timestamp())
-        await self.quarantine.after_load_failure(event, record, plan)
+        await self.quarantine.after_load_failure(event, record, found.loaded_from)
         if plan is None:
             log.warning("load failure for unknown plan %s: nothing planned", d.plan_id)
             return
