@@ -825,3 +825,29 @@ async def test_a_primary_failing_at_load_is_restored_from_its_copy_before_anythi
         domain.exclusion(newest.checkpoint_id, newest.uri),
         domain.exclusion(newest.checkpoint_id, copy),
     }
+
+
+async def test_a_gone_primary_whose_copy_failed_to_load_is_passed_over_at_once(
+    store: FsStore,
+) -> None:
+    """The newest checkpoint's primary is gone, so the plan loads its copy; that copy fails to
+    load. The next plan is the older checkpoint, never the gone primary (a restart and a
+    fallback spent on a location that holds nothing)."""
+    newest, older = with_copy(store, 300), with_copy(store, 200)
+    store.put(f"{JOB}/step-200/shard.bin", b"x")
+    world = World(store, newest, older)
+    h = world.handlers
+    await h.on_started(started())
+    await h.on_failed(failed())
+    [first] = world.data("resume.planned")
+    assert first.checkpoint_uri == f"s3://copies/{JOB}/step-300"
+    await h.on_started(started(2, plan_id=first.plan_id))
+    await h.on_load_failed(lf(first, "lf-2", 2100))
+    assert world.data("checkpoint.quarantined") == []  # the copy failed: no primary bytes read
+    second = world.data("resume.planned")[-1]
+    assert (second.attempt, second.checkpoint_id, second.checkpoint_uri) == (
+        3,
+        older.checkpoint_id,
+        older.uri,
+    )
+    assert (second.fallback_from, second.fallbacks) == (newest.checkpoint_id, 1)

@@ -29,6 +29,9 @@ from ckpt_ha.telemetry import tracing
 
 HISTORY_WINDOW = 64
 """Failures read back per decision (the same-failure stop condition looks at the latest ones)."""
+MISSING_PRIMARIES = 4
+"""Checkpoints passed over in one decision because their primary is gone and every copy of
+them failed to load (each costs a storage listing)."""
 INHERIT_WINDOW = 16
 """Attempts looked back at for the one that wrote a checkpoint without its own identity."""
 log = logging.getLogger("ckpt_ha.restore_coordinator")
@@ -150,6 +153,30 @@ class Decider:
             return None
         return checkpoint_id
 
+    async def _at_a_live_location(
+        self, job: str, selection: domain.Selection, excluded: set[str]
+    ) -> domain.Selection:
+        """The selection with a chosen checkpoint of a replicating tier (it has, or had,
+        copies) whose primary is gone at decision time restored from its verified copy; when
+        every copy of it has failed to load too, the checkpoint is passed over for this decision
+        (the next one is chosen) rather than planned at a location that holds nothing. Only
+        those checkpoints are looked at: one without copies is decided as before."""
+        store = self.sources.store
+        for _ in range(MISSING_PRIMARIES):
+            chosen = selection.chosen
+            if store is None or chosen is None or chosen.source is not None:
+                return selection
+            if not (chosen.copies or chosen.failed_at):
+                return selection
+            if await adapters.primary_present(store, job, chosen):
+                return selection
+            if chosen.copies:
+                moved = domain.from_copy(chosen, "is missing (nothing left at its location)")
+                return replace(selection, chosen=moved)
+            excluded = excluded | {domain.exclusion(chosen.checkpoint_id, chosen.uri)}
+            selection = await adapters.selection(self.sources.registry, job, excluded)
+        return selection
+
     async def _decide_now(
         self,
         job: str,
@@ -183,16 +210,12 @@ class Decider:
                     f"the registrar to register its commit {unheard}",
                     in_stream=False,  # the same grace
                 )
+        selection = await self._at_a_live_location(job, selection, excluded)
         if selection.chosen is not None:
             starts = await self._starts(job, attempt, selection.chosen)
             inherited = domain.with_inherited_identity(selection.chosen, job, starts)
             selection = replace(selection, chosen=inherited)
         chosen = selection.chosen
-        if chosen is not None and chosen.copies and chosen.source is None:
-            store = self.sources.store
-            if store is not None and not await adapters.primary_present(store, job, chosen):
-                chosen = domain.from_copy(chosen, "is missing (nothing left at its location)")
-                selection = replace(selection, chosen=chosen)
         at_step = None
         if chosen is not None and chosen.step is not None:
             at_step = await self.state.point_at(job, chosen.step)
