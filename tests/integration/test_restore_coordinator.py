@@ -715,7 +715,7 @@ def taken_over(job: str, plan_id: str, world_size: int) -> Envelope[EventData]:
             job_id=job, run_id="run-1", attempt=2, policy=JobPolicy(), environment=ENV,
             topology=Topology(world_size=world_size), code_version="abc", plan_id=plan_id,
         ),
-        key="started-2",
+        key=f"started-2-{world_size}",
         time=NOW + timedelta(seconds=200),
     )  # fmt: skip
 
@@ -770,7 +770,7 @@ async def test_a_plan_is_restated_for_the_attempt_that_loads_it_on_another_world
     assert ("compatible_resume" if outcome == "restated" else "compatibility_unknown") in (
         decision.events[0]
     )
-    # The same start delivered again restates nothing more.
+    # The same start published again (the stream drops the duplicate) restates nothing more.
     await producer.publish(taken_over(job, plan["plan_id"], 1))
     await settled(settings, "started")
     kinds = [
