@@ -26,7 +26,7 @@ EXPECTED_ALERT: str | None = None
 """The page this drill must raise (checked when the stack runs Prometheus)."""
 REQUIRES = ("torch",)
 """Python packages the drill's job needs (the ``torch`` extra)."""
-JOB_ARGS = ["--steps", "36", "--checkpoint-every", "10", "--sleep-per-step", "0.1"]
+JOB_ARGS = ["--steps", "80", "--checkpoint-every", "10", "--sleep-per-step", "0.2"]
 LIVENESS = ["--heartbeat-s", "1", "--deadline-s", "4"]
 """A lost host is declared after 4 s of silence (the coordinator looks every 5 s)."""
 LOSS_REL = 1e-5
