@@ -54,6 +54,7 @@ def _lose_host(drill: Drill) -> list[int]:
             os.kill(pid, signal.SIGKILL)
     if drill.runner is not None:
         drill.runner.wait(timeout=10)
+    drill.runner = None  # gone with its host: nothing to watch until the takeover
     return pids
 
 
