@@ -3,7 +3,8 @@ here, so handlers and tests read ``domain.<name>``. Each handler fetches, calls 
 ``decide_*`` functions (or `continuity`, `to_unpin`, `leftovers`), persists, publishes.
 
 * `.compatibility` (R14): the checkpoint's identity against the restore target (what the
-  failed attempt's ``job.started`` said it runs on), under the job's declared rules.
+  failed attempt's ``job.started`` said it runs on), under the job's declared rules; `weigh`
+  adds the notes a plan states first.
 * `.selection`: `select` picks the checkpoint to restore and the fallback to keep pinned (R15);
   what a failure waits for (a pending verification, an unregistered commit); fences.
 * `.recompute`: what a resume from an older checkpoint costs (R10).

@@ -1,5 +1,6 @@
 """R14: the checkpoint's identity against the restore target (what the failed attempt's
-``job.started`` said it runs on), under the job's declared rules."""
+``job.started`` said it runs on, then what the attempt that loads the plan says: `reshape`),
+under the job's declared rules."""
 
 from __future__ import annotations
 
