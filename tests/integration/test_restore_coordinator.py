@@ -201,6 +201,7 @@ async def make_valid(
     attempt: int = 1,
     folder: str | None = None,
     expect: CheckpointState = CheckpointState.VALID,
+    fmt: CheckpointFormat = CheckpointFormat.NATIVE,
 ) -> None:
     """Commit and verify a checkpoint; wait until the registry holds it in ``expect``."""
     uri = registrar.store.uri(folder or f"{job}/step-{step}")
@@ -221,7 +222,7 @@ async def make_valid(
                 uri=uri,
                 run_id="run-1",
                 step=step,
-                format=CheckpointFormat.NATIVE,
+                format=fmt,
                 identity=identity,
             ),
             source="test/watcher",
@@ -707,6 +708,78 @@ async def test_burst_of_failures_plans_each_once_across_two_replicas(
         assert await stream_messages(settings.nats_url, settings.dead_letter_stream) == []
     finally:
         await _stop(second)
+
+
+def taken_over(job: str, plan_id: str, world_size: int) -> Envelope[EventData]:
+    """Attempt 2's start, carrying out ``plan_id`` on ``world_size`` ranks (a takeover)."""
+    return _ev(
+        JobStartedV1(
+            job_id=job, run_id="run-1", attempt=2, policy=JobPolicy(), environment=ENV,
+            topology=Topology(world_size=world_size), code_version="abc", plan_id=plan_id,
+        ),
+        key=f"started-2-{world_size}",
+        time=NOW + timedelta(seconds=200),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("fmt", "outcome"),
+    [(CheckpointFormat.NATIVE, "restated"), (CheckpointFormat.SAFETENSORS, "escalated")],
+)
+async def test_a_plan_is_restated_for_the_attempt_that_loads_it_on_another_world_size(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+    fmt: CheckpointFormat,
+    outcome: str,
+) -> None:
+    """Issue 28: the plan is decided against the failed attempt (2 ranks: exact); attempt 2
+    starts on 1 rank. A whole-state checkpoint is re-stated for it (same plan id, compatible,
+    the reason says the world size changed); per-rank parts of a format that cannot reshard
+    stop it (escalated, with the next step). The stored decision is the re-statement."""
+    job = f"job-reshape-{fmt.value}"
+    await make_valid(registrar, producer, job, f"{job}-c1", 100, fmt=fmt)
+    await producer.publish(started(job))
+    await producer.publish(progress(job, 100))
+    await settled(settings, "started", "progress")
+    await producer.publish(failed(job))
+    wait = waiter(settings)
+    [plan] = await wait("resume.planned", job)
+    assert (plan["mode"], plan["compatibility"]) == ("exact_resume", "identical")
+    await producer.publish(taken_over(job, plan["plan_id"], 2))  # the same shape: nothing
+    await settled(settings, "started")
+    assert [d for d in await events_of(settings, "resume.planned") if d["job_id"] == job] == [plan]
+    await producer.publish(taken_over(job, plan["plan_id"], 1))
+    if outcome == "restated":
+        first, restated = await wait("resume.planned", job, 2)
+        assert first == plan
+        assert restated["plan_id"] == plan["plan_id"]
+        assert (restated["mode"], restated["compatibility"]) == (
+            "compatible_resume", "declared_compatible",
+        )  # fmt: skip
+        assert restated["reasons"][0].startswith("re-planned for attempt 2")
+        assert any("world size 2→1" in r for r in restated["reasons"])
+        assert any("data position at world size 1" in r for r in restated["reasons"])
+    else:
+        [stop] = await wait("resume.escalated", job)
+        assert (stop["plan_id"], stop["attempt"]) == (plan["plan_id"], 1)
+        assert stop["reason"] == "compatibility_unknown"
+        assert "relaunch at world size 2" in stop["detail"]
+    decision = await coordinator.state.decision(job, 1)
+    assert decision is not None
+    assert decision.published
+    assert ("compatible_resume" if outcome == "restated" else "compatibility_unknown") in (
+        decision.events[0]
+    )
+    # The same start published again (the stream drops the duplicate) restates nothing more.
+    await producer.publish(taken_over(job, plan["plan_id"], 1))
+    await settled(settings, "started")
+    kinds = [
+        *await events_of(settings, "resume.planned"),
+        *await events_of(settings, "resume.escalated"),
+    ]
+    assert len([d for d in kinds if d["job_id"] == job]) == 2
 
 
 async def test_a_primary_failing_at_load_is_restored_from_its_copy_then_falls_back(

@@ -437,3 +437,37 @@ async def test_a_plan_for_the_next_attempt_ends_the_running_one_and_is_carried_o
     await finish(runner, pump)
     assert any(f"rollback to {plan.checkpoint_id} planned: ending attempt 1" in line
                for line in runner.stderr)  # fmt: skip
+
+
+async def test_an_escalation_of_the_running_attempts_plan_ends_it_and_the_run(
+    settings: ServiceSettings, producer: Bus, nc: nats.NATS, tmp_path: Path, unique: str
+) -> None:
+    """Issue 28: the coordinator weighs a plan again for the attempt that loads it; when that
+    attempt's shape cannot load it, the plan is stopped (``resume.escalated`` naming it). The
+    runner ends the attempt carrying it out at once and the run ends escalated (exit 6)."""
+    job = f"withdrawn-{unique}"
+    watch = await watch_failures(nc, settings, job)
+    runner = await start_runner(
+        settings, tmp_path, job, "--plan-timeout", "30",
+        command=example("--sleep-per-step", "0.1", "--steps", "1000"),
+    )  # fmt: skip
+    pump = asyncio.create_task(runner.pump())
+    await wait_for(lambda: _true(runner.last_step() >= 12), timeout=60, what="step 12")
+    pid = runner.child_pid(1)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    assert (await asyncio.wait_for(watch.failed.get(), timeout=30)).attempt == 1
+    plan = plan_for(tmp_path / "storage", job, 10, attempt=2, failed_run_id=runner.run_id)
+    await producer.publish(build(plan, source="test/coordinator", time=_now(), key=plan.plan_id))
+    await wait_for(lambda: _true(2 in runner.losses()), timeout=60, what="attempt 2 training")
+    stop = ResumeEscalatedV2(
+        job_id=job, plan_id=plan.plan_id, reason="compatibility_unknown", attempt=1,
+        next_step="relaunch at world size 2", detail="re-planned for attempt 2: cannot reshard",
+    )  # fmt: skip
+    await producer.publish(build(stop, source="test/coordinator", time=_now(), key="stop"))
+    failed = await asyncio.wait_for(watch.failed.get(), timeout=30)
+    assert (failed.attempt, failed.cause.value) == (2, "preempted")
+    assert failed.detail == f"ended: its plan {plan.plan_id} was stopped for its shape"
+    assert await finish(runner, pump) == 6
+    assert any(f"plan {plan.plan_id} stopped for attempt 2: ending it" in line
+               for line in runner.stderr)  # fmt: skip

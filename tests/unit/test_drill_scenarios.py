@@ -13,7 +13,7 @@ from ckpt_ha.lab.drill.scenarios import EXPECTED_ALERTS, FAULTS, SCENARIOS
 
 def test_every_cli_scenario_has_a_module_in_the_order_all_runs_them() -> None:
     names = ["node-exit", "storage-outage", "corrupt-checkpoint", "storage-lost", "restart-loop",
-             "env-mismatch", "torchrun-dcp", "hf-trainer", "hang"]  # fmt: skip
+             "env-mismatch", "torchrun-dcp", "hf-trainer", "hang", "reshard"]  # fmt: skip
     assert list(SCENARIOS) == [*names, "slurm-node-lost"]
     assert list(FAULTS) == list(SCENARIOS)
     # Slurm is not installed by scripts/bootstrap: `all` (the README's main command) leaves it out.
@@ -30,7 +30,7 @@ def test_every_cli_scenario_has_a_module_in_the_order_all_runs_them() -> None:
 def test_each_scenario_module_declares_its_name_fault_alert_and_run() -> None:
     modules = [scenarios.node_exit, scenarios.storage_outage, scenarios.corrupt_checkpoint,
                scenarios.storage_lost, scenarios.restart_loop, scenarios.env_mismatch,
-               scenarios.hang, scenarios.slurm_node_lost]  # fmt: skip
+               scenarios.hang, scenarios.reshard, scenarios.slurm_node_lost]  # fmt: skip
     for module in modules:
         assert SCENARIOS[module.NAME] is module.run
         assert inspect.iscoroutinefunction(module.run)

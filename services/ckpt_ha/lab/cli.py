@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from ckpt_ha.runtime import local_stack
 
 SCENARIOS = ("node-exit", "storage-outage", "corrupt-checkpoint", "storage-lost", "restart-loop",
-             "env-mismatch", "torchrun-dcp", "hf-trainer", "hang", "slurm-node-lost",
+             "env-mismatch", "torchrun-dcp", "hf-trainer", "hang", "reshard", "slurm-node-lost",
              "all")  # fmt: skip
 
 

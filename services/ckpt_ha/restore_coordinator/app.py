@@ -44,6 +44,7 @@ from ckpt_ha.restore_coordinator.handlers.failures import Failures, Quarantine
 from ckpt_ha.restore_coordinator.handlers.operator import OperatorActs
 from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
 from ckpt_ha.restore_coordinator.handlers.reports import Reports
+from ckpt_ha.restore_coordinator.handlers.reshape import Replans
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.ports import (
     CheckpointReads,
@@ -221,6 +222,7 @@ def compose_handlers(
         ),
         operator=OperatorActs(state, projection, registry, decider),
         closings=Closings(state, projection, registry, store, outbox, metrics),
+        replans=Replans(state, projection, registry, outbox),
     )
 
 

@@ -257,8 +257,9 @@ class RestoreProjection:
         observed = await self.state.observe(plan.plan_id, point, keep)
         trajectory = await self.state.trajectory(d.job_id, [p.step for p in observed])
         result = domain.continuity(
-            restored_step=plan.step, trajectory=trajectory, observed=observed, policy=plan.policy
-        )
+            restored_step=plan.step, trajectory=trajectory, observed=observed, policy=plan.policy,
+            world=await self._world(plan),
+        )  # fmt: skip
         verdict_event = domain.verdict_event(plan, d.run_id, result)
         if verdict_event is None:
             await self.state.record_progress(d.job_id, [], last=point)
@@ -269,6 +270,15 @@ class RestoreProjection:
         # Decided: the observed reports join the trajectory.
         await self.state.record_progress(d.job_id, observed, last=point)
         return Progress(plan, result, verdict_event if first else None)
+
+    async def _world(self, plan: PlanRecord) -> tuple[int, int] | None:
+        """The failed attempt's and the resumed attempt's world sizes, when they differ (the
+        trajectory was reported at the first, the resumed steps at the second)."""
+        before = await self.state.started(plan.job_id, plan.failed_attempt)
+        after = await self.state.started(plan.job_id, plan.attempt)
+        if before is None or after is None:
+            return None
+        return domain.world_change(before.topology, after.topology)
 
     async def progress_many(self, events: Sequence[Envelope[JobProgressV1]]) -> list[Progress]:
         """`progress` of a fetched batch, in stream order, with the same outcome for each

@@ -22,7 +22,8 @@ from ckpt_ha.core.pins import Pin
 
 @dataclass(frozen=True)
 class Target:
-    """What the restore lands on: the failed attempt's environment, topology and code."""
+    """What the restore lands on: the failed attempt's environment, topology and code, until
+    the attempt that loads the plan says its own (`domain.replan`)."""
 
     environment: RuntimeEnvironment | None = None
     topology: Topology | None = None

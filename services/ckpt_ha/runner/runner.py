@@ -264,6 +264,10 @@ class Runner:
         """The attempt running now (None: between attempts)."""
         self._rollback: ResumePlannedV2 | None = None
         """A plan for the next attempt heard while this one ran (`ckpt-ha job restore`)."""
+        self._running_plan: str | None = None
+        """The plan the running attempt carries out (None: none, or between attempts)."""
+        self._withdrawn: ResumeEscalatedV2 | None = None
+        """The escalation that stopped the running attempt's plan for its shape."""
 
     def say(self, text: str) -> None:
         print(f"ckpt-ha run: {text}", file=self.out, flush=True)
@@ -327,6 +331,7 @@ class Runner:
             return
         await self._inbox.put(envelope.data)
         self._end_for_rollback(envelope.data)
+        self._end_for_escalation(envelope.data)
 
     # --- `ckpt-ha job stop`: job.stop_requested ends the run ---
 
@@ -365,12 +370,29 @@ class Runner:
             self._rollback = data
             self.adapter.kill(signals.SIGKILL)
 
+    def _end_for_escalation(self, data: EventData) -> None:
+        """The running attempt's own plan stopped: weighed again for the shape this attempt
+        started on, its checkpoint cannot load there (a format that cannot reshard). The attempt
+        is killed before it trains on it; the escalation ends the run."""
+        if (
+            isinstance(data, ResumeEscalatedV2)
+            and self._running is not None
+            and data.plan_id == self._running_plan
+        ):
+            self.say(f"plan {data.plan_id} stopped for attempt {self._running}: ending it")
+            self._withdrawn = data
+            self.adapter.kill(signals.SIGKILL)
+
     def _as_stopped(self, failure: Failure) -> Failure:
         """The failure of an attempt an operator stopped (cancelled, never restored) or ended
         for a rollback (preempted)."""
         if self._rollback is not None and self._stop_request is None:
             plan, self._rollback = self._rollback, None
             detail = f"ended for the rollback to {plan.checkpoint_id} (plan {plan.plan_id})"
+            return replace(failure, cause=FailureCause.PREEMPTED, side=FailureSide.JOB,
+                           detail=detail)  # fmt: skip
+        if self._withdrawn is not None and self._stop_request is None:
+            detail = f"ended: its plan {self._withdrawn.plan_id} was stopped for its shape"
             return replace(failure, cause=FailureCause.PREEMPTED, side=FailureSide.JOB,
                            detail=detail)  # fmt: skip
         stop = self._stop_request
@@ -429,11 +451,11 @@ class Runner:
             if spec.heartbeat_s is not None:
                 beats = asyncio.create_task(self._heartbeats(bus, attempt, spec.heartbeat_s))
             hangs = self._watch_hangs()
-            self._running = attempt
+            self._running, self._running_plan = attempt, plan.plan_id if plan else None
             try:
                 info = await self._one_attempt(attempt, plan)
             finally:
-                self._running = None
+                self._running = self._running_plan = None
                 if beats is not None:
                     beats.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -257,6 +257,28 @@ def test_a_rank_that_hangs_is_detected_stopped_and_resumed_exactly(home: Path) -
     assert all(c["ok"] for c in comparisons)
 
 
+def test_a_2_rank_dcp_job_taken_over_on_1_rank_is_replanned_as_a_reshard(home: Path) -> None:
+    """Issue 28: the host of a 2-rank DCP job is lost and `ckpt-ha run --resume` takes the run
+    over on 1 rank. The plan decided for the failed attempt (exact) is re-stated for the one that
+    loads it (compatible, "reshard 2→1"); the global state is restored at the checkpoint's step
+    and data position, and the resumed steps match the 2-rank run to float32 rounding."""
+    result = drill(home, "reshard")
+    assert_restored(result)
+    assert result["restored_from"] == result["last_valid_checkpoint"]
+    assert all(result["checks"].values()), result["checks"]
+    reshard = result["reshard"]
+    assert reshard["failure"] == "lost"
+    assert (reshard["planned_for_the_failed_attempt"], reshard["restated_for_the_loader"]) == (
+        "exact_resume", "compatible_resume",
+    )  # fmt: skip
+    assert (reshard["loaded_world_size"], reshard["written_world_size"]) == (1, 2)
+    comparisons = result["levels"]["continued"]["evidence"]["comparisons"]
+    losses = [c for c in comparisons if c["name"].endswith(": loss")]
+    assert losses, comparisons
+    assert all(c["ok"] for c in comparisons)
+    assert result["baseline"]["resources"]["processes"] == 2
+
+
 def test_a_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
     home: Path,
 ) -> None:

@@ -159,3 +159,10 @@ TORCHRUN_DCP = Workload(
     baseline_losses=_dcp_losses,
     processes=RANKS,
 )
+TAKEOVER_ONE_RANK = dataclasses.replace(
+    TORCHRUN_DCP,
+    name="torchrun-dcp-1-rank",
+    argv=lambda args: [*TORCHRUN[:-1], "1", "-m", DCP_EXAMPLE, *args],
+    processes=1,
+)
+"""The same job on one rank: what takes over a 2-rank run whose host is gone (`reshard`)."""

@@ -3,7 +3,8 @@ here, so handlers and tests read ``domain.<name>``. Each handler fetches, calls 
 ``decide_*`` functions (or `continuity`, `to_unpin`, `leftovers`), persists, publishes.
 
 * `.compatibility` (R14): the checkpoint's identity against the restore target (what the
-  failed attempt's ``job.started`` said it runs on), under the job's declared rules.
+  failed attempt's ``job.started`` said it runs on), under the job's declared rules; `weigh`
+  adds the notes a plan states first.
 * `.exclusions` (R7): what load failures ruled out, per location (a primary, a copy) or for a
   whole checkpoint.
 * `.selection`: `select` picks the checkpoint to restore and the fallback to keep pinned (R15);
@@ -16,6 +17,8 @@ here, so handlers and tests read ``domain.<name>``. Each handler fetches, calls 
 * `.decisions`: `decide_failure` (a plan or an escalation for one failed attempt), what a load
   failure leads to, `verdict_event`, `quarantine_after_load_failure`, `resumed_start`, and
   `ends_the_run` (a failure no restore follows: a user cancelled the job).
+* `.reshape` (R14): `replan`, the plan re-stated for the attempt that loads it (or stopped)
+  when that attempt starts on another shape than the failed one.
 * `.closure`: `closure` of a verified resume (R11) and the refused rollback: what the handlers
   publish.
 """
@@ -37,7 +40,9 @@ from ckpt_ha.restore_coordinator.domain.compatibility import (
     compatibility,
     differences,
     rule_for,
+    target_changes,
     topology_text,
+    weigh,
 )
 from ckpt_ha.restore_coordinator.domain.continuity import (
     DIVERGED,
@@ -78,6 +83,7 @@ from ckpt_ha.restore_coordinator.domain.pins import (
 from ckpt_ha.restore_coordinator.domain.recompute import (
     recompute,
 )
+from ckpt_ha.restore_coordinator.domain.reshape import Replan, data_position_note, replan
 from ckpt_ha.restore_coordinator.domain.selection import (
     INHERITED,
     PLAN_NAMESPACE,
@@ -95,6 +101,7 @@ from ckpt_ha.restore_coordinator.domain.selection import (
     within_grace,
     writer_attempt,
 )
+from ckpt_ha.restore_coordinator.domain.shapes import world_change
 from ckpt_ha.restore_coordinator.domain.stops import (
     RUNBOOK,
     Escalation,
@@ -136,6 +143,7 @@ __all__ = [
     "PlanRecord",
     "Point",
     "Reclaimed",
+    "Replan",
     "Selection",
     "Started",
     "Stop",
@@ -149,6 +157,7 @@ __all__ = [
     "compare_point",
     "compatibility",
     "continuity",
+    "data_position_note",
     "decide_failure",
     "differences",
     "ends_the_run",
@@ -167,18 +176,22 @@ __all__ = [
     "recompute",
     "refuse_rollback",
     "released_pins",
+    "replan",
     "restorable",
     "resumed_start",
     "rule_for",
     "select",
     "stop_reason",
+    "target_changes",
     "to_unpin",
     "topology_text",
     "verdict_event",
     "verification_to_await",
     "watches_continuity",
+    "weigh",
     "with_inherited_identity",
     "within",
     "within_grace",
+    "world_change",
     "writer_attempt",
 ]

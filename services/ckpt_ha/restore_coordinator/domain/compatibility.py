@@ -1,10 +1,11 @@
 """R14: the checkpoint's identity against the restore target (what the failed attempt's
-``job.started`` said it runs on), under the job's declared rules."""
+``job.started`` said it runs on, then what the attempt that loads the plan says: `reshape`),
+under the job's declared rules."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ckpt_ha.contracts.checkpoint import (
     CheckpointIdentity,
@@ -19,8 +20,9 @@ from ckpt_ha.contracts.resume import (
     Compatibility,
     ResumeMode,
 )
+from ckpt_ha.restore_coordinator.domain.selection import Candidate
 from ckpt_ha.restore_coordinator.domain.shapes import across
-from ckpt_ha.restore_coordinator.records import Target
+from ckpt_ha.restore_coordinator.records import Started, Target
 
 MISSING = "<none>"
 """How a field neither side recorded, or only one side recorded, is shown in reasons."""
@@ -74,6 +76,18 @@ def differences(identity: CheckpointIdentity | None, target: Target) -> list[Dif
         Difference(n, written.get(n), wanted.get(n))
         for n in names
         if written.get(n) != wanted.get(n)
+    ]
+
+
+def target_changes(before: Target, after: Target) -> list[Difference]:
+    """What differs between two restore targets (two attempts' starts), as `differences`
+    shows it (``field: before -> after``)."""
+    old = _fields(before.environment, before.topology, before.code_version)
+    new = _fields(after.environment, after.topology, after.code_version)
+    return [
+        Difference(n, old.get(n), new.get(n))
+        for n in sorted(set(old) | set(new))
+        if old.get(n) != new.get(n)
     ]
 
 
@@ -152,3 +166,25 @@ def compatibility(
     if mode is ResumeMode.WEIGHTS_ONLY:
         reasons.append("weights-only initialisation allowed by policy: NOT a job resume")
     return Verdict(verdict, mode, tuple(reasons))
+
+
+def weigh(chosen: Candidate, target: Target, started: Started) -> Verdict:
+    """The compatibility verdict of restoring ``chosen`` onto ``target`` under ``started``'s
+    policy, with the notes a plan states first: identity taken from the writer's start, a
+    restore from a copy."""
+    verdict = compatibility(
+        chosen.identity,
+        target,
+        started.policy,
+        training_state=chosen.exact_resume is not False,
+        checkpoint_format=chosen.format,
+    )
+    if chosen.inherited_from is not None:
+        note = (
+            f"identity the checkpoint does not record taken from attempt {chosen.inherited_from}'s "
+            "job.started (the attempt that wrote it)"
+        )
+        verdict = replace(verdict, reasons=(note, *verdict.reasons))
+    if chosen.source is not None:
+        verdict = replace(verdict, reasons=(chosen.source, *verdict.reasons))
+    return verdict

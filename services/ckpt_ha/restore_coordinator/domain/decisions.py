@@ -28,7 +28,7 @@ from ckpt_ha.contracts.resume import (
 )
 from ckpt_ha.core.locations import JobMismatch
 from ckpt_ha.core.pins import Pin
-from ckpt_ha.restore_coordinator.domain.compatibility import Verdict, compatibility
+from ckpt_ha.restore_coordinator.domain.compatibility import Verdict, weigh
 from ckpt_ha.restore_coordinator.domain.continuity import PENDING, VERIFIED, Continuity
 from ckpt_ha.restore_coordinator.domain.exclusions import Exclusions, exclusion
 from ckpt_ha.restore_coordinator.domain.pins import pins_for
@@ -137,21 +137,7 @@ def decide_failure(
             detail += f" (excluded after load failures: {', '.join(skipped)})"
         stop = Escalation(Stop.NO_VALID_CHECKPOINT, detail)
         return FailureDecision(pid, (escalated(job, pid, stop, attempt),), stop)
-    verdict = compatibility(
-        chosen.identity,
-        started.target(),
-        started.policy,
-        training_state=chosen.exact_resume is not False,
-        checkpoint_format=chosen.format,
-    )
-    if chosen.inherited_from is not None:
-        note = (
-            f"identity the checkpoint does not record taken from attempt {chosen.inherited_from}'s "
-            "job.started (the attempt that wrote it)"
-        )
-        verdict = replace(verdict, reasons=(note, *verdict.reasons))
-    if chosen.source is not None:
-        verdict = replace(verdict, reasons=(chosen.source, *verdict.reasons))
+    verdict = weigh(chosen, started.target(), started)
     if verdict.mode is None:
         detail = (
             f"compatibility {verdict.compatibility.value} restoring {chosen.checkpoint_id}: "

@@ -9,6 +9,8 @@ One handler per unit of work, each with the few collaborators it needs (`app` wi
   and ``resume.loaded``; a continuity verdict a report decides is published.
 * `failures.Failures`: ``job.failed`` and ``resume.load_failed`` (with `failures.Quarantine`).
 * `operator.OperatorActs`: hold, unhold, a chosen rollback.
+* `reshape.Replans`: a resumed attempt's ``job.started``: its plan re-stated for it when it
+  runs on another shape than the failed attempt (`domain.replan`).
 * `closing.Closings`: pins released by a newer checkpoint, a verified resume closed.
 * `decide.Decider`: the decision of one failed attempt, shared by failures and operator acts.
 * `outbox.Outbox`: what they publish, on the coordinator's clock.
@@ -37,6 +39,7 @@ from ckpt_ha.restore_coordinator.handlers.closing import Closings
 from ckpt_ha.restore_coordinator.handlers.failures import Failures
 from ckpt_ha.restore_coordinator.handlers.operator import OperatorActs
 from ckpt_ha.restore_coordinator.handlers.reports import Reports
+from ckpt_ha.restore_coordinator.handlers.reshape import Replans
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
 
 
@@ -48,6 +51,7 @@ class CoordinatorHandlers:
     failures: Failures
     operator: OperatorActs
     closings: Closings
+    replans: Replans
 
     @property
     def projection(self) -> RestoreProjection:
@@ -57,6 +61,7 @@ class CoordinatorHandlers:
 
     async def on_started(self, event: Envelope[JobStartedV1]) -> None:
         await self.reports.on_started(event)
+        await self.replans.on_started(event)
 
     async def on_heartbeat(self, event: Envelope[JobHeartbeatV1]) -> None:
         await self.reports.on_heartbeat(event)

@@ -21,6 +21,7 @@ from ckpt_ha.lab.drill.scenarios import (
     hang,
     hf_trainer,
     node_exit,
+    reshard,
     restart_loop,
     slurm_node_lost,
     storage_lost,
@@ -30,7 +31,7 @@ from ckpt_ha.lab.drill.scenarios import (
 
 _MODULES = (
     node_exit, storage_outage, corrupt_checkpoint, storage_lost, restart_loop, env_mismatch,
-    torchrun_dcp, hf_trainer, hang, slurm_node_lost,
+    torchrun_dcp, hf_trainer, hang, reshard, slurm_node_lost,
 )  # fmt: skip
 
 SCENARIOS: dict[str, Callable[[Drill], Coroutine[Any, Any, dict[str, Any]]]] = {
