@@ -16,6 +16,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointState,
     CheckpointWriteFailedV1,
 )
+from ckpt_ha.core.corruption import awaiting_review
 from ckpt_ha.core.records import Applied, CheckpointRecord
 from ckpt_ha.telemetry.metrics import FORGET_AFTER_S, CounterChildren, JobGauges, ServiceMetrics
 
@@ -126,6 +127,15 @@ class LifecycleMetrics:
             forget_after_s=float("inf"),
             registry=reg,
         )
+        self.awaiting_review = JobGauges(
+            "ckpt_ha_checkpoints_awaiting_review",
+            "Checkpoints of a job found corrupt that no person has acted on yet (corrupt, or "
+            "quarantined automatically): read from the registry, so every replica exports the "
+            "same; one leaves when someone releases it or retention expires it.",
+            [],
+            forget_after_s=float("inf"),
+            registry=reg,
+        )
         self.last_write_failure = JobGauges(
             "ckpt_ha_last_write_failure_timestamp_seconds",
             "When a checkpoint write of a job last failed or stalled (Unix time), by side and "
@@ -154,6 +164,15 @@ class LifecycleMetrics:
             at = record.created_at.timestamp()
             oldest[(record.job_id,)] = min(at, oldest.get((record.job_id,), at))
         self.oldest_write.replace(oldest)
+
+    def to_review(self, found: Iterable[CheckpointRecord]) -> None:
+        """The registry's corrupt and quarantined records, as read now: per job, how many
+        await a person (`ckpt_ha.core.corruption.awaiting_review`)."""
+        counts: dict[tuple[str, ...], float] = {}
+        for record in found:
+            if awaiting_review(record):
+                counts[(record.job_id,)] = counts.get((record.job_id,), 0.0) + 1
+        self.awaiting_review.replace(counts)
 
     def observe(self, event: Envelope[EventData], result: Applied) -> None:
         """One event the registry applied (call it only when it changed the state)."""
