@@ -62,7 +62,7 @@ from tests.support.bus_tools import job_key, wait_for
 from tests.support.k8s import K8S, Doc, render
 from tests.system.e2e.test_replicas import second_replicas
 from tests.system.faults.flows import job_for, stop_writer, valid_at_least
-from tests.system.faults.stack import PREFIX, FaultStack, running_stack
+from tests.system.faults.stack import FaultStack, running_stack
 from tests.system.faults.tally import job_events
 from tests.system.faults.writer import CheckpointWriter
 
@@ -354,9 +354,13 @@ async def _stuck_write(fs: FaultStack, prom: obs.Prometheus) -> None:
     folder = sdk.folder_for(job, 10)
     writing = CheckpointWritingV1(job_id=job, checkpoint_id=f"stuck-{job}",
                                   uri=store.uri(folder), run_id="run-1", step=10)  # fmt: skip
-    endpoint = sdk.BusEndpoint(fs.nats_url, prefix=PREFIX, job_key=job_key(job), timeout_s=5.0)
+    prefix = local_stack.bus_config(fs.state()).prefix
+    endpoint = sdk.BusEndpoint(fs.nats_url, prefix=prefix, job_key=job_key(job), timeout_s=5.0)
     assert await asyncio.to_thread(try_announce, endpoint, writing, datetime.now(UTC))
     prom.wait_for(_alert("CkptHaCheckpointWriteStuck", job), PAGE_S)
     oldest = f'ckpt_ha_checkpoint_write_oldest_started_timestamp_seconds{{job_id="{job}"}}'
     assert len(prom.values(oldest)) == 2, prom.values(oldest)
     prom.wait_until_empty(_gone("CkptHaCheckpointWriteStuck", job), PAGE_S)
+    # The round that re-drove it counted it stuck (pending CkptHaCheckpointsStuck): the next
+    # round finds nothing left.
+    prom.wait_until_empty('ALERTS{alertname="CkptHaCheckpointsStuck"}', PAGE_S)
