@@ -309,8 +309,7 @@ async def _per_job_pages(fs: FaultStack, prom: obs.Prometheus) -> None:
         prom.wait_for(_alert("CkptHaCheckpointCorrupt", job), PAGE_S)
         # Both registrar replicas read the registry: the same level from each.
         level = f'ckpt_ha_checkpoints_awaiting_review{{job_id="{job}"}}'
-        prom.wait_for(f"count({level}) == 2", PAGE_S)
-        assert {s["value"][1] for s in prom.values(level)} == {"1"}, prom.values(level)
+        prom.wait_for(f"count({level} == 1) == 2", PAGE_S)
         _, fallback = await _plans(fs, job, 2)
         assert fallback.checkpoint_id != first.checkpoint_id, fallback
         # Someone looks at the bytes and releases the checkpoint: verified again, the page ends.
@@ -326,10 +325,10 @@ async def _per_job_pages(fs: FaultStack, prom: obs.Prometheus) -> None:
         await publish(fs, failed(fallback.attempt))
         *_, third = await _plans(fs, job, 3)
         prom.wait_for(_alert("CkptHaRestartLoop", job), PAGE_S)
-        # Both coordinator replicas export the stored count, whichever planned each restart.
+        # Both coordinator replicas export the stored count, whichever planned each restart
+        # (each within a round of its own).
         restarts = f'ckpt_ha_job_recent_restarts{{job_id="{job}"}}'
-        prom.wait_for(f"count({restarts}) == 2", PAGE_S)
-        assert {s["value"][1] for s in prom.values(restarts)} == {"3"}, prom.values(restarts)
+        prom.wait_for(f"count({restarts} == 3) == 2", PAGE_S)
         # Its resume reports a loss far from the trajectory at the same step: diverged.
         await publish(fs, started(third.attempt, third.plan_id))
         await publish(fs, _progress(job, third.attempt, third.step + 1, third.plan_id, off=5.0))
