@@ -95,10 +95,13 @@ def test_two_registrar_replicas_export_the_same_count_per_job_from_the_records()
         get = metrics.registry.get_sample_value
         assert get("ckpt_ha_checkpoints_awaiting_review", {"job_id": "job-1"}) == 2
         assert get("ckpt_ha_checkpoints_awaiting_review", {"job_id": "job-2"}) == 1
+        # What the page names: the newest step awaiting review (the commits' step 100).
+        assert get("ckpt_ha_checkpoint_awaiting_review_newest_step", {"job_id": "job-1"}) == 100
     lives[0].to_review(records[:1])  # the others released or expired: their job leaves
     get = replicas[0].registry.get_sample_value
     assert get("ckpt_ha_checkpoints_awaiting_review", {"job_id": "job-1"}) == 1
     assert get("ckpt_ha_checkpoints_awaiting_review", {"job_id": "job-2"}) is None
+    assert get("ckpt_ha_checkpoint_awaiting_review_newest_step", {"job_id": "job-2"}) is None
 
 
 def test_the_coordinator_exports_the_stored_restarts_of_the_hour() -> None:

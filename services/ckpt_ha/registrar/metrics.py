@@ -136,6 +136,15 @@ class LifecycleMetrics:
             forget_after_s=float("inf"),
             registry=reg,
         )
+        self.review_step = JobGauges(
+            "ckpt_ha_checkpoint_awaiting_review_newest_step",
+            "Training step of the newest checkpoint of a job awaiting review (-1 when unknown), "
+            "read from the registry with ckpt_ha_checkpoints_awaiting_review: what the page "
+            "names.",
+            [],
+            forget_after_s=float("inf"),
+            registry=reg,
+        )
         self.last_write_failure = JobGauges(
             "ckpt_ha_last_write_failure_timestamp_seconds",
             "When a checkpoint write of a job last failed or stalled (Unix time), by side and "
@@ -169,10 +178,15 @@ class LifecycleMetrics:
         """The registry's corrupt and quarantined records, as read now: per job, how many
         await a person (`ckpt_ha.core.corruption.awaiting_review`)."""
         counts: dict[tuple[str, ...], float] = {}
+        newest: dict[tuple[str, ...], float] = {}
         for record in found:
             if awaiting_review(record):
-                counts[(record.job_id,)] = counts.get((record.job_id,), 0.0) + 1
+                job = (record.job_id,)
+                counts[job] = counts.get(job, 0.0) + 1
+                step = -1.0 if record.step is None else float(record.step)
+                newest[job] = max(step, newest.get(job, -1.0))
         self.awaiting_review.replace(counts)
+        self.review_step.replace(newest)
 
     def observe(self, event: Envelope[EventData], result: Applied) -> None:
         """One event the registry applied (call it only when it changed the state)."""
