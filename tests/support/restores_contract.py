@@ -236,6 +236,31 @@ class RestoresContract:
         _, _, _, _, found = await state.failure_context("job-a", 2, Failure(2, T0), None, 4)
         assert found == DecisionRecord(events=('{"c":3}',))
 
+    async def test_recent_restarts_count_the_stored_plans_per_job(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        """The level the restart-loop page reads: plans stored by any replica, per job, from a
+        time on; an escalation is no restart, a job without restarts is absent."""
+        state, _ = stores
+        assert await state.recent_restarts(at(0)) == {}
+        for attempt, (plan_id, s) in enumerate((("p1", 100), ("p2", 900), ("p3", 950)), 1):
+            planned = plan(plan_id, attempt=attempt + 1)
+            await state.record_decision(
+                "job-a", attempt, DecisionRecord(events=()), plan=planned, planned_at=at(s)
+            )
+        await state.record_decision(
+            "job-b", 1, DecisionRecord(events=()), plan=plan("q1", job="job-b"), planned_at=at(920)
+        )
+        await state.record_decision("job-c", 1, DecisionRecord(events=('{"e":1}',)))
+        assert await state.recent_restarts(at(0)) == {"job-a": 3, "job-b": 1}
+        assert await state.recent_restarts(at(900)) == {"job-a": 2, "job-b": 1}
+        assert await state.recent_restarts(at(930)) == {"job-a": 1}
+        assert await state.recent_restarts(at(1000)) == {}
+        await state.set_held("job-a", True)  # held: no more restarts, the page ends
+        assert await state.recent_restarts(at(0)) == {"job-b": 1}
+        await state.set_held("job-a", False)
+        assert await state.recent_restarts(at(0)) == {"job-a": 3, "job-b": 1}
+
     async def test_mark_published_keeps_the_events(self, stores: tuple[Any, Any]) -> None:
         state, _ = stores
         decision = DecisionRecord(events=('{"a":1}',))

@@ -10,9 +10,41 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ckpt_ha.contracts.checkpoint import CheckpointCorruptV1, CheckpointQuarantinedV1, FailureSide
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointCorruptV1,
+    CheckpointQuarantinedV1,
+    CheckpointState,
+    FailureSide,
+)
+from ckpt_ha.core.records import CheckpointRecord
 
 MAX_FINDINGS = 50
+AUTOMATIC_ACTOR = "ckpt-ha/"
+"""The history's actor of an automatic step starts with this (the event's source: a service
+or the runner); a person's act records the person."""
+
+
+def awaiting_review(record: CheckpointRecord) -> bool:
+    """The checkpoint was found corrupt and no person has acted on it yet: it is corrupt, or
+    it was quarantined automatically (a failed verification, load or scrub) out of valid or
+    corrupt. A person ends it by releasing it (back to verification) or by letting retention
+    expire it; a quarantine a person decided, or a partial write set aside, awaits no one.
+    What `CkptHaCheckpointCorrupt` pages on, from the registry (never a timer)."""
+    if record.state is CheckpointState.CORRUPT:
+        return True
+    if record.state is not CheckpointState.QUARANTINED:
+        return False
+    entries = record.history
+    entered = next(
+        (i for i in range(len(entries) - 1, -1, -1) if entries[i].state is not record.state),
+        -1,
+    )
+    if entered + 1 >= len(entries):
+        return False
+    came_from = entries[entered].state if entered >= 0 else None
+    actor = entries[entered + 1].actor
+    automatic = not actor or actor.startswith(AUTOMATIC_ACTOR)
+    return automatic and came_from in (CheckpointState.VALID, CheckpointState.CORRUPT)
 
 
 def condemn(

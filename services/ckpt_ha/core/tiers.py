@@ -56,6 +56,11 @@ class Tier:
     """Each valid checkpoint is copied to the replica root the deployment names for this tier
     (the integrity-checker's ``replica_roots``) and restored from there when its primary is
     gone (`ckpt_ha.core.copies`)."""
+    rpo_s: float = 7200.0
+    """The recovery-point objective: the newest valid checkpoint of a running job of this tier
+    is never older than this (`CkptHaNoRecentValidCheckpoint`; exported as
+    ``ckpt_ha_tier_rpo_seconds``). Two intervals by default: one slow or failed checkpoint
+    does not page, two in a row do."""
     copy_rpo_s: float = 1800.0
     """The recovery-point objective of the copies: a valid checkpoint without its copy for
     longer than this raises `ReplicationLagging` (a tier that replicates)."""
@@ -106,6 +111,7 @@ TIERS: Mapping[str, Tier] = {
             failed_keep_s=6 * 3600.0,
             grace_s=3600.0,
             replicate=False,
+            rpo_s=7200.0,
             lost_after_s=300.0,
         ),
         Tier(
@@ -120,6 +126,7 @@ TIERS: Mapping[str, Tier] = {
             failed_keep_s=1 * DAY,
             grace_s=1 * DAY,
             replicate=False,
+            rpo_s=3600.0,
             lost_after_s=120.0,
         ),
         Tier(
@@ -134,6 +141,7 @@ TIERS: Mapping[str, Tier] = {
             failed_keep_s=7 * DAY,
             grace_s=7 * DAY,
             replicate=True,
+            rpo_s=1800.0,
             copy_rpo_s=1800.0,
             lost_after_s=60.0,
         ),

@@ -22,6 +22,7 @@ def table() -> list[dict[str, Any]]:
             "tier": t.name,
             "cost": t.cost,
             "interval_s": t.interval_s,
+            "rpo_s": t.rpo_s,
             "keep_last": t.keep_last,
             "keep_every": t.keep_every,
             "keep_best": (

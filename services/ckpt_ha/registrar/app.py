@@ -59,8 +59,11 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
             return
         lifecycle.seed(valid)
 
-    async def read_open_writes() -> None:
+    async def read_levels() -> None:
+        """The levels pages rest on, from the registry (the same on every replica)."""
         lifecycle.open_writes(await registry.by_state(CheckpointState.WRITING))
+        corrupt = await registry.by_state(CheckpointState.CORRUPT)
+        lifecycle.to_review([*corrupt, *await registry.by_state(CheckpointState.QUARANTINED)])
 
     svc.on_start = seed_metrics
     svc.bus.broker.on_stream = registry.remember_stream  # a rebuild then refuses another stream
@@ -86,7 +89,7 @@ def build(settings: RegistrarSettings, clock: Clock = utc_now) -> Registrar:
         title="ckpt-ha registrar",
         description="Keeps the checkpoint registry: one state per checkpoint, legal moves only.",
     )
-    svc.in_background(lambda: refresh_forever(read_open_writes, settings.state_metrics_interval_s))
+    svc.in_background(lambda: refresh_forever(read_levels, settings.state_metrics_interval_s))
     return svc
 
 

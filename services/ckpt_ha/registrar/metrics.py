@@ -16,6 +16,7 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointState,
     CheckpointWriteFailedV1,
 )
+from ckpt_ha.core.corruption import awaiting_review
 from ckpt_ha.core.records import Applied, CheckpointRecord
 from ckpt_ha.telemetry.metrics import FORGET_AFTER_S, CounterChildren, JobGauges, ServiceMetrics
 
@@ -126,6 +127,24 @@ class LifecycleMetrics:
             forget_after_s=float("inf"),
             registry=reg,
         )
+        self.awaiting_review = JobGauges(
+            "ckpt_ha_checkpoints_awaiting_review",
+            "Checkpoints of a job found corrupt that no person has acted on yet (corrupt, or "
+            "quarantined automatically): read from the registry, so every replica exports the "
+            "same; one leaves when someone releases it or retention expires it.",
+            [],
+            forget_after_s=float("inf"),
+            registry=reg,
+        )
+        self.review_step = JobGauges(
+            "ckpt_ha_checkpoint_awaiting_review_newest_step",
+            "Training step of the newest checkpoint of a job awaiting review (-1 when unknown), "
+            "read from the registry with ckpt_ha_checkpoints_awaiting_review: what the page "
+            "names.",
+            [],
+            forget_after_s=float("inf"),
+            registry=reg,
+        )
         self.last_write_failure = JobGauges(
             "ckpt_ha_last_write_failure_timestamp_seconds",
             "When a checkpoint write of a job last failed or stalled (Unix time), by side and "
@@ -154,6 +173,20 @@ class LifecycleMetrics:
             at = record.created_at.timestamp()
             oldest[(record.job_id,)] = min(at, oldest.get((record.job_id,), at))
         self.oldest_write.replace(oldest)
+
+    def to_review(self, found: Iterable[CheckpointRecord]) -> None:
+        """The registry's corrupt and quarantined records, as read now: per job, how many
+        await a person (`ckpt_ha.core.corruption.awaiting_review`)."""
+        counts: dict[tuple[str, ...], float] = {}
+        newest: dict[tuple[str, ...], float] = {}
+        for record in found:
+            if awaiting_review(record):
+                job = (record.job_id,)
+                counts[job] = counts.get(job, 0.0) + 1
+                step = -1.0 if record.step is None else float(record.step)
+                newest[job] = max(step, newest.get(job, -1.0))
+        self.awaiting_review.replace(counts)
+        self.review_step.replace(newest)
 
     def observe(self, event: Envelope[EventData], result: Applied) -> None:
         """One event the registry applied (call it only when it changed the state)."""

@@ -37,7 +37,7 @@ REDIS = RedisUser(
     ("checkpoints", "job-index"),
     (*CONNECT, *LEASES, "get", "set", "mget", "del", "expire", "hset", "hget",
      "hmget", "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
-     "zremrangebyrank", "zrem", "zrangebyscore", "zscore", "sadd", "smembers",
+     "zremrangebyrank", "zremrangebyscore", "zrem", "zrangebyscore", "zscore", "sadd", "smembers",
      "rpush", "ltrim", "lrange", "multi", "exec", "discard"),
     key_spaces=key_spaces,
 )  # fmt: skip

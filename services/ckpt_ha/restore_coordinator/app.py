@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from faststream import FastStream
@@ -45,7 +46,7 @@ from ckpt_ha.restore_coordinator.handlers.operator import OperatorActs
 from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
 from ckpt_ha.restore_coordinator.handlers.reports import Reports
 from ckpt_ha.restore_coordinator.handlers.reshape import Replans
-from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
+from ckpt_ha.restore_coordinator.metrics import RESTART_WINDOW_S, RestoreMetrics
 from ckpt_ha.restore_coordinator.ports import (
     CheckpointReads,
     NewId,
@@ -167,6 +168,8 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
 
     async def read_attention() -> None:
         metrics.attentions(await state.attention())
+        since = clock() - timedelta(seconds=RESTART_WINDOW_S)
+        metrics.restarts_in_window(await state.recent_restarts(since))
 
     svc.in_background(lambda: refresh_forever(read_attention, settings.state_metrics_interval_s))
     if settings.lost_check_interval_s > 0:

@@ -5,7 +5,7 @@ bounded per-job gauges)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import Counter, Histogram
 
@@ -13,6 +13,9 @@ from ckpt_ha.restore_coordinator.records import Attention
 from ckpt_ha.telemetry.metrics import FORGET_AFTER_S, JobGauges, ServiceMetrics
 
 RESUME_BUCKETS = (1, 2, 5, 10, 20, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200)
+RESTART_WINDOW_S = 3600.0
+"""`ckpt_ha_job_recent_restarts` counts the restarts planned within this many seconds (the
+window of `CkptHaRestartLoop`'s threshold)."""
 
 
 class RestoreMetrics:
@@ -116,6 +119,20 @@ class RestoreMetrics:
             forget_after_s=float("inf"),
             registry=reg,
         )
+
+        self.recent_restarts = JobGauges(
+            "ckpt_ha_job_recent_restarts",
+            "Automatic restarts planned for a job in the last hour, read from the coordinator's "
+            "stored decisions: every replica exports the same, whichever planned them, and a "
+            "replica's restart loses none (what CkptHaRestartLoop counts).",
+            [],
+            forget_after_s=float("inf"),
+            registry=reg,
+        )
+
+    def restarts_in_window(self, counts: Mapping[str, int]) -> None:
+        """The stored restarts per job within `RESTART_WINDOW_S`, as read now."""
+        self.recent_restarts.replace({(job,): float(n) for job, n in counts.items()})
 
     def attentions(self, records: Iterable[Attention]) -> None:
         """The stored attention records, as read now."""

@@ -190,6 +190,12 @@ class RestoreState(Protocol):
 
     async def mark_published(self, job: str, attempt: int, decision: DecisionRecord) -> None: ...
 
+    async def recent_restarts(self, since: datetime) -> dict[str, int]:
+        """Restarts planned at or after ``since`` per job (jobs with none, or held, are absent),
+        from the stored decisions: the level `CkptHaRestartLoop` reads, the same on every
+        replica."""
+        ...
+
     async def plan(self, plan_id: str) -> PlanRecord | None: ...
 
     async def plans_of(self, plan_ids: Sequence[str]) -> dict[str, PlanRecord]:

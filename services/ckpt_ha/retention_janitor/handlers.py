@@ -228,6 +228,7 @@ class Janitor:
         self.metrics.protected.clear()
         for (tier, kind), n in counts.items():
             self.metrics.protected.labels(self.metrics.service, tier, kind).set(n)
+        self.metrics.job_tier.replace({(d.job_id, d.tier): 1.0 for d in decisions})
         states = Counter((d.tier, d.state.value) for d in decisions)
         self.metrics.checkpoints.clear()
         for (tier, state), n in states.items():

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from ckpt_ha.telemetry.metrics import ServiceMetrics
+from ckpt_ha.core.tiers import TIERS
+from ckpt_ha.telemetry.metrics import JobGauges, ServiceMetrics
 
 
 class RetentionMetrics:
@@ -44,5 +45,23 @@ class RetentionMetrics:
             "ckpt_ha_retention_last_round_timestamp_seconds",
             "When the last complete retention round finished (Unix time).",
             ["service"],
+            registry=metrics.registry,
+        )
+        self.tier_rpo = Gauge(
+            "ckpt_ha_tier_rpo_seconds",
+            "Each protection tier's recovery-point objective (`Tier.rpo_s`): a running job's "
+            "newest valid checkpoint is never older than this.",
+            ["service", "tier"],
+            registry=metrics.registry,
+        )
+        for tier in TIERS.values():
+            self.tier_rpo.labels(self.service, tier.name).set(tier.rpo_s)
+        self.job_tier = JobGauges(
+            "ckpt_ha_job_tier",
+            "1 for each job with checkpoints not yet deleted and its protection tier (set by "
+            "each full retention round): joined with ckpt_ha_tier_rpo_seconds, the job's "
+            "recovery-point objective.",
+            ["tier"],
+            forget_after_s=float("inf"),
             registry=metrics.registry,
         )

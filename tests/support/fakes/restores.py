@@ -215,6 +215,14 @@ class InMemoryRestores:
                 del restarts[plan_id]
         self.pin_store.stage(job, pins)
 
+    async def recent_restarts(self, since: datetime) -> dict[str, int]:
+        counts = {
+            job: sum(1 for at in state.restarts.values() if at >= since)
+            for job, state in self.jobs.items()
+            if job not in self.holds
+        }
+        return {job: n for job, n in sorted(counts.items()) if n}
+
     async def mark_published(self, job: str, attempt: int, decision: DecisionRecord) -> None:
         self.decisions[(job, attempt)] = decision.model_copy(update={"published": True})
 

@@ -17,6 +17,8 @@ or two round trips, whatever the number of checkpoints in the registry):
 * ``<p>:coord:last:<job>:<attempt>``     JSON last progress point of that attempt
 * ``<p>:coord:failures:<job>``           hash attempt → JSON failure (signature, side, time)
 * ``<p>:coord:restarts:<job>``           sorted set plan id → time planned (restart loop)
+* ``<p>:coord:restarted``                sorted set job → time of its latest planned restart
+  (the index `recent_restarts` reads; trimmed to ``ttl_s`` as it is written)
 * ``<p>:coord:storage:<job>``            sorted set → time of each infrastructure-side failure
 * ``<p>:coord:excluded:<job>``           set of what failed to load (never again): a checkpoint
   id (everywhere), or ``["<id>","<uri>"]`` (that location of it: a primary or one copy)

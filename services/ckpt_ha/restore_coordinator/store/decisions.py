@@ -139,8 +139,31 @@ class DecisionStore(StoreBase):
                 pipe.zadd(restarts, {plan.plan_id: unix(planned_at or plan.failed_at)})
                 pipe.zremrangebyrank(restarts, 0, -self.history_limit - 1)
                 self._expire(pipe, restarts)
+                # The index of jobs by their latest restart (what `recent_restarts` reads):
+                # no expiry, trimmed to the stores' lifetime as it is written.
+                at = unix(planned_at or plan.failed_at)
+                pipe.zadd(self._k("restarted"), {job: at}, gt=True)
+                pipe.zremrangebyscore(self._k("restarted"), "-inf", at - self.ttl_s)
             self._pins.stage(pipe, job, pins)
             await pipe.execute()
+
+    async def recent_restarts(self, since: datetime) -> dict[str, int]:
+        """Restarts planned at or after ``since``, per job that has any and is not held: the
+        stored decisions (every replica reads the same; a replica's restart loses none)."""
+        low = unix(since)
+        jobs = [text(j) for j in await self._r.zrangebyscore(self._k("restarted"), low, "+inf")]
+        if not jobs:
+            return {}
+        async with self._r.pipeline(transaction=False) as pipe:
+            for job in jobs:
+                pipe.zrangebyscore(self._k("restarts", job), low, "+inf")
+                pipe.get(self._k("held", job))
+            found = await pipe.execute()
+        return {
+            job: len(plans)
+            for job, plans, held in zip(jobs, found[::2], found[1::2], strict=True)
+            if plans and held is None
+        }
 
     async def mark_published(self, job: str, attempt: int, decision: DecisionRecord) -> None:
         done = decision.model_copy(update={"published": True})
