@@ -137,6 +137,16 @@ class RegistryWriter(Protocol):
         ...
 
 
+class TombstoneEvictor(Protocol):
+    """Tombstones leaving the hot index once archived (R6; the retention-janitor archives them
+    first, `ckpt_ha.retention_janitor.archive`)."""
+
+    async def forget_tombstones(self, records: Sequence[CheckpointRecord]) -> list[str]:
+        """Remove each deleted record given from the index, only if it is still exactly that
+        record; returns the ids removed."""
+        ...
+
+
 class ReconcileLog(Protocol):
     """Unregistered storage objects ``ckpt-ha reconcile --delete`` removed (R6)."""
 
@@ -149,5 +159,7 @@ class RegistryReader(CheckpointReader, OwnershipReader, TierReader, FenceReader,
     """Every read of the registry."""
 
 
-class CheckpointRegistry(RegistryReader, RegistryWriter, TierDeclarer, ReconcileLog, Protocol):
+class CheckpointRegistry(
+    RegistryReader, RegistryWriter, TierDeclarer, TombstoneEvictor, ReconcileLog, Protocol
+):
     """The whole registry (what its adapter and its fake implement)."""

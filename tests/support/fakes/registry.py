@@ -101,6 +101,18 @@ class InMemoryRegistry:
         else:
             self.declared.pop(job_id, None)
 
+    async def forget_tombstones(self, records: Sequence[CheckpointRecord]) -> list[str]:
+        self._reachable()
+        removed = []
+        for r in records:
+            if r.state is CheckpointState.DELETED and self.records.get(r.checkpoint_id) == r:
+                del self.records[r.checkpoint_id]
+                self.uris.get(r.uri, set()).discard(r.checkpoint_id)
+                if not self.uris.get(r.uri):
+                    self.uris.pop(r.uri, None)  # as Redis drops an empty set
+                removed.append(r.checkpoint_id)
+        return removed
+
     async def record_reconcile_deletion(self, entry: dict[str, Any]) -> None:
         self._reachable()
         self.reconciled.append(json.dumps(entry, sort_keys=True))
