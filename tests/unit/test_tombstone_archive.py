@@ -32,8 +32,12 @@ def record(cid: str, state: CheckpointState, deleted_days_ago: float | None = No
            job: str = "job/a") -> CheckpointRecord:  # fmt: skip
     t0 = NOW - timedelta(days=90)
     tombstone = (
-        Tombstone(reason="expired by tier", actor="retention-janitor", event_id=f"e-{cid}",
-                  at=NOW - timedelta(days=deleted_days_ago))  # fmt: skip
+        Tombstone(
+            reason="expired by tier",
+            actor="retention-janitor",
+            event_id=f"e-{cid}",
+            at=NOW - timedelta(days=deleted_days_ago),
+        )
         if deleted_days_ago is not None
         else None
     )
