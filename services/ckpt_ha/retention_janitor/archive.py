@@ -19,6 +19,7 @@ The record is written before its pointer, so a pointer always finds its record.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from urllib.parse import quote
 
@@ -63,13 +64,15 @@ class StoreArchive:
         self.store = store
 
     async def put(self, records: Sequence[CheckpointRecord]) -> None:
-        """Write each tombstone (record first, then its pointer); returns once all are
-        stored."""
-        for r in records:
-            await bounded.call(
-                self.store.put, record_key(r.job_id, r.checkpoint_id), r.model_dump_json().encode()
-            )
+        """Write each tombstone (record first, then its pointer), several at once on the
+        storage workers; returns once all are stored, or raises the first failure."""
+
+        async def one(r: CheckpointRecord) -> None:
+            doc = r.model_dump_json().encode()
+            await bounded.call(self.store.put, record_key(r.job_id, r.checkpoint_id), doc)
             await bounded.call(self.store.put, pointer_key(r.checkpoint_id), r.job_id.encode())
+
+        await asyncio.gather(*(one(r) for r in records))
 
     def _read(self, key: str) -> bytes:
         with self.store.open_read(key) as stream:
