@@ -30,7 +30,8 @@ def register(top: Parser) -> None:
     add_json(rp)
     au = rt.command(
         "audit",
-        help="tombstones, expiries and pins: who removed or kept what, when and why",
+        help="tombstones (archived ones too), expiries and pins: who removed or kept what, "
+        "when and why",
         handler=cmd_audit,
     )
     au.add_argument("--job")
