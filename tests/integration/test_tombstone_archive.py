@@ -124,3 +124,16 @@ async def test_a_tombstone_changed_after_it_was_read_is_not_removed(
     assert await registry.forget_tombstones([read]) == ["c1"], "exactly the record in Redis"
     assert await registry.forget_tombstones([read]) == [], "once"
     assert await archive.get("c1") == read
+
+
+async def test_tombstones_are_read_a_page_at_a_time_and_all_of_them_move(
+    registry: Registry, archive: StoreArchive
+) -> None:
+    for i in range(7):
+        await life(registry, f"c{i}", f"job-{i % 2}", gone=True)
+    pages = [p async for p in registry.by_state_pages(CheckpointState.DELETED, 2)]
+    assert sorted(r.checkpoint_id for p in pages for r in p) == [f"c{i}" for i in range(7)]
+    moved = await janitor(registry, archive, timedelta(days=30)).move_cold_tombstones()
+    assert sorted(moved) == [f"c{i}" for i in range(7)]
+    assert [p async for p in registry.by_state_pages(CheckpointState.DELETED)] == []
+    assert len(await archive.everything()) == 7

@@ -72,6 +72,13 @@ class CheckpointReader(CheckpointLookup, Protocol):
         """Every checkpoint in ``state``, by checkpoint id."""
         ...
 
+    def by_state_pages(
+        self, state: CheckpointState, page_size: int = 500
+    ) -> AsyncIterator[list[CheckpointRecord]]:
+        """`by_state` in pages of about ``page_size``, in no order: for a reader of many (the
+        janitor moving old tombstones out)."""
+        ...
+
     async def by_uri(self, uri: str) -> list[CheckpointRecord]:
         """Every checkpoint ever registered at ``uri``, by checkpoint id."""
         ...

@@ -476,6 +476,20 @@ class Registry:
             ids = sorted(_strs(await self.r.smembers(self.keys.state(state))))
         return await self._many(ids)
 
+    async def by_state_pages(
+        self, state: CheckpointState, page_size: int = 500
+    ) -> AsyncIterator[list[CheckpointRecord]]:
+        """Every checkpoint in ``state``, about ``page_size`` per round trip, in no order (SSCAN:
+        one present throughout is read once at least; one that leaves meanwhile may not be)."""
+        cursor = 0
+        while True:
+            with _reachable():
+                cursor, ids = await self.r.sscan(self.keys.state(state), cursor, count=page_size)
+            if ids:
+                yield await self._many(_strs(ids))
+            if cursor == 0:
+                return
+
     async def by_uri(self, uri: str) -> list[CheckpointRecord]:
         with _reachable():
             ids = sorted(_strs(await self.r.smembers(self.keys.uri(uri))))

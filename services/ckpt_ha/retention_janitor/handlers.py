@@ -71,7 +71,11 @@ __all__ = [
 ]
 
 ARCHIVE_BATCH = 200
-"""Tombstones archived, then removed from the registry, per step of `move_cold_tombstones`."""
+"""Tombstones read, archived, then removed from the registry, per step of
+`move_cold_tombstones` (the hot ones are read too: memory stays one page)."""
+ARCHIVE_EVERY = timedelta(hours=1)
+"""How often the periodic rounds move old tombstones (their age is counted in days; a move
+reads every tombstone still in the registry)."""
 SOURCE = "ckpt-ha/retention-janitor"
 ACTOR = "retention-janitor"
 log = logging.getLogger("ckpt_ha.retention_janitor")
@@ -127,6 +131,7 @@ class Janitor:
         self.registry = registry
         self.archive = archive
         self.hot = hot
+        self._moved_at: datetime | None = None
         self.resumes = resumes
         self.feed = feed
         self.store = store
@@ -270,13 +275,13 @@ class Janitor:
         round writes it again and removes it). Returns the ids removed from the registry."""
         if self.archive is None:
             return []
-        deleted = await self.registry.by_state(CheckpointState.DELETED)
-        cold = domain.cold_tombstones(deleted, self.clock(), self.hot)
-        moved: list[str] = []
-        for start in range(0, len(cold), ARCHIVE_BATCH):
-            batch = cold[start : start + ARCHIVE_BATCH]
-            await self.archive.put(batch)
-            moved += await self.registry.forget_tombstones(batch)
+        now, moved = self.clock(), []
+        async for page in self.registry.by_state_pages(CheckpointState.DELETED, ARCHIVE_BATCH):
+            cold = domain.cold_tombstones(page, now, self.hot)
+            if cold:
+                await self.archive.put(cold)
+                moved += await self.registry.forget_tombstones(cold)
+        self._moved_at = now
         if moved:
             self.metrics.archived.labels(self.metrics.service).inc(len(moved))
             log.info("moved %d tombstone(s) to the archive", len(moved))
@@ -287,7 +292,8 @@ class Janitor:
         while True:
             try:
                 await self.run_once()
-                await self.move_cold_tombstones()
+                if self._moved_at is None or self.clock() - self._moved_at >= ARCHIVE_EVERY:
+                    await self.move_cold_tombstones()
             except ResumesBehind:
                 log.warning("resume events still being applied; retention waits for next round")
             except Exception:  # one failed round must not stop the janitor

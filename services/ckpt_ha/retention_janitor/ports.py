@@ -10,7 +10,7 @@ the unit tests the fakes of ``tests/support/fakes``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from ckpt_ha.bus.port import Publisher
@@ -48,7 +48,9 @@ class RetentionRegistry(Protocol):
 
     async def declare_tier(self, job_id: str, tier: str | None) -> None: ...
 
-    async def by_state(self, state: CheckpointState) -> list[CheckpointRecord]: ...
+    def by_state_pages(
+        self, state: CheckpointState, page_size: int = 500
+    ) -> AsyncIterator[list[CheckpointRecord]]: ...
 
     async def forget_tombstones(self, records: Sequence[CheckpointRecord]) -> list[str]:
         """Remove these tombstones from the registry, each only if its record is still exactly

@@ -155,6 +155,14 @@ class InMemoryRegistry:
         self._reachable()
         return [self.records[i] for i in sorted(self.records) if self.records[i].state is state]
 
+    async def by_state_pages(
+        self, state: CheckpointState, page_size: int = 500
+    ) -> AsyncIterator[list[CheckpointRecord]]:
+        self._reachable()
+        found = [r for r in self.records.values() if r.state is state]
+        for start in range(0, len(found), page_size):
+            yield found[start : start + page_size]
+
     async def by_uri(self, uri: str) -> list[CheckpointRecord]:
         self._reachable()
         return [self.records[i] for i in sorted(self.uris.get(uri, set()))]
