@@ -192,7 +192,7 @@ async def _index_settled(settings: ServiceSettings) -> None:
             try:
                 info = await js.consumer_info(cfg.events_stream, INDEX_DURABLE)
             except nats.js.errors.NotFoundError:
-                print("ckpt-ha: no job index yet (the restore-coordinator never ran)",
+                print("ckpt-ha: the job index has no consumer (no restore-coordinator ran): read as is",
                       file=sys.stderr)  # fmt: skip
                 return
             done = info.ack_floor.stream_seq if info.ack_floor else 0
