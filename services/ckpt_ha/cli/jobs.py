@@ -192,8 +192,8 @@ async def _index_settled(settings: ServiceSettings) -> None:
             try:
                 info = await js.consumer_info(cfg.events_stream, INDEX_DURABLE)
             except nats.js.errors.NotFoundError:
-                print("ckpt-ha: the job index has no consumer (no restore-coordinator ran): read as is",
-                      file=sys.stderr)  # fmt: skip
+                print("ckpt-ha: the job index has no consumer (no restore-coordinator ran): "
+                      "read as it is", file=sys.stderr)  # fmt: skip
                 return
             done = info.ack_floor.stream_seq if info.ack_floor else 0
             if done >= last or not (info.num_pending or info.num_ack_pending):
