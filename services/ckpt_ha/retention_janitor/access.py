@@ -29,6 +29,7 @@ REDIS = RedisUser(
     ("tier-declared", "janitor-view", "leases", "checkpoints", "job-index", "state-index",
      "uri-index"),
     ("jobs", "tiers"),
-    (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange", "srem", "zrem"),
+    (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange", "srem", "zrem",
+     "sscan"),
     key_spaces=key_spaces,
 )  # fmt: skip
