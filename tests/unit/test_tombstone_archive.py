@@ -145,6 +145,11 @@ async def test_a_crash_after_archiving_leaves_the_tombstone_in_both_then_the_nex
     assert await archive.get("c0") == tomb
 
 
-def test_a_reader_sees_no_archive_where_none_was_written(tmp_path: Path) -> None:
+async def test_a_reader_sees_no_archive_where_none_was_written(tmp_path: Path) -> None:
     assert open_archive(str(tmp_path / "none-yet"), create=False) is None
     assert not (tmp_path / "none-yet").exists(), "a reader creates nothing"
+    writer = open_archive(str(tmp_path / "none-yet"), create=True)
+    assert writer is not None
+    assert not (tmp_path / "none-yet").exists(), "nor a janitor with nothing to archive"
+    await writer.put([record("c0", CheckpointState.DELETED, 60)])
+    assert await writer.get("c0") is not None

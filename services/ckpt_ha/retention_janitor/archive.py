@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from pathlib import Path
 from urllib.parse import quote
 
 from ckpt_ha.core.records import CheckpointRecord
@@ -47,25 +48,31 @@ def pointer_key(checkpoint_id: str) -> str:
 
 def open_archive(where: str, *, create: bool) -> StoreArchive | None:
     """The archive at ``where`` (``CKPT_HA_TOMBSTONE_ARCHIVE``). A directory that does not exist
-    yet is created by the janitor (``create``: it writes the archive) and means nothing archived
-    yet to a reader (None)."""
+    yet is created by the janitor (``create``: it writes the archive) before its first
+    tombstone, and means nothing archived yet to a reader (None)."""
     store = open_store(where)
     if isinstance(store, FsStore) and not store.root.is_dir():
         if not create:
             return None
-        store.root.mkdir(parents=True, exist_ok=True)
+        return StoreArchive(store, make=store.root)  # made by the first tombstone it keeps
     return StoreArchive(store)
 
 
 class StoreArchive:
     """`TombstoneArchive` on an `ObjectStore` (the filesystem or S3 backends, or the fake)."""
 
-    def __init__(self, store: ObjectStore) -> None:
+    def __init__(self, store: ObjectStore, *, make: Path | None = None) -> None:
         self.store = store
+        self._make = make
+        """A directory to create before the first write (a filesystem archive not made yet)."""
 
     async def put(self, records: Sequence[CheckpointRecord]) -> None:
         """Write each tombstone (record first, then its pointer), several at once on the
         storage workers; returns once all are stored, or raises the first failure."""
+
+        if self._make is not None and records:
+            self._make.mkdir(parents=True, exist_ok=True)
+            self._make = None
 
         async def one(r: CheckpointRecord) -> None:
             doc = r.model_dump_json().encode()
@@ -85,8 +92,14 @@ class StoreArchive:
             return None
         return CheckpointRecord.model_validate_json(raw)
 
+    def _unmade(self) -> bool:
+        """Not created yet: nothing archived (a read would take it for an unmounted volume)."""
+        return self._make is not None and not self._make.is_dir()
+
     async def get(self, checkpoint_id: str) -> CheckpointRecord | None:
         """One archived tombstone (None: not archived)."""
+        if self._unmade():
+            return None
         try:
             job = (await bounded.call(self._read, pointer_key(checkpoint_id))).decode()
         except ObjectNotFound:
@@ -94,6 +107,8 @@ class StoreArchive:
         return await self._record(record_key(job, checkpoint_id))
 
     async def _under(self, prefix: str) -> list[CheckpointRecord]:
+        if self._unmade():
+            return []
         keys = await bounded.call(lambda: [o.key for o in self.store.list(prefix)])
         found = [await self._record(k) for k in keys if k.endswith(".json")]
         return [r for r in found if r is not None]
