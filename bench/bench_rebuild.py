@@ -12,6 +12,11 @@ over the last ``--days`` days, as a real stream's would.
 The rebuild runs in a child process (its peak RSS is the rebuild's alone, not the publisher's)
 through `ckpt_ha.ops.rebuild.rebuild_registry`, the code behind ``ckpt-ha registry rebuild``.
 
+``--job-commands``: then ``job list`` and ``job show`` (of one job) are answered both ways on
+the rebuilt state, side by side (issue 33): before, by reading the whole stream (what the CLI
+did, with its 2 s idle wait for the end of the stream); after, from the restore-coordinator's
+job index, which the rebuild replayed. The answers are compared.
+
 Usage:
     .venv/bin/python bench/bench_rebuild.py [--events 1000000] [--rounds 1] [--jobs 2000]
 """
@@ -264,11 +269,56 @@ def one_round(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
         )
         figures: dict[str, object] = json.loads(child.stdout.strip().splitlines()[-1])
         figures["events"] = n
+        if args.job_commands:
+            figures["job_commands"] = asyncio.run(job_commands(settings))
         return figures
     finally:
         asyncio.run(delete_streams(settings))
         procs.stop(redis_proc)
         procs.stop(nats_proc)
+
+
+async def job_commands(settings: ServiceSettings) -> dict[str, object]:
+    """``job list`` and ``job show`` from the whole stream and from the job index, timed."""
+    from ckpt_ha.bus.stream_reader import read_events
+    from ckpt_ha.cli.jobs import _indexed
+    from ckpt_ha.contracts import CATALOG
+    from ckpt_ha.contracts.subjects import job_token
+    from ckpt_ha.ops import jobs
+
+    cfg = settings.bus()
+    registry = Registry(connect(settings.redis()), settings.registry_prefix)
+    t = time.perf_counter()
+    everything, _ = await read_events(cfg, CATALOG, f"{cfg.prefix}.ev.>", idle_timeout=2.0)
+    scanned = [s.to_json() for s in jobs.summaries(everything)]
+    scan_list = time.perf_counter() - t
+    del everything
+    t = time.perf_counter()
+    indexed = [s.to_json() for s in jobs.summaries(await _indexed(settings))]
+    index_list = time.perf_counter() - t
+    job = str(scanned[len(scanned) // 2]["job_id"])
+
+    t = time.perf_counter()
+    own, _ = await read_events(
+        cfg, CATALOG, f"{cfg.prefix}.ev.*.*.*.{job_token(job)}", idle_timeout=2.0
+    )
+    before = jobs.show(job, own, await registry.by_job(job))
+    scan_show = time.perf_counter() - t
+    t = time.perf_counter()
+    after = jobs.show(job, await _indexed(settings, [job]), await registry.by_job(job))
+    index_show = time.perf_counter() - t
+    await registry.close()
+    return {
+        "jobs": len(scanned),
+        "list_scan_s": scan_list,
+        "list_index_s": index_list,
+        "show_scan_s": scan_show,
+        "show_index_s": index_show,
+        "list_equal": scanned == indexed,
+        "show_equal": before is not None
+        and after is not None
+        and before.to_json() == after.to_json(),
+    }
 
 
 async def delete_streams(settings: ServiceSettings) -> None:
@@ -296,6 +346,16 @@ def show(i: int, f: dict[str, object]) -> None:
         f"  read {report['read']}, applied {report['applied']}, replayed {report['replayed']}, "
         f"duplicates {report['duplicates']}, skipped {report['skipped'] or 'none'}"
     )
+    jc = f.get("job_commands")
+    if isinstance(jc, dict):
+        print(
+            f"  job list ({jc['jobs']} jobs): whole stream {jc['list_scan_s']:.2f} s | job index "
+            f"{jc['list_index_s']:.3f} s | same answer: {jc['list_equal']}"
+        )
+        print(
+            f"  job show (one job): whole stream {jc['show_scan_s']:.2f} s | job index "
+            f"{jc['show_index_s']:.3f} s | same answer: {jc['show_equal']}"
+        )
 
 
 def main() -> None:
@@ -312,6 +372,11 @@ def main() -> None:
     ap.add_argument("--days", type=float, default=30.0, help="how long the history spans")
     ap.add_argument("--in-flight", type=int, default=5000, help="publishes between checks")
     ap.add_argument("--profile", help="write a cProfile of the rebuild (child) to this file")
+    ap.add_argument(
+        "--job-commands",
+        action="store_true",
+        help="then time job list / job show from the whole stream and from the job index",
+    )
     args = ap.parse_args()
     print(
         f"history: ~{args.events} events, {args.jobs} jobs, over {args.days:g} days; "

@@ -5,16 +5,24 @@ planned, and a chosen rollback planned for the checkpoint asked for."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
 from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus.stream_reader import read_events
+from ckpt_ha.cli.jobs import _indexed
+from ckpt_ha.contracts import CATALOG
 from ckpt_ha.contracts.checkpoint import CheckpointState
+from ckpt_ha.contracts.subjects import job_token
+from ckpt_ha.ops import jobs
 from ckpt_ha.registrar.app import Registrar
+from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.restore_coordinator.app import RestoreCoordinator
 from ckpt_ha.runtime.settings import ServiceSettings
 from tests.integration import test_restore_coordinator as coord_tests
+from tests.support.bus_tools import wait_for
 from tests.support.cli_tools import cli
 
 pytestmark = pytest.mark.integration
@@ -32,6 +40,7 @@ failed, started, waiter, three_checkpoints = (
     coord_tests.three_checkpoints,
 )
 settled = coord_tests.settled
+progress = coord_tests.progress
 
 
 async def test_list_and_show_tell_a_jobs_story(
@@ -141,3 +150,50 @@ async def test_restore_to_plans_the_chosen_checkpoint_and_refuses_others(
         record = await registrar.registry.get(ckpt)
         assert record is not None
         assert record.state is CheckpointState.VALID
+
+
+async def test_the_index_answers_what_the_whole_stream_says(
+    coordinator: RestoreCoordinator,
+    registrar: Registrar,
+    producer: Bus,
+    settings: ServiceSettings,
+) -> None:
+    """`job list` and `job show` from the job index equal the same reports computed from the
+    whole of both streams, as they were before the index (issue 33)."""
+    for job in ("job-a", "job-b"):
+        await three_checkpoints(registrar, producer, job)
+        await producer.publish(started(job))
+    await producer.publish(progress("job-a", 250))
+    await producer.publish(failed("job-a"))
+    await waiter(settings)("resume.planned", "job-a")
+    cfg = settings.bus()
+
+    async def scanned() -> list[object]:
+        everything, _ = await read_events(cfg, CATALOG, f"{cfg.prefix}.ev.>", idle_timeout=2.0)
+        return [s.to_json() for s in jobs.summaries(everything)]
+
+    async def indexed() -> list[object]:
+        return [s.to_json() for s in jobs.summaries(await _indexed(settings))]
+
+    expected = await scanned()
+    assert {"job-a", "job-b"} <= {row["job_id"] for row in expected}  # type: ignore[index]
+    # The index's consumers run beside the test: equal once they have applied it all.
+    await wait_for(lambda: _equal(indexed, expected), timeout=15, what="the index caught up")
+    registry = Registry.from_url(settings.redis_url, settings.registry_prefix)
+    try:
+        for job in ("job-a", "job-b"):
+            own, _ = await read_events(
+                cfg, CATALOG, f"{cfg.prefix}.ev.*.*.*.{job_token(job)}", idle_timeout=2.0
+            )
+            records = await registry.by_job(job)
+            before = jobs.show(job, own, records)
+            after = jobs.show(job, await _indexed(settings, [job]), records)
+            assert before is not None
+            assert after is not None
+            assert after.to_json() == before.to_json()
+    finally:
+        await registry.close()
+
+
+async def _equal(read: Callable[[], Awaitable[list[object]]], expected: list[object]) -> bool:
+    return await read() == expected

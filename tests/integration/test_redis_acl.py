@@ -368,3 +368,42 @@ async def test_the_viewer_reads_every_key_of_the_prefix_and_writes_none(
         assert len(await refused(admin)) > before
     finally:
         await viewer.aclose()
+
+
+async def test_the_janitor_moves_old_tombstones_under_its_own_user(
+    acl_redis: str, settings: ServiceSettings, tmp_path: Path
+) -> None:
+    """Reading the tombstones a page at a time and removing the archived ones (a script) are
+    within the retention-janitor's rights (issue 33); the operator's audit reads them back."""
+    from ckpt_ha.ops import audit
+    from ckpt_ha.retention_janitor.archive import open_archive
+    from ckpt_ha.retention_janitor.handlers import Janitor
+    from ckpt_ha.retention_janitor.metrics import RetentionMetrics
+    from ckpt_ha.telemetry.metrics import ServiceMetrics
+    from tests.support.events import committed, deleted, expired, verified
+    from tests.support.fakes.publisher import RecordingPublisher
+    from tests.support.fakes.resumes import InMemoryResumes, SettableFeed
+
+    operator = Registry.from_url(as_user(acl_redis, "operator"), settings.registry_prefix)
+    janitor_registry = Registry.from_url(
+        as_user(acl_redis, "retention-janitor"), settings.registry_prefix
+    )
+    archive = open_archive(str(tmp_path / "tombstones"), create=True)
+    assert archive is not None
+    try:
+        events = [committed("c1", key="c"), verified("c1", key="v"), expired("c1", key="e"),
+                  deleted("c1", key="d")]  # fmt: skip
+        await operator.apply_many(events)
+        janitor = Janitor(
+            janitor_registry, InMemoryResumes(), SettableFeed(), FsStore(tmp_path),
+            RecordingPublisher(), lambda: datetime.now(UTC),
+            RetentionMetrics(ServiceMetrics("retention-janitor")),
+            archive=archive, hot=timedelta(days=1),
+        )  # fmt: skip
+        assert await janitor.move_cold_tombstones() == ["c1"]
+        assert await operator.get("c1") is None
+        found = await audit.audit(operator, archive, checkpoint_id="c1")
+        assert [r.checkpoint_id for r in found.records] == ["c1"]
+    finally:
+        await operator.close()
+        await janitor_registry.close()

@@ -63,6 +63,9 @@ def settings_of(kind: type[S], env: Mapping[str, str], home: Path, principal: st
         overrides["redis_url"] = state.redis_url
         if not env.get("CKPT_HA_STORAGE_ROOT"):
             overrides["storage_root"] = state.storage_root
+        if "tombstone_archive" in kind.model_fields and not env.get("CKPT_HA_TOMBSTONE_ARCHIVE"):
+            # Where the local stack's janitor archives tombstones (`ckpt_ha.lab.devstack.stack`).
+            overrides["tombstone_archive"] = str(home / "tombstones")
     return kind(**overrides)
 
 

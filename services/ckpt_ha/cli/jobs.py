@@ -25,7 +25,9 @@ restore-coordinator's plan.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -40,7 +42,8 @@ if TYPE_CHECKING:
     from ckpt_ha.runner.settings import RunnerSettings
     from ckpt_ha.runtime.settings import ServiceSettings
 
-IDLE_S = 2.0
+INDEX_WAIT_S = 5.0
+"""How long ``job list|show`` wait for the job index to catch up with the stream."""
 """How long a read of the stream waits for a matching message before it calls the stream read."""
 
 ACTS = (
@@ -168,15 +171,72 @@ def _liveness_arguments(run: Parser) -> None:
     )
 
 
-async def _events(settings: ServiceSettings, subject_filter: str) -> list[Envelope[EventData]]:
-    """The events on ``subject_filter`` (``{p}`` is the subject prefix), in stream order."""
-    from ckpt_ha.bus.stream_reader import read_events
-    from ckpt_ha.contracts import CATALOG
+async def _index_settled(settings: ServiceSettings) -> None:
+    """Wait, at most `INDEX_WAIT_S`, until the job index has every event the stream held when
+    the command started (its durable acknowledged them); then read it anyway, saying on stderr
+    how far behind it is (a stopped restore-coordinator, a backlog)."""
+    import nats
+    import nats.js.errors
+
+    from ckpt_ha.restore_coordinator.api import INDEX_DURABLE
 
     cfg = settings.bus()
-    f = subject_filter.format(p=cfg.prefix)
-    events, _ = await read_events(cfg, CATALOG, f, idle_timeout=IDLE_S)
-    return events
+    nc = await nats.connect(
+        cfg.servers, **cfg.connect_options(), **cfg.connection_policy(lasting=False)
+    )
+    try:
+        js = nc.jetstream(timeout=cfg.request_timeout_s)
+        last = (await js.stream_info(cfg.events_stream)).state.last_seq
+        deadline = asyncio.get_running_loop().time() + INDEX_WAIT_S
+        while True:
+            try:
+                info = await js.consumer_info(cfg.events_stream, INDEX_DURABLE)
+            except nats.js.errors.NotFoundError:
+                print("ckpt-ha: the job index has no consumer (no restore-coordinator ran): "
+                      "read as it is", file=sys.stderr)  # fmt: skip
+                return
+            done = info.ack_floor.stream_seq if info.ack_floor else 0
+            if done >= last or not (info.num_pending or info.num_ack_pending):
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                print(f"ckpt-ha: the job index is {last - done} event(s) behind the stream",
+                      file=sys.stderr)  # fmt: skip
+                return
+            await asyncio.sleep(0.1)
+    finally:
+        await nc.close()
+
+
+async def _indexed(
+    settings: ServiceSettings, wanted: list[str] | None = None
+) -> list[Envelope[EventData]]:
+    """The events of these jobs (every job: None) from the restore-coordinator's job index,
+    job after job, each job's in stream order (`ckpt_ha.ops.jobs.from_index`)."""
+    from ckpt_ha.contracts import CATALOG
+    from ckpt_ha.contracts.errors import ContractError
+    from ckpt_ha.ops import jobs
+    from ckpt_ha.registry.client import connect
+    from ckpt_ha.restore_coordinator.api import JobIndexReader
+
+    def decoded(raws: list[bytes]) -> list[Envelope[EventData]]:
+        out = []
+        for raw in raws:
+            try:
+                out.append(CATALOG.decode(raw))
+            except ContractError:
+                continue  # as the stream reader skips what it cannot read
+        return out
+
+    await _index_settled(settings)
+    client = connect(settings.redis())
+    try:
+        index = JobIndexReader(client, settings.registry_prefix)
+        names = await index.jobs() if wanted is None else wanted
+        found = await index.raw_events(names)
+    finally:
+        await client.aclose()
+    return [e for name in names
+            for e in jobs.from_index(decoded(found[name][0]), decoded(found[name][1]))]  # fmt: skip
 
 
 def cmd_list(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
@@ -185,7 +245,7 @@ def cmd_list(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     settings = context.settings(env, home)
 
     async def read() -> list[jobs.Summary]:
-        return jobs.summaries(await _events(settings, "{p}.ev.>"))
+        return jobs.summaries(await _indexed(settings))
 
     found = context.run(settings, read)
     if args.json:
@@ -205,13 +265,12 @@ def cmd_list(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
 
 
 def cmd_show(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
-    from ckpt_ha.contracts.subjects import job_token
     from ckpt_ha.ops import jobs
 
     settings = context.settings(env, home)
 
     async def read() -> jobs.JobView | None:
-        events = await _events(settings, "{p}.ev.*.*.*." + job_token(args.job))
+        events = await _indexed(settings, [args.job])
         async with context.registry(settings) as registry:
             records = await registry.by_job(args.job)
         async with context.restore_owners(settings) as (pins, _):

@@ -31,7 +31,8 @@ def register(top: Parser) -> None:
     add_json(rp)
     au = rt.command(
         "audit",
-        help="tombstones, expiries and pins: who removed or kept what, when and why",
+        help="tombstones (archived ones too), expiries and pins: who removed or kept what, "
+        "when and why",
         handler=cmd_audit,
     )
     au.add_argument("--job")
@@ -66,12 +67,17 @@ def register(top: Parser) -> None:
 
 def cmd_audit(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     from ckpt_ha.ops import audit
+    from ckpt_ha.retention_janitor.api import RetentionJanitorSettings, open_archive
 
-    settings = context.settings(env, home)
+    # The janitor's settings: where it archives tombstones older than its hot days.
+    settings = context.settings_of(RetentionJanitorSettings, env, home, "operator")
+    archive = open_archive(settings.tombstone_archive, create=False)
 
     async def query() -> audit.Audit:
         async with context.registry(settings) as registry:
-            return await audit.audit(registry, job_id=args.job, checkpoint_id=args.checkpoint)
+            return await audit.audit(
+                registry, archive, job_id=args.job, checkpoint_id=args.checkpoint
+            )
 
     found = context.run(settings, query)
     records, cleaned = found.records, found.cleaned

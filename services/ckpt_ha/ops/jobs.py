@@ -2,9 +2,12 @@
 reasons, restore plans, loads, continuity verdicts, escalations, the operator's acts (hold,
 unhold, chosen rollback, stop), its pins and its newest valid checkpoint, as one timeline.
 
-Pure: it formats events read from the stream (where every attempt and decision is recorded)
-and the registry's records of the job's checkpoints; the CLI reads both with the operator's
-credentials, so it works against any deployment. Heartbeats and progress reports are not
+Pure: it formats a job's events (where every attempt and decision is recorded) and the
+registry's records of the job's checkpoints; the CLI reads both with the operator's
+credentials, so it works against any deployment. The events come from the restore-coordinator's
+job index (`ckpt_ha.restore_coordinator.api.JobIndexReader`: each job's events and its newest
+reports, `from_index`), not from the whole stream, so a listing costs what the jobs' own
+events do, whatever the number of checkpoint events. Heartbeats and progress reports are not
 timeline entries (there are thousands); the last step reported is shown instead.
 """
 
@@ -152,6 +155,24 @@ def _applied(s: Summary, event: Envelope[EventData]) -> Summary:
     return s
 
 
+def from_index(
+    log: Sequence[Envelope[EventData]], reports: Sequence[Envelope[EventData]]
+) -> list[Envelope[EventData]]:
+    """A job's events as the stream reader yields the two streams: its log (stream order) and
+    its newest reports merged by time, an event before a report of the same instant. Only the
+    newest report, and the newest naming a step, change a summary: the others would be
+    overwritten by them."""
+    out: list[Envelope[EventData]] = []
+    pending = sorted(reports, key=lambda e: e.time)
+    i = 0
+    for event in log:
+        while i < len(pending) and pending[i].time < event.time:
+            out.append(pending[i])
+            i += 1
+        out.append(event)
+    return [*out, *pending[i:]]
+
+
 def summaries(events: Iterable[Envelope[EventData]]) -> list[Summary]:
     """Every job seen in ``events`` (stream order), most recently active first."""
     jobs: dict[str, Summary] = {}
@@ -208,6 +229,10 @@ def show(
     summary = Summary(job_id)
     for event in own:
         summary = _applied(summary, event)
+    # The checkpoints' own events (in the registry, not in the job index) count as activity.
+    touched = [h.at for r in records for h in r.history]
+    if touched and (summary.last_event_at is None or max(touched) > summary.last_event_at):
+        summary = replace(summary, last_event_at=max(touched))
     timeline = [e for e in (_entry(ev) for ev in own) if e is not None]
     pins = [(r.checkpoint_id, p.by, p.actor, p.reason) for r in records for p in r.pins]
     pins += [(p.checkpoint_id, f"plan:{p.plan_id}", "restore-coordinator", p.reason)

@@ -95,7 +95,7 @@ USERS: tuple[RedisUser, ...] = (
                "hset", "hget", "hmget", "hgetall", "hdel", "zadd", "zcard", "zrange",
                "zrevrange", "zpopmin", "zremrangebyrank", "zrem", "sadd", "srem", "smembers",
                "sismember", "smismember", "zscore", "zremrangebyscore", "rpush", "ltrim", "lrange",
-               "evalsha", "script|load", "time",
+               "evalsha", "script|load", "time", "incrby",
                "multi", "exec", "discard")),
     # On-call triage (`ckpt-ha status`, every query): reads every key under the prefix and
     # writes none. The registry's read script runs under these rights (EVALSHA checks each

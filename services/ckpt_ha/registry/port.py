@@ -72,6 +72,13 @@ class CheckpointReader(CheckpointLookup, Protocol):
         """Every checkpoint in ``state``, by checkpoint id."""
         ...
 
+    def by_state_pages(
+        self, state: CheckpointState, page_size: int = 500
+    ) -> AsyncIterator[list[CheckpointRecord]]:
+        """`by_state` in pages of about ``page_size``, in no order: for a reader of many (the
+        janitor moving old tombstones out)."""
+        ...
+
     async def by_uri(self, uri: str) -> list[CheckpointRecord]:
         """Every checkpoint ever registered at ``uri``, by checkpoint id."""
         ...
@@ -137,6 +144,16 @@ class RegistryWriter(Protocol):
         ...
 
 
+class TombstoneEvictor(Protocol):
+    """Tombstones leaving the hot index once archived (R6; the retention-janitor archives them
+    first, `ckpt_ha.retention_janitor.archive`)."""
+
+    async def forget_tombstones(self, records: Sequence[CheckpointRecord]) -> list[str]:
+        """Remove each deleted record given from the index, only if it is still exactly that
+        record; returns the ids removed."""
+        ...
+
+
 class ReconcileLog(Protocol):
     """Unregistered storage objects ``ckpt-ha reconcile --delete`` removed (R6)."""
 
@@ -149,5 +166,7 @@ class RegistryReader(CheckpointReader, OwnershipReader, TierReader, FenceReader,
     """Every read of the registry."""
 
 
-class CheckpointRegistry(RegistryReader, RegistryWriter, TierDeclarer, ReconcileLog, Protocol):
+class CheckpointRegistry(
+    RegistryReader, RegistryWriter, TierDeclarer, TombstoneEvictor, ReconcileLog, Protocol
+):
     """The whole registry (what its adapter and its fake implement)."""

@@ -52,6 +52,7 @@ from ckpt_ha.core.records import (
 )
 from ckpt_ha.core.tiers import TierChoice, resolve_tier
 from ckpt_ha.registry.client import RedisConfig, cas_digest, connect, describe
+from ckpt_ha.registry.eviction import FORGET_LUA, forget_call
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
@@ -189,6 +190,7 @@ class Registry:
         self.clock = clock
         self._read_script = client.register_script(_READ_LUA)
         self._write_script = client.register_script(_WRITE_LUA)
+        self._forget_script = client.register_script(FORGET_LUA)
 
     @classmethod
     def from_url(
@@ -359,6 +361,15 @@ class Registry:
             }
         )
 
+    async def forget_tombstones(self, records: Sequence[CheckpointRecord]) -> list[str]:
+        """Remove archived tombstones from the hot index (`ckpt_ha.registry.eviction`): each
+        only if its record is still exactly the one given. Returns the ids removed."""
+        keys, args = forget_call(self.keys, records)
+        if not keys:
+            return []
+        with _reachable():
+            return _strs(await self._forget_script(keys=keys, args=args))
+
     async def owner(self, job_id: str) -> str | None:
         """The project that owns a job's checkpoints (None: never claimed)."""
         with _reachable():
@@ -464,6 +475,20 @@ class Registry:
         with _reachable():
             ids = sorted(_strs(await self.r.smembers(self.keys.state(state))))
         return await self._many(ids)
+
+    async def by_state_pages(
+        self, state: CheckpointState, page_size: int = 500
+    ) -> AsyncIterator[list[CheckpointRecord]]:
+        """Every checkpoint in ``state``, about ``page_size`` per round trip, in no order (SSCAN:
+        one present throughout is read once at least; one that leaves meanwhile may not be)."""
+        cursor = 0
+        while True:
+            with _reachable():
+                cursor, ids = await self.r.sscan(self.keys.state(state), cursor, count=page_size)
+            if ids:
+                yield await self._many(_strs(ids))
+            if cursor == 0:
+                return
 
     async def by_uri(self, uri: str) -> list[CheckpointRecord]:
         with _reachable():

@@ -16,8 +16,10 @@ NATS = Principal("restore-coordinator", ("resume.planned", "resume.verified", "r
                                          # `job.failed`: an attempt it declares lost.
                                          "job.failed"),
                  consumers=("started", "failed", "load-failed", "registered", "verified",
-                            "loaded", "succeeded", "held", "unheld", "restore-requested"),
-                 reports=("heartbeat", "progress"))  # fmt: skip
+                            "loaded", "succeeded", "held", "unheld", "restore-requested",
+                            "job-index"),
+                 reports=("heartbeat", "progress", "job-index-heartbeat",
+                          "job-index-progress"))  # fmt: skip
 
 
 def key_spaces(prefix: str) -> Mapping[str, str]:
@@ -38,6 +40,6 @@ REDIS = RedisUser(
     (*CONNECT, *LEASES, "get", "set", "mget", "del", "expire", "hset", "hget",
      "hmget", "hgetall", "hdel", "zadd", "zcard", "zpopmin", "zrange", "zrevrange",
      "zremrangebyrank", "zremrangebyscore", "zrem", "zrangebyscore", "zscore", "sadd", "smembers",
-     "rpush", "ltrim", "lrange", "multi", "exec", "discard"),
+     "rpush", "ltrim", "lrange", "multi", "exec", "discard", "incrby"),
     key_spaces=key_spaces,
 )  # fmt: skip

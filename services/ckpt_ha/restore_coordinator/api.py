@@ -5,7 +5,10 @@ imports (the CLI, the operations, the runner; tests may reach further). What it 
   formatted by the coordinator (its store, `ckpt_ha.restore_coordinator.store`, and this);
 * its read models (`PlanRecord`, `Failure`, `Started`, `Watch`, ...);
 * a typed reader of that state (`RestoreReader`: plans, verdicts, failures, starts, holds)
-  for the ``ckpt-ha`` commands. Only the coordinator writes it.
+  for the ``ckpt-ha`` commands. Only the coordinator writes it;
+* the reader of its job index (`JobIndexReader`): each job's events of the event stream (not
+  the checkpoints') and its newest reports, what ``ckpt-ha job list|show`` read instead of the
+  whole stream (`ckpt_ha.restore_coordinator.store.job_index` writes it).
 """
 
 from __future__ import annotations
@@ -33,10 +36,13 @@ from ckpt_ha.restore_coordinator.records import (
 )
 
 __all__ = [
+    "INDEX",
+    "INDEX_DURABLE",
     "KEY_SPACE",
     "DecisionRecord",
     "Failure",
     "History",
+    "JobIndexReader",
     "PlanRecord",
     "Point",
     "RestoreReader",
@@ -49,6 +55,11 @@ __all__ = [
 
 KEY_SPACE = "coord:"
 """Every key of the coordinator starts with ``<prefix>:`` and this."""
+INDEX = "jobs"
+"""The job index's keys: ``<p>:coord:jobs:…`` (`JobIndexReader`)."""
+INDEX_DURABLE = "restore-coordinator--job-index"
+"""The durable on the event stream that keeps the job index: a reader that must see every
+event published before it asks waits until this one has acknowledged them."""
 
 
 def key(prefix: str, *parts: str | int) -> str:
@@ -122,3 +133,50 @@ class RestoreReader:
     async def watch(self, job: str) -> Watch | None:
         raw = await self._r.get(self._k("watch", job))
         return Watch.model_validate_json(raw) if raw else None
+
+
+class JobIndexReader:
+    """The job index, a projection of the stream like the rest of the coordinator's state
+    (rebuilt with it), never expired:
+
+    * ``<p>:coord:jobs:all``           sorted set: job → when the index first heard of it
+      (an ordinal);
+    * ``<p>:coord:jobs:log:<job>``     sorted set: the job's events of the event stream (every
+      ``job.*`` and ``resume.*``, as published) → their ordinal, in stream order;
+    * ``<p>:coord:jobs:reports:<job>`` hash: ``last``, the newest report (``job.heartbeat`` or
+      ``job.progress``), and ``step``, the newest naming a step;
+    * ``<p>:coord:jobs:seq``           the ordinals' counter.
+
+    A job's events are its log and those two reports merged by time (an event before a report
+    of the same instant), as the stream reader merges the two streams: what folds into the
+    same summary and timeline as the whole of both streams (`ckpt_ha.ops.jobs`)."""
+
+    def __init__(self, client: aioredis.Redis, prefix: str) -> None:
+        self._r = client
+        self._p = prefix
+
+    def _k(self, *parts: str | int) -> str:
+        return key(self._p, INDEX, *parts)
+
+    async def jobs(self) -> list[str]:
+        """Every job indexed, in the order the index first heard of them."""
+        return [text(j) for j in await self._r.zrange(self._k("all"), 0, -1)]
+
+    async def raw_events(self, jobs: Sequence[str]) -> dict[str, tuple[list[bytes], list[bytes]]]:
+        """Each job's log (stream order) and its newest reports (at most two: the newest
+        naming a step, the newest), as stored, in one round trip."""
+        async with self._r.pipeline(transaction=False) as pipe:
+            for job in jobs:
+                pipe.zrange(self._k("log", job), 0, -1)
+                pipe.hmget(self._k("reports", job), ["step", "last"])
+            found = await pipe.execute()
+        out: dict[str, tuple[list[bytes], list[bytes]]] = {}
+        for i, job in enumerate(jobs):
+            log, reports = found[2 * i], found[2 * i + 1]
+            kept = list(dict.fromkeys(_raw(r) for r in reports if r))
+            out[job] = ([_raw(e) for e in log], kept)
+        return out
+
+
+def _raw(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else value

@@ -42,6 +42,7 @@ from ckpt_ha.restore_coordinator.handlers.decide import (
     new_owner_id,
 )
 from ckpt_ha.restore_coordinator.handlers.failures import Failures, Quarantine
+from ckpt_ha.restore_coordinator.handlers.job_index import JobIndexing
 from ckpt_ha.restore_coordinator.handlers.operator import OperatorActs
 from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
 from ckpt_ha.restore_coordinator.handlers.reports import Reports
@@ -59,6 +60,7 @@ from ckpt_ha.restore_coordinator.ports import (
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
 from ckpt_ha.restore_coordinator.store import RedisRestores
+from ckpt_ha.restore_coordinator.store.job_index import RedisJobIndex
 from ckpt_ha.restore_coordinator.watchdog import LostAttempts
 from ckpt_ha.runtime.leader import Leader
 from ckpt_ha.runtime.service import Service, new_service
@@ -104,6 +106,17 @@ every running job reports often, its Redis round trips per batch; and failures, 
 bursts when a rack is lost, their jobs decided concurrently (`Failures.on_failed_batch`)."""
 JOB_CONSUMERS = ("started", "heartbeat", "progress", "failed", "succeeded")
 """Their backlog holds the lost-attempt loop back (`watchdog`)."""
+
+
+INDEX_CONSUMERS = (
+    ("job-index", "{p}.ev.>",
+     "The job index: each job's and restore's event (a checkpoint's is skipped), for "
+     "`ckpt-ha job list|show`."),
+    ("job-index-heartbeat", "{p}.ev.job.heartbeat.*.*", "The job index: a job's newest report."),
+    ("job-index-progress", "{p}.ev.job.progress.*.*", "The job index: a job's newest report."),
+)  # fmt: skip
+"""The job index's consumers (`ckpt_ha.restore_coordinator.store.job_index`): the event
+stream's whole, and the progress stream's two subjects."""
 
 
 @dataclass(kw_only=True)
@@ -161,6 +174,11 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
             )
         else:
             svc.bus.consumer(consumer, subject, description=description)(getattr(handlers, method))
+    indexing = JobIndexing(RedisJobIndex(client, settings.registry_prefix))
+    for consumer, subject, description in INDEX_CONSUMERS:
+        svc.bus.batch_consumer(
+            consumer, subject.format(p=svc.bus.cfg.prefix), description=description
+        )(indexing.on_batch)
     svc.finish(
         title="ckpt-ha restore-coordinator",
         description="Plans, watches and verifies resumes after job failures.",

@@ -16,20 +16,31 @@ from ckpt_ha.registry.pins import RedisPins
 from ckpt_ha.restore_coordinator.ports import CheckpointReads
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
 from ckpt_ha.restore_coordinator.store import RedisRestores
+from ckpt_ha.restore_coordinator.store.job_index import RedisJobIndex
 
 
 class RestoreReplay:
     """The restore-coordinator's state and pins, replayed on the events' clock."""
 
-    def __init__(self, state: RedisRestores, pins: RedisPins, registry: CheckpointReads) -> None:
+    def __init__(
+        self,
+        state: RedisRestores,
+        pins: RedisPins,
+        registry: CheckpointReads,
+        jobs: RedisJobIndex,
+    ) -> None:
         self.state = state
         self.projection = RestoreProjection(state, pins, registry)
+        self.jobs = jobs
+        """The job index (`store.job_index`), under the coordinator's key space: cleared and
+        replayed with the rest of its state."""
 
     async def clear(self) -> int:
         """Delete the coordinator's key space (before the replay; the coordinator is stopped)."""
         return await self.state.clear()
 
     async def apply(self, event: Envelope[EventData]) -> None:
+        await self.jobs.record([event])  # as its own consumer: whatever the projection says
         await self.state.replay_to(event.time)
         await self.projection.apply(event)
 
@@ -56,4 +67,4 @@ def restore_replay(
         ttl_s=ttl_s,
         replaying=True,
     )
-    return RestoreReplay(state, pins, registry)
+    return RestoreReplay(state, pins, registry, RedisJobIndex(client, prefix))

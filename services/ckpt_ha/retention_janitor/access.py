@@ -24,9 +24,12 @@ def key_spaces(prefix: str) -> Mapping[str, str]:
 REDIS = RedisUser(
     "retention-janitor",
     # Reads jobs, records and tiers; records the declared tier; keeps its own view of resumes
-    # (never a key of the restore-coordinator's). And the lease of its periodic rounds.
-    ("tier-declared", "janitor-view", "leases"),
-    ("jobs", "job-index", "checkpoints", "tiers"),
-    (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange"),
+    # (never a key of the restore-coordinator's). And the lease of its periodic rounds. Removes
+    # archived tombstones from the records and their indexes (`ckpt_ha.registry.eviction`).
+    ("tier-declared", "janitor-view", "leases", "checkpoints", "job-index", "state-index",
+     "uri-index"),
+    ("jobs", "tiers"),
+    (*CONNECT, *LEASES, "get", "set", "del", "mget", "smembers", "zrevrange", "srem", "zrem",
+     "sscan"),
     key_spaces=key_spaces,
 )  # fmt: skip

@@ -20,6 +20,7 @@ built from every plan and registration ever published, without a rebuild.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import timedelta
 
 from faststream import FastStream
 
@@ -30,6 +31,7 @@ from ckpt_ha.registry.client import connect
 from ckpt_ha.registry.leases import RedisLeases
 from ckpt_ha.registry.redis_registry import Registry
 from ckpt_ha.retention_janitor.adapters import ConsumerFeed
+from ckpt_ha.retention_janitor.archive import open_archive
 from ckpt_ha.retention_janitor.handlers import Janitor, JanitorHandlers, ResumeHandlers
 from ckpt_ha.retention_janitor.metrics import RetentionMetrics
 from ckpt_ha.retention_janitor.settings import RetentionJanitorSettings
@@ -86,6 +88,8 @@ def build(settings: RetentionJanitorSettings, clock: Clock = utc_now) -> Retenti
         base.bus,
         clock,
         RetentionMetrics(base.metrics),
+        archive=open_archive(settings.tombstone_archive, create=True),
+        hot=timedelta(days=settings.tombstone_hot_days),
     )
     svc = RetentionJanitor(
         name=NAME,

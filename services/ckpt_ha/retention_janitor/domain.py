@@ -147,6 +147,21 @@ def tombstone_reason(reason: str, kept: Sequence[str]) -> str:
     return "; ".join((reason, *kept))
 
 
+def cold_tombstones(
+    records: Iterable[CheckpointRecord], now: datetime, hot: timedelta
+) -> list[CheckpointRecord]:
+    """The tombstones (deleted checkpoints' records) whose deletion is older than ``hot``: they
+    leave the registry's hot index for the archive, oldest deletion first (R6: moved, never
+    dropped). Nothing moves when ``hot`` is zero."""
+    if hot <= timedelta(0):
+        return []
+    cold = [
+        r for r in records
+        if r.state is S.DELETED and r.tombstone is not None and r.tombstone.at <= now - hot
+    ]  # fmt: skip
+    return sorted(cold, key=lambda r: (r.tombstone.at if r.tombstone else now, r.checkpoint_id))
+
+
 def last_valid(records: Iterable[CheckpointRecord]) -> CheckpointRecord | None:
     """The job's newest valid checkpoint by step: never deleted by policy."""
     valid = [r for r in records if r.state is S.VALID and r.step is not None]

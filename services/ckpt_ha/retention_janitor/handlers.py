@@ -31,13 +31,14 @@ from collections import Counter
 from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointDeletedV1,
     CheckpointExpiredV1,
     CheckpointRegisteredV1,
+    CheckpointState,
 )
 from ckpt_ha.contracts.job import JobStartedV1
 from ckpt_ha.core.errors import DependencyNotReady
@@ -54,6 +55,7 @@ from ckpt_ha.retention_janitor.ports import (
     ResumeFeed,
     ResumeView,
     RetentionRegistry,
+    TombstoneArchive,
 )
 from ckpt_ha.runtime.leader import next_round
 from ckpt_ha.storage import StorageError, key_for_uri
@@ -68,6 +70,12 @@ __all__ = [
     "plan_round",
 ]
 
+ARCHIVE_BATCH = 200
+"""Tombstones read, archived, then removed from the registry, per step of
+`move_cold_tombstones` (the hot ones are read too: memory stays one page)."""
+ARCHIVE_EVERY = timedelta(hours=1)
+"""How often the periodic rounds move old tombstones (their age is counted in days; a move
+reads every tombstone still in the registry)."""
 SOURCE = "ckpt-ha/retention-janitor"
 ACTOR = "retention-janitor"
 log = logging.getLogger("ckpt_ha.retention_janitor")
@@ -114,8 +122,16 @@ class Janitor:
         bus: Publisher,
         clock: Clock,
         metrics: RetentionMetrics,
+        *,
+        archive: TombstoneArchive | None = None,
+        hot: timedelta = timedelta(0),
     ) -> None:
+        """``archive`` and ``hot``: tombstones deleted longer than ``hot`` ago move there
+        (`move_cold_tombstones`); none, or a zero ``hot``: they stay in the registry."""
         self.registry = registry
+        self.archive = archive
+        self.hot = hot
+        self._moved_at: datetime | None = None
         self.resumes = resumes
         self.feed = feed
         self.store = store
@@ -253,11 +269,32 @@ class Janitor:
     async def _publish(self, data: CheckpointExpiredV1 | CheckpointDeletedV1, key: str) -> None:
         await self.bus.publish(build(data, source=SOURCE, time=self.clock(), key=key))
 
+    async def move_cold_tombstones(self) -> list[str]:
+        """Move the tombstones deleted longer than ``hot`` ago from the registry to the archive
+        (R6): each batch is written to the archive first and only then removed from the
+        registry, so a crash in between leaves a tombstone in both, never in neither (the next
+        round writes it again and removes it). Returns the ids removed from the registry."""
+        if self.archive is None:
+            return []
+        now, moved = self.clock(), []
+        async for page in self.registry.by_state_pages(CheckpointState.DELETED, ARCHIVE_BATCH):
+            cold = domain.cold_tombstones(page, now, self.hot)
+            if cold:
+                await self.archive.put(cold)
+                moved += await self.registry.forget_tombstones(cold)
+        self._moved_at = now
+        if moved:
+            self.metrics.archived.labels(self.metrics.service).inc(len(moved))
+            log.info("moved %d tombstone(s) to the archive", len(moved))
+        return moved
+
     async def run(self, interval_s: float) -> None:
         """Rounds forever; an outage ends a round early and the next one retries."""
         while True:
             try:
                 await self.run_once()
+                if self._moved_at is None or self.clock() - self._moved_at >= ARCHIVE_EVERY:
+                    await self.move_cold_tombstones()
             except ResumesBehind:
                 log.warning("resume events still being applied; retention waits for next round")
             except Exception:  # one failed round must not stop the janitor

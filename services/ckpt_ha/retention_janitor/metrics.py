@@ -65,3 +65,10 @@ class RetentionMetrics:
             forget_after_s=float("inf"),
             registry=metrics.registry,
         )
+        self.archived = Counter(
+            "ckpt_ha_retention_tombstones_archived_total",
+            "Tombstones moved from the registry (Redis) to the tombstone archive after "
+            "CKPT_HA_TOMBSTONE_HOT_DAYS.",
+            ["service"],
+            registry=metrics.registry,
+        )

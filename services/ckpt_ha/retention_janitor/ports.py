@@ -10,10 +10,11 @@ the unit tests the fakes of ``tests/support/fakes``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Protocol
 
 from ckpt_ha.bus.port import Publisher
+from ckpt_ha.contracts.checkpoint import CheckpointState
 from ckpt_ha.core.clock import Clock
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.tiers import TierChoice
@@ -27,6 +28,7 @@ __all__ = [
     "ResumeFeed",
     "ResumeView",
     "RetentionRegistry",
+    "TombstoneArchive",
 ]
 
 
@@ -45,6 +47,30 @@ class RetentionRegistry(Protocol):
     async def tier_of(self, job_id: str) -> TierChoice: ...
 
     async def declare_tier(self, job_id: str, tier: str | None) -> None: ...
+
+    def by_state_pages(
+        self, state: CheckpointState, page_size: int = 500
+    ) -> AsyncIterator[list[CheckpointRecord]]: ...
+
+    async def forget_tombstones(self, records: Sequence[CheckpointRecord]) -> list[str]:
+        """Remove these tombstones from the registry, each only if its record is still exactly
+        the one given (it was archived as such); returns the ids removed."""
+        ...
+
+
+class TombstoneArchive(Protocol):
+    """The cold archive of tombstones moved out of the registry (R6): written before they
+    leave it, read by ``retention audit`` (`ckpt_ha.retention_janitor.archive`)."""
+
+    async def put(self, records: Sequence[CheckpointRecord]) -> None:
+        """Store these tombstones durably (again: harmless)."""
+        ...
+
+    async def get(self, checkpoint_id: str) -> CheckpointRecord | None: ...
+
+    async def by_job(self, job_id: str) -> list[CheckpointRecord]: ...
+
+    async def everything(self) -> list[CheckpointRecord]: ...
 
 
 class ResumeView(Protocol):

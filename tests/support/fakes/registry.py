@@ -101,6 +101,18 @@ class InMemoryRegistry:
         else:
             self.declared.pop(job_id, None)
 
+    async def forget_tombstones(self, records: Sequence[CheckpointRecord]) -> list[str]:
+        self._reachable()
+        removed = []
+        for r in records:
+            if r.state is CheckpointState.DELETED and self.records.get(r.checkpoint_id) == r:
+                del self.records[r.checkpoint_id]
+                self.uris.get(r.uri, set()).discard(r.checkpoint_id)
+                if not self.uris.get(r.uri):
+                    self.uris.pop(r.uri, None)  # as Redis drops an empty set
+                removed.append(r.checkpoint_id)
+        return removed
+
     async def record_reconcile_deletion(self, entry: dict[str, Any]) -> None:
         self._reachable()
         self.reconciled.append(json.dumps(entry, sort_keys=True))
@@ -142,6 +154,14 @@ class InMemoryRegistry:
     async def by_state(self, state: CheckpointState) -> list[CheckpointRecord]:
         self._reachable()
         return [self.records[i] for i in sorted(self.records) if self.records[i].state is state]
+
+    async def by_state_pages(
+        self, state: CheckpointState, page_size: int = 500
+    ) -> AsyncIterator[list[CheckpointRecord]]:
+        self._reachable()
+        found = [r for r in self.records.values() if r.state is state]
+        for start in range(0, len(found), page_size):
+            yield found[start : start + page_size]
 
     async def by_uri(self, uri: str) -> list[CheckpointRecord]:
         self._reachable()

@@ -151,6 +151,8 @@ def up(home: Path, env: Mapping[str, str], *, storage_link: bool = False) -> Sta
         record(nats_url, redis_url)
     service_env = {
         **copy_defaults(storage_root),
+        # The janitor's tombstone archive, beside the stack's state (the CLI reads it there).
+        "CKPT_HA_TOMBSTONE_ARCHIVE": str(home / "tombstones"),
         **env,
         "NATS_URL": nats_url,
         "REDIS_URL": redis_url,
