@@ -26,6 +26,7 @@ Leases are transient: a rebuild neither replays nor needs them.
 from __future__ import annotations
 
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 
 KEY_SPACE = "lease:"
 """Every loop lease starts with ``<prefix>:`` and this."""
@@ -85,6 +86,12 @@ async def acquire(client: aioredis.Redis, lease_key: str, owner: str, ttl_s: flo
     """Take the lease at ``lease_key`` for ``owner`` if nobody holds it (its holder included:
     a second delivery to the same holder does not get it either)."""
     return bool(await client.set(lease_key, owner, nx=True, px=_ms(ttl_s)))
+
+
+def stage_acquire(pipe: Pipeline, lease_key: str, owner: str, ttl_s: float) -> None:
+    """`acquire` queued on a caller's pipeline (many failures' leases in one round trip): its
+    reply is true when taken."""
+    pipe.set(lease_key, owner, nx=True, px=_ms(ttl_s))
 
 
 class RedisLeases:

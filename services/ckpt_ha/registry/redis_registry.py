@@ -460,6 +460,26 @@ class Registry:
                 return
             start += page_size
 
+    async def newest_of_jobs(
+        self, job_ids: Sequence[str], count: int
+    ) -> dict[str, list[CheckpointRecord]]:
+        """Each job's ``count`` newest checkpoints (newest step first, as `by_job_pages`' first
+        page): the ids of every job in one round trip, their records in one more."""
+        jobs = list(dict.fromkeys(job_ids))
+        if not jobs:
+            return {}
+        with _reachable():
+            async with self.r.pipeline(transaction=False) as pipe:
+                for job in jobs:
+                    pipe.zrevrange(self.keys.job(job), 0, count - 1)
+                pages = [_strs(ids) for ids in await pipe.execute()]
+        every = [i for ids in pages for i in ids]
+        found = dict(zip(every, await self.get_many(every), strict=True))
+        return {
+            job: [r for r in (found[i] for i in ids) if r is not None]
+            for job, ids in zip(jobs, pages, strict=True)
+        }
+
     async def by_state(self, state: CheckpointState) -> list[CheckpointRecord]:
         with _reachable():
             ids = sorted(_strs(await self.r.smembers(self.keys.state(state))))

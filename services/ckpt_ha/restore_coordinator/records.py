@@ -290,3 +290,28 @@ def attention_value(status: str, reason: str, at: datetime) -> str:
 def attention_of(job: str, raw: str | bytes) -> Attention:
     at, status, reason = text(raw).split("|", 2)
     return Attention(job_id=job, status=status, reason=reason, since=from_unix(float(at)))
+
+
+FailureItem = tuple[str, int, Failure, str | None]
+"""A failure to record (`RestoreState.failure_contexts`): job, attempt, the failure, and its
+storage-error key when infrastructure-side (None: not one)."""
+
+FailureContext = tuple[Started | None, Point | None, History, set[str], DecisionRecord | None]
+"""What deciding a failure reads back as it records it (`RestoreState.failure_context`): the
+attempt's start, its last progress, the job's history, its exclusions, and the decision already
+taken for that failure."""
+
+
+@dataclass(frozen=True)
+class DecisionWrite:
+    """One decision to store with what it implies (`RestoreState.record_decisions`): its plan,
+    restart and pins, and the escalation of the job a plan after it settles (``settles``: the
+    plan's time; None: nothing to settle)."""
+
+    job: str
+    attempt: int
+    decision: DecisionRecord
+    plan: PlanRecord | None = None
+    pins: Sequence[Pin] = ()
+    planned_at: datetime | None = None
+    settles: datetime | None = None
