@@ -16,7 +16,7 @@ prints the machine's CPU per plan (every process: replicas, servers, the bench),
 replicas the floor the cores set: ``failures * CPU per plan / cores``. Cleans its Redis keys
 and streams afterwards (in a shared Redis; a private one is removed whole). Usage:
     .venv/bin/python bench/bench_plan.py [--jobs 10000] [--per-job 100] [--failures 1000]
-        [--replicas 2] [--compare] [--redis URL]
+        [--replicas 2] [--compare] [--redis URL] [--profile PATH]
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import json
 import multiprocessing as mp
 import os
@@ -299,6 +300,11 @@ async def main() -> None:
         action="store_true",
         help="also the burst with failures taken one at a time (as before batching), same run",
     )
+    ap.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="write a cProfile of this process during the one-replica burst to PATH",
+    )
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
     ap.add_argument("--redis", default=None, help="an existing Redis (default: a private one)")
     args = ap.parse_args()
@@ -372,7 +378,14 @@ async def run(args: argparse.Namespace, redis_url: str, *, clean_up: bool) -> No
 
         # Bursts: every job's next failure published at once (queueing included).
         await announce(producer, nc, settings.events_stream, failing, 2, now)
+        profile = cProfile.Profile() if args.profile else None
+        if profile is not None:
+            profile.enable()
         per_plan = await burst(producer, plans, failing, 2, now, "one replica")
+        if profile is not None:
+            profile.disable()
+            profile.dump_stats(args.profile)
+            print(f"  the one-replica burst's profile (this process): {args.profile}")
         if args.compare:
             # The same burst, same replica, failures taken one at a time as before batching.
             await coordinator.bus.broker.stop()

@@ -73,6 +73,11 @@ class RedisPins:
         if pins:
             pipe.hset(self._key(job), mapping={p.checkpoint_id: pin_json(p) for p in pins})
 
+    def for_script(self, job: str, pins: Sequence[Pin]) -> tuple[str, list[str]]:
+        """What `pin` writes, for a caller's Lua script that stores a decision and its pins in
+        one step: the job's pins key and its field, value pairs (HSET)."""
+        return self._key(job), [x for p in pins for x in (p.checkpoint_id, pin_json(p))]
+
     async def unpin(self, job: str, ids: Sequence[str]) -> None:
         """Release these checkpoints of the job (unknown ids are ignored)."""
         if ids:

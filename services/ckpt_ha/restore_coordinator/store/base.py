@@ -89,6 +89,8 @@ class StoreBase(RestoreReader):
         self._progress_script = client.register_script(script("progress"))
         self._watches_script = client.register_script(script("watches"))
         self._attention_script = client.register_script(script("attention"))
+        self._failures_script = client.register_script(script("failures"))
+        self._decisions_script = client.register_script(script("decisions"))
 
     # --- expiry (the one place a TTL is set) ---
 

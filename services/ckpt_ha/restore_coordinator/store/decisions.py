@@ -13,6 +13,7 @@ from redis.asyncio.client import Pipeline
 from ckpt_ha.core.pins import Pin
 from ckpt_ha.registry import leases
 from ckpt_ha.restore_coordinator.records import (
+    COMPACT_JSON,
     DecisionRecord,
     DecisionWrite,
     Failure,
@@ -47,46 +48,41 @@ class DecisionStore(StoreBase):
     async def failure_contexts(
         self, failures: Sequence[FailureItem], same_window: int
     ) -> list[FailureContext]:
-        """`failure_context` of many failures (a burst), in one round trip, in their order."""
-        async with self._r.pipeline(transaction=False) as pipe:
-            counts = [self._queue_failure(pipe, *f, same_window) for f in failures]
-            out = await pipe.execute()
-        contexts: list[FailureContext] = []
-        at = 0
-        for n in counts:
-            at += n
-            contexts.append(_context_of(out[at - 7 : at]))
-        return contexts
-
-    def _queue_failure(
-        self,
-        pipe: Pipeline,
-        job: str,
-        attempt: int,
-        failure: Failure,
-        storage_key: str | None,
-        same_window: int,
-    ) -> int:
-        """Queue the writes and reads of one `failure_context`; how many commands (the last 7
-        are its reads)."""
-        failures = self._k("failures", job)
-        restarts, storage = self._k("restarts", job), self._k("storage", job)
-        first = max(1, attempt - same_window + 1)
-        before = len(pipe)
-        pipe.hset(failures, str(attempt), failure_json(failure))
-        pipe.hdel(failures, str(attempt - self.history_limit))
-        self._expire(pipe, failures)
-        if storage_key is not None:
-            pipe.zadd(storage, {storage_key: unix(failure.at)})
-            self._expire(pipe, storage)
-        pipe.get(self._k("started", job, attempt))
-        pipe.get(self._k("last", job, attempt))
-        pipe.hmget(failures, [str(a) for a in range(first, attempt + 1)])
-        pipe.zrange(restarts, 0, -1, withscores=True)
-        pipe.zrange(storage, 0, -1, withscores=True)
-        pipe.smembers(self._k("excluded", job))
-        pipe.get(self._k("decision", job, attempt))
-        return len(pipe) - before
+        """`failure_context` of many failures (a burst), in their order: one script call
+        (`lua/failures.lua`)."""
+        if not failures:
+            return []
+        keys: list[str] = []
+        docs: list[list[object]] = []
+        for job, attempt, failure, storage_key in failures:
+            recorded, storage = self._k("failures", job), self._k("storage", job)
+            keys += (
+                recorded,
+                storage,
+                self._k("started", job, attempt),
+                self._k("last", job, attempt),
+                self._k("restarts", job),
+                self._k("excluded", job),
+                self._k("decision", job, attempt),
+            )
+            first = max(1, attempt - same_window + 1)
+            docs.append(
+                [
+                    str(attempt),
+                    failure_json(failure),
+                    str(attempt - self.history_limit),
+                    storage_key or "",
+                    repr(unix(failure.at)),
+                    [str(a) for a in range(first, attempt + 1)],
+                ]
+            )
+            if self._replay is not None:
+                self._replay.touch(recorded, self.ttl_s)
+                if storage_key is not None:
+                    self._replay.touch(storage, self.ttl_s)
+        ttl = self.ttl_s if self._replay is None else 0
+        out = await self._failures_script(keys=keys, args=[ttl, COMPACT_JSON.encode(docs)])
+        return [_context_of(_scored(found)) for found in out]
 
     async def held_of(self, jobs: Sequence[str]) -> set[str]:
         """Which of these jobs are held, in one round trip."""
@@ -169,20 +165,38 @@ class DecisionStore(StoreBase):
         return [DecisionRecord.model_validate_json(r) if r else None for r in raws]
 
     async def record_decisions(self, writes: Sequence[DecisionWrite]) -> None:
-        """`record_decision` of many failures (a burst) in one transaction, each with the
-        escalation its plan settles (`DecisionWrite.settles`)."""
+        """`record_decision` of many failures (a burst) in one script call, all or nothing
+        (`lua/decisions.lua`), each after settling the escalation its plan ends
+        (`DecisionWrite.settles`)."""
         if not writes:
             return
-        async with self._r.pipeline(transaction=True) as pipe:
-            for w in writes:
-                if w.settles is not None:
-                    await self._attention_script(
-                        keys=[self._k("attention")],
-                        args=[w.job, unix(w.settles), "", "escalated"],
-                        client=pipe,
-                    )
-                self._stage_decision(pipe, w)
-            await pipe.execute()
+        if self._replay is not None:  # (a replay stores one decision at a time)
+            async with self._r.pipeline(transaction=True) as pipe:
+                for w in writes:
+                    if w.settles is not None:
+                        await self._attention_script(
+                            keys=[self._k("attention")],
+                            args=[w.job, unix(w.settles), "", "escalated"],
+                            client=pipe,
+                        )
+                    self._stage_decision(pipe, w)
+                await pipe.execute()
+            return
+        keys = [self._k("attention")]
+        docs: list[list[object]] = []
+        for w in writes:
+            pins_key, pins = self._pins.for_script(w.job, w.pins)
+            keys += (self._k("decision", w.job, w.attempt), self._k("restarts", w.job), pins_key)
+            plan, member, score = "", "", ""
+            if w.plan is not None:
+                keys.append(self._k("plan", w.plan.plan_id))
+                plan, member = w.plan.model_dump_json(), w.plan.plan_id
+                score = repr(unix(w.planned_at or w.plan.failed_at))
+            settles = repr(unix(w.settles)) if w.settles is not None else ""
+            docs.append([w.job, settles, w.decision.model_dump_json(), plan, member, score, pins])
+        await self._decisions_script(
+            keys=keys, args=[self.ttl_s, self.history_limit, COMPACT_JSON.encode(docs)]
+        )
 
     async def record_decision(
         self,
@@ -195,7 +209,11 @@ class DecisionStore(StoreBase):
         planned_at: datetime | None = None,
     ) -> None:
         """Store the decision and what it implies (plan, restart, pins) in one transaction."""
-        await self.record_decisions([DecisionWrite(job, attempt, decision, plan, pins, planned_at)])
+        async with self._r.pipeline(transaction=True) as pipe:
+            self._stage_decision(
+                pipe, DecisionWrite(job, attempt, decision, plan, pins, planned_at)
+            )
+            await pipe.execute()
 
     def _stage_decision(self, pipe: Pipeline, w: DecisionWrite) -> None:
         k = self._k("decision", w.job, w.attempt)
@@ -226,6 +244,17 @@ class DecisionStore(StoreBase):
                 k = self._k("decision", job, attempt)
                 pipe.set(k, done.model_dump_json(), ex=self._ttl(k))
             await pipe.execute()
+
+
+def _scored(found: list[Any]) -> list[Any]:
+    """A script's context (`lua/failures.lua`) as the pipeline's: sorted sets as (member,
+    score) pairs."""
+    started, last, fails, restarts, storage, excluded, decision = found
+    return [started, last, fails, _pairs(restarts), _pairs(storage), excluded, decision]
+
+
+def _pairs(flat: list[Any]) -> list[tuple[Any, float]]:
+    return [(flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)]
 
 
 def _context_of(out: list[Any]) -> FailureContext:
