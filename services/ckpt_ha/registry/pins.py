@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import fields
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -33,7 +33,13 @@ def key(prefix: str, job: str) -> str:
 
 
 def pin_json(p: Pin) -> str:
-    return json.dumps(asdict(p), separators=(",", ":"))
+    # Fields in their order, all plain values: what ``asdict`` gives, without its deep copy
+    # (a burst of plans writes two pins each).
+    return _COMPACT.encode({f: getattr(p, f) for f in _PIN_FIELDS})
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+_PIN_FIELDS = tuple(f.name for f in fields(Pin))
 
 
 def pin_of(raw: str | bytes) -> Pin:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
@@ -242,7 +242,14 @@ def point_of(raw: str | bytes) -> Point:
 
 
 def failure_json(f: Failure) -> str:
-    return json.dumps({**asdict(f), "at": f.at.isoformat()}, separators=(",", ":"))
+    return COMPACT_JSON.encode(
+        {
+            "attempt": f.attempt,
+            "at": f.at.isoformat(),
+            "signature": f.signature,
+            "infrastructure": f.infrastructure,
+        }
+    )
 
 
 def failure_of(raw: str | bytes) -> Failure:
