@@ -26,7 +26,6 @@ Leases are transient: a rebuild neither replays nor needs them.
 from __future__ import annotations
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
 
 KEY_SPACE = "lease:"
 """Every loop lease starts with ``<prefix>:`` and this."""
@@ -88,10 +87,10 @@ async def acquire(client: aioredis.Redis, lease_key: str, owner: str, ttl_s: flo
     return bool(await client.set(lease_key, owner, nx=True, px=_ms(ttl_s)))
 
 
-def stage_acquire(pipe: Pipeline, lease_key: str, owner: str, ttl_s: float) -> None:
-    """`acquire` queued on a caller's pipeline (many failures' leases in one round trip): its
-    reply is true when taken."""
-    pipe.set(lease_key, owner, nx=True, px=_ms(ttl_s))
+def ms(ttl_s: float) -> int:
+    """A lease's lifetime as `acquire` sets it (``PX``), for a caller's script that takes many
+    leases at once in the same way."""
+    return _ms(ttl_s)
 
 
 class RedisLeases:

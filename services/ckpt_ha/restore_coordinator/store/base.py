@@ -91,6 +91,9 @@ class StoreBase(RestoreReader):
         self._attention_script = client.register_script(script("attention"))
         self._failures_script = client.register_script(script("failures"))
         self._decisions_script = client.register_script(script("decisions"))
+        self._leases_script = client.register_script(script("leases"))
+        self._published_script = client.register_script(script("published"))
+        self._points_script = client.register_script(script("points"))
 
     # --- expiry (the one place a TTL is set) ---
 

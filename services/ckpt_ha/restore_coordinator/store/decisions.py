@@ -140,13 +140,14 @@ class DecisionStore(StoreBase):
     async def lease_many(
         self, failures: Sequence[tuple[str, int]], owner: str, ttl_s: float
     ) -> list[bool]:
-        """`lease` of many failures in one round trip: which were taken."""
+        """`lease` of many failures in one script call (`lua/leases.lua`): which were taken."""
         if not failures:
             return []
-        async with self._r.pipeline(transaction=False) as pipe:
-            for job, attempt in failures:
-                leases.stage_acquire(pipe, self._k("lease", job, attempt), owner, ttl_s)
-            return [bool(x) for x in await pipe.execute()]
+        taken = await self._leases_script(
+            keys=[self._k("lease", job, attempt) for job, attempt in failures],
+            args=[owner, leases.ms(ttl_s)],
+        )
+        return [bool(x) for x in taken]
 
     async def release(self, job: str, attempt: int) -> None:
         await self._r.delete(self._k("lease", job, attempt))
@@ -235,15 +236,16 @@ class DecisionStore(StoreBase):
     async def mark_published_many(
         self, decisions: Sequence[tuple[str, int, DecisionRecord]]
     ) -> None:
-        """`mark_published` of many decisions in one round trip."""
+        """`mark_published` of many decisions in one script call (`lua/published.lua`)."""
         if not decisions:
             return
-        async with self._r.pipeline(transaction=False) as pipe:
-            for job, attempt, decision in decisions:
-                done = decision.model_copy(update={"published": True})
-                k = self._k("decision", job, attempt)
-                pipe.set(k, done.model_dump_json(), ex=self._ttl(k))
-            await pipe.execute()
+        docs = [d.model_copy(update={"published": True}).model_dump_json() for _, _, d in decisions]
+        keys = [self._k("decision", job, attempt) for job, attempt, _ in decisions]
+        if self._replay is not None:  # (a replay marks nothing published: never here)
+            for k, doc in zip(keys, docs, strict=True):
+                await self._r.set(k, doc, ex=self._ttl(k))
+            return
+        await self._published_script(keys=keys, args=[self.ttl_s, *docs])
 
 
 def _scored(found: list[Any]) -> list[Any]:

@@ -89,13 +89,13 @@ class ProgressStore(StoreBase):
         return point_of(raw) if raw else None
 
     async def points_at(self, wanted: Sequence[tuple[str, int]]) -> list[Point | None]:
-        """`point_at` of many (job, step), in their order, in one round trip."""
+        """`point_at` of many (job, step), in their order, in one script call
+        (`lua/points.lua`)."""
         if not wanted:
             return []
-        async with self._r.pipeline(transaction=False) as pipe:
-            for job, step in wanted:
-                pipe.hget(self._k("traj", job), str(step))
-            raws = await pipe.execute()
+        raws = await self._points_script(
+            keys=[self._k("traj", job) for job, _ in wanted], args=[step for _, step in wanted]
+        )
         return [point_of(raw) if raw else None for raw in raws]
 
     async def last(self, job: str, attempt: int) -> Point | None:
