@@ -113,6 +113,7 @@ class SlurmPoller:
             return self._states.get(job_id, ABSENT)
 
     def _poll(self) -> None:
+        asked = self._clock()  # the interval runs from the question, however long it took
         ids = sorted(self._watched)
         states: dict[str, tuple[str, str]] = {}
         answered = True
@@ -129,7 +130,7 @@ class SlurmPoller:
                 answered = False
                 break
             states.update(parse_squeue(done.stdout))
-        self._at = self._clock()
+        self._at = asked
         self._unseen.clear()
         self._answered = answered
         if answered:
