@@ -64,7 +64,9 @@ def real(jobs: int, submit: int, seconds: float) -> None:
     with slurm.cluster() as cluster:
         env = {**os.environ, **cluster.env}
         submitted = [
-            cluster.run("sbatch", "--parsable", "--wrap", "sleep 60").strip().split(";")[0]
+            cluster.run("sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 60")
+            .strip()
+            .split(";")[0]
             for _ in range(submit)
         ]
         first = max(int(i) for i in submitted) + 1
