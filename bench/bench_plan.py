@@ -7,16 +7,18 @@ newest of each job still pending verification, the rest valid), starts the real 
 in-process on private NATS streams (provisioned first, as the operator does: services never
 create them), announces
 ``job.started`` for ``--failures`` jobs, then publishes one ``job.failed`` at a time and times
-it until its ``resume.planned`` arrives on a plain NATS subscription. Prints p50/p90/p99/max,
-then a burst (all failures of the next attempt published at once, then timed from the first
-publish to the last plan) with one coordinator replica, and with ``--replicas 2`` another burst
-with a second replica (its own process, sharing the durable consumers) side by side; with
-``--compare`` also the burst taken one failure at a time, as before batching. Each burst
-prints the machine's CPU per plan (every process: replicas, servers, the bench), and for two
-replicas the floor the cores set: ``failures * CPU per plan / cores``. Cleans its Redis keys
-and streams afterwards (in a shared Redis; a private one is removed whole). Usage:
+it until its ``resume.planned`` arrives on a plain NATS subscription (that coordinator runs in
+the bench's process). Then bursts (all failures of the next attempt published at once, timed
+from the first publish to the last plan), each decided by coordinator replicas in processes of
+their own, as deployed (the bench's publishing never shares a replica's core): one replica;
+with ``--compare`` one replica taking failures one message at a time, as before batching; with
+``--replicas 2`` two replicas sharing the durable consumers. Each burst prints the machine's
+CPU per plan (every process: replicas, servers, the bench), the replicas' own and the bench's;
+for two replicas the floor the cores set: ``failures * CPU per plan / cores``. ``--profile
+PATH`` writes a cProfile of the one-replica burst's replica. Cleans its Redis keys and streams
+afterwards (in a shared Redis; a private one is removed whole). Usage:
     .venv/bin/python bench/bench_plan.py [--jobs 10000] [--per-job 100] [--failures 1000]
-        [--replicas 2] [--compare] [--redis URL]
+        [--replicas 2] [--compare] [--redis URL] [--profile PATH]
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import json
 import multiprocessing as mp
 import os
@@ -203,18 +206,65 @@ def machine_ticks() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def replica_main(settings: RestoreCoordinatorSettings, ready: Any, stop: Any) -> None:
-    """A second coordinator replica in its own process, on the same streams and Redis."""
+def replica_main(
+    settings: RestoreCoordinatorSettings,
+    ready: Any,
+    stop: Any,
+    batched: bool = True,
+    profile: str | None = None,
+) -> None:
+    """A coordinator replica in its own process, on the bench's streams and Redis (as deployed:
+    one process per replica, so the bench's own publishing never runs on its core). Not
+    ``batched``: failures taken one message at a time (`--compare`). With ``profile``, a
+    cProfile of its whole serving time is written there."""
 
     async def serve() -> None:
-        svc = build_coordinator(settings)
+        if batched:
+            svc = build_coordinator(settings)
+        else:
+            with unbatched_failures():
+                svc = build_coordinator(settings)
         await svc.bus.broker.start()
+        profiler = cProfile.Profile(time.process_time) if profile else None  # CPU, not wall
+        if profiler is not None:
+            profiler.enable()
         ready.set()
         await asyncio.to_thread(stop.wait)
+        if profiler is not None and profile is not None:
+            profiler.disable()
+            profiler.dump_stats(profile)
         await svc.bus.broker.stop()
         await svc.state.close()
 
     asyncio.run(serve())
+
+
+class Replica:
+    """One coordinator replica process (`replica_main`)."""
+
+    def __init__(
+        self, settings: RestoreCoordinatorSettings, *, batched: bool, profile: str | None = None
+    ) -> None:
+        ctx = mp.get_context("spawn")
+        self.ready, self.stop_event = ctx.Event(), ctx.Event()
+        self.proc = ctx.Process(
+            target=replica_main, args=(settings, self.ready, self.stop_event, batched, profile)
+        )
+
+    async def start(self) -> Replica:
+        self.proc.start()
+        if not await asyncio.to_thread(self.ready.wait, 120):
+            raise RuntimeError("a coordinator replica did not start within 120 s")
+        return self
+
+    def cpu_s(self) -> float:
+        """CPU seconds the replica process used so far (user + system)."""
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    async def stop(self) -> None:
+        self.stop_event.set()
+        await asyncio.to_thread(self.proc.join, 60)
 
 
 @contextlib.contextmanager
@@ -258,15 +308,22 @@ def failure(job: str, attempt: int, now: datetime) -> Envelope[EventData]:
 
 
 async def burst(
-    producer: Bus, plans: Plans, failing: list[str], attempt: int, now: datetime, what: str
+    producer: Bus,
+    plans: Plans,
+    failing: list[str],
+    attempt: int,
+    now: datetime,
+    what: str,
+    replicas: list[Replica],
 ) -> float:
     """Every job's failure of ``attempt`` published at once; the time until the last decision
-    arrived. Prints it with the machine's CPU per plan over the burst."""
+    arrived. Prints it with the machine's CPU per plan over the burst, and the replicas'."""
     futs = [plans.expect(job, attempt) for job in failing]
     plans.kinds.clear()
     hz = os.sysconf("SC_CLK_TCK")
     busy0, total0 = machine_ticks()
     own0 = time.process_time()
+    cpu0 = [r.cpu_s() for r in replicas]
     t0 = time.perf_counter()
     await asyncio.gather(*(producer.publish(failure(j, attempt, now)) for j in failing))
     published = time.perf_counter() - t0
@@ -274,6 +331,7 @@ async def burst(
     elapsed = max(done) - t0
     busy1, total1 = machine_ticks()
     own = time.process_time() - own0
+    served = sum(r.cpu_s() - c for r, c in zip(replicas, cpu0, strict=True))
     per_plan = (busy1 - busy0) / hz / len(failing)
     after = [(t - t0) * 1000 for t in done]
     print(
@@ -283,7 +341,8 @@ async def burst(
         f"{published:.2f}s); machine "
         f"{100 * (busy1 - busy0) / max(total1 - total0, 1):.0f}% busy, "
         f"{1e3 * per_plan:.2f} ms of machine CPU per plan "
-        f"(this process, replica + bench: {1e3 * own / len(failing):.2f} ms)"
+        f"(the replicas' processes {1e3 * served / len(failing):.2f} ms, "
+        f"the bench's {1e3 * own / len(failing):.2f} ms)"
     )
     return per_plan
 
@@ -298,6 +357,11 @@ async def main() -> None:
         "--compare",
         action="store_true",
         help="also the burst with failures taken one at a time (as before batching), same run",
+    )
+    ap.add_argument(
+        "--profile",
+        metavar="PATH",
+        help="write a cProfile of the one-replica burst's replica process to PATH",
     )
     ap.add_argument("--nats", default="nats://127.0.0.1:4222")
     ap.add_argument("--redis", default=None, help="an existing Redis (default: a private one)")
@@ -334,8 +398,7 @@ async def run(args: argparse.Namespace, redis_url: str, *, clean_up: bool) -> No
     nc = await nats.connect(args.nats)
     coordinator = build_coordinator(settings)
     producer = Bus(settings.bus(), "bench-runner")
-    second: Any = None
-    stop = mp.get_context("spawn").Event()
+    running: list[Replica] = []
     try:
         start = time.perf_counter()
         await fill(r, settings.registry_prefix, args.jobs, args.per_job)
@@ -370,26 +433,33 @@ async def run(args: argparse.Namespace, redis_url: str, *, clean_up: bool) -> No
             f"mean {statistics.mean(latencies):.2f} ms"
         )
 
-        # Bursts: every job's next failure published at once (queueing included).
+        # Bursts: every job's next failure published at once (queueing included), decided by
+        # replica processes (the in-process coordinator above stops first).
+        await coordinator.bus.broker.stop()
+        await coordinator.state.close()
+        first = await Replica(settings, batched=True, profile=args.profile).start()
+        running.append(first)
         await announce(producer, nc, settings.events_stream, failing, 2, now)
-        per_plan = await burst(producer, plans, failing, 2, now, "one replica")
+        per_plan = await burst(producer, plans, failing, 2, now, "one replica", [first])
         if args.compare:
-            # The same burst, same replica, failures taken one at a time as before batching.
-            await coordinator.bus.broker.stop()
-            await coordinator.state.close()
-            with unbatched_failures():
-                coordinator = build_coordinator(settings)
-            await coordinator.bus.broker.start()
+            # The same burst, failures taken one at a time as before batching.
+            await first.stop()
+            if args.profile:
+                print(f"  the one-replica burst's replica profile: {args.profile}")
+            unbatched = await Replica(settings, batched=False).start()
+            running.append(unbatched)
             await announce(producer, nc, settings.events_stream, failing, 3, now)
-            await burst(producer, plans, failing, 3, now, "one replica, one failure at a time")
+            await burst(
+                producer, plans, failing, 3, now, "one replica, one failure at a time", [unbatched]
+            )
+            await unbatched.stop()
+            first = await Replica(settings, batched=True).start()
+            running.append(first)
         if args.replicas == 2:
-            ctx = mp.get_context("spawn")
-            ready = ctx.Event()
-            second = ctx.Process(target=replica_main, args=(settings, ready, stop))
-            second.start()
-            await asyncio.to_thread(ready.wait, 60)
+            second = await Replica(settings, batched=True).start()
+            running.append(second)
             await announce(producer, nc, settings.events_stream, failing, 4, now)
-            await burst(producer, plans, failing, 4, now, "two replicas (processes)")
+            await burst(producer, plans, failing, 4, now, "two replicas", [first, second])
             cores = os.cpu_count() or 1
             print(
                 f"  the {cores} cores' floor for two replicas: {len(failing)} plans at "
@@ -397,14 +467,17 @@ async def run(args: argparse.Namespace, redis_url: str, *, clean_up: bool) -> No
                 f"at least {len(failing) * per_plan / cores:.2f}s"
             )
     finally:
-        if second is not None:
-            stop.set()
-            await asyncio.to_thread(second.join, 30)
+        for replica in running:
+            if replica.proc.is_alive():
+                await replica.stop()
+        if args.profile and not args.compare and running:
+            print(f"  the one-replica burst's replica profile: {args.profile}")
         with contextlib.suppress(Exception):
             await producer.broker.stop()
         with contextlib.suppress(Exception):
             await coordinator.bus.broker.stop()
-        await coordinator.state.close()
+        with contextlib.suppress(Exception):
+            await coordinator.state.close()
         js = nc.jetstream()
         for stream in (
             settings.events_stream,

@@ -268,6 +268,19 @@ class RegistryContract:
         assert pages == [["c4", "c3"], ["c2", "c1"], ["c0"]]
         assert [p async for p in registry.by_job_pages("nobody", 2)] == []
 
+    async def test_the_newest_of_many_jobs_at_once(self, registry: Any) -> None:
+        """`newest_of_jobs` (a burst's selections): each job's first page, read at once."""
+        for step in range(3):
+            await registry.apply(committed(f"c{step}", step=step))
+        await registry.apply(committed("d0", job="job-2"))
+        found = await registry.newest_of_jobs(["job-1", "job-2", "nobody"], 2)
+        assert {j: [r.checkpoint_id for r in rs] for j, rs in found.items()} == {
+            "job-1": ["c2", "c1"],
+            "job-2": ["d0"],
+            "nobody": [],
+        }
+        assert await registry.newest_of_jobs([], 2) == {}
+
     async def test_a_second_checkpoint_at_one_uri_is_kept_apart_and_reported(
         self, registry: Any
     ) -> None:

@@ -18,6 +18,7 @@ from ckpt_ha.contracts.job import JobPolicy
 from ckpt_ha.core.pins import Pin
 from ckpt_ha.restore_coordinator.records import (
     DecisionRecord,
+    DecisionWrite,
     Failure,
     PlanRecord,
     Point,
@@ -398,3 +399,106 @@ class RestoresContract:
         await state.heard_many({"j|r|1": at(10), "j|r|2": at(3)})
         await state.heard_many({"j|r|1": at(5), "j|r|2": at(4)})  # an older note never wins
         assert await state.last_heard(["j|r|1", "j|r|2"]) == {"j|r|1": at(10), "j|r|2": at(4)}
+
+    async def test_a_round_of_failures_is_recorded_and_read_as_each_alone(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        """`failure_contexts` (a burst's round): the same contexts, in their order, as
+        `failure_context` of each, one after another."""
+        state, _ = stores
+        s2 = Started(run_id="r", attempt=2, at=T0)
+        await state.record_started("job-a", s2)
+        await state.record_progress("job-a", [], last=point(20, attempt=2))
+        await state.exclude("job-b", "c-1")
+        await state.record_decision("job-b", 1, DecisionRecord(events=('{"d":1}',)))
+        await state.failure_context("job-a", 1, Failure(1, at(1), "x"), None, 8)
+        f2 = Failure(2, at(2.125), "oom", infrastructure=True)
+        round_ = [
+            ("job-a", 2, f2, "failed:2"),
+            ("job-b", 1, Failure(1, at(3)), None),
+            ("job-c", 4, Failure(4, at(4)), None),
+        ]
+        got = await state.failure_contexts(round_, 8)
+        assert got[0] == (
+            s2,
+            point(20, attempt=2),
+            got[0][2],
+            set(),
+            None,
+        )
+        assert list(got[0][2].failures) == [Failure(1, at(1), "x"), f2]
+        assert list(got[0][2].storage_errors) == [at(2.125)]
+        assert (got[1][3], got[1][4]) == ({"c-1"}, DecisionRecord(events=('{"d":1}',)))
+        assert got[2][0] is None
+        assert list(got[2][2].failures) == [Failure(4, at(4))]
+        assert await state.failure_contexts(round_, 8) == got  # heard again: the same
+        assert await state.failure_contexts([], 8) == []
+
+    async def test_a_rounds_decisions_are_stored_together_with_what_they_settle(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        """`record_decisions`: each decision as `record_decision` stores it, and a plan
+        settles its job's escalation of its time or older (only an escalation)."""
+        state, pins = stores
+        await state.attend("job-a", "escalated", "restart_loop", at(10))
+        await state.attend("job-b", "escalated", "restart_loop", at(99))  # newer: kept
+        await state.attend("job-c", "lost", "", at(1))  # not an escalation: kept
+        pinned = [Pin("c-300", "restored from", "p1", 300, 2)]
+        writes = [
+            DecisionWrite(
+                "job-a",
+                1,
+                DecisionRecord(events=('{"a":1}',)),
+                plan=plan("p1"),
+                pins=pinned,
+                planned_at=at(900),
+                settles=at(10),
+            ),
+            DecisionWrite(
+                "job-b",
+                1,
+                DecisionRecord(events=('{"b":1}',)),
+                plan("p2", "job-b"),
+                (),
+                None,
+                at(50),
+            ),
+            DecisionWrite("job-c", 3, DecisionRecord(events=('{"c":1}',)), settles=at(50)),
+        ]
+        await state.record_decisions(writes)
+        await state.record_decisions([])
+        assert await state.decisions_of(
+            [("job-a", 1), ("job-b", 1), ("job-c", 3), ("job-c", 1)]
+        ) == [w.decision for w in writes] + [None]
+        assert await state.plans_of(["p1", "p2"]) == {"p1": plan("p1"), "p2": plan("p2", "job-b")}
+        assert await pins.pins("job-a") == pinned
+        assert list((await state.history("job-a", 1, 4)).restarts) == [at(900)]
+        assert list((await state.history("job-b", 1, 4)).restarts) == [at(1000)]
+        assert [(a.job_id, a.status) for a in await state.attention()] == [
+            ("job-b", "escalated"),
+            ("job-c", "lost"),
+        ]
+        await state.mark_published_many([("job-a", 1, writes[0].decision)])
+        assert await state.decision("job-a", 1) == DecisionRecord(
+            events=('{"a":1}',), published=True
+        )
+
+    async def test_leases_holds_and_points_are_read_many_at_once(
+        self, stores: tuple[Any, Any]
+    ) -> None:
+        state, _ = stores
+        assert await state.lease("job-a", 1, "other", 30.0) is True
+        got = await state.lease_many([("job-a", 1), ("job-b", 1), ("job-a", 2)], "me", 30.0)
+        assert got == [False, True, True]
+        assert await state.lease_many([("job-b", 1)], "again", 30.0) == [False]
+        await state.release_many([("job-a", 1), ("job-b", 1)])
+        assert await state.lease_many([("job-a", 1), ("job-b", 1)], "me", 30.0) == [True, True]
+        await state.set_held("job-b", True)
+        assert await state.held_of(["job-a", "job-b"]) == {"job-b"}
+        assert await state.held_of([]) == set()
+        await state.record_progress("job-a", [point(3), point(4)], last=point(4))
+        assert await state.points_at([("job-a", 4), ("job-a", 9), ("job-b", 3)]) == [
+            point(4),
+            None,
+            None,
+        ]

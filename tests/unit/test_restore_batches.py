@@ -14,7 +14,9 @@ from typing import Any
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1
 from ckpt_ha.core.errors import DependencyNotReady
+from ckpt_ha.restore_coordinator import domain
 from ckpt_ha.restore_coordinator.app import compose_handlers
+from ckpt_ha.restore_coordinator.handlers.decide import DecisionInProgress
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.storage import FsStore
 from ckpt_ha.telemetry.metrics import ServiceMetrics
@@ -155,3 +157,41 @@ async def test_a_batch_of_failures_decides_each_once_as_one_at_a_time(tmp_path: 
     assert many.seen() == one.seen()
     kinds = sorted((e.event_type, e.data.job_id) for e in many.bus.events)
     assert kinds == [("resume.escalated", other), ("resume.planned", JOB)]
+
+
+async def test_a_burst_keeps_each_failures_own_outcome_in_stream_order(tmp_path: Path) -> None:
+    """One fetched batch holding a job's two failures (the second decided after the first's
+    plan, in the next round), a held job's failure (recorded, not planned) and a failure
+    another replica is deciding (its lease taken: that one waits alone) leaves what one at a
+    time leaves, each failure with its own result."""
+    held, leased = "job-q", "job-r"
+
+    def of(job: str, data: EventData) -> EventData:
+        return data.model_copy(update={"job_id": job})
+
+    ev = Events()
+    first_plan = domain.plan_id(JOB, "run-1", 1)
+    starts = ev(started(1), started(2, first_plan), of(held, started(1)), of(leased, started(1)))
+    batch = ev(failed(1), of(held, failed(1)), of(leased, failed(1)), failed(2, first_plan))
+    one, many = Coordinator(tmp_path / "one"), Coordinator(tmp_path / "many")
+    for c in (one, many):
+        for s in starts:
+            await c.handlers.on_started(s)
+        await c.state.set_held(held, True)
+        assert await c.state.lease(leased, 1, "another-replica", 30.0)
+    results: list[type[BaseException] | None] = []
+    for event in batch:
+        try:
+            await one.handlers.on_failed(event)  # type: ignore[arg-type]
+        except DecisionInProgress as exc:
+            results.append(type(exc))
+        else:
+            results.append(None)
+    got = await many.handlers.on_failed_batch(batch)
+    assert [type(r) if r is not None else None for r in got] == results
+    assert results == [None, None, DecisionInProgress, None]
+    assert many.seen() == one.seen()
+    planned = [(e.data.job_id, e.data.attempt) for e in many.bus.of_type("resume.planned")]
+    assert planned == [(JOB, 2), (JOB, 3)]  # in stream order, each once
+    assert await many.state.failures(held) != []  # recorded
+    assert many.state.leases[(leased, 1)][0] == "another-replica"  # never taken from it

@@ -87,6 +87,12 @@ async def acquire(client: aioredis.Redis, lease_key: str, owner: str, ttl_s: flo
     return bool(await client.set(lease_key, owner, nx=True, px=_ms(ttl_s)))
 
 
+def ms(ttl_s: float) -> int:
+    """A lease's lifetime as `acquire` sets it (``PX``), for a caller's script that takes many
+    leases at once in the same way."""
+    return _ms(ttl_s)
+
+
 class RedisLeases:
     """The loop leases of one registry prefix."""
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import fields
 
 import redis.asyncio as aioredis
 from redis.asyncio.client import Pipeline
@@ -33,7 +33,13 @@ def key(prefix: str, job: str) -> str:
 
 
 def pin_json(p: Pin) -> str:
-    return json.dumps(asdict(p), separators=(",", ":"))
+    # Fields in their order, all plain values: what ``asdict`` gives, without its deep copy
+    # (a burst of plans writes two pins each).
+    return _COMPACT.encode({f: getattr(p, f) for f in _PIN_FIELDS})
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+_PIN_FIELDS = tuple(f.name for f in fields(Pin))
 
 
 def pin_of(raw: str | bytes) -> Pin:
@@ -72,6 +78,11 @@ class RedisPins:
         are stored together (all or nothing)."""
         if pins:
             pipe.hset(self._key(job), mapping={p.checkpoint_id: pin_json(p) for p in pins})
+
+    def for_script(self, job: str, pins: Sequence[Pin]) -> tuple[str, list[str]]:
+        """What `pin` writes, for a caller's Lua script that stores a decision and its pins in
+        one step: the job's pins key and its field, value pairs (HSET)."""
+        return self._key(job), [x for p in pins for x in (p.checkpoint_id, pin_json(p))]
 
     async def unpin(self, job: str, ids: Sequence[str]) -> None:
         """Release these checkpoints of the job (unknown ids are ignored)."""

@@ -106,6 +106,16 @@ return {seen, owners, records, at_uri, fences}
 """
 
 
+_NEWEST_LUA = """
+-- Each job's ARGV[1] newest checkpoint ids (KEYS: the jobs' step indexes), one command for a
+-- burst of failures' selections instead of one per job.
+local out = {}
+for i, k in ipairs(KEYS) do
+  out[i] = redis.call('ZREVRANGE', k, 0, tonumber(ARGV[1]) - 1)
+end
+return out
+"""
+
 _WRITE_LUA = """
 -- Compare-and-set: write what the Python projection computed, but only if every record and
 -- owner is still exactly what that projection read. It decides nothing about the lifecycle,
@@ -191,6 +201,7 @@ class Registry:
         self._read_script = client.register_script(_READ_LUA)
         self._write_script = client.register_script(_WRITE_LUA)
         self._forget_script = client.register_script(FORGET_LUA)
+        self._newest_script = client.register_script(_NEWEST_LUA)
 
     @classmethod
     def from_url(
@@ -470,6 +481,24 @@ class Registry:
             if len(ids) < page_size:
                 return
             start += page_size
+
+    async def newest_of_jobs(
+        self, job_ids: Sequence[str], count: int
+    ) -> dict[str, list[CheckpointRecord]]:
+        """Each job's ``count`` newest checkpoints (newest step first, as `by_job_pages`' first
+        page): the ids of every job in one script call, their records in one MGET."""
+        jobs = list(dict.fromkeys(job_ids))
+        if not jobs:
+            return {}
+        with _reachable():
+            found = await self._newest_script(keys=[self.keys.job(j) for j in jobs], args=[count])
+        pages = [_strs(ids) for ids in found]
+        every = [i for ids in pages for i in ids]
+        found = dict(zip(every, await self.get_many(every), strict=True))
+        return {
+            job: [r for r in (found[i] for i in ids) if r is not None]
+            for job, ids in zip(jobs, pages, strict=True)
+        }
 
     async def by_state(self, state: CheckpointState) -> list[CheckpointRecord]:
         with _reachable():

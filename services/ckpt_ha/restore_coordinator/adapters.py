@@ -18,7 +18,7 @@ from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore
 from ckpt_ha.storage import StorageError, bounded, key_for_uri
 from ckpt_ha.storage.owned import neighbours, owned_key, remove
 
-__all__ = ["candidate", "primary_present", "reclaim", "selection"]
+__all__ = ["candidate", "primary_present", "reclaim", "selection", "selections"]
 
 
 def candidate(r: CheckpointRecord) -> Candidate:
@@ -77,6 +77,23 @@ async def selection(reads: CheckpointReads, job: str, excluded: Iterable[str]) -
         if chosen.previous is not None:
             return chosen
     return select(seen, skip)
+
+
+async def selections(
+    reads: CheckpointReads, wanted: Sequence[tuple[str, set[str]]]
+) -> list[Selection]:
+    """`selection` of many jobs (job, its exclusions), in their order: every job's newest
+    page read at once; a job whose page holds no valid checkpoint before its newest one is
+    read on page by page alone."""
+    pages = await reads.newest_of_jobs([job for job, _ in wanted], SELECTION_PAGE)
+    out: list[Selection] = []
+    for job, excluded in wanted:
+        page = pages.get(job, [])
+        chosen = select([candidate(r) for r in page], excluded)
+        if chosen.previous is None and len(page) >= SELECTION_PAGE:
+            chosen = await selection(reads, job, excluded)
+        out.append(chosen)
+    return out
 
 
 async def reclaim(

@@ -30,6 +30,7 @@ same deadlines as the live coordinator did.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 
 from ckpt_ha.contracts.checkpoint import FailureSide
@@ -131,3 +132,52 @@ def lost_event(watch: Watch, now: datetime) -> JobFailedV2:
         plan_id=watch.plan_id,
         reported_by=REPORTER,
     )
+
+
+Alive = tuple[str, str, int, datetime, int | None]
+"""A sign of life: (job, run, attempt, time of the event, step or None)."""
+
+
+def alive_changes(
+    signs: Iterable[Alive],
+) -> dict[str, Callable[[Watch | None], Watch | None]]:
+    """For each job: the change of its watch that `on_alive` makes for each of its
+    signs of life in turn (None: none of them moved it)."""
+    by_job: dict[str, list[Alive]] = {}
+    for sign in signs:
+        by_job.setdefault(sign[0], []).append(sign)
+    return {job: _all_alive(mine) for job, mine in by_job.items()}
+
+
+def _all_alive(signs: Sequence[Alive]) -> Callable[[Watch | None], Watch | None]:
+    def change(watch: Watch | None) -> Watch | None:
+        moved = None
+        for _, run_id, attempt, at, step in signs:
+            new = on_alive(moved or watch, run_id, attempt, at, step)
+            moved = new or moved
+        return moved
+
+    return change
+
+
+End = tuple[str, str, int, datetime]
+"""An attempt's end: (job, run, attempt, time of the event)."""
+
+
+def ended_changes(ends: Iterable[End]) -> dict[str, Callable[[Watch | None], Watch | None]]:
+    """For each job: the change of its watch that `on_end` makes for each of its ends in turn
+    (None: none of them moved it)."""
+    by_job: dict[str, list[End]] = {}
+    for end in ends:
+        by_job.setdefault(end[0], []).append(end)
+
+    def all_ended(mine: Sequence[End]) -> Callable[[Watch | None], Watch | None]:
+        def change(watch: Watch | None) -> Watch | None:
+            moved = None
+            for job, run_id, attempt, at in mine:
+                moved = on_end(moved or watch, job, run_id, attempt, at) or moved
+            return moved
+
+        return change
+
+    return {job: all_ended(mine) for job, mine in by_job.items()}

@@ -20,7 +20,10 @@ from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator.records import (
     Attention,
     DecisionRecord,
+    DecisionWrite,
     Failure,
+    FailureContext,
+    FailureItem,
     History,
     PlanRecord,
     Point,
@@ -57,6 +60,13 @@ class CheckpointReads(Protocol):
         self, job_id: str, page_size: int = 64
     ) -> AsyncIterator[list[CheckpointRecord]]:
         """The same, ``page_size`` records per round trip."""
+        ...
+
+    async def newest_of_jobs(
+        self, job_ids: Sequence[str], count: int
+    ) -> dict[str, list[CheckpointRecord]]:
+        """The first page of `by_job_pages` (``count`` newest records, newest first) of each
+        of these jobs, read at once (a burst of failures: not a round trip per job)."""
         ...
 
 
@@ -123,10 +133,25 @@ class RestoreState(Protocol):
 
     async def failure_context(
         self, job: str, attempt: int, failure: Failure, storage_key: str | None, same_window: int
-    ) -> tuple[Started | None, Point | None, History, set[str], DecisionRecord | None]:
+    ) -> FailureContext:
         """Record the failure (idempotent), then: the attempt's start, its last progress, the
         job's history (the latest ``same_window`` failures), its exclusions, and the decision
         already taken for this failure."""
+        ...
+
+    async def failure_contexts(
+        self, failures: Sequence[FailureItem], same_window: int
+    ) -> list[FailureContext]:
+        """`failure_context` of many failures at once (a burst), in their order; the same
+        job's in that order too."""
+        ...
+
+    async def held_of(self, jobs: Sequence[str]) -> set[str]:
+        """Which of these jobs are held (`held`), read at once."""
+        ...
+
+    async def points_at(self, wanted: Sequence[tuple[str, int]]) -> list[Point | None]:
+        """`point_at` of many (job, step) at once, in their order."""
         ...
 
     async def record_storage_error(self, job: str, key: str, at: datetime) -> None: ...
@@ -174,6 +199,29 @@ class RestoreState(Protocol):
         ...
 
     async def release(self, job: str, attempt: int) -> None: ...
+
+    async def lease_many(
+        self, failures: Sequence[tuple[str, int]], owner: str, ttl_s: float
+    ) -> list[bool]:
+        """`lease` of many (job, attempt) at once, for one owner: which were taken."""
+        ...
+
+    async def release_many(self, failures: Sequence[tuple[str, int]]) -> None: ...
+
+    async def decisions_of(
+        self, failures: Sequence[tuple[str, int]]
+    ) -> list[DecisionRecord | None]:
+        """`decision` of many (job, attempt) at once, in their order."""
+        ...
+
+    async def record_decisions(self, writes: Sequence[DecisionWrite]) -> None:
+        """`record_decision` of many failures at once (all or nothing), each after settling the
+        escalation its plan ends (`DecisionWrite.settles`, as `settle` with ``escalated``)."""
+        ...
+
+    async def mark_published_many(
+        self, decisions: Sequence[tuple[str, int, DecisionRecord]]
+    ) -> None: ...
 
     async def record_decision(
         self,

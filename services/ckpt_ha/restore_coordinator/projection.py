@@ -50,7 +50,7 @@ their outcomes are events of their own.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import cast
@@ -80,20 +80,18 @@ from ckpt_ha.restore_coordinator import domain, liveness
 from ckpt_ha.restore_coordinator.ports import CheckpointReads, PinStore, RestoreState
 from ckpt_ha.restore_coordinator.records import (
     DecisionRecord,
-    History,
+    DecisionWrite,
+    FailureContext,
+    FailureItem,
     PlanRecord,
     Point,
     Started,
-    Watch,
     planned_location,
     planned_pins,
 )
 from ckpt_ha.telemetry import tracing
 
 __all__ = ["FailureContext", "LoadFailure", "Progress", "RestoreProjection"]
-
-FailureContext = tuple[Started | None, Point | None, History, set[str], DecisionRecord | None]
-"""What `RestoreState.failure_context` reads back for a decision."""
 
 
 @dataclass(frozen=True)
@@ -123,30 +121,22 @@ class LoadFailure:
     """Where the plan loaded the checkpoint from (its primary or a copy; None: not known)."""
 
 
-Alive = tuple[str, str, int, datetime, int | None]
-"""A sign of life: (job, run, attempt, time of the event, step or None)."""
+def _complete(data: ResumePlannedV2) -> bool:
+    """Whether the plan states its failure time, fallback count and policy (an older
+    coordinator's may not)."""
+    return None not in (data.failed_at, data.fallbacks, data.policy)
 
 
-def alive_changes(
-    signs: Iterable[Alive],
-) -> dict[str, Callable[[Watch | None], Watch | None]]:
-    """For each job: the change of its watch that `liveness.on_alive` makes for each of its
-    signs of life in turn (None: none of them moved it)."""
-    by_job: dict[str, list[Alive]] = {}
-    for sign in signs:
-        by_job.setdefault(sign[0], []).append(sign)
-    return {job: _all_alive(mine) for job, mine in by_job.items()}
-
-
-def _all_alive(signs: Sequence[Alive]) -> Callable[[Watch | None], Watch | None]:
-    def change(watch: Watch | None) -> Watch | None:
-        moved = None
-        for _, run_id, attempt, at, step in signs:
-            new = liveness.on_alive(moved or watch, run_id, attempt, at, step)
-            moved = new or moved
-        return moved
-
-    return change
+def _failure_item(event: Envelope[JobFailedV1]) -> FailureItem:
+    """What recording a failure writes: an infrastructure-side one counts as a storage error."""
+    d = event.data
+    infrastructure = d.side is FailureSide.INFRASTRUCTURE
+    return (
+        d.job_id,
+        d.attempt,
+        domain.Failure(d.attempt, event.time, d.signature, infrastructure),
+        f"failed:{d.attempt}" if infrastructure else None,
+    )
 
 
 class RestoreProjection:
@@ -210,7 +200,7 @@ class RestoreProjection:
         """`heartbeat` of a fetched batch: each job's watch moves once for all of its reports
         (applied in stream order), every job's in one atomic step."""
         await self.state.update_watches(
-            alive_changes(
+            liveness.alive_changes(
                 (e.data.job_id, e.data.run_id, e.data.attempt, e.time, e.data.last_step)
                 for e in events
             )
@@ -316,7 +306,7 @@ class RestoreProjection:
         if not events:
             return
         await self.state.update_watches(
-            alive_changes(
+            liveness.alive_changes(
                 (e.data.job_id, e.data.run_id, e.data.attempt, e.time, e.data.step) for e in events
             )
         )
@@ -342,14 +332,22 @@ class RestoreProjection:
         await self.ended(event)
         if d.cause == FailureCause.LOST.value:
             await self.state.attend(d.job_id, "lost", "", event.time)
-        infrastructure = d.side is FailureSide.INFRASTRUCTURE
-        return await self.state.failure_context(
-            d.job_id,
-            d.attempt,
-            domain.Failure(d.attempt, event.time, d.signature, infrastructure),
-            f"failed:{d.attempt}" if infrastructure else None,
-            same_window,
+        return await self.state.failure_context(*_failure_item(event), same_window)
+
+    async def failed_many(
+        self, events: Sequence[Envelope[JobFailedV1]], same_window: int = 1
+    ) -> list[FailureContext]:
+        """`failed` of a burst (none cancelled), in stream order: the watches end in one atomic
+        step, the failures are recorded and their contexts read back in one round trip."""
+        await self.state.update_watches(
+            liveness.ended_changes(
+                (e.data.job_id, e.data.run_id, e.data.attempt, e.time) for e in events
+            )
         )
+        for e in events:
+            if e.data.cause == FailureCause.LOST.value:
+                await self.state.attend(e.data.job_id, "lost", "", e.time)
+        return await self.state.failure_contexts([_failure_item(e) for e in events], same_window)
 
     async def succeeded(self, event: Envelope[JobSucceededV1]) -> None:
         await self.ended(event)
@@ -440,12 +438,45 @@ class RestoreProjection:
         await self.state.end_run(escalation.job_id, escalation.attempt)
         return stored
 
+    async def decided_many(
+        self, decisions: Sequence[Sequence[Envelope[EventData]]]
+    ) -> list[DecisionRecord | None]:
+        """`decided` (not yet published) of a burst's decisions, one per failed attempt, in
+        their order: the plans that state all they imply (this coordinator's) stored in one
+        transaction, each with what it settles; anything else one at a time."""
+        out: list[DecisionRecord | None] = []
+        writes: list[DecisionWrite] = []
+        for events in decisions:
+            decision = next(
+                (e for e in events if isinstance(e.data, ResumePlannedV2 | ResumeEscalatedV2)), None
+            )
+            data = decision.data if decision is not None else None
+            if decision is None or not isinstance(data, ResumePlannedV2) or not _complete(data):
+                out.append(await self.decided(events, published=False))
+                continue
+            stored = DecisionRecord(events=tuple(e.model_dump_json() for e in events))
+            plan = PlanRecord.of(data)
+            writes.append(
+                DecisionWrite(
+                    data.job_id,
+                    plan.failed_attempt,
+                    stored,
+                    plan=plan,
+                    pins=planned_pins(data),
+                    planned_at=plan.failed_at,
+                    settles=decision.time,
+                )
+            )
+            out.append(stored)
+        await self.state.record_decisions(writes)
+        return out
+
     async def _plan_of(self, data: ResumePlannedV2, at: datetime) -> PlanRecord:
         """The plan record the event states. An event of an older coordinator lacks the failure
         time, the fallback count and the policy: they are recovered as that coordinator had
         them where the state allows (the failed attempt's start and failure, the plan it fell
         back from), else the plan's own time, 0 or 1, and the default policy."""
-        if None not in (data.failed_at, data.fallbacks, data.policy):
+        if _complete(data):
             return PlanRecord.of(data)
         failed_attempt = data.attempt - 1
         started = await self.state.started(data.job_id, failed_attempt)

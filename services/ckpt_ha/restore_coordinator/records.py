@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict
@@ -261,7 +261,14 @@ def point_of(raw: str | bytes) -> Point:
 
 
 def failure_json(f: Failure) -> str:
-    return json.dumps({**asdict(f), "at": f.at.isoformat()}, separators=(",", ":"))
+    return COMPACT_JSON.encode(
+        {
+            "attempt": f.attempt,
+            "at": f.at.isoformat(),
+            "signature": f.signature,
+            "infrastructure": f.infrastructure,
+        }
+    )
 
 
 def failure_of(raw: str | bytes) -> Failure:
@@ -309,3 +316,28 @@ def attention_value(status: str, reason: str, at: datetime) -> str:
 def attention_of(job: str, raw: str | bytes) -> Attention:
     at, status, reason = text(raw).split("|", 2)
     return Attention(job_id=job, status=status, reason=reason, since=from_unix(float(at)))
+
+
+FailureItem = tuple[str, int, Failure, str | None]
+"""A failure to record (`RestoreState.failure_contexts`): job, attempt, the failure, and its
+storage-error key when infrastructure-side (None: not one)."""
+
+FailureContext = tuple[Started | None, Point | None, History, set[str], DecisionRecord | None]
+"""What deciding a failure reads back as it records it (`RestoreState.failure_context`): the
+attempt's start, its last progress, the job's history, its exclusions, and the decision already
+taken for that failure."""
+
+
+@dataclass(frozen=True)
+class DecisionWrite:
+    """One decision to store with what it implies (`RestoreState.record_decisions`): its plan,
+    restart and pins, and the escalation of the job a plan after it settles (``settles``: the
+    plan's time; None: nothing to settle)."""
+
+    job: str
+    attempt: int
+    decision: DecisionRecord
+    plan: PlanRecord | None = None
+    pins: Sequence[Pin] = ()
+    planned_at: datetime | None = None
+    settles: datetime | None = None

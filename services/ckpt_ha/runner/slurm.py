@@ -3,8 +3,10 @@
 ``start`` submits the command with ``sbatch --parsable --no-requeue --export=ALL --wrap`` from
 a process whose environment is exactly the attempt's (the protocol variables of
 `ckpt_ha.runner.runner.child_env`, a resumed attempt's plan and restore target included), so
-the batch job gets them; ``wait`` polls ``scontrol show job -o`` until the job is in a final
-state and returns it in an `ExitInfo` (``state``, ``reason``, the exit code or signal) that
+the batch job gets them; ``wait`` watches the job through the process's shared poller
+(`ckpt_ha.runner.slurm_poll`: one ``squeue`` per interval for every job the process waits on,
+not one ``scontrol`` per job) until it ends, reads its final ``scontrol show job -o`` record
+once and returns it in an `ExitInfo` (``state``, ``reason``, the exit code or signal) that
 `ckpt_ha.runner.domain.classify` turns into ``job.failed``'s cause, ``reported_by="slurm"``;
 ``kill`` cancels the job (the runner itself was asked to stop). The job's output file (by
 default in the run's state folder) is copied to the runner's stdout as it grows, and its last
@@ -33,12 +35,11 @@ from typing import IO
 
 from ckpt_ha.core.scontrol import FINAL_STATES, parse_exit_code, parse_record
 from ckpt_ha.runner.adapter import LAST_LINE_CHARS, STDERR_TAIL_LINES, ExitInfo
+from ckpt_ha.runner.slurm_poll import ABSENT, POLL_S, Run, SlurmPoller, run_command, shared_poller
 from ckpt_ha.sdk import protocol
 
 log = logging.getLogger("ckpt_ha.runner")
 REPORTER = "slurm"
-POLL_S = 0.5
-COMMAND_TIMEOUT_S = 30.0
 FORGOTTEN = "UNKNOWN"
 """The state reported when the controller no longer knows the job (its record expired)."""
 
@@ -115,13 +116,19 @@ class SlurmBatch:
         output_dir: Path | None = None,
         out: IO[bytes] | None = None,
         poll_s: float = POLL_S,
+        run: Run = run_command,
+        poller: SlurmPoller | None = None,
     ) -> None:
+        """``run``: how Slurm's commands are run; ``poller``: whose ``squeue`` tells the job's
+        state (None: the process's poller for the cluster, `shared_poller`)."""
         check_sbatch_args(sbatch_args)
         self.partition = partition
         self.sbatch_args = tuple(sbatch_args)
         self.output_dir = output_dir
         self._out = out if out is not None else sys.stdout.buffer
         self.poll_s = poll_s
+        self._run = run
+        self._poller = poller
         self._env: dict[str, str] = {}
         self.job_id: str | None = None
         self._output: Path | None = None
@@ -147,14 +154,7 @@ class SlurmBatch:
         self._tail.clear()
         self._offset, self._partial = 0, b""
         argv = self.sbatch_argv(command, env)
-        done = subprocess.run(
-            [_binary(argv[0]), *argv[1:]],
-            env=self._env,
-            capture_output=True,
-            text=True,
-            timeout=COMMAND_TIMEOUT_S,
-            check=False,
-        )
+        done = self._run([_binary(argv[0]), *argv[1:]], self._env)
         if done.returncode != 0:
             why = done.stderr.strip().splitlines()
             raise SlurmUnavailable(f"sbatch exited {done.returncode}: {why[-1] if why else ''}")
@@ -170,14 +170,7 @@ class SlurmBatch:
         if self.job_id is None:
             raise RuntimeError("record() before start()")
         try:
-            done = subprocess.run(
-                [_binary("scontrol"), "show", "job", "-o", self.job_id],
-                env=self._env,
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT_S,
-                check=False,
-            )
+            done = self._run([_binary("scontrol"), "show", "job", "-o", self.job_id], self._env)
         except subprocess.TimeoutExpired:
             return None
         if done.returncode != 0:
@@ -188,18 +181,35 @@ class SlurmBatch:
         return parse_record(done.stdout.strip())
 
     def wait(self) -> ExitInfo:
-        while True:
-            record = self.record()
-            self._copy_output()
-            if record == {}:
-                return self._ended(FORGOTTEN, "the controller no longer knows the job", "")
-            if record is not None and record.get("JobState") in FINAL_STATES:
-                time.sleep(self.poll_s)  # the output's last lines land as the job ends
-                self._copy_output(final=True)
-                return self._ended(
-                    record["JobState"], record.get("Reason", ""), record.get("ExitCode", "")
-                )
-            time.sleep(self.poll_s)
+        """Until the job ends: its state from the shared poller's ``squeue``; once that says
+        it ended (or lists it no longer), its final record from ``scontrol``, once."""
+        if self.job_id is None:
+            raise RuntimeError("wait() before start()")
+        poller = self._poller if self._poller is not None else shared_poller(self._env)
+        poller.watch(self.job_id)
+        try:
+            while True:
+                seen = poller.state(self.job_id)
+                self._copy_output()
+                if seen is not None and (seen == ABSENT or seen[0] in FINAL_STATES):
+                    ended = self._final()
+                    if ended is not None:
+                        return ended
+                time.sleep(self.poll_s)
+        finally:
+            poller.forget(self.job_id)
+
+    def _final(self) -> ExitInfo | None:
+        """The job's end from its ``scontrol`` record (None: not final there yet, or the
+        controller could not be asked: keep watching)."""
+        record = self.record()
+        if record == {}:
+            return self._ended(FORGOTTEN, "the controller no longer knows the job", "")
+        if record is None or record.get("JobState") not in FINAL_STATES:
+            return None
+        time.sleep(self.poll_s)  # the output's last lines land as the job ends
+        self._copy_output(final=True)
+        return self._ended(record["JobState"], record.get("Reason", ""), record.get("ExitCode", ""))
 
     def _ended(self, state: str, reason: str, exit_code: str) -> ExitInfo:
         code, sig = parse_exit_code(exit_code)
@@ -242,10 +252,4 @@ class SlurmBatch:
         if self.job_id is None:
             return
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            subprocess.run(
-                [_binary("scancel"), self.job_id],
-                env=self._env,
-                capture_output=True,
-                timeout=COMMAND_TIMEOUT_S,
-                check=False,
-            )
+            self._run([_binary("scancel"), self.job_id], self._env)

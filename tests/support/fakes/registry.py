@@ -151,6 +151,12 @@ class InMemoryRegistry:
         for start in range(0, len(records), page_size):
             yield records[start : start + page_size]
 
+    async def newest_of_jobs(
+        self, job_ids: Sequence[str], count: int
+    ) -> dict[str, list[CheckpointRecord]]:
+        self._reachable()
+        return {job: self._newest_first(job)[:count] for job in job_ids}
+
     async def by_state(self, state: CheckpointState) -> list[CheckpointRecord]:
         self._reachable()
         return [self.records[i] for i in sorted(self.records) if self.records[i].state is state]

@@ -13,7 +13,10 @@ from ckpt_ha.core.pins import Pin
 from ckpt_ha.restore_coordinator.records import (
     Attention,
     DecisionRecord,
+    DecisionWrite,
     Failure,
+    FailureContext,
+    FailureItem,
     History,
     PlanRecord,
     Point,
@@ -136,6 +139,17 @@ class InMemoryRestores:
             self.decisions.get((job, attempt)),
         )
 
+    async def failure_contexts(
+        self, failures: Sequence[FailureItem], same_window: int
+    ) -> list[FailureContext]:
+        return [await self.failure_context(*f, same_window) for f in failures]
+
+    async def held_of(self, jobs: Sequence[str]) -> set[str]:
+        return {j for j in jobs if j in self.holds}
+
+    async def points_at(self, wanted: Sequence[tuple[str, int]]) -> list[Point | None]:
+        return [await self.point_at(job, step) for job, step in wanted]
+
     async def failures(self, job: str) -> list[Failure]:
         return [f for _, f in sorted(self._job(job).failures.items())]
 
@@ -194,6 +208,34 @@ class InMemoryRestores:
 
     async def release(self, job: str, attempt: int) -> None:
         self.leases.pop((job, attempt), None)
+
+    async def lease_many(
+        self, failures: Sequence[tuple[str, int]], owner: str, ttl_s: float
+    ) -> list[bool]:
+        return [await self.lease(job, attempt, owner, ttl_s) for job, attempt in failures]
+
+    async def release_many(self, failures: Sequence[tuple[str, int]]) -> None:
+        for job, attempt in failures:
+            await self.release(job, attempt)
+
+    async def decisions_of(
+        self, failures: Sequence[tuple[str, int]]
+    ) -> list[DecisionRecord | None]:
+        return [self.decisions.get(f) for f in failures]
+
+    async def record_decisions(self, writes: Sequence[DecisionWrite]) -> None:
+        for w in writes:
+            if w.settles is not None:
+                await self.settle(w.job, w.settles, only="escalated")
+            await self.record_decision(
+                w.job, w.attempt, w.decision, plan=w.plan, pins=w.pins, planned_at=w.planned_at
+            )
+
+    async def mark_published_many(
+        self, decisions: Sequence[tuple[str, int, DecisionRecord]]
+    ) -> None:
+        for job, attempt, decision in decisions:
+            await self.mark_published(job, attempt, decision)
 
     async def record_decision(
         self,

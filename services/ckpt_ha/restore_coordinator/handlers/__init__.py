@@ -8,6 +8,8 @@ One handler per unit of work, each with the few collaborators it needs (`app` wi
 * `reports.Reports`: what running attempts report (started, heartbeats, progress, succeeded)
   and ``resume.loaded``; a continuity verdict a report decides is published.
 * `failures.Failures`: ``job.failed`` and ``resume.load_failed`` (with `failures.Quarantine`).
+* `burst.Burst`: a round of a fetched batch of ``job.failed``, each Redis step one round trip
+  (or one script call) for all of its failures, the decisions published together.
 * `operator.OperatorActs`: hold, unhold, a chosen rollback.
 * `reshape.Replans`: a resumed attempt's ``job.started``: its plan re-stated for it when it
   runs on another shape than the failed attempt (`domain.replan`).

@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime
 
+from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1
 from ckpt_ha.core.errors import DependencyNotReady, TransientError
 from ckpt_ha.restore_coordinator import adapters, domain
@@ -75,8 +76,38 @@ class DecisionRules:
     """The lease owner's id."""
 
 
+@dataclass(frozen=True)
+class Failed:
+    """One failed attempt to decide, with what its decision reads (`Decider.decide`)."""
+
+    job: str
+    attempt: int
+    started: Started
+    history: History
+    excluded: set[str]
+    last: Point | None
+    failed_at: datetime
+    failed_step: int | None
+    fallback: domain.Fallback | None = None
+    stop: domain.Escalation | None = None
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return self.job, self.attempt
+
+
+@dataclass(frozen=True)
+class Concluded:
+    """A decision's events (stored, then published) and its outcome for the metrics."""
+
+    events: list[Envelope[EventData]]
+    outcome: str
+    detail: str
+
+
 class Decider:
-    """Decides one failed attempt (`decide`)."""
+    """Decides one failed attempt (`decide`); a burst's at once (`handlers.burst`) through the
+    same steps: `refine` a selection, `conclude` it, store through the projection."""
 
     def __init__(
         self,
@@ -111,13 +142,13 @@ class Decider:
         """One decision per failed attempt (a plan or an escalation), stored, then published."""
         if not await self.state.lease(job, attempt, self.rules.new_id(), self.rules.lease_ttl_s):
             raise DecisionInProgress(job, attempt)
+        failed = Failed(
+            job, attempt, started, history, excluded, last, failed_at, failed_step, fallback, stop
+        )
         try:
             stored = await self.state.decision(job, attempt)
             if stored is None:
-                stored = await self._decide_now(
-                    job, attempt, started, history, excluded, last, failed_at, failed_step,
-                    fallback, stop,
-                )  # fmt: skip
+                stored = await self._decide_now(failed)
             await self.outbox.publish_decision(job, attempt, stored)
         finally:
             await self.state.release(job, attempt)
@@ -177,78 +208,87 @@ class Decider:
             selection = await adapters.selection(self.sources.registry, job, excluded)
         return selection
 
-    async def _decide_now(
-        self,
-        job: str,
-        attempt: int,
-        started: Started,
-        history: History,
-        excluded: set[str],
-        last: Point | None,
-        failed_at: datetime,
-        failed_step: int | None,
-        fallback: domain.Fallback | None,
-        stop: domain.Escalation | None = None,
-    ) -> DecisionRecord:
+    async def _decide_now(self, f: Failed) -> DecisionRecord:
         with tracing.span("registry.select", attributes={"db.system": "redis"}):
-            selection = await adapters.selection(self.sources.registry, job, excluded)
-        fresh = fallback is None and stop is None
-        if fresh and domain.stop_reason(history, started.policy, failed_at) is None:
-            awaited = domain.verification_to_await(
-                selection, failed_at, self.outbox.clock(), self.rules.verification_grace_s
-            )
-            if awaited is not None:  # nak'ed and decided again after the bus's backoff
-                raise DependencyNotReady(
-                    f"job.failed of {job} attempt {attempt}",
-                    f"the verification of {awaited.checkpoint_id} (step {awaited.step})",
-                    in_stream=False,  # its own deadline: the grace
-                )
-            unheard = await self._unregistered_commit(job, failed_at)
-            if unheard is not None:
-                raise DependencyNotReady(
-                    f"job.failed of {job} attempt {attempt}",
-                    f"the registrar to register its commit {unheard}",
-                    in_stream=False,  # the same grace
-                )
-        selection = await self._at_a_live_location(job, selection, excluded)
-        if selection.chosen is not None:
-            starts = await self._starts(job, attempt, selection.chosen)
-            inherited = domain.with_inherited_identity(selection.chosen, job, starts)
-            selection = replace(selection, chosen=inherited)
+            selection = await adapters.selection(self.sources.registry, f.job, f.excluded)
+        selection = await self.refine(f, selection)
         chosen = selection.chosen
         at_step = None
         if chosen is not None and chosen.step is not None:
-            at_step = await self.state.point_at(job, chosen.step)
+            at_step = await self.state.point_at(f.job, chosen.step)
+        concluded = self.conclude(f, selection, at_step)
+        stored = await self.projection.decided(concluded.events, published=False)
+        if stored is None:  # never: a failure decision is a plan, or an escalation naming it
+            raise RuntimeError(
+                f"decision about {f.job} attempt {f.attempt} holds no decision event"
+            )
+        self.stored(concluded)
+        return stored
+
+    async def refine(self, f: Failed, selection: domain.Selection) -> domain.Selection:
+        """What is read besides the selection, only where it matters: a fresh failure waits
+        (`DependencyNotReady`) for a verification or a commit on its way; the chosen
+        checkpoint inherits the identity it lacks; a copy stands in for a primary gone."""
+        fresh = f.fallback is None and f.stop is None
+        if fresh and domain.stop_reason(f.history, f.started.policy, f.failed_at) is None:
+            awaited = domain.verification_to_await(
+                selection, f.failed_at, self.outbox.clock(), self.rules.verification_grace_s
+            )
+            if awaited is not None:  # nak'ed and decided again after the bus's backoff
+                raise DependencyNotReady(
+                    f"job.failed of {f.job} attempt {f.attempt}",
+                    f"the verification of {awaited.checkpoint_id} (step {awaited.step})",
+                    in_stream=False,  # its own deadline: the grace
+                )
+            unheard = await self._unregistered_commit(f.job, f.failed_at)
+            if unheard is not None:
+                raise DependencyNotReady(
+                    f"job.failed of {f.job} attempt {f.attempt}",
+                    f"the registrar to register its commit {unheard}",
+                    in_stream=False,  # the same grace
+                )
+        selection = await self._at_a_live_location(f.job, selection, f.excluded)
+        if selection.chosen is not None:
+            starts = await self._starts(f.job, f.attempt, selection.chosen)
+            inherited = domain.with_inherited_identity(selection.chosen, f.job, starts)
+            selection = replace(selection, chosen=inherited)
+        return selection
+
+    def conclude(self, f: Failed, selection: domain.Selection, at_step: Point | None) -> Concluded:
+        """The decision (pure), traced and measured: the events to store, then publish."""
         decision = domain.decide_failure(
-            job=job,
-            attempt=attempt,
-            started=started,
-            history=history,
+            job=f.job,
+            attempt=f.attempt,
+            started=f.started,
+            history=f.history,
             selection=selection,
-            excluded=excluded,
-            last=last,
+            excluded=f.excluded,
+            last=f.last,
             at_chosen_step=at_step,
-            failed_at=failed_at,
-            failed_step=failed_step,
-            fallback=fallback,
-            stop=stop,
+            failed_at=f.failed_at,
+            failed_step=f.failed_step,
+            fallback=f.fallback,
+            stop=f.stop,
         )
-        _trace(job, attempt, decision)
+        _trace(f.job, f.attempt, decision)
         now = self.outbox.clock()
-        if fallback is None:
-            self.metrics.job_failed(job)
+        if f.fallback is None:
+            self.metrics.job_failed(f.job)
         outcome, detail = decision.outcome
         if decision.escalation is not None:
-            self.metrics.outcome(job, outcome, at=now.timestamp(), reason=detail)
+            self.metrics.outcome(f.job, outcome, at=now.timestamp(), reason=detail)
         else:
-            since_failure = (now - failed_at).total_seconds()
-            self.metrics.outcome(job, outcome, at=now.timestamp(), seconds=since_failure)
-        envelopes = [self.outbox.envelope(x, "decision") for x in decision.events]
-        stored = await self.projection.decided(envelopes, published=False)
-        if stored is None:  # never: a failure decision is a plan, or an escalation naming it
-            raise RuntimeError(f"decision about {job} attempt {attempt} holds no decision event")
-        self.metrics.decisions.labels(self.metrics.service, outcome, detail).inc()
-        return stored
+            since_failure = (now - f.failed_at).total_seconds()
+            self.metrics.outcome(f.job, outcome, at=now.timestamp(), seconds=since_failure)
+        return Concluded(
+            [self.outbox.envelope(x, "decision") for x in decision.events], outcome, detail
+        )
+
+    def stored(self, concluded: Concluded) -> None:
+        """A concluded decision was stored: counted."""
+        self.metrics.decisions.labels(
+            self.metrics.service, concluded.outcome, concluded.detail
+        ).inc()
 
 
 def _trace(job: str, attempt: int, decision: domain.FailureDecision) -> None:

@@ -2,15 +2,14 @@
 projection and decided by the `Decider` (a load failure that blames the checkpoint quarantines
 it first, `Quarantine`).
 
-A burst of failures (a rack lost) arrives as fetched batches (`Failures.on_failed_batch`): the
-batch's jobs are decided concurrently, each job's failures one after another in stream order,
-so their Redis round trips and publishes overlap instead of queueing one failure behind the
-other. Each failure still goes through `Failures.on_failed` alone: the lease and the stored
-decision keep every plan decided and stored once, whatever the batch or the replica."""
+A burst of failures (a rack lost) arrives as fetched batches (`Failures.on_failed_batch`),
+decided a round at a time (`burst.Burst`): the same steps as `Failures.on_failed`, each Redis
+read and write one round trip for the whole round and the publishes awaited together, instead
+of a dozen round trips and an acknowledged publish per failure. The leases and the stored
+decisions keep every plan decided and stored once, whatever the batch or the replica."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from typing import cast
@@ -21,20 +20,17 @@ from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2
 from ckpt_ha.core.errors import DependencyNotReady
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.restore_coordinator import adapters, domain
-from ckpt_ha.restore_coordinator.handlers.decide import HISTORY_WINDOW, Decider
+from ckpt_ha.restore_coordinator.handlers.burst import Burst
+from ckpt_ha.restore_coordinator.handlers.decide import HISTORY_WINDOW, Decider, Failed
 from ckpt_ha.restore_coordinator.handlers.outbox import Outbox
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.restore_coordinator.ports import CheckpointReads, ObjectStore, RestoreState
 from ckpt_ha.restore_coordinator.projection import RestoreProjection
+from ckpt_ha.restore_coordinator.records import DecisionRecord, FailureContext
 from ckpt_ha.storage.quarantine_move import isolate
 from ckpt_ha.telemetry import tracing
 
 log = logging.getLogger("ckpt_ha.restore_coordinator")
-
-FAILURES_AT_ONCE = 64
-"""Jobs of a fetched batch whose failures are decided at the same time (each holds a Redis
-connection while it reads, and awaits its publishes): enough to hide the round trips, few
-enough to bound the connections a burst opens."""
 
 
 class Quarantine:
@@ -94,24 +90,44 @@ class Failures:
 
     async def on_failed(self, event: Envelope[JobFailedV1]) -> None:
         d = event.data
-        outbox = self.decider.outbox
         if domain.ends_the_run(d):
             await self.projection.cancelled(event)
             log.info("%s attempt %d was cancelled by a user: no restore", d.job_id, d.attempt)
             return
-        started, last, history, excluded, decision = await self.projection.failed(
-            event, HISTORY_WINDOW
-        )
+        context = await self.projection.failed(event, HISTORY_WINDOW)
+        held = await self.state.held(d.job_id) if context[4] is None else False
+        found = await self.assess(event, context, held)
+        if isinstance(found, DecisionRecord):
+            await self.decider.outbox.publish_decision(d.job_id, d.attempt, found)
+        elif found is not None:
+            await self.decider.decide(
+                found.job,
+                found.attempt,
+                found.started,
+                found.history,
+                found.excluded,
+                last=found.last,
+                failed_at=found.failed_at,
+                failed_step=found.failed_step,
+            )
+
+    async def assess(
+        self, event: Envelope[JobFailedV1], context: FailureContext, held: bool
+    ) -> Failed | DecisionRecord | None:
+        """What a recorded failure calls for: the decision already stored for it (published
+        again), nothing (held: `on_unheld` decides it, if it is still the latest failure then),
+        or a decision (`Failed`). Raises `DependencyNotReady` while it must wait."""
+        d = event.data
+        started, last, history, excluded, decision = context
         if decision is not None:
-            await outbox.publish_decision(d.job_id, d.attempt, decision)
-            return
+            return decision
         if started is None:
             raise DependencyNotReady(f"job.failed of {d.job_id} attempt {d.attempt}", "job.started")
-        if await self.state.held(d.job_id):
+        if held:
             log.info("%s attempt %d failed while held: recorded, not planned", d.job_id, d.attempt)
-            return  # `on_unheld` decides it, if it is still the latest failure then
+            return None
         if domain.awaits_load_failure(d.plan_id, last) and domain.within_grace(
-            event.time, outbox.clock(), self.load_failed_grace_s
+            event.time, self.decider.outbox.clock(), self.load_failed_grace_s
         ):
             # A resumed attempt failed before any progress: most likely its load failed, and
             # the ``resume.load_failed`` (published before the process exited) is being handled
@@ -132,15 +148,8 @@ class Failures:
                 f"job.failed of {d.job_id} attempt {d.attempt}",
                 f"the decision of its plan {d.plan_id}'s load failure",
             )
-        await self.decider.decide(
-            d.job_id,
-            d.attempt,
-            started,
-            history,
-            excluded,
-            last=last,
-            failed_at=event.time,
-            failed_step=d.last_step,
+        return Failed(
+            d.job_id, d.attempt, started, history, excluded, last, event.time, d.last_step
         )
 
     async def _load_failure_deciding(self, plan_id: str | None, excluded: set[str]) -> bool:
@@ -157,40 +166,25 @@ class Failures:
         return not ruled_out.isdisjoint(excluded)
 
     async def on_failed_batch(self, batch: list[Envelope[EventData]]) -> list[BaseException | None]:
-        """`on_failed` of a fetched batch: its jobs at once (at most `FAILURES_AT_ONCE`), each
-        job's failures in stream order; each failure's result is its own (a failure not ready
-        yet is nak'ed alone, its neighbours settled)."""
+        """`on_failed` of a fetched batch, with its result for each failure (a failure not
+        ready yet is nak'ed alone, its neighbours settled). Taken in rounds, each job's
+        failures in stream order: the first failure of every job, then the second of those
+        with two, and so on. A round is one `Burst`: a few round trips for all of its
+        failures' reads and writes, its publishes awaited together."""
         events = cast(Sequence[Envelope[JobFailedV1]], batch)  # the consumer's filter
-        by_job: dict[str, list[int]] = {}
+        rounds: list[list[int]] = []
+        seen: dict[str, int] = {}
         for i, event in enumerate(events):
-            by_job.setdefault(event.data.job_id, []).append(i)
+            n = seen[event.data.job_id] = seen.get(event.data.job_id, -1) + 1
+            if n == len(rounds):
+                rounds.append([])
+            rounds[n].append(i)
         results: list[BaseException | None] = [None] * len(events)
-        gate = asyncio.Semaphore(FAILURES_AT_ONCE)
-
-        async def one_job(indices: list[int]) -> None:
-            async with gate:
-                for i in indices:
-                    results[i] = await self._one(events[i])
-
-        await asyncio.gather(*(one_job(indices) for indices in by_job.values()))
+        for indices in rounds:
+            got = await Burst(self).run([events[i] for i in indices])
+            for i, result in zip(indices, got, strict=True):
+                results[i] = result
         return results
-
-    async def _one(self, event: Envelope[JobFailedV1]) -> BaseException | None:
-        """One failure of a batch, in its own trace (as a consumer's span would be)."""
-        recording = tracing.recording()
-        with tracing.continue_trace(
-            f"restore-coordinator {event.event_type}",
-            event.traceparent,
-            tracestate=event.tracestate,
-            attributes=tracing.event_attributes(event) if recording else None,
-            link_origin=False,
-        ):
-            try:
-                await self.on_failed(event)
-            except Exception as exc:  # noqa: BLE001 - this failure's own result
-                tracing.annotate(**{"ckpt_ha.error": repr(exc)[:500]})
-                return exc
-        return None
 
     async def on_load_failed(self, event: Envelope[ResumeLoadFailedV2]) -> None:
         """R7: a failure that blames the checkpoint excludes the location it was loaded from and

@@ -43,9 +43,19 @@ class Outbox:
         """The stored decision's events, as stored (same ids), unless published already."""
         if decision.published:
             return
-        for raw in decision.events:
-            await self.bus.publish(CATALOG.decode(raw.encode()))
+        await self.send(decision)
         await self.state.mark_published(job, attempt, decision)
+
+    async def send(
+        self, decision: DecisionRecord, built: Sequence[Envelope[EventData]] | None = None
+    ) -> None:
+        """Publish a stored decision's events in order, not marking it published (the caller
+        does): ``built``, the envelopes it was stored from, saves decoding them again."""
+        events = (
+            built if built is not None else [CATALOG.decode(r.encode()) for r in decision.events]
+        )
+        for event in events:
+            await self.bus.publish(event)
 
     async def publish_caused_by(
         self, event: Envelope[EventData], datas: Sequence[EventData]

@@ -9,7 +9,10 @@ keys. One class, `RedisRestores`, in parts by concern: `store.base` (client, exp
 `store/lua/*.lua`.
 
 Keys (``<p>`` is the registry prefix; every read per event is a handful of O(1) commands in one
-or two round trips, whatever the number of checkpoints in the registry):
+or two round trips, whatever the number of checkpoints in the registry; a burst of failures
+takes one script call to record a round's failures and read their contexts,
+``lua/failures.lua``, and one to store its decisions with their plans, restarts and pins,
+``lua/decisions.lua``):
 
 * ``<p>:coord:started:<job>:<attempt>``  JSON `Started`: the attempt's policy and restore target
 * ``<p>:coord:traj:<job>``               hash step → JSON progress point (pre-failure trajectory)

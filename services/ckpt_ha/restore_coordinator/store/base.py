@@ -62,7 +62,7 @@ class _ReplayExpiry:
         return sorted(self._due.items())
 
 
-_CHUNK = 500
+CHUNK = 500
 """Keys per command when a replay deletes or expires many at once."""
 
 
@@ -89,6 +89,11 @@ class StoreBase(RestoreReader):
         self._progress_script = client.register_script(script("progress"))
         self._watches_script = client.register_script(script("watches"))
         self._attention_script = client.register_script(script("attention"))
+        self._failures_script = client.register_script(script("failures"))
+        self._decisions_script = client.register_script(script("decisions"))
+        self._leases_script = client.register_script(script("leases"))
+        self._published_script = client.register_script(script("published"))
+        self._points_script = client.register_script(script("points"))
 
     # --- expiry (the one place a TTL is set) ---
 
@@ -112,17 +117,17 @@ class StoreBase(RestoreReader):
             raise RuntimeError("replay_to needs an owner built with replaying=True")
         self._replay.now = max(self._replay.now, at.timestamp())
         gone = self._replay.expired()
-        for i in range(0, len(gone), _CHUNK):
-            await self._r.delete(*gone[i : i + _CHUNK])
+        for i in range(0, len(gone), CHUNK):
+            await self._r.delete(*gone[i : i + CHUNK])
 
     async def finish_replay(self, now: datetime) -> None:
         """The replay is over at ``now``: what expired by now goes, the rest gets its expiry."""
         await self.replay_to(now)
         assert self._replay is not None
         left = self._replay.remaining()
-        for i in range(0, len(left), _CHUNK):
+        for i in range(0, len(left), CHUNK):
             async with self._r.pipeline(transaction=False) as pipe:
-                for k, due in left[i : i + _CHUNK]:
+                for k, due in left[i : i + CHUNK]:
                     pipe.pexpireat(k, int(due * 1000))
                 await pipe.execute()
 
@@ -130,6 +135,6 @@ class StoreBase(RestoreReader):
         """Delete every key of this owner, leases included (before a rebuild replays the
         stream into it; the coordinator is stopped). Returns how many."""
         found = [k async for k in self._r.scan_iter(match=key(self._p, "*"), count=1000)]
-        for i in range(0, len(found), _CHUNK):
-            await self._r.delete(*found[i : i + _CHUNK])
+        for i in range(0, len(found), CHUNK):
+            await self._r.delete(*found[i : i + CHUNK])
         return len(found)

@@ -88,6 +88,16 @@ class ProgressStore(StoreBase):
         raw = await self._r.hget(self._k("traj", job), str(step))
         return point_of(raw) if raw else None
 
+    async def points_at(self, wanted: Sequence[tuple[str, int]]) -> list[Point | None]:
+        """`point_at` of many (job, step), in their order, in one script call
+        (`lua/points.lua`)."""
+        if not wanted:
+            return []
+        raws = await self._points_script(
+            keys=[self._k("traj", job) for job, _ in wanted], args=[step for _, step in wanted]
+        )
+        return [point_of(raw) if raw else None for raw in raws]
+
     async def last(self, job: str, attempt: int) -> Point | None:
         raw = await self._r.get(self._k("last", job, attempt))
         return point_of(raw) if raw else None
