@@ -16,8 +16,14 @@ Rows (each a ratio, higher is better, with its target):
 * verify: a raw read of the DCP checkpoint's files / ``ckpt-ha verify`` (``formats.verify_path``)
   of it, warm, and cold when root (target >= 0.9).
 
-Not measured here (see bench/README.md): the Trainer with and without ``CkptHaCallback``, and a
-restore (``dcp.resume``, ``hf.train``) against a raw read plus the framework's own load.
+* restore: a raw read of a committed DCP checkpoint plus plain ``dcp.load`` of it /
+  ``dcp.resume`` of it (verification included), warm (target >= 0.85);
+* Trainer save: a GPT-2 Trainer (from a config, no weights downloaded) of about the same size,
+  its save without / with ``CkptHaCallback``, from the Trainer's decision to save to the end of
+  ``on_save`` (target >= 0.95);
+* Trainer restore: a raw read of its checkpoint plus ``trainer.train(resume_from_checkpoint=)``
+  / ``hf.train`` with a plan for it (target >= 0.85). The restore and Trainer rows are in
+  ``overhead_restore.py``.
 
 The machine is shared: every ratio comes from rounds of both sides taken in turn in this one
 process, with the median of the rounds; the load average is printed. Cold-cache rows drop the
@@ -43,6 +49,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, cast
 
+import overhead_restore  # bench/, beside this file
 import torch
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
@@ -286,6 +293,32 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
     later = statistics.median(ours_blocked[1:])
     row("async_save stall, ckpt-ha's later saves", f"{later / sync_s:.1%} ({later:.3f} s)", "<= 5%")
     shutil.rmtree(dcp_folder)
+
+    # Restores: a raw read of the files plus the framework's own load, against the verified load.
+    plain_load, resumed = overhead_restore.dcp_restore(
+        bench.folder("restore"), state, bench.rounds, timed, raw_read
+    )
+    row(
+        "restore DCP, warm: raw read + `dcp.load` / `dcp.resume`",
+        ratio(plain_load, resumed),
+        ">= 0.85",
+    )
+    plain_save, ours_save, trainer_gb = overhead_restore.trainer_save(
+        bench.folder("trainer"), mb, bench.rounds
+    )
+    row(
+        f"Trainer save ({trainer_gb:.2f} GB): without / with `CkptHaCallback`",
+        f"{ratio(plain_save, ours_save)}; without {statistics.median(plain_save):.2f} s",
+        ">= 0.95",
+    )
+    plain_train, ours_train = overhead_restore.hf_restore(
+        bench.folder("hf"), mb, bench.rounds, timed, raw_read
+    )
+    row(
+        "restore Trainer, warm: raw read + `trainer.train(resume_from_checkpoint=)` / `hf.train`",
+        ratio(plain_train, ours_train),
+        ">= 0.85",
+    )
 
 
 def _verified(folder: Path) -> None:

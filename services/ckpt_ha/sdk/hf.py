@@ -61,6 +61,7 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,6 +218,23 @@ class _Writing:
 
 _verifying_since: dict[str, float] = {}
 """Plan id → when `resume_from_checkpoint` began, for ``resume.loaded``'s ``load_seconds``."""
+_verifying: dict[str, Callable[[], object]] = {}
+"""By plan id: the join of a verification `train` started beside the Trainer's load; the
+callback takes it in ``on_train_begin``, before any step (and before the RNG state loads)."""
+
+
+def _verified_by_now(ctx: Context, plan: ResumePlannedV2) -> None:
+    """Wait for the verification `train` started for ``plan`` (if any); a failure is reported
+    and raised as `ResumeFailed`."""
+    join = _verifying.pop(plan.plan_id, None)
+    if join is None:
+        return
+    try:
+        join()
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+        report_load_failed(ctx, plan, reason, *classify_failure(exc))
+        raise ResumeFailed(plan, reason) from exc
 
 
 class CkptHaCallback(TrainerCallback):
@@ -270,6 +288,7 @@ class CkptHaCallback(TrainerCallback):
             rank = args.process_index if args.world_size > 1 else None
             report_load_failed(ctx, plan, reason, LoadBlame.ATTEMPT, FailureSide.JOB, rank=rank)
             raise ResumeFailed(plan, reason)
+        _verified_by_now(ctx, plan)  # the files were read for their checksums meanwhile
         self.resumed = True
         if state.is_world_process_zero:
             started = _verifying_since.pop(plan.plan_id, None)
@@ -531,7 +550,9 @@ def resume_from_checkpoint(ctx: Context | None = None) -> str | None:
         raise ResumeFailed(plan, reason) from exc
 
 
-def _verified_folder(plan: ResumePlannedV2) -> Path:
+def _same_checkpoint(plan: ResumePlannedV2) -> Path:
+    """The plan's folder, when it is of the Trainer's format and still holds the planned
+    checkpoint (its id): what is checked before the Trainer may read it."""
     fmt = plan.checkpoint_format
     if fmt is not None and fmt != HF.value:
         raise UnsupportedFormat(fmt, LOADER, LOADERS.get(fmt, "its framework"))
@@ -546,6 +567,15 @@ def _verified_folder(plan: ResumePlannedV2) -> Path:
         raise CheckpointUnreadable(
             uri, "replaced", f"the folder now holds checkpoint {found}, not the planned one"
         )
+    return path
+
+
+def _verified_folder(plan: ResumePlannedV2) -> Path:
+    fmt = plan.checkpoint_format
+    path = _same_checkpoint(plan)
+    store = FsStore(path.parent.parent)
+    prefix = f"{path.parent.name}/{path.name}"
+    uri = plan.checkpoint_uri
     report = formats.verify(store, prefix)
     if not report.ok:
         raise CheckpointUnreadable(uri, report.verdict.value, "; ".join(report.reasons))
@@ -564,6 +594,24 @@ def _verified_folder(plan: ResumePlannedV2) -> Path:
             f"{uri} holds weights only (no optimizer/scheduler state): not an exact resume"
         )
     return path
+
+
+def _start_verifying(ctx: Context, plan: ResumePlannedV2) -> str:
+    """`resume_from_checkpoint`, its reading of the files overlapped with the Trainer's load:
+    the folder's checkpoint id is checked now (the Trainer never loads a replaced folder), the
+    rest of the verification (`formats.verify`, step, exact resume) starts on the verification
+    pool, and the callback waits for it in ``on_train_begin``. The Trainer loads everything it
+    reads before then with ``torch.load(weights_only=True)`` or safetensors, which run no code."""
+    _verifying_since[plan.plan_id] = time.monotonic()
+    try:
+        folder = waiting_for_storage(plan, lambda: _same_checkpoint(plan))
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+        report_load_failed(ctx, plan, reason, *classify_failure(exc))
+        raise ResumeFailed(plan, reason) from exc
+    verify = functools.partial(waiting_for_storage, plan, lambda: _verified_folder(plan))
+    _verifying[plan.plan_id] = parallel.start([verify])
+    return str(folder)
 
 
 def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
@@ -588,7 +636,7 @@ def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
     plan = ctx.plan
     if plan is None:
         return trainer.train()
-    folder = resume_from_checkpoint(ctx)
+    folder = _start_verifying(ctx, plan)
     try:
         return trainer.train(resume_from_checkpoint=folder)
     except ResumeFailed:
@@ -596,6 +644,7 @@ def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
     except Exception as exc:
         if callback.resumed:
             raise  # training failed after the load: the runner reports job.failed
+        _verified_by_now(ctx, plan)  # a damaged file explains a failed load: it is reported
         reason = f"the Trainer could not load {folder}: {exc or type(exc).__name__}"
         rank = trainer.args.process_index if trainer.args.world_size > 1 else None
         report_load_failed(ctx, plan, reason, *classify_failure(exc), rank=rank)
