@@ -40,7 +40,7 @@ from ckpt_ha.sdk.protocol import (
     try_announce,
 )
 from ckpt_ha.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState
-from ckpt_ha.storage import ObjectNotFound, ObjectStore, open_store
+from ckpt_ha.storage import FsStore, ObjectNotFound, ObjectStore, open_store
 
 log = logging.getLogger("ckpt_ha.sdk")
 
@@ -338,8 +338,11 @@ def save(
     )
     trace = trace_context()  # one trace for the checkpoint: writing, committed and what follows
     announced_writing = try_announce(bus, writing, now, traceparent=trace)
-    # One leaf serialised at a time: memory holds one shard's bytes, not the whole state.
-    shards.extend(_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in encoded.leaves)
+    # One leaf serialised at a time: memory holds one shard's bytes, not the whole state. On a
+    # filesystem the folder's entries are fsynced once, before the manifest vouches for them.
+    fs = store if isinstance(store, FsStore) else None
+    with fs.folder_fsyncs_batched() if fs is not None else contextlib.nullcontext():
+        shards.extend(_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in encoded.leaves)
     manifest = native.Manifest(
         step=step,
         created_at=now,
