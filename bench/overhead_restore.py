@@ -10,6 +10,7 @@ restore-coordinator would publish for the checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 import uuid
@@ -90,7 +91,8 @@ def dcp_restore(
     folder = Path(saved.uri.removeprefix("file://"))
     plan = plan_for(root, "restore", folder.name, 1, CheckpointFormat.TORCH_DCP)
     ctx = context(root, "restore", plan)
-    plain, ours = [], []
+    plain: list[float] = []
+    ours: list[float] = []
     for n in range(rounds):
         target_plain, target_ours = zeroed(state), zeroed(state)
 
@@ -114,26 +116,45 @@ def dcp_restore(
 # -- the Trainer ---------------------------------------------------------------------------------
 
 
-class _SaveClock(TrainerCallback):
-    """Placed first and last among the callbacks: the first notes when the Trainer decides to
-    save (``on_step_end``, before ``CkptHaCallback`` writes its intent), the last when the save is
-    over (``on_save``, after ``CkptHaCallback`` committed)."""
+class _SaveStarts(TrainerCallback):
+    """The first callback: notes when the Trainer decides to save (``on_step_end``, before
+    ``CkptHaCallback`` writes its intent)."""
 
-    def __init__(self, times: list[float], ends: bool) -> None:
+    def __init__(self, times: list[float]) -> None:
         self.times = times
-        self.ends = ends
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
     ) -> None:
-        if not self.ends and control.should_save:
+        if control.should_save:
             self.times.append(-time.perf_counter())
+
+
+class _SaveEnds(TrainerCallback):
+    """The last callback: notes when the save is over (``on_save``, after ``CkptHaCallback``
+    committed)."""
+
+    def __init__(self, times: list[float]) -> None:
+        self.times = times
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
     ) -> None:
-        if self.ends:
-            self.times[-1] += time.perf_counter()
+        self.times[-1] += time.perf_counter()
+
+
+class _Loaded(Exception):
+    """Raised by `_StopWhenLoaded`: the Trainer has loaded the checkpoint, nothing to train."""
+
+
+class _StopWhenLoaded(TrainerCallback):
+    """The last callback: stops the Trainer in ``on_train_begin``, once it loaded weights,
+    optimizer and scheduler (and ``CkptHaCallback`` saw the verification through)."""
+
+    def on_train_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        raise _Loaded
 
 
 def _trainer(out: Path, mb: int, steps: int, callbacks: list[TrainerCallback]) -> Trainer:
@@ -175,8 +196,7 @@ def trainer_save(root: Path, mb: int, rounds: int) -> tuple[list[float], list[fl
             job = f"trainer-{n}-{int(with_ckpt_ha)}"
             ctx = context(root, job)
             middle: list[TrainerCallback] = [hf.CkptHaCallback(ctx=ctx)] if with_ckpt_ha else []
-            clocks = [_SaveClock(times, ends=False), *middle, _SaveClock(times, ends=True)]
-            trainer = _trainer(root / job, mb, 1, clocks)
+            trainer = _trainer(root / job, mb, 1, [_SaveStarts(times), *middle, _SaveEnds(times)])
             trainer.train()
             folder = root / job / "checkpoint-1"
             size = sum(p.stat().st_size for p in folder.iterdir()) / 1e9
@@ -188,8 +208,9 @@ def hf_restore(
     root: Path, mb: int, rounds: int, timed: Timed, read: Callable[[Path], int]
 ) -> tuple[list[float], list[float]]:
     """Rounds of (a raw read of a committed Trainer checkpoint + ``trainer.train`` resuming from
-    it) and of ``hf.train`` with the plan for it, in turn; each Trainer is built beforehand and
-    has no step left to train after the load."""
+    it) and of ``hf.train`` with the plan for it, in turn, each until the Trainer has loaded it
+    (``on_train_begin``; the RNG state, loaded as the first epoch starts, is left out of both);
+    each Trainer is built beforehand."""
     root.mkdir(parents=True, exist_ok=True)
     job = "hf-restore"
     ctx = context(root, job)
@@ -197,17 +218,21 @@ def hf_restore(
     folder = root / job / "checkpoint-1"
     plan = plan_for(root, job, folder.name, 1, CheckpointFormat.HF_TRAINER)
     resuming = context(root, job, plan)
-    plain, ours = [], []
+    plain: list[float] = []
+    ours: list[float] = []
     for n in range(rounds):
-        plain_trainer = _trainer(root / "hf-plain", mb, 1, [])
-        ours_trainer = _trainer(root / job, mb, 1, [hf.CkptHaCallback(ctx=resuming)])
+        plain_trainer = _trainer(root / "hf-plain", mb, 1, [_StopWhenLoaded()])
+        callbacks = [hf.CkptHaCallback(ctx=resuming), _StopWhenLoaded()]
+        ours_trainer = _trainer(root / job, mb, 1, callbacks)
 
         def plain_load(t: Trainer = plain_trainer) -> None:
             read(folder)
-            t.train(resume_from_checkpoint=str(folder))
+            with contextlib.suppress(_Loaded):
+                t.train(resume_from_checkpoint=str(folder))
 
         def verified_load(t: Trainer = ours_trainer) -> None:
-            hf.train(t, ctx=resuming)
+            with contextlib.suppress(_Loaded):
+                hf.train(t, ctx=resuming)
 
         sides = [(plain, plain_load), (ours, verified_load)]
         for into, fn in sides if n % 2 == 0 else reversed(sides):
