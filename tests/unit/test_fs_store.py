@@ -309,9 +309,14 @@ def test_a_batch_fsyncs_each_folder_once_when_it_ends(
 
 def test_a_batch_that_fails_ends_and_the_next_one_works(root: Path) -> None:
     store = FsStore(root)
-    with pytest.raises(RuntimeError), store.folder_fsyncs_batched():
-        store.put("a/x", b"data")
-        raise RuntimeError("the writer failed")
+
+    def failing_writer() -> None:
+        with store.folder_fsyncs_batched():
+            store.put("a/x", b"data")
+            raise RuntimeError("the writer failed")
+
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        failing_writer()
     with store.folder_fsyncs_batched():
         store.put("a/y", b"data")
     assert keys_of(store, "a/") == ["a/x", "a/y"]
