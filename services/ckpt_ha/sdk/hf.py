@@ -39,13 +39,15 @@ no valid checkpoint. Use a limit of 2 or more (the callback warns at 1). Never u
 ``resume_from_checkpoint=True`` either: the Trainer then takes the highest-numbered folder, even
 a half-written one.
 
-A resume: `train` (or `resume_from_checkpoint` for code that calls ``trainer.train`` itself)
-verifies the plan's folder (`formats.verify`, its checkpoint id, its step), then hands it to
-``Trainer.train(resume_from_checkpoint=...)``. The callback reports ``resume.loaded`` in
-``on_train_begin``, when the Trainer has loaded weights, optimizer, scheduler and
-``trainer_state.json`` (the RNG state follows when the first epoch starts). A failure to verify
-or load reports ``resume.load_failed`` and raises `ResumeFailed`. In a multi-process job every
-process verifies the folder before its Trainer loads it.
+A resume: `resume_from_checkpoint` (for code that calls ``trainer.train`` itself) verifies the
+plan's folder (`formats.verify`, its checkpoint id, its step), then hands it to
+``Trainer.train(resume_from_checkpoint=...)``. `train` checks the checkpoint id first and runs
+the rest of that verification beside the Trainer's load (one read of the files, not two in
+turn): the callback waits for it in ``on_train_begin``, before any step. The callback reports
+``resume.loaded`` in ``on_train_begin``, when the Trainer has loaded weights, optimizer,
+scheduler and ``trainer_state.json`` (the RNG state follows when the first epoch starts). A
+failure to verify or load reports ``resume.load_failed`` and raises `ResumeFailed`. In a
+multi-process job every process verifies the folder before its Trainer trains on it.
 
 The data position reported (progress, commit, ``resume.loaded``) is the samples seen: step x
 per-device batch x gradient accumulation x world size.
@@ -570,13 +572,13 @@ def _same_checkpoint(plan: ResumePlannedV2) -> Path:
     return path
 
 
-def _verified_folder(plan: ResumePlannedV2) -> Path:
+def _verified_folder(plan: ResumePlannedV2, *, trial_load: bool = True) -> Path:
     fmt = plan.checkpoint_format
     path = _same_checkpoint(plan)
     store = FsStore(path.parent.parent)
     prefix = f"{path.parent.name}/{path.name}"
     uri = plan.checkpoint_uri
-    report = formats.verify(store, prefix)
+    report = formats.verify(store, prefix, trial_load=trial_load)
     if not report.ok:
         raise CheckpointUnreadable(uri, report.verdict.value, "; ".join(report.reasons))
     if report.format is not HF:
@@ -609,9 +611,24 @@ def _start_verifying(ctx: Context, plan: ResumePlannedV2) -> str:
         reason = str(exc) or type(exc).__name__
         report_load_failed(ctx, plan, reason, *classify_failure(exc))
         raise ResumeFailed(plan, reason) from exc
-    verify = functools.partial(waiting_for_storage, plan, lambda: _verified_folder(plan))
+    # The Trainer's own torch.load(weights_only=True) is the trial load: not done twice.
+    verify = functools.partial(
+        waiting_for_storage, plan, lambda: _verified_folder(plan, trial_load=False)
+    )
     _verifying[plan.plan_id] = parallel.start([verify])
     return str(folder)
+
+
+def _loadable(ctx: Context, plan: ResumePlannedV2) -> None:
+    """After the Trainer failed to load a folder that passed verification without the trial
+    load: the whole verification, trial load included, so that a file torch cannot load
+    blames the checkpoint as it did before the load (reported and raised as `ResumeFailed`)."""
+    try:
+        _verified_folder(plan)
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+        report_load_failed(ctx, plan, reason, *classify_failure(exc))
+        raise ResumeFailed(plan, reason) from exc
 
 
 def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
@@ -645,6 +662,7 @@ def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
         if callback.resumed:
             raise  # training failed after the load: the runner reports job.failed
         _verified_by_now(ctx, plan)  # a damaged file explains a failed load: it is reported
+        _loadable(ctx, plan)  # so does a file torch cannot load: the trial load, run now
         reason = f"the Trainer could not load {folder}: {exc or type(exc).__name__}"
         rank = trainer.args.process_index if trainer.args.world_size > 1 else None
         report_load_failed(ctx, plan, reason, *classify_failure(exc), rank=rank)
