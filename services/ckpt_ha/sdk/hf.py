@@ -22,11 +22,14 @@ A save, with `CkptHaCallback` (``formats/sidecar.py`` has the rules it follows):
    first: the Trainer would write over it anyway, and the new checkpoint must get its own id.
 2. The Trainer writes its files into the existing folder (it creates it with ``exist_ok``).
 3. ``on_save`` (after the Trainer wrote ``trainer_state.json``): every process waits for the
-   others, then process zero fsyncs and checksums every file (files, and a large file's chunks,
-   side by side on several threads), writes the commit
-   (``ckpt-ha.commit.json``) and announces ``checkpoint.committed``. Reading the files back for
-   their checksums is cheap (they are in the page cache); the fsync makes the save last until
-   the bytes are on storage, which the Trainer alone does not wait for.
+   others, then process zero hands the commit to a thread of its own and training goes on:
+   it fsyncs and checksums every file (files, and a large file's chunks, side by side on
+   several threads), writes the commit (``ckpt-ha.commit.json``) and announces
+   ``checkpoint.committed``. Reading the files back for their checksums is cheap (they are in
+   the page cache); the fsync, which the Trainer alone does not do, is what takes time, and the
+   training loop no longer waits for it. The next save (before its intent, and before the
+   Trainer rotates older folders) and the end of training wait for the commit; a crash before
+   it leaves the folder uncommitted, as a crash during the save would.
 
 ``save_strategy="best"`` decides to save after evaluating, when no callback can run before the
 write: such folders get no sidecars (they are plain Trainer folders to ckpt-ha).
@@ -64,6 +67,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,6 +269,9 @@ class CkptHaCallback(TrainerCallback):
         self.resumed = False
         """True once ``resume.loaded`` was reported for this attempt's plan."""
         self._writing: _Writing | None = None
+        self._committer: ThreadPoolExecutor | None = None
+        self._committing: Future[None] | None = None
+        """Process zero's commit of the last save, written while training goes on."""
         if self.ctx is None:
             log.info("no ckpt-ha runner context: CkptHaCallback records nothing")
 
@@ -393,6 +400,7 @@ class CkptHaCallback(TrainerCallback):
         if self.ctx is None or not control.should_save:
             return
         if state.is_world_process_zero:
+            self._committed()  # the last save's commit first: before any rotation, any intent
             pending = self._writing
             if pending is None or pending.step != state.global_step:
                 self._writing = self._write_intent(args, state, model, self.ctx)
@@ -472,10 +480,24 @@ class CkptHaCallback(TrainerCallback):
                 "'best'?): ckpt-ha writes no commit for it", state.global_step,
             )  # fmt: skip
             return
-        self._commit(args, state, writing, self.ctx)
+        position = samples_seen(args, state, writing.step)
+        if self._committer is None:  # its thread is joined at exit: a commit is never cut short
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-ha-hf-commit")
+        self._committing = self._committer.submit(self._commit, args, writing, self.ctx, position)
+
+    def _committed(self) -> None:
+        """Wait for the commit of the last save (its error, if any, is raised here)."""
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            committing.result()
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        self._committed()  # train() returns with every checkpoint it saved committed
 
     def _commit(
-        self, args: TrainingArguments, state: TrainerState, writing: _Writing, ctx: Context
+        self, args: TrainingArguments, writing: _Writing, ctx: Context, data_position: int
     ) -> None:
         store = FsStore(_saves_under(args).parent)
         base = f"{writing.prefix}/"
@@ -499,7 +521,7 @@ class CkptHaCallback(TrainerCallback):
             step=writing.step,
             files=files,
             exact_resume=all(name in files for name in (*hf_trainer.RESUME_STATE, *rng)),
-            data_position=samples_seen(args, state, writing.step),
+            data_position=data_position,
         )
         sidecar.write_commit(store, writing.prefix, commit)
         checkpoint_id = checkpoint_id_on(store, writing.prefix)
