@@ -23,7 +23,8 @@ Rows (each a ratio, higher is better, with its target):
   ``dcp.resume`` of it (verification included), warm (target >= 0.85);
 * Trainer save: a GPT-2 Trainer (from a config, no weights downloaded) of about the same size,
   its save without / with ``CkptHaCallback``, from the Trainer's decision to save to the end of
-  ``on_save`` (target >= 0.95);
+  ``on_save``: what the training loop waits for (the callback's commit then runs beside
+  training; target >= 0.95);
 * Trainer restore: a raw read of its checkpoint plus ``trainer.train(resume_from_checkpoint=)``
   / ``hf.train`` with a plan for it (target >= 0.85). The restore and Trainer rows are in
   ``overhead_restore.py``.
