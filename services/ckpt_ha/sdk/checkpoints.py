@@ -4,6 +4,7 @@ shard (see the package doc for the order of a save)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import platform
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.locations import job_folder
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import native
+from ckpt_ha.formats import native, parallel
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.sdk import marks
@@ -224,8 +225,11 @@ def writer_for(
 
 
 def _put(store: ObjectStore, prefix: str, path: str, data: bytes) -> native.Shard:
+    """Write one shard, its checksum taken on a helper thread while the bytes are written."""
+    digest = parallel.start([functools.partial(cs.of_bytes, data)])
     store.put(join(prefix, path), data)
-    return native.Shard(path=path, size=len(data), checksum=cs.of_bytes(data))
+    [checksum] = digest()
+    return native.Shard(path=path, size=len(data), checksum=checksum)
 
 
 def folder_for(job_id: str, step: int, attempt: int = 1) -> str:
