@@ -10,6 +10,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import verify, verify_path
 from ckpt_ha.formats.report import Verdict
 from ckpt_ha.storage import FsStore
+from tests.support.torch_tools import Payload, torch_saved
 from tests.unit.test_formats import _patch, write_hf
 
 
@@ -63,3 +64,35 @@ def test_a_trainer_folder_without_its_state_file_is_never_valid(tmp_path: Path) 
     write_hf(loose)
     (loose / "trainer_state.json").unlink()
     assert verify_path(loose).verdict is Verdict.INCOMPLETE
+
+
+def test_without_the_trial_load_the_pickles_and_checksums_are_still_checked(
+    tmp_path: Path,
+) -> None:
+    """``trial_load=False`` (a resume whose Trainer loads the files itself next) leaves only
+    torch's trial load out: a file that is no torch file, a pickle asking for code and the
+    report's checksums are as with it."""
+    folder = tmp_path / "valid" / "checkpoint-500"
+    write_hf(folder)
+    with_trial = verify(FsStore(tmp_path / "valid"), "checkpoint-500")
+    without = verify(FsStore(tmp_path / "valid"), "checkpoint-500", trial_load=False)
+    assert without.verdict is Verdict.VALID, without.reasons
+    assert without.checksums == with_trial.checksums
+    assert "torch-load:weights_only" in with_trial.checks
+    assert "torch-load:left to the loader" in without.checks
+    assert "torch-pickle:restricted" in without.checks
+
+    damaged = tmp_path / "damaged" / "checkpoint-500"
+    write_hf(damaged)
+    (damaged / "scheduler.pt").write_bytes(b"hello world")
+    report = verify(FsStore(tmp_path / "damaged"), "checkpoint-500", trial_load=False)
+    assert report.verdict is Verdict.CORRUPT
+    assert any("scheduler.pt" in r for r in report.reasons)
+
+    hostile = tmp_path / "hostile" / "checkpoint-500"
+    write_hf(hostile)
+    marker = tmp_path / "marker"
+    (hostile / "optimizer.pt").write_bytes(torch_saved({"state": {}, "hook": Payload(marker)}))
+    report = verify(FsStore(tmp_path / "hostile"), "checkpoint-500", trial_load=False)
+    assert report.verdict is Verdict.UNSAFE, report.reasons
+    assert not marker.exists()

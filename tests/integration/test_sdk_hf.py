@@ -303,6 +303,31 @@ async def test_a_plan_whose_weights_are_damaged_fails_blaming_the_checkpoint(
     assert await events(bus_settings, "resume.loaded", job) == []
 
 
+async def test_damage_the_trainer_loads_without_noticing_fails_before_any_step(
+    base: Run, bus_settings: ServiceSettings, tmp_path: Path
+) -> None:
+    """The verification runs beside the Trainer's load: a flipped byte in the weights' data
+    loads without error, and the resume still fails (in ``on_train_begin``) before any step."""
+    job = "job-hf-flipped"
+    copy_checkpoint(base, 4, tmp_path, job)
+    ctx, plan_id, _ = resumed_ctx(bus_settings, tmp_path, job, 4)
+    weights = tmp_path / job / "checkpoint-4" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0xFF  # inside the last tensor's bytes: the file still parses and loads
+    weights.write_bytes(bytes(data))
+    trainer = tiny_trainer(hf.output_dir(ctx))
+
+    with pytest.raises(sdk.ResumeFailed, match="checksum"):
+        hf.train(trainer, ctx=ctx)
+
+    [failed] = await wait_for(lambda: events(bus_settings, "resume.load_failed", job), what="lf")
+    assert (failed["plan_id"], failed["blame"]) == (plan_id, "checkpoint")
+    assert "model.safetensors" in str(failed["reason"])
+    assert trainer.state.global_step == 4  # loaded, never trained on: no step 5, no save
+    assert sorted(p.name for p in (tmp_path / job).iterdir()) == ["checkpoint-4"]
+    assert await events(bus_settings, "resume.loaded", job) == []
+
+
 async def test_the_trainer_failing_to_load_a_valid_checkpoint_blames_the_attempt(
     base: Run, bus_settings: ServiceSettings, tmp_path: Path
 ) -> None:

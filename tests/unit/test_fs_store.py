@@ -276,3 +276,47 @@ def test_open_store_builds_an_s3_store_without_touching_the_network(
 def test_open_store_rejects_what_it_cannot_honour(uri_root: str, options: dict[str, str]) -> None:
     with pytest.raises(ValueError, match=r"\S"):
         open_store(uri_root, **options)  # type: ignore[arg-type]
+
+
+def test_a_batch_fsyncs_each_folder_once_when_it_ends(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Objects written in a batch are durable and readable at once; their folders' entries are
+    synced once per folder when the batch ends, not once per object."""
+    from ckpt_ha.storage import fs_store
+
+    synced: list[Path] = []
+    real = fs_store.fsync
+
+    def counting(path: Path) -> None:
+        if path.is_dir():
+            synced.append(path)
+        real(path)
+
+    monkeypatch.setattr(fs_store, "fsync", counting)
+    store = FsStore(root)
+    with store.folder_fsyncs_batched():
+        for i in range(5):
+            store.put(f"a/x{i}", b"data")
+        with store.folder_fsyncs_batched():  # nested: the outer batch syncs
+            store.put_if_absent("b/y", b"more")
+        assert synced == []
+        assert store.read_bytes("a/x3") == b"data"
+    assert sorted(synced) == [root / "a", root / "b"]
+    store.put("a/z", b"after")  # outside a batch: synced at once again
+    assert synced[-1] == root / "a"
+
+
+def test_a_batch_that_fails_ends_and_the_next_one_works(root: Path) -> None:
+    store = FsStore(root)
+
+    def failing_writer() -> None:
+        with store.folder_fsyncs_batched():
+            store.put("a/x", b"data")
+            raise RuntimeError("the writer failed")
+
+    with pytest.raises(RuntimeError, match="the writer failed"):
+        failing_writer()
+    with store.folder_fsyncs_batched():
+        store.put("a/y", b"data")
+    assert keys_of(store, "a/") == ["a/x", "a/y"]

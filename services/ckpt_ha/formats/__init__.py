@@ -56,12 +56,20 @@ def detect(names: set[str], folder: str = "") -> CheckpointFormat:
 
 
 def verify(
-    store: ObjectStore, prefix: str, algorithm: str = DEFAULT_ALGORITHM, *, ranks: bool = True
+    store: ObjectStore,
+    prefix: str,
+    algorithm: str = DEFAULT_ALGORITHM,
+    *,
+    ranks: bool = True,
+    trial_load: bool = True,
 ) -> Report:
     """Verify the checkpoint folder at ``prefix``.
 
     ``ranks=False`` (the scrub) skips the check that a native manifest holds every declared
-    rank (`native.missing_ranks`), decided once at verification.
+    rank (`native.missing_ranks`), decided once at verification. ``trial_load=False`` (a resume
+    whose framework loads the files with ``torch.load(weights_only=True)`` right after) skips
+    the trial load of a Trainer folder's torch files: their restricted unpickling and
+    checksums still run, and the framework's own load is the trial.
 
     A folder with ckpt-ha's sidecars is judged by them first (`formats.sidecar`), and by its
     format's own checks as well. Permanent storage errors become a verdict; a transient one
@@ -79,8 +87,10 @@ def verify(
     fmt = detect(names, folder_name(store, prefix))
     try:
         if names & sidecar.NAMES:
-            return _verify_sidecars(store, prefix, files, fmt, algorithm)
-        return _verify_format(store, prefix, names, fmt, algorithm, ranks=ranks)
+            return _verify_sidecars(store, prefix, files, fmt, algorithm, trial_load=trial_load)
+        return _verify_format(
+            store, prefix, names, fmt, algorithm, ranks=ranks, trial_load=trial_load
+        )
     except StorageError as exc:
         if exc.transient:
             raise  # an outage is not a verdict on the checkpoint: the caller retries
@@ -97,13 +107,14 @@ def _verify_format(
     algorithm: str,
     *,
     ranks: bool = True,
+    trial_load: bool = True,
 ) -> Report:
     if fmt is CheckpointFormat.NATIVE:
         return native.verify(store, prefix, ranks=ranks)
     if fmt is CheckpointFormat.SAFETENSORS:
         return safetensors.verify_folder(store, prefix, names, algorithm)
     if fmt is CheckpointFormat.HF_TRAINER:
-        return hf_trainer.verify(store, prefix, names, algorithm)
+        return hf_trainer.verify(store, prefix, names, algorithm, trial_load=trial_load)
     if fmt is CheckpointFormat.TORCH_DCP:
         return dcp.verify(store, prefix, names, algorithm)
     report = Report(format=fmt)
@@ -112,7 +123,13 @@ def _verify_format(
 
 
 def _verify_sidecars(
-    store: ObjectStore, prefix: str, files: set[str], fmt: CheckpointFormat, algorithm: str
+    store: ObjectStore,
+    prefix: str,
+    files: set[str],
+    fmt: CheckpointFormat,
+    algorithm: str,
+    *,
+    trial_load: bool = True,
 ) -> Report:
     """An intent without a commit file is a write that never committed; a commit file adds its
     sizes, checksums, step and exact-resume flag to the format's own checks."""
@@ -142,7 +159,9 @@ def _verify_sidecars(
     if commit is None:
         report.fail(Verdict.INCOMPLETE, f"{sidecar.COMMIT} vanished while it was read")
         return report
-    report = _verify_format(store, prefix, names, fmt, commit.algorithm() or algorithm)
+    report = _verify_format(
+        store, prefix, names, fmt, commit.algorithm() or algorithm, trial_load=trial_load
+    )
     report.notes += notes
     sidecar.check(store, prefix, commit, files, report)
     return report

@@ -21,13 +21,14 @@ ran: ``torch-pickle:restricted`` always, and ``torch-load:weights_only`` or why 
 
 from __future__ import annotations
 
+import functools
 import re
 import struct
 from collections.abc import Iterable
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import jsondoc, limits, safetensors, torch_load, torch_pickle
+from ckpt_ha.formats import jsondoc, limits, parallel, safetensors, torch_load, torch_pickle
 from ckpt_ha.formats.paths import folder_name, join
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
@@ -107,11 +108,17 @@ def _json(store: ObjectStore, key: str, name: str, report: Report) -> object:
 
 
 def torch_file(
-    store: ObjectStore, key: str, name: str, report: Report, algorithm: str = cs.DEFAULT_ALGORITHM
+    store: ObjectStore,
+    key: str,
+    name: str,
+    report: Report,
+    algorithm: str = cs.DEFAULT_ALGORITHM,
+    *,
+    trial_load: bool = True,
 ) -> bool:
     """Check one torch-pickled file: its pickle always (restricted, any size), and a load with
-    weights_only=True when torch is installed and the file is at most `limits.MAX_LOAD_BYTES`;
-    True when that load ran."""
+    weights_only=True when ``trial_load``, torch is installed and the file is at most
+    `limits.MAX_LOAD_BYTES`; True when that load ran."""
     try:
         size = store.stat(key).size
     except InvalidKey:
@@ -132,7 +139,7 @@ def torch_file(
     if failure is not None:
         report.fail(*failure)
         return False
-    if torch_load.torch_module() is None or size > torch_load.MAX_LOAD_BYTES:
+    if not trial_load or torch_load.torch_module() is None or size > torch_load.MAX_LOAD_BYTES:
         return False
     failure = torch_load.check(store.read_bytes(key), name, numpy_rng=rng)
     if failure is not None:
@@ -140,16 +147,40 @@ def torch_file(
     return True
 
 
-def _torch_file(store: ObjectStore, prefix: str, name: str, report: Report, algorithm: str) -> bool:
-    return torch_file(store, join(prefix, name), name, report, algorithm)
+def _torch_files(
+    store: ObjectStore,
+    prefix: str,
+    names: list[str],
+    report: Report,
+    algorithm: str,
+    *,
+    trial_load: bool,
+) -> list[bool]:
+    """`torch_file` of each, side by side (each read for its checksum and its pickle on its own
+    thread), each into a report of its own, added to ``report`` in the order of ``names``."""
+
+    def check(name: str) -> tuple[bool, Report]:
+        own = Report(format=report.format)
+        loaded = torch_file(store, join(prefix, name), name, own, algorithm, trial_load=trial_load)
+        return loaded, own
+
+    results = parallel.run([functools.partial(check, name) for name in names])
+    for _, own in results:
+        for reason in own.reasons:
+            report.fail(own.verdict, reason)
+        report.checksums.update(own.checksums)
+        report.bytes_read += own.bytes_read
+    return [loaded for loaded, _ in results]
 
 
-def torch_check_labels(loaded: list[bool]) -> list[str]:
+def torch_check_labels(loaded: list[bool], *, trial_load: bool = True) -> list[str]:
     """``torch-pickle:restricted`` (every torch file's pickle, always), then
     ``torch-load:weights_only`` when every file was also loaded, else why not."""
     labels = ["torch-pickle:restricted"]
     if all(loaded):
         labels.append("torch-load:weights_only")
+    elif not trial_load:
+        labels.append("torch-load:left to the loader")
     elif torch_load.torch_module() is None:
         labels.append("torch-load:not-run (torch not installed)")
     else:
@@ -159,7 +190,12 @@ def torch_check_labels(loaded: list[bool]) -> list[str]:
 
 
 def verify(
-    store: ObjectStore, prefix: str, names: set[str], algorithm: str = cs.DEFAULT_ALGORITHM
+    store: ObjectStore,
+    prefix: str,
+    names: set[str],
+    algorithm: str = cs.DEFAULT_ALGORITHM,
+    *,
+    trial_load: bool = True,
 ) -> Report:
     report = Report(format=CheckpointFormat.HF_TRAINER)
     folder = folder_name(store, prefix)
@@ -199,13 +235,13 @@ def verify(
 
     rng = sorted(n for n in names if is_rng_state(n))
     torch_files += [n for n in RESUME_STATE if n in names] + rng
-    loaded = [_torch_file(store, prefix, name, report, algorithm) for name in torch_files]
+    loaded = _torch_files(store, prefix, torch_files, report, algorithm, trial_load=trial_load)
     absent = [n for n in RESUME_STATE if n not in names] + ([] if rng else ["rng_state*.pth"])
     report.exact_resume = not absent
     if report.ok:
         report.checks += ["trainer-state", "config", "weights", "checksums-recorded"]
         if torch_files:
-            report.checks += torch_check_labels(loaded)
+            report.checks += torch_check_labels(loaded, trial_load=trial_load)
         if absent:
             report.checks.append(
                 f"weights-only: no {', '.join(absent)} (optimizer/scheduler/RNG state), "

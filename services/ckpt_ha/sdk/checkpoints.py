@@ -4,6 +4,7 @@ shard (see the package doc for the order of a save)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import platform
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from ckpt_ha.contracts.checkpoint import (
 from ckpt_ha.core.clock import Clock, utc_now
 from ckpt_ha.core.locations import job_folder
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import native
+from ckpt_ha.formats import native, parallel
 from ckpt_ha.formats.identity import checkpoint_id_on
 from ckpt_ha.formats.paths import inside, join
 from ckpt_ha.sdk import marks
@@ -40,7 +41,7 @@ from ckpt_ha.sdk.protocol import (
     try_announce,
 )
 from ckpt_ha.sdk.state import INDEX, NeedsTorch, Tensors, UnreadableState
-from ckpt_ha.storage import ObjectNotFound, ObjectStore, open_store
+from ckpt_ha.storage import FsStore, ObjectNotFound, ObjectStore, open_store
 
 log = logging.getLogger("ckpt_ha.sdk")
 
@@ -224,8 +225,11 @@ def writer_for(
 
 
 def _put(store: ObjectStore, prefix: str, path: str, data: bytes) -> native.Shard:
+    """Write one shard, its checksum taken on a helper thread while the bytes are written."""
+    digest = parallel.start([functools.partial(cs.of_bytes, data)])
     store.put(join(prefix, path), data)
-    return native.Shard(path=path, size=len(data), checksum=cs.of_bytes(data))
+    [checksum] = digest()
+    return native.Shard(path=path, size=len(data), checksum=checksum)
 
 
 def folder_for(job_id: str, step: int, attempt: int = 1) -> str:
@@ -338,8 +342,11 @@ def save(
     )
     trace = trace_context()  # one trace for the checkpoint: writing, committed and what follows
     announced_writing = try_announce(bus, writing, now, traceparent=trace)
-    # One leaf serialised at a time: memory holds one shard's bytes, not the whole state.
-    shards.extend(_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in encoded.leaves)
+    # One leaf serialised at a time: memory holds one shard's bytes, not the whole state. On a
+    # filesystem the folder's entries are fsynced once, before the manifest vouches for them.
+    fs = store if isinstance(store, FsStore) else None
+    with fs.folder_fsyncs_batched() if fs is not None else contextlib.nullcontext():
+        shards.extend(_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in encoded.leaves)
     manifest = native.Manifest(
         step=step,
         created_at=now,

@@ -22,11 +22,14 @@ A save, with `CkptHaCallback` (``formats/sidecar.py`` has the rules it follows):
    first: the Trainer would write over it anyway, and the new checkpoint must get its own id.
 2. The Trainer writes its files into the existing folder (it creates it with ``exist_ok``).
 3. ``on_save`` (after the Trainer wrote ``trainer_state.json``): every process waits for the
-   others, then process zero fsyncs and checksums every file (files, and a large file's chunks,
-   side by side on several threads), writes the commit
-   (``ckpt-ha.commit.json``) and announces ``checkpoint.committed``. Reading the files back for
-   their checksums is cheap (they are in the page cache); the fsync makes the save last until
-   the bytes are on storage, which the Trainer alone does not wait for.
+   others, then process zero hands the commit to a thread of its own and training goes on:
+   it fsyncs and checksums every file (files, and a large file's chunks, side by side on
+   several threads), writes the commit (``ckpt-ha.commit.json``) and announces
+   ``checkpoint.committed``. Reading the files back for their checksums is cheap (they are in
+   the page cache); the fsync, which the Trainer alone does not do, is what takes time, and the
+   training loop no longer waits for it. The next save (before its intent, and before the
+   Trainer rotates older folders) and the end of training wait for the commit; a crash before
+   it leaves the folder uncommitted, as a crash during the save would.
 
 ``save_strategy="best"`` decides to save after evaluating, when no callback can run before the
 write: such folders get no sidecars (they are plain Trainer folders to ckpt-ha).
@@ -39,13 +42,15 @@ no valid checkpoint. Use a limit of 2 or more (the callback warns at 1). Never u
 ``resume_from_checkpoint=True`` either: the Trainer then takes the highest-numbered folder, even
 a half-written one.
 
-A resume: `train` (or `resume_from_checkpoint` for code that calls ``trainer.train`` itself)
-verifies the plan's folder (`formats.verify`, its checkpoint id, its step), then hands it to
-``Trainer.train(resume_from_checkpoint=...)``. The callback reports ``resume.loaded`` in
-``on_train_begin``, when the Trainer has loaded weights, optimizer, scheduler and
-``trainer_state.json`` (the RNG state follows when the first epoch starts). A failure to verify
-or load reports ``resume.load_failed`` and raises `ResumeFailed`. In a multi-process job every
-process verifies the folder before its Trainer loads it.
+A resume: `resume_from_checkpoint` (for code that calls ``trainer.train`` itself) verifies the
+plan's folder (`formats.verify`, its checkpoint id, its step), then hands it to
+``Trainer.train(resume_from_checkpoint=...)``. `train` checks the checkpoint id first and runs
+the rest of that verification beside the Trainer's load (one read of the files, not two in
+turn): the callback waits for it in ``on_train_begin``, before any step. The callback reports
+``resume.loaded`` in ``on_train_begin``, when the Trainer has loaded weights, optimizer,
+scheduler and ``trainer_state.json`` (the RNG state follows when the first epoch starts). A
+failure to verify or load reports ``resume.load_failed`` and raises `ResumeFailed`. In a
+multi-process job every process verifies the folder before its Trainer trains on it.
 
 The data position reported (progress, commit, ``resume.loaded``) is the samples seen: step x
 per-device batch x gradient accumulation x world size.
@@ -61,6 +66,8 @@ import logging
 import math
 import shutil
 import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -217,6 +224,23 @@ class _Writing:
 
 _verifying_since: dict[str, float] = {}
 """Plan id → when `resume_from_checkpoint` began, for ``resume.loaded``'s ``load_seconds``."""
+_verifying: dict[str, Callable[[], object]] = {}
+"""By plan id: the join of a verification `train` started beside the Trainer's load; the
+callback takes it in ``on_train_begin``, before any step (and before the RNG state loads)."""
+
+
+def _verified_by_now(ctx: Context, plan: ResumePlannedV2) -> None:
+    """Wait for the verification `train` started for ``plan`` (if any); a failure is reported
+    and raised as `ResumeFailed`."""
+    join = _verifying.pop(plan.plan_id, None)
+    if join is None:
+        return
+    try:
+        join()
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+        report_load_failed(ctx, plan, reason, *classify_failure(exc))
+        raise ResumeFailed(plan, reason) from exc
 
 
 class CkptHaCallback(TrainerCallback):
@@ -245,6 +269,9 @@ class CkptHaCallback(TrainerCallback):
         self.resumed = False
         """True once ``resume.loaded`` was reported for this attempt's plan."""
         self._writing: _Writing | None = None
+        self._committer: ThreadPoolExecutor | None = None
+        self._committing: Future[None] | None = None
+        """Process zero's commit of the last save, written while training goes on."""
         if self.ctx is None:
             log.info("no ckpt-ha runner context: CkptHaCallback records nothing")
 
@@ -270,6 +297,7 @@ class CkptHaCallback(TrainerCallback):
             rank = args.process_index if args.world_size > 1 else None
             report_load_failed(ctx, plan, reason, LoadBlame.ATTEMPT, FailureSide.JOB, rank=rank)
             raise ResumeFailed(plan, reason)
+        _verified_by_now(ctx, plan)  # the files were read for their checksums meanwhile
         self.resumed = True
         if state.is_world_process_zero:
             started = _verifying_since.pop(plan.plan_id, None)
@@ -372,6 +400,7 @@ class CkptHaCallback(TrainerCallback):
         if self.ctx is None or not control.should_save:
             return
         if state.is_world_process_zero:
+            self._committed()  # the last save's commit first: before any rotation, any intent
             pending = self._writing
             if pending is None or pending.step != state.global_step:
                 self._writing = self._write_intent(args, state, model, self.ctx)
@@ -451,10 +480,24 @@ class CkptHaCallback(TrainerCallback):
                 "'best'?): ckpt-ha writes no commit for it", state.global_step,
             )  # fmt: skip
             return
-        self._commit(args, state, writing, self.ctx)
+        position = samples_seen(args, state, writing.step)
+        if self._committer is None:  # its thread is joined at exit: a commit is never cut short
+            self._committer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-ha-hf-commit")
+        self._committing = self._committer.submit(self._commit, args, writing, self.ctx, position)
+
+    def _committed(self) -> None:
+        """Wait for the commit of the last save (its error, if any, is raised here)."""
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            committing.result()
+
+    def on_train_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
+    ) -> None:
+        self._committed()  # train() returns with every checkpoint it saved committed
 
     def _commit(
-        self, args: TrainingArguments, state: TrainerState, writing: _Writing, ctx: Context
+        self, args: TrainingArguments, writing: _Writing, ctx: Context, data_position: int
     ) -> None:
         store = FsStore(_saves_under(args).parent)
         base = f"{writing.prefix}/"
@@ -478,7 +521,7 @@ class CkptHaCallback(TrainerCallback):
             step=writing.step,
             files=files,
             exact_resume=all(name in files for name in (*hf_trainer.RESUME_STATE, *rng)),
-            data_position=samples_seen(args, state, writing.step),
+            data_position=data_position,
         )
         sidecar.write_commit(store, writing.prefix, commit)
         checkpoint_id = checkpoint_id_on(store, writing.prefix)
@@ -531,7 +574,9 @@ def resume_from_checkpoint(ctx: Context | None = None) -> str | None:
         raise ResumeFailed(plan, reason) from exc
 
 
-def _verified_folder(plan: ResumePlannedV2) -> Path:
+def _same_checkpoint(plan: ResumePlannedV2) -> Path:
+    """The plan's folder, when it is of the Trainer's format and still holds the planned
+    checkpoint (its id): what is checked before the Trainer may read it."""
     fmt = plan.checkpoint_format
     if fmt is not None and fmt != HF.value:
         raise UnsupportedFormat(fmt, LOADER, LOADERS.get(fmt, "its framework"))
@@ -546,7 +591,16 @@ def _verified_folder(plan: ResumePlannedV2) -> Path:
         raise CheckpointUnreadable(
             uri, "replaced", f"the folder now holds checkpoint {found}, not the planned one"
         )
-    report = formats.verify(store, prefix)
+    return path
+
+
+def _verified_folder(plan: ResumePlannedV2, *, trial_load: bool = True) -> Path:
+    fmt = plan.checkpoint_format
+    path = _same_checkpoint(plan)
+    store = FsStore(path.parent.parent)
+    prefix = f"{path.parent.name}/{path.name}"
+    uri = plan.checkpoint_uri
+    report = formats.verify(store, prefix, trial_load=trial_load)
     if not report.ok:
         raise CheckpointUnreadable(uri, report.verdict.value, "; ".join(report.reasons))
     if report.format is not HF:
@@ -564,6 +618,39 @@ def _verified_folder(plan: ResumePlannedV2) -> Path:
             f"{uri} holds weights only (no optimizer/scheduler state): not an exact resume"
         )
     return path
+
+
+def _start_verifying(ctx: Context, plan: ResumePlannedV2) -> str:
+    """`resume_from_checkpoint`, its reading of the files overlapped with the Trainer's load:
+    the folder's checkpoint id is checked now (the Trainer never loads a replaced folder), the
+    rest of the verification (`formats.verify`, step, exact resume) starts on the verification
+    pool, and the callback waits for it in ``on_train_begin``. The Trainer loads everything it
+    reads before then with ``torch.load(weights_only=True)`` or safetensors, which run no code."""
+    _verifying_since[plan.plan_id] = time.monotonic()
+    try:
+        folder = waiting_for_storage(plan, lambda: _same_checkpoint(plan))
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+        report_load_failed(ctx, plan, reason, *classify_failure(exc))
+        raise ResumeFailed(plan, reason) from exc
+    # The Trainer's own torch.load(weights_only=True) is the trial load: not done twice.
+    verify = functools.partial(
+        waiting_for_storage, plan, lambda: _verified_folder(plan, trial_load=False)
+    )
+    _verifying[plan.plan_id] = parallel.start([verify])
+    return str(folder)
+
+
+def _loadable(ctx: Context, plan: ResumePlannedV2) -> None:
+    """After the Trainer failed to load a folder that passed verification without the trial
+    load: the whole verification, trial load included, so that a file torch cannot load
+    blames the checkpoint as it did before the load (reported and raised as `ResumeFailed`)."""
+    try:
+        _verified_folder(plan)
+    except Exception as exc:
+        reason = str(exc) or type(exc).__name__
+        report_load_failed(ctx, plan, reason, *classify_failure(exc))
+        raise ResumeFailed(plan, reason) from exc
 
 
 def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
@@ -588,7 +675,7 @@ def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
     plan = ctx.plan
     if plan is None:
         return trainer.train()
-    folder = resume_from_checkpoint(ctx)
+    folder = _start_verifying(ctx, plan)
     try:
         return trainer.train(resume_from_checkpoint=folder)
     except ResumeFailed:
@@ -596,6 +683,8 @@ def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
     except Exception as exc:
         if callback.resumed:
             raise  # training failed after the load: the runner reports job.failed
+        _verified_by_now(ctx, plan)  # a damaged file explains a failed load: it is reported
+        _loadable(ctx, plan)  # so does a file torch cannot load: the trial load, run now
         reason = f"the Trainer could not load {folder}: {exc or type(exc).__name__}"
         rank = trainer.args.process_index if trainer.args.world_size > 1 else None
         report_load_failed(ctx, plan, reason, *classify_failure(exc), rank=rank)

@@ -28,6 +28,7 @@ import itertools
 import json
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
@@ -148,6 +149,10 @@ def _sidecar(path: Path, version: str) -> Path:
     return path.with_name(f".{path.name}.{version}{_META_SUFFIX}")
 
 
+_batch = threading.local()
+"""``folders``: the folders whose fsync `FsStore.folder_fsyncs_batched` defers on this thread."""
+
+
 def fsync(path: Path) -> None:
     """Make a file, or a folder's entries, durable (nearly free when it already is)."""
     fd = os.open(path, os.O_RDONLY)
@@ -236,6 +241,23 @@ class FsStore(ObjectStore):
 
     def __repr__(self) -> str:
         return f"FsStore({str(self._root)!r})"
+
+    @contextlib.contextmanager
+    def folder_fsyncs_batched(self) -> Iterator[None]:
+        """Within it, this thread's `put` and `put_if_absent` make each object's bytes durable
+        as usual but leave its folder's entry to one fsync of each folder on leaving (not on an
+        error): many objects written into one folder cost one folder fsync, not one each."""
+        if getattr(_batch, "folders", None) is not None:
+            yield  # nested: the outer batch syncs
+            return
+        _batch.folders = folders = set[Path]()
+        try:
+            yield
+        finally:
+            _batch.folders = None
+        for folder in sorted(folders):
+            with _os_errors(str(folder)):
+                fsync(folder)
 
     @property
     def root(self) -> Path:
@@ -469,7 +491,11 @@ class FsStore(ObjectStore):
                     raise
             finally:
                 tmp.unlink(missing_ok=True)
-            fsync(path.parent)
+            batched: set[Path] | None = getattr(_batch, "folders", None)
+            if batched is None:
+                fsync(path.parent)
+            else:
+                batched.add(path.parent)  # synced once when the batch ends
             if previous is not None and previous != version:
                 _sidecar(path, previous).unlink(missing_ok=True)
         return _info(key, st, checked)

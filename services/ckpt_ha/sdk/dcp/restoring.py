@@ -7,6 +7,7 @@ import io
 import logging
 import pickle
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -19,7 +20,7 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, FailureSide
 from ckpt_ha.contracts.resume import LoadBlame, ResumePlannedV2
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import dcp_metadata, detect, sidecar, torch_load
+from ckpt_ha.formats import dcp_metadata, detect, parallel, sidecar, torch_load
 from ckpt_ha.formats.dcp import METADATA, recorded_step
 from ckpt_ha.formats.dcp_metadata import DcpMetadata, MalformedMetadata, UnsafeMetadata
 from ckpt_ha.formats.paths import inside, join
@@ -70,8 +71,22 @@ class _Checked:
     metadata: bytes
     step: int
     checksums_verified: bool
+    where: PlannedFolder
+    to_hash: dict[str, FileEvidence]
+    """This rank's share of the data files whose checksums are still to be read, while
+    ``dcp.load`` runs."""
     written_world_size: int | None = None
     """How many ranks wrote it (the intent sidecar), when known."""
+
+    def start_hashing(self, plan: ResumePlannedV2) -> Callable[[], object]:
+        """Start reading this rank's share for its checksums on the verification pool, now;
+        the returned join takes what no pool thread has taken and raises the first failure."""
+        where = self.where
+
+        def job(name: str, evidence: FileEvidence) -> Callable[[], None]:
+            return lambda: waiting_for_storage(plan, lambda: _check_checksum(where, name, evidence))
+
+        return parallel.start([job(n, e) for n, e in sorted(self.to_hash.items())])
 
 
 class _DcpGlobalsOnly(pickle.Unpickler):
@@ -156,17 +171,25 @@ def share(files: list[str], rank: int, size: int) -> list[str]:
     return mine
 
 
-def _check_file(where: PlannedFolder, name: str, least: int, evidence: FileEvidence | None) -> None:
+def _check_size(where: PlannedFolder, name: str, least: int, evidence: FileEvidence | None) -> None:
+    """A file's size against the commit and what ``.metadata`` needs: a truncated file fails
+    here, before anything reads it."""
     key = join(where.prefix, name)
     try:
         size = where.store.stat(key).size
-        if evidence is not None:
-            _compare(where, name, size, evidence)  # a truncated file fails here, before reading
-        if size < least:
-            reason = f"{name}: {size} bytes, {METADATA} needs at least {least}"
-            raise CheckpointUnreadable(where.uri, "corrupt", reason)
-        if evidence is None:
-            return
+    except ObjectNotFound as exc:
+        raise CheckpointUnreadable(where.uri, "corrupt", f"{name} is missing") from exc
+    if evidence is not None:
+        _compare(where, name, size, evidence)
+    if size < least:
+        reason = f"{name}: {size} bytes, {METADATA} needs at least {least}"
+        raise CheckpointUnreadable(where.uri, "corrupt", reason)
+
+
+def _check_checksum(where: PlannedFolder, name: str, evidence: FileEvidence) -> None:
+    """A file's checksum against the commit (the read `resume` overlaps with ``dcp.load``)."""
+    key = join(where.prefix, name)
+    try:
         digest, read = cs.checksum(where.store, key, _algorithm(where, name, evidence))
     except ObjectNotFound as exc:
         raise CheckpointUnreadable(where.uri, "corrupt", f"{name} is missing") from exc
@@ -226,9 +249,13 @@ def _check_share(plan: ResumePlannedV2, ctx: Context, group: Group) -> _Checked:
     check_planned(where, plan, step)
     files = set(needed) | ({n for n in commit.files if n != METADATA} if commit else set())
     mine = share(sorted(files), group.rank, group.size)
+    to_hash: dict[str, FileEvidence] = {}
     for name in mine:
         evidence = commit.files.get(name) if commit is not None else None
-        _check_file(where, name, needed.get(name, 0), evidence)
+        _check_size(where, name, needed.get(name, 0), evidence)
+        if evidence is not None:
+            _algorithm(where, name, evidence)  # an unknown algorithm fails before the load
+            to_hash[name] = evidence
     _check_bytes_items(where, metadata, set(mine))
     if commit is None and group.rank == 0:
         log.warning(
@@ -241,7 +268,7 @@ def _check_share(plan: ResumePlannedV2, ctx: Context, group: Group) -> _Checked:
     path = where.store.root / where.prefix if where.prefix else where.store.root
     written = _written_world_size(where)
     step = plan.step if step is None else step
-    return _Checked(path, where.uri, data, step, commit is not None, written)
+    return _Checked(path, where.uri, data, step, commit is not None, where, to_hash, written)
 
 
 def _written_world_size(where: PlannedFolder) -> int | None:
@@ -290,20 +317,22 @@ def resume(
     * every rank checks ``.metadata`` with the restricted unpickler (a pickle asking for code
       is refused, never run) and against the commit sidecar, and the plan's checkpoint id and
       step against the folder;
-    * the data files are verified once across the group, each by one rank (`share`): its size
-      and checksum against the commit sidecar (without one, a plain ``dcp.save``, only the sizes
+    * the data files are checked once across the group, each by one rank (`share`): its size
+      against the commit sidecar (without one, a plain ``dcp.save``, only the sizes
       ``.metadata`` implies, and a warning says so), and every pickled "bytes" item in it with
-      ``torch.load(weights_only=True)``. All files are verified, not only those a rank reads,
-      and no rank loads until every rank's share passed: so every shard any rank reads has been
-      verified, at the cost of reading each file once across the group rather than once per
-      rank.
+      ``torch.load(weights_only=True)``. No rank loads until every rank's share passed.
 
-    Then ``dcp.load`` loads ``state_dict`` in place (from the checked ``.metadata`` bytes). A
-    failure on any rank is a failure of all: rank 0 publishes ``resume.load_failed`` (blaming
-    the checkpoint only when its bytes failed the checks, with the first failing rank) and every
-    rank raises `ResumeFailed`; on success rank 0 publishes ``resume.loaded`` (with what
-    ``describe`` gives for its state). A plan of another format raises `ResumeFailed` blaming
-    this attempt (`UnsupportedFormat`).
+    Then ``dcp.load`` loads ``state_dict`` in place (from the checked ``.metadata`` bytes) while
+    each rank reads its share of the files for their checksums on the verification pool, side
+    by side (so a restore costs about one read of the files, not two in turn). All files are
+    verified, not only those a rank reads, and no rank returns until every rank's share passed:
+    every shard any rank loaded has been verified before training goes on. A damaged file
+    fails the resume on every rank, and ``state_dict`` then holds what was loaded (as after any
+    failed ``dcp.load``). A failure on any rank is a failure of all: rank 0 publishes
+    ``resume.load_failed`` (blaming the checkpoint only when its bytes failed the checks, with
+    the first failing rank) and every rank raises `ResumeFailed`; on success rank 0 publishes
+    ``resume.loaded`` (with what ``describe`` gives for its state). A plan of another format
+    raises `ResumeFailed` blaming this attempt (`UnsupportedFormat`).
     """
     ctx = ctx if ctx is not None else context()
     if ctx is None or ctx.plan is None:
@@ -320,6 +349,7 @@ def resume(
     _agree(group, ctx, plan, failure)
     assert checked is not None
     described: tuple[int | None, str | None] = (None, None)
+    hashed = checked.start_hashing(plan)  # the checksum read overlaps with DCP's own read
     try:
         dcp_load(
             state_dict,
@@ -327,10 +357,17 @@ def resume(
             process_group=group.pg,
             no_dist=group.pg is None,
         )
-        if describe is not None and group.rank == 0:
-            described = describe(state_dict)
     except Exception as exc:  # noqa: BLE001 -- the other ranks must learn it, or they wait forever
         failure = exc
+    try:
+        hashed()
+    except Exception as exc:  # noqa: BLE001 -- a damaged file explains a failed load: it wins
+        failure = exc
+    if failure is None and describe is not None and group.rank == 0:
+        try:
+            described = describe(state_dict)
+        except Exception as exc:  # noqa: BLE001 -- the other ranks must learn it
+            failure = exc
     _agree(group, ctx, plan, failure)
     if group.rank == 0:
         report_loaded(

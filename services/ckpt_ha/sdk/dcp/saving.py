@@ -7,7 +7,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for_futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -424,6 +424,14 @@ class _Background:
     """Kept between saves: it keeps its CPU copies of the tensors (DCP's staging cache), so a
     save after the first only copies into them instead of allocating them again."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    committer: ThreadPoolExecutor | None = None
+    """One long-lived thread that waits for each upload and commits it: handing a save to it
+    costs the loop no thread start (`prepare_async` starts it)."""
+
+    def commit_thread(self) -> ThreadPoolExecutor:
+        if self.committer is None:  # its thread is joined at exit: a commit is never cut short
+            self.committer = ThreadPoolExecutor(1, thread_name_prefix="ckpt-ha-dcp-commit")
+        return self.committer
 
     def staging(self) -> DefaultStager:
         if self.stager is None:
@@ -469,6 +477,7 @@ def prepare_async(state_dict: dict[str, Any]) -> None:
         if previous is not None:
             wait_for_futures([previous])  # the stager is not thread-safe
         _BACKGROUND.staging().stage(state_dict)
+        _BACKGROUND.commit_thread().submit(lambda: None).result()  # its thread started now
 
 
 def _finish_in_background(
@@ -510,7 +519,8 @@ def async_save(
     clock: Clock = utc_now,
 ) -> Future[DcpSaved]:
     """`save` on top of ``dcp.async_save``: returns once the intent is written and the state is
-    staged (copied to CPU memory), so training goes on while the files are written; the future
+    staged (copied to CPU memory), so training goes on while the files are written (waited
+    for and committed by one long-lived thread of this process); the future
     completes with `DcpSaved` once every rank's files are durable and the commit is written
     (or fails with `SaveFailed` / DCP's error, and nothing is committed).
 
@@ -559,10 +569,14 @@ def async_save(
         upload = staged.upload_completion if isinstance(staged, AsyncSaveResponse) else staged
         done: Future[DcpSaved] = Future()
         done.set_running_or_notify_cancel()  # a commit cannot be called off halfway
-        threading.Thread(
-            target=_finish_in_background,
-            args=(upload, group, target, commitment, storage_writer, done),
-            name=f"ckpt-ha-dcp-commit-{target.step}",
-        ).start()  # not a daemon: the interpreter waits for the commit before it exits
+        _BACKGROUND.commit_thread().submit(
+            _finish_in_background,
+            cast(Future[Metadata], upload),
+            group,
+            target,
+            commitment,
+            storage_writer,
+            done,
+        )
         _BACKGROUND.in_flight = done
     return done
