@@ -10,6 +10,7 @@ from datetime import timedelta
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCorruptV1,
+    CheckpointPinnedV1,
     CheckpointQuarantinedV1,
     CheckpointReleasedV1,
     CheckpointWriteFailedV1,
@@ -67,6 +68,28 @@ def test_a_checkpoint_found_corrupt_awaits_review_until_a_person_acts() -> None:
     assert not awaiting_review(released)
     # A failed load of a valid checkpoint quarantines it automatically: it awaits review.
     assert awaiting_review(step(valid(), quarantined()))
+
+
+def test_a_person_keeping_it_quarantined_ends_the_review_and_a_pin_does_not() -> None:
+    isolated = step(valid(), quarantined())
+    assert awaiting_review(isolated)
+    # An operator's act leaves a history entry on a person: a pin is no review.
+    pin = CheckpointPinnedV1(
+        job_id="job-1", checkpoint_id="c1", uri=URI, by="eval:x", reason="a look", actor="bob"
+    )
+    pinned = step(isolated, pin, source="ckpt-ha/cli")
+    assert awaiting_review(pinned)
+    # "Reviewed, keep it quarantined": the same quarantine again, by a person. The lifecycle
+    # does not move; the history names the person, so the quarantine is theirs.
+    kept = step(pinned, quarantined(actor="alice"), source="ckpt-ha/cli")
+    assert kept.state.value == "quarantined"
+    assert (kept.history[-1].actor, kept.history[-1].state.value) == ("alice", "quarantined")
+    assert kept.history[-1].reason == "kept quarantined after review: load failed: bad shard"
+    assert not awaiting_review(kept)
+    # An automatic quarantine heard again changes nothing (no entry, no page again).
+    again = step(kept, quarantined())
+    assert again.history == kept.history
+    assert not awaiting_review(again)
 
 
 def test_quarantines_a_person_decided_or_of_partial_writes_await_no_one() -> None:

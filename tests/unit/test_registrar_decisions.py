@@ -8,6 +8,7 @@ import pytest
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import (
     CheckpointConflictV1,
+    CheckpointQuarantinedV1,
     CheckpointRegisteredV1,
     CheckpointState,
     OwnershipTransferredV1,
@@ -112,6 +113,18 @@ def test_operator_actions_follow_the_lifecycle() -> None:
         actions.quarantine(quarantined, "again", "alice")
     released = actions.release(quarantined, "checked by hand", "bob")
     assert released.actor == "bob"
+    # Quarantined automatically (a failed load): a person may keep it quarantined after a look.
+    auto = build(CheckpointQuarantinedV1(job_id=record.job_id, checkpoint_id="c1", uri=record.uri,
+                                         reason="load failed"),
+                 source="ckpt-ha/integrity-checker", time=T0, key="auto")  # fmt: skip
+    isolated, _ = project(record, auto)
+    assert isolated is not None
+    kept = actions.quarantine(isolated, "reviewed: the shard is really damaged", "carol")
+    assert (kept.actor, kept.checkpoint_id) == ("carol", "c1")
+    reviewed, _ = project(isolated, build(kept, source="ckpt-ha/cli", time=T0, key="kept"))
+    assert reviewed is not None
+    with pytest.raises(actions.ActionRefused, match="already quarantined"):
+        actions.quarantine(reviewed, "again", "carol")
     pending, _ = project(None, committed("c9"))
     assert pending is not None
     with pytest.raises(actions.ActionRefused, match="pending_verification"):

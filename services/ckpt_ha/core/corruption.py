@@ -27,8 +27,9 @@ or the runner); a person's act records the person."""
 def awaiting_review(record: CheckpointRecord) -> bool:
     """The checkpoint was found corrupt and no person has acted on it yet: it is corrupt, or
     it was quarantined automatically (a failed verification, load or scrub) out of valid or
-    corrupt. A person ends it by releasing it (back to verification) or by letting retention
-    expire it; a quarantine a person decided, or a partial write set aside, awaits no one.
+    corrupt. A person ends it by releasing it (back to verification), by quarantining it again
+    ("reviewed, keep it": the quarantine becomes theirs) or by letting retention expire it; a
+    quarantine a person decided, or a partial write set aside, awaits no one.
     What `CkptHaCheckpointCorrupt` pages on, from the registry (never a timer)."""
     if record.state is CheckpointState.CORRUPT:
         return True
@@ -42,8 +43,12 @@ def awaiting_review(record: CheckpointRecord) -> bool:
     if entered + 1 >= len(entries):
         return False
     came_from = entries[entered].state if entered >= 0 else None
-    actor = entries[entered + 1].actor
-    automatic = not actor or actor.startswith(AUTOMATIC_ACTOR)
+    # Who quarantined it, and anyone who quarantined it again (a pin or a copy is no review).
+    automatic = all(
+        not e.actor or e.actor.startswith(AUTOMATIC_ACTOR)
+        for e in entries[entered + 1 :]
+        if e.event_type == CheckpointQuarantinedV1.EVENT_TYPE
+    )
     return automatic and came_from in (CheckpointState.VALID, CheckpointState.CORRUPT)
 
 

@@ -223,6 +223,25 @@ def pin(record: CheckpointRecord | None, event: Envelope[EventData]) -> Checkpoi
     )
 
 
+def _kept_quarantined(
+    record: CheckpointRecord | None, event: Envelope[EventData], data: CheckpointQuarantinedV1
+) -> CheckpointRecord | None:
+    """Pure: a person quarantining a checkpoint already quarantined ("reviewed, keep it"). The
+    lifecycle does not move; the history records the person, which makes the quarantine a
+    person's (`ckpt_ha.core.corruption.awaiting_review`: no longer paged)."""
+    if record is None:
+        return record
+    entry = HistoryEntry(
+        state=record.state,
+        at=event.time,
+        event_id=event.id,
+        event_type=data.EVENT_TYPE,
+        actor=data.actor or event.source,
+        reason=f"kept quarantined after review: {data.reason}",
+    )
+    return record.model_copy(update={"updated_at": event.time, "history": (*record.history, entry)})
+
+
 def copy_changed(record: CheckpointRecord | None, event: Envelope[EventData]) -> CheckpointRecord:
     """Pure: a copy's change applied to a record. The lifecycle does not move; the history says
     which copy, its state and why."""
@@ -455,6 +474,8 @@ def project(
             f"{data.EVENT_TYPE} for {checkpoint_id}", f"the event before it (still {current.value})"
         )
     step = transition(checkpoint_id, current, target, report=report)
+    if not step.changed and isinstance(data, CheckpointQuarantinedV1) and data.actor:
+        return _kept_quarantined(record, event, data), step
     if not step.changed:
         if (
             record is not None

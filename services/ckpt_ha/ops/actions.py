@@ -20,6 +20,7 @@ from ckpt_ha.contracts.checkpoint import (
     OwnershipTransferredV1,
     TierChosenV1,
 )
+from ckpt_ha.core.corruption import awaiting_review
 from ckpt_ha.core.lifecycle import TRANSITIONS
 from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.core.tiers import TIERS, TierChoice
@@ -31,10 +32,13 @@ class ActionRefused(OperationFailed):
 
 
 def quarantine(record: CheckpointRecord, reason: str, actor: str) -> CheckpointQuarantinedV1:
-    """Take a checkpoint out of the restore candidates by hand."""
+    """Take a checkpoint out of the restore candidates by hand. On a checkpoint quarantined
+    automatically that awaits review (`awaiting_review`): "reviewed, keep it quarantined", the
+    quarantine becomes the person's (recorded in its history; no longer paged)."""
     if record.state is CheckpointState.QUARANTINED:
-        raise ActionRefused(f"checkpoint {record.checkpoint_id} is already quarantined")
-    if CheckpointState.QUARANTINED not in TRANSITIONS[record.state]:
+        if not awaiting_review(record):
+            raise ActionRefused(f"checkpoint {record.checkpoint_id} is already quarantined")
+    elif CheckpointState.QUARANTINED not in TRANSITIONS[record.state]:
         raise ActionRefused(
             f"checkpoint {record.checkpoint_id} is {record.state.value}: only valid, corrupt or "
             "failed checkpoints can be quarantined (wait until its verification ends)"

@@ -15,9 +15,10 @@ shipped Deployments).
   checkpoint quarantined; until someone releases it and it verifies again); a third restart
   within the hour pages `CkptHaRestartLoop` (the coordinator's stored plans, whichever replica
   made them); a resume whose loss differs from the trajectory pages `CkptHaResumeDiverged`;
-  a hold ends both. A write left open pages `CkptHaCheckpointWriteStuck` until the
-  writer-watcher declares it failed (the rules rendered with ``write_stuck_s=8``, as an
-  installation would set its own).
+  a hold ends both; a checkpoint quarantined automatically again pages until someone keeps it
+  quarantined (the quarantine command as a person). A write left open pages
+  `CkptHaCheckpointWriteStuck` until the writer-watcher declares it failed (the rules rendered
+  with ``write_stuck_s=8``, as an installation would set its own).
 * Both replicas of the registrar gone: ``CkptHaServiceDown`` fires for ``registrar`` alone, and the
   runbook's ``kubectl get pods`` command, filled in from its labels, selects the registrar's
   pods and no other.
@@ -37,7 +38,12 @@ import pytest
 from ckpt_ha import sdk
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import EventData, build
-from ckpt_ha.contracts.checkpoint import CheckpointWritingV1, FailureSide
+from ckpt_ha.contracts.checkpoint import (
+    CheckpointQuarantinedV1,
+    CheckpointState,
+    CheckpointWritingV1,
+    FailureSide,
+)
 from ckpt_ha.contracts.job import (
     FailureCause,
     JobFailedV2,
@@ -48,6 +54,7 @@ from ckpt_ha.contracts.job import (
     Tolerance,
 )
 from ckpt_ha.contracts.resume import LoadBlame, ResumeLoadFailedV2, ResumePlannedV2
+from ckpt_ha.core.records import CheckpointRecord
 from ckpt_ha.lab.devstack import procs
 from ckpt_ha.lab.devstack.procs import ManagedProcess
 from ckpt_ha.ops import alerts
@@ -341,8 +348,36 @@ async def _per_job_pages(fs: FaultStack, prom: obs.Prometheus) -> None:
         prom.wait_until_empty(_gone("CkptHaRestartLoop", job), PAGE_S)
         firing = {a["metric"]["alertname"] for a in prom.values(f'ALERTS{{job_id="{job}"}}')}
         assert firing == set(), firing
+
+        # A scrub finds the released checkpoint damaged after all: quarantined automatically,
+        # paged. Someone looks and keeps it quarantined (the quarantine command again, as a
+        # person): the quarantine is theirs, the page ends without a silence.
+        record = await _valid_again(registry, first.checkpoint_id)
+        scrubbed = CheckpointQuarantinedV1(
+            job_id=job, checkpoint_id=record.checkpoint_id, uri=record.uri, reason="scrub: bad"
+        )
+        await publish(fs, scrubbed)
+        prom.wait_for(_alert("CkptHaCheckpointCorrupt", job), PAGE_S)
+        kept = fs.cli("checkpoints", "quarantine", record.checkpoint_id, "--reason", "reviewed",
+                      "--actor", "alice")  # fmt: skip
+        assert kept.returncode == 0, kept.stderr
+        prom.wait_until_empty(_gone("CkptHaCheckpointCorrupt", job), PAGE_S)
+        after = await registry.get(record.checkpoint_id)
+        assert after is not None
+        assert (after.state.value, after.history[-1].actor) == ("quarantined", "alice")
     finally:
         await registry.close()
+
+
+async def _valid_again(registry: Registry, checkpoint_id: str) -> CheckpointRecord:
+    """The released checkpoint once verified again (its bytes were never damaged)."""
+    deadline = time.monotonic() + PAGE_S
+    while True:
+        record = await registry.get(checkpoint_id)
+        if record is not None and record.state is CheckpointState.VALID:
+            return record
+        assert time.monotonic() < deadline, record
+        await asyncio.sleep(0.5)
 
 
 async def _stuck_write(fs: FaultStack, prom: obs.Prometheus) -> None:
