@@ -281,9 +281,9 @@ class Bus:
 
     async def _send(self, subject: str, body: bytes, headers: Mapping[str, str]) -> object:
         """One JetStream publish, straight on the client (faststream's publish middlewares
-        added a second span and headers only its own consumers read, at about a quarter of a
-        planned failure's CPU): ``on_published`` observes it as faststream's metrics
-        middleware did. A decision names the event stream it must land in; a report
+        added a second span and headers only its own consumers read, for a third more CPU per
+        publish): ``on_published`` observes it as faststream's metrics middleware did. A
+        decision names the event stream it must land in; a report
         (`ckpt_ha.contracts.subjects.TELEMETRY`) names none and lands in whichever stream
         captures it: the progress stream once provisioned, the event stream before, so a
         runner's heartbeats keep flowing while an operator migrates the streams under it."""
