@@ -288,6 +288,28 @@ def test_a_version_registered_after_a_decode_is_known_at_once() -> None:
     assert catalog.decode(new.to_bytes()) == new
 
 
+def test_a_decoder_kept_for_a_version_follows_a_newer_one_registered_later() -> None:
+    """The catalogue keeps how it decodes every version it met (older ones too); registering
+    a newer version forgets them: bytes once decoded as the newest are upcast from then on,
+    and a repeated decode gives the same envelope."""
+    catalog = EventCatalog()
+    catalog.register(_OldV1)
+    old = build(_OldV1(job_id="j", name="Ada Lovelace"), source="t", time=NOW, key="k")
+    assert catalog.decode(old.to_bytes()) == old
+    catalog.register(_NewV2)
+
+    @catalog.upcaster("job.renamed", 1)
+    def _split(data: dict[str, Any]) -> dict[str, Any]:
+        first, _, last = data.pop("name").partition(" ")
+        return {**data, "first": first, "last": last}
+
+    first = catalog.decode(old.to_bytes())
+    assert isinstance(first.data, _NewV2)
+    assert (first.data.first, first.data.last) == ("Ada", "Lovelace")
+    assert catalog.decode(old.to_bytes()) == first
+    assert first.type == _NewV2.type_name()
+
+
 def test_missing_upcaster_is_an_unsupported_version() -> None:
     catalog = EventCatalog()
     catalog.register(_OldV1)

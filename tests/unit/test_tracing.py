@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 from opentelemetry import trace
@@ -17,6 +17,8 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from ckpt_ha.bus import publishing
+from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointCorruptV1
 from ckpt_ha.core.records import project
@@ -285,3 +287,36 @@ def test_event_attributes_name_job_checkpoint_and_reason() -> None:
         key="k",
     )
     assert tracing.event_attributes(corrupt)["ckpt_ha.reason"] == "a: bad"
+
+
+async def test_a_recorded_publish_is_a_producer_span_whose_context_the_headers_carry(
+    spans: InMemorySpanExporter,
+) -> None:
+    """The bus publishes on the JetStream client itself: its own publish span is the producer
+    span (a child of the event's context) and the headers hand it on, as faststream's tracing
+    middleware did, so a consumer's span is its child; the envelope keeps its own context."""
+    sent: list[tuple[str, bytes, dict[str, str]]] = []
+
+    async def send(subject: str, body: bytes, headers: Mapping[str, str]) -> object:
+        sent.append((subject, body, dict(headers)))
+        return None
+
+    event = committed("ck-produced", traceparent=TP)
+    published = await publishing.publish(BusConfig(), event, send)
+    [(subject, body, headers)] = sent
+    [span] = spans.get_finished_spans()
+    assert span.name == "publish checkpoint.committed"
+    assert span.kind is trace.SpanKind.PRODUCER
+    assert span.parent is not None
+    assert format(span.parent.span_id, "016x") == TP.split("-")[2]
+    assert hex_trace(span) == TP.split("-")[1]
+    assert span.attributes is not None
+    assert span.attributes["messaging.destination.name"] == subject
+    assert span.attributes["messaging.message.conversation_id"] == event.id
+    assert headers["traceparent"].split("-")[1:3] == [
+        hex_trace(span),
+        format(span.context.span_id, "016x"),
+    ]
+    assert headers["Nats-Msg-Id"] == event.id
+    assert published.traceparent == TP
+    assert body == event.to_bytes()

@@ -23,7 +23,7 @@ import re
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, NamedTuple, TypeVar
 
 import pydantic_core
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError
@@ -113,6 +113,17 @@ def derive_event_id(event_type: str, subject: str, key: str) -> str:
     return str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{event_type}|{subject}|{key}"))
 
 
+_ENVELOPE_OF: dict[type[EventData], type[Envelope[Any]]] = {}
+"""``Envelope[model]`` per model `build` was given, made once (pydantic looks a subscript up
+anew, at some cost, each time): bounded by the models defined."""
+
+
+def _envelope_of(model: type[EventData]) -> type[Envelope[Any]]:
+    found: type[Envelope[Any]] = Envelope[model]  # type: ignore[valid-type]
+    _ENVELOPE_OF[model] = found
+    return found
+
+
 def build(
     data: P,
     *,
@@ -124,7 +135,7 @@ def build(
 ) -> Envelope[P]:
     """Wrap a payload; ``key`` names what caused the event (e.g. the causing event's id)."""
     subject = data.subject_key()
-    envelope_type: type[Envelope[P]] = Envelope[type(data)]  # type: ignore[assignment,misc]
+    envelope_type = _ENVELOPE_OF.get(type(data)) or _envelope_of(type(data))
     return envelope_type(
         id=derive_event_id(data.type_name(), subject, key),
         source=source,
@@ -149,15 +160,20 @@ class EventCatalog:
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
         self._versions: dict[str, tuple[int, ...]] = {}
         """`versions` per type, worked out once (every decode asks): cleared by `register`."""
-        self._current: dict[bytes, tuple[str, type[Envelope[Any]]]] = {}
-        """A newest version's ``type`` attribute as it appears on the wire → its type name and
-        the envelope class parametrised with its model (pydantic looks ``Envelope[model]`` up
-        anew on each subscript): only known newest types are kept, cleared by `register`."""
+        self._decoders: dict[bytes, _Decoder] = {}
+        """A known version's ``type`` attribute as it appears on the wire → how to decode it
+        (`_Decoder`): every version's, not only the newest's, so an older one (a runner's
+        ``job.failed`` v2) skips the one-pass attempt without working out its type again.
+        Only known versions are kept; cleared by `register`."""
+        self._envelopes: dict[str, type[Envelope[Any]]] = {}
+        """Per type, the envelope class parametrised with its newest model (pydantic looks
+        ``Envelope[model]`` up anew, at some cost, on each subscript); cleared by `register`."""
 
     def register(self, model: type[EventData]) -> type[EventData]:
         self._models[(model.EVENT_TYPE, model.EVENT_VERSION)] = model
         self._versions.clear()
-        self._current.clear()
+        self._decoders.clear()
+        self._envelopes.clear()
         return model
 
     def upcaster(self, event_type: str, from_version: int) -> Callable[[Upcaster], Upcaster]:
@@ -241,7 +257,7 @@ class EventCatalog:
                 raise MalformedEvent(f"cannot upcast v{step}: {exc!r}") from None
         model = self._models[(event_type, known[-1])]
         try:
-            event = Envelope[model].model_validate(  # type: ignore[valid-type]
+            event = self._envelope(event_type, model).model_validate(
                 {**doc, "type": model.type_name(), "data": data}
             )
         except ValidationError as exc:
@@ -258,31 +274,50 @@ class EventCatalog:
         match = _TYPE_PEEK.search(raw, 0, 512)
         if match is None:
             return None
-        current = self._current.get(match.group(1))
-        if current is None:
-            current = self._newest(match.group(1))
-            if current is None:
-                return None
-        type_name, envelope = current
+        decoder = self._decoders.get(match.group(1))
+        if decoder is None:
+            decoder = self._decoder(match.group(1))
+        if decoder is None or not decoder.newest:
+            return None
         try:
-            event = envelope.model_validate_json(raw)
+            event = decoder.envelope.model_validate_json(raw)
         except ValidationError:
             return None
-        return event if event.type == type_name else None
+        return event if event.type == decoder.type_name else None
 
-    def _newest(self, type_attr: bytes) -> tuple[str, type[Envelope[Any]]] | None:
-        """The type name and envelope class for ``type_attr`` when it names a newest version
-        (kept in ``_current``), else None."""
+    def _decoder(self, type_attr: bytes) -> _Decoder | None:
+        """How to decode ``type_attr`` when it names a known version (kept in ``_decoders``),
+        else None."""
         t = _TYPE_RE.match(type_attr.decode("ascii", "replace"))
         if t is None:
             return None
-        versions = self.versions(t.group(1))
-        if not versions or int(t.group(2)) != versions[-1]:
+        event_type, version = t.group(1), int(t.group(2))
+        versions = self.versions(event_type)
+        if version not in versions:
             return None
-        model = self._models[(t.group(1), versions[-1])]
-        found = (model.type_name(), Envelope[model])  # type: ignore[valid-type]
-        self._current[type_attr] = found
+        model = self._models[(event_type, versions[-1])]
+        found = _Decoder(
+            model.type_name(), self._envelope(event_type, model), version == versions[-1]
+        )
+        self._decoders[type_attr] = found
         return found
+
+    def _envelope(self, event_type: str, model: type[EventData]) -> type[Envelope[Any]]:
+        """``Envelope[model]`` for ``event_type``'s newest model, made once."""
+        found = self._envelopes.get(event_type)
+        if found is None:
+            found = Envelope[model]  # type: ignore[valid-type]
+            self._envelopes[event_type] = found
+        return found
+
+
+class _Decoder(NamedTuple):
+    """How the catalogue decodes one version of a type: into the newest model's envelope,
+    in one pass (``newest``) or through the upcasters (`EventCatalog._decode_general`)."""
+
+    type_name: str
+    envelope: type[Envelope[Any]]
+    newest: bool
 
 
 _TYPE_PEEK = re.compile(rb'"type"\s*:\s*"([^"\\]{1,100})"')

@@ -71,10 +71,10 @@ class Telemetry(NatsTelemetryMiddleware):
     For a batch, faststream's middleware reads every message's headers for baggage and links
     to build one span; a batch consumer enters each event's own trace itself
     (`Bus.batch_consumer`). With tracing off that span records nothing and only costs: the
-    batch then goes straight to the handler. A publish (``msg`` None) with tracing off passes
-    through too: `Bus.publish` already put the event's trace context in its headers, which is
-    what the middleware's non-recording span would have injected. Single messages consumed
-    are unchanged."""
+    batch then goes straight to the handler. A publish through the broker (``msg`` None: only
+    dead letters; `Bus.publish` uses the JetStream client itself and traces itself) with
+    tracing off passes through too: its headers already carry the original's trace context.
+    Single messages consumed are unchanged."""
 
     def __call__(self, msg: Any, /, *, context: Any) -> Any:
         if (msg is None or isinstance(msg, list)) and not tracing.recording():

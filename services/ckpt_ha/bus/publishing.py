@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NoStreamResponseError, ServiceUnavailableError
+from opentelemetry.trace import SpanKind
 
 from ckpt_ha.bus.admission import job_key
 from ckpt_ha.bus.config import BusConfig
@@ -69,20 +70,21 @@ async def publish(cfg: BusConfig, event: Envelope[EventData], send: Send) -> Env
     """Publish ``event`` through ``send``; ``Nats-Msg-Id`` = event id, so retries are deduped
     (an unanswered publish is retried: `publish_retrying`).
 
-    Traced: the publish is a child of the envelope's ``traceparent`` when it has one, else
-    of the current span (a new trace when there is none); an envelope without a
-    ``traceparent`` gets this span's. Returns the envelope as published.
+    Traced: the publish (a producer span) is a child of the envelope's ``traceparent`` when
+    it has one, else of the current span (a new trace when there is none); an envelope without
+    a ``traceparent`` gets this span's, and the headers carry it. Returns the envelope as
+    published.
     """
     subject = framing.subject(cfg.prefix, event)
     recording = tracing.recording()
     # With no span to record, the event's own context is made current (no span objects):
-    # the headers then carry it as the no-op span and faststream's middleware would
-    # (`ckpt_ha.bus.nats_broker.Telemetry`), and what is logged meanwhile carries its trace id.
+    # the headers then carry it, and what is logged meanwhile carries its trace id.
     scope = (
         tracing.tracer().start_as_current_span(
             f"publish {event.event_type}",
             context=tracing.context_of(event.traceparent, event.tracestate),
-            attributes=tracing.event_attributes(event),
+            kind=SpanKind.PRODUCER,
+            attributes={**tracing.event_attributes(event), **_messaging(subject, event.id)},
         )
         if recording
         else tracing.continue_trace(
@@ -93,17 +95,33 @@ async def publish(cfg: BusConfig, event: Envelope[EventData], send: Send) -> Env
         if event.traceparent is None and (current := tracing.current_traceparent()):
             event = event.model_copy(update={"traceparent": current[0], "tracestate": current[1]})
         body = event.to_bytes()
-        # With a span, faststream's telemetry middleware replaces the trace headers with its own
-        # (child) span's; without one, nothing else sets them.
+        # With a span, the headers carry the publish span's context (a consumer's span is its
+        # child, as under faststream's tracing middleware); without one, the event's own.
+        traceparent, tracestate = (
+            (tracing.current_traceparent() or (event.traceparent, event.tracestate))
+            if recording
+            else (event.traceparent, event.tracestate)
+        )
         headers = framing.headers(
             event.id,
             subject,
             body,
             key=job_key(cfg, event),
-            traceparent=event.traceparent,
-            tracestate=None if recording else event.tracestate,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         await publish_retrying(
             lambda: send(subject, body, headers), cfg, f"{event.event_type} {event.id}"
         )
     return event
+
+
+def _messaging(subject: str, event_id: str) -> dict[str, str]:
+    """The messaging attributes of a publish span (OpenTelemetry's semantic conventions, as
+    faststream's tracing middleware set them)."""
+    return {
+        "messaging.system": "nats",
+        "messaging.destination.name": subject,
+        "messaging.message.conversation_id": event_id,
+        "messaging.operation": "publish",
+    }

@@ -25,11 +25,14 @@ from faststream.nats.prometheus.provider import (
     NatsMetricsSettingsProvider,
 )
 from faststream.prometheus import ConsumeAttrs, PrometheusMiddleware
+from faststream.prometheus.container import MetricsContainer
+from faststream.prometheus.manager import MetricsManager
+from faststream.prometheus.types import PublishingStatus
 from faststream.specification import AsyncAPI
 from nats.aio.msg import Msg
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus.broker import Bus, PublishObserver
 from ckpt_ha.telemetry import logs
 from ckpt_ha.telemetry.metrics import ServiceMetrics
 
@@ -98,6 +101,31 @@ def faststream_metrics(metrics: ServiceMetrics) -> PrometheusMiddleware[Any, Any
         registry=metrics.registry,
         app_name=metrics.service,
     )
+
+
+def publish_metrics(metrics: ServiceMetrics) -> PublishObserver:
+    """What `Bus.publish` reports each publish attempt to: faststream's publish metrics
+    (``faststream_published_messages_total``, ``..._duration_seconds``,
+    ``..._exceptions_total``) in the service's registry, under the labels its middleware
+    gives them (the subject without its job token), now that the bus publishes on the
+    JetStream client itself."""
+    manager = MetricsManager(
+        MetricsContainer(metrics.registry, custom_label_names=()), app_name=metrics.service
+    )
+
+    def observe(subject: str, seconds: float, error: BaseException | None) -> None:
+        destination = bounded_subject(subject)
+        if error is not None:
+            manager.add_published_message_exception(
+                broker="nats", destination=destination, exception_type=type(error).__name__
+            )
+        manager.observe_published_message_duration(
+            duration=seconds, broker="nats", destination=destination
+        )
+        status = PublishingStatus.success if error is None else PublishingStatus.error
+        manager.add_published_message(broker="nats", destination=destination, status=status)
+
+    return observe
 
 
 async def poll_consumers(bus: Bus, metrics: ServiceMetrics, interval_s: float) -> None:

@@ -13,7 +13,13 @@ from faststream import FastStream
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.runtime import heap
 from ckpt_ha.runtime.leader import Leader
-from ckpt_ha.runtime.server import HealthCheck, faststream_metrics, make_app, serve
+from ckpt_ha.runtime.server import (
+    HealthCheck,
+    faststream_metrics,
+    make_app,
+    publish_metrics,
+    serve,
+)
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import bounded
 from ckpt_ha.telemetry import tracing
@@ -102,6 +108,7 @@ def new_service(name: str, settings: ServiceSettings) -> Service:
     bus = Bus(settings.bus(), name, lasting=True)
     metrics = ServiceMetrics(name)
     bus.broker.add_middleware(faststream_metrics(metrics))
+    bus.on_published = publish_metrics(metrics)
     bus.dead_letters.on_outcome = metrics.message
     bus.dead_letters.on_dead_letter = metrics.dead_letter
     bus.dead_letters.on_park = metrics.park

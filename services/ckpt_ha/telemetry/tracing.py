@@ -1,11 +1,11 @@
 """OpenTelemetry tracing: one trace per checkpoint, exported over OTLP.
 
 A checkpoint's first event (``writing`` or ``committed``, from the SDK or the writer-watcher) is
-the root of its trace. Its W3C trace context travels in the NATS ``traceparent`` header (set by
-faststream's telemetry middleware) and in the envelope's ``traceparent``; follow-ups are published
-in the context of their cause (`Bus.publish_caused_by`), and the registry stores the context with
-the checkpoint so a transition hours later (scrub, restore, retention) continues the same trace
-and links to the span that started it.
+the root of its trace. Its W3C trace context travels in the NATS ``traceparent`` header (the
+bus's publish span's, `ckpt_ha.bus.publishing`) and in the envelope's ``traceparent``; follow-ups
+are published in the context of their cause (`Bus.publish_caused_by`), and the registry stores
+the context with the checkpoint so a transition hours later (scrub, restore, retention) continues
+the same trace and links to the span that started it.
 
 Export is configured by the standard variables only: ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or
 ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``), ``OTEL_EXPORTER_OTLP_PROTOCOL`` (or
