@@ -81,7 +81,24 @@ def drill_case(home: Path, scenario: str) -> tuple[dict[str, float] | None, dict
     assert isinstance(result, dict)
     events = asyncio.run(_events(home, result["job"]))
     fault = _first_fault(result)
-    return (split(events, result["job"], fault) if fault else None), result
+    parts = split(events, result["job"], fault) if fault else None
+    seen = _seen_by_runner(home / "drills" / result["job"] / "runner.log")
+    if parts is not None and fault is not None and seen is not None:
+        # detect = seen (fault → the runner saw the rank's end: its own watch, or torchrun
+        # ending the group and exiting) + report (→ job.failed published).
+        parts["seen"] = (seen - fault).total_seconds()
+        parts["report"] = parts["detect"] - parts["seen"]
+    return parts, result
+
+
+def _seen_by_runner(log: Path) -> datetime | None:
+    """When the runner saw the first failed rank (its "a rank failed (...; seen at T)" line)."""
+    if not log.exists():
+        return None
+    for line in log.read_text(errors="replace").splitlines():
+        if "a rank failed (" in line and "seen at " in line:
+            return datetime.fromisoformat(line.rsplit("seen at ", 1)[1].rstrip(")"))
+    return None
 
 
 def _first_fault(result: dict[str, Any]) -> datetime | None:
@@ -230,6 +247,10 @@ def main() -> int:
             continue
         cells = " ".join(f"{parts[k]:10.2f}" for k in (*PARTS, "total"))
         print(f"{name:<24} {cells}  {parts['cause']}")
+        if "seen" in parts:
+            how = "runner's own watch" if parts["seen"] < 0.5 else "torchrun's exit, or its watch"
+            print(f"{'':<24} detect = seen {parts['seen']:.3f} ({how}) + report "
+                  f"{parts['report']:.3f} (→ job.failed)")  # fmt: skip
     for name in {n for n, _ in rows}:
         totals = [r["detect"] for n, r in rows if n == name and r]
         if len(totals) > 1:
