@@ -82,23 +82,26 @@ def drill_case(home: Path, scenario: str) -> tuple[dict[str, float] | None, dict
     events = asyncio.run(_events(home, result["job"]))
     fault = _first_fault(result)
     parts = split(events, result["job"], fault) if fault else None
-    seen = _seen_by_runner(home / "drills" / result["job"] / "runner.log")
+    seen, watched = _seen_by_runner(home / "drills" / result["job"] / "runner.log")
     if parts is not None and fault is not None and seen is not None:
         # detect = seen (fault → the runner saw the rank's end: its own watch, or torchrun
         # ending the group and exiting) + report (→ job.failed published).
         parts["seen"] = (seen - fault).total_seconds()
         parts["report"] = parts["detect"] - parts["seen"]
+        parts["watched"] = float(watched)
     return parts, result
 
 
-def _seen_by_runner(log: Path) -> datetime | None:
-    """When the runner saw the first failed rank (its "a rank failed (...; seen at T)" line)."""
+def _seen_by_runner(log: Path) -> tuple[datetime | None, bool]:
+    """When the runner saw the first failed rank (its "a rank failed (...; seen at T)" line),
+    and whether its own watch saw it (torchrun still running) rather than torchrun's exit."""
     if not log.exists():
-        return None
+        return None, False
     for line in log.read_text(errors="replace").splitlines():
         if "a rank failed (" in line and "seen at " in line:
-            return datetime.fromisoformat(line.rsplit("seen at ", 1)[1].rstrip(")"))
-    return None
+            at = datetime.fromisoformat(line.rsplit("seen at ", 1)[1].rstrip(")"))
+            return at, "torchrun still runs" in line
+    return None, False
 
 
 def _first_fault(result: dict[str, Any]) -> datetime | None:
@@ -248,7 +251,7 @@ def main() -> int:
         cells = " ".join(f"{parts[k]:10.2f}" for k in (*PARTS, "total"))
         print(f"{name:<24} {cells}  {parts['cause']}")
         if "seen" in parts:
-            how = "runner's own watch" if parts["seen"] < 0.5 else "torchrun's exit, or its watch"
+            how = "the runner's rank watch" if parts["watched"] else "torchrun's exit"
             print(f"{'':<24} detect = seen {parts['seen']:.3f} ({how}) + report "
                   f"{parts['report']:.3f} (→ job.failed)")  # fmt: skip
     for name in {n for n, _ in rows}:
