@@ -11,6 +11,16 @@ threshold).
   would; detection is the coordinator's ``job.failed`` cause ``lost``.
 
     PYTHONPATH=services:contracts:. .venv/bin/python bench/bench_recovery.py [--rounds N]
+        [--case crash|hang|lost] [--home DIR]
+    ... bench/bench_recovery.py --soak 30 [--seed S]   (false hang detections, see below)
+
+A crash's detection is split further into **seen** (the fault → the runner saw the rank's end:
+its own rank watch while torchrun runs, or torchrun's exit; its "a rank failed (...; seen at
+T)" line) and **report** (→ ``job.failed``).
+
+``--soak MINUTES``: instead, `soak_job.py` (low CPU: short steps with jitter, slow evaluations
+marked with ``sdk.slow_phase``, slow saves) under ``ckpt-ha run`` for MINUTES at the default
+hang detection; prints the ``job.failed`` causes (every ``hang`` is a false detection).
 
 The first step after the restore is the resumed attempt's first ``job.progress`` (its time
 minus ``resume.loaded``'s); plan is ``resume.planned`` minus ``job.failed``; relaunch is the new
