@@ -11,6 +11,16 @@ threshold).
   would; detection is the coordinator's ``job.failed`` cause ``lost``.
 
     PYTHONPATH=services:contracts:. .venv/bin/python bench/bench_recovery.py [--rounds N]
+        [--case crash|hang|lost] [--home DIR]
+    ... bench/bench_recovery.py --soak 30 [--seed S]   (false hang detections, see below)
+
+A crash's detection is split further into **seen** (the fault → the runner saw the rank's end:
+its own rank watch while torchrun runs, or torchrun's exit; its "a rank failed (...; seen at
+T)" line) and **report** (→ ``job.failed``).
+
+``--soak MINUTES``: instead, `soak_job.py` (low CPU: short steps with jitter, slow evaluations
+marked with ``sdk.slow_phase``, slow saves) under ``ckpt-ha run`` for MINUTES at the default
+hang detection; prints the ``job.failed`` causes (every ``hang`` is a false detection).
 
 The first step after the restore is the resumed attempt's first ``job.progress`` (its time
 minus ``resume.loaded``'s); plan is ``resume.planned`` minus ``job.failed``; relaunch is the new
@@ -39,7 +49,7 @@ from ckpt_ha.contracts.resume import ResumeLoadedV1, ResumePlannedV2
 from ckpt_ha.lab.devstack import stack
 from ckpt_ha.lab.drill import run as drills
 from ckpt_ha.lab.drill.harness import DRILL_ENV, Drill, policy, resumed_after, valid_count
-from ckpt_ha.lab.drill.workloads import TORCHRUN_DCP
+from ckpt_ha.lab.drill.workloads import TORCHRUN_DCP, Workload
 from ckpt_ha.runner.adapter import process_tree, signal_all
 from ckpt_ha.runtime import local_stack
 
@@ -81,7 +91,27 @@ def drill_case(home: Path, scenario: str) -> tuple[dict[str, float] | None, dict
     assert isinstance(result, dict)
     events = asyncio.run(_events(home, result["job"]))
     fault = _first_fault(result)
-    return (split(events, result["job"], fault) if fault else None), result
+    parts = split(events, result["job"], fault) if fault else None
+    seen, watched = _seen_by_runner(home / "drills" / result["job"] / "runner.log")
+    if parts is not None and fault is not None and seen is not None:
+        # detect = seen (fault → the runner saw the rank's end: its own watch, or torchrun
+        # ending the group and exiting) + report (→ job.failed published).
+        parts["seen"] = (seen - fault).total_seconds()
+        parts["report"] = parts["detect"] - parts["seen"]
+        parts["watched"] = float(watched)
+    return parts, result
+
+
+def _seen_by_runner(log: Path) -> tuple[datetime | None, bool]:
+    """When the runner saw the first failed rank (its "a rank failed (...; seen at T)" line),
+    and whether its own watch saw it (torchrun still running) rather than torchrun's exit."""
+    if not log.exists():
+        return None, False
+    for line in log.read_text(errors="replace").splitlines():
+        if "a rank failed (" in line and "seen at " in line:
+            at = datetime.fromisoformat(line.rsplit("seen at ", 1)[1].rstrip(")"))
+            return at, "torchrun still runs" in line
+    return None, False
 
 
 def _first_fault(result: dict[str, Any]) -> datetime | None:
@@ -129,15 +159,73 @@ async def lost_host(home: Path) -> tuple[dict[str, float] | None, dict[str, Any]
     return split(events, job, fault), {"job": job, "run_id": run_id}
 
 
+SOAK_JOB = Path(__file__).with_name("soak_job.py")
+
+
+async def soak(home: Path, minutes: float, seed: int) -> dict[str, Any]:
+    """The low-CPU job (`soak_job.py`) under `ckpt-ha run` for ``minutes`` at the default hang
+    detection: count the attempts declared hung (every one is a false detection)."""
+    state = local_stack.StackState.load(home)
+    assert state is not None
+    job = f"bench-soak-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S')}"
+    budget = minutes * 60 + 600
+    drill = Drill(home=home, state=state, job=job, budget_s=budget, log=print, scenario="soak")
+    until = datetime.now(UTC).timestamp() + minutes * 60
+    workload = Workload(
+        name="soak",
+        argv=lambda a: [sys.executable, str(SOAK_JOB), *a],
+        baseline=lambda a: {},
+        baseline_losses=lambda a: [],
+    )
+    try:
+        drill.launch(policy(), ["--until", str(until), "--seed", str(seed)], {}, workload)
+        assert drill.runner is not None
+        while drill.runner.poll() is None:
+            drill.remaining()
+            await asyncio.sleep(5)
+        events = await drill.events()
+    finally:
+        if drill.runner is not None and drill.runner.poll() is None:
+            signal_all(process_tree(drill.runner.pid), signal.SIGKILL)
+        drill.stop()
+    failed = [e for e in events if isinstance(e.data, JobFailedV1)]
+    causes = [str(e.data.__dict__.get("cause")) for e in failed]
+    steps = [e for e in events if isinstance(e.data, JobProgressV1)]
+    phases = [json.loads(line) for line in _job_lines(drill.runner_log)]
+    return {
+        "job": job,
+        "minutes": minutes,
+        "runner_exit": drill.runner.returncode if drill.runner else None,
+        "false_hang_detections": causes.count("hang"),
+        "job_failed_causes": causes,
+        "progress_events": len(steps),
+        "evals_s": [p["seconds"] for p in phases if p.get("event") == "eval"],
+        "saves_s": [p["seconds"] for p in phases if p.get("event") == "save"],
+        "attempts": sorted({p["attempt"] for p in phases if p.get("event") == "start"}),
+    }
+
+
+def _job_lines(log: Path | None) -> list[str]:
+    if log is None or not log.exists():
+        return []
+    lines = log.read_text(errors="replace").splitlines()
+    return [line for line in lines if line.startswith('{"t": ')]
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--case", choices=("all", "crash", "hang", "lost"), default="all")
+    p.add_argument("--soak", type=float, metavar="MINUTES",
+                   help="instead: the false-hang soak, `soak_job.py` for MINUTES")  # fmt: skip
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--home", type=Path, help="the stack's home (kept): default a temporary one")
     args = p.parse_args()
     rows: list[tuple[str, dict[str, float] | None]] = []
     extra: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        home = Path(tmp) / "home"
+        home = args.home or Path(tmp) / "home"
         env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL")}
         env["CKPT_HA_HOME"] = str(home)
         os.environ.pop("NATS_URL", None)
@@ -145,15 +233,21 @@ def main() -> int:
         os.environ["CKPT_HA_HOME"] = str(home)
         stack.up(home, {**env, **DRILL_ENV}, storage_link=True)
         try:
+            if args.soak is not None:
+                print(json.dumps(asyncio.run(soak(home, args.soak, args.seed)), indent=2))
+                return 0
             for _ in range(args.rounds):
-                crash, result = drill_case(home, "torchrun-dcp")
-                rows.append(("crash (rank SIGKILL)", crash))
-                hang, result = drill_case(home, "hang")
-                rows.append(("hang (rank sleeps)", hang))
-                extra.append({"hang": result.get("hang"), "verdict": result.get("verdict")})
-                lost, info = asyncio.run(lost_host(home))
-                rows.append(("lost host (takeover)", lost))
-                extra.append(info)
+                if args.case in ("all", "crash"):
+                    crash, result = drill_case(home, "torchrun-dcp")
+                    rows.append(("crash (rank SIGKILL)", crash))
+                if args.case in ("all", "hang"):
+                    hang, result = drill_case(home, "hang")
+                    rows.append(("hang (rank sleeps)", hang))
+                    extra.append({"hang": result.get("hang"), "verdict": result.get("verdict")})
+                if args.case in ("all", "lost"):
+                    lost, info = asyncio.run(lost_host(home))
+                    rows.append(("lost host (takeover)", lost))
+                    extra.append(info)
         finally:
             subprocess.run([sys.executable, "-m", "ckpt_ha.cli.main", "down"], env=env,
                            check=False)  # fmt: skip
@@ -166,6 +260,10 @@ def main() -> int:
             continue
         cells = " ".join(f"{parts[k]:10.2f}" for k in (*PARTS, "total"))
         print(f"{name:<24} {cells}  {parts['cause']}")
+        if "seen" in parts:
+            how = "the runner's rank watch" if parts["watched"] else "torchrun's exit"
+            print(f"{'':<24} detect = seen {parts['seen']:.3f} ({how}) + report "
+                  f"{parts['report']:.3f} (→ job.failed)")  # fmt: skip
     for name in {n for n, _ in rows}:
         totals = [r["detect"] for n, r in rows if n == name and r]
         if len(totals) > 1:

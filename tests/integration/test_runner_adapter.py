@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,8 +15,15 @@ import pytest
 
 from ckpt_ha.contracts.checkpoint import FailureSide
 from ckpt_ha.contracts.job import FailureCause
-from ckpt_ha.runner.adapter import ExitInfo, LocalProcess, memory_events, oom_kills
+from ckpt_ha.runner.adapter import (
+    ExitInfo,
+    LocalProcess,
+    memory_events,
+    oom_kills,
+    process_tree,
+)
 from ckpt_ha.runner.domain import classify
+from ckpt_ha.runner.rankwatch import RankDeath, RankWatch
 from ckpt_ha.runner.torchrun import ERROR_FILE_ENV
 from tests.support.torch_tools import require_torch
 
@@ -171,3 +179,76 @@ def test_stop_ends_every_process_of_a_hung_attempt_even_ranks_in_their_own_sessi
         time.sleep(0.1)
     assert all(_gone(k) for k in kids), kids
     assert time.monotonic() - started < 10
+
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+def test_the_first_child_killed_is_seen_with_its_rank_before_it_is_reaped() -> None:
+    """The rank watch on real children of this process (as torchrun holds its ranks): a death
+    by a signal is read from /proc while the zombie waits to be reaped."""
+    ranks = [subprocess.Popen(SLEEPER, env={**os.environ, "RANK": str(r)}) for r in range(2)]
+    try:
+        watch = RankWatch(os.getpid())
+        assert watch.poll() is None  # both alive
+        assert {watch.ranks[p.pid] for p in ranks} == {0, 1}
+        os.kill(ranks[1].pid, signal.SIGKILL)
+        death = None
+        while death is None:  # the zombie stays until wait(): no race here
+            death = watch.poll()
+        assert death == RankDeath(ranks[1].pid, 1, signal.SIGKILL)
+        ranks[1].wait()
+        assert watch.poll() is None  # reaped: gone from the children, never reported again
+        ranks[0].terminate()
+        ranks[0].wait()
+        death = watch.poll()
+        assert death is None  # reaped already by wait()
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()
+
+
+def test_a_child_that_exits_with_a_code_is_left_to_torchruns_report() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"],
+                             env={**os.environ, "RANK": "1"})  # fmt: skip
+    watch = RankWatch(os.getpid())
+    try:
+        while True:
+            stat = open(f"/proc/{child.pid}/stat").read()  # noqa: SIM115
+            if stat.rsplit(")", 1)[-1].split()[0] == "Z":
+                break
+        assert watch.poll() is None
+    finally:
+        assert child.wait() == 3
+
+
+def test_the_runners_rank_watch_reports_a_sigkilled_rank_before_torchrun_ends_the_group(
+    tmp_path: Path,
+) -> None:
+    """Issue 28: with ``watch_ranks`` (`ckpt-ha run`) the first rank's death is seen while
+    torchrun still runs (its monitor interval is made long here so the dead rank stays a zombie
+    long enough on any machine), with the same cause; `stop` then ends the rest."""
+    require_torch()
+    adapter = LocalProcess(stderr=io.BytesIO(), watch_ranks=True)
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    command += ["--nnodes", "1", "--monitor-interval", "30", str(RANK_FAULT), "kill"]
+    adapter.start(command, {**os.environ, ERROR_FILE_ENV: str(tmp_path / "kill.json")})
+    seen = adapter.wait()
+    assert seen.group_running
+    assert (seen.exit_code, seen.signal) == (None, None)  # torchrun has not ended
+    assert seen.rank is not None
+    assert (seen.rank.rank, seen.rank.signal) == (1, signal.SIGKILL)
+    failure = classify(seen)
+    assert failure is not None
+    assert (failure.cause, failure.side) == (FailureCause.NODE_EXIT, FailureSide.INFRASTRUCTURE)
+    assert failure.detail.startswith("rank 1 (torchrun): killed by SIGKILL")
+    assert "seen by the runner" in failure.detail
+    assert adapter.pid is not None
+    tree = process_tree(adapter.pid)
+    assert len(tree) >= 2  # torchrun and rank 0 at least
+    adapter.stop(grace_s=5.0)
+    ended = adapter.wait()  # the second wait: the attempt's real end
+    assert not ended.group_running
+    assert not ended.succeeded
+    assert all(_gone(pid) for pid, _ in tree)

@@ -380,7 +380,7 @@ def cmd_run(args: argparse.Namespace, env: dict[str, str], home: Path) -> int:
     policy = _policy(args)
     settings = context.settings_of(RunnerSettings, env, home, "runner")
     spec = _spec(args, env, home, settings, command, policy, world_size)
-    adapter: SchedulerAdapter = LocalProcess()
+    adapter: SchedulerAdapter = LocalProcess(watch_ranks=True)
     if args.scheduler == "slurm":
         adapter = SlurmBatch(
             partition=args.partition, sbatch_args=args.sbatch_arg, output_dir=spec.state_dir

@@ -23,10 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
 
+from ckpt_ha.runner import rankwatch
 from ckpt_ha.runner.torchrun import (
     ERROR_FILE_ENV,
     ErrorRecord,
     RankFailure,
+    max_restarts,
     parse_error_file,
     rank_failure,
 )
@@ -59,6 +61,10 @@ class ExitInfo:
     """The scheduler's reason beside ``state`` (Slurm's ``Reason``, e.g. ``NodeDown``)."""
     reported_by: str = "runner"
     """Who saw the end (``job.failed``'s ``reported_by``): the runner, or the scheduler."""
+    group_running: bool = False
+    """A torchrun group's first rank died (``rank``) and torchrun still runs: the runner saw
+    the death itself (`ckpt_ha.runner.rankwatch`); it reports the failure, then stops the rest
+    and waits for the attempt's end (``wait`` again) before anything is relaunched."""
 
     @property
     def succeeded(self) -> bool:
@@ -125,7 +131,16 @@ class LocalProcess:
     untouched. When ``env`` names a torchrun error file, a failed attempt's file is read.
     """
 
-    def __init__(self, memory_events_file: Path | None = None, stderr: IO[bytes] | None = None):
+    def __init__(
+        self,
+        memory_events_file: Path | None = None,
+        stderr: IO[bytes] | None = None,
+        *,
+        watch_ranks: bool = False,
+    ) -> None:
+        self._watch_ranks = watch_ranks
+        """Watch a torchrun group's ranks (`ckpt_ha.runner.rankwatch`): `ckpt-ha run` does;
+        off, ``wait`` returns when torchrun has ended the group and exited."""
         self._events = memory_events_file if memory_events_file is not None else memory_events()
         self._stderr = stderr if stderr is not None else sys.stderr.buffer
         self._proc: subprocess.Popen[bytes] | None = None
@@ -133,6 +148,8 @@ class LocalProcess:
         self._tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self._error_file: str | None = None
         self._oom_before: int | None = None
+        self._ranks: rankwatch.RankWatch | None = None
+        """A torchrun group without restarts of its own: its ranks, watched while it runs."""
 
     @property
     def pid(self) -> int | None:
@@ -148,6 +165,9 @@ class LocalProcess:
         assert self._proc.stderr is not None
         self._copier = threading.Thread(target=self._copy, args=(self._proc.stderr,), daemon=True)
         self._copier.start()
+        # torchrun without restarts of its own: it ends the group on a rank's death.
+        watch = self._watch_ranks and max_restarts(command, env) == 0
+        self._ranks = rankwatch.RankWatch(self._proc.pid) if watch else None
         return str(self._proc.pid)
 
     def _copy(self, stream: IO[bytes]) -> None:
@@ -165,11 +185,13 @@ class LocalProcess:
     def wait(self) -> ExitInfo:
         if self._proc is None:
             raise RuntimeError("wait() before start()")
+        early = self._first_rank_death()
+        if early is not None:
+            return early
         code = self._proc.wait()
         if self._copier is not None:
             self._copier.join(timeout=5)
-        after = oom_kills(self._events)
-        grew = after is not None and self._oom_before is not None and after > self._oom_before
+        grew = self._oom_grew()
         last = self._tail[-1] if self._tail else ""
         if code < 0:
             return ExitInfo(None, -code, grew, last)
@@ -177,6 +199,28 @@ class LocalProcess:
         if code != 0:
             rank = rank_failure(tuple(self._tail), read_error_file(self._error_file))
         return ExitInfo(code, None, grew, last, rank)
+
+    def _oom_grew(self) -> bool:
+        after = oom_kills(self._events)
+        return after is not None and self._oom_before is not None and after > self._oom_before
+
+    def _first_rank_death(self) -> ExitInfo | None:
+        """Until the command ends: a torchrun group's first rank to die by a signal, seen
+        before torchrun reaps it (`ckpt_ha.runner.rankwatch`); None once the command ended
+        (or when it is no such group). Watches once per attempt: a second ``wait`` waits."""
+        watch, self._ranks = self._ranks, None
+        proc = self._proc
+        if watch is None or proc is None:
+            return None
+        while proc.poll() is None:
+            death = watch.poll()
+            if death is not None:
+                log.info("%s while torchrun runs: reporting it now", rankwatch.describe(death))
+                rank = RankFailure(death.rank, None, death.signal)
+                return ExitInfo(None, None, self._oom_grew(), "", rank, group_running=True)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=rankwatch.EVERY_S)
+        return None
 
     def kill(self, sig: int = signals.SIGTERM) -> None:
         proc = self._proc

@@ -114,7 +114,11 @@ def classify(
         detail = f"{detail} ({info.reported_by}: {info.state}, reason {info.reason or 'None'})"
     if rank is not None:
         who = f"rank {rank.rank}" if rank.rank is not None else "a rank"
-        detail = f"{who} (torchrun): {detail}; torchrun ended the group and exited {info.exit_code}"
+        if info.group_running:
+            detail = f"{who} (torchrun): {detail}; seen by the runner, which stops the group"
+        else:
+            ended = f"torchrun ended the group and exited {info.exit_code}"
+            detail = f"{who} (torchrun): {detail}; {ended}"
         if elastic_restarts > 0:
             detail += f" after using its --max-restarts {elastic_restarts}"
     if line:

@@ -454,6 +454,10 @@ class Runner:
             self._running, self._running_plan = attempt, plan.plan_id if plan else None
             try:
                 info = await self._one_attempt(attempt, plan)
+                if info.rank is not None:  # a torchrun group's rank: when the runner saw it
+                    running = "torchrun still runs" if info.group_running else "torchrun exited"
+                    self.say(f"attempt {attempt}: a rank failed ({running}; seen at "
+                             f"{self.clock().isoformat()})")  # fmt: skip
             finally:
                 self._running = self._running_plan = None
                 if beats is not None:
@@ -507,6 +511,9 @@ class Runner:
             )
             await self._publish(bus, as_published(failed), f"job.failed|{key}")
             self.say(f"attempt {attempt} failed: {failure.cause.value}: {failure.detail}")
+            if info.group_running:  # reported first; now the rest of the group goes
+                await asyncio.to_thread(self.adapter.stop, hangwatch.STOP_GRACE_S)
+                await asyncio.to_thread(self.adapter.wait)
             if self._stopped_by is not None:
                 return self._stopped_exit() or 128 + self._stopped_by
             if failure.cause is FailureCause.CANCELLED:

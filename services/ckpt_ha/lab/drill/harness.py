@@ -98,8 +98,10 @@ class Drill:
         used = time.monotonic() - self.started
         self.log(f"[{self.scenario} {used:6.1f}s/{self.budget_s:.0f}s] {line}")
 
-    def fault(self, what: str) -> datetime:
-        at = datetime.now(UTC)
+    def fault(self, what: str, at: datetime | None = None) -> datetime:
+        """Record a fault; ``at``: the moment it took effect when taken before it was injected
+        (a kill: the runner may see the death before this process runs again)."""
+        at = at if at is not None else datetime.now(UTC)
         self.faults.append((what, at))
         self.progress(f"fault: {what}")
         return at
@@ -203,8 +205,9 @@ class Drill:
             return pids if len(pids) > index else None
 
         pid = (await self.until(ranks, f"rank {index}'s process"))[index]
+        at = datetime.now(UTC)
         os.kill(pid, signal.SIGKILL)
-        return self.fault(f"SIGKILL rank {index} (pid {pid})")
+        return self.fault(f"SIGKILL rank {index} (pid {pid})", at)
 
     async def kill_training(self) -> datetime:
         pid = await self.until(lambda: as_awaitable(self.training_pid()), "the training process")
