@@ -17,6 +17,12 @@ TRANSIENT = tuple(f":{space}" for space in LEASES)
 replica runs a periodic loop, who decides a failure right now."""
 
 
+JOB_INDEX = ":coord:jobs:"
+"""The restore-coordinator's job index: each job's events in the order they were handled, by
+an ordinal a rebuild gives anew (other numbers, the same order). Compared by order; its
+ordinal counter (``…:seq``) is left out."""
+
+
 @dataclass(frozen=True)
 class Key:
     kind: str
@@ -34,7 +40,7 @@ async def snapshot(
     out: dict[str, Key] = {}
     async for raw in r.scan_iter(match=f"{prefix}:*", count=1000):
         key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if any(t in key for t in skip):
+        if any(t in key for t in skip) or key.endswith(f"{JOB_INDEX}seq"):
             continue
         kind = await r.type(key)
         kind = kind.decode() if isinstance(kind, bytes) else str(kind)
@@ -45,6 +51,8 @@ async def snapshot(
             value = sorted((await r.hgetall(key)).items())
         elif kind == "set":
             value = sorted(await r.smembers(key))
+        elif kind == "zset" and JOB_INDEX in key:
+            value = await r.zrange(key, 0, -1)  # in order: its ordinals are not rebuilt alike
         elif kind == "zset":
             value = await r.zrange(key, 0, -1, withscores=True)
         elif kind == "list":

@@ -174,10 +174,11 @@ async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: P
 
     # Operators see what was refused, and can rebuild the registry from the stream.
     await publish_raw_bytes(state_after_up(stack_home), b"{broken")
-    letters = wait_dead_letters(stack_home, 2)
+    letters = wait_dead_letters(stack_home, 3)
     assert {(d["consumer"], d["code"]) for d in letters} == {
         ("registrar--checkpoints", "malformed"),
         ("integrity-checker--committed", "malformed"),
+        ("restore-coordinator--job-index", "malformed"),  # every consumer of the subject
     }
     refused = cli(stack_home, "registry", "rebuild", "--clear", "--yes")
     assert refused.returncode == 4  # the registry's writers run

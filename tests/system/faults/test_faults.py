@@ -235,9 +235,21 @@ def registry_losses(
     diffs = differences(before, after, expiry_slack_s=60)
     by_key = {_differing_key(d): d for d in diffs}
     for key in lost_keys(by_key):
-        result.lose(f"{what} {key}: {by_key[key][:300]}")
+        result.lose(f"{what} {key}: {_where_they_part(by_key[key])}")
     result.evidence["keys_compared"] = len(before)
     result.evidence["keys_differing"] = len(diffs)
+
+
+def _where_they_part(diff: str) -> str:
+    """A `differences` line shortened to where its before and after values part (their first
+    differing character, with some context), or its start when it is no such line."""
+    parts = diff.split("\n  before ", 1)
+    if len(parts) != 2 or "\n  after  " not in parts[1]:
+        return diff[:300]
+    before, after = parts[1].split("\n  after  ", 1)
+    at = next((i for i, (b, a) in enumerate(zip(before, after, strict=False)) if b != a), 0)
+    lo = max(0, at - 120)
+    return f"{parts[0]} … before …{before[lo : at + 160]}… after …{after[lo : at + 160]}…"
 
 
 def _differing_key(diff: str) -> str:
