@@ -358,4 +358,3 @@ async def _live_flow(flow: Flow, home: Path) -> None:
 
 async def flow_cli(flow: Flow, home: Path, *args: str) -> tuple[int, str, str]:
     return await cli(flow.settings, home, *args)
-
