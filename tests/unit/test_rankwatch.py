@@ -5,8 +5,9 @@ real processes)."""
 from __future__ import annotations
 
 import signal
+from pathlib import Path
 
-from ckpt_ha.runner.rankwatch import RankDeath, describe, exit_signal, rank_of
+from ckpt_ha.runner.rankwatch import RankDeath, RankWatch, describe, exit_signal, rank_of
 
 
 def _stat(state: str, exit_code: int) -> str:
@@ -25,3 +26,23 @@ def test_a_zombies_exit_status_gives_the_signal_only_for_a_death_by_a_signal() -
     assert rank_of(b"GROUP_RANK=2\0") is None
     assert describe(RankDeath(5, 1, signal.SIGKILL)) == "rank 1 ended by SIGKILL"
     assert describe(RankDeath(5, None, 100)) == "a rank (pid 5) ended by signal 100"
+
+
+def test_a_child_first_seen_before_its_exec_still_gets_its_rank(tmp_path: Path) -> None:
+    """Between fork and exec a child shows torchrun's environment (no RANK); once dead, none:
+    the rank read later, while it runs, is the one its death is reported with."""
+    root = Path(tmp_path)
+    (root / "10" / "task" / "10").mkdir(parents=True)
+    (root / "10" / "task" / "10" / "children").write_text("11")
+    child = root / "11"
+    child.mkdir()
+    child.joinpath("environ").write_bytes(b"PATH=/bin\0")
+    child.joinpath("stat").write_text(_stat("S", 0))
+    watch = RankWatch(10, root=root)
+    assert watch.poll() is None
+    assert watch.ranks == {11: None}
+    child.joinpath("environ").write_bytes(b"PATH=/bin\0RANK=1\0")
+    assert watch.poll() is None
+    child.joinpath("environ").write_bytes(b"")
+    child.joinpath("stat").write_text(_stat("Z", signal.SIGKILL))
+    assert watch.poll() == RankDeath(11, 1, signal.SIGKILL)

@@ -80,7 +80,9 @@ class RankWatch:
         """The first rank seen dead by a signal, if one is now."""
         children = self._children()  # a zombie is listed until torchrun reaps it
         for pid in children:
-            if pid not in self.ranks:
+            if self.ranks.get(pid) is None:
+                # read again until known: between fork and exec a child shows torchrun's own
+                # environment (no RANK), and a zombie shows none
                 try:
                     self.ranks[pid] = rank_of((self.root / str(pid) / "environ").read_bytes())
                 except OSError:
