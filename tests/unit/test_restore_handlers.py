@@ -25,7 +25,8 @@ from ckpt_ha.contracts.checkpoint import (
     Topology,
 )
 from ckpt_ha.contracts.job import (
-    FailureCause,
+    FailureCauseV1,
+    FailureCauseV2,
     JobFailedV1,
     JobFailedV2,
     JobPolicy,
@@ -107,7 +108,7 @@ def failed(
     attempt: int = 1, *, key: str = "f", plan_id: str | None = None, sig: str = ""
 ) -> Envelope[Any]:
     data = JobFailedV1(
-        job_id=JOB, run_id="run-1", attempt=attempt, cause=FailureCause.NODE_EXIT, signal=9,
+        job_id=JOB, run_id="run-1", attempt=attempt, cause=FailureCauseV1.NODE_EXIT, signal=9,
         signature=sig or f"node_exit:{attempt}", plan_id=plan_id,
     )  # fmt: skip
     return ev(data, f"{key}-{attempt}", 1000 * attempt + 500)
@@ -207,7 +208,7 @@ async def test_a_failure_plans_the_newest_valid_checkpoint_and_pins_the_pair(wor
 
 def cancelled(attempt: int = 1) -> Envelope[Any]:
     data = JobFailedV2(
-        job_id=JOB, run_id="run-1", attempt=attempt, cause=FailureCause.CANCELLED,
+        job_id=JOB, run_id="run-1", attempt=attempt, cause=FailureCauseV2.CANCELLED,
         exit_code=0, signal=15, side=FailureSide.JOB, signature="cancelled:x",
         reported_by="slurm",
     )  # fmt: skip

@@ -45,7 +45,7 @@ from ckpt_ha.contracts.checkpoint import (
     FailureSide,
 )
 from ckpt_ha.contracts.job import (
-    FailureCause,
+    FailureCauseV2,
     JobFailedV2,
     JobPolicy,
     JobProgressV1,
@@ -164,7 +164,7 @@ async def _scenario(
     # An escalation pages, on both replicas' series, until someone holds the job.
     escalated = job_for("opalerts-escalated")
     await publish(fs, JobStartedV1(job_id=escalated, run_id="run-1", attempt=1))
-    await publish(fs, _failed(escalated, FailureCause.NODE_EXIT))
+    await publish(fs, _failed(escalated, FailureCauseV2.NODE_EXIT))
     found = prom.wait_for(
         f'ALERTS{{alertname="CkptHaResumeEscalated",job_id="{escalated}",alertstate="firing"}}',
         PAGE_S,
@@ -231,7 +231,7 @@ async def _scenario(
     print(f"OPERATOR_ALERTS duration_s={time.monotonic() - started:.1f}")
 
 
-def _failed(job: str, cause: FailureCause) -> JobFailedV2:
+def _failed(job: str, cause: FailureCauseV2) -> JobFailedV2:
     return JobFailedV2(
         job_id=job,
         run_id="run-1",
@@ -288,7 +288,7 @@ async def _per_job_pages(fs: FaultStack, prom: obs.Prometheus) -> None:
 
     def failed(attempt: int) -> JobFailedV2:
         return JobFailedV2(job_id=job, run_id="run-1", attempt=attempt,
-                           cause=FailureCause.NODE_EXIT, signature=f"node_exit:{attempt}",
+                           cause=FailureCauseV2.NODE_EXIT, signature=f"node_exit:{attempt}",
                            side=FailureSide.INFRASTRUCTURE)  # fmt: skip
 
     registry = Registry.from_url(fs.redis_url)

@@ -32,7 +32,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.checkpoint import CheckpointState as S
-from ckpt_ha.contracts.job import FailureCause, FailureSide, JobFailedV1
+from ckpt_ha.contracts.checkpoint import FailureSide
+from ckpt_ha.contracts.job import FailureCauseV1, JobFailedV1
 from ckpt_ha.lab.devstack import procs, stack
 from ckpt_ha.lab.devstack.procs import ManagedProcess
 from ckpt_ha.registry.redis_registry import Registry
@@ -141,7 +142,7 @@ async def announce_failure(fs: FaultStack, job: str) -> None:
             job_id=job,
             run_id="run-1",
             attempt=1,
-            cause=FailureCause.NODE_EXIT,
+            cause=FailureCauseV1.NODE_EXIT,
             signal=9,
             signature="node_exit:9",
             side=FailureSide.INFRASTRUCTURE,
