@@ -20,7 +20,11 @@ replica runs a periodic loop, who decides a failure right now."""
 JOB_INDEX = ":coord:jobs:"
 """The restore-coordinator's job index: each job's events in the order they were handled, by
 an ordinal a rebuild gives anew (other numbers, the same order). Compared by order; its
-ordinal counter (``…:seq``) is left out."""
+ordinal counter (`JOB_INDEX_SEQ`) is left out unless asked for."""
+
+JOB_INDEX_SEQ = f"{JOB_INDEX}seq"
+"""The job index's ordinal counter: a rebuild counts anew, so a snapshot to compare leaves it
+out; one of every key (``ordinals=True``) holds it."""
 
 
 @dataclass(frozen=True)
@@ -32,15 +36,16 @@ class Key:
 
 
 async def snapshot(
-    r: aioredis.Redis, prefix: str, *, transient: Iterable[str] = ()
+    r: aioredis.Redis, prefix: str, *, transient: Iterable[str] = (), ordinals: bool = False
 ) -> dict[str, Key]:
-    """Every key under ``<prefix>:`` but those containing one of ``transient``. Values in a
+    """Every key under ``<prefix>:`` but those containing one of ``transient``, and but the job
+    index's ordinal counter unless ``ordinals`` (what a flush removes: every key). Values in a
     comparable form (sets and hashes sorted; sorted sets with scores in order)."""
     skip = tuple(transient)
     out: dict[str, Key] = {}
     async for raw in r.scan_iter(match=f"{prefix}:*", count=1000):
         key = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if any(t in key for t in skip) or key.endswith(f"{JOB_INDEX}seq"):
+        if any(t in key for t in skip) or (not ordinals and key.endswith(JOB_INDEX_SEQ)):
             continue
         kind = await r.type(key)
         kind = kind.decode() if isinstance(kind, bytes) else str(kind)
