@@ -23,8 +23,10 @@ from ckpt_ha.contracts.checkpoint import (
     TierChosenV1,
 )
 from ckpt_ha.core.errors import DependencyNotReady
+from ckpt_ha.core.job_records import OwnershipMismatch, UnknownTierChosen
 from ckpt_ha.core.lifecycle import IllegalTransition
-from ckpt_ha.core.records import Applied, OwnershipMismatch, PinRefused, UnknownTierChosen
+from ckpt_ha.core.record_notes import PinRefused
+from ckpt_ha.core.records import Applied
 from tests.support.events import T0, committed, deleted, expired, planned, verified
 
 S = CheckpointState

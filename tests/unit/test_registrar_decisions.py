@@ -13,7 +13,8 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointState,
     OwnershipTransferredV1,
 )
-from ckpt_ha.core.records import Applied, CheckpointRecord, OwnershipMismatch, own, project
+from ckpt_ha.core.job_records import OwnershipMismatch, own
+from ckpt_ha.core.records import Applied, CheckpointRecord, project
 from ckpt_ha.ops import actions
 from ckpt_ha.registrar.domain import follow_ups
 from tests.support.events import T0, committed, verified

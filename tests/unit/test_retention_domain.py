@@ -14,16 +14,9 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointUnpinnedV1,
     TierChosenV1,
 )
-from ckpt_ha.core.records import (
-    CheckpointRecord,
-    Expiry,
-    PinRecord,
-    PinRefused,
-    UnknownTierChosen,
-    pin,
-    project,
-    tier_record,
-)
+from ckpt_ha.core.job_records import UnknownTierChosen, tier_record
+from ckpt_ha.core.record_notes import PinRefused, pin
+from ckpt_ha.core.records import CheckpointRecord, Expiry, PinRecord, project
 from ckpt_ha.core.tiers import DEFAULT_TIER, TIERS, KeepBest, Tier, get_tier, resolve_tier
 from ckpt_ha.retention_janitor.domain import (
     SETTLE,

@@ -1,13 +1,16 @@
 """The checkpoint registry's record model and its pure projection of the event stream.
 
-Pure: no Redis, no asyncio, no clock. `project` moves one record by one event, `pin` / `own` /
-`tier_record` derive the other facts an event records, and `project_batch` applies a batch of
-events to what a registry read for them: the Redis adapter and the in-memory fake both call it,
-so the registry's semantics (dedupe on the event id, one result per event, an error of one event
-never stopping the others, conflicts at one URI) are written once.
+Pure: no Redis, no asyncio, no clock. `project` moves one record by one event (a pin, a copy's
+change or a quarantine kept after review only annotate it: `ckpt_ha.core.record_notes`),
+`ckpt_ha.core.job_records` derives what an event records of its job (owner, tier), and
+`project_batch` applies a batch of events to what a registry read for them: the Redis adapter
+and the in-memory fake both call it, so the registry's semantics (dedupe on the event id, one
+result per event, an error of one event never stopping the others, conflicts at one URI) are
+written once.
 
 The projection uses only the event's own fields and time, never the local clock, so replaying
-the stream into an empty registry reproduces identical records.
+the stream into an empty registry reproduces identical records. The records themselves are
+defined in `ckpt_ha.core.record_model`; import them from here.
 """
 
 from __future__ import annotations
@@ -16,16 +19,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
-
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import (
     CheckpointCommittedV1,
     CheckpointCopyChangedV1,
     CheckpointDeletedV1,
     CheckpointExpiredV1,
-    CheckpointFormat,
-    CheckpointIdentity,
     CheckpointPinnedV1,
     CheckpointQuarantinedV1,
     CheckpointReleasedV1,
@@ -33,12 +32,12 @@ from ckpt_ha.contracts.checkpoint import (
     CheckpointUnpinnedV1,
     CheckpointVerifiedV1,
     CheckpointWritingV1,
-    OwnershipTransferredV1,
     TierChosenV1,
 )
 from ckpt_ha.contracts.resume import ResumePlannedV1
-from ckpt_ha.core.copies import CopyRecord, apply_copy, copy_note, live_copies
+from ckpt_ha.core.copies import live_copies
 from ckpt_ha.core.errors import DependencyNotReady, PermanentError, TransientError
+from ckpt_ha.core.job_records import own, tier_record
 from ckpt_ha.core.lifecycle import (
     DECISIONS,
     EVENT_TARGETS,
@@ -48,115 +47,14 @@ from ckpt_ha.core.lifecycle import (
     transition,
 )
 from ckpt_ha.core.locations import JobMismatch
-from ckpt_ha.core.tiers import TIERS
-
-
-class HistoryEntry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    state: CheckpointState
-    at: AwareDatetime
-    event_id: str
-    event_type: str
-    actor: str
-    reason: str | None = None
-
-
-class PinRecord(BaseModel):
-    """Someone (``by``) still needs the checkpoint; retention keeps it while the pin stands."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    by: str
-    reason: str
-    actor: str
-    at: AwareDatetime
-    event_id: str
-
-
-class Expiry(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    reason: str
-    policy: str
-    tier: str | None = None
-    grace_until: AwareDatetime | None = None
-    actor: str
-    at: AwareDatetime
-
-
-class Tombstone(BaseModel):
-    """What stays of a deleted checkpoint (R6): with the record's id, URI and checksums, why,
-    under which policy, by whom and when its bytes were removed."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    reason: str
-    policy: str | None = None
-    tier: str | None = None
-    actor: str
-    at: AwareDatetime
-    event_id: str
-    objects_deleted: int | None = None
-    copies: tuple[str, ...] = ()
-    """The copies on replicas the deletion removes as well (each then recorded ``deleted`` in
-    the record's ``copies`` by the integrity-checker)."""
-
-
-class TierRecord(BaseModel):
-    """A recorded, explicit tier choice for a job (R13)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    job_id: str
-    tier: str
-    actor: str
-    reason: str
-    at: AwareDatetime
-    event_id: str
-
-
-class CheckpointRecord(BaseModel):
-    """What the registry knows of one checkpoint. ``uri`` is display only; identity is the id."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    checkpoint_id: str
-    job_id: str
-    run_id: str | None = None
-    step: int | None = None
-    uri: str
-    format: CheckpointFormat = CheckpointFormat.UNKNOWN
-    state: CheckpointState
-    identity: CheckpointIdentity | None = None
-    shard_count: int | None = None
-    total_bytes: int | None = None
-    exact_resume: bool | None = None
-    quarantine_uri: str | None = None
-    """Where the bytes were moved when quarantined (None: tagged in place, or released)."""
-    checksums: dict[str, str] = Field(default_factory=dict)
-    """File → ``algorithm:hex`` as verified (from `CheckpointVerifiedV1.checks`); what a scrub
-    compares the bytes on storage against."""
-    metrics: dict[str, float] = Field(default_factory=dict)
-    """Evaluation metrics the writer declared at commit (keep-best retention ranks them)."""
-    pins: tuple[PinRecord, ...] = ()
-    expiry: Expiry | None = None
-    tombstone: Tombstone | None = None
-    created_at: AwareDatetime
-    updated_at: AwareDatetime
-    history: tuple[HistoryEntry, ...] = ()
-    traceparent: str | None = None
-    """W3C trace context of the checkpoint's trace (from its first event that carried one):
-    what a later transition (scrub, restore, retention), after any restart, continues and links
-    back to."""
-    tracestate: str | None = None
-    copies: dict[str, CopyRecord] = Field(default_factory=dict)
-    """Copies on replicas (copy URI → its state), when the job's tier replicates
-    (`ckpt_ha.core.copies`)."""
-    fenced_by: int | None = None
-    """Set when the commit was fenced (state ``fenced``): the attempt of its run that was
-    already planned when the commit was handled (R17)."""
-
+from ckpt_ha.core.record_model import CheckpointRecord as CheckpointRecord
+from ckpt_ha.core.record_model import Expiry as Expiry
+from ckpt_ha.core.record_model import HistoryEntry as HistoryEntry
+from ckpt_ha.core.record_model import OwnershipChange as OwnershipChange
+from ckpt_ha.core.record_model import PinRecord as PinRecord
+from ckpt_ha.core.record_model import TierRecord as TierRecord
+from ckpt_ha.core.record_model import Tombstone as Tombstone
+from ckpt_ha.core.record_notes import copy_changed, kept_quarantined, pin
 
 FenceKey = tuple[str, str]
 """(job id, run id): what a fence is kept for. A new run id of the same job is never fenced."""
@@ -179,107 +77,6 @@ verified (or failed) before the plan stays as it is; only commits handled after 
 known are fenced."""
 
 
-class PinRefused(PermanentError):
-    """A pin on a checkpoint that is deleted or not in the registry: nothing may point at it."""
-
-    code = "pin_refused"
-
-    def __init__(self, checkpoint_id: str, why: str) -> None:
-        self.checkpoint_id = checkpoint_id
-        super().__init__(f"checkpoint {checkpoint_id}: pin refused: {why}")
-
-
-def pin(record: CheckpointRecord | None, event: Envelope[EventData]) -> CheckpointRecord:
-    """Pure: a pin or unpin applied to a record. The lifecycle does not move; the history says
-    who did it and why."""
-    data = event.data
-    assert isinstance(data, CheckpointPinnedV1 | CheckpointUnpinnedV1)
-    if record is None:
-        raise PinRefused(data.checkpoint_id, "not in the registry")
-    others = tuple(p for p in record.pins if p.by != data.by)
-    if isinstance(data, CheckpointPinnedV1):
-        if record.state is CheckpointState.DELETED:
-            raise PinRefused(data.checkpoint_id, "it is deleted")
-        pins = (
-            *others,
-            PinRecord(
-                by=data.by, reason=data.reason, actor=data.actor, at=event.time, event_id=event.id
-            ),
-        )
-        what = f"pinned by {data.by}"
-    else:
-        pins = others
-        what = f"unpinned by {data.by}"
-    entry = HistoryEntry(
-        state=record.state,
-        at=event.time,
-        event_id=event.id,
-        event_type=data.EVENT_TYPE,
-        actor=data.actor,
-        reason=f"{what}: {data.reason}",
-    )
-    return record.model_copy(
-        update={"pins": pins, "updated_at": event.time, "history": (*record.history, entry)}
-    )
-
-
-def _kept_quarantined(
-    record: CheckpointRecord | None, event: Envelope[EventData], data: CheckpointQuarantinedV1
-) -> CheckpointRecord | None:
-    """Pure: a person quarantining a checkpoint already quarantined ("reviewed, keep it"). The
-    lifecycle does not move; the history records the person, which makes the quarantine a
-    person's (`ckpt_ha.core.corruption.awaiting_review`: no longer paged)."""
-    if record is None:
-        return record
-    entry = HistoryEntry(
-        state=record.state,
-        at=event.time,
-        event_id=event.id,
-        event_type=data.EVENT_TYPE,
-        actor=data.actor or event.source,
-        reason=f"kept quarantined after review: {data.reason}",
-    )
-    return record.model_copy(update={"updated_at": event.time, "history": (*record.history, entry)})
-
-
-def copy_changed(record: CheckpointRecord | None, event: Envelope[EventData]) -> CheckpointRecord:
-    """Pure: a copy's change applied to a record. The lifecycle does not move; the history says
-    which copy, its state and why."""
-    data = event.data
-    assert isinstance(data, CheckpointCopyChangedV1)
-    if record is None:
-        raise DependencyNotReady(f"{data.EVENT_TYPE} for {data.checkpoint_id}", "its record")
-    entry = HistoryEntry(
-        state=record.state,
-        at=event.time,
-        event_id=event.id,
-        event_type=data.EVENT_TYPE,
-        actor=data.actor or event.source,
-        reason=copy_note(data),
-    )
-    return record.model_copy(
-        update={
-            "copies": apply_copy(record.copies, event),
-            "updated_at": event.time,
-            "history": (*record.history, entry),
-        }
-    )
-
-
-class OwnershipChange(BaseModel):
-    """One entry of a job's ownership log (R5): who moved it, when, from where, and why."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    job_id: str
-    from_project: str | None
-    to_project: str
-    actor: str
-    at: AwareDatetime
-    reason: str
-    event_id: str
-
-
 @dataclass(frozen=True)
 class Applied:
     record: CheckpointRecord | None
@@ -292,83 +89,6 @@ class Applied:
     others_at_uri: tuple[str, ...] = ()
     """For an event that created a record: other checkpoint ids already registered at its URI
     (a resubmitted job writing the same path). Both stay distinct; a human is told."""
-
-
-class OwnershipMismatch(PermanentError):
-    """A transfer names a previous owner the job does not have (someone moved it meanwhile)."""
-
-    code = "ownership_mismatch"
-
-    def __init__(self, job_id: str, expected: str | None, actual: str | None) -> None:
-        self.job_id = job_id
-        self.expected = expected
-        self.actual = actual
-        super().__init__(
-            f"job {job_id}: transfer expects owner {expected or '<none>'}, "
-            f"but it is owned by {actual or '<none>'}"
-        )
-
-
-def own(
-    owner: str | None, event: Envelope[EventData], record: CheckpointRecord | None
-) -> OwnershipChange | None:
-    """Pure: the ownership change an event makes to its job, if any.
-
-    A job is claimed by the first checkpoint whose identity names a project; after that only an
-    explicit transfer that names the current owner moves it (no silent re-claim).
-    """
-    data = event.data
-    if isinstance(data, OwnershipTransferredV1):
-        if data.from_project != owner:
-            raise OwnershipMismatch(data.job_id, data.from_project, owner)
-        if data.to_project == owner:
-            return None
-        return OwnershipChange(
-            job_id=data.job_id,
-            from_project=owner,
-            to_project=data.to_project,
-            actor=data.actor,
-            at=event.time,
-            reason=data.reason,
-            event_id=event.id,
-        )
-    project = record.identity.project if record and record.identity else None
-    if owner is None and project is not None:
-        return OwnershipChange(
-            job_id=data.job_id,
-            from_project=None,
-            to_project=project,
-            actor=event.source,
-            at=event.time,
-            reason=f"claimed by checkpoint {record.checkpoint_id if record else '?'}",
-            event_id=event.id,
-        )
-    return None
-
-
-class UnknownTierChosen(PermanentError):
-    code = "unknown_tier"
-
-    def __init__(self, job_id: str, tier: str) -> None:
-        self.job_id = job_id
-        self.tier = tier
-        super().__init__(f"job {job_id}: unknown tier {tier!r} (known: {', '.join(TIERS)})")
-
-
-def tier_record(event: Envelope[EventData]) -> TierRecord:
-    """Pure: the recorded tier choice an event makes (refused for a tier not in the table)."""
-    data = event.data
-    assert isinstance(data, TierChosenV1)
-    if data.tier not in TIERS:
-        raise UnknownTierChosen(data.job_id, data.tier)
-    return TierRecord(
-        job_id=data.job_id,
-        tier=data.tier,
-        actor=data.actor,
-        reason=data.reason,
-        at=event.time,
-        event_id=event.id,
-    )
 
 
 def _field(data: EventData, name: str) -> str | None:
@@ -475,7 +195,7 @@ def project(
         )
     step = transition(checkpoint_id, current, target, report=report)
     if not step.changed and isinstance(data, CheckpointQuarantinedV1) and data.actor:
-        return _kept_quarantined(record, event, data), step
+        return kept_quarantined(record, event, data), step
     if not step.changed:
         if (
             record is not None
