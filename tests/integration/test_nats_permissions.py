@@ -345,7 +345,8 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
     from ckpt_ha.contracts.job import FailureCause, JobFailedV2
     from ckpt_ha.contracts.resume import ResumeEscalatedV2
     from ckpt_ha.runner.adapter import LocalProcess
-    from ckpt_ha.runner.runner import EXIT_ESCALATED, Runner, RunSpec
+    from ckpt_ha.runner.launch import RunSpec
+    from ckpt_ha.runner.runner import EXIT_ESCALATED, Runner
 
     storage = tmp_path / "storage"
     storage.mkdir()

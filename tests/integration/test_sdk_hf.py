@@ -32,7 +32,7 @@ from ckpt_ha.contracts.checkpoint import CheckpointIdentity, Topology
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import sidecar
 from ckpt_ha.formats.identity import checkpoint_id_on
-from ckpt_ha.runner.runner import runtime_environment
+from ckpt_ha.runner.launch import runtime_environment
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import hf, protocol
 from ckpt_ha.storage import FsStore

@@ -14,7 +14,7 @@ from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.cli.main import main
 from ckpt_ha.contracts.checkpoint import RuntimeEnvironment
 from ckpt_ha.registry.client import RedisConfig
-from ckpt_ha.runner.runner import RunSpec, child_env
+from ckpt_ha.runner.launch import RunSpec, child_env
 from ckpt_ha.runner.settings import RunnerSettings
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol

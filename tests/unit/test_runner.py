@@ -19,7 +19,7 @@ from ckpt_ha.contracts.job import FailureCause
 from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
 from ckpt_ha.runner.adapter import ExitInfo
 from ckpt_ha.runner.domain import classify
-from ckpt_ha.runner.runner import RunSpec, child_env, runtime_environment
+from ckpt_ha.runner.launch import RunSpec, child_env, runtime_environment
 
 
 def test_exit_zero_is_a_success() -> None:

@@ -21,7 +21,7 @@ from ckpt_ha.contracts.checkpoint import FailureSide, RuntimeEnvironment
 from ckpt_ha.contracts.job import FailureCause
 from ckpt_ha.runner.adapter import ERROR_FILE_BYTES, ExitInfo, read_error_file
 from ckpt_ha.runner.domain import Failure, classify
-from ckpt_ha.runner.runner import RunSpec, child_env
+from ckpt_ha.runner.launch import RunSpec, child_env
 from ckpt_ha.runner.torchrun import (
     ERROR_FILE_ENV,
     MAX_RESTARTS_ENV,

@@ -38,7 +38,7 @@ from ckpt_ha.cli.errors import CommandError, Exit
 if TYPE_CHECKING:
     from ckpt_ha.contracts import Envelope, EventData
     from ckpt_ha.contracts.job import JobPolicy
-    from ckpt_ha.runner.runner import RunSpec
+    from ckpt_ha.runner.launch import RunSpec
     from ckpt_ha.runner.settings import RunnerSettings
     from ckpt_ha.runtime.settings import ServiceSettings
 
@@ -446,7 +446,8 @@ def _spec(
 ) -> RunSpec:
     from uuid import uuid4
 
-    from ckpt_ha.runner.runner import RunSpec, state_dir
+    from ckpt_ha.runner.launch import RunSpec
+    from ckpt_ha.runner.runner import state_dir
 
     beat = args.heartbeat_s if args.heartbeat_s is not None else settings.heartbeat_s
     if beat < 0:

@@ -49,12 +49,9 @@ import asyncio
 import contextlib
 import json
 import logging
-import platform
 import signal as signals
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
@@ -65,8 +62,8 @@ from nats.aio.msg import Msg
 from ckpt_ha.bus.admission import admit
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.bus.stream_reader import last_event
-from ckpt_ha.contracts import CATALOG, EventData, build, signing
-from ckpt_ha.contracts.checkpoint import FailureSide, RuntimeEnvironment, Topology
+from ckpt_ha.contracts import CATALOG, EventData, build
+from ckpt_ha.contracts.checkpoint import Topology
 from ckpt_ha.contracts.errors import ContractError
 from ckpt_ha.contracts.job import (
     MAX_STALLED_RANKS,
@@ -74,21 +71,18 @@ from ckpt_ha.contracts.job import (
     JobFailedV2,
     JobFailedV3,
     JobHeartbeatV1,
-    JobPolicy,
     JobStartedV2,
-    JobStopRequestedV1,
     JobSucceededV1,
 )
-from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumePlannedV1, ResumePlannedV2
+from ckpt_ha.contracts.resume import ResumeEscalatedV2, ResumePlannedV2
 from ckpt_ha.contracts.subjects import job_event_filter, job_token
 from ckpt_ha.core.clock import Clock, utc_now
-from ckpt_ha.credentials import reveal
 from ckpt_ha.runner import hangwatch, torchrun
 from ckpt_ha.runner.adapter import ExitInfo, SchedulerAdapter
-from ckpt_ha.runner.domain import Failure, classify
+from ckpt_ha.runner.domain import classify
 from ckpt_ha.runner.hang import HangPolicy, as_failure
-from ckpt_ha.runtime.settings import SIGNING_KEY_ENV
-from ckpt_ha.sdk import protocol
+from ckpt_ha.runner.launch import RunSpec, child_env, runtime_environment
+from ckpt_ha.runner.stops import Stops
 
 if TYPE_CHECKING:
     from ckpt_ha.bus.broker import Bus
@@ -100,15 +94,6 @@ EXIT_OK, EXIT_FAILED, EXIT_ESCALATED, EXIT_NO_PLAN, EXIT_CANCELLED = 0, 1, 6, 4,
 escalation is 6."""
 ATTEMPT_FILE = "attempt.json"
 """In the run's state folder: the running attempt's number and scheduler handle (its pid)."""
-
-
-NOT_FOR_THE_JOB = frozenset({
-    protocol.NATS_USER, protocol.NATS_PASSWORD, protocol.NATS_CA_FILE,
-    "CKPT_HA_REDIS_USER", "CKPT_HA_REDIS_PASSWORD",
-    "CKPT_HA_JOB_NATS_USER", "CKPT_HA_JOB_NATS_PASSWORD",
-})  # fmt: skip
-"""The runner's own credentials (and their ``_FILE`` forms): never inherited by the training
-process, which gets exactly its own (`child_env`)."""
 
 
 class CannotResume(Exception):
@@ -125,111 +110,6 @@ class LaunchFailed(Exception):
     def __init__(self, command: str, reason: str) -> None:
         self.command = command
         super().__init__(f"cannot start {command!r}: {reason}")
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    job_id: str
-    run_id: str
-    command: tuple[str, ...]
-    storage_root: str
-    state_dir: Path
-    """Where the runner keeps the progress file and `ATTEMPT_FILE` for this run."""
-    policy: JobPolicy = field(default_factory=JobPolicy)
-    plan_timeout_s: float = 120.0
-    max_attempts: int | None = None
-    """Stop after this many attempts even if plans keep coming (None: the coordinator decides)."""
-    world_size: int = 1
-    code_version: str | None = None
-    image: str | None = None
-    heartbeat_s: float | None = 10.0
-    """A ``job.heartbeat`` every this many seconds while an attempt runs (None: none)."""
-    deadline_s: float | None = None
-    """Silence after which the coordinator declares an attempt lost (None: the tier's)."""
-    hang_after_s: float | None = None
-    """Silence of the training's progress (outside saves, evaluations and its first steps)
-    after which an attempt whose processes live on is hung (`ckpt_ha.runner.hang`): None,
-    adaptive (the default); 0: never."""
-    resume: bool = False
-    """Take over the run: wait for the plan after its last recorded attempt (`ATTEMPT_FILE`)."""
-
-    @property
-    def progress_file(self) -> Path:
-        return self.state_dir / "progress"
-
-    def error_file(self, attempt: int) -> Path:
-        """Where torchrun writes the failed rank's error for this attempt."""
-        return self.state_dir / f"torchrun-error-{attempt}.json"
-
-
-def runtime_environment(image: str | None) -> RuntimeEnvironment:
-    """This machine as a restore target: Python, numpy and torch (when installed), the image.
-
-    The framework is torch when it is installed, else numpy. The SDK records the same
-    description in the checkpoints an attempt writes (it gets it through the environment), so
-    a restore onto an unchanged machine compares identical.
-    """
-    libraries: dict[str, str] = {}
-    for name in ("numpy", "torch"):
-        with contextlib.suppress(metadata.PackageNotFoundError):
-            libraries[name] = metadata.version(name)
-    framework = "torch" if "torch" in libraries else "numpy" if "numpy" in libraries else None
-    return RuntimeEnvironment(
-        framework=framework,
-        framework_version=libraries.get(framework) if framework else None,
-        python_version=platform.python_version(),
-        image=image,
-        libraries=libraries,
-    )
-
-
-def child_env(
-    base: Mapping[str, str],
-    spec: RunSpec,
-    bus: BusConfig,
-    attempt: int,
-    environment: RuntimeEnvironment,
-    plan: ResumePlannedV2 | None,
-) -> dict[str, str]:
-    """The attempt's environment: ``base`` plus the protocol variables (stale plan ones removed)
-    and the attempt's torchrun error file. ``bus`` is the bus as the training process uses it:
-    its own NATS user (``job``), never the runner's; the master signing key never reaches it
-    either (it gets its job's key only)."""
-    stale = (protocol.RESUME_PLAN, protocol.RESTORE_URI, protocol.RESTORE_STEP, protocol.PLAN_ID)
-    env = {k: v for k, v in base.items() if k not in stale and not k.startswith(SIGNING_KEY_ENV)
-           and k.removesuffix("_FILE") not in NOT_FOR_THE_JOB}  # fmt: skip
-    env.update(
-        {
-            protocol.JOB: spec.job_id,
-            protocol.RUN_ID: spec.run_id,
-            protocol.ATTEMPT: str(attempt),
-            protocol.STORAGE_ROOT: spec.storage_root,
-            protocol.PROGRESS_FILE: str(spec.progress_file),
-            protocol.NATS_URL: bus.url,
-            protocol.SUBJECT_PREFIX: bus.prefix,
-            protocol.EVENTS_STREAM: bus.events_stream,
-            protocol.ENVIRONMENT: environment.model_dump_json(),
-            protocol.TOPOLOGY: Topology(world_size=spec.world_size).model_dump_json(),
-            torchrun.ERROR_FILE_ENV: str(spec.error_file(attempt)),
-        }
-    )
-    if spec.code_version is not None:
-        env[protocol.CODE_VERSION] = spec.code_version
-    if bus.signing_keys:
-        env[protocol.JOB_KEY] = signing.job_key(bus.signing_keys[0], spec.job_id).hex()
-    if bus.user is not None:
-        env[protocol.NATS_USER] = bus.user
-        env[protocol.NATS_PASSWORD] = reveal(bus.password) or ""
-    if bus.ca_file:
-        env[protocol.NATS_CA_FILE] = bus.ca_file
-    if plan is not None:
-        # The plan as v1 states it: what the job needs to load (the coordinator's bookkeeping
-        # v2 adds is not its business), readable by the SDK of an image built before v2.
-        env[protocol.RESUME_PLAN] = plan.model_dump_json(include=set(ResumePlannedV1.model_fields))
-        env[protocol.RESTORE_URI] = plan.checkpoint_uri
-        env[protocol.RESTORE_STEP] = str(plan.step)
-        env[protocol.PLAN_ID] = plan.plan_id
-    return env
 
 
 class Runner:
@@ -256,18 +136,8 @@ class Runner:
         self.environment = runtime_environment(spec.image)
         self.elastic_restarts = torchrun.max_restarts(spec.command, self.base_env)
         self._inbox: asyncio.Queue[EventData] = asyncio.Queue()
-        self._stopped_by: int | None = None
-        self._stop = asyncio.Event()
         self._nc: NatsClient | None = None
-        self._stop_request: JobStopRequestedV1 | None = None
-        self._running: int | None = None
-        """The attempt running now (None: between attempts)."""
-        self._rollback: ResumePlannedV2 | None = None
-        """A plan for the next attempt heard while this one ran (`ckpt-ha job restore`)."""
-        self._running_plan: str | None = None
-        """The plan the running attempt carries out (None: none, or between attempts)."""
-        self._withdrawn: ResumeEscalatedV2 | None = None
-        """The escalation that stopped the running attempt's plan for its shape."""
+        self.stops = Stops(bus, spec.job_id, spec.run_id, adapter, self.say)
 
     def say(self, text: str) -> None:
         print(f"ckpt-ha run: {text}", file=self.out, flush=True)
@@ -299,13 +169,13 @@ class Runner:
         )
         loop = asyncio.get_running_loop()
         for sig in (signals.SIGTERM, signals.SIGINT):
-            loop.add_signal_handler(sig, self._on_signal, sig)
+            loop.add_signal_handler(sig, self.stops.on_signal, sig)
         try:
             for event in ("resume.planned", "resume.escalated"):
                 await nc.subscribe(
                     job_event_filter(self.cfg.prefix, event, self.spec.job_id), cb=self._on_msg
                 )
-            await self._watch_stop_requests(nc)
+            await self.stops.watch(nc)
             await nc.flush()
             self._nc = nc
             await bus.broker.start()
@@ -318,11 +188,6 @@ class Runner:
                 loop.remove_signal_handler(sig)
             await nc.close()
 
-    def _on_signal(self, sig: int) -> None:
-        self._stopped_by = sig
-        self._stop.set()
-        self.adapter.kill(sig)
-
     async def _on_msg(self, msg: Msg) -> None:
         try:
             envelope = admit(self.cfg, CATALOG, msg.data, msg.subject, msg.headers)
@@ -330,83 +195,14 @@ class Runner:
             log.warning("ignoring an undecodable message on %s: %s", msg.subject, exc)
             return
         await self._inbox.put(envelope.data)
-        self._end_for_rollback(envelope.data)
-        self._end_for_escalation(envelope.data)
-
-    # --- `ckpt-ha job stop`: job.stop_requested ends the run ---
-
-    async def _watch_stop_requests(self, nc: NatsClient) -> None:
-        subject = job_event_filter(self.cfg.prefix, JobStopRequestedV1.EVENT_TYPE, self.spec.job_id)
-        await nc.subscribe(subject, cb=self._on_stop_requested)
-
-    async def _on_stop_requested(self, msg: Msg) -> None:
-        """An operator asked to stop the job: the attempt gets SIGTERM and the run ends (its
-        failure is reported as cancelled, so it is never restored)."""
-        try:
-            data = admit(self.cfg, CATALOG, msg.data, msg.subject, msg.headers).data
-        except ContractError as exc:
-            log.warning("ignoring an undecodable message on %s: %s", msg.subject, exc)
-            return
-        if not isinstance(data, JobStopRequestedV1) or data.job_id != self.spec.job_id:
-            return
-        self.say(f"stop asked by {data.actor}" + (f": {data.reason}" if data.reason else ""))
-        self._stop_request = data
-        self._on_signal(signals.SIGTERM)
-        self.adapter.kill(signals.SIGCONT)  # a stopped (SIGSTOP) attempt gets it too
-
-    def _end_for_rollback(self, data: EventData) -> None:
-        """A plan for the next attempt while this one runs (not a fallback after a load
-        failure): an operator chose a rollback (``ckpt-ha job restore --to``). The running
-        attempt is killed (SIGKILL: it must not write a newer checkpoint on its way out, and a
-        stopped process dies too); its failure is reported, then the plan is carried out."""
-        if (
-            isinstance(data, ResumePlannedV2)
-            and self._running is not None
-            and data.attempt == self._running + 1
-            and data.failed_run_id == self.spec.run_id
-            and data.fallback_from is None
-        ):
-            self.say(f"rollback to {data.checkpoint_id} planned: ending attempt {self._running}")
-            self._rollback = data
-            self.adapter.kill(signals.SIGKILL)
-
-    def _end_for_escalation(self, data: EventData) -> None:
-        """The running attempt's own plan stopped: weighed again for the shape this attempt
-        started on, its checkpoint cannot load there (a format that cannot reshard). The attempt
-        is killed before it trains on it; the escalation ends the run."""
-        if (
-            isinstance(data, ResumeEscalatedV2)
-            and self._running is not None
-            and data.plan_id == self._running_plan
-        ):
-            self.say(f"plan {data.plan_id} stopped for attempt {self._running}: ending it")
-            self._withdrawn = data
-            self.adapter.kill(signals.SIGKILL)
-
-    def _as_stopped(self, failure: Failure) -> Failure:
-        """The failure of an attempt an operator stopped (cancelled, never restored) or ended
-        for a rollback (preempted)."""
-        if self._rollback is not None and self._stop_request is None:
-            plan, self._rollback = self._rollback, None
-            detail = f"ended for the rollback to {plan.checkpoint_id} (plan {plan.plan_id})"
-            return replace(failure, cause=FailureCause.PREEMPTED, side=FailureSide.JOB,
-                           detail=detail)  # fmt: skip
-        if self._withdrawn is not None and self._stop_request is None:
-            detail = f"ended: its plan {self._withdrawn.plan_id} was stopped for its shape"
-            return replace(failure, cause=FailureCause.PREEMPTED, side=FailureSide.JOB,
-                           detail=detail)  # fmt: skip
-        stop = self._stop_request
-        if stop is None:
-            return failure
-        why = f": {stop.reason}" if stop.reason else ""
-        detail = f"stopped by {stop.actor} (ckpt-ha job stop){why}"
-        return replace(failure, cause=FailureCause.CANCELLED, side=FailureSide.JOB, detail=detail)
+        self.stops.heard(envelope.data)
 
     def _stopped_exit(self) -> int | None:
-        if self._stop_request is not None:
+        if self.stops.request is not None:
             self.say("the run ends here: stopped by an operator (`ckpt-ha job show` tells)")
             return EXIT_CANCELLED
-        return 128 + self._stopped_by if self._stopped_by is not None else None
+        stopped_by = self.stops.stopped_by
+        return 128 + stopped_by if stopped_by is not None else None
 
     async def _publish(self, bus: Bus, data: EventData, key: str) -> None:
         await bus.publish(build(data, source=SOURCE, time=self.clock(), key=key))
@@ -428,8 +224,8 @@ class Runner:
                 return found
             attempt, plan = found
         while True:
-            if self._stopped_by is not None:  # asked to stop before this attempt started
-                return self._stopped_exit() or 128 + self._stopped_by
+            if self.stops.stopped_by is not None:  # asked to stop before this attempt started
+                return self._stopped_exit() or 128 + self.stops.stopped_by
             started = JobStartedV2(
                 job_id=spec.job_id,
                 run_id=spec.run_id,
@@ -451,7 +247,7 @@ class Runner:
             if spec.heartbeat_s is not None:
                 beats = asyncio.create_task(self._heartbeats(bus, attempt, spec.heartbeat_s))
             hangs = self._watch_hangs()
-            self._running, self._running_plan = attempt, plan.plan_id if plan else None
+            self.stops.running, self.stops.running_plan = attempt, plan.plan_id if plan else None
             try:
                 info = await self._one_attempt(attempt, plan)
                 if info.rank is not None:  # a torchrun group's rank: when the runner saw it
@@ -459,7 +255,7 @@ class Runner:
                     self.say(f"attempt {attempt}: a rank failed ({running}; seen at "
                              f"{self.clock().isoformat()})")  # fmt: skip
             finally:
-                self._running = self._running_plan = None
+                self.stops.running = self.stops.running_plan = None
                 if beats is not None:
                     beats.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
@@ -467,10 +263,10 @@ class Runner:
                 hung = await hangwatch.outcome(hangs)
             last_step = self._last_step()
             failure = classify(
-                info, forwarded=self._stopped_by, elastic_restarts=self.elastic_restarts or 0
+                info, forwarded=self.stops.stopped_by, elastic_restarts=self.elastic_restarts or 0
             )
-            failure = self._as_stopped(failure) if failure is not None else None
-            if hung is not None and self._stopped_by is None and self._stop_request is None:
+            failure = self.stops.as_stopped(failure) if failure is not None else None
+            if hung is not None and self.stops.stopped_by is None and self.stops.request is None:
                 failure = as_failure(hung, info.exit_code, info.signal)
                 last_step = hung.last_step if hung.last_step is not None else last_step
             if failure is None:
@@ -514,8 +310,8 @@ class Runner:
             if info.group_running:  # reported first; now the rest of the group goes
                 await asyncio.to_thread(self.adapter.stop, hangwatch.STOP_GRACE_S)
                 await asyncio.to_thread(self.adapter.wait)
-            if self._stopped_by is not None:
-                return self._stopped_exit() or 128 + self._stopped_by
+            if self.stops.stopped_by is not None:
+                return self._stopped_exit() or 128 + self.stops.stopped_by
             if failure.cause is FailureCause.CANCELLED:
                 self.say(
                     f"attempt {attempt} was cancelled by a user: the run ends here, nothing is "
@@ -542,8 +338,8 @@ class Runner:
             self.say(f"every decision for this job: ckpt-ha restores --job {spec.job_id}")
             return EXIT_ESCALATED
         if outcome is None:
-            if self._stopped_by is not None:
-                return self._stopped_exit() or 128 + self._stopped_by
+            if self.stops.stopped_by is not None:
+                return self._stopped_exit() or 128 + self.stops.stopped_by
             self.say(
                 f"no resume plan for attempt {failed + 1} within {spec.plan_timeout_s:g} s "
                 "(is the restore-coordinator running? `ckpt-ha status`)"
@@ -654,7 +450,7 @@ class Runner:
     async def _await_plan(self, attempt: int) -> ResumePlannedV2 | ResumeEscalatedV2 | None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.spec.plan_timeout_s
-        while not self._stop.is_set():
+        while not self.stops.stopping.is_set():
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return None

@@ -2,7 +2,7 @@
 
 ``start`` submits the command with ``sbatch --parsable --no-requeue --export=ALL --wrap`` from
 a process whose environment is exactly the attempt's (the protocol variables of
-`ckpt_ha.runner.runner.child_env`, a resumed attempt's plan and restore target included), so
+`ckpt_ha.runner.launch.child_env`, a resumed attempt's plan and restore target included), so
 the batch job gets them; ``wait`` watches the job through the process's shared poller
 (`ckpt_ha.runner.slurm_poll`: one ``squeue`` per interval for every job the process waits on,
 not one ``scontrol`` per job) until it ends, reads its final ``scontrol show job -o`` record
