@@ -22,7 +22,6 @@ import torch
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from transformers import (
-    GPT2Config,
     GPT2LMHeadModel,
     Trainer,
     TrainerCallback,
@@ -35,7 +34,7 @@ from ckpt_ha import sdk
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.contracts.resume import Compatibility, ResumeMode, ResumePlannedV2
 from ckpt_ha.formats.identity import checkpoint_id_on
-from ckpt_ha.lab.examples.hf_gpt2 import VOCAB, TokenData
+from ckpt_ha.lab.examples.hf_gpt2 import TokenData, gpt2_config
 from ckpt_ha.sdk import dcp, hf, protocol
 from ckpt_ha.storage import FsStore
 
@@ -161,10 +160,7 @@ def _trainer(out: Path, mb: int, steps: int, callbacks: list[TrainerCallback]) -
     """A GPT-2 whose checkpoint is about ``mb`` MB: weights plus AdamW's two moments are three
     copies of 12 n_embd^2 floats a layer (n_embd 512: 12.6 MB a layer, 38 MB saved)."""
     torch.manual_seed(0)
-    config = GPT2Config(
-        n_layer=max(1, round(mb / 38)), n_head=8, n_embd=512, vocab_size=VOCAB, n_positions=32,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+    config = gpt2_config(n_layer=max(1, round(mb / 38)), n_head=8, n_embd=512)
     args = TrainingArguments(
         output_dir=str(out),
         max_steps=steps,

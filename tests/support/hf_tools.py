@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 from transformers import (
-    GPT2Config,
     GPT2LMHeadModel,
     Trainer,
     TrainerCallback,
@@ -26,7 +25,7 @@ from transformers import (
     TrainingArguments,
 )
 
-from ckpt_ha.lab.examples.hf_gpt2 import TokenData
+from ckpt_ha.lab.examples.hf_gpt2 import TokenData, gpt2_config
 from ckpt_ha.sdk import hf
 
 MAX_STEPS, SAVE_STEPS, BATCH = 6, 2, 4
@@ -42,10 +41,7 @@ def tiny_trainer(
     bit across the two (an earlier test in the same process may also have set one thread)."""
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    config = GPT2Config(
-        n_layer=2, n_head=2, n_embd=n_embd, vocab_size=100, n_positions=32,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+    config = gpt2_config(n_embd=n_embd)
     args = TrainingArguments(
         output_dir=output_dir,
         max_steps=MAX_STEPS,

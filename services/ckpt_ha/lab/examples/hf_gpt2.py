@@ -112,15 +112,20 @@ class SlowSaveTrainer(Trainer):
         super()._save_optimizer_and_scheduler(output_dir)
 
 
+def gpt2_config(*, n_layer: int = 2, n_head: int = 2, n_embd: int = 32) -> GPT2Config:
+    """The job's GPT-2 (2 layers, 2 heads, 32 wide by default) over the synthetic tokens'
+    vocabulary (`VOCAB`); the tests and benches build theirs with it, wider or deeper."""
+    return GPT2Config(
+        n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=VOCAB, n_positions=32,
+        bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+
+
 def trainer(
     cfg: Config, output_dir: str, callbacks: list[TrainerCallback], *, save: bool = True
 ) -> Trainer:
     torch.manual_seed(cfg.seed)
-    config = GPT2Config(
-        n_layer=2, n_head=2, n_embd=32, vocab_size=VOCAB, n_positions=32,
-        bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
-    model = GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel(gpt2_config())
     args = TrainingArguments(
         output_dir=output_dir,
         max_steps=cfg.steps,
