@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -24,7 +25,7 @@ from ckpt_ha.contracts.resume import (
     ResumePlannedV2,
     ResumeVerifiedV1,
 )
-from ckpt_ha.lab.drill.assess import LEVELS, assess_restore, manual_actions, reclaimed
+from ckpt_ha.lab.drill.assess import LEVELS, assess_restore, judged, manual_actions, reclaimed
 from tests.support.events import T0
 
 J = "drill-job"
@@ -123,3 +124,17 @@ def test_reclaimed_resources_and_manual_actions_come_from_their_events() -> None
     [action] = manual_actions(events, J)
     assert (action["event_id"], action["actor"]) == (by_hand.id, "al")
     assert manual_actions(list(s.values()), J) == []
+
+
+def test_a_drill_passes_when_its_phases_passed_and_every_check_is_met() -> None:
+    s = story()
+
+    def result() -> dict[str, Any]:
+        return assess_restore("node-exit", list(s.values()), J, s["failed"].time).to_json()
+
+    passed = judged(result(), {"a": True, "b": True}, phases=True)
+    assert (passed["verdict"], passed["reasons"]) == ("pass", [])
+    assert passed["checks"] == {"a": True, "b": True}
+    failed = judged(result(), {"a": False, "b": True}, phases=True)
+    assert (failed["verdict"], failed["reasons"]) == ("fail", ["not met: a"])
+    assert judged(result(), {"a": True}, phases=False)["verdict"] == "fail"

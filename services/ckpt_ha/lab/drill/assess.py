@@ -340,3 +340,13 @@ def partial_checkpoint(
         "ended_failed": ended_failed,
         "committed_or_registered": faked,
     }
+
+
+def judged(result: dict[str, Any], checks: dict[str, bool], *, phases: bool) -> dict[str, Any]:
+    """A drill's ``result`` (its assessment's JSON and evidence) with its own ``checks``: each
+    one not met is a reason, and the drill passes when its assessed phases passed (``phases``)
+    and every check is met."""
+    result["checks"] = checks
+    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
+    result["verdict"] = "pass" if phases and all(checks.values()) else "fail"
+    return result

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.lab.drill.assess import assess_restore
+from ckpt_ha.lab.drill.assess import assess_restore, judged
 from ckpt_ha.lab.drill.harness import (
     Drill,
     DrillFailed,
@@ -113,7 +113,4 @@ async def run(drill: Drill) -> dict[str, Any]:
         (None, newest.checkpoint_id),
         "the job finished": code == 0,
     }  # fmt: skip
-    result["checks"] = checks
-    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
-    result["verdict"] = "pass" if phase.verdict == "pass" and all(checks.values()) else "fail"
-    return result
+    return judged(result, checks, phases=phase.verdict == "pass")

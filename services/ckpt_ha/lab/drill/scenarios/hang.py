@@ -11,7 +11,7 @@ from typing import Any
 
 from ckpt_ha.contracts.job import JobFailedV3
 from ckpt_ha.contracts.resume import ResumePlannedV2
-from ckpt_ha.lab.drill.assess import assess_restore
+from ckpt_ha.lab.drill.assess import assess_restore, judged
 from ckpt_ha.lab.drill.harness import Drill, policy, resumed_after, valid_count
 from ckpt_ha.lab.drill.workloads import TORCHRUN_DCP
 
@@ -110,8 +110,4 @@ def _assess(
             any(p.attempt == 2 for p in plans),
         "the job finished": code == 0,
     }  # fmt: skip
-    result["checks"] = checks
-    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
-    ok = phase.verdict == "pass" and all(checks.values())
-    result["verdict"] = "pass" if ok else "fail"
-    return result
+    return judged(result, checks, phases=phase.verdict == "pass")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ckpt_ha.lab.drill.assess import assess_restore, partial_checkpoint
+from ckpt_ha.lab.drill.assess import assess_restore, judged, partial_checkpoint
 from ckpt_ha.lab.drill.harness import (
     Drill,
     policy,
@@ -74,7 +74,4 @@ async def run(drill: Drill) -> dict[str, Any]:
         and phase.last_valid_checkpoint is not None,
         "the job finished": code == 0,
     }
-    result["checks"] = checks
-    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
-    result["verdict"] = "pass" if phase.verdict == "pass" and all(checks.values()) else "fail"
-    return result
+    return judged(result, checks, phases=phase.verdict == "pass")

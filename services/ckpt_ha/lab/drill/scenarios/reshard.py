@@ -15,7 +15,7 @@ from typing import Any
 
 from ckpt_ha.contracts.job import JobFailedV1, JobPolicy, Tolerance
 from ckpt_ha.contracts.resume import ResumeLoadedV1, ResumePlannedV2
-from ckpt_ha.lab.drill.assess import assess_restore
+from ckpt_ha.lab.drill.assess import assess_restore, judged
 from ckpt_ha.lab.drill.harness import Drill, progress_at_least, resumed_after, valid_count
 from ckpt_ha.lab.drill.workloads import TAKEOVER_ONE_RANK, TORCHRUN_DCP
 
@@ -138,8 +138,4 @@ def _assess(drill: Drill, events: list[Any], fault: datetime, code: int) -> dict
                     for c in comparisons),
         "the job finished on 1 rank": code == 0,
     }  # fmt: skip
-    result["checks"] = checks
-    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
-    ok = phase.verdict == "pass" and all(checks.values())
-    result["verdict"] = "pass" if ok else "fail"
-    return result
+    return judged(result, checks, phases=phase.verdict == "pass")

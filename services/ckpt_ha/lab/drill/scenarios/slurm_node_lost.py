@@ -18,7 +18,7 @@ from typing import Any
 
 from ckpt_ha.contracts.job import JobFailedV2
 from ckpt_ha.lab.devstack import slurm
-from ckpt_ha.lab.drill.assess import assess_restore
+from ckpt_ha.lab.drill.assess import assess_restore, judged
 from ckpt_ha.lab.drill.harness import (
     Drill,
     DrillFailed,
@@ -95,12 +95,8 @@ async def run(drill: Drill) -> dict[str, Any]:
         "the runner exited 0": code == 0,
     }
     result["slurm"] = {"node": slurm.NODE, "jobs": slurm_jobs}
-    result["checks"] = checks
     result["job"], result["job_exit_code"] = drill.job, code
-    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
-    ok = phase.verdict == "pass" and all(checks.values())
-    result["verdict"] = "pass" if ok else "fail"
-    return result
+    return judged(result, checks, phases=phase.verdict == "pass")
 
 
 def _submitted(cluster: slurm.SlurmCluster) -> list[str]:

@@ -12,7 +12,7 @@ from ckpt_ha.contracts.checkpoint import CopyState
 from ckpt_ha.contracts.job import JobPolicy, Tolerance
 from ckpt_ha.contracts.resume import ResumePlannedV2
 from ckpt_ha.core.records import CheckpointRecord
-from ckpt_ha.lab.drill.assess import assess_restore
+from ckpt_ha.lab.drill.assess import assess_restore, judged
 from ckpt_ha.lab.drill.harness import (
     Drill,
     DrillFailed,
@@ -112,7 +112,4 @@ async def run(drill: Drill) -> dict[str, Any]:
         "the plan says why": plan is not None and any("verified copy" in r for r in plan.reasons),
         "the job finished": code == 0,
     }
-    result["checks"] = checks
-    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
-    result["verdict"] = "pass" if phase.verdict == "pass" and all(checks.values()) else "fail"
-    return result
+    return judged(result, checks, phases=phase.verdict == "pass")

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.lab.devstack import stack
-from ckpt_ha.lab.drill.assess import assess_restore
+from ckpt_ha.lab.drill.assess import assess_restore, judged
 from ckpt_ha.lab.drill.harness import (
     Drill,
     DrillFailed,
@@ -193,8 +193,4 @@ async def run(drill: Drill) -> dict[str, Any]:
         "no checkpoint was quarantined because of the outage": not quarantined,
         "the job finished": code == 0,
     }  # fmt: skip
-    result["checks"] = checks
-    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
-    ok = restore_phase.verdict == "pass" and all(checks.values())
-    result["verdict"] = "pass" if ok else "fail"
-    return result
+    return judged(result, checks, phases=restore_phase.verdict == "pass")

@@ -7,7 +7,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from ckpt_ha.lab.drill.assess import assess_restore, partial_checkpoint
+from ckpt_ha.lab.drill.assess import assess_restore, judged, partial_checkpoint
 from ckpt_ha.lab.drill.harness import (
     Drill,
     policy,
@@ -100,8 +100,4 @@ async def run(drill: Drill) -> dict[str, Any]:
             after_save.restored_from == after_save.last_valid_checkpoint is not None,
         "the job finished": code == 0,
     }  # fmt: skip
-    result["checks"] = checks
-    result["reasons"] += [f"not met: {what}" for what, ok in checks.items() if not ok]
-    ok = first.verdict == after_save.verdict == "pass" and all(checks.values())
-    result["verdict"] = "pass" if ok else "fail"
-    return result
+    return judged(result, checks, phases=first.verdict == after_save.verdict == "pass")
