@@ -54,18 +54,20 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import nats
 import redis.asyncio as aioredis
+from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig
 from pydantic import SecretStr
 
 from ckpt_ha.bus import streams
 from ckpt_ha.bus.broker import Bus
+from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointFormat
 from ckpt_ha.registrar.app import build as build_registrar
@@ -281,20 +283,45 @@ def write_profile(profiler: cProfile.Profile, path: Path, n: int, elapsed: float
     print(f"profile written to {path}")
 
 
+def private_names(kind: str = "") -> dict[str, str]:
+    """A run's own subject prefix, streams and registry prefix, under a random tag: a bench
+    shares the machine's NATS and Redis with tests and other benches (``kind`` tells which
+    bench made them)."""
+    tag, k = uuid.uuid4().hex[:8], kind.upper()
+    return {
+        "subject_prefix": f"bench{kind}{tag}",
+        "events_stream": f"BENCH{k}_{tag}",
+        "dead_letter_stream": f"BENCH{k}DLQ_{tag}",
+        "progress_stream": f"BENCH{k}PR_{tag}",
+        "registry_prefix": f"bench-{kind}:{tag}" if kind else f"bench:{tag}",
+    }
+
+
+@contextlib.asynccontextmanager
+async def provisioned(url: str, cfg: BusConfig) -> AsyncIterator[JetStreamContext]:
+    """The run's streams provisioned as the operator does (`streams.provision`), deleted at the
+    end; yields the JetStream context."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    try:
+        await streams.provision(js, cfg)
+        yield js
+    finally:
+        for stream in (cfg.events_stream, cfg.dead_letter_stream, cfg.progress_stream):
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await js.delete_stream(stream)
+        await nc.close()
+
+
 def run_settings(args: argparse.Namespace, root: str, **extra: Any) -> RegistrarSettings:
-    tag = uuid.uuid4().hex[:8]
     return RegistrarSettings(
         NATS_URL=args.nats,
         REDIS_URL=args.redis,
-        subject_prefix=f"bench{tag}",
-        events_stream=f"BENCH_{tag}",
-        dead_letter_stream=f"BENCHDLQ_{tag}",
-        progress_stream=f"BENCHPR_{tag}",
-        registry_prefix=f"bench:{tag}",
         fetch_batch=args.batch,
         projection_batch=args.batch,
         signing_key=SecretStr(SIGNING_KEY),
         storage_root=root,
+        **private_names(),
         **extra,
     )
 
@@ -302,24 +329,16 @@ def run_settings(args: argparse.Namespace, root: str, **extra: Any) -> Registrar
 @contextlib.asynccontextmanager
 async def private_streams(settings: RegistrarSettings, args: argparse.Namespace):  # type: ignore[no-untyped-def]
     """Provision the run's streams as the operator does, publish the events, then clean up."""
-    nc = await nats.connect(args.nats)
-    js = nc.jetstream()
-    await streams.provision(js, settings.bus())
-    producer = Bus(settings.bus(), "bench-producer")
-    await producer.broker.start()
     try:
-        await publish_events(producer, settings.storage_root, args.events)
-        yield js
+        async with provisioned(args.nats, settings.bus()) as js:
+            producer = Bus(settings.bus(), "bench-producer")
+            await producer.broker.start()
+            try:
+                await publish_events(producer, settings.storage_root, args.events)
+                yield js
+            finally:
+                await producer.broker.stop()
     finally:
-        await producer.broker.stop()
-        for stream in (
-            settings.events_stream,
-            settings.dead_letter_stream,
-            settings.progress_stream,
-        ):
-            with contextlib.suppress(nats.js.errors.NotFoundError):
-                await js.delete_stream(stream)
-        await nc.close()
         r = aioredis.Redis.from_url(args.redis)
         keys = [k async for k in r.scan_iter(match=f"{settings.registry_prefix}:*")]
         if keys:

@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import time
-import uuid
 from datetime import UTC, datetime
 
-import nats
+from bench_consume import private_names, provisioned
 
-from ckpt_ha.bus import streams
 from ckpt_ha.contracts import build
 from ckpt_ha.contracts.job import JobHeldV1
 from ckpt_ha.restore_coordinator.settings import RestoreCoordinatorSettings
@@ -30,41 +27,27 @@ AT_ONCE = 200
 
 
 async def run(args: argparse.Namespace) -> None:
-    tag = uuid.uuid4().hex[:8]
-    settings = RestoreCoordinatorSettings(
-        NATS_URL=args.nats,
-        subject_prefix=f"benchpub{tag}",
-        events_stream=f"BENCH_PUB_EV_{tag}",
-        dead_letter_stream=f"BENCH_PUB_DLQ_{tag}",
-        progress_stream=f"BENCH_PUB_PR_{tag}",
-        registry_prefix=f"bench-pub:{tag}",
-    )
-    nc = await nats.connect(args.nats)
-    js = nc.jetstream()
-    await streams.provision(js, settings.bus())  # as the operator does
-    service = new_service("restore-coordinator", settings)
-    await service.bus.broker.start()
-    now = datetime.now(UTC)
-    try:
-        for n in range(args.rounds):
-            held = [JobHeldV1(job_id=f"job-{i}", actor="bench") for i in range(PER_ROUND)]
-            events = [
-                build(h, source="bench", time=now, key=f"{n}-{i}") for i, h in enumerate(held)
-            ]
-            cpu, wall = time.process_time(), time.perf_counter()
-            for k in range(0, PER_ROUND, AT_ONCE):
-                await asyncio.gather(*(service.bus.publish(e) for e in events[k : k + AT_ONCE]))
-            cpu_ms = (time.process_time() - cpu) / PER_ROUND * 1e3
-            print(
-                f"round {n + 1}: {cpu_ms:.3f} ms of CPU per publish, "
-                f"{PER_ROUND:,} in {time.perf_counter() - wall:.2f}s"
-            )
-    finally:
-        await service.bus.broker.stop()
-        for name in (settings.events_stream, settings.dead_letter_stream, settings.progress_stream):
-            with contextlib.suppress(Exception):
-                await js.delete_stream(name)
-        await nc.close()
+    settings = RestoreCoordinatorSettings(NATS_URL=args.nats, **private_names("pub"))
+    async with provisioned(args.nats, settings.bus()):
+        service = new_service("restore-coordinator", settings)
+        await service.bus.broker.start()
+        now = datetime.now(UTC)
+        try:
+            for n in range(args.rounds):
+                held = [JobHeldV1(job_id=f"job-{i}", actor="bench") for i in range(PER_ROUND)]
+                events = [
+                    build(h, source="bench", time=now, key=f"{n}-{i}") for i, h in enumerate(held)
+                ]
+                cpu, wall = time.process_time(), time.perf_counter()
+                for k in range(0, PER_ROUND, AT_ONCE):
+                    await asyncio.gather(*(service.bus.publish(e) for e in events[k : k + AT_ONCE]))
+                cpu_ms = (time.process_time() - cpu) / PER_ROUND * 1e3
+                print(
+                    f"round {n + 1}: {cpu_ms:.3f} ms of CPU per publish, "
+                    f"{PER_ROUND:,} in {time.perf_counter() - wall:.2f}s"
+                )
+        finally:
+            await service.bus.broker.stop()
 
 
 def main() -> None:
