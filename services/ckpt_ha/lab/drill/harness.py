@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,6 +72,17 @@ class Drill:
     def registry(self) -> Registry:
         """The stack's registry, as an operator; the caller closes it."""
         return Registry.from_url(local_stack.redis_config(self.state))
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Registry]:
+        """The registry a scenario reads while its job runs; at the end, however the scenario
+        ends, what still runs of the job is killed (`stop`) and the registry closed."""
+        registry = self.registry()
+        try:
+            yield registry
+        finally:
+            self.stop()
+            await registry.close()
 
     @property
     def on_s3(self) -> bool:

@@ -73,8 +73,7 @@ async def settled(drill: Drill, registry: Registry) -> list[CheckpointRecord] | 
 async def run(drill: Drill) -> dict[str, Any]:
     """The newest valid checkpoint is damaged on storage after it was registered; the job then
     dies. The restore must catch the damage at load, quarantine it, and fall back."""
-    registry = drill.registry()
-    try:
+    async with drill.session() as registry:
         drill.launch(policy(), ["--steps", "60", "--checkpoint-every", "10",
                                  "--sleep-per-step", "0.05"], {})  # fmt: skip
         await drill.until(lambda: valid_count(drill, registry, 2), "two valid checkpoints")
@@ -93,9 +92,6 @@ async def run(drill: Drill) -> dict[str, Any]:
         code = await drill.wait_exit()
         events = await drill.events()
         damaged = await registry.get(newest.checkpoint_id)
-    finally:
-        drill.stop()
-        await registry.close()
     phase = assess_restore("corrupt-checkpoint", events, drill.job, fault)
     result = phase.to_json()
     load_failed = [e for e in events if ".resume.load_failed.v" in e.type

@@ -18,8 +18,7 @@ EXPECTED_ALERT: str | None = None
 async def run(drill: Drill) -> dict[str, Any]:
     """The checkpoints were written with another framework version than the restore target
     runs: compatibility is unknown, nothing is resumed automatically."""
-    registry = drill.registry()
-    try:
+    async with drill.session() as registry:
         drill.launch(
             JobPolicy(tier="drill"),
             ["--steps", "60", "--checkpoint-every", "10", "--sleep-per-step", "0.05",
@@ -32,7 +31,4 @@ async def run(drill: Drill) -> dict[str, Any]:
         code = await drill.wait_exit()
         await asyncio.sleep(1.0)
         events = await drill.events()
-    finally:
-        drill.stop()
-        await registry.close()
     return expect_escalation("env-mismatch", drill, events, fault, code, {"compatibility_unknown"})

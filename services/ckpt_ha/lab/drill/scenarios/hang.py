@@ -50,8 +50,7 @@ async def run(drill: Drill) -> dict[str, Any]:
     stop (the job's steps, ~0.3 s, give the 30 s floor), stop the whole group, report ``hang``
     naming rank 1 and step 29, and the relaunch resume from the newest valid checkpoint,
     continuing exactly."""
-    registry = drill.registry()
-    try:
+    async with drill.session() as registry:
         drill.launch(
             policy(),
             ["--steps", "40", "--checkpoint-every", "10", "--sleep-per-step", "0.25",
@@ -71,9 +70,6 @@ async def run(drill: Drill) -> dict[str, Any]:
         survivors = [pid for pid in hung_pids if _alive(pid)]
         code = await drill.wait_exit()
         events = await drill.events()
-    finally:
-        drill.stop()
-        await registry.close()
     return _assess(drill, events, fault, survivors, code)
 
 

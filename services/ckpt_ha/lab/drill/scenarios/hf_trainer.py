@@ -29,8 +29,7 @@ async def run(drill: Drill) -> dict[str, Any]:
     """Kill the Trainer while it saves checkpoint-20 (weights written, optimizer state not):
     that folder must never be committed or registered, and the job must resume from the newest
     complete checkpoint through the Trainer's own loader and continue as the baseline did."""
-    registry = drill.registry()
-    try:
+    async with drill.session() as registry:
         drill.launch(
             policy(),
             ["--steps", "30", "--save-steps", "10", "--sleep-per-step", "0.05",
@@ -53,9 +52,6 @@ async def run(drill: Drill) -> dict[str, Any]:
         code = await drill.wait_exit()
         events = await drill.events()
         partial_record = await registry.get(partial)
-    finally:
-        drill.stop()
-        await registry.close()
     phase = assess_restore(NAME, events, drill.job, fault)
     result = phase.to_json()
     state = partial_record.state.value if partial_record else None

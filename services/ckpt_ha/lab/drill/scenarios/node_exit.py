@@ -24,8 +24,7 @@ EXPECTED_ALERT: str | None = None
 async def run(drill: Drill) -> dict[str, Any]:
     """SIGKILL the training process mid-training, and once more in the middle of writing a
     checkpoint; both times the system must restore the last valid checkpoint and continue."""
-    registry = drill.registry()
-    try:
+    async with drill.session() as registry:
         drill.launch(
             policy(),
             ["--steps", "90", "--checkpoint-every", "10", "--sleep-per-step", "0.05",
@@ -49,9 +48,6 @@ async def run(drill: Drill) -> dict[str, Any]:
         await drill.until(lambda: resumed_after(drill, second), "the second resume verdict")
         code = await drill.wait_exit()
         events = await drill.events()
-    finally:
-        drill.stop()
-        await registry.close()
     first_phase = assess_restore("node-exit", [e for e in events if e.time < second], drill.job,
                                  fault)  # fmt: skip
     second_phase = assess_restore("node-exit/mid-write", events, drill.job, second)

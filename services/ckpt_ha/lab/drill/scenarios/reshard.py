@@ -62,9 +62,8 @@ async def run(drill: Drill) -> dict[str, Any]:
     """Two valid checkpoints, a few steps past the newest, then the host is lost. The
     coordinator declares the attempt lost (no heartbeat) and plans; a new runner takes the run
     over on 1 rank; the plan is re-stated for it; DCP reshards 2→1; continuity is verified."""
-    registry = drill.registry()
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    try:
+    async with drill.session() as registry:
         drill.launch(reshard_policy(), JOB_ARGS, {}, TORCHRUN_DCP, ["--run-id", run_id, *LIVENESS])
         valid = await drill.until(lambda: valid_count(drill, registry, 2), "two valid checkpoints")
         newest = max(r.step or 0 for r in valid)
@@ -82,9 +81,6 @@ async def run(drill: Drill) -> dict[str, Any]:
         await drill.until(lambda: resumed_after(drill, fault), "the resume verdict", every=0.5)
         code = await drill.wait_exit()
         events = await drill.events()
-    finally:
-        drill.stop()
-        await registry.close()
     return _assess(drill, events, fault, code)
 
 

@@ -17,8 +17,7 @@ EXPECTED_ALERT: str | None = "CkptHaRestartLoop"
 
 async def run(drill: Drill) -> dict[str, Any]:
     """The job crashes right after every resume: automatic retries must stop and escalate."""
-    registry = drill.registry()
-    try:
+    async with drill.session() as registry:
         drill.launch(
             JobPolicy(tier="drill", max_restarts=2, max_same_failure=3),
             ["--steps", "60", "--checkpoint-every", "10", "--sleep-per-step", "0.05",
@@ -31,9 +30,6 @@ async def run(drill: Drill) -> dict[str, Any]:
         code = await drill.wait_exit()
         await asyncio.sleep(1.0)  # anything that would still follow the escalation
         events = await drill.events()
-    finally:
-        drill.stop()
-        await registry.close()
     return expect_escalation(
         "restart-loop", drill, events, fault, code, {"restart_loop", "same_failure_repeating"}
     )

@@ -72,8 +72,7 @@ async def run(drill: Drill) -> dict[str, Any]:
     """The job saves on the ``critical`` tier; once two valid checkpoints have verified copies
     on the replica, the job is held still, its primary storage wiped, and it dies. The restore
     must load the newest valid checkpoint from its copy (not an older one) and continue."""
-    registry = drill.registry()
-    try:
+    async with drill.session() as registry:
         drill.launch(policy(), ["--steps", "120", "--checkpoint-every", "10",
                                  "--sleep-per-step", "0.05"], {})  # fmt: skip
         await drill.until(lambda: valid_count(drill, registry, 2), "two valid checkpoints")
@@ -90,9 +89,6 @@ async def run(drill: Drill) -> dict[str, Any]:
         await drill.until(lambda: resumed_after(drill, fault), "a resume verdict")
         code = await drill.wait_exit()
         events = await drill.events()
-    finally:
-        drill.stop()
-        await registry.close()
     phase = assess_restore(NAME, events, drill.job, fault)
     result = phase.to_json()
     plans = [e.data for e in events if isinstance(e.data, ResumePlannedV2) and e.time >= fault]

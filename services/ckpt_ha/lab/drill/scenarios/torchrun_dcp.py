@@ -36,8 +36,7 @@ async def run(drill: Drill) -> dict[str, Any]:
     cause, every rank of the relaunch loads the planned checkpoint and the run continues
     exactly. Then kill rank 1 while a checkpoint is half written: it is never committed, and the
     relaunch resumes from the newest complete one."""
-    registry = drill.registry()
-    try:
+    async with drill.session() as registry:
         drill.launch(
             policy(),
             ["--steps", "60", "--checkpoint-every", "10", "--sleep-per-step", "0.05",
@@ -66,9 +65,6 @@ async def run(drill: Drill) -> dict[str, Any]:
         code = await drill.wait_exit()
         events = await drill.events()
         partial_record = await registry.get(partial)
-    finally:
-        drill.stop()
-        await registry.close()
     first = assess_restore(NAME, [e for e in events if e.time < second], drill.job, fault)
     after_save = assess_restore(f"{NAME}/mid-save", events, drill.job, second)
     result = first.to_json()
