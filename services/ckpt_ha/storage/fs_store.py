@@ -38,6 +38,7 @@ from stat import S_ISDIR, S_ISLNK, S_ISREG
 from types import TracebackType
 from typing import BinaryIO, Self
 
+from ckpt_ha.storage import leased_map
 from ckpt_ha.storage.errors import (
     InvalidKey,
     ObjectExists,
@@ -200,6 +201,20 @@ class _FileRange:
         if self._remaining is not None:
             self._remaining -= n
         return int(n)
+
+    def pieces(self, buffer: memoryview) -> Iterator[memoryview]:
+        """The rest of the range, each piece valid until the next: from a memory map where
+        that is safe, else read into ``buffer`` (`leased_map`: hashing without the copy)."""
+        start = self._file.tell()
+        end = None if self._remaining is None else start + self._remaining
+        position = start
+        with _os_errors(self._key):
+            for piece in leased_map.pieces(self._file.fileno(), start, end, buffer):
+                position += len(piece)
+                if self._remaining is not None:
+                    self._remaining -= len(piece)
+                yield piece
+            self._file.seek(position)  # pread moves no file position: the stream's is kept
 
     def close(self) -> None:
         self._file.close()
