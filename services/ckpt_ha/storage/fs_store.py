@@ -30,7 +30,8 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
@@ -154,6 +155,17 @@ _batch = threading.local()
 """``folders``: the folders whose fsync `FsStore.folder_fsyncs_batched` defers on this thread."""
 
 
+@contextlib.contextmanager
+def _joined(folders: set[Path]) -> Iterator[None]:
+    """This thread's writes join a batch another thread opened (`folder_fsyncs_batched`)."""
+    previous = getattr(_batch, "folders", None)
+    _batch.folders = folders  # set.add is atomic: threads of one batch share it
+    try:
+        yield
+    finally:
+        _batch.folders = previous
+
+
 def fsync(path: Path) -> None:
     """Make a file, or a folder's entries, durable (nearly free when it already is)."""
     fd = os.open(path, os.O_RDONLY)
@@ -258,16 +270,21 @@ class FsStore(ObjectStore):
         return f"FsStore({str(self._root)!r})"
 
     @contextlib.contextmanager
-    def folder_fsyncs_batched(self) -> Iterator[None]:
+    def folder_fsyncs_batched(self) -> Iterator[Callable[[], AbstractContextManager[None]]]:
         """Within it, this thread's `put` and `put_if_absent` make each object's bytes durable
         as usual but leave its folder's entry to one fsync of each folder on leaving (not on an
-        error): many objects written into one folder cost one folder fsync, not one each."""
-        if getattr(_batch, "folders", None) is not None:
-            yield  # nested: the outer batch syncs
+        error): many objects written into one folder cost one folder fsync, not one each.
+
+        It gives ``join``: ``with join():`` on a helper thread puts that thread's writes into the
+        same batch (leave it before the batch ends), so a writer using several threads still
+        syncs each folder once."""
+        outer: set[Path] | None = getattr(_batch, "folders", None)
+        if outer is not None:
+            yield functools.partial(_joined, outer)  # nested: the outer batch syncs
             return
         _batch.folders = folders = set[Path]()
         try:
-            yield
+            yield functools.partial(_joined, folders)
         finally:
             _batch.folders = None
         for folder in sorted(folders):
