@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import os
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from threading import Barrier
 
