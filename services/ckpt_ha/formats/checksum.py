@@ -94,6 +94,12 @@ class _Chunked:
         self._left = 0
 
     def update(self, data: bytes | memoryview, /) -> None:
+        size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        if size < self._left:  # all inside the current chunk (a writer's many small writes)
+            assert self._current is not None
+            self._current.update(data)
+            self._left -= size
+            return
         view = memoryview(data).cast("B")
         while len(view):
             if self._current is None:
