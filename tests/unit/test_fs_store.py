@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from pathlib import Path
 from threading import Barrier
 
@@ -320,3 +322,37 @@ def test_a_batch_that_fails_ends_and_the_next_one_works(root: Path) -> None:
     with store.folder_fsyncs_batched():
         store.put("a/y", b"data")
     assert keys_of(store, "a/") == ["a/x", "a/y"]
+
+
+def test_helper_threads_join_a_batch_and_their_folders_sync_once_with_it(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer using several threads (`sdk.save`'s leaves) still syncs each folder once."""
+    import threading
+
+    from ckpt_ha.storage import fs_store
+
+    synced: list[Path] = []
+    real = fs_store.fsync
+
+    def counting(path: Path) -> None:
+        if path.is_dir():
+            synced.append(path)
+        real(path)
+
+    monkeypatch.setattr(fs_store, "fsync", counting)
+    store = FsStore(root)
+
+    def helper(join: Callable[[], AbstractContextManager[None]], i: int) -> None:
+        with join():
+            store.put(f"a/x{i}", b"data")
+        store.put(f"c/x{i}", b"data")  # after leaving: synced at once, as outside a batch
+
+    with store.folder_fsyncs_batched() as join:
+        threads = [threading.Thread(target=helper, args=(join, i)) for i in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert synced == [root / "c"] * 3
+    assert synced == [root / "c"] * 3 + [root / "a"]

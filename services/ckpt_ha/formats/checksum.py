@@ -94,6 +94,12 @@ class _Chunked:
         self._left = 0
 
     def update(self, data: bytes | memoryview, /) -> None:
+        size = len(data) if isinstance(data, bytes) else memoryview(data).nbytes
+        if size < self._left:  # all inside the current chunk (a writer's many small writes)
+            assert self._current is not None
+            self._current.update(data)
+            self._left -= size
+            return
         view = memoryview(data).cast("B")
         while len(view):
             if self._current is None:
@@ -138,8 +144,11 @@ def observe_reads(callback: Callable[[int], None]) -> Iterator[None]:
 def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[str, int]:
     """(``algorithm:hex``, bytes read) of one object, streamed.
 
-    Streams that can ``readinto`` (local files) fill one reused page-aligned buffer (one per
-    thread, `_buffer`): reading into fresh ``bytes`` objects costs several times the hashing
+    A local file's stream hands out ``pieces``: views of a memory map where the pages are in
+    the page cache and a read lease keeps the file from shrinking under the map
+    (`storage.leased_map`), so a warm file is hashed without being copied first; other pieces
+    fill one reused page-aligned buffer (one per thread, `_buffer`), as do streams that can
+    only ``readinto``: reading into fresh ``bytes`` objects costs several times the hashing
     itself. In the chunked form, an object of several chunks has its chunks read and hashed
     in parallel (`parallel.run`), each a ranged read of its own.
     """
@@ -180,8 +189,14 @@ def _read_into(
     total = 0
     seen = _observer.get() or _ignore
     with store.open_read(key, offset=offset, length=length) as stream:
+        pieces = getattr(stream, "pieces", None)
         readinto = getattr(stream, "readinto", None)
-        if readinto is None:
+        if pieces is not None:  # a local file: hashed from the page cache without a copy
+            for piece in pieces(_buffer()):
+                hasher.update(piece)
+                total += len(piece)
+                seen(len(piece))
+        elif readinto is None:
             while chunk := stream.read(READ_CHUNK):
                 hasher.update(chunk)
                 total += len(chunk)

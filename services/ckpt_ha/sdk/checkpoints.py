@@ -7,7 +7,9 @@ import contextlib
 import functools
 import logging
 import platform
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import metadata
@@ -232,6 +234,41 @@ def _put(store: ObjectStore, prefix: str, path: str, data: bytes) -> native.Shar
     return native.Shard(path=path, size=len(data), checksum=checksum)
 
 
+WRITERS = 2
+"""Leaves `save` writes at once: one leaf's fsync waits on the disk while the next is written."""
+
+
+def _put_leaves(
+    store: ObjectStore,
+    prefix: str,
+    leaves: Sequence[codec.Leaf],
+    join_batch: Callable[[], AbstractContextManager[None]] | None,
+) -> list[native.Shard]:
+    """Write every leaf, `WRITERS` at a time, each a `_put` (its bytes written, hashed beside,
+    fsynced); the shards in the leaves' order. A leaf is serialised just before it is handed to
+    a writer, so memory holds at most ``WRITERS + 1`` leaves' bytes, never the whole state. The
+    first error is raised once every write started has ended."""
+    if len(leaves) <= 1:
+        return [_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in leaves]
+
+    def put(path: str, data: bytes) -> native.Shard:
+        with join_batch() if join_batch is not None else contextlib.nullcontext():
+            return _put(store, prefix, path, data)
+
+    started: list[Future[native.Shard]] = []
+    running: set[Future[native.Shard]] = set()
+    with ThreadPoolExecutor(WRITERS, thread_name_prefix="ckpt-ha-save") as writers:
+        for leaf in leaves:
+            if len(running) >= WRITERS:
+                ended, running = wait(running, return_when=FIRST_COMPLETED)
+                if any(future.exception() is not None for future in ended):
+                    break  # a write failed: start no more
+            future = writers.submit(put, leaf.path, leaf.to_bytes())
+            started.append(future)
+            running.add(future)
+    return [future.result() for future in started]
+
+
 def folder_for(job_id: str, step: int, attempt: int = 1) -> str:
     """Where a checkpoint of ``step`` goes: ``<job>/step-<step>``, and for a later attempt of the
     run ``<job>/step-<step>-a<attempt>``. A resumed attempt recomputes steps an earlier attempt
@@ -342,11 +379,10 @@ def save(
     )
     trace = trace_context()  # one trace for the checkpoint: writing, committed and what follows
     announced_writing = try_announce(bus, writing, now, traceparent=trace)
-    # One leaf serialised at a time: memory holds one shard's bytes, not the whole state. On a
-    # filesystem the folder's entries are fsynced once, before the manifest vouches for them.
+    # On a filesystem the folder's entries are fsynced once, before the manifest vouches for them.
     fs = store if isinstance(store, FsStore) else None
-    with fs.folder_fsyncs_batched() if fs is not None else contextlib.nullcontext():
-        shards.extend(_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in encoded.leaves)
+    with fs.folder_fsyncs_batched() if fs is not None else contextlib.nullcontext() as join_batch:
+        shards.extend(_put_leaves(store, prefix, encoded.leaves, join_batch))
     manifest = native.Manifest(
         step=step,
         created_at=now,

@@ -30,7 +30,8 @@ import os
 import shutil
 import threading
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
@@ -38,6 +39,7 @@ from stat import S_ISDIR, S_ISLNK, S_ISREG
 from types import TracebackType
 from typing import BinaryIO, Self
 
+from ckpt_ha.storage import leased_map
 from ckpt_ha.storage.errors import (
     InvalidKey,
     ObjectExists,
@@ -153,6 +155,17 @@ _batch = threading.local()
 """``folders``: the folders whose fsync `FsStore.folder_fsyncs_batched` defers on this thread."""
 
 
+@contextlib.contextmanager
+def _joined(folders: set[Path]) -> Iterator[None]:
+    """This thread's writes join a batch another thread opened (`folder_fsyncs_batched`)."""
+    previous = getattr(_batch, "folders", None)
+    _batch.folders = folders  # set.add is atomic: threads of one batch share it
+    try:
+        yield
+    finally:
+        _batch.folders = previous
+
+
 def fsync(path: Path) -> None:
     """Make a file, or a folder's entries, durable (nearly free when it already is)."""
     fd = os.open(path, os.O_RDONLY)
@@ -201,6 +214,20 @@ class _FileRange:
             self._remaining -= n
         return int(n)
 
+    def pieces(self, buffer: memoryview) -> Iterator[memoryview]:
+        """The rest of the range, each piece valid until the next: from a memory map where
+        that is safe, else read into ``buffer`` (`leased_map`: hashing without the copy)."""
+        start = self._file.tell()
+        end = None if self._remaining is None else start + self._remaining
+        position = start
+        with _os_errors(self._key):
+            for piece in leased_map.pieces(self._file.fileno(), start, end, buffer):
+                position += len(piece)
+                if self._remaining is not None:
+                    self._remaining -= len(piece)
+                yield piece
+            self._file.seek(position)  # pread moves no file position: the stream's is kept
+
     def close(self) -> None:
         self._file.close()
 
@@ -243,16 +270,21 @@ class FsStore(ObjectStore):
         return f"FsStore({str(self._root)!r})"
 
     @contextlib.contextmanager
-    def folder_fsyncs_batched(self) -> Iterator[None]:
+    def folder_fsyncs_batched(self) -> Iterator[Callable[[], AbstractContextManager[None]]]:
         """Within it, this thread's `put` and `put_if_absent` make each object's bytes durable
         as usual but leave its folder's entry to one fsync of each folder on leaving (not on an
-        error): many objects written into one folder cost one folder fsync, not one each."""
-        if getattr(_batch, "folders", None) is not None:
-            yield  # nested: the outer batch syncs
+        error): many objects written into one folder cost one folder fsync, not one each.
+
+        It gives ``join``: ``with join():`` on a helper thread puts that thread's writes into the
+        same batch (leave it before the batch ends), so a writer using several threads still
+        syncs each folder once."""
+        outer: set[Path] | None = getattr(_batch, "folders", None)
+        if outer is not None:
+            yield functools.partial(_joined, outer)  # nested: the outer batch syncs
             return
         _batch.folders = folders = set[Path]()
         try:
-            yield
+            yield functools.partial(_joined, folders)
         finally:
             _batch.folders = None
         for folder in sorted(folders):
