@@ -14,9 +14,11 @@ their own, as deployed (the bench's publishing never shares a replica's core): o
 with ``--compare`` one replica taking failures one message at a time, as before batching; with
 ``--replicas 2`` two replicas sharing the durable consumers. Each burst prints the machine's
 CPU per plan (every process: replicas, servers, the bench), the replicas' own and the bench's;
-for two replicas the floor the cores set: ``failures * CPU per plan / cores``. ``--profile
-PATH`` writes a cProfile of the one-replica burst's replica. Cleans its Redis keys and streams
-afterwards (in a shared Redis; a private one is removed whole). Usage:
+for two replicas the ceiling the cores set: ``cores / CPU per plan`` plans a second, so at least
+``failures * CPU per plan / cores`` for the burst; each burst prints the load average too.
+``--profile PATH`` writes a cProfile (CPU time) of the one-replica burst's replica over that
+burst alone; ``--latency N`` times only N failures one at a time first. Cleans its Redis keys
+and streams afterwards (in a shared Redis; a private one is removed whole). Usage:
     .venv/bin/python bench/bench_plan.py [--jobs 10000] [--per-job 100] [--failures 1000]
         [--replicas 2] [--compare] [--latency N] [--redis URL] [--profile PATH]
 """
@@ -487,9 +489,10 @@ async def run(args: argparse.Namespace, redis_url: str, *, clean_up: bool) -> No
             await burst(producer, plans, failing, 4, now, "two replicas", [first, second])
             cores = os.cpu_count() or 1
             print(
-                f"  the {cores} cores' floor for two replicas: {len(failing)} plans at "
-                f"{1e3 * per_plan:.2f} ms of machine CPU each (one replica's burst) take "
-                f"at least {len(failing) * per_plan / cores:.2f}s"
+                f"  the ceiling the {cores} cores set for two replicas: "
+                f"{cores / per_plan:.0f} plans/s, so {len(failing)} plans at "
+                f"{1e3 * per_plan:.2f} ms of machine CPU each (one replica's burst, everyone's "
+                f"work on the machine counted) take at least {len(failing) * per_plan / cores:.2f}s"
             )
     finally:
         for replica in running:
