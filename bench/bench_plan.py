@@ -14,11 +14,13 @@ their own, as deployed (the bench's publishing never shares a replica's core): o
 with ``--compare`` one replica taking failures one message at a time, as before batching; with
 ``--replicas 2`` two replicas sharing the durable consumers. Each burst prints the machine's
 CPU per plan (every process: replicas, servers, the bench), the replicas' own and the bench's;
-for two replicas the floor the cores set: ``failures * CPU per plan / cores``. ``--profile
-PATH`` writes a cProfile of the one-replica burst's replica. Cleans its Redis keys and streams
-afterwards (in a shared Redis; a private one is removed whole). Usage:
+for two replicas the ceiling the cores set: ``cores / CPU per plan`` plans a second, so at least
+``failures * CPU per plan / cores`` for the burst; each burst prints the load average too.
+``--profile PATH`` writes a cProfile (CPU time) of the one-replica burst's replica over that
+burst alone; ``--latency N`` times only N failures one at a time first. Cleans its Redis keys
+and streams afterwards (in a shared Redis; a private one is removed whole). Usage:
     .venv/bin/python bench/bench_plan.py [--jobs 10000] [--per-job 100] [--failures 1000]
-        [--replicas 2] [--compare] [--redis URL] [--profile PATH]
+        [--replicas 2] [--compare] [--latency N] [--redis URL] [--profile PATH]
 """
 
 from __future__ import annotations
@@ -192,9 +194,12 @@ async def announce(
                 key=f"s{attempt}",
             )
         )
-    while True:
-        info = await nc.jetstream().consumer_info(stream, "restore-coordinator--started")
-        if info.num_pending == 0 and info.num_ack_pending == 0:
+    while True:  # recorded, and in the job index (so the burst is timed alone)
+        infos = [
+            await nc.jetstream().consumer_info(stream, f"restore-coordinator--{durable}")
+            for durable in ("started", "job-index")
+        ]
+        if all(i.num_pending == 0 and i.num_ack_pending == 0 for i in infos):
             return
         await asyncio.sleep(0.1)
 
@@ -212,11 +217,13 @@ def replica_main(
     stop: Any,
     batched: bool = True,
     profile: str | None = None,
+    window: tuple[Any, Any] | None = None,
 ) -> None:
     """A coordinator replica in its own process, on the bench's streams and Redis (as deployed:
     one process per replica, so the bench's own publishing never runs on its core). Not
     ``batched``: failures taken one message at a time (`--compare`). With ``profile``, a
-    cProfile of its whole serving time is written there."""
+    cProfile (CPU time) of the ``window`` (set when the burst starts, set when it ends) is
+    written there."""
 
     async def serve() -> None:
         if batched:
@@ -225,14 +232,15 @@ def replica_main(
             with unbatched_failures():
                 svc = build_coordinator(settings)
         await svc.bus.broker.start()
-        profiler = cProfile.Profile(time.process_time) if profile else None  # CPU, not wall
-        if profiler is not None:
-            profiler.enable()
         ready.set()
-        await asyncio.to_thread(stop.wait)
-        if profiler is not None and profile is not None:
+        if profile is not None and window is not None:
+            profiler = cProfile.Profile(time.process_time)  # CPU, not wall
+            await asyncio.to_thread(window[0].wait)
+            profiler.enable()  # here, on the event loop's thread
+            await asyncio.to_thread(window[1].wait)
             profiler.disable()
             profiler.dump_stats(profile)
+        await asyncio.to_thread(stop.wait)
         await svc.bus.broker.stop()
         await svc.state.close()
 
@@ -247,8 +255,11 @@ class Replica:
     ) -> None:
         ctx = mp.get_context("spawn")
         self.ready, self.stop_event = ctx.Event(), ctx.Event()
+        self.window = (ctx.Event(), ctx.Event())
+        """Set when the burst starts and when it ends: the profile's window."""
         self.proc = ctx.Process(
-            target=replica_main, args=(settings, self.ready, self.stop_event, batched, profile)
+            target=replica_main,
+            args=(settings, self.ready, self.stop_event, batched, profile, self.window),
         )
 
     async def start(self) -> Replica:
@@ -263,6 +274,8 @@ class Replica:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     async def stop(self) -> None:
+        for event in self.window:  # a profile not written yet is written now
+            event.set()
         self.stop_event.set()
         await asyncio.to_thread(self.proc.join, 60)
 
@@ -324,11 +337,16 @@ async def burst(
     busy0, total0 = machine_ticks()
     own0 = time.process_time()
     cpu0 = [r.cpu_s() for r in replicas]
+    load = os.getloadavg()[0]
+    for r in replicas:
+        r.window[0].set()
     t0 = time.perf_counter()
     await asyncio.gather(*(producer.publish(failure(j, attempt, now)) for j in failing))
     published = time.perf_counter() - t0
     done = await asyncio.wait_for(asyncio.gather(*futs), 300)
     elapsed = max(done) - t0
+    for r in replicas:
+        r.window[1].set()
     busy1, total1 = machine_ticks()
     own = time.process_time() - own0
     served = sum(r.cpu_s() - c for r, c in zip(replicas, cpu0, strict=True))
@@ -342,7 +360,8 @@ async def burst(
         f"{100 * (busy1 - busy0) / max(total1 - total0, 1):.0f}% busy, "
         f"{1e3 * per_plan:.2f} ms of machine CPU per plan "
         f"(the replicas' processes {1e3 * served / len(failing):.2f} ms, "
-        f"the bench's {1e3 * own / len(failing):.2f} ms)"
+        f"the bench's {1e3 * own / len(failing):.2f} ms); load average "
+        f"{load:.2f} before, {os.getloadavg()[0]:.2f} after"
     )
     return per_plan
 
@@ -357,6 +376,13 @@ async def main() -> None:
         "--compare",
         action="store_true",
         help="also the burst with failures taken one at a time (as before batching), same run",
+    )
+    ap.add_argument(
+        "--latency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="time only N failures one at a time first (default: every failing job's)",
     )
     ap.add_argument(
         "--profile",
@@ -421,17 +447,18 @@ async def run(args: argparse.Namespace, redis_url: str, *, clean_up: bool) -> No
         await nc.subscribe(f"{settings.subject_prefix}.ev.resume.escalated.*.*", cb=plans.on_plan)
 
         latencies: list[float] = []
-        for job in failing:
+        for job in failing[: args.latency]:
             fut = plans.expect(job, 1)
             t0 = time.perf_counter()
             await producer.publish(failure(job, 1, now))
             latencies.append((await asyncio.wait_for(fut, 10) - t0) * 1000)
-        ms = [round(x, 2) for x in (pct(latencies, q) for q in (0.5, 0.9, 0.99))]
-        print(
-            f"job.failed -> resume.planned, one at a time, {len(latencies)} failures: "
-            f"p50 {ms[0]} ms, p90 {ms[1]} ms, p99 {ms[2]} ms, max {max(latencies):.2f} ms, "
-            f"mean {statistics.mean(latencies):.2f} ms"
-        )
+        if latencies:
+            ms = [round(x, 2) for x in (pct(latencies, q) for q in (0.5, 0.9, 0.99))]
+            print(
+                f"job.failed -> resume.planned, one at a time, {len(latencies)} failures: "
+                f"p50 {ms[0]} ms, p90 {ms[1]} ms, p99 {ms[2]} ms, max {max(latencies):.2f} ms, "
+                f"mean {statistics.mean(latencies):.2f} ms"
+            )
 
         # Bursts: every job's next failure published at once (queueing included), decided by
         # replica processes (the in-process coordinator above stops first).
@@ -462,9 +489,10 @@ async def run(args: argparse.Namespace, redis_url: str, *, clean_up: bool) -> No
             await burst(producer, plans, failing, 4, now, "two replicas", [first, second])
             cores = os.cpu_count() or 1
             print(
-                f"  the {cores} cores' floor for two replicas: {len(failing)} plans at "
-                f"{1e3 * per_plan:.2f} ms of machine CPU each (one replica's burst) take "
-                f"at least {len(failing) * per_plan / cores:.2f}s"
+                f"  the ceiling the {cores} cores set for two replicas: "
+                f"{cores / per_plan:.0f} plans/s, so {len(failing)} plans at "
+                f"{1e3 * per_plan:.2f} ms of machine CPU each (one replica's burst, everyone's "
+                f"work on the machine counted) take at least {len(failing) * per_plan / cores:.2f}s"
             )
     finally:
         for replica in running:

@@ -1,5 +1,7 @@
-"""CPU per publish of a service's bus (`Bus.publish`, as a coordinator replica publishes its
-decisions: 200 at once, awaited together), against a running nats-server.
+"""CPU per publish of a service's bus, 200 at once as a coordinator replica publishes a round's
+decisions: each `Bus.publish` awaited together (``gathered``), against `Bus.publish_many`
+(``pipelined``: sent without waiting, the acks awaited together), alternated every round,
+against a running nats-server.
 
 Builds a service's bus as deployed (`ckpt_ha.runtime.service.new_service`: faststream's
 metrics middleware, the publish metrics), on private streams provisioned first and deleted
@@ -12,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import statistics
 import time
 from datetime import UTC, datetime
 
@@ -32,20 +36,33 @@ async def run(args: argparse.Namespace) -> None:
         service = new_service("restore-coordinator", settings)
         await service.bus.broker.start()
         now = datetime.now(UTC)
+        ways: dict[str, list[float]] = {"gathered": [], "pipelined": []}
         try:
             for n in range(args.rounds):
-                held = [JobHeldV1(job_id=f"job-{i}", actor="bench") for i in range(PER_ROUND)]
-                events = [
-                    build(h, source="bench", time=now, key=f"{n}-{i}") for i, h in enumerate(held)
-                ]
-                cpu, wall = time.process_time(), time.perf_counter()
-                for k in range(0, PER_ROUND, AT_ONCE):
-                    await asyncio.gather(*(service.bus.publish(e) for e in events[k : k + AT_ONCE]))
-                cpu_ms = (time.process_time() - cpu) / PER_ROUND * 1e3
-                print(
-                    f"round {n + 1}: {cpu_ms:.3f} ms of CPU per publish, "
-                    f"{PER_ROUND:,} in {time.perf_counter() - wall:.2f}s"
-                )
+                for way, per in ways.items():  # side by side, alternated every round
+                    held = [JobHeldV1(job_id=f"job-{i}", actor="bench") for i in range(PER_ROUND)]
+                    events = [
+                        build(h, source="bench", time=now, key=f"{way}-{n}-{i}")
+                        for i, h in enumerate(held)
+                    ]
+                    cpu, wall = time.process_time(), time.perf_counter()
+                    for k in range(0, PER_ROUND, AT_ONCE):
+                        chunk = events[k : k + AT_ONCE]
+                        if way == "pipelined":
+                            assert await service.bus.publish_many(chunk) == [None] * len(chunk)
+                        else:
+                            await asyncio.gather(*(service.bus.publish(e) for e in chunk))
+                    cpu_ms = (time.process_time() - cpu) / PER_ROUND * 1e3
+                    per.append(cpu_ms)
+                    print(
+                        f"round {n + 1}, {way}: {cpu_ms:.3f} ms of CPU per publish, "
+                        f"{PER_ROUND:,} in {time.perf_counter() - wall:.2f}s "
+                        f"(load {os.getloadavg()[0]:.2f})"
+                    )
+            print(
+                "median CPU per publish: "
+                + ", ".join(f"{way} {statistics.median(per):.3f} ms" for way, per in ways.items())
+            )
         finally:
             await service.bus.broker.stop()
 

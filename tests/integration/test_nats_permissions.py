@@ -395,7 +395,10 @@ async def test_the_runner_and_its_job_work_as_the_runner_user(
             attempt=1,
         )  # fmt: skip
         now = datetime.now(UTC)
-        await coordinator.publish(build(escalated, source="test", time=now, key="p-sec"))
+        # Pipelined, as a burst's decisions are (`Bus.publish_many`): its acks come back to
+        # the coordinator's own inbox.
+        decision = build(escalated, source="test", time=now, key="p-sec")
+        assert await coordinator.publish_many([decision]) == [None]
         # The coordinator may declare an attempt lost (job.failed, signed with the job's key).
         lost = JobFailedV2(job_id="job-sec", run_id="run-sec", attempt=9, cause=FailureCause.LOST)
         await coordinator.publish(build(lost, source="test", time=now, key="lost"))

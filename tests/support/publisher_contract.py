@@ -80,3 +80,15 @@ class PublisherContract:
                 cause, [follow_up("c1")], source="test/contract", time=at
             )
         assert len({e.id for e in await stored()}) == 2
+
+    async def test_events_published_at_once_are_each_stored_once(
+        self, publisher: Any, stored: Stored
+    ) -> None:
+        """``publish_many``, as a burst's decisions are published: every one stored, a repeat
+        (a decision published again) dropped, each result None."""
+        events = [committed(f"c{n}") for n in range(5)]
+        assert await publisher.publish_many(events) == [None] * 5
+        assert await publisher.publish_many([events[1], committed("c5")]) == [None, None]
+        assert sorted(e.id for e in await stored()) == sorted(
+            e.id for e in [*events, committed("c5")]
+        )

@@ -3,15 +3,22 @@ streams' replica count from the settings, and publishes retried through a leader
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
 import pytest
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import APIError, NoStreamResponseError, ServiceUnavailableError
 
 from ckpt_ha.bus import streams
 from ckpt_ha.bus.config import BusConfig
-from ckpt_ha.bus.publishing import publish_retrying
+from ckpt_ha.bus.publishing import publish_pipelined, publish_retrying
+from ckpt_ha.contracts import Envelope, EventData, build
+from ckpt_ha.contracts.job import JobFailedV1
 from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.sdk import protocol as sdk_protocol
+from tests.support.events import T0
 
 
 def test_a_url_may_list_the_servers_of_a_cluster() -> None:
@@ -78,3 +85,45 @@ async def test_a_refused_publish_is_not_retried() -> None:
     with pytest.raises(APIError):
         await publish_retrying(send, BusConfig(publish_retry_s=5), "test")
     assert send.calls == 1
+
+
+class Acks:
+    """A pipelined publish whose acks come back as ``outcomes`` say, by subject: a result, an
+    error, or never (None); the retrying publish of the same event records the subject."""
+
+    def __init__(self, outcomes: dict[str, Exception | str | None]) -> None:
+        self.outcomes = outcomes
+        self.retried: list[str] = []
+
+    async def send_async(
+        self, subject: str, body: bytes, headers: Mapping[str, str]
+    ) -> asyncio.Future[Any]:
+        ack: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        outcome = self.outcomes[subject.split(".")[-1]]
+        if isinstance(outcome, Exception):
+            ack.set_exception(outcome)
+        elif outcome is not None:
+            ack.set_result(outcome)
+        return ack
+
+    async def send(self, subject: str, body: bytes, headers: Mapping[str, str]) -> object:
+        self.retried.append(subject.split(".")[-1])
+        return "stored"
+
+
+async def test_pipelined_publishes_retry_the_unanswered_alone_and_keep_each_result() -> None:
+    """Stored, refused for now (an election), never answered, refused for good: the first is
+    not sent again, the next two are published again the retrying way, the last keeps its
+    error; every publish keeps its own result."""
+    refused = APIError(code=400, description="maximum payload exceeded")
+    acks = Acks({"j1": "ack", "j2": NoStreamResponseError(), "j3": None, "j4": refused})
+    events = [failed(job) for job in ("j1", "j2", "j3", "j4")]
+    cfg = BusConfig(publish_timeout_s=0.2, publish_retry_s=1)
+    results = await publish_pipelined(cfg, events, acks.send_async, acks.send)
+    assert results == [None, None, None, refused]
+    assert acks.retried == ["j2", "j3"]
+
+
+def failed(job: str) -> Envelope[EventData]:
+    data = JobFailedV1(job_id=job, run_id="r", attempt=1)
+    return build(data, source="test", time=T0, key="f1")

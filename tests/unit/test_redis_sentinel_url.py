@@ -102,7 +102,8 @@ async def test_the_settings_login_wins_over_the_urls_and_tls_covers_both_sides()
     )
     client = connect(cfg)
     pool = client.connection_pool
-    assert pool.connection_class is SentinelManagedSSLConnection
+    # TLS to the promoted master, its commands packed by hiredis (`packed_by_hiredis`).
+    assert issubclass(pool.connection_class, SentinelManagedSSLConnection)
     assert pool.connection_kwargs["ssl_ca_certs"] == "/ca.pem"
     assert (pool.connection_kwargs["username"], pool.connection_kwargs["password"]) == (
         "registrar",
@@ -130,3 +131,15 @@ def test_no_master_found_is_one_short_line() -> None:
         "No master found for 'svc' (no sentinel answered, or none knows a master)"
     )
     assert describe(redis.exceptions.ConnectionError("refused")) == "refused"
+
+
+@pytest.mark.parametrize("url", ["redis://h1:6379/0", "rediss://h1:6379/0", "unix:///redis.sock"])
+def test_every_client_packs_its_commands_with_hiredis_into_the_same_bytes(url: str) -> None:
+    """The pool's own connection class kept (TCP, TLS, a socket; a sentinel's above), its
+    commands packed by hiredis: the bytes redis-py's Python packing gives."""
+    client = connect(url)
+    packed = client.connection_pool.connection_class
+    plain = packed.__mro__[1]
+    assert packed.__name__ == f"HiredisPacked{plain.__name__}"
+    command = ("EVALSHA", "ab12", 2, "k:1", "k:é", 1.5, 3, b"\x00raw")
+    assert b"".join(packed().pack_command(*command)) == b"".join(plain().pack_command(*command))

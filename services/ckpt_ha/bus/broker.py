@@ -22,6 +22,7 @@ Every service builds one `Bus` and registers handlers with `Bus.consumer` or
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -268,6 +269,14 @@ class Bus:
         and retried as `ckpt_ha.bus.publishing.publish` says. Returns the envelope as published."""
         return await publishing.publish(self.cfg, event, self._send)
 
+    async def publish_many(self, events: Sequence[Envelope[EventData]]) -> list[Exception | None]:
+        """Publish events at once, their acks awaited together rather than one request after
+        another (a burst's decisions: `ckpt_ha.bus.publishing.publish_pipelined`), each framed,
+        traced and, when unanswered, retried as `publish` does. Each one's result, in order:
+        None once stored, else its error. One retried may land after those sent after it:
+        events that must land in order go in successive calls."""
+        return await publishing.publish_pipelined(self.cfg, events, self._send_async, self._send)
+
     async def last_event(self, event_type: str, job_id: str) -> Envelope[EventData] | None:
         """The newest stored event of ``event_type`` about ``job_id`` (`stream_reader.
         last_event`). None also when the stream cannot be read now (logged): a caller uses it to
@@ -303,6 +312,26 @@ class Bus:
             raise
         if self.on_published is not None:
             self.on_published(subject, time.perf_counter() - started, None)
+        return ack
+
+    async def _send_async(
+        self, subject: str, body: bytes, headers: Mapping[str, str]
+    ) -> asyncio.Future[Any]:
+        """`_send` without waiting for the ack: its future (nats-py's ``publish_async``),
+        observed by ``on_published`` when it settles."""
+        stream = None if is_telemetry(self.cfg.prefix, subject) else self.cfg.events_stream
+        started = time.perf_counter()
+        ack: asyncio.Future[Any] = await self._js().publish_async(
+            subject, body, stream=stream, headers=dict(headers)
+        )
+        observe = self.on_published
+        if observe is not None:
+
+            def settled(done: asyncio.Future[Any]) -> None:
+                error = None if done.cancelled() else done.exception()
+                observe(subject, time.perf_counter() - started, error or None)
+
+            ack.add_done_callback(settled)
         return ack
 
     async def publish_caused_by(

@@ -22,6 +22,12 @@ class Publisher(Protocol):
         context it was given)."""
         ...
 
+    async def publish_many(self, events: Sequence[Envelope[EventData]]) -> list[Exception | None]:
+        """Publish envelopes at once (their acks awaited together); each one's result, in
+        order: None once stored, else its error. Their order in the stream is not promised:
+        events that must land in order go in successive calls."""
+        ...
+
     async def publish_caused_by(
         self,
         cause: Envelope[EventData],

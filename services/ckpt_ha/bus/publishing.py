@@ -9,8 +9,11 @@ cluster, a reconnect) is retried for up to ``publish_retry_s`` (`publish_retryin
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any
 
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
@@ -64,6 +67,8 @@ async def publish_retrying(
 
 Send = Callable[[str, bytes, Mapping[str, str]], Awaitable[object]]
 """One JetStream publish of (subject, body, headers)."""
+SendAsync = Callable[[str, bytes, Mapping[str, str]], Awaitable["asyncio.Future[Any]"]]
+"""One JetStream publish of (subject, body, headers) sent without waiting: its ack's future."""
 
 
 async def publish(cfg: BusConfig, event: Envelope[EventData], send: Send) -> Envelope[EventData]:
@@ -75,6 +80,74 @@ async def publish(cfg: BusConfig, event: Envelope[EventData], send: Send) -> Env
     a ``traceparent`` gets this span's, and the headers carry it. Returns the envelope as
     published.
     """
+    with _framed(cfg, event) as (event, subject, body, headers):
+        await publish_retrying(
+            lambda: send(subject, body, headers), cfg, f"{event.event_type} {event.id}"
+        )
+    return event
+
+
+async def publish_pipelined(
+    cfg: BusConfig, events: Sequence[Envelope[EventData]], send_async: SendAsync, send: Send
+) -> list[Exception | None]:
+    """Publish ``events`` at once: each framed and traced as `publish` does and sent without
+    waiting for its ack, then every ack awaited together (for at most ``publish_timeout_s``).
+    One left unanswered (or refused for now, `UNANSWERED_PUBLISH`) is published again the
+    retrying way (`publish_retrying`): its id dedupes it if it was stored after all. Each
+    event's result, in their order: None once stored, else its error.
+
+    They are sent in their order, but one published again lands after those sent after it:
+    events that must land in order go in successive calls."""
+    sent: list[tuple[str, str, bytes, Mapping[str, str], asyncio.Future[Any] | Exception]] = []
+    for event in events:
+        with _framed(cfg, event) as (framed, subject, body, headers):
+            try:
+                ack: asyncio.Future[Any] | Exception = await send_async(subject, body, headers)
+            except Exception as exc:  # noqa: BLE001 - this event's own result
+                ack = exc
+        sent.append((f"{framed.event_type} {framed.id}", subject, body, headers, ack))
+    waiting = [a for *_, a in sent if isinstance(a, asyncio.Future)]
+    if waiting:
+        await asyncio.wait(waiting, timeout=cfg.publish_timeout_s)
+    results: list[Exception | None] = []
+    for what, to, payload, framing_headers, settled in sent:
+        error = _outcome(settled)
+        if isinstance(error, UNANSWERED_PUBLISH):
+            try:
+                await publish_retrying(
+                    functools.partial(send, to, payload, framing_headers), cfg, what
+                )
+                error = None
+            except Exception as exc:  # noqa: BLE001 - this event's own result
+                error = exc
+        results.append(error)
+    return results
+
+
+def _outcome(ack: asyncio.Future[Any] | Exception) -> Exception | None:
+    """A pipelined publish's error (None: stored); one still unanswered is given up here (a
+    timeout, published again by the caller)."""
+    if isinstance(ack, Exception):
+        return ack
+    if not ack.done():
+        ack.cancel()
+        return NatsTimeout()
+    if ack.cancelled():
+        return NatsTimeout()
+    error = ack.exception()
+    if error is None:
+        return None
+    if isinstance(error, Exception):
+        return error
+    raise error
+
+
+@contextlib.contextmanager
+def _framed(
+    cfg: BusConfig, event: Envelope[EventData]
+) -> Iterator[tuple[Envelope[EventData], str, bytes, dict[str, str]]]:
+    """(the envelope as published, its subject, body and headers), inside its publish's span
+    (`publish` says which)."""
     subject = framing.subject(cfg.prefix, event)
     recording = tracing.recording()
     # With no span to record, the event's own context is made current (no span objects):
@@ -110,10 +183,7 @@ async def publish(cfg: BusConfig, event: Envelope[EventData], send: Send) -> Env
             traceparent=traceparent,
             tracestate=tracestate,
         )
-        await publish_retrying(
-            lambda: send(subject, body, headers), cfg, f"{event.event_type} {event.id}"
-        )
-    return event
+        yield event, subject, body, headers
 
 
 def _messaging(subject: str, event_id: str) -> dict[str, str]:

@@ -159,6 +159,9 @@ class LazyPublisher:
     async def publish(self, event: Envelope[EventData]) -> Envelope[EventData]:
         return await (await self._started()).publish(event)
 
+    async def publish_many(self, events: Sequence[Envelope[EventData]]) -> list[Exception | None]:
+        return await (await self._started()).publish_many(events)
+
     async def publish_caused_by(
         self,
         cause: Envelope[EventData],

@@ -64,7 +64,7 @@ event published before it asks waits until this one has acknowledged them."""
 
 def key(prefix: str, *parts: str | int) -> str:
     """The key ``<prefix>:coord:<parts joined by ':'>`` (a ``*`` part makes a pattern)."""
-    return f"{prefix}:{KEY_SPACE}" + ":".join(str(x) for x in parts)
+    return f"{prefix}:{KEY_SPACE}" + ":".join(map(str, parts))
 
 
 class RestoreReader:

@@ -20,6 +20,11 @@ class RecordingPublisher:
             self.events.append(event)
         return event
 
+    async def publish_many(self, events: Sequence[Envelope[EventData]]) -> list[Exception | None]:
+        for event in events:
+            await self.publish(event)
+        return [None] * len(events)
+
     async def publish_caused_by(
         self,
         cause: Envelope[EventData],

@@ -17,7 +17,6 @@ nak'ed alone) and its own span, in which its decision's events are built."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -188,15 +187,11 @@ class Burst:
         marked published together."""
         outbox = self.decider.outbox
         pending = [(i, record, built) for i, record, built in decisions if not record.published]
-        sent = await asyncio.gather(
-            *(outbox.send(record, built) for _, record, built in pending), return_exceptions=True
-        )
+        sent = await outbox.send_many([(record, built) for _, record, built in pending])
         done = []
         for (i, record, _), outcome in zip(pending, sent, strict=True):
-            if isinstance(outcome, Exception):
+            if outcome is not None:
                 results[i] = outcome
-            elif isinstance(outcome, BaseException):
-                raise outcome
             else:
                 done.append((events[i].data.job_id, events[i].data.attempt, record))
         await self.state.mark_published_many(done)

@@ -57,6 +57,25 @@ class Outbox:
         for event in events:
             await self.bus.publish(event)
 
+    async def send_many(
+        self, decisions: Sequence[tuple[DecisionRecord, Sequence[Envelope[EventData]] | None]]
+    ) -> list[Exception | None]:
+        """`send` of many stored decisions (of different failures) at once, not marking them
+        published: their first events published together (the acks awaited together), then
+        the second events of those with two, and so on, so each decision's events land in
+        order; a decision stops at its first event not stored. Each one's result, in order."""
+        lists = [
+            built if built is not None else [CATALOG.decode(r.encode()) for r in record.events]
+            for record, built in decisions
+        ]
+        results: list[Exception | None] = [None] * len(lists)
+        for k in range(max((len(events) for events in lists), default=0)):
+            wave = [n for n, events in enumerate(lists) if k < len(events) and results[n] is None]
+            sent = await self.bus.publish_many([lists[n][k] for n in wave])
+            for n, result in zip(wave, sent, strict=True):
+                results[n] = result
+        return results
+
     async def publish_caused_by(
         self, event: Envelope[EventData], datas: Sequence[EventData]
     ) -> None:

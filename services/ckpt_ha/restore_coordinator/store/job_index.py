@@ -42,11 +42,18 @@ class RedisJobIndex(JobIndexReader):
         reports = [e for e in events if e.data.EVENT_TYPE in TELEMETRY]
         if logged:
             top = int(await self._r.incrby(self._seq, len(logged)))
+            # One ZADD NX per job's log and one for every job, each member at its first
+            # place in the batch (as one ZADD NX per event would leave it).
+            logs: dict[str, dict[bytes, int]] = {}
+            jobs: dict[str, int] = {}
+            for n, event in enumerate(logged, start=top - len(logged) + 1):
+                job = event.data.job_id
+                logs.setdefault(job, {}).setdefault(event.to_bytes(), n)
+                jobs.setdefault(job, n)
             async with self._r.pipeline(transaction=False) as pipe:
-                for n, event in enumerate(logged, start=top - len(logged) + 1):
-                    job = event.data.job_id
-                    pipe.zadd(self._k("log", job), {event.to_bytes(): n}, nx=True)
-                    pipe.zadd(self._k("all"), {job: n}, nx=True)
+                for job, members in logs.items():
+                    pipe.zadd(self._k("log", job), members, nx=True)
+                pipe.zadd(self._k("all"), jobs, nx=True)
                 await pipe.execute()
         if reports:
             await self._reports(reports)
