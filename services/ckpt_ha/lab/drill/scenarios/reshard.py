@@ -44,11 +44,12 @@ def reshard_policy() -> JobPolicy:
 
 
 def _lose_host(drill: Drill) -> list[int]:
-    """SIGKILL the runner and every process of its attempt at once (the host is gone)."""
+    """SIGKILL the runner and every process of its attempt at once (the host is gone). The
+    runner goes first: it watches the ranks, and a rank killed before it would be reported by
+    it at once (a ``node_exit``, not the ``lost`` this drill is about) on a loaded machine."""
     top = drill.training_pid()
-    pids = [*drill.rank_pids(), *([top] if top is not None else [])]
-    if drill.runner is not None:
-        pids.append(drill.runner.pid)
+    pids = [*([drill.runner.pid] if drill.runner is not None else [])]
+    pids += [*([top] if top is not None else []), *drill.rank_pids()]
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
