@@ -6,11 +6,11 @@ file while it still has two tests to run. With files of very different lengths (
 minutes beside files of seconds), a long file handed out late, or queued behind another one on a
 busy worker while a second worker sits idle, sets the length of the whole run.
 
-Here the files go out longest first (`EXPECTED_S`, seconds measured on an idle 2-core machine;
-a file not listed counts `PER_TEST_S` a test), and a worker gets its next file only when it is
-down to its last test (it needs the next test in hand to run its last one: xdist's worker runs a
-test once it knows the one after it). Which tests run, and with what, is unchanged: only the
-order in which files reach workers.
+Here the files go out longest first (`EXPECTED_S`, seconds measured; a file not listed counts
+`PER_TEST_S` a test), and a worker gets its next file only when it is down to its last test (it
+needs the next test in hand to run its last one: xdist's worker runs a test once it knows the one
+after it). Which tests run, and with what, is unchanged: only the order in which files reach
+workers.
 """
 
 from __future__ import annotations
@@ -24,19 +24,23 @@ PER_TEST_S = 3.0
 """What a test of a file not in `EXPECTED_S` is counted (most integration tests take ~1 s)."""
 
 EXPECTED_S: dict[str, float] = {
-    # tests/system (`pytest --durations`, set-up included)
-    "tests/system/faults/test_faults.py": 300,
-    "tests/system/faults/test_nats_outage.py": 215,
-    "tests/system/faults/test_redis_frozen.py": 155,
+    # tests/system: `pytest --durations` of a run with 2 workers (load 5-9), set-up included
+    "tests/system/faults/test_faults.py": 450,
+    "tests/system/faults/test_nats_outage.py": 235,
+    "tests/system/faults/test_redis_frozen.py": 150,
     "tests/system/e2e/test_drills.py": 260,
-    "tests/system/e2e/test_drills_torch.py": 300,
-    "tests/system/e2e/test_local_stack.py": 190,
-    "tests/system/e2e/test_operator_alerts.py": 125,
-    "tests/system/e2e/test_runbook.py": 115,
-    "tests/system/e2e/test_s3_drills.py": 150,
-    "tests/system/e2e/test_image.py": 100,
-    "tests/system/e2e/test_wheel.py": 90,
-    "tests/system/e2e/test_replicas.py": 60,
+    "tests/system/e2e/test_drills_torch.py": 225,
+    "tests/system/e2e/test_drills_hang_hf.py": 205,
+    "tests/system/e2e/test_image.py": 175,
+    "tests/system/e2e/test_s3_drills.py": 170,
+    "tests/system/e2e/test_runbook.py": 145,
+    "tests/system/e2e/test_operator_alerts.py": 140,
+    "tests/system/e2e/test_local_stack.py": 130,
+    "tests/system/e2e/test_wheel.py": 120,
+    "tests/system/e2e/test_paging.py": 90,
+    "tests/system/e2e/test_s3_stack.py": 70,
+    "tests/system/e2e/test_readme_snippets.py": 65,
+    "tests/system/e2e/test_replicas.py": 50,
 }
 
 

@@ -1,6 +1,6 @@
-"""What the drill files share (`test_drills.py`, `test_drills_torch.py`): `ckpt-ha` on a drill
-home, a drill run with its verdict checked, the five levels of a restore. Each file has a stack of
-its own (`drill_home`), so that the two run side by side."""
+"""What the drill files share (`test_drills*.py`): `ckpt-ha` on a drill home, a drill run with
+its verdict checked, the five levels of a restore. Each file has a stack of its own
+(`drill_home`), so that the files run side by side."""
 
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 injects one fault, and reports evidence read back from the event stream.
 
 One stack serves every drill of this module (started by the first drill, stopped at the end);
-the drills of PyTorch and Transformers jobs are in `test_drills_torch.py`, on a stack of their
-own, so that the two files run side by side.
+the drills of PyTorch and Transformers jobs are in `test_drills_torch.py` and
+`test_drills_hang_hf.py`, each on a stack of its own, so that the three files run side by side.
 """
 
 from __future__ import annotations
