@@ -129,7 +129,8 @@ class Summary:
 def _applied(s: Summary, event: Envelope[EventData]) -> Summary:
     """``s`` after one more of the job's events."""
     d = event.data
-    s = replace(s, last_event_at=event.time)
+    if s.last_event_at is None or event.time > s.last_event_at:  # the newest, whatever the order
+        s = replace(s, last_event_at=event.time)
     if isinstance(d, JobStartedV1):
         return replace(s, run_id=d.run_id, attempt=d.attempt, state="running")
     if isinstance(d, JobProgressV1 | JobHeartbeatV1):
