@@ -16,7 +16,7 @@ from tests.support.torch_tools import require_torch
 require_torch()
 # Needs torch: imported after require_torch, so a missing torch fails the test, never errors.
 from ckpt_ha.sdk.dcp import share  # noqa: E402
-from ckpt_ha.sdk.dcp.checksumming import HASH_ALONGSIDE_BYTES, ChecksummingFileSystem  # noqa: E402
+from ckpt_ha.sdk.dcp.checksumming import PIECE_BYTES, ChecksummingFileSystem  # noqa: E402
 
 FILES = ["__0_0.distcp", "__0_1.distcp", "__1_0.distcp", "__2_0.distcp", "__3_0.distcp"]
 
@@ -41,10 +41,10 @@ def test_files_named_otherwise_are_spread_round_robin() -> None:
 
 
 def test_a_file_is_checksummed_as_it_is_written_and_renamed(tmp_path: Path) -> None:
-    """Small writes are hashed inline, large ones alongside the write: the same digest as a
-    read of the file, under the name DCP renames it to (as it does ``.metadata``)."""
+    """Small writes are hashed whole, large ones piece by piece: the same digest as a read of
+    the file, under the name DCP renames it to (as it does ``.metadata``)."""
     fs = ChecksummingFileSystem()
-    small, large = os.urandom(1000), os.urandom(3 * HASH_ALONGSIDE_BYTES)
+    small, large = os.urandom(1000), os.urandom(3 * PIECE_BYTES + 17)
     with fs.create_stream(tmp_path / "file.tmp", "wb") as stream:
         stream.write(small)
         stream.write(memoryview(large))
