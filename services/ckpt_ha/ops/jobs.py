@@ -229,8 +229,11 @@ def show(
         return None
     summary = Summary(job_id)
     for event in own:
-        summary = _applied(summary, event)
-    # The checkpoints' own events (in the registry, not in the job index) count as activity.
+        if not event.data.EVENT_TYPE.startswith("checkpoint."):  # as `summaries`: see below
+            summary = _applied(summary, event)
+    # The checkpoints' activity counts from their records' history (the registry), never from
+    # their events: so the job index (which holds no checkpoint event) and the whole stream
+    # give the same answer, whatever the times the registrar stamps on its own events.
     touched = [h.at for r in records for h in r.history]
     if touched and (summary.last_event_at is None or max(touched) > summary.last_event_at):
         summary = replace(summary, last_event_at=max(touched))
