@@ -42,7 +42,6 @@ pytest_plugins = [
     "tests.support.private_infra",
     "tests.support.slurm",
     "tests.support.fast_tier",
-    "tests.support.schedule",
 ]
 
 NATS_URL = os.environ.get("NATS_URL", "nats://127.0.0.1:4222")

@@ -2,16 +2,18 @@
 `ckpt-ha run` on the embedded stack (its own nats-server, redis-server and the five services),
 injects one fault, and reports evidence read back from the event stream.
 
-One stack serves every drill of this module (started by the first drill, stopped at the end);
-the drills of PyTorch and Transformers jobs are in `test_drills_torch.py` and
-`test_drills_hang_hf.py`, each on a stack of its own, so that the three files run side by side.
+One stack serves every drill of this module (started by the first drill, stopped at the end).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import subprocess
+import sys
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -29,14 +31,52 @@ from ckpt_ha.contracts.subjects import job_token
 from ckpt_ha.runtime import local_stack
 from ckpt_ha.runtime.local_stack import StackState
 from tests.support import slurm as slurm_support
-from tests.system.e2e.drill_runs import assert_restored, drill, drill_home
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+LEVELS = ("generated", "verified", "registered", "loadable", "continued")
+
+
+def cli(home: Path, *args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("NATS_URL", "REDIS_URL")}
+    env["CKPT_HA_HOME"] = str(home)
+    return subprocess.run(
+        [sys.executable, "-m", "ckpt_ha.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    yield from drill_home(tmp_path_factory)
+    path = tmp_path_factory.mktemp("drills") / "ckpt-ha-home"
+    yield path
+    cli(path, "down", timeout=120)
+
+
+def drill(home: Path, scenario: str, *extra: str) -> dict[str, Any]:
+    done = cli(home, "drill", "--scenario", scenario, "--json", "--budget", "300", *extra)
+    assert done.stdout, done.stderr
+    result: dict[str, Any] = json.loads(done.stdout)
+    assert f"[{scenario}" in done.stderr  # progress lines while it runs
+    assert done.returncode == (0 if result["verdict"] == "pass" else 1)
+    assert result["verdict"] == "pass", (result.get("reasons"), done.stderr[-2000:])
+    return result
+
+
+def assert_restored(phase: dict[str, Any]) -> None:
+    for name in LEVELS:
+        level = phase["levels"][name]
+        assert level["passed"], (name, phase["reasons"])
+        assert level["evidence"]["event_id"]  # each level has its own event
+    ids = [phase["levels"][n]["evidence"]["event_id"] for n in LEVELS]
+    assert len(set(ids)) == len(LEVELS)
+    assert phase["restored_from"] is not None
+    assert phase["continue_step"] is not None
+    assert phase["recompute_steps"] is not None
 
 
 def test_node_exit_is_restored_and_continues_also_after_a_kill_mid_write(home: Path) -> None:
@@ -172,6 +212,117 @@ def test_a_changed_environment_is_unknown_and_not_resumed(home: Path) -> None:
     assert "framework_version" in json.dumps(result["escalation"])
     planned = [t for t in result["timeline"] if ".resume.planned.v" in t["event"]]
     assert planned == []
+
+
+def test_torchrun_dcp_loses_a_rank_mid_training_and_mid_save_and_resumes_exactly(
+    home: Path,
+) -> None:
+    """R7/R10 on a real multi-rank job: torchrun with 2 gloo ranks, PyTorch DCP through
+    ckpt_ha.sdk.dcp. The rank's own cause is reported, every rank loads the same checkpoint and
+    the recomputed steps match the pre-failure run bit for bit."""
+    result = drill(home, "torchrun-dcp")
+    first, mid_save = result["phases"]
+    for phase in (first, mid_save):
+        assert_restored(phase)
+        assert phase["restored_from"] == phase["last_valid_checkpoint"]
+        comparisons = phase["levels"]["continued"]["evidence"]["comparisons"]
+        losses = [c for c in comparisons if c["name"].endswith(": loss")]
+        assert losses, comparisons
+        assert all(c["ok"] and c["tolerance"] == 0 for c in losses)
+    assert [f["cause"] for f in result["failures"]] == ["node_exit", "node_exit"]
+    assert all("rank 1" in f["detail"] for f in result["failures"])
+    assert result["partial_checkpoint"]["committed_or_registered"] == []
+    assert result["partial_checkpoint"]["ended_failed"], result["partial_checkpoint"]
+    # The report carries the loss curve of the drill against the uninterrupted baseline.
+    assert result["curves"]["baseline"]
+    assert result["curves"]["drill"]
+    assert result["baseline"]["resources"]["processes"] == 2
+
+
+def test_a_rank_that_hangs_is_detected_stopped_and_resumed_exactly(home: Path) -> None:
+    """Issue 28: a rank of a 2-rank torchrun job sleeps inside training, every process alive.
+    No configuration: the runner's threshold comes from the job's own steps; it stops the
+    group, reports the hang (rank, last step), and the relaunch continues bit for bit."""
+    result = drill(home, "hang")
+    assert_restored(result)
+    assert result["restored_from"] == result["last_valid_checkpoint"]
+    assert all(result["checks"].values()), result["checks"]
+    hang = result["hang"]
+    assert hang["stalled_ranks"] == [1]
+    assert hang["last_step"] == 29
+    assert hang["threshold_s"] == 30.0
+    assert hang["survivors"] == []
+    comparisons = result["levels"]["continued"]["evidence"]["comparisons"]
+    assert [c for c in comparisons if c["name"].endswith(": loss")]
+    assert all(c["ok"] for c in comparisons)
+
+
+def test_a_2_rank_dcp_job_taken_over_on_1_rank_is_replanned_as_a_reshard(home: Path) -> None:
+    """Issue 28: the host of a 2-rank DCP job is lost and `ckpt-ha run --resume` takes the run
+    over on 1 rank. The plan decided for the failed attempt (exact) is re-stated for the one that
+    loads it (compatible, "reshard 2→1"); the global state is restored at the checkpoint's step
+    and data position, and the resumed steps match the 2-rank run to float32 rounding."""
+    result = drill(home, "reshard")
+    assert_restored(result)
+    assert result["restored_from"] == result["last_valid_checkpoint"]
+    assert all(result["checks"].values()), result["checks"]
+    reshard = result["reshard"]
+    assert reshard["failure"] == "lost"
+    assert (reshard["planned_for_the_failed_attempt"], reshard["restated_for_the_loader"]) == (
+        "exact_resume", "compatible_resume",
+    )  # fmt: skip
+    assert (reshard["loaded_world_size"], reshard["written_world_size"]) == (1, 2)
+    comparisons = result["levels"]["continued"]["evidence"]["comparisons"]
+    losses = [c for c in comparisons if c["name"].endswith(": loss")]
+    assert losses, comparisons
+    assert all(c["ok"] for c in comparisons)
+    assert result["baseline"]["resources"]["processes"] == 2
+
+
+def test_a_trainer_killed_mid_save_resumes_from_the_newest_complete_checkpoint(
+    home: Path,
+) -> None:
+    result = drill(home, "hf-trainer")
+    assert_restored(result)
+    assert result["partial_checkpoint"]["committed_or_registered"] == []
+    assert result["partial_checkpoint"]["ended_failed"], result["partial_checkpoint"]
+    assert result["restored_from"] == result["last_valid_checkpoint"]
+    assert result["curves"]["baseline"]
+    assert result["curves"]["drill"]
+    assert "transformers" in result["baseline"]["environment"]
+
+
+def test_a_trainers_own_rotation_is_recorded_as_its_writers_deletion_never_damage(
+    home: Path,
+) -> None:
+    """A real Trainer with ``save_total_limit=2`` under `ckpt-ha run` (issue 28): the folders it
+    rotates away are deleted by the job (a tombstone, the job as actor), never corrupt or
+    quarantined; the newest two stay valid."""
+    assert cli(home, "stack", "up").returncode == 0
+    job = f"hf-rotate-{os.getpid()}"
+    done = cli(
+        home, "run", "--job", job, "--", sys.executable, "-m", "ckpt_ha.lab.examples.hf_gpt2",
+        "--steps", "30", "--save-steps", "10", "--save-total-limit", "2", timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    def records() -> dict[int, dict[str, Any]]:
+        listed = cli(home, "checkpoint", "list", "--job", job, "--json")
+        assert listed.returncode == 0, listed.stderr
+        return {r["step"]: r for r in json.loads(listed.stdout)}
+
+    deadline = time.monotonic() + 90  # the watcher decides 15 s after a folder went
+    found = records()
+    while time.monotonic() < deadline and found.get(10, {}).get("state") != "deleted":
+        time.sleep(2)
+        found = records()
+    states = {step: r["state"] for step, r in found.items()}
+    assert states == {10: "deleted", 20: "valid", 30: "valid"}, states
+    for step in (10,):
+        tombstone = found[step]["tombstone"]
+        assert (tombstone["actor"], tombstone["policy"]) == (f"job:{job}", "writer-rotation")
+        assert "deleted by its writer" in tombstone["reason"]
+        assert all(h["state"] not in ("corrupt", "quarantined") for h in found[step]["history"])
 
 
 def test_a_slurm_node_lost_is_classified_resubmitted_with_the_restore_target_and_continues(

@@ -105,6 +105,7 @@ def wait_listed(
         time.sleep(0.3)
 
 
+@pytest.mark.timeout(300)  # 102 s idle; past 120 s twice beside the PyTorch drills
 async def test_slice_across_processes_survives_sigterm_and_restart(stack_home: Path) -> None:
     up = cli(stack_home, "up")
     assert up.returncode == 0, up.stderr

@@ -1,4 +1,4 @@
-"""The fault suite's fixtures: one stack per file, the registry, and the book the
+"""The fault suite's fixtures: one stack for the whole package, the registry, and the book the
 figures go to (`tests.system.faults.book`)."""
 
 from __future__ import annotations
@@ -17,11 +17,9 @@ def figures(request: pytest.FixtureRequest) -> FigureBook:
     return FigureBook(request.config, request.node)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def fault_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaultStack]:
-    """One stack for every fault of a file, stopped when its last one is done: a file's faults
-    run in its order on one stack, whichever worker runs it, and another file's (a worker
-    runs several) on another one."""
+    """One stack for every fault of the package, stopped when the last one is done."""
     with running_stack(tmp_path_factory.mktemp("faults") / "home") as fs:
         yield fs
 

@@ -3,9 +3,7 @@
 Each test starts a job writing checkpoints, injects its fault, waits for the system to converge
 and records ``FAULT <name>: written=N valid=N lost=0 doubled=0 stuck=0 converge_s=T.T``
 (see `tests.system.faults.tally` for what is counted). They share one stack (`conftest.fault_stack`)
-and run in this file's order; the stream purge comes last, as it re-creates the event stream. The
-two long outages (NATS down 3 minutes, Redis frozen 2) have files and stacks of their own
-(`test_nats_outage.py`, `test_redis_frozen.py`), so that they run beside this file.
+and run in this file's order; the stream purge comes last, as it re-creates the event stream.
 """
 
 from __future__ import annotations
@@ -57,8 +55,10 @@ pytestmark = pytest.mark.faults
 
 DOWN_S = 4.0
 """How long a killed service (or nats-server) stays dead while the writer goes on."""
+REDIS_FROZEN_S = 120.0
 WRITERS_OF_THE_REGISTRY = ("registrar", "restore-coordinator", "retention-janitor")
 """What the runbook stops before a rebuild: the services writing under the registry prefix."""
+NATS_OUTAGE_S = 180.0
 
 
 TRAINING = ["--steps", "60", "--checkpoint-every", "10", "--sleep-per-step", "0.05"]
@@ -497,6 +497,64 @@ async def test_redis_flushall_then_rebuild(
         result.lose(f"{held}: the operator's pin")
     figures.record(result)
     assert rebuilt.returncode == 0, rebuilt.stderr
+
+
+@pytest.mark.timeout(420)
+async def test_redis_frozen_for_two_minutes(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """redis-server stopped with SIGSTOP for 2 minutes (it keeps its sockets and answers
+    nothing), then SIGCONT, while the writer goes on: no handler may hold its message for good,
+    and every checkpoint written meanwhile must end valid."""
+    fs, name = fault_stack, "redis-sigstop-120s"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    await announce_start(fs, job)
+    writer = CheckpointWriter(fs, job, every_s=1.0).start()
+    try:
+        await valid_at_least(registry, job, 2)
+        mid_flow = await in_flight(registry, job)
+        fs.pause_redis()
+        try:
+            await asyncio.sleep(REDIS_FROZEN_S)
+        finally:
+            fs.resume_redis()
+    finally:
+        saves = await stop_writer(writer)
+    ended = now()
+    result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
+    result.evidence["frozen_mid_flow"] = mid_flow
+    await tier_recorded(registry, job, "standard", result)
+    figures.record(result)
+
+
+@pytest.mark.timeout(480)
+async def test_nats_outage_of_three_minutes(
+    fault_stack: FaultStack, registry: Registry, figures: FigureBook
+) -> None:
+    """nats-server stopped for 3 minutes, then started on its port: longer than any client
+    library's default reconnect budget. The services must reconnect by themselves (no restart)
+    and announce what was written meanwhile."""
+    fs, name = fault_stack, "nats-outage-180s"
+    job = job_for(name)
+    letters = await dead_letters(fs)
+    await announce_start(fs, job)
+    pids = {p.name: p.pid for p in fs.state().processes}
+    writer = CheckpointWriter(fs, job, every_s=2.0).start()
+    try:
+        await valid_at_least(registry, job, 2)
+        fs.stop_nats()
+        await asyncio.sleep(NATS_OUTAGE_S)
+        fs.start_nats()
+    finally:
+        saves = await stop_writer(writer)
+    ended = now()
+    result = await settle(fs, registry, name, [job], saves, ended=ended, letters_before=letters)
+    await tier_recorded(registry, job, "standard", result)
+    result.evidence["healthy_after"] = fs.healthy()
+    figures.record(result)
+    assert {p.name: p.pid for p in fs.state().processes} == pids, "a service was restarted"
+    assert all(result.evidence["healthy_after"].values()), result.evidence["healthy_after"]
 
 
 # -- the stream --------------------------------------------------------------------------------
