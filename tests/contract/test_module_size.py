@@ -20,8 +20,6 @@ ALLOWED: dict[str, str] = {
     "Lua scripts; its read and write halves share the script cache",
     "services/ckpt_ha/sdk/dcp/saving.py": "DCP save and async save share their commit protocol; "
     "issue 32 added prepare_async without the split: still owed",
-    "services/ckpt_ha/storage/fs_store.py": "the filesystem adapter, one class implementing the "
-    "storage port; its helpers are its own",
 }
 
 

@@ -22,7 +22,7 @@ from ckpt_ha.storage import (
     StorageUnavailable,
     open_store,
 )
-from ckpt_ha.storage.fs_store import classify_os_error
+from ckpt_ha.storage.fs_read import classify_os_error
 from tests.support.store_contract import StoreContract, keys_of
 
 

@@ -7,7 +7,8 @@ from pathlib import PurePosixPath
 from urllib.parse import unquote
 
 from ckpt_ha.storage.errors import InvalidKey
-from ckpt_ha.storage.fs_store import FsStore, real_path
+from ckpt_ha.storage.fs_read import real_path
+from ckpt_ha.storage.fs_store import FsStore
 from ckpt_ha.storage.port import ObjectStore
 from ckpt_ha.storage.read_budget import BudgetedStore
 

@@ -35,11 +35,9 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from operator import itemgetter
 from pathlib import Path
-from stat import S_ISDIR, S_ISLNK, S_ISREG
-from types import TracebackType
-from typing import BinaryIO, Self
+from stat import S_ISDIR, S_ISREG
+from typing import BinaryIO
 
-from ckpt_ha.storage import leased_map
 from ckpt_ha.storage.errors import (
     InvalidKey,
     ObjectExists,
@@ -47,6 +45,7 @@ from ckpt_ha.storage.errors import (
     StorageError,
     StorageUnavailable,
 )
+from ckpt_ha.storage.fs_read import BACKEND, FileRange, os_errors, real_path, through_link
 from ckpt_ha.storage.port import (
     ListPage,
     ObjectInfo,
@@ -59,49 +58,11 @@ from ckpt_ha.storage.port import (
     validate_range,
 )
 
-BACKEND = "fs"
 _TMP_PREFIX = ".ckpt-tmp-"
 _META_SUFFIX = ".ckpt-meta.json"
 _COPY_CHUNK = 1 << 20
 _CREATE_ATTEMPTS = 3
-_TRANSIENT_ERRNOS = frozenset(
-    {
-        errno.EAGAIN,
-        errno.EBUSY,
-        errno.EDQUOT,
-        errno.EHOSTDOWN,
-        errno.EHOSTUNREACH,
-        errno.EINTR,
-        errno.EIO,
-        errno.ENETDOWN,
-        errno.ENETUNREACH,
-        errno.ENOLCK,
-        errno.ENOSPC,
-        errno.ENOTCONN,
-        errno.ESTALE,
-        errno.ETIMEDOUT,
-    }
-)
 _MISSING = (FileNotFoundError, NotADirectoryError)
-
-
-def classify_os_error(err: OSError, key: str | None = None) -> StorageError:
-    """The StorageError for an OSError that is a failure rather than an answer (unlike ENOENT
-    on a read, which means ObjectNotFound): I/O, space and network-filesystem errors are
-    transient, the rest (permissions, read-only filesystem, path conflicts) permanent."""
-    if err.errno == errno.ENAMETOOLONG:
-        return InvalidKey(key or "", reason="name too long for the filesystem", backend=BACKEND)
-    if err.errno in _TRANSIENT_ERRNOS:
-        return StorageUnavailable(reason=str(err), backend=BACKEND, key=key)
-    return StorageError(reason=str(err), backend=BACKEND, key=key)
-
-
-@contextlib.contextmanager
-def _os_errors(key: str | None) -> Iterator[None]:
-    try:
-        yield
-    except OSError as err:
-        raise classify_os_error(err, key) from err
 
 
 def _is_reserved(name: str) -> bool:
@@ -115,36 +76,6 @@ def _version(st: os.stat_result) -> str:
 def _info(key: str, st: os.stat_result, metadata: Mapping[str, str] | None) -> ObjectInfo:
     mtime = datetime.fromtimestamp(st.st_mtime_ns / 1e9, tz=UTC)
     return ObjectInfo(key=key, size=st.st_size, mtime=mtime, etag=_version(st), metadata=metadata)
-
-
-def real_path(path: Path) -> Path:
-    """``path.resolve()``, cheaply when there is nothing to resolve.
-
-    An absolute path without '..' components and without a symbolic link on the way is its
-    own real path: that takes one ``lstat`` per component. Anything else (a link anywhere, a
-    relative path, '..') goes through ``Path.resolve`` as before, with its errors.
-    """
-    if path.is_absolute() and ".." not in path.parts and not _through_link(str(path)):
-        return path
-    return path.resolve()
-
-
-def _through_link(path: str) -> bool:
-    """Whether a component of the absolute, normalised ``path`` (its last one included) is a
-    symbolic link. Like ``os.path.realpath``, a component that cannot be looked up counts as
-    no link; nothing below it can be looked up either, so the walk ends there."""
-    current = ""
-    for part in path.split("/")[1:]:
-        if not part:  # the root directory itself ("/")
-            continue
-        current = f"{current}/{part}"
-        try:
-            mode = os.lstat(current).st_mode
-        except OSError:
-            return False
-        if S_ISLNK(mode):
-            return True
-    return False
 
 
 def _sidecar(path: Path, version: str) -> Path:
@@ -185,62 +116,6 @@ def _create_temp(directory: Path) -> tuple[int, Path]:
             return os.open(tmp, flags, 0o666), tmp
     os.makedirs(directory, exist_ok=True)
     return os.open(tmp, flags, 0o666), tmp
-
-
-class _FileRange:
-    """At most `remaining` bytes of an open file, with I/O errors mapped like the store's."""
-
-    def __init__(self, file: BinaryIO, key: str, remaining: int | None) -> None:
-        self._file = file
-        self._key = key
-        self._remaining = remaining
-
-    def read(self, size: int = -1, /) -> bytes:
-        if self._remaining is not None:
-            size = self._remaining if size < 0 else min(size, self._remaining)
-        with _os_errors(self._key):
-            chunk = self._file.read(size)
-        if self._remaining is not None:
-            self._remaining -= len(chunk)
-        return chunk
-
-    def readinto(self, buffer: memoryview, /) -> int:
-        """Fill ``buffer`` without allocating: the fast path for checksumming whole shards."""
-        if self._remaining is not None:
-            buffer = buffer[: self._remaining]
-        with _os_errors(self._key):
-            n = self._file.readinto(buffer)  # type: ignore[attr-defined]
-        if self._remaining is not None:
-            self._remaining -= n
-        return int(n)
-
-    def pieces(self, buffer: memoryview) -> Iterator[memoryview]:
-        """The rest of the range, each piece valid until the next: from a memory map where
-        that is safe, else read into ``buffer`` (`leased_map`: hashing without the copy)."""
-        start = self._file.tell()
-        end = None if self._remaining is None else start + self._remaining
-        position = start
-        with _os_errors(self._key):
-            for piece in leased_map.pieces(self._file.fileno(), start, end, buffer):
-                position += len(piece)
-                if self._remaining is not None:
-                    self._remaining -= len(piece)
-                yield piece
-            self._file.seek(position)  # pread moves no file position: the stream's is kept
-
-    def close(self) -> None:
-        self._file.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 class FsStore(ObjectStore):
@@ -288,7 +163,7 @@ class FsStore(ObjectStore):
         finally:
             _batch.folders = None
         for folder in sorted(folders):
-            with _os_errors(str(folder)):
+            with os_errors(str(folder)):
                 fsync(folder)
 
     @property
@@ -314,7 +189,7 @@ class FsStore(ObjectStore):
 
     def stat(self, key: str) -> ObjectInfo:
         path = self._checked(key)
-        with _os_errors(key):
+        with os_errors(key):
             try:
                 st = os.stat(path)
             except _MISSING:
@@ -326,7 +201,7 @@ class FsStore(ObjectStore):
     def open_read(self, key: str, *, offset: int = 0, length: int | None = None) -> ReadStream:
         validate_range(offset, length)
         path = self._checked(key)
-        with _os_errors(key):
+        with os_errors(key):
             try:
                 file = open(path, "rb")  # noqa: SIM115 - closed by the stream it is returned in
             except (*_MISSING, IsADirectoryError):
@@ -337,7 +212,7 @@ class FsStore(ObjectStore):
             except BaseException:
                 file.close()
                 raise
-        return _FileRange(file, key, length)
+        return FileRange(file, key, length)
 
     def put(
         self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
@@ -354,7 +229,7 @@ class FsStore(ObjectStore):
             raise InvalidKey(dst_key, reason="copy onto itself", backend=BACKEND)
         src = self._path(src_key)
         self._path(dst_key)
-        with _os_errors(src_key):
+        with os_errors(src_key):
             try:
                 source = src.open("rb")
             except (*_MISSING, IsADirectoryError):
@@ -372,7 +247,7 @@ class FsStore(ObjectStore):
             raise InvalidKey(dst_key, reason="move onto itself", backend=BACKEND)
         src = self._path(src_key)
         dst = self._path(dst_key)
-        with _os_errors(src_key):
+        with os_errors(src_key):
             try:
                 st = os.stat(src)
             except _MISSING:
@@ -419,7 +294,7 @@ class FsStore(ObjectStore):
 
     def delete(self, key: str) -> None:
         path = self._path(key)
-        with _os_errors(key):
+        with os_errors(key):
             try:
                 st = os.lstat(path)
             except _MISSING:
@@ -454,7 +329,7 @@ class FsStore(ObjectStore):
         call, all the way from '/': any component may have become a link since the last call
         (the root's own included, when it is a checkpoint folder a job writes:
         `formats.paths.confine`)."""
-        if not _through_link(f"{self._root_str}/{relative}"):
+        if not through_link(f"{self._root_str}/{relative}"):
             return  # its own real path, and it starts with the root
         try:
             real = (self._root / relative).resolve()
@@ -496,7 +371,7 @@ class FsStore(ObjectStore):
         path = self._path(key)
         checked = validate_metadata(metadata, key=key)
         self._require_root()
-        with _os_errors(key):
+        with os_errors(key):
             fd, tmp = _create_temp(path.parent)
             try:
                 with os.fdopen(fd, "wb") as out:
@@ -575,7 +450,7 @@ class FsStore(ObjectStore):
         `after`, in key order. A subdirectory `d` holds exactly the keys starting "d/", so
         sorting it as "d/" among the file names makes the walk come out in global key order,
         and lets whole subtrees outside the prefix or before `after` be skipped."""
-        with _os_errors(directory or None):
+        with os_errors(directory or None):
             try:
                 with os.scandir(self._root / directory) as scan:
                     entries = [e for e in scan if not e.is_symlink() and not _is_reserved(e.name)]
@@ -592,7 +467,7 @@ class FsStore(ObjectStore):
                 if wanted and (after < key or after.startswith(key)):
                     yield from self._walk_dir(key[:-1], prefix, after)
             elif key.startswith(prefix) and key > after:
-                with _os_errors(key):
+                with os_errors(key):
                     try:
                         st = entry.stat(follow_symlinks=False)
                     except FileNotFoundError:

@@ -1,0 +1,141 @@
+"""The filesystem store's reads, errors and paths: an OSError mapped to a StorageError, a byte
+range of an open file as a `ReadStream`, a path's real path cheaply (`FsStore`, the formats)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from stat import S_ISLNK
+from types import TracebackType
+from typing import BinaryIO, Self
+
+from ckpt_ha.storage import leased_map
+from ckpt_ha.storage.errors import InvalidKey, StorageError, StorageUnavailable
+
+BACKEND = "fs"
+_TRANSIENT_ERRNOS = frozenset(
+    {
+        errno.EAGAIN,
+        errno.EBUSY,
+        errno.EDQUOT,
+        errno.EHOSTDOWN,
+        errno.EHOSTUNREACH,
+        errno.EINTR,
+        errno.EIO,
+        errno.ENETDOWN,
+        errno.ENETUNREACH,
+        errno.ENOLCK,
+        errno.ENOSPC,
+        errno.ENOTCONN,
+        errno.ESTALE,
+        errno.ETIMEDOUT,
+    }
+)
+
+
+def classify_os_error(err: OSError, key: str | None = None) -> StorageError:
+    """The StorageError for an OSError that is a failure rather than an answer (unlike ENOENT
+    on a read, which means ObjectNotFound): I/O, space and network-filesystem errors are
+    transient, the rest (permissions, read-only filesystem, path conflicts) permanent."""
+    if err.errno == errno.ENAMETOOLONG:
+        return InvalidKey(key or "", reason="name too long for the filesystem", backend=BACKEND)
+    if err.errno in _TRANSIENT_ERRNOS:
+        return StorageUnavailable(reason=str(err), backend=BACKEND, key=key)
+    return StorageError(reason=str(err), backend=BACKEND, key=key)
+
+
+@contextlib.contextmanager
+def os_errors(key: str | None) -> Iterator[None]:
+    try:
+        yield
+    except OSError as err:
+        raise classify_os_error(err, key) from err
+
+
+class FileRange:
+    """At most `remaining` bytes of an open file, with I/O errors mapped like the store's."""
+
+    def __init__(self, file: BinaryIO, key: str, remaining: int | None) -> None:
+        self._file = file
+        self._key = key
+        self._remaining = remaining
+
+    def read(self, size: int = -1, /) -> bytes:
+        if self._remaining is not None:
+            size = self._remaining if size < 0 else min(size, self._remaining)
+        with os_errors(self._key):
+            chunk = self._file.read(size)
+        if self._remaining is not None:
+            self._remaining -= len(chunk)
+        return chunk
+
+    def readinto(self, buffer: memoryview, /) -> int:
+        """Fill ``buffer`` without allocating: the fast path for checksumming whole shards."""
+        if self._remaining is not None:
+            buffer = buffer[: self._remaining]
+        with os_errors(self._key):
+            n = self._file.readinto(buffer)  # type: ignore[attr-defined]
+        if self._remaining is not None:
+            self._remaining -= n
+        return int(n)
+
+    def pieces(self, buffer: memoryview) -> Iterator[memoryview]:
+        """The rest of the range, each piece valid until the next: from a memory map where
+        that is safe, else read into ``buffer`` (`leased_map`: hashing without the copy)."""
+        start = self._file.tell()
+        end = None if self._remaining is None else start + self._remaining
+        position = start
+        with os_errors(self._key):
+            for piece in leased_map.pieces(self._file.fileno(), start, end, buffer):
+                position += len(piece)
+                if self._remaining is not None:
+                    self._remaining -= len(piece)
+                yield piece
+            self._file.seek(position)  # pread moves no file position: the stream's is kept
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def real_path(path: Path) -> Path:
+    """``path.resolve()``, cheaply when there is nothing to resolve.
+
+    An absolute path without '..' components and without a symbolic link on the way is its
+    own real path: that takes one ``lstat`` per component. Anything else (a link anywhere, a
+    relative path, '..') goes through ``Path.resolve`` as before, with its errors.
+    """
+    if path.is_absolute() and ".." not in path.parts and not through_link(str(path)):
+        return path
+    return path.resolve()
+
+
+def through_link(path: str) -> bool:
+    """Whether a component of the absolute, normalised ``path`` (its last one included) is a
+    symbolic link. Like ``os.path.realpath``, a component that cannot be looked up counts as
+    no link; nothing below it can be looked up either, so the walk ends there."""
+    current = ""
+    for part in path.split("/")[1:]:
+        if not part:  # the root directory itself ("/")
+            continue
+        current = f"{current}/{part}"
+        try:
+            mode = os.lstat(current).st_mode
+        except OSError:
+            return False
+        if S_ISLNK(mode):
+            return True
+    return False
