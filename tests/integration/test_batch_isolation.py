@@ -7,10 +7,13 @@ redelivered until ``max_deliver``, and every good event in it was dead-lettered 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
+import nats
 import pytest
 
+from ckpt_ha.bus.batching import BatchHandler
 from ckpt_ha.bus.broker import Bus
 from ckpt_ha.contracts import Envelope, EventData
 from ckpt_ha.contracts.checkpoint import CheckpointCommittedV1, CheckpointState
@@ -120,3 +123,46 @@ async def test_a_handler_failing_for_the_batch_is_retried_one_event_at_a_time(
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def test_a_prompt_batch_consumer_hands_a_lone_event_over_without_the_linger(
+    settings: ServiceSettings, producer: Bus
+) -> None:
+    """A batch is handed over when full or when its linger is over, so a lone event waits out
+    the linger; a consumer whose events someone waits on (``prompt``: the coordinator's
+    failures) lingers `BusConfig.prompt_linger_s` instead. With the projections' linger at a
+    minute, the prompt consumer has the lone event while the other one still holds it."""
+    cfg = dataclasses.replace(settings.bus(), batch_linger_s=60.0, prompt_linger_s=0.02)
+    consumer = Bus(cfg, "linger-test")
+    seen: dict[str, list[str]] = {"prompt": [], "lingering": []}
+
+    def recorder(name: str) -> BatchHandler:
+        async def record(events: list[Envelope[EventData]]) -> list[BaseException | None]:
+            seen[name].extend(e.id for e in events)
+            return [None] * len(events)
+
+        return record
+
+    checkpoints = aggregate_filter(settings.subject_prefix, "checkpoint")
+    consumer.batch_consumer("prompt", checkpoints, prompt=True)(recorder("prompt"))
+    consumer.batch_consumer("lingering", checkpoints)(recorder("lingering"))
+    await consumer.broker.start()
+    try:
+        # Both wait in a lingering pull (a fetch started later would find the event at once).
+        await wait_for(lambda: _pulls_waiting(settings, consumer), timeout=10, what="pulls")
+        event = await producer.publish(committed("lone", key="lone"))
+        await wait_for(lambda: _async(bool(seen["prompt"])), timeout=20, what="prompt handled")
+        assert seen["prompt"] == [event.id]
+        assert seen["lingering"] == []  # still lingering: up to a minute for 255 more
+    finally:
+        await consumer.broker.stop()
+
+
+async def _pulls_waiting(settings: ServiceSettings, bus: Bus) -> bool:
+    nc = await nats.connect(settings.nats_url)
+    try:
+        js = nc.jetstream()
+        infos = [await js.consumer_info(s, d) for d, s in bus.consumers.items()]
+    finally:
+        await nc.close()
+    return all((info.num_waiting or 0) > 0 for info in infos)

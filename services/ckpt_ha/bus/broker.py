@@ -203,6 +203,7 @@ class Bus:
         *,
         payload: Any = None,
         description: str | None = None,
+        prompt: bool = False,
     ) -> Callable[[BatchHandler], BatchHandler]:
         """Decorator: like `consumer`, but the handler gets each fetched batch in stream order.
 
@@ -211,7 +212,9 @@ class Bus:
         other message is settled (ack / nak / dead letter) by its own result. A handler that
         raises for the whole batch gets its events again one at a time (`batching.isolated`), so one
         bad event never fails its neighbours. ``payload`` is the type of one message, for the
-        AsyncAPI document only.
+        AsyncAPI document only. A batch is handed over once full or once its linger is over
+        (`BusConfig.batch_linger_s`; `BusConfig.prompt_linger_s` when ``prompt``: events someone
+        waits on).
         """
         durable = self.durable_name(consumer)
         stream = self._stream_for(filter_subject)
@@ -243,7 +246,7 @@ class Bus:
                 durable=durable,
                 pull_sub=PullSub(
                     batch_size=self.cfg.projection_batch,
-                    timeout=self.cfg.batch_linger_s,
+                    timeout=self.cfg.prompt_linger_s if prompt else self.cfg.batch_linger_s,
                     batch=True,
                 ),
                 inbox_prefix=self._fetch_inbox,

@@ -65,6 +65,11 @@ class BusConfig:
     fetch_timeout_s: float = 1.0
     batch_linger_s: float = 0.1
     """How long a batch consumer waits to fill a batch: the latency it may add to one event."""
+    prompt_linger_s: float = 0.02
+    """The same for a batch consumer whose events someone waits on (`Bus.batch_consumer` with
+    ``prompt``: the coordinator's failures, whose plans a job's relaunch waits for). A fetch
+    returns only when its batch is full or its linger is over, so a lone event waits out the
+    linger; an idle consumer asks the server again every linger (about 50 requests a second)."""
     graceful_timeout_s: float = 20.0
     publish_timeout_s: float = 5.0
     """Bound on one attempt to publish (JetStream's ack included)."""

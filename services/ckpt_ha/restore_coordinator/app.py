@@ -104,6 +104,9 @@ BATCHED: dict[str, tuple[str, Any]] = {
 """Handled a fetched batch at a time (batch handler, payload for the AsyncAPI document): what
 every running job reports often, its Redis round trips per batch; and failures, which come in
 bursts when a rack is lost, their jobs decided concurrently (`Failures.on_failed_batch`)."""
+PROMPT = frozenset({"failed"})
+"""Batched consumers whose events a job waits on: a lone failure is planned at once, not after
+the projections' batch linger (`BusConfig.prompt_linger_s`)."""
 JOB_CONSUMERS = ("started", "heartbeat", "progress", "failed", "succeeded")
 """Their backlog holds the lost-attempt loop back (`watchdog`)."""
 
@@ -169,9 +172,13 @@ def build(settings: RestoreCoordinatorSettings, clock: Clock = utc_now) -> Resto
     for consumer, event_type, method, description in CONSUMERS:
         subject = event_filter(svc.bus.cfg.prefix, event_type)
         if batched := BATCHED.get(consumer):
-            svc.bus.batch_consumer(consumer, subject, payload=batched[1], description=description)(
-                getattr(handlers, batched[0])
-            )
+            svc.bus.batch_consumer(
+                consumer,
+                subject,
+                payload=batched[1],
+                description=description,
+                prompt=consumer in PROMPT,
+            )(getattr(handlers, batched[0]))
         else:
             svc.bus.consumer(consumer, subject, description=description)(getattr(handlers, method))
     indexing = JobIndexing(RedisJobIndex(client, settings.registry_prefix))
