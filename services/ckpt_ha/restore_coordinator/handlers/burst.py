@@ -17,8 +17,7 @@ nak'ed alone) and its own span, in which its decision's events are built."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ckpt_ha.contracts import Envelope, EventData
@@ -40,23 +39,21 @@ Decided = tuple[int, DecisionRecord, Sequence[Envelope[EventData]] | None]
 """A failure's index in the round, its stored decision, and its events when built here."""
 
 
-@contextlib.contextmanager
-def handling(event: Envelope[JobFailedV1]) -> Iterator[None]:
-    """The failure's own span (as a consumer's span would be): what is decided for it is
-    built, and its errors noted, in there."""
-    recording = tracing.recording()
-    with tracing.continue_trace(
+def scope(event: Envelope[JobFailedV1]) -> tracing.Scope:
+    """The failure's own span (as a consumer's span would be), opened at its first step and
+    entered again at each later one (not opened anew: one span per failure, its trace
+    context parsed once): what is decided for it is built, and its errors noted, in there."""
+    return tracing.Scope(
         f"restore-coordinator {event.event_type}",
         event.traceparent,
         tracestate=event.tracestate,
-        attributes=tracing.event_attributes(event) if recording else None,
+        attributes=tracing.event_attributes(event) if tracing.recording() else None,
         link_origin=False,
-    ):
-        yield
+    )
 
 
 def noted(exc: Exception) -> Exception:
-    """A failure's own error, annotated on its span (call inside `handling`)."""
+    """A failure's own error, annotated on its span (call inside its `scope`)."""
     tracing.annotate(**{"ckpt_ha.error": repr(exc)[:500]})
     return exc
 
@@ -68,6 +65,8 @@ class Burst:
         self.failures = failures
         self.decider = failures.decider
         self.state = failures.state
+        self.scopes: dict[int, tracing.Scope] = {}
+        """Each failure's span, by its index in the round (`scope`)."""
 
     async def run(self, events: Sequence[Envelope[JobFailedV1]]) -> list[Result]:
         results: list[Result] = [None] * len(events)
@@ -79,6 +78,20 @@ class Burst:
                 ready.append(i)
         if not ready:
             return results
+        self.scopes = {i: scope(events[i]) for i in ready}
+        try:
+            await self._round(events, ready, results)
+        finally:
+            for opened in self.scopes.values():
+                opened.end()
+        return results
+
+    async def _round(
+        self,
+        events: Sequence[Envelope[JobFailedV1]],
+        ready: list[int],
+        results: list[Result],
+    ) -> None:
         chosen = [events[i] for i in ready]
         contexts = await self.failures.projection.failed_many(chosen, HISTORY_WINDOW)
         undecided = [e.data.job_id for e, c in zip(chosen, contexts, strict=True) if c[4] is None]
@@ -87,7 +100,7 @@ class Burst:
         again: list[Decided] = []
         for i, context in zip(ready, contexts, strict=True):
             event = events[i]
-            with handling(event):
+            with self.scopes[i].entered():
                 try:
                     found = await self.failures.assess(event, context, event.data.job_id in held)
                 except Exception as exc:  # noqa: BLE001 - this failure's own result
@@ -98,15 +111,18 @@ class Burst:
             elif found is not None:
                 todo.append((i, found))
         await self._decide(events, todo, again, results)
-        return results
 
     async def _alone(self, event: Envelope[JobFailedV1]) -> Result:
-        with handling(event):
-            try:
-                await self.failures.on_failed(event)
-            except Exception as exc:  # noqa: BLE001 - this failure's own result
-                return noted(exc)
-        return None
+        alone = scope(event)
+        try:
+            with alone.entered():
+                try:
+                    await self.failures.on_failed(event)
+                except Exception as exc:  # noqa: BLE001 - this failure's own result
+                    return noted(exc)
+            return None
+        finally:
+            alone.end()
 
     async def _decide(
         self,
@@ -148,7 +164,7 @@ class Burst:
             )
         refined: list[tuple[int, Failed, domain.Selection]] = []
         for (i, f), selection in zip(fresh, selections, strict=True):
-            with handling(events[i]):
+            with self.scopes[i].entered():
                 try:
                     refined.append((i, f, await decider.refine(f, selection)))
                 except Exception as exc:  # noqa: BLE001 - this failure's own result
@@ -162,7 +178,7 @@ class Burst:
         concluded = []
         for i, f, s in refined:
             at_step = next(points) if s.chosen is not None and s.chosen.step is not None else None
-            with handling(events[i]):
+            with self.scopes[i].entered():
                 try:
                     concluded.append((i, decider.conclude(f, s, at_step)))
                 except Exception as exc:  # noqa: BLE001 - this failure's own result
