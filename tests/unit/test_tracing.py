@@ -134,9 +134,7 @@ def test_a_scope_entered_at_each_step_is_one_span_in_the_stored_trace(
     second.end()
     first.end()  # once only
     failures = [s for s in spans.get_finished_spans() if s.name == "failure"]
-    assert sorted(hex_trace(s) for s in failures) == sorted(
-        [TP.split("-")[1], OTHER.split("-")[1]]
-    )
+    assert sorted(hex_trace(s) for s in failures) == sorted([TP.split("-")[1], OTHER.split("-")[1]])
     one = next(s for s in failures if hex_trace(s) == TP.split("-")[1])
     assert one.parent is not None
     assert format(one.parent.span_id, "016x") == TP.split("-")[2]

@@ -64,9 +64,10 @@ class CheckpointReads(Protocol):
 
     async def newest_of_jobs(
         self, job_ids: Sequence[str], count: int
-    ) -> dict[str, list[CheckpointRecord]]:
+    ) -> Mapping[str, Sequence[CheckpointRecord]]:
         """The first page of `by_job_pages` (``count`` newest records, newest first) of each
-        of these jobs, read at once (a burst of failures: not a round trip per job)."""
+        of these jobs, read at once (a burst of failures: not a round trip per job); a record
+        may be parsed only when read."""
         ...
 
 
