@@ -24,6 +24,7 @@ that never starts a trace of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -216,6 +217,14 @@ def context_of(traceparent: str | None, tracestate: str | None = None) -> Contex
     """The remote context a ``traceparent`` names; None when absent or invalid."""
     if not traceparent:
         return None
+    return _parsed(traceparent, tracestate or None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(traceparent: str, tracestate: str | None) -> Context | None:
+    """`context_of`, kept for the latest few thousand contexts (a context cannot be changed):
+    a burst's failure is parsed as its handling starts and again as its decision, published
+    in its context, is framed."""
     carrier = {"traceparent": traceparent}
     if tracestate:
         carrier["tracestate"] = tracestate
