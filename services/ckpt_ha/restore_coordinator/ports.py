@@ -203,8 +203,9 @@ class RestoreState(Protocol):
 
     async def lease_many(
         self, failures: Sequence[tuple[str, int]], owner: str, ttl_s: float
-    ) -> list[bool]:
-        """`lease` of many (job, attempt) at once, for one owner: which were taken."""
+    ) -> list[tuple[bool, DecisionRecord | None]]:
+        """`lease` of many (job, attempt) at once, for one owner: whether each was taken and,
+        when it was, the decision stored for it (`decision`, read under the lease)."""
         ...
 
     async def release_many(self, failures: Sequence[tuple[str, int]]) -> None: ...

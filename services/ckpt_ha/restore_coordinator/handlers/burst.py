@@ -3,8 +3,9 @@ taken through the steps of `Failures.on_failed` and `Decider.decide` together.
 
 Each step's Redis reads or writes are one round trip for the whole round, not one per failure:
 record the failures and read their contexts, which jobs are held, take the leases and read the
-decisions stored meanwhile, every job's newest checkpoints (`adapters.selections`), the
-trajectory points at the chosen steps, then store every decision with its plan, restart and
+decisions stored meanwhile (one script), every job's newest checkpoints (`adapters.
+selections`, each record parsed only if the selection reads it), the trajectory points at the
+chosen steps, then store every decision with its plan, restart and
 pins in one transaction (`RestoreProjection.decided_many`), publish them all at once and awaited
 together, mark them published and give the leases back. What only some failures need (a
 verification or a commit awaited, identity inherited, a missing primary, a job whose newest
@@ -137,15 +138,17 @@ class Burst:
             [f.key for _, f in todo], rules.new_id(), rules.lease_ttl_s
         )
         leased: list[tuple[int, Failed]] = []
-        for (i, f), ok in zip(todo, taken, strict=True):
-            if ok:
-                leased.append((i, f))
-            else:
+        fresh: list[tuple[int, Failed]] = []
+        for (i, f), (ok, stored) in zip(todo, taken, strict=True):
+            if not ok:
                 results[i] = DecisionInProgress(f.job, f.attempt)
+                continue
+            leased.append((i, f))
+            if stored is None:  # read under the lease: nobody decided it meanwhile
+                fresh.append((i, f))
+            else:
+                again.append((i, stored, None))
         try:
-            stored = await self.state.decisions_of([f.key for _, f in leased])
-            fresh = [(i, f) for (i, f), s in zip(leased, stored, strict=True) if s is None]
-            again += [(i, s, None) for (i, _), s in zip(leased, stored, strict=True) if s]
             decided = await self._decide_fresh(events, fresh, results)
             await self._publish(events, [*again, *decided], results)
         finally:
