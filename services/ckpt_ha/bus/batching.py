@@ -184,7 +184,9 @@ def admit_recent(cfg: BusConfig, catalog: EventCatalog, raw: Msg, seq: int) -> E
         return found[2]
     event = admit(cfg, catalog, raw.data, raw.subject, headers, seq)
     if len(_recent) >= RECENT_ADMISSIONS:
-        del _recent[next(iter(_recent))]  # the oldest kept
+        # The oldest kept (another thread's loop evicting at once: one of them does).
+        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+            del _recent[next(iter(_recent))]
     _recent[key] = (cfg, catalog, event)
     return event
 
