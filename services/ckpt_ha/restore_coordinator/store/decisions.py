@@ -152,10 +152,13 @@ class DecisionStore(StoreBase):
             ],
             args=[owner, leases.ms(ttl_s)],
         )
-        return [
-            (bool(taken), DecisionRecord.model_validate_json(raw) if raw else None)
-            for taken, raw in zip(found[::2], found[1::2], strict=True)
-        ]
+        taken = [bool(t) for t in found[::2]]
+        try:
+            stored = [DecisionRecord.model_validate_json(r) if r else None for r in found[1::2]]
+        except ValueError:  # a stored decision unreadable: the leases go back, as they would
+            await self.release_many([f for f, t in zip(failures, taken, strict=True) if t])
+            raise
+        return list(zip(taken, stored, strict=True))
 
     async def release(self, job: str, attempt: int) -> None:
         await self._r.delete(self._k("lease", job, attempt))
