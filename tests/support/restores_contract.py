@@ -488,11 +488,16 @@ class RestoresContract:
     ) -> None:
         state, _ = stores
         assert await state.lease("job-a", 1, "other", 30.0) is True
+        decided = DecisionRecord(events=('{"b":1}',))
+        await state.record_decision("job-b", 1, decided)
         got = await state.lease_many([("job-a", 1), ("job-b", 1), ("job-a", 2)], "me", 30.0)
-        assert got == [False, True, True]
-        assert await state.lease_many([("job-b", 1)], "again", 30.0) == [False]
+        assert got == [(False, None), (True, decided), (True, None)]  # a decision: if taken
+        assert await state.lease_many([("job-b", 1)], "again", 30.0) == [(False, None)]
         await state.release_many([("job-a", 1), ("job-b", 1)])
-        assert await state.lease_many([("job-a", 1), ("job-b", 1)], "me", 30.0) == [True, True]
+        assert await state.lease_many([("job-a", 1), ("job-b", 1)], "me", 30.0) == [
+            (True, None),
+            (True, decided),
+        ]
         await state.set_held("job-b", True)
         assert await state.held_of(["job-a", "job-b"]) == {"job-b"}
         assert await state.held_of([]) == set()

@@ -11,6 +11,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
 from ckpt_ha.contracts import Envelope, EventData, build
 from ckpt_ha.contracts.job import JobHeartbeatV1, JobProgressV1
 from ckpt_ha.core.errors import DependencyNotReady
@@ -19,6 +24,7 @@ from ckpt_ha.restore_coordinator.app import compose_handlers
 from ckpt_ha.restore_coordinator.handlers.decide import DecisionInProgress
 from ckpt_ha.restore_coordinator.metrics import RestoreMetrics
 from ckpt_ha.storage import FsStore
+from ckpt_ha.telemetry import tracing
 from ckpt_ha.telemetry.metrics import ServiceMetrics
 from tests.support.fakes.pins import InMemoryPins
 from tests.support.fakes.publisher import RecordingPublisher
@@ -195,3 +201,36 @@ async def test_a_burst_keeps_each_failures_own_outcome_in_stream_order(tmp_path:
     assert planned == [(JOB, 2), (JOB, 3)]  # in stream order, each once
     assert await many.state.failures(held) != []  # recorded
     assert many.state.leases[(leased, 1)][0] == "another-replica"  # never taken from it
+
+
+async def test_each_failure_of_a_round_is_one_span_its_decision_traced_in_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With spans recorded: a round's failures each get one span (opened at its first step,
+    entered again at the later ones, not opened anew), in the failure's own trace, and its
+    decision is published in that trace."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(tracing, "_provider", provider)
+    other = "job-q"
+    ev = Events()
+    starts = ev(started(1), started(1).model_copy(update={"job_id": other}))
+    batch = [
+        e.model_copy(update={"traceparent": tracing.new_traceparent()})
+        for e in ev(failed(1), failed(1).model_copy(update={"job_id": other}))
+    ]
+    many = Coordinator(tmp_path / "many")
+    for s in starts:
+        await many.handlers.on_started(s)
+    assert await many.handlers.on_failed_batch(batch) == [None, None]
+    spans = [s for s in exporter.get_finished_spans() if s.name.endswith("job.failed")]
+    assert sorted(format(s.context.trace_id, "032x") for s in spans) == sorted(
+        e.traceparent.split("-")[1] for e in batch if e.traceparent
+    )
+    for event in batch:
+        [decision] = [e for e in many.bus.events if e.data.job_id == event.data.job_id]
+        assert decision.traceparent is not None
+        assert event.traceparent is not None
+        assert tracing.same_trace(decision.traceparent, event.traceparent)
+    provider.shutdown()

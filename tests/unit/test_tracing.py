@@ -111,6 +111,65 @@ def test_continue_trace_without_a_stored_context_is_a_plain_child(
     assert not late.links
 
 
+def test_a_scope_entered_at_each_step_is_one_span_in_the_stored_trace(
+    spans: InMemorySpanExporter,
+) -> None:
+    """A burst's failure: its steps interleaved with another failure's, one span each,
+    opened at the first step as `continue_trace` opens it, re-entered (not re-opened) later,
+    ended by `end`; what is built inside carries its context."""
+    first, second = tracing.Scope("failure", TP), tracing.Scope("failure", OTHER)
+    seen: list[tuple[str, str | None] | None] = []
+    with tracing.span("batch") as trigger:
+        for _ in range(3):  # three steps, the two failures' alternating
+            for scope in (first, second):
+                with scope.entered():
+                    seen.append(tracing.current_traceparent())
+                    with tracing.span("step"):
+                        pass
+        assert tracing.current_traceparent() == tracing.traceparent_of(
+            trace.set_span_in_context(trigger)
+        )
+    assert not [s for s in spans.get_finished_spans() if s.name == "failure"]  # still open
+    first.end()
+    second.end()
+    first.end()  # once only
+    failures = [s for s in spans.get_finished_spans() if s.name == "failure"]
+    assert sorted(hex_trace(s) for s in failures) == sorted([TP.split("-")[1], OTHER.split("-")[1]])
+    one = next(s for s in failures if hex_trace(s) == TP.split("-")[1])
+    assert one.parent is not None
+    assert format(one.parent.span_id, "016x") == TP.split("-")[2]
+    assert [link.attributes["ckpt_ha.link"] for link in one.links] == ["trigger", "checkpoint"]
+    assert one.links[0].context.span_id == trigger.get_span_context().span_id
+    steps = [s for s in spans.get_finished_spans() if s.name == "step"]
+    assert len(steps) == 6
+    assert {s.parent.span_id for s in steps if s.parent} == {f.context.span_id for f in failures}
+    assert [p is not None and tracing.same_trace(p[0], TP) for p in seen[::2]] == [True] * 3
+    assert [p is not None and tracing.same_trace(p[0], OTHER) for p in seen[1::2]] == [True] * 3
+
+
+def test_an_error_leaving_a_scope_marks_its_span(spans: InMemorySpanExporter) -> None:
+    scope = tracing.Scope("failure", None)
+    with pytest.raises(ValueError, match="bad"), scope.entered():
+        raise ValueError("bad")
+    scope.end()
+    [done] = spans.get_finished_spans()
+    assert done.status.status_code is StatusCode.ERROR
+    assert not done.links  # no stored context: a plain child, as continue_trace's
+
+
+def test_without_a_provider_a_scope_makes_the_stored_context_current_at_each_entry() -> None:
+    stored = tracing.new_traceparent()
+    scope, none = tracing.Scope("x", stored), tracing.Scope("y", None)
+    for _ in range(2):
+        with scope.entered() as current:
+            assert not current.is_recording()
+            assert tracing.current_traceparent() == (stored, None)
+        assert tracing.current_traceparent() is None
+        with none.entered():
+            assert tracing.current_traceparent() is None
+    scope.end()
+
+
 def test_in_context_makes_a_stored_context_current_only_when_no_span_is() -> None:
     with tracing.in_context(TP):
         current = tracing.current_traceparent()

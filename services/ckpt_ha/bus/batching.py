@@ -157,6 +157,40 @@ class BatchPipeline:
         self.closing = False
 
 
+RECENT_ADMISSIONS = 4096
+"""Admitted events kept (`admit_recent`): a few fetched batches of every batch consumer."""
+_recent: dict[tuple[object, ...], tuple[BusConfig, EventCatalog, Envelope[EventData]]] = {}
+
+
+def admit_recent(cfg: BusConfig, catalog: EventCatalog, raw: Msg, seq: int) -> Envelope[EventData]:
+    """`admit` of a fetched message, the event kept for the next batch consumer that fetches
+    the very same one: a service's consumers overlap (the coordinator's job index takes every
+    event its ``failed`` consumer takes), and each verified every signature and decoded every
+    body again. `admit` depends only on what the key holds (the same settings and catalogue,
+    subject, stream sequence, body and headers), so a kept event is what admitting again would
+    give; the events are immutable. A refusal is not kept: it is raised again each time."""
+    headers = raw.headers
+    key = (
+        id(cfg),
+        id(catalog),
+        raw.subject,
+        seq,
+        raw.data,
+        tuple(headers.items()) if headers else (),
+    )
+    found = _recent.get(key)
+    # The entry holds its settings and catalogue: while it is kept, no other object has their ids.
+    if found is not None and found[0] is cfg and found[1] is catalog:
+        return found[2]
+    event = admit(cfg, catalog, raw.data, raw.subject, headers, seq)
+    if len(_recent) >= RECENT_ADMISSIONS:
+        # The oldest kept (another thread's loop evicting at once: one of them does).
+        with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+            del _recent[next(iter(_recent))]
+    _recent[key] = (cfg, catalog, event)
+    return event
+
+
 async def admit_batch(
     raws: list[Msg], consumer: str, cfg: BusConfig, catalog: EventCatalog, letters: DeadLetters
 ) -> Admitted:
@@ -173,7 +207,7 @@ async def admit_batch(
             if delivered > max_deliver and await letters.past_cap(raw, consumer):
                 continue
             try:
-                events.append(admit(cfg, catalog, raw.data, raw.subject, raw.headers, seq))
+                events.append(admit_recent(cfg, catalog, raw, seq))
                 decoded.append(raw)
             except ContractError as exc:
                 await settle_failed(raw, exc, consumer, letters)

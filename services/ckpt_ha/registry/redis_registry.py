@@ -54,6 +54,7 @@ from ckpt_ha.core.tiers import TierChoice, resolve_tier
 from ckpt_ha.registry.client import RedisConfig, cas_digest, connect, describe
 from ckpt_ha.registry.eviction import FORGET_LUA, forget_call
 from ckpt_ha.registry.keys import RegistryKeys
+from ckpt_ha.registry.lazy_records import RecordsOnRead
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
 
 __all__ = ["APPLIED_WINDOW_S", "Registry", "RegistryUnavailable"]
@@ -484,9 +485,10 @@ class Registry:
 
     async def newest_of_jobs(
         self, job_ids: Sequence[str], count: int
-    ) -> dict[str, list[CheckpointRecord]]:
+    ) -> dict[str, Sequence[CheckpointRecord]]:
         """Each job's ``count`` newest checkpoints (newest step first, as `by_job_pages`' first
-        page): the ids of every job in one script call, their records in one MGET."""
+        page): the ids of every job in one script call, their records in one MGET, each parsed
+        when first read (`RecordsOnRead`)."""
         jobs = list(dict.fromkeys(job_ids))
         if not jobs:
             return {}
@@ -494,9 +496,19 @@ class Registry:
             found = await self._newest_script(keys=[self.keys.job(j) for j in jobs], args=[count])
         pages = [_strs(ids) for ids in found]
         every = [i for ids in pages for i in ids]
-        found = dict(zip(every, await self.get_many(every), strict=True))
+        raws: dict[str, Any] = {}
+        if every:
+            with _reachable():
+                raws = dict(
+                    zip(
+                        every,
+                        await self.r.mget([self.keys.checkpoint(i) for i in every]),
+                        strict=True,
+                    )
+                )
+        # Parsed as the reader reads them (a selection stops at its second valid record).
         return {
-            job: [r for r in (found[i] for i in ids) if r is not None]
+            job: RecordsOnRead([raw for raw in (raws[i] for i in ids) if raw])
             for job, ids in zip(jobs, pages, strict=True)
         }
 

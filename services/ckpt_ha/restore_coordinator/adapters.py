@@ -88,8 +88,9 @@ async def selections(
     pages = await reads.newest_of_jobs([job for job, _ in wanted], SELECTION_PAGE)
     out: list[Selection] = []
     for job, excluded in wanted:
-        page = pages.get(job, [])
-        chosen = select([candidate(r) for r in page], excluded)
+        page = pages.get(job, ())
+        # A generator: `select` stops at the second valid record, the rest never parsed.
+        chosen = select((candidate(r) for r in page), excluded)
         if chosen.previous is None and len(page) >= SELECTION_PAGE:
             chosen = await selection(reads, job, excluded)
         out.append(chosen)

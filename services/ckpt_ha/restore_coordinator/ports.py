@@ -64,9 +64,10 @@ class CheckpointReads(Protocol):
 
     async def newest_of_jobs(
         self, job_ids: Sequence[str], count: int
-    ) -> dict[str, list[CheckpointRecord]]:
+    ) -> Mapping[str, Sequence[CheckpointRecord]]:
         """The first page of `by_job_pages` (``count`` newest records, newest first) of each
-        of these jobs, read at once (a burst of failures: not a round trip per job)."""
+        of these jobs, read at once (a burst of failures: not a round trip per job); a record
+        may be parsed only when read."""
         ...
 
 
@@ -202,8 +203,9 @@ class RestoreState(Protocol):
 
     async def lease_many(
         self, failures: Sequence[tuple[str, int]], owner: str, ttl_s: float
-    ) -> list[bool]:
-        """`lease` of many (job, attempt) at once, for one owner: which were taken."""
+    ) -> list[tuple[bool, DecisionRecord | None]]:
+        """`lease` of many (job, attempt) at once, for one owner: whether each was taken and,
+        when it was, the decision stored for it (`decision`, read under the lease)."""
         ...
 
     async def release_many(self, failures: Sequence[tuple[str, int]]) -> None: ...

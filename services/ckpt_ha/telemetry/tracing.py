@@ -24,6 +24,7 @@ that never starts a trace of its own.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -216,6 +217,14 @@ def context_of(traceparent: str | None, tracestate: str | None = None) -> Contex
     """The remote context a ``traceparent`` names; None when absent or invalid."""
     if not traceparent:
         return None
+    return _parsed(traceparent, tracestate or None)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(traceparent: str, tracestate: str | None) -> Context | None:
+    """`context_of`, kept for the latest few thousand contexts (a context cannot be changed):
+    a burst's failure is parsed as its handling starts and again as its decision, published
+    in its context, is framed."""
     carrier = {"traceparent": traceparent}
     if tracestate:
         carrier["tracestate"] = tracestate
@@ -229,9 +238,11 @@ def traceparent_of(ctx: Context | None = None) -> tuple[str, str | None] | None:
     span_ctx = trace.get_current_span(ctx).get_span_context()
     if not span_ctx.is_valid:
         return None
-    carrier: dict[str, str] = {}
-    _PROPAGATOR.inject(carrier, context=trace.set_span_in_context(trace.NonRecordingSpan(span_ctx)))
-    return carrier["traceparent"], carrier.get("tracestate")
+    # What the W3C propagator's inject writes, formatted here (every event a handler builds
+    # asks, and inject wanted a context built around the span first).
+    traceparent = f"00-{span_ctx.trace_id:032x}-{span_ctx.span_id:016x}-{span_ctx.trace_flags:02x}"
+    state = span_ctx.trace_state.to_header() if span_ctx.trace_state else None
+    return traceparent, state
 
 
 def current_traceparent() -> tuple[str, str | None] | None:
@@ -339,6 +350,76 @@ def continue_trace(
         name, context=stored, attributes=clean_attributes(attributes), links=links
     ) as current:
         yield current
+
+
+class Scope:
+    """`continue_trace` for one unit of work whose steps are interleaved with other units'
+    (a burst's failures, decided together a step at a time): its span is opened at the first
+    `entered` (as `continue_trace` opens it: in the stored trace, linked to the span current
+    then), made current again, never opened anew, at each later one, and ended by `end`.
+    Without a recording provider it is the stored context, parsed once, made current at each
+    entry (nothing current changes when there is none). An exception leaving an entry marks
+    the span ERROR, as `continue_trace` does."""
+
+    def __init__(
+        self,
+        name: str,
+        traceparent: str | None,
+        *,
+        tracestate: str | None = None,
+        attributes: dict[str, Any] | None = None,
+        link_origin: bool = True,
+    ) -> None:
+        self._name = name
+        self._traceparent, self._tracestate = traceparent, tracestate
+        self._attributes, self._link_origin = attributes, link_origin
+        self._opened = False
+        self._ctx: Context | None = None
+        """What each entry makes current (None: nothing)."""
+        self._span: Span | None = None
+
+    def _open(self) -> None:
+        self._opened = True
+        stored = context_of(self._traceparent, self._tracestate)
+        if not recording():
+            self._ctx = stored
+            return
+        links: list[Link] | None = None
+        if stored is not None:
+            trigger = trace.get_current_span().get_span_context()
+            links = []
+            if trigger.is_valid:
+                links.append(Link(trigger, attributes={"ckpt_ha.link": "trigger"}))
+            if self._link_origin:
+                links.extend(link_to(self._traceparent, **{"ckpt_ha.link": "checkpoint"}))
+        self._span = tracer().start_span(
+            self._name, context=stored, attributes=clean_attributes(self._attributes), links=links
+        )
+        self._ctx = trace.set_span_in_context(self._span, stored)
+
+    @contextlib.contextmanager
+    def entered(self) -> Iterator[Span]:
+        if not self._opened:
+            self._open()
+        if self._ctx is None:
+            yield trace.get_current_span()
+            return
+        token = otel_context.attach(self._ctx)
+        try:
+            yield trace.get_current_span()
+        except Exception as exc:
+            if self._span is not None and self._span.is_recording():
+                self._span.record_exception(exc)
+                self._span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
+        finally:
+            otel_context.detach(token)
+
+    def end(self) -> None:
+        """The span ends (once; nothing when it was never entered or nothing records)."""
+        if self._span is not None:
+            self._span.end()
+            self._span = None
 
 
 @contextlib.contextmanager

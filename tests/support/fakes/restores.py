@@ -211,8 +211,12 @@ class InMemoryRestores:
 
     async def lease_many(
         self, failures: Sequence[tuple[str, int]], owner: str, ttl_s: float
-    ) -> list[bool]:
-        return [await self.lease(job, attempt, owner, ttl_s) for job, attempt in failures]
+    ) -> list[tuple[bool, DecisionRecord | None]]:
+        out: list[tuple[bool, DecisionRecord | None]] = []
+        for job, attempt in failures:
+            taken = await self.lease(job, attempt, owner, ttl_s)
+            out.append((taken, self.decisions.get((job, attempt)) if taken else None))
+        return out
 
     async def release_many(self, failures: Sequence[tuple[str, int]]) -> None:
         for job, attempt in failures:

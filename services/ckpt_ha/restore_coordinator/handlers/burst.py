@@ -3,8 +3,9 @@ taken through the steps of `Failures.on_failed` and `Decider.decide` together.
 
 Each step's Redis reads or writes are one round trip for the whole round, not one per failure:
 record the failures and read their contexts, which jobs are held, take the leases and read the
-decisions stored meanwhile, every job's newest checkpoints (`adapters.selections`), the
-trajectory points at the chosen steps, then store every decision with its plan, restart and
+decisions stored meanwhile (one script), every job's newest checkpoints (`adapters.
+selections`, each record parsed only if the selection reads it), the trajectory points at the
+chosen steps, then store every decision with its plan, restart and
 pins in one transaction (`RestoreProjection.decided_many`), publish them all at once and awaited
 together, mark them published and give the leases back. What only some failures need (a
 verification or a commit awaited, identity inherited, a missing primary, a job whose newest
@@ -17,8 +18,7 @@ nak'ed alone) and its own span, in which its decision's events are built."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ckpt_ha.contracts import Envelope, EventData
@@ -40,23 +40,21 @@ Decided = tuple[int, DecisionRecord, Sequence[Envelope[EventData]] | None]
 """A failure's index in the round, its stored decision, and its events when built here."""
 
 
-@contextlib.contextmanager
-def handling(event: Envelope[JobFailedV1]) -> Iterator[None]:
-    """The failure's own span (as a consumer's span would be): what is decided for it is
-    built, and its errors noted, in there."""
-    recording = tracing.recording()
-    with tracing.continue_trace(
+def scope(event: Envelope[JobFailedV1]) -> tracing.Scope:
+    """The failure's own span (as a consumer's span would be), opened at its first step and
+    entered again at each later one (not opened anew: one span per failure, its trace
+    context parsed once): what is decided for it is built, and its errors noted, in there."""
+    return tracing.Scope(
         f"restore-coordinator {event.event_type}",
         event.traceparent,
         tracestate=event.tracestate,
-        attributes=tracing.event_attributes(event) if recording else None,
+        attributes=tracing.event_attributes(event) if tracing.recording() else None,
         link_origin=False,
-    ):
-        yield
+    )
 
 
 def noted(exc: Exception) -> Exception:
-    """A failure's own error, annotated on its span (call inside `handling`)."""
+    """A failure's own error, annotated on its span (call inside its `scope`)."""
     tracing.annotate(**{"ckpt_ha.error": repr(exc)[:500]})
     return exc
 
@@ -68,6 +66,8 @@ class Burst:
         self.failures = failures
         self.decider = failures.decider
         self.state = failures.state
+        self.scopes: dict[int, tracing.Scope] = {}
+        """Each failure's span, by its index in the round (`scope`)."""
 
     async def run(self, events: Sequence[Envelope[JobFailedV1]]) -> list[Result]:
         results: list[Result] = [None] * len(events)
@@ -79,6 +79,20 @@ class Burst:
                 ready.append(i)
         if not ready:
             return results
+        self.scopes = {i: scope(events[i]) for i in ready}
+        try:
+            await self._round(events, ready, results)
+        finally:
+            for opened in self.scopes.values():
+                opened.end()
+        return results
+
+    async def _round(
+        self,
+        events: Sequence[Envelope[JobFailedV1]],
+        ready: list[int],
+        results: list[Result],
+    ) -> None:
         chosen = [events[i] for i in ready]
         contexts = await self.failures.projection.failed_many(chosen, HISTORY_WINDOW)
         undecided = [e.data.job_id for e, c in zip(chosen, contexts, strict=True) if c[4] is None]
@@ -87,7 +101,7 @@ class Burst:
         again: list[Decided] = []
         for i, context in zip(ready, contexts, strict=True):
             event = events[i]
-            with handling(event):
+            with self.scopes[i].entered():
                 try:
                     found = await self.failures.assess(event, context, event.data.job_id in held)
                 except Exception as exc:  # noqa: BLE001 - this failure's own result
@@ -98,15 +112,18 @@ class Burst:
             elif found is not None:
                 todo.append((i, found))
         await self._decide(events, todo, again, results)
-        return results
 
     async def _alone(self, event: Envelope[JobFailedV1]) -> Result:
-        with handling(event):
-            try:
-                await self.failures.on_failed(event)
-            except Exception as exc:  # noqa: BLE001 - this failure's own result
-                return noted(exc)
-        return None
+        alone = scope(event)
+        try:
+            with alone.entered():
+                try:
+                    await self.failures.on_failed(event)
+                except Exception as exc:  # noqa: BLE001 - this failure's own result
+                    return noted(exc)
+            return None
+        finally:
+            alone.end()
 
     async def _decide(
         self,
@@ -121,15 +138,17 @@ class Burst:
             [f.key for _, f in todo], rules.new_id(), rules.lease_ttl_s
         )
         leased: list[tuple[int, Failed]] = []
-        for (i, f), ok in zip(todo, taken, strict=True):
-            if ok:
-                leased.append((i, f))
-            else:
+        fresh: list[tuple[int, Failed]] = []
+        for (i, f), (ok, stored) in zip(todo, taken, strict=True):
+            if not ok:
                 results[i] = DecisionInProgress(f.job, f.attempt)
+                continue
+            leased.append((i, f))
+            if stored is None:  # read under the lease: nobody decided it meanwhile
+                fresh.append((i, f))
+            else:
+                again.append((i, stored, None))
         try:
-            stored = await self.state.decisions_of([f.key for _, f in leased])
-            fresh = [(i, f) for (i, f), s in zip(leased, stored, strict=True) if s is None]
-            again += [(i, s, None) for (i, _), s in zip(leased, stored, strict=True) if s]
             decided = await self._decide_fresh(events, fresh, results)
             await self._publish(events, [*again, *decided], results)
         finally:
@@ -148,7 +167,7 @@ class Burst:
             )
         refined: list[tuple[int, Failed, domain.Selection]] = []
         for (i, f), selection in zip(fresh, selections, strict=True):
-            with handling(events[i]):
+            with self.scopes[i].entered():
                 try:
                     refined.append((i, f, await decider.refine(f, selection)))
                 except Exception as exc:  # noqa: BLE001 - this failure's own result
@@ -162,7 +181,7 @@ class Burst:
         concluded = []
         for i, f, s in refined:
             at_step = next(points) if s.chosen is not None and s.chosen.step is not None else None
-            with handling(events[i]):
+            with self.scopes[i].entered():
                 try:
                     concluded.append((i, decider.conclude(f, s, at_step)))
                 except Exception as exc:  # noqa: BLE001 - this failure's own result

@@ -140,15 +140,25 @@ class DecisionStore(StoreBase):
 
     async def lease_many(
         self, failures: Sequence[tuple[str, int]], owner: str, ttl_s: float
-    ) -> list[bool]:
-        """`lease` of many failures in one script call (`lua/leases.lua`): which were taken."""
+    ) -> list[tuple[bool, DecisionRecord | None]]:
+        """`lease` of many failures in one script call (`lua/leases.lua`): for each, whether
+        it was taken and, if so, the decision stored for it (read under the lease)."""
         if not failures:
             return []
-        taken = await self._leases_script(
-            keys=[self._k("lease", job, attempt) for job, attempt in failures],
+        found = await self._leases_script(
+            keys=[
+                *(self._k("lease", job, attempt) for job, attempt in failures),
+                *(self._k("decision", job, attempt) for job, attempt in failures),
+            ],
             args=[owner, leases.ms(ttl_s)],
         )
-        return [bool(x) for x in taken]
+        taken = [bool(t) for t in found[::2]]
+        try:
+            stored = [DecisionRecord.model_validate_json(r) if r else None for r in found[1::2]]
+        except ValueError:  # a stored decision unreadable: the leases go back, as they would
+            await self.release_many([f for f, t in zip(failures, taken, strict=True) if t])
+            raise
+        return list(zip(taken, stored, strict=True))
 
     async def release(self, job: str, attempt: int) -> None:
         await self._r.delete(self._k("lease", job, attempt))

@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from ckpt_ha.contracts import CATALOG, Envelope, EventData
 from ckpt_ha.contracts.subjects import TELEMETRY
 from ckpt_ha.restore_coordinator.api import INDEX, JobIndexReader, key
+from ckpt_ha.restore_coordinator.store.base import script
 
 
 def indexed(event: Envelope[EventData]) -> bool:
@@ -35,6 +36,7 @@ class RedisJobIndex(JobIndexReader):
     def __init__(self, client: aioredis.Redis, prefix: str) -> None:
         super().__init__(client, prefix)
         self._seq = key(prefix, INDEX, "seq")
+        self._record_script = client.register_script(script("job_index"))
 
     async def record(self, events: Sequence[Envelope[EventData]]) -> None:
         """Index these events (stream order; checkpoint events are skipped)."""
@@ -42,19 +44,23 @@ class RedisJobIndex(JobIndexReader):
         reports = [e for e in events if e.data.EVENT_TYPE in TELEMETRY]
         if logged:
             top = int(await self._r.incrby(self._seq, len(logged)))
-            # One ZADD NX per job's log and one for every job, each member at its first
-            # place in the batch (as one ZADD NX per event would leave it).
+            # One script call (`lua/job_index.lua`): a ZADD NX per job's log and per job,
+            # each member at its first place in the batch (as one ZADD NX per event would
+            # leave it).
             logs: dict[str, dict[bytes, int]] = {}
             jobs: dict[str, int] = {}
             for n, event in enumerate(logged, start=top - len(logged) + 1):
                 job = event.data.job_id
                 logs.setdefault(job, {}).setdefault(event.to_bytes(), n)
                 jobs.setdefault(job, n)
-            async with self._r.pipeline(transaction=False) as pipe:
-                for job, members in logs.items():
-                    pipe.zadd(self._k("log", job), members, nx=True)
-                pipe.zadd(self._k("all"), jobs, nx=True)
-                await pipe.execute()
+            keys = [self._k("all")]
+            args: list[str | bytes | int] = []
+            for job, members in logs.items():
+                keys.append(self._k("log", job))
+                args += (job, jobs[job], len(members))
+                for member, place in members.items():
+                    args += (place, member)
+            await self._record_script(keys=keys, args=args)
         if reports:
             await self._reports(reports)
 
