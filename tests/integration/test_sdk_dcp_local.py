@@ -6,13 +6,17 @@ multi-rank paths are in tests/integration/test_sdk_dcp.py)."""
 from __future__ import annotations
 
 import os
+import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from ckpt_ha import sdk
 from ckpt_ha.formats import checksum as cs
+from ckpt_ha.formats import verify_path
 from ckpt_ha.formats.sidecar import FileEvidence
+from ckpt_ha.sdk.protocol import BusEndpoint
 from tests.support.resume_tools import plan_for
 from tests.support.torch_tools import require_torch
 
@@ -162,3 +166,52 @@ def test_a_file_hashed_in_pieces_and_gaps_has_the_checksum_of_a_read(
         assert hashing.finish(fd) == (cs.of_bytes(data, algorithm), len(data))
     finally:
         os.close(fd)
+
+
+# -- async_save: the bus is the commit thread's business ----------------------------------------
+
+
+class _SilentBus:
+    """A TCP port that accepts a connection and says nothing (a hung NATS server): the client
+    waits for it until its timeout. `held_past_return`: the caller's call returned (`returned`)
+    while the connection was held."""
+
+    def __init__(self) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"nats://127.0.0.1:{self._server.getsockname()[1]}"
+        self.returned = threading.Event()
+        self.held_past_return = False
+        self._release = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        conn, _ = self._server.accept()
+        self.held_past_return = self.returned.wait(timeout=10)  # a bound, not a speed
+        self._release.wait(timeout=60)
+        conn.close()
+        self._server.close()
+
+    def release(self) -> None:
+        self._release.set()
+        self._thread.join(timeout=30)
+
+
+def test_async_save_returns_while_its_writing_event_still_waits_for_the_bus(
+    tmp_path: Path,
+) -> None:
+    """``checkpoint.writing`` is announced by the commit thread: a hung bus holds the commit
+    thread (the save stays in flight), never the training loop's call."""
+    bus = _SilentBus()
+    try:
+        handle = dcp.async_save({"w": torch.ones(8)}, step=3, job_id="job-b",
+                                storage_root=str(tmp_path), run_id="run-1",
+                                bus=BusEndpoint(url=bus.url, timeout_s=30.0))  # fmt: skip
+        bus.returned.set()
+        assert not handle.done()  # its commit thread waits for the bus
+    finally:
+        bus.release()
+    saved = handle.result(timeout=60)
+    assert bus.held_past_return
+    assert not saved.announced_writing
+    assert verify_path(tmp_path / "job-b" / "step-00000003").ok
