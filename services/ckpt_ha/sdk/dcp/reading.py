@@ -107,6 +107,8 @@ def read_in_place(stream: Any, offset: int, length: int, req: ReadItem,
     target = planner.resolve_tensor(req).detach()
     if (
         target.device.type != "cpu"
+        or target.layout != torch.strided
+        or stored.layout != torch.strided
         or target.dtype != stored.dtype
         or target.shape != stored.shape
         or not target.is_contiguous()
