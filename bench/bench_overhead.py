@@ -35,7 +35,10 @@ page cache (``/proc/sys/vm/drop_caches``, root only) before each read, which slo
 else on the machine for a moment. Usage:
 
     PYTHONPATH=services:contracts:. .venv/bin/python bench/bench_overhead.py \\
-        [--mb 300 2000] [--rounds 3] [--no-cold] [--dir DIR]
+        [--mb 300 2000] [--rounds 3] [--no-cold] [--dir DIR] [--only ROW [ROW ...]]
+
+``--only`` runs only the named rows (`ROWS`) after the DCP save and raw rows, which every other
+row needs (its checkpoint, its synchronous save).
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ from ckpt_ha.sdk import dcp
 
 CHUNK = 1024 * 1024
 BLOCK = 4 * CHUNK
+ROWS = ("native", "verify", "stall", "restore", "trainer-save", "trainer-restore")
+"""The rows ``--only`` can pick."""
 
 
 def state_dict(mb: int) -> dict[str, Any]:
@@ -179,7 +184,7 @@ def row(figure: str, value: str, target: str) -> None:
     print(f"| {figure} | {value} | {target} |", flush=True)
 
 
-def run_size(mb: int, bench: Bench, cold: bool) -> None:
+def run_size(mb: int, bench: Bench, cold: bool, only: set[str]) -> None:
     state = state_dict(mb)
     for first_use in (bench.plain, bench.ours):  # imports, allocations: for neither side
         shutil.rmtree(first_use(state)[1])
@@ -217,7 +222,7 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
 
     # Native save against os.write + fsync of the same files.
     native_t, raw_t = [], []
-    for n in range(bench.rounds):
+    for n in range(bench.rounds if "native" in only else 0):
         bench.step += 1
         step = bench.step
         took = timed(
@@ -235,9 +240,22 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
         native_t.append(took)
         raw_t.append(raw_took)
         del n
-    row("native save: os.write + fsync of its files / `sdk.save`", ratio(raw_t, native_t), ">= 0.9")
+    if native_t:
+        row(
+            "native save: os.write + fsync of its files / `sdk.save`",
+            ratio(raw_t, native_t),
+            ">= 0.9",
+        )
+    if "verify" in only:
+        _verify_rows(bench, dcp_folder, total, cold)
+    if "stall" in only:
+        _stall_rows(bench, state, statistics.median(ours_t))
+    shutil.rmtree(dcp_folder)
+    _restore_rows(bench, state, mb, only)
 
-    # Verify against a raw read, warm.
+
+def _verify_rows(bench: Bench, dcp_folder: Path, total: int, cold: bool) -> None:
+    """Verify against a raw read, warm (and cold when root)."""
     verify_warm, read_warm = [], []
     for _ in range(bench.rounds):
         read_warm.append(timed(lambda: raw_read(dcp_folder)))
@@ -259,8 +277,9 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
             "verify DCP, cold: raw read / `ckpt-ha verify`", ratio(read_cold, verify_cold), ">= 0.9"
         )
 
-    # async_save stall, as a share of a synchronous save.
-    sync_s = statistics.median(ours_t)
+
+def _stall_rows(bench: Bench, state: dict[str, Any], sync_s: float) -> None:
+    """async_save stall, as a share of a synchronous save (``sync_s``)."""
     stager = DefaultStager(StagingOptions(False, False, False, False))
     stager.stage(state)  # a stager that already holds its copy, as ckpt-ha's after prepare_async
     plain_blocked, plain_cpu = [], []
@@ -303,9 +322,20 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
         f"{later / sync_s:.1%} ({later:.3f} s, CPU {later_cpu:.3f} s)",
         "<= 5%",
     )
-    shutil.rmtree(dcp_folder)
 
-    # Restores: a raw read of the files plus the framework's own load, against the verified load.
+
+def _restore_rows(bench: Bench, state: dict[str, Any], mb: int, only: set[str]) -> None:
+    """Restores: a raw read of the files plus the framework's own load, against the verified
+    load; and the Trainer's save."""
+    if "restore" in only:
+        _dcp_restore_row(bench, state)
+    if "trainer-save" in only:
+        _trainer_save_row(bench, mb)
+    if "trainer-restore" in only:
+        _trainer_restore_row(bench, mb)
+
+
+def _dcp_restore_row(bench: Bench, state: dict[str, Any]) -> None:
     plain_load, resumed = overhead_restore.dcp_restore(
         bench.folder("restore"), state, bench.rounds, timed, raw_read
     )
@@ -314,6 +344,9 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
         ratio(plain_load, resumed),
         ">= 0.85",
     )
+
+
+def _trainer_save_row(bench: Bench, mb: int) -> None:
     plain_save, ours_save, trainer_gb = overhead_restore.trainer_save(
         bench.folder("trainer"), mb, bench.rounds
     )
@@ -322,6 +355,9 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
         f"{ratio(plain_save, ours_save)}; without {statistics.median(plain_save):.2f} s",
         ">= 0.95",
     )
+
+
+def _trainer_restore_row(bench: Bench, mb: int) -> None:
     plain_train, ours_train = overhead_restore.hf_restore(
         bench.folder("hf"), mb, bench.rounds, timed, raw_read
     )
@@ -343,6 +379,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache rows")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    ap.add_argument("--only", nargs="+", choices=ROWS, default=ROWS, help="rows to run")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     cold = not args.no_cold and drop_caches()
@@ -352,7 +389,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-overhead-", dir=args.dir))
     try:
         for mb in args.mb:
-            run_size(mb, Bench(base, args.rounds), cold)
+            run_size(mb, Bench(base, args.rounds), cold, set(args.only))
     finally:
         shutil.rmtree(base)
 

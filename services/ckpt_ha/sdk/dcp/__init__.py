@@ -26,7 +26,9 @@ sidecar is written. The CPU copy is allocated by the first save, or ahead of it 
 `resume` carries out a resume plan on every rank: `.metadata` passes the restricted unpickler
 of `ckpt_ha.formats.dcp_metadata` before DCP's reader (which unpickles it unrestricted) sees it,
 the files' sizes are checked against the commit sidecar, and only then does ``dcp.load`` run,
-while their checksums are read alongside; no rank returns before every checksum passed. Rank 0
+the files a rank loads checksummed during its own read (tensors read straight into their
+targets where they match), the rest of its share read alongside; no rank returns before every
+checksum passed. Rank 0
 reports ``resume.loaded`` or ``resume.load_failed`` for the group.
 
 DCP writes and reads through the local filesystem: the storage root must be a path (a shared

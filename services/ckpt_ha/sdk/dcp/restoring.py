@@ -15,7 +15,9 @@ from typing import Any, cast
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.futures import Future
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat, FailureSide
 from ckpt_ha.contracts.resume import LoadBlame, ResumePlannedV2
@@ -29,6 +31,7 @@ from ckpt_ha.sdk import marks
 from ckpt_ha.sdk.checkpoints import CheckpointUnreadable
 from ckpt_ha.sdk.dcp.files import NeedsFilesystemRoot, written_by
 from ckpt_ha.sdk.dcp.group import Group
+from ckpt_ha.sdk.dcp.reading import FileHash, read_in_place
 from ckpt_ha.sdk.protocol import Context, context
 from ckpt_ha.sdk.resuming import (
     LOADERS,
@@ -78,15 +81,16 @@ class _Checked:
     written_world_size: int | None = None
     """How many ranks wrote it (the intent sidecar), when known."""
 
-    def start_hashing(self, plan: ResumePlannedV2) -> Callable[[], object]:
-        """Start reading this rank's share for its checksums on the verification pool, now;
-        the returned join takes what no pool thread has taken and raises the first failure."""
+    def start_hashing(self, plan: ResumePlannedV2, names: set[str]) -> Callable[[], object]:
+        """Start reading ``names`` of this rank's share for their checksums on the verification
+        pool, now; the returned join takes what no pool thread has taken and raises the first
+        failure."""
         where = self.where
 
         def job(name: str, evidence: FileEvidence) -> Callable[[], None]:
             return lambda: waiting_for_storage(plan, lambda: _check_checksum(where, name, evidence))
 
-        return parallel.start([job(n, e) for n, e in sorted(self.to_hash.items())])
+        return parallel.start([job(n, self.to_hash[n]) for n in sorted(names)])
 
 
 class _DcpGlobalsOnly(pickle.Unpickler):
@@ -100,11 +104,39 @@ class _DcpGlobalsOnly(pickle.Unpickler):
 
 class _CheckedReader(FileSystemReader):
     """DCP's filesystem reader, given the ``.metadata`` bytes that passed the checks: DCP builds
-    its plan from those, never from a file swapped in after the check."""
+    its plan from those, never from a file swapped in after the check. With ``checked``, it
+    verifies this rank's share of the files while it loads (`verified`)."""
 
-    def __init__(self, path: Path, metadata: bytes) -> None:
+    def __init__(
+        self, path: Path, metadata: bytes, checked: _Checked | None = None, plan: Any = None
+    ) -> None:
         super().__init__(path)
         self._checked = metadata
+        self._share = checked
+        self._plan = plan
+        self._hashed: Callable[[], object] | None = None
+        self._fused: dict[str, FileHash] = {}
+
+    def verified(self) -> None:
+        """Once the load is over: check this rank's share (the files hashed during the read,
+        and the others, hashed beside it, or now if the load never read); raises the first
+        failure."""
+        checked = self._share
+        if checked is None:
+            return
+        hashed = self._hashed or checked.start_hashing(self._plan, set(checked.to_hash))
+        failure: Exception | None = None
+        try:
+            hashed()
+        except Exception as exc:  # noqa: BLE001 -- the fused files still get checked
+            failure = exc
+        for name, hashing in sorted(self._fused.items()):
+            if hashing.broken or hashing.result is None:  # the read stopped short: read it now
+                _check_checksum(checked.where, name, checked.to_hash[name])
+            else:
+                _match(checked.where, name, checked.to_hash[name], *hashing.result)
+        if failure is not None:
+            raise failure
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         metadata = cast(Metadata, _DcpGlobalsOnly(io.BytesIO(self._checked)).load())
@@ -113,6 +145,34 @@ class _CheckedReader(FileSystemReader):
         assert metadata.storage_meta is not None
         metadata.storage_meta.load_id = self.load_id
         return metadata
+
+    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future[None]:
+        """Each tensor that matches its target exactly is read straight into it, file by file
+        in file order (`reading`); DCP's own read does the rest."""
+        rest: list[ReadItem] = []
+        per_file: dict[str, list[ReadItem]] = {}
+        for req in plan.items:
+            info = self.storage_data[req.storage_index]
+            if req.type == LoadItemType.TENSOR and not info.transform_descriptors:
+                per_file.setdefault(info.relative_path, []).append(req)
+            else:
+                rest.append(req)
+        share = self._share.to_hash if self._share is not None else {}
+        if self._share is not None:  # the files it does not read are hashed beside the load
+            self._hashed = self._share.start_hashing(self._plan, set(share) - set(per_file))
+        for relative, reqs in per_file.items():
+            evidence = share.get(relative)
+            hashing = FileHash(cs.parse(evidence.checksum)[0]) if evidence else None
+            if hashing is not None:
+                self._fused[relative] = hashing
+            with self.fs.create_stream(self.fs.concat_path(self.path, relative), "rb") as stream:
+                for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
+                    info = self.storage_data[req.storage_index]
+                    if not read_in_place(stream, info.offset, info.length, req, planner, hashing):
+                        rest.append(req)
+                if hashing is not None:
+                    hashing.finish(stream.fileno())
+        return super().read_data(LoadPlan(rest, plan.storage_data, plan.planner_data), planner)
 
 
 def _read_metadata(where: PlannedFolder, commit: Commit | None) -> tuple[bytes, DcpMetadata]:
@@ -193,6 +253,10 @@ def _check_checksum(where: PlannedFolder, name: str, evidence: FileEvidence) -> 
         digest, read = cs.checksum(where.store, key, _algorithm(where, name, evidence))
     except ObjectNotFound as exc:
         raise CheckpointUnreadable(where.uri, "corrupt", f"{name} is missing") from exc
+    _match(where, name, evidence, digest, read)
+
+
+def _match(where: PlannedFolder, name: str, evidence: FileEvidence, digest: str, read: int) -> None:
     _compare(where, name, read, evidence)
     if digest != evidence.checksum:
         raise CheckpointUnreadable(where.uri, "corrupt", f"{name}: checksum mismatch")
@@ -322,9 +386,11 @@ def resume(
       ``.metadata`` implies, and a warning says so), and every pickled "bytes" item in it with
       ``torch.load(weights_only=True)``. No rank loads until every rank's share passed.
 
-    Then ``dcp.load`` loads ``state_dict`` in place (from the checked ``.metadata`` bytes) while
-    each rank reads its share of the files for their checksums on the verification pool, side
-    by side (so a restore costs about one read of the files, not two in turn). All files are
+    Then ``dcp.load`` loads ``state_dict`` in place (from the checked ``.metadata`` bytes):
+    a stored tensor that matches its target exactly is read straight into it (`reading`), and
+    a file of the rank's share that it loads is checksummed during that same read, the bytes
+    hashed as they land; the rest of its share is hashed on the verification pool beside the
+    load (so a restore costs one read of the files, not a load and a second pass). All files are
     verified, not only those a rank reads, and no rank returns until every rank's share passed:
     every shard any rank loaded has been verified before training goes on. A damaged file
     fails the resume on every rank, and ``state_dict`` then holds what was loaded (as after any
@@ -349,18 +415,15 @@ def resume(
     _agree(group, ctx, plan, failure)
     assert checked is not None
     described: tuple[int | None, str | None] = (None, None)
-    hashed = checked.start_hashing(plan)  # the checksum read overlaps with DCP's own read
+    reader = _CheckedReader(checked.path, checked.metadata, checked, plan)
     try:
         dcp_load(
-            state_dict,
-            storage_reader=_CheckedReader(checked.path, checked.metadata),
-            process_group=group.pg,
-            no_dist=group.pg is None,
+            state_dict, storage_reader=reader, process_group=group.pg, no_dist=group.pg is None
         )
     except Exception as exc:  # noqa: BLE001 -- the other ranks must learn it, or they wait forever
         failure = exc
     try:
-        hashed()
+        reader.verified()
     except Exception as exc:  # noqa: BLE001 -- a damaged file explains a failed load: it wins
         failure = exc
     if failure is None and describe is not None and group.rank == 0:

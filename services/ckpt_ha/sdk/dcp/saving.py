@@ -138,10 +138,22 @@ class _Commitment:
     trace: str
     announced_writing: bool
     request: _Request
+    writing: CheckpointWritingV1 | None = None
+    """``writing`` still to announce (`async_save` leaves it to its commit thread)."""
+
+    def announce_writing(self) -> _Commitment:
+        """This, with ``writing`` announced (when it was left to announce)."""
+        if self.writing is None:
+            return self
+        announced = try_announce(
+            self.writer.bus, self.writing, self.request.clock(), traceparent=self.trace
+        )
+        return dataclasses.replace(self, writing=None, announced_writing=announced)
 
 
-def _start(request: _Request, world_size: int) -> tuple[_Target, _Commitment]:
-    """Rank 0: resolve who writes where, write the intent first, announce ``writing``."""
+def _start(request: _Request, world_size: int, announce: bool) -> tuple[_Target, _Commitment]:
+    """Rank 0: resolve who writes where, write the intent first, announce ``writing`` (or, not
+    ``announce``, leave it to `_Commitment.announce_writing`)."""
     ctx = request.ctx
     job_id = request.job_id or (ctx.job_id if ctx is not None else None)
     root = request.storage_root or (ctx.storage_root if ctx is not None else None)
@@ -195,19 +207,21 @@ def _start(request: _Request, world_size: int) -> tuple[_Target, _Commitment]:
         step=request.step,
         format=CheckpointFormat.TORCH_DCP,
     )
-    announced_writing = try_announce(writer.bus, writing, now, traceparent=trace)
     target = _Target(str(store.root), prefix, uri, checkpoint_id, request.step)
-    return target, _Commitment(store, writer, identity, trace, announced_writing, request)
+    commitment = _Commitment(store, writer, identity, trace, False, request, writing)
+    return target, commitment.announce_writing() if announce else commitment
 
 
-def _begin(group: Group, request: _Request) -> tuple[_Target, _Commitment | None]:
+def _begin(
+    group: Group, request: _Request, announce: bool = True
+) -> tuple[_Target, _Commitment | None]:
     """Rank 0 starts the checkpoint; every rank learns where, or why not (and raises)."""
     decided: _Target | _Failed | None = None
     commitment = None
     error: BaseException | None = None
     if group.rank == 0:
         try:
-            decided, commitment = _start(request, group.size)
+            decided, commitment = _start(request, group.size, announce)
         except Exception as exc:  # noqa: BLE001 -- the other ranks must learn it, or they wait forever
             decided, error = _Failed.of(0, exc), exc
     decided = group.broadcast(decided)  # every rank waits here until the intent is written
@@ -489,6 +503,8 @@ def _finish_in_background(
     done: Future[DcpSaved],
 ) -> None:
     try:
+        if commitment is not None:  # off the training loop: a bus round trip, or its timeout
+            commitment = commitment.announce_writing()
         metadata = upload.result()  # DCP's own collectives: it fails on every rank or on none
         done.set_result(_commit(group, target, commitment, storage_writer, metadata))
     except BaseException as exc:  # noqa: BLE001 -- delivered through the future, not lost
@@ -520,7 +536,9 @@ def async_save(
 ) -> Future[DcpSaved]:
     """`save` on top of ``dcp.async_save``: returns once the intent is written and the state is
     staged (copied to CPU memory), so training goes on while the files are written (waited
-    for and committed by one long-lived thread of this process); the future
+    for and committed by one long-lived thread of this process, which also announces
+    ``checkpoint.writing``: a connection to the bus per event, or its timeout when the bus is
+    down, never stalls the loop); the future
     completes with `DcpSaved` once every rank's files are durable and the commit is written
     (or fails with `SaveFailed` / DCP's error, and nothing is committed).
 
@@ -557,7 +575,7 @@ def async_save(
         if previous is not None:
             wait_for_futures([previous])
         group = _background_group(process_group)
-        target, commitment = _begin(group, request)
+        target, commitment = _begin(group, request, announce=False)
         storage_writer = _storage_writer(target, writer)
         staged = dcp_async_save(
             state_dict,
