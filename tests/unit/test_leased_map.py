@@ -68,6 +68,15 @@ def test_a_warm_file_is_hashed_from_the_map_and_gives_its_bytes(tmp_path: Path) 
     assert _read_all(path, SIZE - 10, SIZE + MIB)[0] == data[-10:]  # past the end: short
 
 
+def test_a_range_past_the_end_is_mapped_up_to_the_end(tmp_path: Path) -> None:
+    """A file's last chunk asks for a whole chunk: its bytes in the page cache are still mapped."""
+    _require_map()
+    path, data = _file(tmp_path)
+    got, mapped = _read_all(path, SIZE - 2 * MIB, SIZE + 30 * MIB)
+    assert got == data[-2 * MIB :]
+    assert mapped == 1
+
+
 def test_a_file_open_for_writing_is_read_not_mapped(tmp_path: Path) -> None:
     path, data = _file(tmp_path)
     with path.open("r+b"):  # a writer: no read lease can be had

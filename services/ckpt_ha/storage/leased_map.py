@@ -170,8 +170,8 @@ def _mapped(
 def _warm(fd: int, start: int, end: int | None) -> bool:
     """The range is worth a map: large enough, and all in the page cache now (a cold range is
     bound by the disk, not by the copy: it is read, as it always was)."""
-    if end is None:
-        end = os.fstat(fd).st_size
+    size = os.fstat(fd).st_size
+    end = size if end is None else min(end, size)  # a file's last chunk asks past its end
     return end - start >= SMALLEST and resident(fd, start, end - start)
 
 
