@@ -126,7 +126,8 @@ def leased_whole(fd: int) -> Iterator[str | None]:
     with ``mmap=True``): it touches only what it needs, and the lease and the residency make
     that touch as safe as `pieces`' maps. The lease is let go when the block ends; a writer
     that wants the file meanwhile waits for that (the block must be short: one load)."""
-    if not (_usable and _warm(fd, 0, None)):
+    path = f"/proc/self/fd/{fd}"
+    if not (_usable and os.path.exists(path) and _warm(fd, 0, None)):  # no /proc: no path
         yield None
         return
     lease = _Lease(fd)
@@ -134,7 +135,7 @@ def leased_whole(fd: int) -> Iterator[str | None]:
         yield None
         return
     try:
-        yield None if lease.breaking() else f"/proc/self/fd/{fd}"
+        yield None if lease.breaking() else path
     finally:
         lease.release()
 
