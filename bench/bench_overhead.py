@@ -16,8 +16,9 @@ Rows (each a ratio, higher is better, with its target):
   staging copy, CPU-bound, while a synchronous save waits on the disk, so on a saturated
   machine the share grows with the load for plain DCP and ckpt-ha alike (the CPU time does
   not);
-* verify: a raw read of the DCP checkpoint's files / ``ckpt-ha verify`` (``formats.verify_path``)
-  of it, warm, and cold when root (target >= 0.9).
+* verify: a raw read of a checkpoint's files / ``ckpt-ha verify`` (``formats.verify_path``) of
+  it, warm, and cold when root (target >= 0.9): the DCP checkpoint of the save rows, and a
+  Trainer checkpoint (``CkptHaCallback``'s, of about the same size);
 
 * restore: a raw read of a committed DCP checkpoint plus plain ``dcp.load`` of it /
   ``dcp.resume`` of it (verification included), warm (target >= 0.85);
@@ -35,10 +36,9 @@ page cache (``/proc/sys/vm/drop_caches``, root only) before each read, which slo
 else on the machine for a moment. Usage:
 
     PYTHONPATH=services:contracts:. .venv/bin/python bench/bench_overhead.py \\
-        [--mb 300 2000] [--rounds 3] [--no-cold] [--dir DIR] [--only ROW [ROW ...]]
+        [--mb 300 2000] [--rounds 3] [--no-cold] [--dir DIR] [--only verify ...]
 
-``--only`` runs only the named rows (`ROWS`) after the DCP save and raw rows, which every other
-row needs (its checkpoint, its synchronous save).
+``--only`` runs some of the rows (`SECTIONS`), e.g. ``--only verify`` for the verify rows alone.
 """
 
 from __future__ import annotations
@@ -69,8 +69,6 @@ from ckpt_ha.sdk import dcp
 
 CHUNK = 1024 * 1024
 BLOCK = 4 * CHUNK
-ROWS = ("native", "verify", "stall", "restore", "trainer-save", "trainer-restore")
-"""The rows ``--only`` can pick."""
 
 
 def state_dict(mb: int) -> dict[str, Any]:
@@ -184,45 +182,80 @@ def row(figure: str, value: str, target: str) -> None:
     print(f"| {figure} | {value} | {target} |", flush=True)
 
 
-def run_size(mb: int, bench: Bench, cold: bool, only: set[str]) -> None:
-    state = state_dict(mb)
-    for first_use in (bench.plain, bench.ours):  # imports, allocations: for neither side
-        shutil.rmtree(first_use(state)[1])
+SECTIONS = ("save", "native", "verify", "stall", "restore", "trainer")
+"""What ``--only`` picks from (every one by default): the DCP save rows, the native save row,
+the verify rows (DCP and Trainer checkpoints), the ``async_save`` stall rows, the restore rows
+and the Trainer save row. The machine's raw read figure is always printed."""
 
-    # DCP save against plain DCP.
-    plain_t, ours_t, dcp_folder = bench.alternate(
-        lambda: bench.plain(state), lambda: bench.ours(state)
-    )
-    data = read_files(dcp_folder)
-    gb = sum(len(v) for k, v in data.items() if k.endswith(".distcp")) / 1e9
+
+def run_size(mb: int, bench: Bench, cold: bool, only: frozenset[str]) -> None:
+    state = state_dict(mb)
+    if "save" in only or "stall" in only:
+        for first_use in (bench.plain, bench.ours):  # imports, allocations: for neither side
+            shutil.rmtree(first_use(state)[1])
+        # DCP save against plain DCP.
+        plain_t, ours_t, dcp_folder = bench.alternate(
+            lambda: bench.plain(state), lambda: bench.ours(state)
+        )
+    else:
+        plain_t, (took, dcp_folder) = [], bench.ours(state)
+        ours_t = [took]
+    total = raw_read(dcp_folder)
+    gb = total / 1e9
     print(f"\n### {gb:.2f} GB state ({mb} MB asked), load {os.getloadavg()[0]:.1f}\n")
     print("| figure | measured | target |\n| --- | --- | --- |")
 
     # The machine's raw figures on the same bytes.
-    tensors = {f"t{i:04d}.bin": t.numpy().tobytes() for i, t in enumerate(state["model"].values())}
-    writes = []
-    for _ in range(bench.rounds):
-        folder = bench.folder("raw")
-        folder.mkdir()
-        writes.append(timed(lambda f=folder: raw_write(tensors, f)))
-        shutil.rmtree(folder)
-    total = raw_read(dcp_folder)
-    row(
-        "raw write, os.write + fsync per 4 MiB file",
-        f"{gb / statistics.median(writes):.2f} GB/s",
-        "—",
-    )
+    if "save" in only:
+        tensors = {
+            f"t{i:04d}.bin": t.numpy().tobytes() for i, t in enumerate(state["model"].values())
+        }
+        writes = []
+        for _ in range(bench.rounds):
+            folder = bench.folder("raw")
+            folder.mkdir()
+            writes.append(timed(lambda f=folder: raw_write(tensors, f)))
+            shutil.rmtree(folder)
+        row(
+            "raw write, os.write + fsync per 4 MiB file",
+            f"{gb / statistics.median(writes):.2f} GB/s",
+            "—",
+        )
     warm = [timed(lambda: raw_read(dcp_folder)) for _ in range(bench.rounds)]
     row("raw read, page cache warm", f"{total / 1e9 / statistics.median(warm):.2f} GB/s", "—")
-    row(
-        "DCP save: plain `dcp.save` / `ckpt_ha.sdk.dcp.save`",
-        f"{ratio(plain_t, ours_t)}; plain {gb / statistics.median(plain_t):.2f} GB/s",
-        ">= 0.95",
-    )
+    if "save" in only:
+        row(
+            "DCP save: plain `dcp.save` / `ckpt_ha.sdk.dcp.save`",
+            f"{ratio(plain_t, ours_t)}; plain {gb / statistics.median(plain_t):.2f} GB/s",
+            ">= 0.95",
+        )
+    if "native" in only:
+        native_row(state, bench)
+    if "verify" in only:
+        verify_rows("DCP", dcp_folder, bench.rounds, cold)
+        trainer = overhead_restore.trainer_checkpoint(bench.folder("trainer-verify"), mb)
+        verify_rows(f"Trainer ({raw_read(trainer) / 1e9:.2f} GB)", trainer, bench.rounds, cold)
+        shutil.rmtree(trainer.parent.parent)
+    if "stall" in only:
+        stall_rows(state, bench, statistics.median(ours_t))
+    shutil.rmtree(dcp_folder)
+    if "restore" in only:
+        restore_rows(state, bench, mb)
+    if "trainer" in only:
+        plain_save, ours_save, trainer_gb = overhead_restore.trainer_save(
+            bench.folder("trainer"), mb, bench.rounds
+        )
+        row(
+            f"Trainer save ({trainer_gb:.2f} GB): without / with `CkptHaCallback`",
+            f"{ratio(plain_save, ours_save)}; without {statistics.median(plain_save):.2f} s",
+            ">= 0.95",
+        )
 
-    # Native save against os.write + fsync of the same files.
+
+def native_row(state: dict[str, Any], bench: Bench) -> None:
+    """Native save against os.write + fsync of the same files."""
     native_t, raw_t = [], []
-    for n in range(bench.rounds if "native" in only else 0):
+    for _ in range(bench.rounds):
         bench.step += 1
         step = bench.step
         took = timed(
@@ -239,46 +272,34 @@ def run_size(mb: int, bench: Bench, cold: bool, only: set[str]) -> None:
         shutil.rmtree(folder)
         native_t.append(took)
         raw_t.append(raw_took)
-        del n
-    if native_t:
-        row(
-            "native save: os.write + fsync of its files / `sdk.save`",
-            ratio(raw_t, native_t),
-            ">= 0.9",
-        )
-    if "verify" in only:
-        _verify_rows(bench, dcp_folder, total, cold)
-    if "stall" in only:
-        _stall_rows(bench, state, statistics.median(ours_t))
-    shutil.rmtree(dcp_folder)
-    _restore_rows(bench, state, mb, only)
+    row("native save: os.write + fsync of its files / `sdk.save`", ratio(raw_t, native_t), ">= 0.9")
 
 
-def _verify_rows(bench: Bench, dcp_folder: Path, total: int, cold: bool) -> None:
-    """Verify against a raw read, warm (and cold when root)."""
+def verify_rows(what: str, folder: Path, rounds: int, cold: bool) -> None:
+    """``ckpt-ha verify`` of ``folder`` against a raw read of its files, warm (and cold)."""
     verify_warm, read_warm = [], []
-    for _ in range(bench.rounds):
-        read_warm.append(timed(lambda: raw_read(dcp_folder)))
-        verify_warm.append(timed(lambda: _verified(dcp_folder)))
-    row("verify DCP, warm: raw read / `ckpt-ha verify`", ratio(read_warm, verify_warm), ">= 0.9")
-    if cold:
-        verify_cold, read_cold = [], []
-        for _ in range(bench.rounds):
-            drop_caches()
-            read_cold.append(timed(lambda: raw_read(dcp_folder)))
-            drop_caches()
-            verify_cold.append(timed(lambda: _verified(dcp_folder)))
-        row(
-            "raw read, page cache cold",
-            f"{total / 1e9 / statistics.median(read_cold):.2f} GB/s",
-            "—",
-        )
-        row(
-            "verify DCP, cold: raw read / `ckpt-ha verify`", ratio(read_cold, verify_cold), ">= 0.9"
-        )
+    for _ in range(rounds):
+        read_warm.append(timed(lambda: raw_read(folder)))
+        verify_warm.append(timed(lambda: _verified(folder)))
+    row(
+        f"verify {what}, warm: raw read / `ckpt-ha verify`", ratio(read_warm, verify_warm), ">= 0.9"
+    )
+    if not cold:
+        return
+    verify_cold, read_cold = [], []
+    for _ in range(rounds):
+        drop_caches()
+        read_cold.append(timed(lambda: raw_read(folder)))
+        drop_caches()
+        verify_cold.append(timed(lambda: _verified(folder)))
+    gb = raw_read(folder) / 1e9
+    row("raw read of it, page cache cold", f"{gb / statistics.median(read_cold):.2f} GB/s", "—")
+    row(
+        f"verify {what}, cold: raw read / `ckpt-ha verify`", ratio(read_cold, verify_cold), ">= 0.9"
+    )
 
 
-def _stall_rows(bench: Bench, state: dict[str, Any], sync_s: float) -> None:
+def stall_rows(state: dict[str, Any], bench: Bench, sync_s: float) -> None:
     """async_save stall, as a share of a synchronous save (``sync_s``)."""
     stager = DefaultStager(StagingOptions(False, False, False, False))
     stager.stage(state)  # a stager that already holds its copy, as ckpt-ha's after prepare_async
@@ -324,18 +345,8 @@ def _stall_rows(bench: Bench, state: dict[str, Any], sync_s: float) -> None:
     )
 
 
-def _restore_rows(bench: Bench, state: dict[str, Any], mb: int, only: set[str]) -> None:
-    """Restores: a raw read of the files plus the framework's own load, against the verified
-    load; and the Trainer's save."""
-    if "restore" in only:
-        _dcp_restore_row(bench, state)
-    if "trainer-save" in only:
-        _trainer_save_row(bench, mb)
-    if "trainer-restore" in only:
-        _trainer_restore_row(bench, mb)
-
-
-def _dcp_restore_row(bench: Bench, state: dict[str, Any]) -> None:
+def restore_rows(state: dict[str, Any], bench: Bench, mb: int) -> None:
+    """A raw read of the files plus the framework's own load, against the verified load."""
     plain_load, resumed = overhead_restore.dcp_restore(
         bench.folder("restore"), state, bench.rounds, timed, raw_read
     )
@@ -344,20 +355,6 @@ def _dcp_restore_row(bench: Bench, state: dict[str, Any]) -> None:
         ratio(plain_load, resumed),
         ">= 0.85",
     )
-
-
-def _trainer_save_row(bench: Bench, mb: int) -> None:
-    plain_save, ours_save, trainer_gb = overhead_restore.trainer_save(
-        bench.folder("trainer"), mb, bench.rounds
-    )
-    row(
-        f"Trainer save ({trainer_gb:.2f} GB): without / with `CkptHaCallback`",
-        f"{ratio(plain_save, ours_save)}; without {statistics.median(plain_save):.2f} s",
-        ">= 0.95",
-    )
-
-
-def _trainer_restore_row(bench: Bench, mb: int) -> None:
     plain_train, ours_train = overhead_restore.hf_restore(
         bench.folder("hf"), mb, bench.rounds, timed, raw_read
     )
@@ -379,7 +376,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache rows")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
-    ap.add_argument("--only", nargs="+", choices=ROWS, default=ROWS, help="rows to run")
+    ap.add_argument(
+        "--only", nargs="+", choices=SECTIONS, default=SECTIONS, help="run only these rows"
+    )
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     cold = not args.no_cold and drop_caches()
@@ -389,7 +388,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-overhead-", dir=args.dir))
     try:
         for mb in args.mb:
-            run_size(mb, Bench(base, args.rounds), cold, set(args.only))
+            run_size(mb, Bench(base, args.rounds), cold, frozenset(args.only))
     finally:
         shutil.rmtree(base)
 

@@ -200,6 +200,14 @@ def trainer_save(root: Path, mb: int, rounds: int) -> tuple[list[float], list[fl
     return plain, ours, size
 
 
+def trainer_checkpoint(root: Path, mb: int) -> Path:
+    """A Trainer checkpoint of about ``mb`` MB committed by ``CkptHaCallback`` (its folder)."""
+    root.mkdir(parents=True, exist_ok=True)
+    job = "trainer-checkpoint"
+    _trainer(root / job, mb, 1, [hf.CkptHaCallback(ctx=context(root, job))]).train()
+    return root / job / "checkpoint-1"
+
+
 def hf_restore(
     root: Path, mb: int, rounds: int, timed: Timed, read: Callable[[Path], int]
 ) -> tuple[list[float], list[float]]:

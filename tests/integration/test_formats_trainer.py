@@ -6,11 +6,13 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pytest
+
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
-from ckpt_ha.formats import verify, verify_path
+from ckpt_ha.formats import torch_load, verify, verify_path
 from ckpt_ha.formats.report import Verdict
-from ckpt_ha.storage import FsStore
-from tests.support.torch_tools import Payload, torch_saved
+from ckpt_ha.storage import FsStore, leased_map
+from tests.support.torch_tools import Payload, require_torch, torch_saved
 from tests.unit.test_formats import _patch, write_hf
 
 
@@ -96,3 +98,54 @@ def test_without_the_trial_load_the_pickles_and_checksums_are_still_checked(
     report = verify(FsStore(tmp_path / "hostile"), "checkpoint-500", trial_load=False)
     assert report.verdict is Verdict.UNSAFE, report.reasons
     assert not marker.exists()
+
+
+def _large_optimizer(folder: Path) -> None:
+    """An ``optimizer.pt`` of 4 MiB, in the page cache: large enough to be loaded mapped."""
+    torch = require_torch()
+    moments = {"exp_avg": torch.ones(1024, 1024)}
+    state = {"state": {0: moments}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+    torch.save(state, folder / "optimizer.pt")
+    (folder / "optimizer.pt").read_bytes()
+
+
+def test_a_large_warm_torch_file_is_trial_loaded_from_its_pages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trial load maps a warm local file (`torch_load.check_file`) instead of reading its
+    bytes twice more; a record its archive lacks is caught there as it is from the bytes."""
+    if not leased_map._usable:
+        pytest.fail("no cachestat or lease on this machine: nothing is ever mapped")
+    mapped: list[str] = []
+    check_file = torch_load.check_file
+
+    def counted(path: str, name: str, *, numpy_rng: bool = False) -> tuple[Verdict, str] | None:
+        mapped.append(name)
+        return check_file(path, name, numpy_rng=numpy_rng)
+
+    monkeypatch.setattr(torch_load, "check_file", counted)
+    folder = tmp_path / "checkpoint-500"
+    write_hf(folder)
+    _large_optimizer(folder)
+    report = verify_path(folder)
+    assert report.verdict is Verdict.VALID, report.reasons
+    assert "torch-load:weights_only" in report.checks
+    assert mapped == ["optimizer.pt"]
+
+    torch = require_torch()
+    state = torch.load(folder / "optimizer.pt", weights_only=True)
+    torch.save({**state, "bad": _BadRebuild()}, folder / "optimizer.pt")  # allowed, but wrong
+    (folder / "optimizer.pt").read_bytes()
+    report = verify_path(folder)
+    assert report.verdict is Verdict.CORRUPT
+    assert any("optimizer.pt: not loadable" in r for r in report.reasons), report.reasons
+    assert mapped == ["optimizer.pt", "optimizer.pt"]
+
+
+class _BadRebuild:
+    """Pickled as a call of torch's own tensor rebuild (an allowed global) with arguments it
+    cannot take: the restricted unpickler passes it, torch's load fails on it."""
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        torch = require_torch()
+        return torch._utils._rebuild_tensor_v2, ("not a storage",)

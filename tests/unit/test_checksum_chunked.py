@@ -13,7 +13,7 @@ import pytest
 from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import native, verify
 from ckpt_ha.formats.report import Verdict
-from ckpt_ha.storage import FsStore
+from ckpt_ha.storage import FsStore, ObjectNotFound
 
 MIB = 1024 * 1024
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
@@ -94,3 +94,25 @@ def test_a_flipped_byte_in_any_chunk_is_caught(tmp_path: Path, at: int) -> None:
     report = verify(FsStore(tmp_path), "step-1")
     assert report.verdict is Verdict.CORRUPT
     assert [r.split(":")[0] for r in report.reasons] == ["model/big.bin"]
+
+
+def test_files_hashed_first_are_read_once_and_give_the_same_digests(tmp_path: Path) -> None:
+    """`hashed_first`: the digests computed up front are the ones `checksum` gives, each read
+    once and handed out once; a file that could not be read then is read (and fails) later."""
+    store = FsStore(tmp_path)
+    for name, data in SHARDS.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_bytes(data)
+    algorithm = "xxh3_64/1MiB"
+    direct = {name: cs.checksum(store, name, algorithm) for name in SHARDS}
+    seen: list[int] = []
+    with cs.observe_reads(seen.append), cs.hashed_first(store, [*SHARDS, "gone"], algorithm):
+        assert sum(seen) == sum(map(len, SHARDS.values()))
+        (tmp_path / "optim.bin").write_bytes(b"changed after it was hashed")
+        assert {name: cs.checksum(store, name, algorithm) for name in SHARDS} == direct
+        assert sum(seen) == sum(map(len, SHARDS.values()))  # nothing read twice
+        assert cs.checksum(store, "optim.bin", algorithm) != direct["optim.bin"]  # once only
+        with pytest.raises(ObjectNotFound):
+            cs.checksum(store, "gone", algorithm)
+        assert cs.checksum(store, "model/big.bin", "xxh3_64") != direct["model/big.bin"]
+    assert cs.checksum(store, "model/small.bin", algorithm) == direct["model/small.bin"]

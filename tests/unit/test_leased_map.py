@@ -5,6 +5,7 @@ be let go; a file open for writing, or not in the page cache, is read into the b
 
 from __future__ import annotations
 
+import fcntl
 import mmap
 import os
 import threading
@@ -66,6 +67,15 @@ def test_a_warm_file_is_hashed_from_the_map_and_gives_its_bytes(tmp_path: Path) 
     start, end = leased_map.PIECE - 7, 3 * leased_map.PIECE + 5  # a range, unaligned
     assert _read_all(path, start, end)[0] == data[start:end]
     assert _read_all(path, SIZE - 10, SIZE + MIB)[0] == data[-10:]  # past the end: short
+
+
+def test_a_range_past_the_end_is_mapped_up_to_the_end(tmp_path: Path) -> None:
+    """A file's last chunk asks for a whole chunk: its bytes in the page cache are still mapped."""
+    _require_map()
+    path, data = _file(tmp_path)
+    got, mapped = _read_all(path, SIZE - 2 * MIB, SIZE + 30 * MIB)
+    assert got == data[-2 * MIB :]
+    assert mapped == 1
 
 
 def test_a_file_open_for_writing_is_read_not_mapped(tmp_path: Path) -> None:
@@ -142,3 +152,24 @@ def test_a_checksum_of_a_file_truncated_under_it_is_no_match(tmp_path: Path) -> 
     assert final[1] == 10
     assert final[0] != whole
     assert digests  # every checksum taken while the file shrank returned (none crashed)
+
+
+def test_a_whole_warm_file_is_handed_over_as_a_path_only_under_its_lease(tmp_path: Path) -> None:
+    """`leased_whole`: a path to the same file while the lease holds and it is all in the page
+    cache; None for a file open for writing or not in the page cache; the lease let go after."""
+    _require_map()
+    path, data = _file(tmp_path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        with leased_map.leased_whole(fd) as whole:
+            assert whole is not None
+            assert Path(whole).read_bytes() == data
+            assert fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_RDLCK
+        assert fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_UNLCK
+        with path.open("r+b"), leased_map.leased_whole(fd) as whole:  # a writer: no lease
+            assert whole is None
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        with leased_map.leased_whole(fd) as whole:
+            assert whole is None
+    finally:
+        os.close(fd)

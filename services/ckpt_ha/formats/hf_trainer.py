@@ -25,6 +25,7 @@ import functools
 import re
 import struct
 from collections.abc import Iterable
+from contextvars import copy_context
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
@@ -141,10 +142,23 @@ def torch_file(
         return False
     if not trial_load or torch_load.torch_module() is None or size > torch_load.MAX_LOAD_BYTES:
         return False
-    failure = torch_load.check(store.read_bytes(key), name, numpy_rng=rng)
+    failure = _trial_load(store, key, name, rng)
     if failure is not None:
         report.fail(*failure)
     return True
+
+
+def _trial_load(store: ObjectStore, key: str, name: str, rng: bool) -> tuple[Verdict, str] | None:
+    """``torch.load(weights_only=True)`` of the file: mapped where the store can hand the file
+    over under a read lease, all of it in the page cache (a local file just hashed), else from
+    its bytes."""
+    with store.open_read(key) as stream:
+        leased = getattr(stream, "leased_path", None)
+        if leased is not None:
+            with leased() as path:
+                if path is not None:
+                    return torch_load.check_file(path, name, numpy_rng=rng)
+    return torch_load.check(store.read_bytes(key), name, numpy_rng=rng)
 
 
 def _torch_files(
@@ -164,7 +178,8 @@ def _torch_files(
         loaded = torch_file(store, join(prefix, name), name, own, algorithm, trial_load=trial_load)
         return loaded, own
 
-    results = parallel.run([functools.partial(check, name) for name in names])
+    context = copy_context()  # the read observer and `checksum.hashed_first` reach the pool
+    results = parallel.run([functools.partial(context.copy().run, check, name) for name in names])
     for _, own in results:
         for reason in own.reasons:
             report.fail(own.verdict, reason)
@@ -221,6 +236,29 @@ def verify(
     if config is not None and not isinstance(config, dict):
         report.fail(Verdict.CORRUPT, "config.json: not a JSON object")
 
+    rng = sorted(n for n in names if is_rng_state(n))
+    resume = [n for n in RESUME_STATE if n in names] + rng
+    sharded = any(n.endswith(safetensors.INDEX_SUFFIX) for n in names)
+    weights = sorted(n for n in names if n.endswith(".safetensors")) or [
+        n for n in names if n == WEIGHTS_BIN
+    ]
+    hashed = ([] if sharded else weights) + resume  # the files the checks below hash
+    with cs.hashed_first(store, [join(prefix, n) for n in hashed], algorithm):
+        _check_files(store, prefix, names, report, algorithm, resume, trial_load=trial_load)
+    return report
+
+
+def _check_files(
+    store: ObjectStore,
+    prefix: str,
+    names: set[str],
+    report: Report,
+    algorithm: str,
+    resume: list[str],
+    *,
+    trial_load: bool,
+) -> None:
+    """The weights and the resume state: each file's own checks, and the report's labels."""
     torch_files: list[str] = []
     if any(n.endswith((".safetensors", safetensors.INDEX_SUFFIX)) for n in names):
         weights = safetensors.verify_folder(store, prefix, names, algorithm)
@@ -233,9 +271,9 @@ def verify(
     else:
         report.fail(Verdict.INCOMPLETE, "no model weights (model.safetensors, pytorch_model.bin)")
 
-    rng = sorted(n for n in names if is_rng_state(n))
-    torch_files += [n for n in RESUME_STATE if n in names] + rng
+    torch_files += resume
     loaded = _torch_files(store, prefix, torch_files, report, algorithm, trial_load=trial_load)
+    rng = any(is_rng_state(n) for n in resume)
     absent = [n for n in RESUME_STATE if n not in names] + ([] if rng else ["rng_state*.pth"])
     report.exact_resume = not absent
     if report.ok:
@@ -247,4 +285,3 @@ def verify(
                 f"weights-only: no {', '.join(absent)} (optimizer/scheduler/RNG state), "
                 "not an exact resume"
             )
-    return report

@@ -73,6 +73,25 @@ def check(data: bytes, name: str, *, numpy_rng: bool = False) -> tuple[Verdict, 
     Requires torch (see `torch_module`). ``numpy_rng`` also allows the numpy array globals the
     Trainer's RNG state needs, exactly as transformers' own loader does.
     """
+    return _load(io.BytesIO(data), name, numpy_rng=numpy_rng, mmap=False)
+
+
+def check_file(path: str, name: str, *, numpy_rng: bool = False) -> tuple[Verdict, str] | None:
+    """`check` of a local file, loaded with ``mmap=True``: the same unpickler and the same
+    archive records, the tensors left in the file's pages instead of copied out (a load
+    without the file's bytes read twice more). The caller keeps the file from shrinking
+    meanwhile (`storage.leased_map.leased_whole`). A legacy (non-zip) file cannot be mapped:
+    it is loaded from its bytes."""
+    with open(path, "rb") as f:
+        zipped = f.read(4) == b"PK\x03\x04"
+        if not zipped:
+            return _load(io.BytesIO(f.read()), name, numpy_rng=numpy_rng, mmap=False)
+    return _load(path, name, numpy_rng=numpy_rng, mmap=True)
+
+
+def _load(
+    source: str | io.BytesIO, name: str, *, numpy_rng: bool, mmap: bool
+) -> tuple[Verdict, str] | None:
     torch = torch_module()
     if torch is None:
         raise RuntimeError("torch is not installed")
@@ -80,7 +99,7 @@ def check(data: bytes, name: str, *, numpy_rng: bool = False) -> tuple[Verdict, 
     context = torch.serialization.safe_globals(allowed) if allowed else contextlib.nullcontext()
     try:
         with context:
-            torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+            torch.load(source, weights_only=True, map_location="cpu", mmap=mmap)
     except pickle.UnpicklingError as exc:
         reason = _first_line(exc)
         if any(marker in str(exc) for marker in _UNSAFE_MARKERS):

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from stat import S_ISLNK
 from types import TracebackType
@@ -95,6 +96,11 @@ class FileRange:
                     self._remaining -= len(piece)
                 yield piece
             self._file.seek(position)  # pread moves no file position: the stream's is kept
+
+    def leased_path(self) -> AbstractContextManager[str | None]:
+        """The whole file as a path for a reader that maps it itself, while a read lease
+        holds it and it is all in the page cache, else None (`leased_map.leased_whole`)."""
+        return leased_map.leased_whole(self._file.fileno())
 
     def close(self) -> None:
         self._file.close()

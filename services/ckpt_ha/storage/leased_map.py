@@ -117,6 +117,29 @@ class _Lease:
                 fcntl.fcntl(self.fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
 
 
+@contextlib.contextmanager
+def leased_whole(fd: int) -> Iterator[str | None]:
+    """For the block: a path that opens the file of ``fd`` itself (``/proc/self/fd/<fd>``: the
+    same inode whatever is renamed or linked meanwhile), while a read lease holds it at its
+    size and every page of it is in the page cache; None when either cannot be had (the
+    caller reads the file instead). For a reader that maps the file itself (``torch.load``
+    with ``mmap=True``): it touches only what it needs, and the lease and the residency make
+    that touch as safe as `pieces`' maps. The lease is let go when the block ends; a writer
+    that wants the file meanwhile waits for that (the block must be short: one load)."""
+    path = f"/proc/self/fd/{fd}"
+    if not (_usable and os.path.exists(path) and _warm(fd, 0, None)):  # no /proc: no path
+        yield None
+        return
+    lease = _Lease(fd)
+    if not lease.take():
+        yield None
+        return
+    try:
+        yield None if lease.breaking() else path
+    finally:
+        lease.release()
+
+
 def pieces(fd: int, start: int, end: int | None, buffer: memoryview) -> Iterator[memoryview]:
     """The bytes of ``fd`` from ``start`` to ``end`` (None: to the end of the file), front to
     back, in pieces of at most `PIECE` bytes. Each piece is valid until the next is asked for
@@ -170,8 +193,8 @@ def _mapped(
 def _warm(fd: int, start: int, end: int | None) -> bool:
     """The range is worth a map: large enough, and all in the page cache now (a cold range is
     bound by the disk, not by the copy: it is read, as it always was)."""
-    if end is None:
-        end = os.fstat(fd).st_size
+    size = os.fstat(fd).st_size
+    end = size if end is None else min(end, size)  # a file's last chunk asks past its end
     return end - start >= SMALLEST and resident(fd, start, end - start)
 
 
