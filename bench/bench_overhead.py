@@ -35,7 +35,10 @@ page cache (``/proc/sys/vm/drop_caches``, root only) before each read, which slo
 else on the machine for a moment. Usage:
 
     PYTHONPATH=services:contracts:. .venv/bin/python bench/bench_overhead.py \\
-        [--mb 300 2000] [--rounds 3] [--no-cold] [--dir DIR]
+        [--mb 300 2000] [--rounds 3] [--no-cold] [--dir DIR] [--only ROW [ROW ...]]
+
+``--only`` runs some rows (the raw figures always): ``dcp-save``, ``native-save``, ``verify``,
+``stall``, ``restore``, ``trainer-save``, ``trainer-restore``.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ from ckpt_ha.sdk import dcp
 
 CHUNK = 1024 * 1024
 BLOCK = 4 * CHUNK
+ROWS = (
+    "dcp-save", "native-save", "verify", "stall", "restore", "trainer-save", "trainer-restore",
+)  # fmt: skip
 
 
 def state_dict(mb: int) -> dict[str, Any]:
@@ -179,17 +185,19 @@ def row(figure: str, value: str, target: str) -> None:
     print(f"| {figure} | {value} | {target} |", flush=True)
 
 
-def run_size(mb: int, bench: Bench, cold: bool) -> None:
+def run_size(mb: int, bench: Bench, cold: bool, rows: frozenset[str] = frozenset(ROWS)) -> None:
     state = state_dict(mb)
     for first_use in (bench.plain, bench.ours):  # imports, allocations: for neither side
         shutil.rmtree(first_use(state)[1])
 
-    # DCP save against plain DCP.
+    # DCP save against plain DCP (its checkpoint is what the verify and stall rows use).
+    dcp_rows = bool(rows & {"dcp-save", "verify", "stall"})
+    rounds, bench.rounds = bench.rounds, bench.rounds if dcp_rows else 1
     plain_t, ours_t, dcp_folder = bench.alternate(
         lambda: bench.plain(state), lambda: bench.ours(state)
     )
-    data = read_files(dcp_folder)
-    gb = sum(len(v) for k, v in data.items() if k.endswith(".distcp")) / 1e9
+    bench.rounds = rounds
+    gb = sum(p.stat().st_size for p in dcp_folder.glob("*.distcp")) / 1e9
     print(f"\n### {gb:.2f} GB state ({mb} MB asked), load {os.getloadavg()[0]:.1f}\n")
     print("| figure | measured | target |\n| --- | --- | --- |")
 
@@ -209,35 +217,52 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
     )
     warm = [timed(lambda: raw_read(dcp_folder)) for _ in range(bench.rounds)]
     row("raw read, page cache warm", f"{total / 1e9 / statistics.median(warm):.2f} GB/s", "—")
-    row(
-        "DCP save: plain `dcp.save` / `ckpt_ha.sdk.dcp.save`",
-        f"{ratio(plain_t, ours_t)}; plain {gb / statistics.median(plain_t):.2f} GB/s",
-        ">= 0.95",
-    )
+    if "dcp-save" in rows:
+        row(
+            "DCP save: plain `dcp.save` / `ckpt_ha.sdk.dcp.save`",
+            f"{ratio(plain_t, ours_t)}; plain {gb / statistics.median(plain_t):.2f} GB/s",
+            ">= 0.95",
+        )
+    if "native-save" in rows:
+        native_save(bench, state)
+    if "verify" in rows:
+        verify(bench, dcp_folder, cold, total)
+    if "stall" in rows:
+        stall(bench, state, statistics.median(ours_t))
+    shutil.rmtree(dcp_folder)
+    restores_and_trainer(bench, state, mb, rows)
 
-    # Native save against os.write + fsync of the same files.
-    native_t, raw_t = [], []
-    for n in range(bench.rounds):
+
+def native_save(bench: Bench, state: dict[str, Any]) -> None:
+    """Native save against os.write + fsync of the same files (those of a first save, which
+    also takes the first use's imports and allocations), alternating which goes first."""
+
+    def native() -> tuple[float, Path]:
         bench.step += 1
         step = bench.step
         took = timed(
-            lambda s=step: sdk.save(
-                str(bench.base), "native", s, {"model": state["model"]}, run_id="bench"
+            lambda: sdk.save(
+                str(bench.base), "native", step, {"model": state["model"]}, run_id="bench"
             )
         )
-        native_folder = bench.base / "native" / f"step-{step:08d}"
-        files = read_files(native_folder)
-        shutil.rmtree(native_folder)
+        return took, bench.base / "native" / f"step-{step:08d}"
+
+    first = native()[1]
+    files = read_files(first)
+    shutil.rmtree(first)
+
+    def raw() -> tuple[float, Path]:
         folder = bench.folder("raw-native")
         folder.mkdir()
-        raw_took = timed(lambda f=folder, d=files: raw_write(d, f))
-        shutil.rmtree(folder)
-        native_t.append(took)
-        raw_t.append(raw_took)
-        del n
+        return timed(lambda: raw_write(files, folder)), folder
+
+    raw_t, native_t, kept = bench.alternate(raw, native)
+    shutil.rmtree(kept)
     row("native save: os.write + fsync of its files / `sdk.save`", ratio(raw_t, native_t), ">= 0.9")
 
-    # Verify against a raw read, warm.
+
+def verify(bench: Bench, dcp_folder: Path, cold: bool, total: int) -> None:
+    """Verify against a raw read, warm (and cold when root)."""
     verify_warm, read_warm = [], []
     for _ in range(bench.rounds):
         read_warm.append(timed(lambda: raw_read(dcp_folder)))
@@ -259,8 +284,9 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
             "verify DCP, cold: raw read / `ckpt-ha verify`", ratio(read_cold, verify_cold), ">= 0.9"
         )
 
-    # async_save stall, as a share of a synchronous save.
-    sync_s = statistics.median(ours_t)
+
+def stall(bench: Bench, state: dict[str, Any], sync_s: float) -> None:
+    """async_save stall, as a share of a synchronous save (``sync_s``)."""
     stager = DefaultStager(StagingOptions(False, False, False, False))
     stager.stage(state)  # a stager that already holds its copy, as ckpt-ha's after prepare_async
     plain_blocked, plain_cpu = [], []
@@ -303,33 +329,41 @@ def run_size(mb: int, bench: Bench, cold: bool) -> None:
         f"{later / sync_s:.1%} ({later:.3f} s, CPU {later_cpu:.3f} s)",
         "<= 5%",
     )
-    shutil.rmtree(dcp_folder)
 
-    # Restores: a raw read of the files plus the framework's own load, against the verified load.
-    plain_load, resumed = overhead_restore.dcp_restore(
-        bench.folder("restore"), state, bench.rounds, timed, raw_read
-    )
-    row(
-        "restore DCP, warm: raw read + `dcp.load` / `dcp.resume`",
-        ratio(plain_load, resumed),
-        ">= 0.85",
-    )
-    plain_save, ours_save, trainer_gb = overhead_restore.trainer_save(
-        bench.folder("trainer"), mb, bench.rounds
-    )
-    row(
-        f"Trainer save ({trainer_gb:.2f} GB): without / with `CkptHaCallback`",
-        f"{ratio(plain_save, ours_save)}; without {statistics.median(plain_save):.2f} s",
-        ">= 0.95",
-    )
-    plain_train, ours_train = overhead_restore.hf_restore(
-        bench.folder("hf"), mb, bench.rounds, timed, raw_read
-    )
-    row(
-        "restore Trainer, warm: raw read + `trainer.train(resume_from_checkpoint=)` / `hf.train`",
-        ratio(plain_train, ours_train),
-        ">= 0.85",
-    )
+
+def restores_and_trainer(
+    bench: Bench, state: dict[str, Any], mb: int, rows: frozenset[str]
+) -> None:
+    """Restores: a raw read of the files plus the framework's own load, against the verified
+    load; and the Trainer's save without and with the callback."""
+    if "restore" in rows:
+        plain_load, resumed = overhead_restore.dcp_restore(
+            bench.folder("restore"), state, bench.rounds, timed, raw_read
+        )
+        row(
+            "restore DCP, warm: raw read + `dcp.load` / `dcp.resume`",
+            ratio(plain_load, resumed),
+            ">= 0.85",
+        )
+    if "trainer-save" in rows:
+        plain_save, ours_save, trainer_gb = overhead_restore.trainer_save(
+            bench.folder("trainer"), mb, bench.rounds
+        )
+        row(
+            f"Trainer save ({trainer_gb:.2f} GB): without / with `CkptHaCallback`",
+            f"{ratio(plain_save, ours_save)}; without {statistics.median(plain_save):.2f} s",
+            ">= 0.95",
+        )
+    if "trainer-restore" in rows:
+        plain_train, ours_train = overhead_restore.hf_restore(
+            bench.folder("hf"), mb, bench.rounds, timed, raw_read
+        )
+        row(
+            "restore Trainer, warm: raw read + `trainer.train(resume_from_checkpoint=)` / "
+            "`hf.train`",
+            ratio(plain_train, ours_train),
+            ">= 0.85",
+        )
 
 
 def _verified(folder: Path) -> None:
@@ -343,6 +377,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-cold", action="store_true", help="skip the cold-cache rows")
     ap.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    ap.add_argument("--only", nargs="+", choices=ROWS, default=ROWS, help="rows to run")
     args = ap.parse_args()
     warnings.filterwarnings("ignore", message="torch.distributed is disabled")
     cold = not args.no_cold and drop_caches()
@@ -352,7 +387,7 @@ def main() -> None:
     base = Path(tempfile.mkdtemp(prefix="ckpt-bench-overhead-", dir=args.dir))
     try:
         for mb in args.mb:
-            run_size(mb, Bench(base, args.rounds), cold)
+            run_size(mb, Bench(base, args.rounds), cold, frozenset(args.only))
     finally:
         shutil.rmtree(base)
 
