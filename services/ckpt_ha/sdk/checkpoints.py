@@ -122,11 +122,15 @@ class PartialSave(Exception):
         )
 
 
+@functools.lru_cache(maxsize=16)
 def process_environment(
     frameworks: frozenset[str], image: str | None, libraries: Sequence[str] = ()
 ) -> RuntimeEnvironment:
     """This process as a checkpoint records it outside a runner: Python, numpy, the frameworks
-    the state holds, and the installed versions of ``libraries`` (distribution names)."""
+    the state holds, and the installed versions of ``libraries`` (distribution names, hashable:
+    a tuple). Computed once per process and arguments: the versions a save records are those
+    the process runs, and looking up an installed distribution's version scans the import path
+    (time every save would otherwise add to the training loop's wait)."""
     versions = {"numpy": np.__version__}
     for name in libraries:
         with contextlib.suppress(metadata.PackageNotFoundError):
