@@ -332,7 +332,9 @@ def save(
     ``state`` maps names to a tree of mappings, lists, tuples, JSON scalars and array leaves
     (bytes, numpy arrays, torch tensors): e.g. ``{"model": model.state_dict(), "optimizer":
     optimizer.state_dict(), "epoch": 3}``. Unsupported leaves raise `UnsupportedState` before
-    anything is written; a folder that already holds files raises `CheckpointExists`.
+    anything is written; a folder that already holds files raises `CheckpointExists`. Tensors
+    are written from their own memory: leave the state unchanged until `save` returns (as a
+    training loop that calls it does).
 
     Under a runner (`context()`, or ``ctx``), ``run_id``, ``attempt``, ``code_version``,
     ``topology``, ``bus`` and the runtime environment default to the attempt's, so the
