@@ -159,12 +159,15 @@ class Bench:
     def alternate(
         self, first: Callable[[], tuple[float, Path]], second: Callable[[], tuple[float, Path]]
     ) -> tuple[list[float], list[float], Path]:
-        """Rounds of both, in turn which goes first; every folder but one kept of ``second``."""
+        """Rounds of both, in turn which goes first; every folder but one kept of ``second``.
+        Each starts with nothing left to write back (``os.sync``, untimed): the removal of the
+        last folder is not left to the next side's first fsync."""
         a, b = [], []
         kept = None
         for n in range(self.rounds):
             order = (first, second) if n % 2 == 0 else (second, first)
             for fn in order:
+                os.sync()
                 took, folder = fn()
                 (a if fn is first else b).append(took)
                 if fn is second and kept is None:
