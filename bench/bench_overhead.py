@@ -156,12 +156,15 @@ class Bench:
     def alternate(
         self, first: Callable[[], tuple[float, Path]], second: Callable[[], tuple[float, Path]]
     ) -> tuple[list[float], list[float], Path]:
-        """Rounds of both, in turn which goes first; every folder but one kept of ``second``."""
+        """Rounds of both, in turn which goes first; every folder but one kept of ``second``.
+        Each starts with nothing left to write back (``os.sync``, untimed): the removal of the
+        last folder is not left to the next side's first fsync."""
         a, b = [], []
         kept = None
         for n in range(self.rounds):
             order = (first, second) if n % 2 == 0 else (second, first)
             for fn in order:
+                os.sync()
                 took, folder = fn()
                 (a if fn is first else b).append(took)
                 if fn is second and kept is None:
@@ -253,25 +256,30 @@ def run_size(mb: int, bench: Bench, cold: bool, only: frozenset[str]) -> None:
 
 
 def native_row(state: dict[str, Any], bench: Bench) -> None:
-    """Native save against os.write + fsync of the same files."""
-    native_t, raw_t = [], []
-    for _ in range(bench.rounds):
+    """Native save against os.write + fsync of the same files (those of a first save, which
+    also takes the first use's imports and allocations), alternating which goes first."""
+
+    def native() -> tuple[float, Path]:
         bench.step += 1
         step = bench.step
         took = timed(
-            lambda s=step: sdk.save(
-                str(bench.base), "native", s, {"model": state["model"]}, run_id="bench"
+            lambda: sdk.save(
+                str(bench.base), "native", step, {"model": state["model"]}, run_id="bench"
             )
         )
-        native_folder = bench.base / "native" / f"step-{step:08d}"
-        files = read_files(native_folder)
-        shutil.rmtree(native_folder)
+        return took, bench.base / "native" / f"step-{step:08d}"
+
+    first = native()[1]
+    files = read_files(first)
+    shutil.rmtree(first)
+
+    def raw() -> tuple[float, Path]:
         folder = bench.folder("raw-native")
         folder.mkdir()
-        raw_took = timed(lambda f=folder, d=files: raw_write(d, f))
-        shutil.rmtree(folder)
-        native_t.append(took)
-        raw_t.append(raw_took)
+        return timed(lambda: raw_write(files, folder)), folder
+
+    raw_t, native_t, kept = bench.alternate(raw, native)
+    shutil.rmtree(kept)
     row("native save: os.write + fsync of its files / `sdk.save`", ratio(raw_t, native_t), ">= 0.9")
 
 

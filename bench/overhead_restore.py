@@ -11,6 +11,7 @@ restore-coordinator would publish for the checkpoint.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import time
 import uuid
@@ -181,7 +182,9 @@ def _trainer(out: Path, mb: int, steps: int, callbacks: list[TrainerCallback]) -
 def trainer_save(root: Path, mb: int, rounds: int) -> tuple[list[float], list[float], float]:
     """Rounds of one Trainer step and its save, without and with ``CkptHaCallback`` in turn;
     the time from the Trainer's decision to save to the end of its save (ckpt-ha's intent,
-    fsyncs, checksums and commit included). Also the checkpoint's size in GB."""
+    fsyncs, checksums and commit included). Also the checkpoint's size in GB. Each round starts
+    with nothing left to write back (``os.sync``, untimed): the plain Trainer never syncs, and
+    its folder's writeback and removal would otherwise land in the next round's first fsync."""
     root.mkdir(parents=True, exist_ok=True)
     plain: list[float] = []
     ours: list[float] = []
@@ -193,6 +196,7 @@ def trainer_save(root: Path, mb: int, rounds: int) -> tuple[list[float], list[fl
             ctx = context(root, job)
             middle: list[TrainerCallback] = [hf.CkptHaCallback(ctx=ctx)] if with_ckpt_ha else []
             trainer = _trainer(root / job, mb, 1, [_SaveStarts(times), *middle, _SaveEnds(times)])
+            os.sync()  # as a save minutes after the last one finds it: nothing left to write back
             trainer.train()
             folder = root / job / "checkpoint-1"
             size = sum(p.stat().st_size for p in folder.iterdir()) / 1e9

@@ -117,3 +117,36 @@ def test_sparse_tensors_are_refused(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="dense"):
         sdk.save(str(tmp_path), "job-t", 4, {"s": torch.eye(3).to_sparse()}, run_id="r")
     assert not (tmp_path / "job-t" / "step-00000004").exists()
+
+
+def test_a_contiguous_tensor_is_written_from_its_own_memory() -> None:
+    """`save` writes a CPU tensor's leaf from the tensor's memory (no copy); the same bytes as
+    `to_bytes`, for a non-contiguous tensor too (from a contiguous copy)."""
+    from ckpt_ha.sdk.state import Leaf
+
+    tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    view = Leaf("t", tensor).to_buffer()
+    assert isinstance(view, memoryview)
+    assert bytes(view) == Leaf("t", tensor).to_bytes() == raw(tensor)
+    tensor[0, 0] = 42.0  # the view is the tensor's memory
+    assert bytes(view) == raw(tensor)
+    transposed = tensor.t()
+    assert bytes(Leaf("t", transposed).to_buffer()) == raw(transposed)
+
+
+def test_save_copies_no_tensor(tmp_path: Path) -> None:
+    """`save` writes each tensor from its own memory and hashes it on the way: nothing of a
+    tensor's size is allocated (before, each leaf was copied into bytes first)."""
+    import tracemalloc
+
+    state = {f"layer{i}": torch.randn(1024, 1024) for i in range(4)}  # 4 MiB each
+    sdk.save(str(tmp_path), "job", 0, state, run_id="r")  # the first use's imports
+    tracemalloc.start()
+    try:
+        saved = sdk.save(str(tmp_path), "job", 1, state, run_id="r")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1024 * 1024, peak
+    back = sdk.load(saved.uri).state
+    assert all(torch.equal(back[k], state[k]) for k in state)

@@ -116,3 +116,24 @@ def test_files_hashed_first_are_read_once_and_give_the_same_digests(tmp_path: Pa
             cs.checksum(store, "gone", algorithm)
         assert cs.checksum(store, "model/big.bin", "xxh3_64") != direct["model/big.bin"]
     assert cs.checksum(store, "model/small.bin", algorithm) == direct["model/small.bin"]
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "xxh3_64/1MiB"])
+def test_a_hashing_reader_hands_out_the_bytes_and_their_checksum(
+    tmp_path: Path, algorithm: str
+) -> None:
+    data = os.urandom(3 * MIB + 17)
+    reader = cs.HashingReader(memoryview(data), algorithm)
+    FsStore(tmp_path).put("f", reader)  # type: ignore[arg-type]  # a file to read, duck-typed
+    assert (tmp_path / "f").read_bytes() == data
+    assert reader.checksum() == cs.of_bytes(data, algorithm)
+
+
+def test_a_hashing_reader_left_early_still_gives_the_whole_checksum() -> None:
+    data = os.urandom(MIB + 5)
+    reader = cs.HashingReader(data)
+    assert bytes(reader.read(100)) == data[:100]
+    assert reader.checksum() == cs.of_bytes(data)
+    assert bytes(reader.read()) == data[100:]  # the rest, in order
+    assert reader.read(10) == b""
+    assert reader.checksum() == cs.of_bytes(data)

@@ -217,3 +217,15 @@ def test_the_old_name_of_the_sdks_bus_endpoint_still_resolves_with_a_warning() -
         assert sdk.Bus is sdk.BusEndpoint
     with pytest.raises(AttributeError):
         sdk.Nope  # noqa: B018
+
+
+def test_the_process_environment_is_looked_up_once_per_process() -> None:
+    """A save records the versions this process runs; looking them up scans the import path,
+    so it is done once, not on every save (issue 32)."""
+    from ckpt_ha.sdk.checkpoints import process_environment
+
+    first = process_environment(frozenset({"numpy"}), None, ("pydantic",))
+    assert first.libraries["numpy"] == np.__version__
+    assert "pydantic" in first.libraries
+    assert process_environment(frozenset({"numpy"}), None, ("pydantic",)) is first
+    assert process_environment(frozenset({"numpy"}), "an-image", ("pydantic",)).image == "an-image"

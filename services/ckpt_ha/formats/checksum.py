@@ -265,10 +265,37 @@ def _ignore(_: int) -> None:
     pass
 
 
-def of_bytes(data: bytes, algorithm: str = DEFAULT_ALGORITHM) -> str:
+def of_bytes(data: bytes | memoryview, algorithm: str = DEFAULT_ALGORITHM) -> str:
     hasher = new_hasher(algorithm)
     hasher.update(data)
     return f"{algorithm}:{hasher.hexdigest()}"
+
+
+class HashingReader:
+    """``data`` as a file to read front to back (``read``; what `ObjectStore.put` copies from),
+    each piece hashed just before it is handed out, never copied: the consumer's copy (the
+    kernel's, into the page cache) then reads bytes the hash has just brought into the CPU
+    cache, so the data crosses memory once for both (issue 32). `checksum` is the whole
+    ``data``'s, taken from the pieces when they were read in order to the end, else (a consumer
+    that stopped early) from ``data`` itself."""
+
+    def __init__(self, data: bytes | memoryview, algorithm: str = DEFAULT_ALGORITHM) -> None:
+        self._view = memoryview(data).cast("B")
+        self._algorithm = algorithm
+        self._hasher = new_hasher(algorithm)
+        self._at = 0
+
+    def read(self, size: int = -1, /) -> memoryview:
+        end = len(self._view) if size < 0 else min(self._at + size, len(self._view))
+        piece = self._view[self._at : end]
+        self._hasher.update(piece)
+        self._at = end
+        return piece
+
+    def checksum(self) -> str:
+        if self._at != len(self._view):
+            return of_bytes(self._view, self._algorithm)
+        return f"{self._algorithm}:{self._hasher.hexdigest()}"
 
 
 def parse(value: str) -> tuple[str, str]:

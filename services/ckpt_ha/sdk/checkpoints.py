@@ -13,7 +13,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import metadata
-from typing import Any
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 from pydantic import ValidationError
@@ -122,11 +122,15 @@ class PartialSave(Exception):
         )
 
 
+@functools.lru_cache(maxsize=16)
 def process_environment(
     frameworks: frozenset[str], image: str | None, libraries: Sequence[str] = ()
 ) -> RuntimeEnvironment:
     """This process as a checkpoint records it outside a runner: Python, numpy, the frameworks
-    the state holds, and the installed versions of ``libraries`` (distribution names)."""
+    the state holds, and the installed versions of ``libraries`` (distribution names, hashable:
+    a tuple). Computed once per process and arguments: the versions a save records are those
+    the process runs, and looking up an installed distribution's version scans the import path
+    (time every save would otherwise add to the training loop's wait)."""
     versions = {"numpy": np.__version__}
     for name in libraries:
         with contextlib.suppress(metadata.PackageNotFoundError):
@@ -226,12 +230,19 @@ def writer_for(
     return Writer(job_id, run_id, attempt or 1, code_version, topology, bus, environment)
 
 
-def _put(store: ObjectStore, prefix: str, path: str, data: bytes) -> native.Shard:
-    """Write one shard, its checksum taken on a helper thread while the bytes are written."""
-    digest = parallel.start([functools.partial(cs.of_bytes, data)])
-    store.put(join(prefix, path), data)
+def _put(store: ObjectStore, prefix: str, path: str, data: bytes | memoryview) -> native.Shard:
+    """Write one shard and take its checksum on the way: on a filesystem each piece is hashed
+    just before the store copies it into the file (`cs.HashingReader`: the bytes cross memory
+    once, on the writing thread); elsewhere on a helper thread while the bytes are written."""
+    if isinstance(store, FsStore):
+        reader = cs.HashingReader(data)
+        store.put(join(prefix, path), cast(BinaryIO, reader))
+        return native.Shard(path=path, size=len(data), checksum=reader.checksum())
+    whole = bytes(data)
+    digest = parallel.start([functools.partial(cs.of_bytes, whole)])
+    store.put(join(prefix, path), whole)
     [checksum] = digest()
-    return native.Shard(path=path, size=len(data), checksum=checksum)
+    return native.Shard(path=path, size=len(whole), checksum=checksum)
 
 
 WRITERS = 2
@@ -244,14 +255,15 @@ def _put_leaves(
     leaves: Sequence[codec.Leaf],
     join_batch: Callable[[], AbstractContextManager[None]] | None,
 ) -> list[native.Shard]:
-    """Write every leaf, `WRITERS` at a time, each a `_put` (its bytes written, hashed beside,
-    fsynced); the shards in the leaves' order. A leaf is serialised just before it is handed to
-    a writer, so memory holds at most ``WRITERS + 1`` leaves' bytes, never the whole state. The
-    first error is raised once every write started has ended."""
+    """Write every leaf, `WRITERS` at a time, each a `_put` (its bytes hashed as they are
+    written, fsynced); the shards in the leaves' order. A tensor is written from its own memory
+    (`codec.Leaf.to_buffer`); any other leaf is serialised just before it is handed to a writer,
+    so memory holds at most ``WRITERS + 1`` leaves' copies, never the whole state's. The first
+    error is raised once every write started has ended."""
     if len(leaves) <= 1:
-        return [_put(store, prefix, leaf.path, leaf.to_bytes()) for leaf in leaves]
+        return [_put(store, prefix, leaf.path, leaf.to_buffer()) for leaf in leaves]
 
-    def put(path: str, data: bytes) -> native.Shard:
+    def put(path: str, data: bytes | memoryview) -> native.Shard:
         with join_batch() if join_batch is not None else contextlib.nullcontext():
             return _put(store, prefix, path, data)
 
@@ -263,7 +275,7 @@ def _put_leaves(
                 ended, running = wait(running, return_when=FIRST_COMPLETED)
                 if any(future.exception() is not None for future in ended):
                     break  # a write failed: start no more
-            future = writers.submit(put, leaf.path, leaf.to_bytes())
+            future = writers.submit(put, leaf.path, leaf.to_buffer())
             started.append(future)
             running.add(future)
     return [future.result() for future in started]
@@ -320,7 +332,9 @@ def save(
     ``state`` maps names to a tree of mappings, lists, tuples, JSON scalars and array leaves
     (bytes, numpy arrays, torch tensors): e.g. ``{"model": model.state_dict(), "optimizer":
     optimizer.state_dict(), "epoch": 3}``. Unsupported leaves raise `UnsupportedState` before
-    anything is written; a folder that already holds files raises `CheckpointExists`.
+    anything is written; a folder that already holds files raises `CheckpointExists`. Tensors
+    are written from their own memory: leave the state unchanged until `save` returns (as a
+    training loop that calls it does).
 
     Under a runner (`context()`, or ``ctx``), ``run_id``, ``attempt``, ``code_version``,
     ``topology``, ``bus`` and the runtime environment default to the attempt's, so the

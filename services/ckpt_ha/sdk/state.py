@@ -103,6 +103,16 @@ class Leaf:
 
         return torch_leaves.to_bytes(value)
 
+    def to_buffer(self) -> bytes | memoryview:
+        """`to_bytes`' bytes, without the copy where the value's memory already holds them (a
+        torch tensor on the CPU, contiguous): what `save` writes from. Valid while the value is
+        left unchanged."""
+        if isinstance(self.value, bytes | bytearray | memoryview | np.ndarray | np.generic):
+            return self.to_bytes()
+        from ckpt_ha.sdk import torch_leaves
+
+        return torch_leaves.to_view(self.value)
+
 
 @dataclass(frozen=True)
 class Encoded:

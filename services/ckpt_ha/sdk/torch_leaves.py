@@ -41,12 +41,18 @@ def describe(value: object) -> dict[str, Any]:
     return {"dtype": _name(tensor.dtype), "shape": list(tensor.shape), "byteorder": "little"}
 
 
-def to_bytes(value: object) -> bytes:
-    """The tensor's elements in row-major order, as stored in memory (bit for bit)."""
+def to_view(value: object) -> memoryview:
+    """The tensor's elements in row-major order, as stored in memory (bit for bit): a view of
+    the tensor's own memory when it is a contiguous CPU tensor, else of a contiguous copy."""
     tensor = _tensor(value)
     _check(tensor)
     flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-    return bytes(flat.view(torch.uint8).numpy().tobytes())
+    return flat.view(torch.uint8).numpy().data  # the array (its base) keeps the tensor alive
+
+
+def to_bytes(value: object) -> bytes:
+    """`to_view`'s bytes, copied."""
+    return to_view(value).tobytes()
 
 
 def from_bytes(data: bytes, dtype: str, shape: list[int]) -> torch.Tensor:
