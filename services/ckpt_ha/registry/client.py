@@ -204,7 +204,7 @@ def _hiredis_packing(cls: type[AbstractConnection]) -> type[AbstractConnection]:
     if cls in _PACKED.values():
         return cls
     if cls not in _PACKED:
-        serializer = HiredisRespSerializer()
+        serializer = HiredisRespSerializer()  # type: ignore[no-untyped-call,unused-ignore]
 
         class HiredisPacked(cls):  # type: ignore[valid-type,misc]
             def pack_command(self, *args: Any) -> list[bytes]:
@@ -241,7 +241,7 @@ def _through_sentinel(cfg: RedisConfig, options: dict[str, Any]) -> aioredis.Red
             side["ssl"] = True
             if cfg.ca_file:
                 side["ssl_ca_certs"] = cfg.ca_file
-    sentinel = Sentinel(  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(  # type: ignore[no-untyped-call,unused-ignore]
         list(url.sentinels), sentinel_kwargs=to_sentinels, db=url.db, **options
     )
     master: aioredis.Redis = sentinel.master_for(url.service)
