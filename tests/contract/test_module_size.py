@@ -18,8 +18,6 @@ ALLOWED: dict[str, str] = {
     "marks and rotation warning without the split: still owed",
     "services/ckpt_ha/registry/redis_registry.py": "the registry adapter, one class and its two "
     "Lua scripts; its read and write halves share the script cache",
-    "services/ckpt_ha/sdk/dcp/saving.py": "DCP save and async save share their commit protocol; "
-    "issue 32 added prepare_async without the split: still owed",
 }
 
 

@@ -284,18 +284,18 @@ def test_prepare_async_allocates_the_copy_the_first_async_save_copies_into(
 ) -> None:
     """The staging copy exists before the first `async_save`, which reuses it (no allocation
     stalls the loop), and the save is committed and verifies."""
-    from ckpt_ha.sdk.dcp import saving
+    from ckpt_ha.sdk.dcp import background
 
     state = training_state(torch, step=5)
     dcp.prepare_async(state)
-    stager = saving._BACKGROUND.stager
+    stager = background._BACKGROUND.stager
     assert stager is not None
     mapping = stager._state_dict_stager._cached_storage_mapping
     copies = {id(copy) for _, copy in mapping.items()}
     assert copies  # every tensor's CPU copy, allocated now
     saved = dcp.async_save(state, step=5, job_id="job-p", storage_root=str(tmp_path),
                            run_id="r1").result(timeout=120)  # fmt: skip
-    assert saving._BACKGROUND.stager is stager
+    assert background._BACKGROUND.stager is stager
     assert {id(copy) for _, copy in mapping.items()} == copies  # copied into, not allocated
     assert saved.step == 5
     assert verify_path(tmp_path / "job-p" / "step-00000005").ok

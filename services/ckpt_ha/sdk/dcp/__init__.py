@@ -37,9 +37,12 @@ default group otherwise), which must carry Python objects (gloo; NCCL once
 ``torch.cuda.set_device`` is called), as DCP's own do.
 """
 
+from ckpt_ha.sdk.dcp.background import async_save, prepare_async
+from ckpt_ha.sdk.dcp.committing import DcpSaved
 from ckpt_ha.sdk.dcp.files import NeedsFilesystemRoot
+from ckpt_ha.sdk.dcp.intent import SaveFailed
 from ckpt_ha.sdk.dcp.restoring import DcpResumed, resume, share
-from ckpt_ha.sdk.dcp.saving import DcpSaved, SaveFailed, async_save, prepare_async, save
+from ckpt_ha.sdk.dcp.saving import save
 
 __all__ = [
     "DcpResumed",
