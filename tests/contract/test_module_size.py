@@ -14,8 +14,6 @@ LIMIT = 500
 
 # module path (relative to the repository) -> why it may stay longer than LIMIT
 ALLOWED: dict[str, str] = {
-    "services/ckpt_ha/sdk/hf.py": "the Trainer callback, one class; issue 28 added its phase "
-    "marks and rotation warning without the split: still owed",
     "services/ckpt_ha/registry/redis_registry.py": "the registry adapter, one class and its two "
     "Lua scripts; its read and write halves share the script cache",
 }
