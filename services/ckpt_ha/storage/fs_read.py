@@ -83,20 +83,6 @@ class FileRange:
             self._remaining -= n
         return int(n)
 
-    def pieces(self, buffer: memoryview) -> Iterator[memoryview]:
-        """The rest of the range, each piece valid until the next: from a memory map where
-        that is safe, else read into ``buffer`` (`leased_map`: hashing without the copy)."""
-        start = self._file.tell()
-        end = None if self._remaining is None else start + self._remaining
-        position = start
-        with os_errors(self._key):
-            for piece in leased_map.pieces(self._file.fileno(), start, end, buffer):
-                position += len(piece)
-                if self._remaining is not None:
-                    self._remaining -= len(piece)
-                yield piece
-            self._file.seek(position)  # pread moves no file position: the stream's is kept
-
     def leased_path(self) -> AbstractContextManager[str | None]:
         """The whole file as a path for a reader that maps it itself, while a read lease
         holds it and it is all in the page cache, else None (`leased_map.leased_whole`)."""
