@@ -128,7 +128,8 @@ def test_a_holder_that_died_with_the_lock_does_not_block_the_others(tmp_path: Pa
     os.close(holder)  # it died holding the lock, its answer never written
     assert poller.state("1") == ("COMPLETED", "None")
     assert poller.state("2") == ("RUNNING", "None")
-    assert cluster.asked[-1] == ["1", "2"] and len(cluster.asked) == 2
+    assert cluster.asked[-1] == ["1", "2"]
+    assert len(cluster.asked) == 2
 
 
 def test_a_corrupt_or_partial_answer_is_polled_anew(tmp_path: Path) -> None:
@@ -137,7 +138,13 @@ def test_a_corrupt_or_partial_answer_is_polled_anew(tmp_path: Path) -> None:
     poller = process(cluster, clock, tmp_path, 1)
     poller.watch("1")
     for n, bad in enumerate(
-        ['{"at": 0.0, "answered": true, "ids": ["1"], "sta', "[]", "\x00\xff", '{"at": "x"}', ""]
+        [
+            "ckpt-ha-squeue 1 0.0 1\n1|RUNNING|None\n",  # partial: no end
+            "ckpt-ha-squeue 1 x 1\n1|RUNNING|None\nend\n",
+            "[]",
+            "\x00\xff",
+            "",
+        ]
     ):
         (tmp_path / ANSWER).write_text(bad)
         assert poller.state("1") == ("RUNNING", "None")
@@ -150,5 +157,7 @@ def test_the_shared_directory_is_per_user_and_cluster(tmp_path: Path) -> None:
     assert share_dir({DIR_ENV: str(tmp_path)}, "squeue") == tmp_path
     one = share_dir({"XDG_RUNTIME_DIR": str(tmp_path), "SLURM_CONF": "/a"}, "squeue")
     other = share_dir({"XDG_RUNTIME_DIR": str(tmp_path), "SLURM_CONF": "/b"}, "squeue")
-    assert one is not None and other is not None and one.parent == tmp_path != other
+    assert one is not None
+    assert other is not None
+    assert one.parent == tmp_path != other
     assert one != other

@@ -13,7 +13,7 @@ A runner is one process per job, so the processes of one host share too, through
 (`share_dir`: ``CKPT_HA_SLURM_POLL_DIR``, else per user and cluster under ``$XDG_RUNTIME_DIR``
 or ``/tmp``). Each process's poller registers the ids it waits on in a file of its own
 (``waiting/<pid>.<token>``, removed when it waits on nothing; one of a dead pid is ignored and
-removed). The answer is one file (``answer.json``, written to a temporary name and renamed):
+removed). The answer is one file (``answer``, written to a temporary name and renamed):
 whoever finds it older than the interval, or missing one of its jobs, takes ``lock``
 (``flock``, non-blocking; the kernel releases it when its holder dies), reads the answer again,
 and if still stale runs the one ``squeue`` of the union of the registered ids and writes it;
@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import json
 import math
 import os
 import secrets
@@ -54,7 +53,7 @@ yet known): ask ``scontrol`` about it."""
 
 DIR_ENV = "CKPT_HA_SLURM_POLL_DIR"
 """The directory the processes of a host share their ``squeue`` through (``off``: none)."""
-ANSWER = "answer.json"
+ANSWER = "answer"
 LOCK = "lock"
 WAITING = "waiting"
 
@@ -176,49 +175,32 @@ class SlurmPoller:
                 return
             if self._take(self._read()):  # written while we waited for the lock
                 return
-            self._poll(self._union())
+            ids = self._union()
+            self._poll(ids)
             write_atomic(
-                self._share / ANSWER,
-                json.dumps(
-                    {
-                        "at": self._at,
-                        "answered": self._answered,
-                        "ids": sorted(self._asked),
-                        "states": self._states,
-                    }
-                ),
+                self._share / ANSWER, format_answer(self._at, self._answered, ids, self._states)
             )
 
-    def _read(self) -> dict[str, object] | None:
+    def _read(self) -> str | None:
         assert self._share is not None
         try:
-            answer = json.loads((self._share / ANSWER).read_text())
+            return (self._share / ANSWER).read_text()
         except (OSError, ValueError):
-            return None  # none yet, or corrupt: polled anew
-        if not isinstance(answer, dict):
-            return None
-        return answer
+            return None  # none yet (or undecodable: polled anew)
 
-    def _take(self, answer: dict[str, object] | None, *, stale_ok: bool = False) -> bool:
-        """Adopt ``answer`` if it is fresh and covers every job watched here (``stale_ok``:
-        its states whatever its age, still asking again next time)."""
+    def _take(self, text: str | None, *, stale_ok: bool = False) -> bool:
+        """Adopt the answer ``text`` if it is whole, fresh and covers every job watched here
+        (``stale_ok``: its states whatever its age, still asking again next time)."""
+        answer = parse_answer(text or "", self._watched)
         if answer is None:
             return False
-        try:
-            at = float(answer["at"])  # type: ignore[arg-type]
-            ids = set(answer["ids"])  # type: ignore[call-overload]
-            raw = answer["states"]
-            assert isinstance(raw, dict)
-            states = {str(k): (str(v[0]), str(v[1])) for k, v in raw.items()}
-            answered = bool(answer["answered"])
-        except (KeyError, TypeError, ValueError, IndexError, AssertionError):
-            return False
-        fresh = self._clock() - at < self.interval_s and self._watched <= ids
+        at, answered, states = answer
+        fresh = self._clock() - at < self.interval_s and len(states) == len(self._watched)
         if not (fresh or stale_ok):
             return False
-        self._answered, self._asked = answered, ids
+        self._answered, self._asked = answered, set(states)
         if answered:
-            self._states = states
+            self._states = {i: s for i, s in states.items() if s != ABSENT}
         if fresh:
             self._at = at
             self._unseen.clear()
@@ -266,6 +248,51 @@ class SlurmPoller:
 
 _SHARED: dict[tuple[str, str], SlurmPoller] = {}
 _SHARED_LOCK = threading.Lock()
+
+
+MAGIC = "ckpt-ha-squeue 1"
+END = "end\n"
+
+
+def format_answer(
+    at: float, answered: bool, ids: Sequence[str], states: Mapping[str, tuple[str, str]]
+) -> str:
+    """The shared answer: a header (``MAGIC at answered``), one ``id|state|reason`` line per
+    id asked (``id||``: squeue did not list it), and `END` (a file without it is partial)."""
+    lines = [f"{MAGIC} {at!r} {int(answered)}\n"]
+    lines += [f"{i}|{'|'.join(states.get(i, ABSENT))}\n" for i in ids]
+    return "".join(lines) + END
+
+
+def parse_answer(
+    text: str, wanted: set[str]
+) -> tuple[float, bool, dict[str, tuple[str, str]]] | None:
+    """(at, answered, the states of those of ``wanted`` it covers; `ABSENT`: asked, not
+    listed) from `format_answer`'s text; None if it is not whole. A process waiting on a few
+    jobs looks for their lines; one waiting on many reads them all."""
+    header, _, body = text.partition("\n")
+    parts = header.split(" ")
+    if not text.endswith("\n" + END) or len(parts) != 4 or " ".join(parts[:2]) != MAGIC:
+        return None
+    try:
+        at, answered = float(parts[2]), parts[3] == "1"
+    except ValueError:
+        return None
+    found: dict[str, tuple[str, str]] = {}
+    if len(wanted) > 32:
+        for line in body.splitlines():
+            got = line.split("|", 2)
+            if len(got) == 3 and got[0] in wanted:
+                found[got[0]] = (got[1], got[2])
+        return at, answered, found
+    body = "\n" + body
+    for i in wanted:
+        start = body.find(f"\n{i}|")
+        if start >= 0:
+            got = body[start + 1 : body.find("\n", start + 1)].split("|", 2)
+            if len(got) == 3:
+                found[i] = (got[1], got[2])
+    return at, answered, found
 
 
 def pid_alive(pid: int) -> bool:
