@@ -3,14 +3,14 @@
 against one ``scontrol show job`` per job per interval, as each adapter polled before.
 
 Two parts. Counted: ``--jobs`` waiters, each asking its job's state once per interval for
-``--seconds`` of simulated time, against a counting fake cluster: the calls per second each
-way; then the same jobs waited on by ``--jobs`` runner processes, one job each, sharing one
-directory (simulated in this process: one poller object per "process", each with its own
-registration, all sharing a temporary directory): the squeue calls/s to slurmctld, against one
-per process per interval before. Real: a private single-node Slurm
-(``ckpt_ha.lab.devstack.slurm``, installed by ``scripts/slurm-tools``) with ``--submit`` real
-jobs; the same ``--jobs`` ids (the real ones and made-up ones beyond them) asked through a
-real poller for ``--real-seconds``: its calls per second, what one ``squeue`` of that many ids costs, and what one ``scontrol show job`` costs
+``--seconds`` of simulated time, against a counting fake cluster: the calls per second each way;
+then the same jobs waited on by ``--jobs`` runner processes, one job each, sharing one directory
+(simulated in this process: one poller object per "process", each with its own registration, all
+sharing a temporary directory): the squeue calls/s to slurmctld, against one per process per
+interval before. Real: a private single-node Slurm (``ckpt_ha.lab.devstack.slurm``, installed by
+``scripts/slurm-tools``) with ``--submit`` real jobs; the same ``--jobs`` ids (the real ones and
+made-up ones beyond them) asked through a real poller for ``--real-seconds``: its calls per
+second, what one ``squeue`` of that many ids costs, and what one ``scontrol show job`` costs
 (the price of the old way, 2 per job per second). Usage:
     .venv/bin/python bench/bench_slurm_poll.py [--jobs 10000] [--seconds 60] [--submit 20]
         [--real-seconds 5] [--processes-seconds 10] [--no-real]
