@@ -18,6 +18,7 @@ from ckpt_ha.runner.slurm_poll import (
     WAITING,
     SlurmPoller,
     share_dir,
+    shared_poller,
 )
 
 
@@ -77,6 +78,25 @@ def test_processes_share_one_squeue_per_interval(tmp_path: Path) -> None:
     for i in mine[pollers[0]]:
         pollers[0].forget(i)
     assert len(list((tmp_path / WAITING).iterdir())) == 4  # waits on nothing: unregistered
+
+
+def test_a_process_waiting_on_many_jobs_shares_with_one_waiting_on_few(tmp_path: Path) -> None:
+    """(one that waits on many reads the whole answer; one on a few looks for its lines)"""
+    cluster, clock = Cluster(), Clock()
+    many, few = process(cluster, clock, tmp_path, 1), process(cluster, clock, tmp_path, 2)
+    for n in range(100):
+        cluster.jobs[str(n)] = "RUNNING"
+        many.watch(str(n))
+    cluster.jobs["1000"] = "PENDING"
+    few.watch("1000")
+    few.watch("1001")  # squeue does not list it: absent, covered
+    for _ in range(3):
+        assert few.state("1000") == ("PENDING", "None")
+        assert few.state("1001") == ("", "")
+        assert all(many.state(str(n)) == ("RUNNING", "None") for n in range(100))
+        clock.now += 0.5
+    assert len(cluster.asked) == 3
+    assert len(cluster.asked[0]) == 102
 
 
 def test_a_job_registered_after_the_answer_is_polled_for_at_once(tmp_path: Path) -> None:
@@ -161,3 +181,13 @@ def test_the_shared_directory_is_per_user_and_cluster(tmp_path: Path) -> None:
     assert other is not None
     assert one.parent == tmp_path != other
     assert one != other
+
+
+def test_the_process_poller_shares_through_the_setting_or_polls_alone(tmp_path: Path) -> None:
+    shared = shared_poller({DIR_ENV: str(tmp_path / "d"), "SLURM_CONF": str(tmp_path / "a")})
+    assert shared._share == tmp_path / "d"
+    assert (tmp_path / "d" / WAITING).is_dir()
+    (tmp_path / "f").write_text("")  # not a directory: this process polls alone
+    alone = shared_poller({DIR_ENV: str(tmp_path / "f"), "SLURM_CONF": str(tmp_path / "b")})
+    assert alone._share is None
+    assert shared_poller({DIR_ENV: "off", "SLURM_CONF": str(tmp_path / "c")})._share is None

@@ -125,7 +125,8 @@ class SlurmPoller:
         self._alive = alive if alive is not None else pid_alive
         self._me = f"{self._pid}.{secrets.token_hex(6)}"
         if share is not None:
-            (share / WAITING).mkdir(parents=True, exist_ok=True, mode=0o700)
+            share.mkdir(parents=True, exist_ok=True, mode=0o700)
+            (share / WAITING).mkdir(exist_ok=True, mode=0o700)
 
     def watch(self, job_id: str) -> None:
         with self._lock:
