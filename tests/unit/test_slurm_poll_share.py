@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -191,3 +192,13 @@ def test_the_process_poller_shares_through_the_setting_or_polls_alone(tmp_path: 
     alone = shared_poller({DIR_ENV: str(tmp_path / "f"), "SLURM_CONF": str(tmp_path / "b")})
     assert alone._share is None
     assert shared_poller({DIR_ENV: "off", "SLURM_CONF": str(tmp_path / "c")})._share is None
+
+
+def test_a_removed_directory_leaves_the_process_polling_alone(tmp_path: Path) -> None:
+    cluster, clock = Cluster(), Clock()
+    cluster.jobs["1"] = "RUNNING"
+    poller = process(cluster, clock, tmp_path / "d", 1)
+    shutil.rmtree(tmp_path / "d")  # a cleaner of /tmp
+    poller.watch("1")
+    assert poller.state("1") == ("RUNNING", "None")
+    assert cluster.asked == [["1"]]

@@ -146,10 +146,11 @@ class SlurmPoller:
         if self._share is None:
             return
         mine = self._share / WAITING / self._me
-        if self._watched:
-            write_atomic(mine, "".join(f"{i}\n" for i in sorted(self._watched)))
-        else:
-            mine.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # unregistered: its own polls still cover its jobs
+            if self._watched:
+                write_atomic(mine, "".join(f"{i}\n" for i in sorted(self._watched)))
+            else:
+                mine.unlink(missing_ok=True)
 
     def state(self, job_id: str) -> tuple[str, str] | None:
         """The watched job's (state, reason) as of the latest ``squeue``, asked first when
@@ -160,7 +161,12 @@ class SlurmPoller:
                 if self._share is None:
                     self._poll(sorted(self._watched))
                 else:
-                    self._shared()
+                    calls = self.calls
+                    try:
+                        self._shared()
+                    except OSError:  # the directory went away (a cleaner of /tmp): alone
+                        if self.calls == calls:
+                            self._poll(sorted(self._watched))
             if not self._answered or (self._share is not None and job_id not in self._asked):
                 return None
             return self._states.get(job_id, ABSENT)
