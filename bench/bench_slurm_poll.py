@@ -3,14 +3,17 @@
 against one ``scontrol show job`` per job per interval, as each adapter polled before.
 
 Two parts. Counted: ``--jobs`` waiters, each asking its job's state once per interval for
-``--seconds`` of simulated time, against a counting fake cluster: the calls per second each
-way. Real: a private single-node Slurm (``ckpt_ha.lab.devstack.slurm``, installed by
-``scripts/slurm-tools``) with ``--submit`` real jobs; the same ``--jobs`` ids (the real ones
-and made-up ones beyond them) asked through a real poller for ``--real-seconds``: its calls per
+``--seconds`` of simulated time, against a counting fake cluster: the calls per second each way;
+then the same jobs waited on by ``--jobs`` runner processes, one job each, sharing one directory
+(simulated in this process: one poller object per "process", each with its own registration, all
+sharing a temporary directory): the squeue calls/s to slurmctld, against one per process per
+interval before. Real: a private single-node Slurm (``ckpt_ha.lab.devstack.slurm``, installed by
+``scripts/slurm-tools``) with ``--submit`` real jobs; the same ``--jobs`` ids (the real ones and
+made-up ones beyond them) asked through a real poller for ``--real-seconds``: its calls per
 second, what one ``squeue`` of that many ids costs, and what one ``scontrol show job`` costs
 (the price of the old way, 2 per job per second). Usage:
     .venv/bin/python bench/bench_slurm_poll.py [--jobs 10000] [--seconds 60] [--submit 20]
-        [--real-seconds 5] [--no-real]
+        [--real-seconds 5] [--processes-seconds 10] [--no-real]
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import argparse
 import os
 import statistics
 import subprocess
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 from ckpt_ha.lab.devstack import slurm
 from ckpt_ha.runner.slurm_poll import POLL_S, SlurmPoller, run_command
@@ -57,6 +62,41 @@ def counted(jobs: int, seconds: float) -> None:
         f"counted, {jobs:,} jobs waited on for {seconds:.0f} s (poll every {POLL_S} s): "
         f"{fake.calls.get('squeue', 0) / seconds:.1f} squeue calls/s to slurmctld, "
         f"against {old:,.0f} scontrol calls/s one job at a time ({old * seconds:,.0f} calls)"
+    )
+
+
+def processes(jobs: int, seconds: float) -> None:
+    fake, now = Counting(), [0.0]
+    with tempfile.TemporaryDirectory() as share:
+        pollers = [
+            SlurmPoller(
+                fake,
+                env={},
+                interval_s=POLL_S,
+                clock=lambda: now[0],
+                share=Path(share),
+                pid=n + 1,
+                alive=lambda pid: True,
+            )
+            for n in range(jobs)
+        ]
+        ids = [str(100_000 + i) for i in range(jobs)]
+        for poller, i in zip(pollers, ids, strict=True):
+            poller.watch(i)
+        t0 = time.perf_counter()
+        rounds = int(seconds / POLL_S)
+        for _ in range(rounds):
+            for poller, i in zip(pollers, ids, strict=True):
+                poller.state(i)
+            now[0] += POLL_S
+        took = time.perf_counter() - t0
+    calls = fake.calls.get("squeue", 0)
+    print(
+        f"counted, {jobs:,} runner processes waiting on one job each for {seconds:.0f} s, "
+        f"sharing one directory (simulated: {jobs:,} poller objects in one process): "
+        f"{calls / seconds:.1f} squeue calls/s to slurmctld ({calls} calls), against "
+        f"{jobs / POLL_S:,.0f} calls/s with a poller per process alone; reading the shared "
+        f"answer cost {1e3 * took / (rounds * jobs):.2f} ms per waiter per interval here"
     )
 
 
@@ -116,9 +156,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--submit", type=int, default=20)
     ap.add_argument("--real-seconds", type=float, default=5.0)
+    ap.add_argument("--processes-seconds", type=float, default=10.0)
     ap.add_argument("--no-real", action="store_true", help="only the counted part")
     args = ap.parse_args()
     counted(args.jobs, args.seconds)
+    processes(args.jobs, args.processes_seconds)
     if not args.no_real:
         real(args.jobs, args.submit, args.real_seconds)
 

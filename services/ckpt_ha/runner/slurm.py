@@ -4,9 +4,9 @@
 a process whose environment is exactly the attempt's (the protocol variables of
 `ckpt_ha.runner.launch.child_env`, a resumed attempt's plan and restore target included), so
 the batch job gets them; ``wait`` watches the job through the process's shared poller
-(`ckpt_ha.runner.slurm_poll`: one ``squeue`` per interval for every job the process waits on,
-not one ``scontrol`` per job) until it ends, reads its final ``scontrol show job -o`` record
-once and returns it in an `ExitInfo` (``state``, ``reason``, the exit code or signal) that
+(`ckpt_ha.runner.slurm_poll`: one ``squeue`` per interval for every job the host's processes
+wait on, not one ``scontrol`` per job) until it ends, reads its final ``scontrol show job -o``
+record once and returns it in an `ExitInfo` (``state``, ``reason``, the exit code or signal) that
 `ckpt_ha.runner.domain.classify` turns into ``job.failed``'s cause, ``reported_by="slurm"``;
 ``kill`` cancels the job (the runner itself was asked to stop). The job's output file (by
 default in the run's state folder) is copied to the runner's stdout as it grows, and its last
