@@ -62,6 +62,11 @@ OTHER_VARIABLES = (
              "The container image the job runs in, recorded in its runtime environment."),
     Variable(protocol.CODE_VERSION, "none", f"`ckpt-ha run`; {JOB}",
              "The code version the job declares (`--code-version` wins)."),
+    Variable("CKPT_HA_SLURM_POLL_DIR",
+             "`$XDG_RUNTIME_DIR` (else `/tmp`)`/ckpt-ha-squeue-<uid>-<cluster hash>`",
+             "`ckpt-ha run --scheduler slurm`",
+             "The directory through which the runners of one host share one `squeue` per "
+             "interval (docs/SCHEDULERS.md); `off`: each runner polls alone."),
     Variable("CKPT_HA_PROMETHEUS", "`prometheus` on the PATH", "`ckpt-ha up`",
              "A Prometheus binary to evaluate the shipped alerts against the local stack."),
     Variable("CKPT_HA_NATS_PASSWORD_<USER>", "none", "nats-server (`deploy/nats/`)",
