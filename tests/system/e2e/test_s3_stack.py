@@ -48,6 +48,7 @@ from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import ObjectInfo, S3Store, key_for_uri, open_store
 from tests.support.bus_tools import job_key, stream_messages, wait_for
 from tests.support.cli_tools import cli, stack_env
+from tests.support.damage import flip_last_byte
 from tests.support.moto_server import (
     FAKE_ACCESS_KEY,
     FAKE_SECRET_KEY,
@@ -136,8 +137,8 @@ class CorruptingS3Store(S3Store):
     def put(
         self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
     ) -> ObjectInfo:
-        if key.endswith(self.victim) and isinstance(data, bytes):
-            data = data[:-1] + bytes([data[-1] ^ 0x01])
+        if key.endswith(self.victim):
+            data = flip_last_byte(data)
         return super().put(key, data, metadata=metadata)
 
 

@@ -33,6 +33,7 @@ from ckpt_ha.runtime.settings import ServiceSettings
 from ckpt_ha.storage import FsStore, ObjectInfo, S3Store
 from tests.support.bus_tools import wait_for
 from tests.support.cli_tools import stack_env
+from tests.support.damage import flip_last_byte
 from tests.support.moto_server import aws_env, s3_client, start_moto_server
 from tests.support.otlp_receiver import (
     OtlpReceiver,
@@ -111,8 +112,8 @@ class CorruptingStore(FsStore):
     def put(
         self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
     ) -> ObjectInfo:
-        if key.endswith(self.victim) and isinstance(data, bytes):
-            data = data[:-1] + bytes([data[-1] ^ 0x01])
+        if key.endswith(self.victim):
+            data = flip_last_byte(data)
         return super().put(key, data, metadata=metadata)
 
 

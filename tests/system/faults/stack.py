@@ -36,6 +36,7 @@ from ckpt_ha.runtime.local_stack import StackState
 from ckpt_ha.storage import ObjectInfo, S3Store
 from tests.support import moto_server
 from tests.support.bus_tools import SIGNING_KEY
+from tests.support.damage import flip_last_byte
 from tests.support.moto_server import aws_env, start_moto_server
 from tests.support.tcp_gate import TcpLink
 
@@ -211,8 +212,8 @@ class DamagingStore(S3Store):
     def put(
         self, key: str, data: bytes | BinaryIO, *, metadata: Mapping[str, str] | None = None
     ) -> ObjectInfo:
-        if key.endswith(".npy") and isinstance(data, bytes):
-            data = data[:-1] + bytes([data[-1] ^ 0x01])
+        if key.endswith(".npy"):
+            data = flip_last_byte(data)
         return super().put(key, data, metadata=metadata)
 
 
