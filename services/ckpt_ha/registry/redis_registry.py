@@ -442,19 +442,20 @@ class Registry:
 
     async def get_many(self, checkpoint_ids: Sequence[str]) -> list[CheckpointRecord | None]:
         """The records of these checkpoints, in their order, in one round trip."""
-        if not checkpoint_ids:
-            return []
-        with _reachable():
-            raws = await self.r.mget([self.keys.checkpoint(i) for i in checkpoint_ids])
+        raws = await self._raw_many(checkpoint_ids)
         return [CheckpointRecord.model_validate_json(r) if r else None for r in raws]
 
     async def _many(self, ids: Iterable[str]) -> list[CheckpointRecord]:
+        return [CheckpointRecord.model_validate_json(r) for r in await self._raw_many(ids) if r]
+
+    async def _raw_many(self, ids: Iterable[str]) -> list[Any]:
+        """The stored JSON of these checkpoints (None where none), in their order: one MGET."""
         keys = [self.keys.checkpoint(i) for i in ids]
         if not keys:
             return []
         with _reachable():
-            raws = await self.r.mget(keys)
-        return [CheckpointRecord.model_validate_json(r) for r in raws if r]
+            raws: list[Any] = await self.r.mget(keys)
+        return raws
 
     async def by_job(
         self, job_id: str, *, state: CheckpointState | None = None
@@ -496,16 +497,7 @@ class Registry:
             found = await self._newest_script(keys=[self.keys.job(j) for j in jobs], args=[count])
         pages = [_strs(ids) for ids in found]
         every = [i for ids in pages for i in ids]
-        raws: dict[str, Any] = {}
-        if every:
-            with _reachable():
-                raws = dict(
-                    zip(
-                        every,
-                        await self.r.mget([self.keys.checkpoint(i) for i in every]),
-                        strict=True,
-                    )
-                )
+        raws = dict(zip(every, await self._raw_many(every), strict=True))
         # Parsed as the reader reads them (a selection stops at its second valid record).
         return {
             job: RecordsOnRead([raw for raw in (raws[i] for i in ids) if raw])
