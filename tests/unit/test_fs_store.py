@@ -22,7 +22,7 @@ from ckpt_ha.storage import (
     StorageUnavailable,
     open_store,
 )
-from ckpt_ha.storage.fs_read import classify_os_error
+from ckpt_ha.storage.fs_read import ancestors_checked_once, classify_os_error, through_link
 from tests.support.store_contract import StoreContract, keys_of
 
 
@@ -356,3 +356,42 @@ def test_helper_threads_join_a_batch_and_their_folders_sync_once_with_it(
             thread.join()
         assert synced == [root / "c"] * 3
     assert synced == [root / "c"] * 3 + [root / "a"]
+
+
+def test_one_verification_still_looks_up_the_folder_and_its_files_every_time(
+    tmp_path: Path,
+) -> None:
+    """`fs_read.ancestors_checked_once`: only the folders above the checkpoint's are trusted
+    for the block; a link made inside it, or the folder itself swapped for a link meanwhile,
+    is still refused on the next read."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"not yours")
+    folder = tmp_path / "root" / "checkpoint-1"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"weights")
+    store = FsStore(folder)
+    with ancestors_checked_once(str(store.root)):
+        assert store.read_bytes("model.pt") == b"weights"
+        (folder / "escape").symlink_to(outside)
+        (folder / "linked.pt").symlink_to(outside / "secret")
+        for key in ("escape/secret", "linked.pt"):
+            with pytest.raises(InvalidKey, match="outside the store root"):
+                store.read_bytes(key)
+        folder.rename(tmp_path / "root" / "moved")
+        folder.symlink_to(outside)
+        with pytest.raises(InvalidKey, match="outside the store root"):
+            store.read_bytes("secret")
+
+
+def test_a_link_above_the_folder_is_never_trusted(tmp_path: Path) -> None:
+    """Found at the start of the block, a link above the folder leaves every walk going from
+    '/': nothing is skipped."""
+    (tmp_path / "real" / "checkpoint-1").mkdir(parents=True)
+    (tmp_path / "alias").symlink_to(tmp_path / "real")
+    folder = str(tmp_path / "alias" / "checkpoint-1")
+    with ancestors_checked_once(folder):
+        assert through_link(f"{folder}/model.pt")
+    with ancestors_checked_once(str(tmp_path / "real" / "checkpoint-1")):
+        assert not through_link(str(tmp_path / "real" / "checkpoint-1" / "model.pt"))
+        assert through_link(f"{folder}/model.pt")  # another path: walked from '/'

@@ -89,9 +89,17 @@ def test_the_estimate_bounds_what_unpickling_really_takes(shape: str) -> None:
         (P4 + b"N" + b"e.", "without a MARK"),
         (P4 + b"\xfe.", "unknown opcode"),
         (P4 + b"Ittt" * 2000, "no end of line"),
+        # The scan's fast paths (memo puts, MARK, TUPLE, short strings) judge these as before:
+        (P4 + b"N\x8c\x05ab", "SHORT_BINUNICODE at byte 4: truncated"),
+        (P4 + b"Nq", "BINPUT at byte 3: truncated"),
+        (P4 + b"Nt.", "TUPLE at byte 3 without a MARK"),
+        (P4 + b"a(N.", "MARK at byte 3: the stack underflows"),
+        (P4 + b"aa\x8c\x01x.", "SHORT_BINUNICODE at byte 5: the stack underflows"),
     ],
     ids=["memo-index", "text-memo-index", "truncated", "huge-int", "huge-string", "no-stop",
-         "underflow", "no-mark", "unknown-opcode", "endless-line"],
+         "underflow", "no-mark", "unknown-opcode", "endless-line", "short-string-truncated",
+         "memo-put-truncated", "tuple-without-mark", "mark-after-underflow",
+         "string-after-underflow"],
 )  # fmt: skip
 def test_past_a_limit_is_malformed(data: bytes, refusal: str) -> None:
     with pytest.raises(MalformedPickle, match=refusal):

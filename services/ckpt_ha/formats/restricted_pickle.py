@@ -120,12 +120,29 @@ _TABLE: list[_Spec | None] = [None] * 256
 _SIMPLE: list[tuple[int, int, int] | None] = [None] * 256
 """Opcodes with a fixed-size argument, no MARK and nothing else to track: (argument bytes,
 cost, stack change); the scan's fast path (most of a real pickle's opcodes)."""
+_PUT, _MARK, _MARKED, _TEXT = range(4)
+_COMMON: list[tuple[int, int, int, int, bool] | None] = [None] * 256
+"""The scan's second fast path, for the rest of a torch pickle's usual opcodes (memo puts,
+MARK, the opcodes that gather a MARK-ed slice, short strings): (what, argument or length
+bytes, cost or cost per item, stack change, unicode). Each is taken only when its argument is
+all there and within the limits; otherwise the general path reads it, with its errors."""
 for _op in pickletools.opcodes:
     _kind, _fixed = _layout(_op)
     _marked, _net = _stack_effect(_op)
-    _TABLE[ord(_op.code)] = (_op.name, _kind, _fixed, _marked, _net)
+    _code = ord(_op.code)
+    _TABLE[_code] = (_op.name, _kind, _fixed, _marked, _net)
     if _kind == _FIXED and not _marked and _op.name in _COST and _op.name not in {"FRAME", "MARK"}:
-        _SIMPLE[ord(_op.code)] = (_fixed + 1, _COST[_op.name], _net)
+        _SIMPLE[_code] = (_fixed + 1, _COST[_op.name], _net)
+    elif _op.name in ("BINPUT", "LONG_BINPUT"):
+        _COMMON[_code] = (_PUT, _fixed, 0, _net, False)
+    elif _op.name == "MARK":
+        _COMMON[_code] = (_MARK, 0, _COST["MARK"], _net, False)
+    elif _marked and _kind == _FIXED and _fixed == 0 and _op.name not in _REFUSED:
+        _base = _COST.get(_op.name, 0)
+        assert _base == 0, _op.name  # the gathering opcodes cost per item only
+        _COMMON[_code] = (_MARKED, 0, _PER_ITEM.get(_op.name, 8), _net, False)
+    elif _op.name in _STRINGS and _kind in (_LEN1, _LEN4U):
+        _COMMON[_code] = (_TEXT, 1 if _kind == _LEN1 else 4, 80, _net, _op.name in _UNICODE)
 
 
 def scan(data: bytes, start: int = 0, budget: list[int] | None = None) -> int:
@@ -142,8 +159,9 @@ def scan(data: bytes, start: int = 0, budget: list[int] | None = None) -> int:
     memo_top = -1
     memo_len = 0
     marks: list[int] = []
-    simple = _SIMPLE
+    simple, common_ops = _SIMPLE, _COMMON
     max_ops = limits.MAX_PICKLE_OPS
+    max_memo, max_string = limits.MAX_PICKLE_MEMO, limits.MAX_PICKLE_STRING_BYTES
     while True:
         if pos >= n:
             raise MalformedPickle("the pickle ends before its STOP")
@@ -158,6 +176,49 @@ def scan(data: bytes, start: int = 0, budget: list[int] | None = None) -> int:
             if cost > limit or ops > max_ops:
                 _over(cost, limit, ops, pos)
             continue
+        common = common_ops[code]
+        if common is not None:
+            what, width, price, net, wide_ok = common
+            at = pos + 1 + width  # past the opcode and its argument (or its length)
+            if at <= n and depth + net >= 0:  # the simple path leaves underflows to this test
+                if what == _PUT:
+                    index = int.from_bytes(data[pos + 1 : at], "little")
+                    if index <= max_memo:
+                        memo_len += 1
+                        if index > memo_top:
+                            cost += 16 * (index - memo_top)
+                            memo_top = index
+                        pos = at
+                        if cost > limit or ops > max_ops:
+                            _over(cost, limit, ops, pos)
+                        continue
+                elif what == _MARK:
+                    marks.append(depth)
+                    cost += price
+                    pos = at
+                    if cost > limit or ops > max_ops:
+                        _over(cost, limit, ops, pos)
+                    continue
+                elif what == _MARKED:
+                    if marks and (items := depth - marks[-1]) >= 0 and depth - items + net >= 0:
+                        marks.pop()
+                        cost += items * price
+                        depth += net - items
+                        pos = at
+                        if cost > limit or ops > max_ops:
+                            _over(cost, limit, ops, pos)
+                        continue
+                else:  # _TEXT
+                    size = int.from_bytes(data[pos + 1 : at], "little")
+                    end = at + size
+                    if end <= n and size <= max_string:
+                        wide = wide_ok and not data[at:end].isascii()
+                        cost += price + (4 * size if wide else size)
+                        depth += net
+                        pos = end
+                        if cost > limit or ops > max_ops:
+                            _over(cost, limit, ops, pos)
+                        continue
         spec = _TABLE[code]
         if spec is None:
             raise MalformedPickle(

@@ -8,6 +8,7 @@ import errno
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from pathlib import Path
 from stat import S_ISLNK
 from types import TracebackType
@@ -115,11 +116,36 @@ def real_path(path: Path) -> Path:
     return path.resolve()
 
 
+_checked_above: ContextVar[str | None] = ContextVar("fs_checked_above", default=None)
+
+
+@contextlib.contextmanager
+def ancestors_checked_once(folder: str) -> Iterator[None]:
+    """Within the block, `through_link` of a path inside ``folder`` (absolute, normalised)
+    looks up only ``folder`` itself and what lies below it: the folders above it are looked
+    up once, here, and trusted for the block (when none of them is a link; else every walk
+    goes from '/' as usual). For one verification of a checkpoint folder: its parents (the
+    storage root and above) are not what a job writes, the folder and its files are, and
+    those are still looked up on every call. Threads get it through
+    `contextvars.copy_context`."""
+    parent = folder.rstrip("/").rpartition("/")[0]
+    trusted = parent if parent and not through_link(parent) and os.path.isdir(parent) else None
+    token = _checked_above.set(trusted)
+    try:
+        yield
+    finally:
+        _checked_above.reset(token)
+
+
 def through_link(path: str) -> bool:
     """Whether a component of the absolute, normalised ``path`` (its last one included) is a
     symbolic link. Like ``os.path.realpath``, a component that cannot be looked up counts as
-    no link; nothing below it can be looked up either, so the walk ends there."""
+    no link; nothing below it can be looked up either, so the walk ends there. Inside an
+    `ancestors_checked_once` block the walk starts below the folders it checked."""
     current = ""
+    trusted = _checked_above.get()
+    if trusted is not None and path.startswith(f"{trusted}/"):
+        current, path = trusted, path[len(trusted) :]
     for part in path.split("/")[1:]:
         if not part:  # the root directory itself ("/")
             continue
