@@ -328,7 +328,8 @@ class FsStore(ObjectStore):
         parts) must resolve inside the root, else `InvalidKey` for ``key``. Checked on every
         call, all the way from '/': any component may have become a link since the last call
         (the root's own included, when it is a checkpoint folder a job writes:
-        `formats.paths.confine`)."""
+        `formats.paths.confine`); inside `fs_read.ancestors_checked_once` (one verification of
+        a checkpoint folder) the folders above that folder are looked up once for the block."""
         if not through_link(f"{self._root_str}/{relative}"):
             return  # its own real path, and it starts with the root
         try:
