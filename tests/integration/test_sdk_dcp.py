@@ -303,9 +303,8 @@ def test_prepare_async_allocates_the_copy_the_first_async_save_copies_into(
 
 
 def test_async_save_into_a_folder_that_holds_files_is_refused_by_the_call(tmp_path: Path) -> None:
-    """The intent is written on the commit thread while the call copies the state: its refusal
-    is still the call's own error, nothing is written into the folder, and the next save of
-    the process goes on."""
+    """A folder that holds files is refused by the call itself (not through its future),
+    nothing is written into it, and the next save of the process goes on."""
     folder = tmp_path / "job-y" / "step-00000004"
     folder.mkdir(parents=True)
     (folder / "leftover.bin").write_bytes(b"x")
@@ -336,9 +335,9 @@ class _App:
 
 
 def test_async_save_stages_a_stateful_value_by_its_state_dict(tmp_path: Path) -> None:
-    """`prepare_async` and `async_save` copy a `Stateful` value's state dict, as
-    ``dcp.async_save`` does: the save copies into the prepared copy and holds the values the
-    model had when the call returned, not those of a later step."""
+    """`prepare_async` copies a `Stateful` value's state dict, as ``dcp.async_save`` does (it
+    deep-copied the object before, which fails on a lock): the save copies into the prepared
+    copy and holds the values the model had when the call returned, not a later step's."""
     from torch.distributed.checkpoint import load as dcp_load
 
     from ckpt_ha.sdk.dcp import background

@@ -3,7 +3,6 @@ training goes on (see the package doc)."""
 
 from __future__ import annotations
 
-import contextvars
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -15,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.staging import AsyncStager, DefaultStager, StagingOptions
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
 from torch.distributed.checkpoint.stateful import Stateful
@@ -68,25 +67,10 @@ class _Background:
 _BACKGROUND = _Background()
 
 
-class _AlreadyStaged(AsyncStager):
-    """What `async_save` gives ``dcp.async_save`` as its stager: the state it is handed is the
-    staged copy already (`async_save` copies it while the commit thread writes the intent)."""
-
-    _synchronize_after_execute = False
-
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        return state_dict
-
-    def synchronize_staging(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
 def _as_state(state_dict: dict[str, Any]) -> dict[str, Any]:
     """``state_dict`` with each `Stateful` value's own state dict, as ``dcp.async_save`` stages
-    it (its staging copy is then made of plain values)."""
+    it: its staging copy is made of the tensors, never of the objects that hold them (a
+    model wrapper, a data loader holding a lock)."""
     return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
 
 
@@ -162,9 +146,9 @@ def async_save(
 ) -> Future[DcpSaved]:
     """`save` on top of ``dcp.async_save``: returns once the intent is written and the state is
     staged (copied to CPU memory), so training goes on while the files are written (waited
-    for and committed by one long-lived thread of this process, which also writes the intent
-    while the call copies the state, and announces ``checkpoint.writing``: a connection to the
-    bus per event, or its timeout when the bus is down, never stalls the loop); the future
+    for and committed by one long-lived thread of this process, which also announces
+    ``checkpoint.writing``: a connection to the bus per event, or its timeout when the bus is
+    down, never stalls the loop); the future
     completes with `DcpSaved` once every rank's files are durable and the commit is written
     (or fails with `SaveFailed` / DCP's error, and nothing is committed).
 
@@ -201,31 +185,19 @@ def async_save(
         if previous is not None:
             wait_for_futures([previous])
         group = _background_group(process_group)
-        committer = _BACKGROUND.commit_thread()
-        # The intent (files, fsyncs; rank 0's decision broadcast) is written on the commit thread
-        # while this thread makes the staging copy: the loop waits for the longer of the two, not
-        # for both (the copy, memory-bound, is the stall; see bench/README.md, issue 32).
-        starting = committer.submit(contextvars.copy_context().run, begin, group, request, False)
-        try:
-            staged = _BACKGROUND.staging().stage(_as_state(state_dict))
-        except BaseException:
-            wait_for_futures([starting])  # no intent left being written behind the error
-            raise
-        target, commitment = starting.result()  # its errors (CheckpointExists...) are the call's
+        target, commitment = begin(group, request, announce=False)
         storage_writer = writer_for_folder(target, writer)
-        uploading = dcp_async_save(
-            cast(dict[str, Any], staged),
+        staged = dcp_async_save(
+            state_dict,
             storage_writer=storage_writer,
             process_group=group.pg,
-            async_stager=_AlreadyStaged(),
+            async_stager=_BACKGROUND.staging(),
             no_dist=group.pg is None,
         )
-        upload = (
-            uploading.upload_completion if isinstance(uploading, AsyncSaveResponse) else uploading
-        )
+        upload = staged.upload_completion if isinstance(staged, AsyncSaveResponse) else staged
         done: Future[DcpSaved] = Future()
         done.set_running_or_notify_cancel()  # a commit cannot be called off halfway
-        committer.submit(
+        _BACKGROUND.commit_thread().submit(
             _finish_in_background,
             cast(Future[Metadata], upload),
             group,
