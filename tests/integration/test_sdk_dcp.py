@@ -15,6 +15,7 @@ import os
 import pickle
 import platform
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -299,6 +300,67 @@ def test_prepare_async_allocates_the_copy_the_first_async_save_copies_into(
     assert {id(copy) for _, copy in mapping.items()} == copies  # copied into, not allocated
     assert saved.step == 5
     assert verify_path(tmp_path / "job-p" / "step-00000005").ok
+
+
+def test_async_save_into_a_folder_that_holds_files_is_refused_by_the_call(tmp_path: Path) -> None:
+    """A folder that holds files is refused by the call itself (not through its future),
+    nothing is written into it, and the next save of the process goes on."""
+    folder = tmp_path / "job-y" / "step-00000004"
+    folder.mkdir(parents=True)
+    (folder / "leftover.bin").write_bytes(b"x")
+    state = training_state(torch, step=4)
+    with pytest.raises(sdk.CheckpointExists):
+        dcp.async_save(state, step=4, job_id="job-y", storage_root=str(tmp_path), run_id="r1")
+    assert sorted(p.name for p in folder.iterdir()) == ["leftover.bin"]
+    saved = dcp.async_save(state, step=5, job_id="job-y", storage_root=str(tmp_path),
+                           run_id="r1").result(timeout=120)  # fmt: skip
+    assert saved.step == 5
+    assert verify_path(tmp_path / "job-y" / "step-00000005").ok
+
+
+class _App:
+    """A `Stateful` value, as DCP's examples wrap a model: DCP saves its ``state_dict()``. It
+    holds what cannot be copied (a lock, as a data loader or a trainer does): only its state
+    dict is staged, never the object."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.lock = threading.Lock()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"model": self.model.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+
+
+def test_async_save_stages_a_stateful_value_by_its_state_dict(tmp_path: Path) -> None:
+    """`prepare_async` copies a `Stateful` value's state dict, as ``dcp.async_save`` does (it
+    deep-copied the object before, which fails on a lock): the save copies into the prepared
+    copy and holds the values the model had when the call returned, not a later step's."""
+    from torch.distributed.checkpoint import load as dcp_load
+
+    from ckpt_ha.sdk.dcp import background
+
+    torch.manual_seed(1)
+    model = torch.nn.Linear(4, 2)
+    app = {"app": _App(model)}
+    dcp.prepare_async(app)
+    stager = background._BACKGROUND.stager
+    assert stager is not None
+    mapping = stager._state_dict_stager._cached_storage_mapping
+    copies = {id(copy) for _, copy in mapping.items()}
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    handle = dcp.async_save(app, step=2, job_id="job-st", storage_root=str(tmp_path), run_id="r1")
+    with torch.no_grad():
+        model.weight.add_(1.0)  # the next step, while the files are written
+    handle.result(timeout=120)
+    assert {id(copy) for _, copy in mapping.items()} == copies  # copied into, not allocated
+    folder = tmp_path / "job-st" / "step-00000002"
+    assert verify_path(folder).ok
+    loaded = {"app": {"model": {k: torch.zeros_like(v) for k, v in expected.items()}}}
+    dcp_load(loaded, checkpoint_id=str(folder), no_dist=True)
+    assert all(torch.equal(loaded["app"]["model"][k], v) for k, v in expected.items())
 
 
 def test_a_folder_that_holds_files_is_never_written_into(tmp_path: Path) -> None:

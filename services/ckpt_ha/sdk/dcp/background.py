@@ -17,6 +17,7 @@ from torch.distributed.checkpoint.metadata import Metadata
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.state_dict_saver import AsyncSaveResponse
 from torch.distributed.checkpoint.state_dict_saver import async_save as dcp_async_save
+from torch.distributed.checkpoint.stateful import Stateful
 
 from ckpt_ha.contracts.checkpoint import Topology
 from ckpt_ha.core.clock import Clock, utc_now
@@ -66,6 +67,13 @@ class _Background:
 _BACKGROUND = _Background()
 
 
+def _as_state(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """``state_dict`` with each `Stateful` value's own state dict, as ``dcp.async_save`` stages
+    it: its staging copy is made of the tensors, never of the objects that hold them (a
+    model wrapper, a data loader holding a lock)."""
+    return {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state_dict.items()}
+
+
 def _background_group(process_group: dist.ProcessGroup | None) -> Group:
     """The group the background collectives run on: ``process_group``, else a gloo group of all
     ranks made once (a collective call) and kept, so that they never interleave with the
@@ -92,7 +100,7 @@ def prepare_async(state_dict: dict[str, Any]) -> None:
         previous = _BACKGROUND.in_flight
         if previous is not None:
             wait_for_futures([previous])  # the stager is not thread-safe
-        _BACKGROUND.staging().stage(state_dict)
+        _BACKGROUND.staging().stage(_as_state(state_dict))
         _BACKGROUND.commit_thread().submit(lambda: None).result()  # its thread started now
 
 

@@ -41,6 +41,14 @@ class _HashingStream:
         self.in_order = True
 
     def write(self, data: Any) -> int:
+        size = len(data) if type(data) is bytes else memoryview(data).nbytes
+        if size <= PIECE_BYTES:  # most of DCP's writes: torch.save's headers, a small record
+            self._hasher.update(data)
+            written = self._raw.write(data)
+            if written is not None and written != size:
+                self.in_order = False  # a short write: the caller writes the rest again
+            self.size += size
+            return size if written is None else int(written)
         view = memoryview(data).cast("B")
         done = 0
         for start in range(0, max(len(view), 1), PIECE_BYTES):
