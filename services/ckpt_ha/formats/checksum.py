@@ -20,7 +20,6 @@ Two forms, both read everywhere (``algorithm:hex``):
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import mmap
 import threading
@@ -161,15 +160,12 @@ def hashed_first(store: ObjectStore, keys: list[str], algorithm: str) -> Iterato
     files take every core, then the Python runs alone. The block's context reaches threads
     only through `contextvars.copy_context`."""
 
-    def one(key: str) -> tuple[str, tuple[str, int] | None]:
-        try:
-            return key, checksum(store, key, algorithm)
-        except StorageError:
-            return key, None
-
-    context = copy_context()
-    results = parallel.run([functools.partial(context.copy().run, one, key) for key in keys])
-    done = {(id(store), key, algorithm): found for key, found in results if found is not None}
+    found = checksum_many(store, keys, algorithm)
+    done = {
+        (id(store), key, algorithm): result
+        for key, result in zip(keys, found, strict=True)
+        if not isinstance(result, StorageError)
+    }
     token = _first.set(done)
     try:
         yield
@@ -178,7 +174,8 @@ def hashed_first(store: ObjectStore, keys: list[str], algorithm: str) -> Iterato
 
 
 def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -> tuple[str, int]:
-    """(``algorithm:hex``, bytes read) of one object, streamed.
+    """(``algorithm:hex``, bytes read) of one object, streamed (`checksum_many` of one key,
+    its error raised).
 
     Streams that can ``readinto`` fill one reused page-aligned buffer of `HASH_BUFFER` bytes
     (one per thread, `_buffer`): the hash then reads what the kernel's copy just left in the
@@ -189,30 +186,88 @@ def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -
     of several chunks has its chunks read and hashed in parallel (`parallel.run`), each a
     ranged read of its own.
     """
+    found = checksum_many(store, [key], algorithm)[0]
+    if isinstance(found, StorageError):
+        raise found
+    return found
+
+
+def checksum_many(
+    store: ObjectStore, keys: list[str], algorithm: str = DEFAULT_ALGORITHM
+) -> list[tuple[str, int] | StorageError]:
+    """`checksum` of each of ``keys``, in order, or the storage error that key raised.
+
+    The work is one flat list of jobs on the caller and the pool (`parallel.run`): every file
+    in the whole-file form, every chunk of a file in the chunked form (a file of one chunk or
+    less is one job), largest first, so the threads stay busy to the end and none waits on a
+    nested pool run; the small pieces (the last chunk of each file, the small files) fill the
+    tail. A key `hashed_first` already computed is not read again.
+    """
     first = _first.get()
-    if first is not None and (found := first.pop((id(store), key, algorithm), None)):
-        return found  # computed up front (`hashed_first`)
     base, chunk = split(algorithm)
-    size = 0 if chunk is None else store.stat(key).size
-    if chunk is None or size <= chunk:
-        hasher = new_hasher(algorithm)
-        total = _read_into(store, key, hasher, 0, None)
-        return f"{algorithm}:{hasher.hexdigest()}", total
-    starts = range(0, size, chunk)
+    results: list[tuple[str, int] | StorageError | None] = [None] * len(keys)
+    sizes: list[int] = [0] * len(keys)
+    jobs: list[tuple[int, int, int, int | None]] = []  # (size hint, key index, start, length)
+    for i, key in enumerate(keys):
+        if first is not None and (found := first.pop((id(store), key, algorithm), None)):
+            results[i] = found  # computed up front (`hashed_first`)
+            continue
+        if chunk is None:
+            jobs.append((0, i, 0, None))
+            continue
+        try:
+            sizes[i] = size = store.stat(key).size
+        except StorageError as exc:
+            results[i] = exc
+            continue
+        if size <= chunk:  # read to its end, whatever it has grown to
+            jobs.append((size, i, 0, None))
+        else:
+            jobs += [(min(chunk, size - start), i, start, chunk) for start in range(0, size, chunk)]
+    jobs.sort(key=lambda job: -job[0])  # stable: equal chunks stay in file order
 
-    def job(start: int) -> Callable[[], tuple[bytes, int]]:
+    def job(i: int, start: int, length: int | None) -> Callable[[], tuple[bytes | str, int]]:
         context = copy_context()  # the read observer reaches the helper threads
-        return lambda: context.run(_chunk_digest, store, key, base, start, chunk)
+        if length is None:
+            return lambda: context.run(_whole_digest, store, keys[i], algorithm)
+        return lambda: context.run(_chunk_digest, store, keys[i], base, start, length)
 
-    parts = parallel.run([job(start) for start in starts])
-    outer = ALGORITHMS[base]()
-    total = 0
-    for digest, read in parts:
-        outer.update(digest)
-        total += read
-    if total != size:  # it shrank while it was read
-        return f"{algorithm}:short-read-{total}", total  # matches no recorded digest
-    return f"{algorithm}:{outer.hexdigest()}", total
+    done = parallel.run_all([job(i, start, length) for _, i, start, length in jobs])
+    parts: dict[int, list[tuple[int, bytes, int]]] = {}
+    for (_, i, start, length), outcome in zip(jobs, done, strict=True):
+        if isinstance(outcome, BaseException):
+            if not isinstance(outcome, StorageError):
+                raise outcome
+            if not isinstance(results[i], StorageError):
+                results[i] = outcome  # the first error of the file's jobs, in job order
+            continue
+        if length is None:
+            digest, read = outcome
+            assert isinstance(digest, str)
+            results[i] = (f"{algorithm}:{digest}", read)
+        else:
+            assert isinstance(outcome[0], bytes)
+            parts.setdefault(i, []).append((start, outcome[0], outcome[1]))
+    for i, pieces in parts.items():
+        if isinstance(results[i], StorageError):
+            continue
+        outer = ALGORITHMS[base]()
+        total = 0
+        for _, digest, read in sorted(pieces, key=lambda piece: piece[0]):
+            outer.update(digest)
+            total += read
+        if total != sizes[i]:  # it shrank while it was read
+            results[i] = (f"{algorithm}:short-read-{total}", total)  # matches no digest
+        else:
+            results[i] = (f"{algorithm}:{outer.hexdigest()}", total)
+    assert all(result is not None for result in results)
+    return [result for result in results if result is not None]
+
+
+def _whole_digest(store: ObjectStore, key: str, algorithm: str) -> tuple[str, int]:
+    hasher = new_hasher(algorithm)
+    read = _read_into(store, key, hasher, 0, None)
+    return hasher.hexdigest(), read
 
 
 def _chunk_digest(
@@ -247,9 +302,12 @@ def _read_into(
 _buffers = threading.local()
 
 
-HASH_BUFFER = 256 * 1024
-"""Bytes read at a time for hashing: small enough to stay in the core's cache between the
-kernel's copy and the hash, so the hash reads the cache, not memory."""
+HASH_BUFFER = 1024 * 1024
+"""Bytes read at a time for hashing: small enough to stay in the core's cache (1 MiB of L2
+here) between the kernel's copy and the hash, so the hash reads the cache, not memory, and
+large enough that the kernel's per-read cost stays small: a warm 315 MB file read on one
+thread took 32 ms in 256 KiB reads, 22 ms in 512 KiB, 17 ms in 1 MiB, 18 ms in 2 MiB and
+20-30 ms in 4 MiB; read and hashed on two threads, 22, 17, 16, 17 and 23 ms (2026-12-04)."""
 
 
 def _buffer() -> memoryview:
