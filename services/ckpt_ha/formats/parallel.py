@@ -18,7 +18,9 @@ from ckpt_ha.storage.bounded import Workers
 
 T = TypeVar("T")
 
-_pool = Workers(os.cpu_count() or 1)
+THREADS = os.cpu_count() or 1
+"""Threads that hash at once in `run` (the caller and the pool's helpers)."""
+_pool = Workers(THREADS)
 """Threads that help check the files of a checkpoint (started on first use)."""
 
 
