@@ -149,7 +149,7 @@ _first: ContextVar[dict[tuple[int, str, str], tuple[str, int]] | None] = Context
 @contextmanager
 def hashed_first(store: ObjectStore, keys: list[str], algorithm: str) -> Iterator[None]:
     """Checksum ``keys`` now, all together (the files and their chunks on the caller and the
-    pool, `parallel.run`); within the block, `checksum` of one of them in ``algorithm`` on
+    pool, `checksum_many`); within the block, `checksum` of one of them in ``algorithm`` on
     ``store`` returns its digest from here, once. A key that cannot be read is left out: its
     `checksum` reads it then, and raises as it would have.
 
@@ -183,8 +183,8 @@ def checksum(store: ObjectStore, key: str, algorithm: str = DEFAULT_ALGORITHM) -
     and hashing a warm file from a memory map instead (a leased map, since removed) was
     measured slower here: 300 MB warm, 28 ms on one thread and no faster on two, against 18.5
     ms and 13.7 ms through the buffer (2026-12-04, load 0.4). In the chunked form, an object
-    of several chunks has its chunks read and hashed in parallel (`parallel.run`), each a
-    ranged read of its own.
+    of several chunks has its chunks read and hashed in parallel, in one run of consecutive
+    chunks per thread (`checksum_many`).
     """
     found = checksum_many(store, [key], algorithm)[0]
     if isinstance(found, StorageError):
