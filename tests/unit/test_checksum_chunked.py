@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import native, verify
+from ckpt_ha.formats import native, parallel, verify
 from ckpt_ha.formats.report import Verdict
 from ckpt_ha.storage import FsStore, ObjectNotFound
 
@@ -116,6 +116,37 @@ def test_files_hashed_first_are_read_once_and_give_the_same_digests(tmp_path: Pa
             cs.checksum(store, "gone", algorithm)
         assert cs.checksum(store, "model/big.bin", "xxh3_64") != direct["model/big.bin"]
     assert cs.checksum(store, "model/small.bin", algorithm) == direct["model/small.bin"]
+
+
+@pytest.mark.parametrize("algorithm", ["xxh3_64", "sha256", "xxh3_64/1MiB", "sha256/1MiB"])
+def test_many_files_as_one_list_of_chunks_give_each_file_its_own_digest(
+    tmp_path: Path, algorithm: str
+) -> None:
+    """`checksum_many`: every chunk of every file is one job on the threads, largest first;
+    each file's digest and bytes read are what `checksum` of it alone gives, in the order
+    asked, and a file that cannot be read is its error, beside the others' digests."""
+    store = FsStore(tmp_path)
+    sizes = {"a": 3 * MIB + 5, "b": 0, "c": MIB, "d": 7, "e": 2 * MIB + MIB // 2}
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(os.urandom(size))
+    keys = ["e", "gone", *sizes, "a"]
+    found = cs.checksum_many(store, keys, algorithm)
+    assert isinstance(found[1], ObjectNotFound)
+    digests = [result for i, result in enumerate(found) if i != 1]
+    assert digests == [cs.checksum(store, key, algorithm) for key in keys if key != "gone"]
+    assert [read for _, read in digests] == [sizes[key] for key in keys if key != "gone"]
+    assert len({digest for digest, _ in digests}) == len(sizes)  # "a" asked twice
+
+
+def test_a_parallel_run_hands_back_each_error_in_its_place() -> None:
+    def fail() -> int:
+        raise OSError("no")
+
+    done = parallel.run_all([lambda: 1, fail, lambda: 3])
+    assert [done[0], done[2]] == [1, 3]
+    assert isinstance(done[1], OSError)
+    with pytest.raises(OSError, match="no"):
+        parallel.run([lambda: 1, fail])
 
 
 @pytest.mark.parametrize("algorithm", ["xxh3_64", "xxh3_64/1MiB"])

@@ -27,15 +27,13 @@ None; report.checks says which source was used.
 
 from __future__ import annotations
 
-import functools
 import io
 import re
 import zipfile
-from contextvars import copy_context
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import checksum as cs
-from ckpt_ha.formats import dcp_metadata, jsondoc, parallel, torch_load, torch_pickle
+from ckpt_ha.formats import dcp_metadata, jsondoc, torch_load, torch_pickle
 from ckpt_ha.formats.dcp_metadata import DcpMetadata, MalformedMetadata, UnsafeMetadata
 from ckpt_ha.formats.paths import folder_name, inside, join
 from ckpt_ha.formats.report import Report, Verdict
@@ -149,18 +147,19 @@ def _checksums(
     store: ObjectStore, prefix: str, files: list[str], algorithm: str
 ) -> list[tuple[str, str | None, int]]:
     """(path, digest or None when missing, bytes read) of each of ``files``, checksummed on the
-    calling thread and the verification pool together (and a large file's chunks as well).
-    Every data file in the folder is read whatever ``.metadata`` says."""
-
-    def one(path: str) -> tuple[str, str | None, int]:
-        try:
-            digest, read = cs.checksum(store, join(prefix, path), algorithm)
-        except (ObjectNotFound, InvalidKey):
-            return path, None, 0  # reported by the size checks
-        return path, digest, read
-
-    context = copy_context()  # a read observer (progress) reaches the pool's threads
-    return parallel.run([functools.partial(context.copy().run, one, path) for path in files])
+    calling thread and the verification pool together, every chunk of every file one job
+    (`checksum.checksum_many`). Every data file in the folder is read whatever ``.metadata``
+    says."""
+    found = cs.checksum_many(store, [join(prefix, path) for path in files], algorithm)
+    digests: list[tuple[str, str | None, int]] = []
+    for path, result in zip(files, found, strict=True):
+        if isinstance(result, (ObjectNotFound, InvalidKey)):
+            digests.append((path, None, 0))  # reported by the size checks
+        elif isinstance(result, BaseException):
+            raise result
+        else:
+            digests.append((path, *result))
+    return digests
 
 
 def _check_bytes_items(

@@ -20,7 +20,8 @@ from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 
 INLINE_BYTES = cs.READ_CHUNK
-"""Listed files that together hold at most this many bytes are checked on the calling thread."""
+"""Listed files that together hold at most this many bytes still to be read (no digest known
+for them) are checked on the calling thread."""
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,15 @@ def check_all(
         return lambda: context.run(check, store, prefix, listed, source, digests.get(listed.path))
 
     jobs = [job(f) for f in files]
-    if len(jobs) <= 1 or sum(f.size for f in files) <= INLINE_BYTES:
+    to_read = sum(f.size for f in files if not _same_algorithm(digests.get(f.path), f.checksum))
+    if len(jobs) <= 1 or to_read <= INLINE_BYTES:
         return [job() for job in jobs]
     return parallel.run(jobs)
+
+
+def _same_algorithm(known: str | None, listed: str) -> bool:
+    """A digest already computed in the listed algorithm: the file is only stat'ed."""
+    return known is not None and known.partition(":")[0] == listed.partition(":")[0]
 
 
 def check(
