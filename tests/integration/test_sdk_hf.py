@@ -303,11 +303,11 @@ async def test_a_plan_whose_weights_are_damaged_fails_blaming_the_checkpoint(
     assert await events(bus_settings, "resume.loaded", job) == []
 
 
-async def test_damage_the_trainer_loads_without_noticing_fails_before_any_step(
+async def test_damage_the_trainer_would_load_without_noticing_fails_before_the_load(
     base: Run, bus_settings: ServiceSettings, tmp_path: Path
 ) -> None:
-    """The verification runs beside the Trainer's load: a flipped byte in the weights' data
-    loads without error, and the resume still fails (in ``on_train_begin``) before any step."""
+    """A flipped byte in the weights' data would load without error: the verification, run
+    before the Trainer's load, fails the resume before the Trainer loads anything."""
     job = "job-hf-flipped"
     copy_checkpoint(base, 4, tmp_path, job)
     ctx, plan_id, _ = resumed_ctx(bus_settings, tmp_path, job, 4)
@@ -323,7 +323,7 @@ async def test_damage_the_trainer_loads_without_noticing_fails_before_any_step(
     [failed] = await wait_for(lambda: events(bus_settings, "resume.load_failed", job), what="lf")
     assert (failed["plan_id"], failed["blame"]) == (plan_id, "checkpoint")
     assert "model.safetensors" in str(failed["reason"])
-    assert trainer.state.global_step == 4  # loaded, never trained on: no step 5, no save
+    assert trainer.state.global_step == 0  # never loaded, never trained on: no save
     assert sorted(p.name for p in (tmp_path / job).iterdir()) == ["checkpoint-4"]
     assert await events(bus_settings, "resume.loaded", job) == []
 

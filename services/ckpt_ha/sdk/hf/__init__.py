@@ -44,9 +44,9 @@ a half-written one.
 
 A resume: `resume_from_checkpoint` (for code that calls ``trainer.train`` itself) verifies the
 plan's folder (`formats.verify`, its checkpoint id, its step), then hands it to
-``Trainer.train(resume_from_checkpoint=...)``. `train` checks the checkpoint id first and runs
-the rest of that verification beside the Trainer's load (one read of the files, not two in
-turn): the callback waits for it in ``on_train_begin``, before any step. The callback reports
+``Trainer.train(resume_from_checkpoint=...)``. `train` does the same, leaving the trial load to
+the Trainer's own ``torch.load(weights_only=True)`` (run again by ckpt-ha only when the
+Trainer's load fails, to say whether the file is to blame). The callback reports
 ``resume.loaded`` in ``on_train_begin``, when the Trainer has loaded weights, optimizer,
 scheduler and ``trainer_state.json`` (the RNG state follows when the first epoch starts). A
 failure to verify or load reports ``resume.load_failed`` and raises `ResumeFailed`. In a
@@ -56,7 +56,7 @@ The data position reported (progress, commit, ``resume.loaded``) is the samples 
 per-device batch x gradient accumulation x world size.
 
 Its parts: `callback` (`CkptHaCallback`), `verifying` (`resume_from_checkpoint` and the checks
-beside the Trainer's load), `training` (`train`), `job` (the job's folder, config hash, data
+before the Trainer's load), `training` (`train`), `job` (the job's folder, config hash, data
 position); import them all from here.
 """
 

@@ -40,7 +40,7 @@ from ckpt_ha.sdk.hf.job import (
     samples_seen,
     saves_under,
 )
-from ckpt_ha.sdk.hf.verifying import verified_by_now, verifying_since
+from ckpt_ha.sdk.hf.verifying import verifying_since
 from ckpt_ha.sdk.progress import progress
 from ckpt_ha.sdk.protocol import Context, context, trace_context, try_announce
 from ckpt_ha.sdk.resuming import ResumeFailed, report_load_failed, report_loaded
@@ -115,7 +115,6 @@ class CkptHaCallback(TrainerCallback):
             rank = args.process_index if args.world_size > 1 else None
             report_load_failed(ctx, plan, reason, LoadBlame.ATTEMPT, FailureSide.JOB, rank=rank)
             raise ResumeFailed(plan, reason)
-        verified_by_now(ctx, plan)  # the files were read for their checksums meanwhile
         self.resumed = True
         if state.is_world_process_zero:
             started = verifying_since.pop(plan.plan_id, None)

@@ -7,7 +7,7 @@ from transformers import Trainer
 from transformers.trainer_utils import TrainOutput
 
 from ckpt_ha.sdk.hf.callback import CkptHaCallback
-from ckpt_ha.sdk.hf.verifying import loadable, start_verifying, verified_by_now
+from ckpt_ha.sdk.hf.verifying import loadable, verified_for_load
 from ckpt_ha.sdk.protocol import Context, context
 from ckpt_ha.sdk.resuming import ResumeFailed, classify_failure, report_load_failed
 
@@ -34,7 +34,7 @@ def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
     plan = ctx.plan
     if plan is None:
         return trainer.train()
-    folder = start_verifying(ctx, plan)
+    folder = verified_for_load(ctx, plan)
     try:
         return trainer.train(resume_from_checkpoint=folder)
     except ResumeFailed:
@@ -42,8 +42,7 @@ def train(trainer: Trainer, *, ctx: Context | None = None) -> TrainOutput:
     except Exception as exc:
         if callback.resumed:
             raise  # training failed after the load: the runner reports job.failed
-        verified_by_now(ctx, plan)  # a damaged file explains a failed load: it is reported
-        loadable(ctx, plan)  # so does a file torch cannot load: the trial load, run now
+        loadable(ctx, plan)  # a file torch cannot load explains it: the trial load, run now
         reason = f"the Trainer could not load {folder}: {exc or type(exc).__name__}"
         rank = trainer.args.process_index if trainer.args.world_size > 1 else None
         report_load_failed(ctx, plan, reason, *classify_failure(exc), rank=rank)
