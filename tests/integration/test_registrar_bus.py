@@ -156,9 +156,10 @@ async def test_retries_are_capped_then_dead_lettered(
     await producer.publish(verified("never-committed"))
     [letter] = await dead_letters(settings, 1)
     assert letter["Ckpt-Error-Code"] == "max_deliver"
-    # JetStream's count at the dead letter: max_deliver, once in CI one more (2026-12-04, a
-    # loaded machine: four deliveries seen, at 0, 6.4, 6.7 and 7.0 s, the fourth dead-lettered
-    # as past the cap, so the third was nak'ed; not explained yet). The cap holds within one.
+    # JetStream's count at the dead letter: max_deliver, or more on a nats-server before
+    # 2.10.16 (the machines' own on 4222 is 2.9.10), which can hand a redelivery back counted 1
+    # (`delivery.COUNTS_FIXED_IN`): seen once in CI, counts 1, 2, 1, 4, the last dead-lettered
+    # by `past_cap`. The cap still holds within one delivery.
     assert int(letter["Ckpt-Delivery-Count"]) in (settings.max_deliver, settings.max_deliver + 1)
 
 

@@ -143,3 +143,21 @@ def test_the_redelivery_bound_is_every_delivery_held_to_ack_wait_and_the_back_of
     assert cfg.redelivery_bound_s == 5 * 30 + 1 + 5 + 15 + 30
     short = BusConfig(url="nats://127.0.0.1:4222", ack_wait_s=5.0, max_deliver=4, backoff_s=(1,))
     assert short.redelivery_bound_s == 4 * 5 + 3 * 1  # the last back-off repeats
+
+
+@pytest.mark.parametrize(
+    ("version", "flagged"),
+    [
+        ((2, 9, 10), True),  # Debian bookworm's nats-server
+        ((2, 10, 14), True),
+        ((2, 10, 15), True),
+        ((2, 10, 16), False),
+        ((2, 11, 0), False),
+        ((2, 15, 1), False),
+        ((0, 0, 0), False),  # unknown: not flagged
+    ],
+)
+def test_servers_whose_delivery_counts_can_go_back_are_flagged(
+    version: tuple[int, int, int], flagged: bool
+) -> None:
+    assert delivery.counts_may_go_back(version) is flagged

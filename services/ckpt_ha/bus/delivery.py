@@ -75,6 +75,21 @@ def attempts(
     return delivered - excused
 
 
+COUNTS_FIXED_IN = (2, 10, 16)
+"""The first nats-server release whose delivery counts never go back (nats-server PR #5305):
+before it, a redelivery that found only expired pull requests was put back as a new message,
+its next delivery counted 1 again (before 2.10.14) or one number skipped (2.10.14-15). Pull
+requests expire all the time here (a batch consumer's linger), so on such a server a handler can
+run more than ``max_deliver`` times; `DeadLetters.past_cap` still dead-letters the message once
+JetStream's count passes the cap."""
+
+
+def counts_may_go_back(version: tuple[int, int, int]) -> bool:
+    """Whether a nats-server of ``version`` (major, minor, patch) has that bug; (0, 0, 0), an
+    unknown version, is not flagged."""
+    return version != (0, 0, 0) and version < COUNTS_FIXED_IN
+
+
 def nak_delay(
     backoff_s: float,
     attempts: int,

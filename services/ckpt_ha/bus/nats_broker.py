@@ -23,7 +23,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from ckpt_ha.bus import streams
+from ckpt_ha.bus import delivery, streams
 from ckpt_ha.bus.batching import BatchPipeline
 from ckpt_ha.bus.config import BusConfig
 from ckpt_ha.contracts.subjects import dead_letter_filter, event_filter, telemetry_filters
@@ -113,6 +113,17 @@ class Broker(NatsBroker):
 
     async def start(self) -> None:
         await self.connect()
+        server = self.connection.connected_server_version
+        version = (server.major, server.minor, server.patch)
+        if delivery.counts_may_go_back(version):
+            log.warning(
+                "nats-server %s can count a redelivery as a first delivery (fixed in %s): a "
+                "failing event may be retried past max_deliver=%s before it is dead-lettered; "
+                "upgrade the server",
+                ".".join(map(str, version)),
+                ".".join(map(str, delivery.COUNTS_FIXED_IN)),
+                self._ckpt_cfg.max_deliver,
+            )
         js = self.connection.jetstream(timeout=self._ckpt_cfg.request_timeout_s)
         await streams.check(js, self._ckpt_cfg)
         await uncap_durables(js, self._ckpt_cfg, self._ckpt_durables)
