@@ -35,6 +35,7 @@ from transformers import (
 )
 
 from ckpt_ha import sdk
+from ckpt_ha.lab.examples import print_loss
 from ckpt_ha.sdk import hf
 
 SEQUENCES, LENGTH, VOCAB = 256, 16, 100
@@ -91,8 +92,7 @@ class LossLog(TrainerCallback):
         loss = float(logs["loss"])
         self.losses.append((state.global_step, loss))
         if self.echo:
-            line = {"step": state.global_step, "loss": loss.hex(), "attempt": self.attempt}
-            print(json.dumps(line), flush=True)
+            print_loss(state.global_step, loss, self.attempt)
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import math
 import sys
 import time
@@ -29,6 +28,7 @@ import numpy as np
 
 from ckpt_ha import sdk
 from ckpt_ha.contracts.resume import ResumeMode
+from ckpt_ha.lab.examples import print_loss
 from ckpt_ha.storage import (
     ListPage,
     ObjectInfo,
@@ -237,7 +237,7 @@ def train(cfg: Config, ctx: sdk.Context, *, stop_at: int | None = None) -> list[
             raise SystemExit(f"crash requested at step {step}")
         loss = train_step(cfg, state, x, y)
         losses.append((step, loss))
-        print(json.dumps({"step": step, "loss": loss.hex(), "attempt": ctx.attempt}), flush=True)
+        print_loss(step, loss, ctx.attempt)
         sdk.progress(
             step,
             data_position=data_position(state),

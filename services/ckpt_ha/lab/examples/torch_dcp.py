@@ -34,6 +34,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ckpt_ha import sdk
+from ckpt_ha.lab.examples import print_loss
 from ckpt_ha.sdk import dcp
 
 SAMPLES, FEATURES, HIDDEN = 512, 16, 32
@@ -124,8 +125,7 @@ def train(cfg: Config, ctx: sdk.Context) -> list[tuple[int, float]]:
         if rank != 0:
             sdk.mark_step(step, ctx=ctx)
         if rank == 0:
-            print(json.dumps({"step": step, "loss": value.hex(), "attempt": ctx.attempt}),
-                  flush=True)  # fmt: skip
+            print_loss(step, value, ctx.attempt)
             sdk.progress(step, data_position=step, metrics={"loss": value}, ctx=ctx)
         if step % cfg.checkpoint_every == 0:
             model_sd, optim_sd = get_state_dict(model, optimizer)

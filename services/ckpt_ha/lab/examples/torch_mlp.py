@@ -8,7 +8,6 @@ one thread). Same options and output as `numpy_mlp`; needs the ``torch`` extra.
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ import torch
 
 from ckpt_ha import sdk
 from ckpt_ha.contracts.resume import ResumeMode
+from ckpt_ha.lab.examples import print_loss
 from ckpt_ha.lab.examples.numpy_mlp import (
     FEATURES,
     HIDDEN,
@@ -135,7 +135,7 @@ def train(cfg: Config, ctx: sdk.Context, *, stop_at: int | None = None) -> list[
             raise SystemExit(f"crash requested at step {step}")
         loss = job.train_step(x, y)
         losses.append((step, loss))
-        print(json.dumps({"step": step, "loss": loss.hex(), "attempt": ctx.attempt}), flush=True)
+        print_loss(step, loss, ctx.attempt)
         sdk.progress(
             step,
             data_position=job.data_position(),
