@@ -118,8 +118,7 @@ class Broker(NatsBroker):
         if delivery.counts_may_go_back(version):
             log.warning(
                 "nats-server %s can count a redelivery as a first delivery (fixed in %s): a "
-                "failing event may be retried past max_deliver=%s before it is dead-lettered; "
-                "upgrade the server",
+                "failing event may be retried past max_deliver=%s; upgrade the server",
                 ".".join(map(str, version)),
                 ".".join(map(str, delivery.COUNTS_FIXED_IN)),
                 self._ckpt_cfg.max_deliver,
