@@ -176,9 +176,9 @@ STAGES = (
     ("ckpt_ha.bus.compat", "header_lines"),
     ("ckpt_ha.bus.admission", "admit"),
     ("ckpt_ha.contracts.envelope", "EventCatalog.decode"),
-    ("ckpt_ha.contracts.signing", "verify"),
+    ("ckpt_ha.contracts.framing", "verify"),
     ("ckpt_ha.core.records", "project_batch"),
-    ("ckpt_ha.registry.redis_registry", "Registry._write_batch"),
+    ("ckpt_ha.registry.projection", "write_batch"),
     ("ckpt_ha.registrar.handlers", "RegistrarHandlers._observe"),
     ("ckpt_ha.registrar.handlers", "RegistrarHandlers._quiet"),
 )

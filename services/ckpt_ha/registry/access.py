@@ -23,8 +23,8 @@ which on Redis 6 would reach the registry records these users only read)."""
 PROJECTION = (
     "get", "set", "sadd", "srem", "zadd", "zscore", "zremrangebyscore", "rpush", "hget", "hset",
 )  # fmt: skip
-"""What the registry's read and compare-and-set scripts run (`redis_registry._READ_LUA`,
-`redis_registry._WRITE_LUA`)."""
+"""What the registry's read and compare-and-set scripts run (`projection.READ_LUA`,
+`projection.WRITE_LUA`)."""
 
 
 def _no_key_spaces(prefix: str) -> Mapping[str, str]:

@@ -10,7 +10,8 @@ is never removed. The tier a job declared at ``job.started`` is recorded here to
 retention-janitor writes it live, `ckpt_ha.core.tiers.declared_tier` says which), and a rebuild
 replays it from the same events.
 
-A batch of transitions is written by one Lua compare-and-set on the records it read, so two
+A batch of transitions is written by one Lua compare-and-set on the records it read
+(`ckpt_ha.registry.projection` holds that script and the one read it starts from), so two
 replicas racing on one checkpoint cannot both apply one; the loser re-reads and sees the new
 state.
 
@@ -28,11 +29,8 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-import pydantic_core
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
@@ -51,11 +49,19 @@ from ckpt_ha.core.records import (
     project_batch,
 )
 from ckpt_ha.core.tiers import TierChoice, resolve_tier
-from ckpt_ha.registry.client import RedisConfig, cas_digest, connect, describe
+from ckpt_ha.registry.client import RedisConfig, connect, describe
 from ckpt_ha.registry.eviction import FORGET_LUA, forget_call
 from ckpt_ha.registry.keys import RegistryKeys
 from ckpt_ha.registry.lazy_records import RecordsOnRead
 from ckpt_ha.registry.port import CheckpointRegistry, RegistryUnavailable
+from ckpt_ha.registry.projection import (
+    READ_LUA,
+    WRITE_LUA,
+    RecordWrite,
+    ms,
+    read_call,
+    write_batch,
+)
 
 __all__ = ["APPLIED_WINDOW_S", "Registry", "RegistryUnavailable"]
 
@@ -81,32 +87,6 @@ def _reachable() -> Iterator[None]:
         raise RegistryUnavailable(describe(exc)) from exc
 
 
-_READ_LUA = """
--- One read of everything a batch's projection needs, as one command (a pipeline of one
--- command per location cost the client more than the server). Formats no key: KEYS are
--- the applied ids (a sorted set by event time: a score, or false when not applied), then
--- the owners, records, location sets and fence hashes the batch names (ARGV[1..4] say how
--- many of each); ARGV[5] is how many event ids follow, then the event
--- ids, then one run per fence hash. Loops, not unpack: no limit on the batch's size.
-local n_owners, n_records, n_uris, n_fences = tonumber(ARGV[1]), tonumber(ARGV[2]),
-  tonumber(ARGV[3]), tonumber(ARGV[4])
-local n_events = tonumber(ARGV[5])
-local seen, owners, records, at_uri, fences = {}, {}, {}, {}, {}
-for i = 1, n_events do seen[i] = redis.call('ZSCORE', KEYS[1], ARGV[5 + i]) end
-local k = 1
-for i = 1, n_owners do owners[i] = redis.call('GET', KEYS[k + i]) end
-k = k + n_owners
-for i = 1, n_records do records[i] = redis.call('GET', KEYS[k + i]) end
-k = k + n_records
-for i = 1, n_uris do at_uri[i] = redis.call('SMEMBERS', KEYS[k + i]) end
-k = k + n_uris
-for i = 1, n_fences do
-  fences[i] = redis.call('HGET', KEYS[k + i], ARGV[5 + n_events + i])
-end
-return {seen, owners, records, at_uri, fences}
-"""
-
-
 _NEWEST_LUA = """
 -- Each job's ARGV[1] newest checkpoint ids (KEYS: the jobs' step indexes), one command for a
 -- burst of failures' selections instead of one per job.
@@ -116,71 +96,6 @@ for i, k in ipairs(KEYS) do
 end
 return out
 """
-
-_WRITE_LUA = """
--- Compare-and-set: write what the Python projection computed, but only if every record and
--- owner is still exactly what that projection read. It decides nothing about the lifecycle,
--- and formats no key: the batch names every key (ckpt_ha.registry.keys builds them).
-local batch = cjson.decode(ARGV[1])
-for _, r in ipairs(batch.records) do
-  local current = redis.call('GET', r.key)
-  local digest = current and redis.sha1hex(current) or ''
-  if digest ~= r.expect then return 0 end
-end
-for _, o in ipairs(batch.owners) do
-  local owner = redis.call('GET', o.key) or ''
-  if owner ~= o.expect then return 0 end
-end
-for _, f in ipairs(batch.fences) do
-  local planned = redis.call('HGET', f.key, f.run) or ''
-  if planned ~= f.expect then return 0 end
-end
-if #batch.events > 0 then
-  local scored = {}
-  for i, e in ipairs(batch.events) do
-    scored[2 * i - 1] = e[2]
-    scored[2 * i] = e[1]
-  end
-  redis.call('ZADD', KEYS[1], unpack(scored))
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. batch.forget_before)
-end
-for _, r in ipairs(batch.records) do
-  redis.call('SET', r.key, r.doc)
-  if r.old_state ~= '' then redis.call('SREM', r.old_state, r.id) end
-  redis.call('SADD', r.new_state, r.id)
-  redis.call('SADD', KEYS[2], r.job)
-  redis.call('SADD', r.uri, r.id)
-  redis.call('ZADD', r.job_index, r.step, r.id)
-end
-for _, c in ipairs(batch.changes) do
-  if c.from_project ~= '' then redis.call('SREM', c.from_project, c.job) end
-  redis.call('SADD', c.to_project, c.job)
-  redis.call('SET', c.owner, c.to)
-  redis.call('RPUSH', c.owner_log, c.log)
-  redis.call('SADD', KEYS[2], c.job)
-end
-for _, t in ipairs(batch.tiers) do
-  redis.call('SET', t.tier, t.doc)
-  redis.call('RPUSH', t.tier_log, t.doc)
-  redis.call('SADD', KEYS[2], t.job)
-end
-for _, f in ipairs(batch.fences) do
-  if f.attempt ~= '' then redis.call('HSET', f.key, f.run, f.attempt) end
-end
-return 1
-"""
-
-
-def _ms(at: datetime) -> int:
-    return int(at.timestamp() * 1000)
-
-
-@dataclass(frozen=True)
-class _RecordWrite:
-    old: CheckpointRecord | None
-    new: CheckpointRecord
-    read: str | None
-    """The exact JSON the projection started from (None: no record), for compare-and-set."""
 
 
 class Registry:
@@ -199,8 +114,8 @@ class Registry:
         self.keys = RegistryKeys(prefix)
         self.applied_window_s = applied_window_s
         self.clock = clock
-        self._read_script = client.register_script(_READ_LUA)
-        self._write_script = client.register_script(_WRITE_LUA)
+        self._read_script = client.register_script(READ_LUA)
+        self._write_script = client.register_script(WRITE_LUA)
         self._forget_script = client.register_script(FORGET_LUA)
         self._newest_script = client.register_script(_NEWEST_LUA)
 
@@ -243,24 +158,10 @@ class Registry:
             return []
         scope = batch_scope(events)
         k = self.keys
-        record_keys = [k.checkpoint(i) for i in scope.checkpoint_ids]
-        read_keys = [
-            k.applied,
-            *(k.owner(j) for j in scope.jobs),
-            *record_keys,
-            *(k.uri(u) for u in scope.uris),
-            *(k.fence(job) for job, _ in scope.fences),
-        ]
-        counts = [len(scope.jobs), len(record_keys), len(scope.uris), len(scope.fences)]
-        read_args: list[str | int] = [
-            *counts,
-            len(events),
-            *(e.id for e in events),
-            *(r for _, r in scope.fences),
-        ]
+        read_keys, read_args = read_call(k, scope, events)
         with _reachable():
             while True:
-                # One command for the whole batch (`_READ_LUA`), then one compare-and-set.
+                # One command for the whole batch (`READ_LUA`), then one compare-and-set.
                 seen, owner_raws, raws, at_uri, fence_raws = await self._read_script(
                     keys=read_keys, args=read_args
                 )
@@ -285,12 +186,13 @@ class Registry:
                 if not outcome.writes:
                     return outcome.results
                 changed = [
-                    _RecordWrite(before[cid], new, raw_by_id[cid])
+                    RecordWrite(before[cid], new, raw_by_id[cid])
                     for cid, new in outcome.records.items()
                 ]
-                batch = self._write_batch(
-                    _ms(self.clock()) - int(self.applied_window_s * 1000),
-                    [(e.id, _ms(e.time)) for e in events if e.id in outcome.fresh],
+                batch = write_batch(
+                    k,
+                    ms(self.clock()) - int(self.applied_window_s * 1000),
+                    [(e.id, ms(e.time)) for e in events if e.id in outcome.fresh],
                     changed,
                     outcome.changes,
                     owners,
@@ -300,78 +202,6 @@ class Registry:
                 )
                 if await self._write_script(keys=[k.applied, k.jobs], args=[batch]):
                     return outcome.results
-
-    def _write_batch(
-        self,
-        forget_before: int,
-        fresh: list[tuple[str, int]],
-        changed: list[_RecordWrite],
-        changes: list[OwnershipChange],
-        owners_before: dict[str, str | None],
-        tiers: list[TierRecord],
-        planned_before: dict[FenceKey, int | None],
-        fences: dict[FenceKey, int],
-    ) -> bytes:
-        k = self.keys
-        # pydantic_core's encoder: a batch is mostly records' JSON documents, escaped once more.
-        return pydantic_core.to_json(
-            {
-                # Scores as strings: cjson would hand Lua a double, whose text may be e-notation.
-                "events": [[event_id, str(at)] for event_id, at in fresh],
-                "forget_before": str(forget_before),
-                "records": [
-                    {
-                        "id": w.new.checkpoint_id,
-                        "key": k.checkpoint(w.new.checkpoint_id),
-                        "expect": cas_digest(w.read),
-                        "doc": w.new.model_dump_json(),
-                        "old_state": k.state(w.old.state) if w.old is not None else "",
-                        "new_state": k.state(w.new.state),
-                        "job": w.new.job_id,
-                        "job_index": k.job(w.new.job_id),
-                        "uri": k.uri(w.new.uri),
-                        "step": w.new.step if w.new.step is not None else -1,
-                    }
-                    for w in changed
-                ],
-                "owners": [
-                    {"key": k.owner(job), "expect": owners_before.get(job) or ""}
-                    for job in dict.fromkeys(c.job_id for c in changes)
-                ],
-                "changes": [
-                    {
-                        "job": c.job_id,
-                        "from_project": k.project(c.from_project) if c.from_project else "",
-                        "to_project": k.project(c.to_project),
-                        "to": c.to_project,
-                        "owner": k.owner(c.job_id),
-                        "owner_log": k.owner_log(c.job_id),
-                        "log": c.model_dump_json(),
-                    }
-                    for c in changes
-                ],
-                "tiers": [
-                    {
-                        "job": t.job_id,
-                        "tier": k.tier(t.job_id),
-                        "tier_log": k.tier_log(t.job_id),
-                        "doc": t.model_dump_json(),
-                    }
-                    for t in tiers
-                ],
-                # Every fence read is compared (a commit was judged against it); the raised
-                # ones are written.
-                "fences": [
-                    {
-                        "key": k.fence(job),
-                        "run": run,
-                        "expect": str(before) if before is not None else "",
-                        "attempt": str(fences[(job, run)]) if (job, run) in fences else "",
-                    }
-                    for (job, run), before in planned_before.items()
-                ],
-            }
-        )
 
     async def forget_tombstones(self, records: Sequence[CheckpointRecord]) -> list[str]:
         """Remove archived tombstones from the hot index (`ckpt_ha.registry.eviction`): each
