@@ -6,8 +6,10 @@ import json
 import os
 import struct
 import threading
+from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,7 +27,8 @@ from ckpt_ha.formats import (
     verify_path,
 )
 from ckpt_ha.formats.report import Verdict
-from ckpt_ha.storage import FsStore, ObjectExists
+from ckpt_ha.storage import FsStore, ObjectExists, ObjectStore
+from ckpt_ha.storage.read_budget import BudgetedStore, ReadBudget
 from tests.support.torch_tools import write_hf_torch_files
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -186,6 +189,31 @@ def test_a_checkpoint_folder_reached_through_a_symlink_is_unsafe(tmp_path: Path)
     report = verify(FsStore(tmp_path), "evil/step-100")
     assert report.verdict is Verdict.UNSAFE
     assert "reached through a symlink" in report.reasons[0]
+
+
+@pytest.mark.parametrize("budgeted", [False, True], ids=["store", "budgeted store"])
+def test_one_verification_looks_up_the_folders_above_the_checkpoint_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, budgeted: bool
+) -> None:
+    """Every format is verified inside `paths.one_reading` (the scrub's budgeted store too):
+    the folders above the checkpoint's are looked up for links at the start (resolving the
+    folder, then once for the block), the folder itself on every read."""
+    folder = write_native(tmp_path / "storage" / "job")
+    store: ObjectStore = FsStore(tmp_path / "storage")
+    if budgeted:
+        store = BudgetedStore(store, ReadBudget(0))
+    looked_up: Counter[str] = Counter()
+    lstat = os.lstat
+
+    def counting(path: str, *args: Any, **kwargs: Any) -> os.stat_result:
+        looked_up[os.fspath(path)] += 1
+        return lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", counting)
+    assert verify(store, "job/step-100").ok
+    assert looked_up[str(folder)] >= 1 + len(SHARDS)  # the manifest and each shard, at least
+    for above in (tmp_path, tmp_path / "storage", tmp_path / "storage" / "job"):
+        assert looked_up[str(above)] <= 2, (above, looked_up)
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from pathlib import Path
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
 from ckpt_ha.formats import dcp, hf_trainer, native, safetensors, sidecar
 from ckpt_ha.formats.checksum import DEFAULT_ALGORITHM
-from ckpt_ha.formats.paths import confine, folder_name
+from ckpt_ha.formats.paths import confine, folder_name, one_reading
 from ckpt_ha.formats.report import Report, Verdict
 from ckpt_ha.storage import FsStore, InvalidKey, ObjectStore, StorageError
 
@@ -82,6 +82,13 @@ def verify(
         report = Report(format=CheckpointFormat.UNKNOWN)
         report.fail(Verdict.UNSAFE, f"{exc.reason}: refusing to read it")
         return report
+    with one_reading(store):
+        return _verify_confined(store, prefix, algorithm, ranks=ranks, trial_load=trial_load)
+
+
+def _verify_confined(
+    store: ObjectStore, prefix: str, algorithm: str, *, ranks: bool, trial_load: bool
+) -> Report:
     files = _listing(store, prefix)
     names = _top_level(files)
     fmt = detect(names, folder_name(store, prefix))

@@ -21,12 +21,10 @@ ran: ``torch-pickle:restricted`` always, and ``torch-load:weights_only`` or why 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import re
 import struct
 from collections.abc import Iterable
-from contextlib import AbstractContextManager
 from contextvars import copy_context
 
 from ckpt_ha.contracts.checkpoint import CheckpointFormat
@@ -34,7 +32,7 @@ from ckpt_ha.formats import checksum as cs
 from ckpt_ha.formats import jsondoc, limits, parallel, safetensors, torch_load, torch_pickle
 from ckpt_ha.formats.paths import folder_name, join
 from ckpt_ha.formats.report import Report, Verdict
-from ckpt_ha.storage import FsStore, InvalidKey, ObjectNotFound, ObjectStore, fs_read
+from ckpt_ha.storage import InvalidKey, ObjectNotFound, ObjectStore
 
 MAX_JSON_BYTES = limits.MAX_TRAINER_JSON_BYTES
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's default container since PyTorch 1.6
@@ -245,20 +243,9 @@ def verify(
         n for n in names if n == WEIGHTS_BIN
     ]
     hashed = ([] if sharded else weights) + resume  # the files the checks below hash
-    with (
-        _ancestors_checked_once(store),
-        cs.hashed_first(store, [join(prefix, n) for n in hashed], algorithm),
-    ):
+    with cs.hashed_first(store, [join(prefix, n) for n in hashed], algorithm):
         _check_files(store, prefix, names, report, algorithm, resume, trial_load=trial_load)
     return report
-
-
-def _ancestors_checked_once(store: ObjectStore) -> AbstractContextManager[None]:
-    """On a filesystem, the folders above the checkpoint's are looked up for links once for
-    the whole verification, not on each of its ~80 reads (`fs_read.ancestors_checked_once`)."""
-    if isinstance(store, FsStore):
-        return fs_read.ancestors_checked_once(str(store.root))
-    return contextlib.nullcontext()
 
 
 def _check_files(

@@ -3,11 +3,13 @@ every file read through it (`confine`)."""
 
 from __future__ import annotations
 
+import contextlib
+from contextlib import AbstractContextManager
 from pathlib import PurePosixPath
 from urllib.parse import unquote
 
 from ckpt_ha.storage.errors import InvalidKey
-from ckpt_ha.storage.fs_read import real_path
+from ckpt_ha.storage.fs_read import ancestors_checked_once, real_path
 from ckpt_ha.storage.fs_store import FsStore
 from ckpt_ha.storage.port import ObjectStore
 from ckpt_ha.storage.read_budget import BudgetedStore
@@ -55,3 +57,15 @@ def confine(store: ObjectStore, prefix: str) -> tuple[ObjectStore, str]:
     if not folder.is_dir():  # nothing there (yet): read as before, it lists empty
         return store, prefix
     return FsStore.at_real_path(folder), ""
+
+
+def one_reading(store: ObjectStore) -> AbstractContextManager[None]:
+    """Around one verification of a folder `confine` returned: on a filesystem, the folders
+    above the checkpoint's are looked up for links once for the block, not on each of its
+    reads (`fs_read.ancestors_checked_once`; the folder and its files still are, every time).
+    Object stores have no links: nothing to do."""
+    if isinstance(store, BudgetedStore):
+        return one_reading(store.inner)
+    if isinstance(store, FsStore):
+        return ancestors_checked_once(str(store.root))
+    return contextlib.nullcontext()
