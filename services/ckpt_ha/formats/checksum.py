@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, copy_context
-from typing import Protocol
+from typing import Protocol, cast
 
 import xxhash
 
@@ -262,8 +262,8 @@ def checksum_many(
             results[i] = (f"{algorithm}:short-read-{total}", total)  # matches no digest
         else:
             results[i] = (f"{algorithm}:{outer.hexdigest()}", total)
-    assert all(result is not None for result in results)
-    return [result for result in results if result is not None]
+    assert all(result is not None for result in results)  # each key: a job or found above
+    return cast("list[tuple[str, int] | StorageError]", results)
 
 
 def _runs(size: int, chunk: int) -> list[tuple[int, int]]:
