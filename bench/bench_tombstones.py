@@ -11,8 +11,9 @@ than ``--hot-days`` to a filesystem archive, and the memory is measured again. P
 checkpoint and scaled to 1,000,000 checkpoints (the memory of these keys is linear in their
 number), with the archive's size on disk.
 
-Usage (from the checkout):
-    PYTHONPATH=services:contracts:. .venv/bin/python bench/bench_tombstones.py \
+Usage (from the checkout, whose root must be on the path: the history is `bench_rebuild`'s and
+the janitor's other ports the tests' in-memory fakes):
+    PYTHONPATH=. .venv/bin/python bench/bench_tombstones.py \
         [--checkpoints 20000] [--jobs 200] [--keep 10] [--days 30] [--hot-days 7]
 """
 
