@@ -5,6 +5,7 @@ pins released, closure. The same flows run against the real services in
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -250,6 +251,24 @@ async def test_a_decision_in_progress_elsewhere_is_retried(world: World) -> None
     with pytest.raises(DecisionInProgress):
         await world.handlers.on_failed(failed())
     assert world.bus.events == []
+
+
+async def test_a_decision_in_progress_elsewhere_is_waited_for_a_while(world: World) -> None:
+    """Another replica holds the failure's lease for a moment (its own delivery of the same
+    failure): this delivery waits for the lease (`lease_waiting`) instead of spending a nak,
+    then decides, as the holder let it go undecided; one plan."""
+    await world.handlers.on_started(started())
+    assert await world.state.lease(JOB, 1, "other-replica", 30.0)
+
+    async def release_soon() -> None:
+        await asyncio.sleep(0.2)
+        await world.state.release(JOB, 1)
+
+    releasing = asyncio.create_task(release_soon())
+    await world.handlers.on_failed(failed())
+    await releasing
+    assert len(world.data("resume.planned")) == 1
+    assert world.decisions("planned", "exact_resume") == 1.0
 
 
 async def test_a_failure_before_its_start_waits_for_it(world: World) -> None:

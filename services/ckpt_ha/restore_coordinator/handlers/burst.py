@@ -28,6 +28,7 @@ from ckpt_ha.restore_coordinator.handlers.decide import (
     HISTORY_WINDOW,
     DecisionInProgress,
     Failed,
+    lease_waiting,
 )
 from ckpt_ha.restore_coordinator.records import DecisionRecord
 from ckpt_ha.telemetry import tracing
@@ -134,9 +135,7 @@ class Burst:
     ) -> None:
         """Under the leases: decide what is not decided yet, then publish it all."""
         rules = self.decider.rules
-        taken = await self.state.lease_many(
-            [f.key for _, f in todo], rules.new_id(), rules.lease_ttl_s
-        )
+        taken = await lease_waiting(self.state, [f.key for _, f in todo], rules.new_id(), rules)
         leased: list[tuple[int, Failed]] = []
         fresh: list[tuple[int, Failed]] = []
         for (i, f), (ok, stored) in zip(todo, taken, strict=True):

@@ -6,8 +6,11 @@ is "not ready yet": `DependencyNotReady`, nak'ed and decided again after the bus
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -74,6 +77,34 @@ class DecisionRules:
     verification_grace_s: float = 40.0
     new_id: NewId = new_owner_id
     """The lease owner's id."""
+    contended_wait_s: float = 1.0
+    """How long a failure whose lease another holds waits for it (`lease_waiting`) before it
+    is nak'ed as `DecisionInProgress`."""
+
+
+CONTENDED_POLL_S = 0.05
+
+
+async def lease_waiting(
+    state: RestoreState, failures: Sequence[tuple[str, int]], owner: str, rules: DecisionRules
+) -> list[tuple[bool, DecisionRecord | None]]:
+    """`RestoreState.lease_many`, waiting up to ``rules.contended_wait_s`` for the leases
+    another holds. A failure announced twice (the runner's ``job.failed`` and another's of the
+    same attempt) is often decided on two replicas at once, both retried in step while they
+    wait for the same checkpoint: the holder's decision takes milliseconds, after which this
+    one takes the lease and finds it stored. A nak instead would spend a delivery, and on the
+    last one dead-letter a failure that was being decided (seen in the two-replica drill)."""
+    taken = await state.lease_many(failures, owner, rules.lease_ttl_s)
+    deadline = time.monotonic() + rules.contended_wait_s
+    while time.monotonic() < deadline:
+        waiting = [i for i, (ok, _) in enumerate(taken) if not ok]
+        if not waiting:
+            break
+        await asyncio.sleep(CONTENDED_POLL_S)
+        again = await state.lease_many([failures[i] for i in waiting], owner, rules.lease_ttl_s)
+        for i, result in zip(waiting, again, strict=True):
+            taken[i] = result
+    return taken
 
 
 @dataclass(frozen=True)
@@ -140,14 +171,16 @@ class Decider:
         stop: domain.Escalation | None = None,
     ) -> None:
         """One decision per failed attempt (a plan or an escalation), stored, then published."""
-        if not await self.state.lease(job, attempt, self.rules.new_id(), self.rules.lease_ttl_s):
+        [(taken, stored)] = await lease_waiting(
+            self.state, [(job, attempt)], self.rules.new_id(), self.rules
+        )
+        if not taken:
             raise DecisionInProgress(job, attempt)
         failed = Failed(
             job, attempt, started, history, excluded, last, failed_at, failed_step, fallback, stop
         )
         try:
-            stored = await self.state.decision(job, attempt)
-            if stored is None:
+            if stored is None:  # read under the lease: nobody decided it meanwhile
                 stored = await self._decide_now(failed)
             await self.outbox.publish_decision(job, attempt, stored)
         finally:
